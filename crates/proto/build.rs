@@ -1,0 +1,19 @@
+//! Generates the gRPC code from `proto/warden/v1/*.proto` with a vendored `protoc`, so the build
+//! needs no system protobuf compiler.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded; setting PROTOC before codegen is the documented way.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let files = ["policy.proto", "admin.proto", "supervisor.proto"]
+        .map(|f| root.join("warden/v1").join(f));
+    for f in &files {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&files, &[root])?;
+    Ok(())
+}

@@ -1,0 +1,11 @@
+//! Generated tonic/prost code for warden's contracts (`proto/warden/v1`), and nothing else.
+//!
+//! This crate must never hold hand-written logic: the proto files are the public contract that
+//! operators implement (e.g. a third `PolicyService`), and what is generated from them is all
+//! that the services share at the wire level.
+
+/// `warden.v1`: PolicyService, SupervisorService, AdminService and their messages.
+pub mod v1 {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("warden.v1");
+}
