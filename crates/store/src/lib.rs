@@ -1,1 +1,230 @@
-//! placeholder, filled by its issue
+//! One daemon's durable key-value store: a sled database under the daemon's state directory,
+//! behind a small type so that storage stays one module.
+//!
+//! Owns: opening the database (refusing a path that is a symlink), named trees, get/put/delete,
+//! prefix scans, atomic batches, and explicit flushes at durability points.
+//! Must never: be shared between daemons (each daemon has its own directory and system user),
+//! or interpret the bytes it stores — callers own their encodings.
+
+use std::path::{Path, PathBuf};
+
+/// Errors from the store; each names the database path or tree involved.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot open store at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("store path {0} is a symlink; refusing to open it")]
+    Symlink(PathBuf),
+    #[error("cannot create store directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store tree {tree}: {source}")]
+    Tree {
+        tree: String,
+        #[source]
+        source: sled::Error,
+    },
+    #[error("store flush failed: {0}")]
+    Flush(#[source] sled::Error),
+}
+
+/// A daemon's database. Cheap to clone (sled handles are reference counted).
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// One named keyspace of a [`Store`].
+#[derive(Clone)]
+pub struct Tree {
+    tree: sled::Tree,
+    name: String,
+}
+
+/// An atomic set of writes to one [`Tree`].
+#[derive(Default)]
+pub struct Batch {
+    inner: sled::Batch,
+}
+
+impl Batch {
+    pub fn put(&mut self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) {
+        self.inner.insert(key.as_ref(), value.as_ref());
+    }
+    pub fn delete(&mut self, key: impl AsRef<[u8]>) {
+        self.inner.remove(key.as_ref());
+    }
+}
+
+impl Store {
+    /// Opens (creating if needed) the database in `dir`. A `dir` that is a symlink is refused, so
+    /// a planted link cannot redirect a daemon's state.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        if let Ok(meta) = std::fs::symlink_metadata(dir)
+            && meta.file_type().is_symlink()
+        {
+            return Err(StoreError::Symlink(dir.to_path_buf()));
+        }
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let db = sled::Config::new()
+            .path(dir)
+            .open()
+            .map_err(|source| StoreError::Open {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok(Self {
+            db,
+            path: dir.to_path_buf(),
+        })
+    }
+
+    /// The directory the database lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Opens a named tree (keyspace).
+    pub fn tree(&self, name: &str) -> Result<Tree, StoreError> {
+        let tree = self.db.open_tree(name).map_err(|source| StoreError::Tree {
+            tree: name.to_string(),
+            source,
+        })?;
+        Ok(Tree {
+            tree,
+            name: name.to_string(),
+        })
+    }
+
+    /// Flushes every tree to disk; call at durability points (before answering a caller whose
+    /// request must survive a crash).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush().map(|_| ()).map_err(StoreError::Flush)
+    }
+}
+
+impl Tree {
+    fn err(&self, source: sled::Error) -> StoreError {
+        StoreError::Tree {
+            tree: self.name.clone(),
+            source,
+        }
+    }
+
+    pub fn get(&self, key: impl AsRef<[u8]>) -> Result<Option<Vec<u8>>, StoreError> {
+        self.tree
+            .get(key)
+            .map(|v| v.map(|v| v.to_vec()))
+            .map_err(|e| self.err(e))
+    }
+
+    pub fn put(&self, key: impl AsRef<[u8]>, value: impl AsRef<[u8]>) -> Result<(), StoreError> {
+        self.tree
+            .insert(key.as_ref(), value.as_ref())
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    pub fn delete(&self, key: impl AsRef<[u8]>) -> Result<(), StoreError> {
+        self.tree.remove(key).map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    /// All entries whose key starts with `prefix`, in key order.
+    pub fn scan_prefix(
+        &self,
+        prefix: impl AsRef<[u8]>,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        self.tree
+            .scan_prefix(prefix)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
+    /// The last `limit` entries in key order, newest (largest key) first.
+    pub fn scan_rev(&self, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+        self.tree
+            .iter()
+            .rev()
+            .take(limit)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
+    /// Applies all writes of `batch` atomically.
+    pub fn apply(&self, batch: Batch) -> Result<(), StoreError> {
+        self.tree.apply_batch(batch.inner).map_err(|e| self.err(e))
+    }
+
+    /// Flushes this tree to disk.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.tree.flush().map(|_| ()).map_err(|e| self.err(e))
+    }
+
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_survive_reopen_and_batches_are_atomic() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("db");
+        {
+            let store = Store::open(&path)?;
+            let t = store.tree("tasks")?;
+            let mut b = Batch::default();
+            b.put("task/1", "a");
+            b.put("task/2", "b");
+            b.put("other/1", "c");
+            t.apply(b)?;
+            t.delete("task/2")?;
+            store.flush()?;
+        }
+        let store = Store::open(&path)?;
+        let t = store.tree("tasks")?;
+        assert_eq!(t.get("task/1")?, Some(b"a".to_vec()));
+        assert_eq!(t.get("task/2")?, None);
+        let scanned = t.scan_prefix("task/")?;
+        assert_eq!(scanned, vec![(b"task/1".to_vec(), b"a".to_vec())]);
+        assert_eq!(t.scan_rev(1)?[0].0, b"task/1".to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn a_symlinked_state_directory_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real)?;
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&real, &link)?;
+        assert!(matches!(Store::open(&link), Err(StoreError::Symlink(_))));
+        Ok(())
+    }
+}
