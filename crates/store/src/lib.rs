@@ -55,6 +55,9 @@ pub struct Tree {
     name: String,
 }
 
+/// One stored entry: key and value bytes.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
 /// An atomic set of writes to one [`Tree`].
 #[derive(Default)]
 pub struct Batch {
@@ -147,10 +150,7 @@ impl Tree {
     }
 
     /// All entries whose key starts with `prefix`, in key order.
-    pub fn scan_prefix(
-        &self,
-        prefix: impl AsRef<[u8]>,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    pub fn scan_prefix(&self, prefix: impl AsRef<[u8]>) -> Result<Vec<Entry>, StoreError> {
         self.tree
             .scan_prefix(prefix)
             .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
@@ -159,7 +159,7 @@ impl Tree {
     }
 
     /// The last `limit` entries in key order, newest (largest key) first.
-    pub fn scan_rev(&self, limit: usize) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    pub fn scan_rev(&self, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.tree
             .iter()
             .rev()
