@@ -1,0 +1,161 @@
+//! Serving: every listener gets gRPC health plus its routes behind its peer guard; the daemon
+//! reports readiness, runs until SIGTERM/SIGINT (or a listener fails), then drains in-flight calls
+//! for at most the configured grace before aborting them.
+
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::service::{InterceptorLayer, Routes};
+use tonic_health::server::{HealthReporter, HealthService};
+
+use crate::listener::{BoundListener, Kind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("listener {listener} failed: {source}")]
+    Transport {
+        listener: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot install signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("a listener task panicked: {0}")]
+    Join(String),
+}
+
+/// The serving half of a daemon.
+pub struct Server {
+    daemon: &'static str,
+    grace: Duration,
+    shutdown: CancellationToken,
+    health: HealthReporter,
+    tasks: JoinSet<Result<(), ServeError>>,
+    sockets: Vec<std::path::PathBuf>,
+    listeners: Vec<String>,
+}
+
+impl Server {
+    pub fn new(daemon: &'static str, grace: Duration) -> Self {
+        Server {
+            daemon,
+            grace,
+            shutdown: CancellationToken::new(),
+            health: HealthReporter::new(),
+            tasks: JoinSet::new(),
+            sockets: Vec::new(),
+            listeners: Vec::new(),
+        }
+    }
+
+    /// Cancelled when the daemon begins to shut down; long-running work should watch it.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// The health reporter (the overall "" service is SERVING while the daemon runs).
+    pub fn health(&self) -> HealthReporter {
+        self.health.clone()
+    }
+
+    /// Where the daemon listens, for status answers.
+    pub fn listeners(&self) -> Vec<String> {
+        self.listeners.clone()
+    }
+
+    /// Serves `routes` (plus health) on `listener`, every call checked by its peer guard.
+    pub fn serve(&mut self, listener: BoundListener, routes: Routes) {
+        let routes = routes.add_service(tonic_health::pb::health_server::HealthServer::new(
+            HealthService::from_health_reporter(self.health.clone()),
+        ));
+        let name = listener.name.clone();
+        let describe = listener.describe();
+        self.listeners.push(describe.clone());
+        let builder = tonic::transport::Server::builder()
+            .layer(InterceptorLayer::new(listener.guard.clone()))
+            .add_routes(routes);
+        let token = self.shutdown.clone();
+        tracing::info!(daemon = self.daemon, listener = %name, at = %describe, "listening");
+        match listener.kind {
+            Kind::Unix { listener, path } => {
+                self.sockets.push(path);
+                let incoming = UnixListenerStream::new(listener);
+                self.tasks.spawn(async move {
+                    builder
+                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                        .await
+                        .map_err(|source| ServeError::Transport {
+                            listener: name,
+                            source,
+                        })
+                });
+            }
+            Kind::Tcp { listener } => {
+                let incoming = TcpListenerStream::new(listener);
+                self.tasks.spawn(async move {
+                    builder
+                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                        .await
+                        .map_err(|source| ServeError::Transport {
+                            listener: name,
+                            source,
+                        })
+                });
+            }
+        }
+    }
+
+    /// Reports readiness to systemd, then runs until a signal, a cancelled shutdown token, or a
+    /// failed listener. In-flight calls get the grace period; then they are aborted. Socket files
+    /// are removed on the way out.
+    pub async fn run(mut self) -> Result<(), ServeError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+        crate::notify::ready();
+        tracing::info!(daemon = self.daemon, "ready");
+        let mut failure = None;
+        tokio::select! {
+            _ = term.recv() => tracing::info!(daemon = self.daemon, "SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!(daemon = self.daemon, "SIGINT: shutting down"),
+            _ = self.shutdown.cancelled() => tracing::info!(daemon = self.daemon, "shutdown requested"),
+            Some(r) = self.tasks.join_next() => {
+                failure = Some(match r {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(e),
+                    Err(e) => Some(ServeError::Join(e.to_string())),
+                });
+            }
+        }
+        crate::notify::stopping();
+        self.health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        self.shutdown.cancel();
+        let drained = tokio::time::timeout(self.grace, async {
+            while let Some(r) = self.tasks.join_next().await {
+                if let Ok(Err(e)) = r {
+                    tracing::warn!(error = %e, "listener ended with an error");
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                daemon = self.daemon,
+                grace_ms = self.grace.as_millis() as u64,
+                "in-flight calls did not finish within the grace; aborting them"
+            );
+            self.tasks.abort_all();
+        }
+        for s in &self.sockets {
+            let _ = std::fs::remove_file(s);
+        }
+        match failure.flatten() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
