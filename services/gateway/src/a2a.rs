@@ -1,0 +1,499 @@
+//! A2A 1.0 wire types (ProtoJSON of `lf.a2a.v1`): camelCase members, enums by their proto names,
+//! oneofs as the name of the member that is present (no `kind` discriminator as in 0.3).
+//!
+//! Only the parts of the model the gateway serves are here. Fields the gateway does not act on are
+//! still accepted on input (serde ignores unknown members) so that newer clients keep working.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The protocol version this gateway speaks (`A2A-Version` header, `protocolVersion` on the card).
+pub const PROTOCOL_VERSION: &str = "1.0";
+
+/// A JSON object (`google.protobuf.Struct`).
+pub type Metadata = Map<String, Value>;
+
+/// `lf.a2a.v1.TaskState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum TaskState {
+    #[serde(rename = "TASK_STATE_UNSPECIFIED")]
+    Unspecified,
+    #[serde(rename = "TASK_STATE_SUBMITTED")]
+    Submitted,
+    #[serde(rename = "TASK_STATE_WORKING")]
+    Working,
+    #[serde(rename = "TASK_STATE_COMPLETED")]
+    Completed,
+    #[serde(rename = "TASK_STATE_FAILED")]
+    Failed,
+    #[serde(rename = "TASK_STATE_CANCELED")]
+    Canceled,
+    #[serde(rename = "TASK_STATE_INPUT_REQUIRED")]
+    InputRequired,
+    #[serde(rename = "TASK_STATE_REJECTED")]
+    Rejected,
+    #[serde(rename = "TASK_STATE_AUTH_REQUIRED")]
+    AuthRequired,
+}
+
+impl TaskState {
+    /// Completed, failed, canceled, rejected: nothing more will happen to the task.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Failed | Self::Canceled | Self::Rejected
+        )
+    }
+
+    /// Input-required, auth-required: the task waits for the caller; streams close here too.
+    pub fn is_interrupted(self) -> bool {
+        matches!(self, Self::InputRequired | Self::AuthRequired)
+    }
+
+    /// The proto name, e.g. `TASK_STATE_WORKING`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unspecified => "TASK_STATE_UNSPECIFIED",
+            Self::Submitted => "TASK_STATE_SUBMITTED",
+            Self::Working => "TASK_STATE_WORKING",
+            Self::Completed => "TASK_STATE_COMPLETED",
+            Self::Failed => "TASK_STATE_FAILED",
+            Self::Canceled => "TASK_STATE_CANCELED",
+            Self::InputRequired => "TASK_STATE_INPUT_REQUIRED",
+            Self::Rejected => "TASK_STATE_REJECTED",
+            Self::AuthRequired => "TASK_STATE_AUTH_REQUIRED",
+        }
+    }
+
+    /// Parses the proto name (used for the REST `status` query parameter).
+    pub fn parse(s: &str) -> Option<Self> {
+        serde_json::from_value(Value::String(s.to_string())).ok()
+    }
+}
+
+/// `lf.a2a.v1.Role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    #[serde(rename = "ROLE_UNSPECIFIED")]
+    Unspecified,
+    #[serde(rename = "ROLE_USER")]
+    User,
+    #[serde(rename = "ROLE_AGENT")]
+    Agent,
+}
+
+/// The content oneof of a [`Part`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PartContent {
+    Text(String),
+    /// Base64 bytes, kept as the text the client sent.
+    Raw(String),
+    Url(String),
+    Data(Value),
+}
+
+/// `lf.a2a.v1.Part`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Part {
+    #[serde(flatten)]
+    pub content: PartContent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filename: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_type: Option<String>,
+}
+
+impl Part {
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            content: PartContent::Text(text.into()),
+            metadata: None,
+            filename: None,
+            media_type: None,
+        }
+    }
+
+    pub fn data(value: Value) -> Self {
+        Self {
+            content: PartContent::Data(value),
+            metadata: None,
+            filename: None,
+            media_type: None,
+        }
+    }
+}
+
+/// `lf.a2a.v1.Message`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Message {
+    pub message_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    pub role: Role,
+    pub parts: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reference_task_ids: Vec<String>,
+}
+
+impl Message {
+    /// An agent message with one text part, bound to a task.
+    pub fn agent_text(
+        task_id: &str,
+        context_id: &str,
+        text: impl Into<String>,
+        metadata: Option<Metadata>,
+    ) -> Self {
+        Self {
+            message_id: uuid::Uuid::new_v4().to_string(),
+            context_id: Some(context_id.to_string()),
+            task_id: Some(task_id.to_string()),
+            role: Role::Agent,
+            parts: vec![Part::text(text)],
+            metadata,
+            extensions: Vec::new(),
+            reference_task_ids: Vec::new(),
+        }
+    }
+
+    /// The text the agent should see: text parts verbatim, data parts as JSON, files by reference.
+    pub fn prompt_text(&self) -> String {
+        let mut out = Vec::with_capacity(self.parts.len());
+        for part in &self.parts {
+            match &part.content {
+                PartContent::Text(t) => out.push(t.clone()),
+                PartContent::Data(v) => out.push(v.to_string()),
+                PartContent::Url(u) => out.push(format!("[file: {u}]")),
+                PartContent::Raw(_) => out.push(format!(
+                    "[attached file{}]",
+                    part.filename
+                        .as_deref()
+                        .map(|f| format!(" {f}"))
+                        .unwrap_or_default()
+                )),
+            }
+        }
+        out.join("\n")
+    }
+}
+
+/// `lf.a2a.v1.TaskStatus`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    pub state: TaskState,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+/// `lf.a2a.v1.Artifact`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    pub artifact_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    pub parts: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extensions: Vec<String>,
+}
+
+/// `lf.a2a.v1.Task`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Task {
+    pub id: String,
+    pub context_id: String,
+    pub status: TaskStatus,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<Artifact>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `lf.a2a.v1.TaskStatusUpdateEvent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatusUpdateEvent {
+    pub task_id: String,
+    pub context_id: String,
+    pub status: TaskStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `lf.a2a.v1.TaskArtifactUpdateEvent`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskArtifactUpdateEvent {
+    pub task_id: String,
+    pub context_id: String,
+    pub artifact: Artifact,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub append: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_chunk: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `lf.a2a.v1.StreamResponse` (also the shape of `SendMessageResponse`, which only uses
+/// `task` and `message`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum StreamResponse {
+    Task(Task),
+    Message(Message),
+    StatusUpdate(TaskStatusUpdateEvent),
+    ArtifactUpdate(TaskArtifactUpdateEvent),
+}
+
+/// `lf.a2a.v1.SendMessageConfiguration`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageConfiguration {
+    #[serde(default)]
+    pub accepted_output_modes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_push_notification_config: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_length: Option<i32>,
+    #[serde(default)]
+    pub return_immediately: bool,
+}
+
+/// `lf.a2a.v1.SendMessageRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SendMessageRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub message: Message,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<SendMessageConfiguration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `lf.a2a.v1.GetTaskRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GetTaskRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_length: Option<i32>,
+}
+
+/// `lf.a2a.v1.ListTasksRequest`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<TaskState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_size: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history_length: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_timestamp_after: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_artifacts: Option<bool>,
+}
+
+/// `lf.a2a.v1.ListTasksResponse`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTasksResponse {
+    pub tasks: Vec<Task>,
+    pub next_page_token: String,
+    pub page_size: i32,
+    pub total_size: i32,
+}
+
+/// `lf.a2a.v1.CancelTaskRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelTaskRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// `lf.a2a.v1.SubscribeToTaskRequest`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscribeToTaskRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub id: String,
+}
+
+/// `lf.a2a.v1.AgentInterface`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentInterface {
+    pub url: String,
+    pub protocol_binding: String,
+    pub protocol_version: String,
+}
+
+/// `lf.a2a.v1.AgentCapabilities`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCapabilities {
+    pub streaming: bool,
+    pub push_notifications: bool,
+    pub extended_agent_card: bool,
+}
+
+/// `lf.a2a.v1.AgentSkill`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentSkill {
+    pub id: String,
+    pub name: String,
+    pub description: String,
+    pub tags: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub examples: Vec<String>,
+}
+
+/// `lf.a2a.v1.HTTPAuthSecurityScheme`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpAuthSecurityScheme {
+    pub scheme: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `lf.a2a.v1.SecurityScheme` (only the HTTP-auth member is used).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecurityScheme {
+    pub http_auth_security_scheme: HttpAuthSecurityScheme,
+}
+
+/// `lf.a2a.v1.StringList`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StringList {
+    pub list: Vec<String>,
+}
+
+/// `lf.a2a.v1.SecurityRequirement`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecurityRequirement {
+    pub schemes: std::collections::BTreeMap<String, StringList>,
+}
+
+/// `lf.a2a.v1.AgentProvider`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentProvider {
+    pub url: String,
+    pub organization: String,
+}
+
+/// `lf.a2a.v1.AgentCard`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCard {
+    pub name: String,
+    pub description: String,
+    pub supported_interfaces: Vec<AgentInterface>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<AgentProvider>,
+    pub version: String,
+    pub capabilities: AgentCapabilities,
+    pub security_schemes: std::collections::BTreeMap<String, SecurityScheme>,
+    pub security_requirements: Vec<SecurityRequirement>,
+    pub default_input_modes: Vec<String>,
+    pub default_output_modes: Vec<String>,
+    pub skills: Vec<AgentSkill>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_captured_sdk_send_request_parses() {
+        let req: SendMessageRequest = serde_json::from_value(json!({
+            "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
+            "configuration": {"acceptedOutputModes": ["text/plain"], "historyLength": 0, "returnImmediately": false}
+        }))
+        .unwrap();
+        assert_eq!(req.message.role, Role::User);
+        assert_eq!(req.message.prompt_text(), "hi");
+        assert_eq!(req.configuration.unwrap().history_length, Some(0));
+    }
+
+    #[test]
+    fn parts_serialize_as_their_oneof_member() {
+        assert_eq!(
+            serde_json::to_value(Part::text("a")).unwrap(),
+            json!({"text": "a"})
+        );
+        let raw: Part = serde_json::from_value(
+            json!({"raw": "dGNr", "filename": "output.txt", "mediaType": "text/plain"}),
+        )
+        .unwrap();
+        assert_eq!(raw.content, PartContent::Raw("dGNr".into()));
+        assert_eq!(raw.media_type.as_deref(), Some("text/plain"));
+        assert!(serde_json::from_value::<Part>(json!({"text": 5})).is_err());
+        assert!(serde_json::from_value::<Part>(json!({"filename": "x"})).is_err());
+    }
+
+    #[test]
+    fn stream_responses_use_member_names_and_1_0_enum_spelling() {
+        let ev = StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: "t".into(),
+            context_id: "c".into(),
+            status: TaskStatus {
+                state: TaskState::InputRequired,
+                message: None,
+                timestamp: None,
+            },
+            metadata: None,
+        });
+        assert_eq!(
+            serde_json::to_value(&ev).unwrap(),
+            json!({"statusUpdate": {"taskId": "t", "contextId": "c", "status": {"state": "TASK_STATE_INPUT_REQUIRED"}}})
+        );
+        assert!(TaskState::Canceled.is_terminal());
+        assert!(TaskState::InputRequired.is_interrupted());
+        assert_eq!(
+            TaskState::parse("TASK_STATE_WORKING"),
+            Some(TaskState::Working)
+        );
+        assert_eq!(TaskState::parse("working"), None);
+    }
+}

@@ -1,0 +1,1017 @@
+//! TurnEvent → A2A: the pure state machine that turns one supervisor turn into the A2A events of
+//! one task. No I/O and no clock of its own (the caller passes `now`), so it is tested with real
+//! `TurnEvent` values.
+//!
+//! Rules (issue 7, seed 000):
+//! - message chunks are coalesced into appended updates of one "answer" artifact; the driver
+//!   calls [`TurnMapper::flush`] when the supervisor's stream has nothing more ready, so a fast
+//!   agent is not relayed one event per token and a slow one is not delayed;
+//! - tool calls, plans, mode changes and permission decisions become WORKING status updates whose
+//!   message says what happened and whose metadata (`warden`) carries the structured fields;
+//! - a permission decision is only ever reported; it never becomes INPUT_REQUIRED. Only a
+//!   question (ACP `elicitation/create`) does;
+//! - the stop reason decides the final state; every refusal is listed in the final message.
+
+use serde_json::{Value, json};
+use warden_proto::v1::{
+    Fault, PermissionDecisionEvent, Refusal, ToolCallEvent, TurnEvent, TurnStop, Verdict,
+    turn_event::Event,
+};
+
+use crate::a2a::{
+    Artifact, Message, Metadata, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
+    TaskStatus, TaskStatusUpdateEvent,
+};
+
+/// Once this much answer text is buffered it is sent even if more is ready.
+pub const DEFAULT_COALESCE_BYTES: usize = 16 * 1024;
+
+/// The metadata key under which warden's structured fields travel.
+pub const META_KEY: &str = "warden";
+
+/// The A2A side of one running turn.
+#[derive(Debug)]
+pub struct TurnMapper {
+    task_id: String,
+    context_id: String,
+    answer_artifact_id: String,
+    answer_started: bool,
+    text: String,
+    thought: String,
+    coalesce_bytes: usize,
+    state: TaskState,
+    pending_question: Option<String>,
+    cancel_requested: bool,
+    last_fault: Option<Fault>,
+    usage: Option<Value>,
+    finished: bool,
+}
+
+fn meta(fields: Value) -> Option<Metadata> {
+    let mut m = Metadata::new();
+    m.insert(META_KEY.to_string(), fields);
+    Some(m)
+}
+
+fn verdict_name(v: i32) -> &'static str {
+    match Verdict::try_from(v) {
+        Ok(Verdict::Allow) => "allow",
+        Ok(Verdict::Escalate) => "escalate",
+        // The zero value and anything unknown is a denial, as the policy contract says.
+        _ => "deny",
+    }
+}
+
+fn raw_input(json_text: &str) -> Value {
+    if json_text.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_str(json_text).unwrap_or_else(|_| Value::String(json_text.to_string()))
+}
+
+/// One line per refusal: "refused by policy: <title> (<kind>): <reason> [rule <rule>]".
+pub fn refusal_line(r: &Refusal) -> String {
+    let title = if r.tool_title.is_empty() {
+        r.tool_call_id.as_str()
+    } else {
+        r.tool_title.as_str()
+    };
+    format!(
+        "refused by policy: {title} ({}): {} [rule {}]",
+        if r.tool_kind.is_empty() {
+            "other"
+        } else {
+            &r.tool_kind
+        },
+        r.reason,
+        r.rule
+    )
+}
+
+fn refusal_json(r: &Refusal) -> Value {
+    json!({
+        "decisionId": r.decision_id, "toolCallId": r.tool_call_id, "toolKind": r.tool_kind,
+        "toolTitle": r.tool_title, "rule": r.rule, "reason": r.reason,
+    })
+}
+
+fn fault_json(f: &Fault) -> Value {
+    json!({"class": f.class, "message": f.message})
+}
+
+impl TurnMapper {
+    pub fn new(task_id: &str, context_id: &str) -> Self {
+        Self {
+            task_id: task_id.to_string(),
+            context_id: context_id.to_string(),
+            answer_artifact_id: format!("{task_id}-answer"),
+            answer_started: false,
+            text: String::new(),
+            thought: String::new(),
+            coalesce_bytes: DEFAULT_COALESCE_BYTES,
+            state: TaskState::Submitted,
+            pending_question: None,
+            cancel_requested: false,
+            last_fault: None,
+            usage: None,
+            finished: false,
+        }
+    }
+
+    /// Sets the size at which buffered text is sent without waiting for a flush.
+    pub fn with_coalesce_bytes(mut self, bytes: usize) -> Self {
+        self.coalesce_bytes = bytes.max(1);
+        self
+    }
+
+    /// The task state as of the events seen so far.
+    pub fn state(&self) -> TaskState {
+        self.state
+    }
+
+    /// True once a final state has been produced; later events are ignored.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// The question the task waits on (INPUT_REQUIRED), if any.
+    pub fn pending_question(&self) -> Option<&str> {
+        self.pending_question.as_deref()
+    }
+
+    /// Remembers that the caller asked to cancel: however the turn then stops, it ends CANCELED.
+    pub fn request_cancel(&mut self) {
+        self.cancel_requested = true;
+    }
+
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_requested
+    }
+
+    fn status(
+        &mut self,
+        state: TaskState,
+        text: Option<String>,
+        fields: Option<Value>,
+        now: i64,
+    ) -> StreamResponse {
+        self.state = state;
+        let message = text.map(|t| {
+            Message::agent_text(&self.task_id, &self.context_id, t, fields.and_then(meta))
+        });
+        StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            status: TaskStatus {
+                state,
+                message,
+                timestamp: Some(crate::time::format_micros(now)),
+            },
+            metadata: None,
+        })
+    }
+
+    fn working_note(&mut self, text: String, fields: Value, now: i64) -> StreamResponse {
+        self.status(TaskState::Working, Some(text), Some(fields), now)
+    }
+
+    fn answer_update(&mut self, text: String, last_chunk: bool) -> StreamResponse {
+        let append = self.answer_started;
+        self.answer_started = true;
+        StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            artifact: Artifact {
+                artifact_id: self.answer_artifact_id.clone(),
+                name: Some("answer".to_string()),
+                description: None,
+                parts: vec![Part::text(text)],
+                metadata: None,
+                extensions: Vec::new(),
+            },
+            append,
+            last_chunk,
+            metadata: None,
+        })
+    }
+
+    /// Before anything the agent does is reported, the task must be WORKING.
+    fn ensure_working(&mut self, out: &mut Vec<StreamResponse>, now: i64) {
+        if self.state == TaskState::Submitted {
+            out.push(self.status(TaskState::Working, None, None, now));
+        }
+    }
+
+    /// Sends whatever answer text and thoughts are buffered.
+    pub fn flush(&mut self, now: i64) -> Vec<StreamResponse> {
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        if !self.thought.is_empty() {
+            self.ensure_working(&mut out, now);
+            let thought = std::mem::take(&mut self.thought);
+            out.push(self.working_note(thought, json!({"kind": "thought"}), now));
+        }
+        if !self.text.is_empty() {
+            self.ensure_working(&mut out, now);
+            let text = std::mem::take(&mut self.text);
+            out.push(self.answer_update(text, false));
+        }
+        out
+    }
+
+    /// Maps one supervisor event. Text is buffered; everything else flushes the buffer first so
+    /// the caller sees events in the order the agent produced them.
+    pub fn on_event(&mut self, ev: &TurnEvent, now: i64) -> Vec<StreamResponse> {
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        let Some(event) = &ev.event else {
+            return out;
+        };
+        match event {
+            Event::MessageChunk(c) => {
+                if !self.thought.is_empty() {
+                    out.extend(self.flush(now));
+                }
+                self.text.push_str(&c.text);
+                if self.text.len() >= self.coalesce_bytes {
+                    out.extend(self.flush(now));
+                }
+                return out;
+            }
+            Event::ThoughtChunk(c) => {
+                if !self.text.is_empty() {
+                    out.extend(self.flush(now));
+                }
+                self.thought.push_str(&c.text);
+                if self.thought.len() >= self.coalesce_bytes {
+                    out.extend(self.flush(now));
+                }
+                return out;
+            }
+            Event::Usage(u) => {
+                self.usage = Some(json!({
+                    "inputTokens": u.input_tokens, "outputTokens": u.output_tokens,
+                    "totalTokens": u.total_tokens, "contextUsed": u.context_used,
+                    "contextSize": u.context_size,
+                }));
+                return out;
+            }
+            _ => {}
+        }
+        if matches!(event, Event::Stop(_)) {
+            // The stop sends the rest of the answer itself, marked as the last chunk.
+            let text = std::mem::take(&mut self.text);
+            out.extend(self.flush(now));
+            self.text = text;
+        } else {
+            out.extend(self.flush(now));
+        }
+        match event {
+            Event::Queued(q) => {
+                let text = format!(
+                    "queued behind other turns of this conversation (position {})",
+                    q.position
+                );
+                out.push(self.status(
+                    TaskState::Submitted,
+                    Some(text),
+                    Some(json!({"kind": "queued", "position": q.position})),
+                    now,
+                ));
+            }
+            Event::Started(_) => {
+                out.push(self.status(TaskState::Working, None, None, now));
+            }
+            Event::ToolCall(t) => {
+                self.ensure_working(&mut out, now);
+                out.push(self.tool_call(t, now));
+            }
+            Event::Plan(p) => {
+                self.ensure_working(&mut out, now);
+                let mut text = String::from("plan:");
+                for e in &p.entries {
+                    text.push_str(&format!("\n- [{}] {}", e.status, e.content));
+                }
+                let entries: Vec<Value> = p
+                    .entries
+                    .iter()
+                    .map(|e| json!({"content": e.content, "priority": e.priority, "status": e.status}))
+                    .collect();
+                out.push(self.working_note(text, json!({"kind": "plan", "entries": entries}), now));
+            }
+            Event::ModeChange(m) => {
+                self.ensure_working(&mut out, now);
+                let text = format!(
+                    "agent mode is now {}{}{}",
+                    m.mode_id,
+                    if m.supervised {
+                        " (supervised)"
+                    } else {
+                        " (NOT supervised)"
+                    },
+                    if m.by_supervisor {
+                        ", set by the supervisor"
+                    } else {
+                        ""
+                    }
+                );
+                out.push(self.working_note(
+                    text,
+                    json!({"kind": "mode", "modeId": m.mode_id, "supervised": m.supervised, "bySupervisor": m.by_supervisor}),
+                    now,
+                ));
+            }
+            Event::Permission(p) => {
+                self.ensure_working(&mut out, now);
+                out.push(self.permission(p, now));
+            }
+            Event::Question(q) => {
+                self.pending_question = Some(q.question_id.clone());
+                let schema = raw_input(&q.requested_schema_json);
+                out.push(self.status(
+                    TaskState::InputRequired,
+                    Some(q.message.clone()),
+                    Some(json!({"kind": "question", "questionId": q.question_id, "requestedSchema": schema})),
+                    now,
+                ));
+            }
+            Event::ContextReset(r) => {
+                self.ensure_working(&mut out, now);
+                out.push(self.working_note(
+                    format!("the agent's context was reset: {}", r.reason),
+                    json!({"kind": "context_reset", "reason": r.reason}),
+                    now,
+                ));
+            }
+            Event::Fault(f) => {
+                // The stop that follows carries the outcome; remember the fault in case it does not.
+                self.last_fault = Some(f.clone());
+            }
+            Event::Stop(stop) => {
+                out.extend(self.stop(stop, now));
+            }
+            Event::MessageChunk(_) | Event::ThoughtChunk(_) | Event::Usage(_) => {}
+        }
+        out
+    }
+
+    fn tool_call(&mut self, t: &ToolCallEvent, now: i64) -> StreamResponse {
+        let locations: Vec<Value> = t
+            .locations
+            .iter()
+            .map(|l| match l.line {
+                Some(line) => json!({"path": l.path, "line": line}),
+                None => json!({"path": l.path}),
+            })
+            .collect();
+        let status = if t.status.is_empty() {
+            "pending"
+        } else {
+            &t.status
+        };
+        let text = format!(
+            "tool call {}: {} ({})",
+            status,
+            if t.title.is_empty() {
+                &t.tool_call_id
+            } else {
+                &t.title
+            },
+            if t.kind.is_empty() { "other" } else { &t.kind },
+        );
+        let mut fields = json!({
+            "kind": "tool_call", "toolCallId": t.tool_call_id, "toolKind": t.kind,
+            "title": t.title, "status": t.status, "update": t.update, "locations": locations,
+            "rawInput": raw_input(&t.raw_input_json),
+        });
+        if !t.content_text.is_empty() {
+            fields["content"] = Value::String(t.content_text.clone());
+        }
+        self.working_note(text, fields, now)
+    }
+
+    fn permission(&mut self, p: &PermissionDecisionEvent, now: i64) -> StreamResponse {
+        let verdict = verdict_name(p.verdict);
+        let text = format!(
+            "permission {verdict}: {} ({}): {} [rule {}]",
+            if p.tool_title.is_empty() {
+                &p.tool_call_id
+            } else {
+                &p.tool_title
+            },
+            if p.tool_kind.is_empty() {
+                "other"
+            } else {
+                &p.tool_kind
+            },
+            p.reason,
+            p.rule
+        );
+        self.working_note(
+            text,
+            json!({
+                "kind": "permission", "decisionId": p.decision_id, "toolCallId": p.tool_call_id,
+                "toolKind": p.tool_kind, "toolTitle": p.tool_title, "verdict": verdict,
+                "rule": p.rule, "reason": p.reason, "optionIdSent": p.option_id_sent,
+                "cancelled": p.cancelled, "endTurn": p.end_turn,
+                "policyLatencyMicros": p.policy_latency_micros,
+            }),
+            now,
+        )
+    }
+
+    /// Maps the turn's stop to the final state and message.
+    fn stop(&mut self, stop: &TurnStop, now: i64) -> Vec<StreamResponse> {
+        let mut out = Vec::new();
+        if self.answer_started || !self.text.is_empty() {
+            let rest = std::mem::take(&mut self.text);
+            out.push(self.answer_update(rest, true));
+        }
+        let refusals: Vec<String> = stop.refusals.iter().map(refusal_line).collect();
+        let fault = stop.fault.clone().or_else(|| self.last_fault.clone());
+        let (state, mut lines): (TaskState, Vec<String>) = match stop.stop_reason.as_str() {
+            _ if self.cancel_requested => {
+                let mut l = vec!["canceled at the caller's request".to_string()];
+                l.extend(refusals.iter().cloned());
+                (TaskState::Canceled, l)
+            }
+            "end_turn" => {
+                let mut l = vec!["completed".to_string()];
+                l.extend(refusals.iter().cloned());
+                (TaskState::Completed, l)
+            }
+            "cancelled" if !refusals.is_empty() => (TaskState::Canceled, refusals.clone()),
+            "cancelled" => (
+                TaskState::Canceled,
+                vec!["the agent cancelled the turn".to_string()],
+            ),
+            "refusal" => (
+                TaskState::Failed,
+                vec!["the agent refused to continue (stop reason: refusal)".to_string()],
+            ),
+            "max_tokens" | "max_turn_requests" => (
+                TaskState::Failed,
+                vec![format!(
+                    "the agent stopped before finishing: {}",
+                    stop.stop_reason
+                )],
+            ),
+            _ => match &fault {
+                Some(f) if f.class == "prompt-too-large" || f.class == "rejected" => (
+                    TaskState::Rejected,
+                    vec![format!("rejected: {}", f.message)],
+                ),
+                Some(f) if f.class == "startup" => (
+                    TaskState::Failed,
+                    vec![format!("the agent could not start: {}", f.message)],
+                ),
+                Some(f) => (
+                    TaskState::Failed,
+                    vec![format!("{}: {}", f.class, f.message)],
+                ),
+                None => (
+                    TaskState::Failed,
+                    vec![format!("the turn stopped: {}", stop.stop_reason)],
+                ),
+            },
+        };
+        if state != TaskState::Completed && state != TaskState::Canceled && !refusals.is_empty() {
+            lines.extend(refusals.iter().cloned());
+        }
+        let mut fields = json!({
+            "kind": "stop", "stopReason": stop.stop_reason,
+            "refusals": stop.refusals.iter().map(refusal_json).collect::<Vec<_>>(),
+            "durationMillis": stop.duration_millis,
+        });
+        if let Some(f) = &fault {
+            fields["fault"] = fault_json(f);
+        }
+        if let Some(u) = &self.usage {
+            fields["usage"] = u.clone();
+        }
+        self.pending_question = None;
+        out.push(self.status(state, Some(lines.join("\n")), Some(fields), now));
+        self.finished = true;
+        out
+    }
+
+    /// The caller answered the pending question: the task is WORKING again.
+    pub fn question_answered(&mut self, now: i64) -> Vec<StreamResponse> {
+        if self.finished || self.pending_question.take().is_none() {
+            return Vec::new();
+        }
+        vec![self.status(TaskState::Working, None, None, now)]
+    }
+
+    /// The supervisor's stream ended (or failed) without a TurnStop: the turn cannot be followed.
+    /// `rejected` marks a turn the supervisor refused before it started (invalid request).
+    pub fn stream_ended(&mut self, reason: &str, rejected: bool, now: i64) -> Vec<StreamResponse> {
+        if self.finished {
+            return Vec::new();
+        }
+        let class = if rejected { "rejected" } else { "supervisor" };
+        let stop = TurnStop {
+            stop_reason: "fault".to_string(),
+            refusals: Vec::new(),
+            fault: Some(Fault {
+                class: class.into(),
+                message: reason.to_string(),
+            }),
+            transcript_path: String::new(),
+            duration_millis: 0,
+        };
+        self.stop(&stop, now)
+    }
+
+    /// Ends the task CANCELED without the supervisor's stop (the cancel grace ran out).
+    pub fn force_cancel(&mut self, now: i64) -> Vec<StreamResponse> {
+        if self.finished {
+            return Vec::new();
+        }
+        self.cancel_requested = true;
+        let stop = TurnStop {
+            stop_reason: "cancelled".to_string(),
+            ..Default::default()
+        };
+        self.stop(&stop, now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_proto::v1::{
+        Location, PlanEntry, PlanEvent, Question, TextChunk, TurnQueued, TurnStarted,
+    };
+
+    fn ev(seq: u64, e: Event) -> TurnEvent {
+        TurnEvent {
+            turn_id: "t1".into(),
+            seq,
+            event: Some(e),
+        }
+    }
+
+    fn chunk(s: &str) -> Event {
+        Event::MessageChunk(TextChunk { text: s.into() })
+    }
+
+    fn started() -> Event {
+        Event::Started(TurnStarted {
+            session_id: "s".into(),
+            root: "/tmp/x".into(),
+        })
+    }
+
+    fn stop(reason: &str, refusals: Vec<Refusal>, fault: Option<Fault>) -> Event {
+        Event::Stop(TurnStop {
+            stop_reason: reason.into(),
+            refusals,
+            fault,
+            transcript_path: String::new(),
+            duration_millis: 5,
+        })
+    }
+
+    fn refusal(title: &str, reason: &str) -> Refusal {
+        Refusal {
+            decision_id: "d1".into(),
+            tool_call_id: "tc1".into(),
+            tool_kind: "edit".into(),
+            tool_title: title.into(),
+            rule: "floor.edit.outside-root".into(),
+            reason: reason.into(),
+        }
+    }
+
+    fn run(m: &mut TurnMapper, events: Vec<Event>) -> Vec<StreamResponse> {
+        let mut out = Vec::new();
+        for (i, e) in events.into_iter().enumerate() {
+            out.extend(m.on_event(&ev(i as u64 + 1, e), 1_000));
+        }
+        out
+    }
+
+    fn final_status(out: &[StreamResponse]) -> (&TaskStatus, String, Value) {
+        match out.last() {
+            Some(StreamResponse::StatusUpdate(s)) => {
+                let msg = s.status.message.as_ref().expect("final message");
+                let text = match &msg.parts[0].content {
+                    crate::a2a::PartContent::Text(t) => t.clone(),
+                    other => panic!("{other:?}"),
+                };
+                let meta = msg.metadata.as_ref().expect("metadata")[META_KEY].clone();
+                (&s.status, text, meta)
+            }
+            other => panic!("last event is not a status: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn chunks_are_coalesced_into_one_appended_answer_and_end_completed() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let mut out = run(&mut m, vec![started(), chunk("Hel"), chunk("lo")]);
+        // The chunks stay buffered until the driver flushes (its stream had nothing more ready).
+        assert_eq!(out.len(), 1);
+        out.extend(m.flush(2_000));
+        out.extend(run(
+            &mut m,
+            vec![chunk(" world"), stop("end_turn", vec![], None)],
+        ));
+        let arts: Vec<_> = out
+            .iter()
+            .filter_map(|e| match e {
+                StreamResponse::ArtifactUpdate(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(arts.len(), 2);
+        assert_eq!(arts[0].artifact.parts, vec![Part::text("Hello")]);
+        assert!(!arts[0].append && !arts[0].last_chunk);
+        assert_eq!(arts[1].artifact.parts, vec![Part::text(" world")]);
+        assert!(arts[1].append && arts[1].last_chunk);
+        assert_eq!(arts[0].artifact.artifact_id, arts[1].artifact.artifact_id);
+        let (status, text, _) = final_status(&out);
+        assert_eq!(status.state, TaskState::Completed);
+        assert_eq!(text, "completed");
+        assert!(m.is_finished());
+        assert!(m.on_event(&ev(9, chunk("late")), 1).is_empty());
+    }
+
+    #[test]
+    fn a_big_burst_is_split_at_the_coalesce_size() {
+        let mut m = TurnMapper::new("t1", "c1").with_coalesce_bytes(10);
+        let out = run(
+            &mut m,
+            vec![started(), chunk("0123456"), chunk("789abc"), chunk("d")],
+        );
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(
+            matches!(&out[1], StreamResponse::ArtifactUpdate(a) if a.artifact.parts == vec![Part::text("0123456789abc")])
+        );
+    }
+
+    #[test]
+    fn tool_calls_and_permission_decisions_are_status_messages_not_input_required() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                chunk("I will write it."),
+                Event::ToolCall(ToolCallEvent {
+                    tool_call_id: "tc1".into(),
+                    kind: "edit".into(),
+                    title: "Write hello.txt".into(),
+                    status: "pending".into(),
+                    raw_input_json: r#"{"path":"hello.txt"}"#.into(),
+                    locations: vec![Location {
+                        path: "hello.txt".into(),
+                        line: None,
+                    }],
+                    content_text: String::new(),
+                    update: false,
+                }),
+                Event::Permission(PermissionDecisionEvent {
+                    decision_id: "d1".into(),
+                    tool_call_id: "tc1".into(),
+                    tool_kind: "edit".into(),
+                    tool_title: "Write hello.txt".into(),
+                    verdict: Verdict::Allow as i32,
+                    rule: "floor.edit.inside-root".into(),
+                    reason: "every path is inside the root".into(),
+                    option_id_sent: "allow-once".into(),
+                    cancelled: false,
+                    end_turn: false,
+                    policy_latency_micros: 120,
+                }),
+            ],
+        );
+        // WORKING, answer chunk (flushed before the tool call), tool call, permission.
+        assert_eq!(out.len(), 4, "{out:#?}");
+        assert!(matches!(&out[1], StreamResponse::ArtifactUpdate(_)));
+        for e in &out {
+            if let StreamResponse::StatusUpdate(s) = e {
+                assert_eq!(s.status.state, TaskState::Working);
+            }
+        }
+        let StreamResponse::StatusUpdate(tool) = &out[2] else {
+            panic!()
+        };
+        let tmeta = &tool
+            .status
+            .message
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()[META_KEY];
+        assert_eq!(tmeta["kind"], "tool_call");
+        assert_eq!(tmeta["rawInput"]["path"], "hello.txt");
+        assert_eq!(tmeta["locations"][0]["path"], "hello.txt");
+        let StreamResponse::StatusUpdate(perm) = &out[3] else {
+            panic!()
+        };
+        let msg = perm.status.message.as_ref().unwrap();
+        let pmeta = &msg.metadata.as_ref().unwrap()[META_KEY];
+        assert_eq!(pmeta["verdict"], "allow");
+        assert_eq!(pmeta["rule"], "floor.edit.inside-root");
+        assert_eq!(pmeta["reason"], "every path is inside the root");
+        assert_eq!(
+            msg.parts[0].content,
+            crate::a2a::PartContent::Text(
+                "permission allow: Write hello.txt (edit): every path is inside the root [rule floor.edit.inside-root]".into()
+            )
+        );
+        assert!(m.pending_question().is_none());
+    }
+
+    #[test]
+    fn an_escalated_then_denied_permission_is_reported_with_its_verdict() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                Event::Permission(PermissionDecisionEvent {
+                    decision_id: "d2".into(),
+                    tool_call_id: "tc2".into(),
+                    tool_kind: "execute".into(),
+                    tool_title: "rm -rf /".into(),
+                    verdict: Verdict::Deny as i32,
+                    rule: "escalate.non_interactive".into(),
+                    reason: "no approver; escalation denied".into(),
+                    ..Default::default()
+                }),
+            ],
+        );
+        let StreamResponse::StatusUpdate(perm) = &out[1] else {
+            panic!()
+        };
+        assert_eq!(perm.status.state, TaskState::Working);
+        let pmeta = &perm
+            .status
+            .message
+            .as_ref()
+            .unwrap()
+            .metadata
+            .as_ref()
+            .unwrap()[META_KEY];
+        assert_eq!(pmeta["verdict"], "deny");
+        // An unknown verdict number is reported as a denial, never as an allow.
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![Event::Permission(PermissionDecisionEvent {
+                verdict: 42,
+                ..Default::default()
+            })],
+        );
+        let StreamResponse::StatusUpdate(perm) = &out[1] else {
+            panic!()
+        };
+        assert_eq!(
+            perm.status
+                .message
+                .as_ref()
+                .unwrap()
+                .metadata
+                .as_ref()
+                .unwrap()[META_KEY]["verdict"],
+            "deny"
+        );
+    }
+
+    #[test]
+    fn end_turn_with_refusals_completes_with_a_note_listing_each() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                chunk("done"),
+                stop(
+                    "end_turn",
+                    vec![
+                        refusal("Write /etc/passwd", "path is outside the root"),
+                        refusal("Write ../x", "path escapes the root"),
+                    ],
+                    None,
+                ),
+            ],
+        );
+        let (status, text, meta) = final_status(&out);
+        assert_eq!(status.state, TaskState::Completed);
+        assert!(text.contains("refused by policy: Write /etc/passwd (edit): path is outside the root [rule floor.edit.outside-root]"), "{text}");
+        assert!(
+            text.contains("refused by policy: Write ../x (edit): path escapes the root"),
+            "{text}"
+        );
+        assert_eq!(meta["refusals"].as_array().unwrap().len(), 2);
+        // The answer artifact closes before the final status.
+        assert!(matches!(&out[out.len() - 2], StreamResponse::ArtifactUpdate(a) if a.last_chunk));
+    }
+
+    #[test]
+    fn cancelled_after_a_refusal_is_canceled_saying_refused_by_policy() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                stop(
+                    "cancelled",
+                    vec![refusal("Write a.txt", "denied by operator rule")],
+                    None,
+                ),
+            ],
+        );
+        let (status, text, _) = final_status(&out);
+        assert_eq!(status.state, TaskState::Canceled);
+        assert!(
+            text.starts_with("refused by policy: Write a.txt (edit): denied by operator rule"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn faults_fail_the_task_with_the_fault_and_refusal_fails_it() {
+        for (class, msg, expect_state, expect_text) in [
+            (
+                "crash",
+                "agent exited with signal 9",
+                TaskState::Failed,
+                "crash: agent exited with signal 9",
+            ),
+            (
+                "timeout",
+                "turn exceeded 30 s",
+                TaskState::Failed,
+                "timeout: turn exceeded 30 s",
+            ),
+            (
+                "output-limit",
+                "over 256 KiB",
+                TaskState::Failed,
+                "output-limit: over 256 KiB",
+            ),
+            (
+                "startup",
+                "no such binary",
+                TaskState::Failed,
+                "the agent could not start: no such binary",
+            ),
+            (
+                "prompt-too-large",
+                "text over 16 KiB",
+                TaskState::Rejected,
+                "rejected: text over 16 KiB",
+            ),
+        ] {
+            let mut m = TurnMapper::new("t1", "c1");
+            let f = Fault {
+                class: class.into(),
+                message: msg.into(),
+            };
+            let out = run(&mut m, vec![stop("fault", vec![], Some(f))]);
+            let (status, text, meta) = final_status(&out);
+            assert_eq!(status.state, expect_state, "{class}");
+            assert_eq!(text, expect_text);
+            assert_eq!(meta["fault"]["class"], class);
+        }
+        // A fault event followed by a stop without one still reports the fault.
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                Event::Fault(Fault {
+                    class: "crash".into(),
+                    message: "boom".into(),
+                }),
+                stop("fault", vec![], None),
+            ],
+        );
+        assert_eq!(final_status(&out).1, "crash: boom");
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(&mut m, vec![started(), stop("refusal", vec![], None)]);
+        assert_eq!(final_status(&out).0.state, TaskState::Failed);
+    }
+
+    #[test]
+    fn a_question_interrupts_and_an_answer_resumes() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                Event::Question(Question {
+                    question_id: "q1".into(),
+                    message: "Which file name?".into(),
+                    requested_schema_json: r#"{"type":"string"}"#.into(),
+                }),
+            ],
+        );
+        let (status, text, meta) = final_status(&out);
+        assert_eq!(status.state, TaskState::InputRequired);
+        assert_eq!(text, "Which file name?");
+        assert_eq!(meta["questionId"], "q1");
+        assert_eq!(meta["requestedSchema"]["type"], "string");
+        assert_eq!(m.pending_question(), Some("q1"));
+        let resumed = m.question_answered(2);
+        assert!(
+            matches!(&resumed[0], StreamResponse::StatusUpdate(s) if s.status.state == TaskState::Working)
+        );
+        assert!(m.pending_question().is_none());
+        assert!(m.question_answered(3).is_empty());
+    }
+
+    #[test]
+    fn a_cancel_request_ends_canceled_however_the_turn_stops() {
+        let mut m = TurnMapper::new("t1", "c1");
+        run(&mut m, vec![started()]);
+        m.request_cancel();
+        let out = run(&mut m, vec![stop("end_turn", vec![], None)]);
+        let (status, text, _) = final_status(&out);
+        assert_eq!(status.state, TaskState::Canceled);
+        assert_eq!(text, "canceled at the caller's request");
+        // And a forced cancel (no stop arrived in time) also ends CANCELED, once.
+        let mut m = TurnMapper::new("t1", "c1");
+        run(&mut m, vec![started()]);
+        let out = m.force_cancel(5);
+        assert_eq!(final_status(&out).0.state, TaskState::Canceled);
+        assert!(m.force_cancel(6).is_empty());
+    }
+
+    #[test]
+    fn a_stream_that_ends_without_a_stop_fails_the_task() {
+        let mut m = TurnMapper::new("t1", "c1");
+        run(&mut m, vec![started(), chunk("partial")]);
+        let out = m.stream_ended("supervisor unavailable: connection refused", false, 9);
+        let (status, text, _) = final_status(&out);
+        assert_eq!(status.state, TaskState::Failed);
+        assert!(text.contains("supervisor unavailable"), "{text}");
+        // The partial answer is kept and closed.
+        assert!(
+            out.iter()
+                .any(|e| matches!(e, StreamResponse::ArtifactUpdate(a) if a.last_chunk))
+        );
+    }
+
+    #[test]
+    fn queue_plan_mode_and_thoughts_are_reported() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                Event::Queued(TurnQueued { position: 2 }),
+                started(),
+                Event::ThoughtChunk(TextChunk {
+                    text: "thinking".into(),
+                }),
+                Event::Plan(PlanEvent {
+                    entries: vec![PlanEntry {
+                        content: "write file".into(),
+                        priority: "high".into(),
+                        status: "pending".into(),
+                    }],
+                }),
+                Event::ModeChange(warden_proto::v1::ModeChange {
+                    mode_id: "default".into(),
+                    supervised: true,
+                    by_supervisor: true,
+                }),
+            ],
+        );
+        let kinds: Vec<String> = out
+            .iter()
+            .map(|e| match e {
+                StreamResponse::StatusUpdate(s) => format!(
+                    "{}:{}",
+                    s.status.state.as_str(),
+                    s.status
+                        .message
+                        .as_ref()
+                        .and_then(|m| m.metadata.as_ref())
+                        .map(|m| m[META_KEY]["kind"].as_str().unwrap_or("").to_string())
+                        .unwrap_or_default()
+                ),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                "TASK_STATE_SUBMITTED:queued",
+                "TASK_STATE_WORKING:",
+                "TASK_STATE_WORKING:thought",
+                "TASK_STATE_WORKING:plan",
+                "TASK_STATE_WORKING:mode",
+            ]
+        );
+    }
+}

@@ -1,0 +1,381 @@
+//! The gateway's durable task store on `warden-store` (sled).
+//!
+//! Layout, chosen so that every change is one small write rather than a rewrite of the task:
+//! - tree `tasks`:     `<task id>` → [`TaskRecord`] (the task without history and artifacts)
+//! - tree `history`:   `<task id>/<seq:010>` → one [`Message`]
+//! - tree `artifacts`: `<task id>/<artifact index:04>/<chunk:010>` → one [`ArtifactChunk`]
+//! - tree `contexts`:  `<context id>` → [`ContextRecord`] (who owns the conversation)
+//!
+//! Appended artifact chunks are stored as they stream and merged on read, so a long answer costs
+//! one write per coalesced update, not one rewrite of everything so far.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use warden_store::{Store, StoreError, Tree};
+
+use crate::a2a::{Artifact, Message, Part, PartContent, Task, TaskState, TaskStatus};
+
+/// Errors of the task store.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskStoreError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("stored record {key} is not valid: {source}")]
+    Corrupt {
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot encode record: {0}")]
+    Encode(#[source] serde_json::Error),
+}
+
+/// The stored head of a task: everything but its history and artifacts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    /// The task with `history` and `artifacts` left empty.
+    pub task: Task,
+    /// The principal that created the task; nobody else may see it.
+    pub principal: String,
+    /// The configured agent that runs it.
+    pub agent: String,
+    pub created_micros: i64,
+    /// When the current status was set (for ListTasks ordering and filtering).
+    pub status_micros: i64,
+}
+
+/// Who owns a conversation (A2A context).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    pub principal: String,
+    pub agent: String,
+    pub created_micros: i64,
+}
+
+/// One stored artifact update.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactChunk {
+    pub artifact: Artifact,
+    pub append: bool,
+}
+
+/// The gateway's tasks, their history and artifacts.
+#[derive(Clone)]
+pub struct TaskStore {
+    store: Store,
+    tasks: Tree,
+    history: Tree,
+    artifacts: Tree,
+    contexts: Tree,
+}
+
+impl std::fmt::Debug for TaskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStore")
+            .field("path", &self.store.path())
+            .finish()
+    }
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(key: &[u8], bytes: &[u8]) -> Result<T, TaskStoreError> {
+    serde_json::from_slice(bytes).map_err(|source| TaskStoreError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        source,
+    })
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TaskStoreError> {
+    serde_json::to_vec(value).map_err(TaskStoreError::Encode)
+}
+
+/// Appends `part` to `parts`, joining consecutive text parts so a streamed answer reads as one.
+fn push_merged(parts: &mut Vec<Part>, part: Part) {
+    if let (Some(last), PartContent::Text(more)) = (parts.last_mut(), &part.content)
+        && let PartContent::Text(text) = &mut last.content
+        && last.metadata.is_none()
+        && part.metadata.is_none()
+    {
+        text.push_str(more);
+        return;
+    }
+    parts.push(part);
+}
+
+impl TaskStore {
+    /// Opens (creating) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, TaskStoreError> {
+        let store = Store::open(dir)?;
+        Ok(Self {
+            tasks: store.tree("tasks")?,
+            history: store.tree("history")?,
+            artifacts: store.tree("artifacts")?,
+            contexts: store.tree("contexts")?,
+            store,
+        })
+    }
+
+    /// Writes the task head. `record.task` should carry no history/artifacts (they are ignored).
+    pub fn put_head(&self, record: &TaskRecord) -> Result<(), TaskStoreError> {
+        let mut head = record.clone();
+        head.task.history.clear();
+        head.task.artifacts.clear();
+        self.tasks.put(record.task.id.as_bytes(), encode(&head)?)?;
+        Ok(())
+    }
+
+    pub fn head(&self, task_id: &str) -> Result<Option<TaskRecord>, TaskStoreError> {
+        match self.tasks.get(task_id.as_bytes())? {
+            Some(bytes) => Ok(Some(decode(task_id.as_bytes(), &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every task head, in key order.
+    pub fn heads(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        self.tasks
+            .scan_prefix([])?
+            .iter()
+            .map(|(k, v)| decode(k, v))
+            .collect()
+    }
+
+    /// Stores history message number `seq` (0-based) of a task.
+    pub fn put_history(
+        &self,
+        task_id: &str,
+        seq: u64,
+        msg: &Message,
+    ) -> Result<(), TaskStoreError> {
+        self.history
+            .put(format!("{task_id}/{seq:010}"), encode(msg)?)?;
+        Ok(())
+    }
+
+    pub fn history(&self, task_id: &str) -> Result<Vec<Message>, TaskStoreError> {
+        self.history
+            .scan_prefix(format!("{task_id}/"))?
+            .iter()
+            .map(|(k, v)| decode(k, v))
+            .collect()
+    }
+
+    /// Stores chunk `chunk` of the task's artifact number `index`.
+    pub fn put_artifact_chunk(
+        &self,
+        task_id: &str,
+        index: u32,
+        chunk: u64,
+        value: &ArtifactChunk,
+    ) -> Result<(), TaskStoreError> {
+        self.artifacts
+            .put(format!("{task_id}/{index:04}/{chunk:010}"), encode(value)?)?;
+        Ok(())
+    }
+
+    /// The task's artifacts with appended chunks merged, in the order they were first produced.
+    pub fn artifacts(&self, task_id: &str) -> Result<Vec<Artifact>, TaskStoreError> {
+        let mut out: Vec<Artifact> = Vec::new();
+        let mut current_index: Option<Vec<u8>> = None;
+        let prefix = format!("{task_id}/");
+        for (key, value) in self.artifacts.scan_prefix(&prefix)? {
+            let chunk: ArtifactChunk = decode(&key, &value)?;
+            // Key: <task>/<index:04>/<chunk>; the index segment groups one artifact's chunks.
+            let index = key.get(prefix.len()..prefix.len() + 4).map(<[u8]>::to_vec);
+            let same = current_index.is_some() && current_index == index;
+            if same && chunk.append {
+                if let Some(last) = out.last_mut() {
+                    for part in chunk.artifact.parts {
+                        push_merged(&mut last.parts, part);
+                    }
+                }
+            } else if same {
+                // A non-append update replaces the artifact's content.
+                if let Some(last) = out.last_mut() {
+                    *last = chunk.artifact;
+                }
+            } else {
+                out.push(chunk.artifact);
+                current_index = index;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole task (head, history, artifacts) and its owner.
+    pub fn load(&self, task_id: &str) -> Result<Option<(Task, TaskRecord)>, TaskStoreError> {
+        let Some(record) = self.head(task_id)? else {
+            return Ok(None);
+        };
+        let mut task = record.task.clone();
+        task.history = self.history(task_id)?;
+        task.artifacts = self.artifacts(task_id)?;
+        Ok(Some((task, record)))
+    }
+
+    pub fn context(&self, context_id: &str) -> Result<Option<ContextRecord>, TaskStoreError> {
+        match self.contexts.get(context_id.as_bytes())? {
+            Some(bytes) => Ok(Some(decode(context_id.as_bytes(), &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn put_context(&self, context_id: &str, rec: &ContextRecord) -> Result<(), TaskStoreError> {
+        self.contexts.put(context_id.as_bytes(), encode(rec)?)?;
+        Ok(())
+    }
+
+    /// Flushes everything to disk (called at terminal and interrupted states).
+    pub fn flush(&self) -> Result<(), TaskStoreError> {
+        self.store.flush()?;
+        Ok(())
+    }
+
+    /// Startup recovery: every task a previous gateway process left submitted, working or waiting
+    /// for input can no longer be followed, so it is marked FAILED "gateway restarted" instead of
+    /// staying WORKING forever. Returns the records that were changed (the caller asks the
+    /// supervisor to cancel their turns).
+    pub fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        let mut changed = Vec::new();
+        for mut rec in self.heads()? {
+            let state = rec.task.status.state;
+            if state.is_terminal() {
+                continue;
+            }
+            let now = crate::time::now_micros();
+            let msg = Message::agent_text(
+                &rec.task.id,
+                &rec.task.context_id,
+                format!(
+                    "gateway restarted while the task was {}; its turn could not be followed",
+                    state.as_str()
+                ),
+                None,
+            );
+            let seq = self.history.scan_prefix(format!("{}/", rec.task.id))?.len() as u64;
+            self.put_history(&rec.task.id, seq, &msg)?;
+            rec.task.status = TaskStatus {
+                state: TaskState::Failed,
+                message: Some(msg),
+                timestamp: Some(crate::time::format_micros(now)),
+            };
+            rec.status_micros = now;
+            self.put_head(&rec)?;
+            changed.push(rec);
+        }
+        self.flush()?;
+        Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::a2a::Role;
+
+    fn record(id: &str, state: TaskState) -> TaskRecord {
+        TaskRecord {
+            task: Task {
+                id: id.into(),
+                context_id: "ctx".into(),
+                status: TaskStatus {
+                    state,
+                    message: None,
+                    timestamp: None,
+                },
+                artifacts: vec![],
+                history: vec![],
+                metadata: None,
+            },
+            principal: "alice".into(),
+            agent: "scripted".into(),
+            created_micros: 1,
+            status_micros: 1,
+        }
+    }
+
+    fn chunk(id: &str, text: &str, append: bool) -> ArtifactChunk {
+        ArtifactChunk {
+            artifact: Artifact {
+                artifact_id: id.into(),
+                name: Some("answer".into()),
+                description: None,
+                parts: vec![Part::text(text)],
+                metadata: None,
+                extensions: vec![],
+            },
+            append,
+        }
+    }
+
+    #[test]
+    fn tasks_history_and_appended_artifacts_survive_reopen()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        {
+            let s = TaskStore::open(dir.path())?;
+            s.put_head(&record("t1", TaskState::Completed))?;
+            let user = Message {
+                message_id: "m1".into(),
+                context_id: Some("ctx".into()),
+                task_id: Some("t1".into()),
+                role: Role::User,
+                parts: vec![Part::text("hi")],
+                metadata: None,
+                extensions: vec![],
+                reference_task_ids: vec![],
+            };
+            s.put_history("t1", 0, &user)?;
+            s.put_artifact_chunk("t1", 0, 0, &chunk("a", "Hel", false))?;
+            s.put_artifact_chunk("t1", 0, 1, &chunk("a", "lo", true))?;
+            s.put_artifact_chunk("t1", 1, 0, &chunk("b", "note", false))?;
+            s.flush()?;
+        }
+        let s = TaskStore::open(dir.path())?;
+        let (task, rec) = s.load("t1")?.ok_or("missing")?;
+        assert_eq!(rec.principal, "alice");
+        assert_eq!(task.history.len(), 1);
+        assert_eq!(task.artifacts.len(), 2);
+        assert_eq!(task.artifacts[0].parts, vec![Part::text("Hello")]);
+        assert_eq!(task.artifacts[1].parts, vec![Part::text("note")]);
+        assert!(s.load("t2")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn recovery_fails_every_running_task_and_leaves_finished_ones()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let s = TaskStore::open(dir.path())?;
+        s.put_head(&record("done", TaskState::Completed))?;
+        s.put_head(&record("run", TaskState::Working))?;
+        s.put_head(&record("queued", TaskState::Submitted))?;
+        s.put_head(&record("ask", TaskState::InputRequired))?;
+        let changed = s.recover()?;
+        let mut ids: Vec<_> = changed.iter().map(|r| r.task.id.clone()).collect();
+        ids.sort();
+        assert_eq!(ids, vec!["ask", "queued", "run"]);
+        for id in ["run", "queued", "ask"] {
+            let (task, _) = s.load(id)?.ok_or("missing")?;
+            assert_eq!(task.status.state, TaskState::Failed);
+            let text = serde_json::to_string(&task.status.message)?;
+            assert!(text.contains("gateway restarted"), "{text}");
+            assert_eq!(task.history.len(), 1);
+        }
+        assert_eq!(
+            s.load("done")?.ok_or("missing")?.0.status.state,
+            TaskState::Completed
+        );
+        assert!(s.recover()?.is_empty(), "recovery is idempotent");
+        Ok(())
+    }
+
+    #[test]
+    fn a_corrupt_record_is_an_error_not_a_panic() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let s = TaskStore::open(dir.path())?;
+        s.tasks.put("bad", "{not json")?;
+        assert!(matches!(s.head("bad"), Err(TaskStoreError::Corrupt { .. })));
+        Ok(())
+    }
+}
