@@ -1,1 +1,94 @@
-fn main() {}
+//! `warden`: the operator's and the caller's command line.
+//!
+//! Owns: starting a local deployment (`up`), checking it (`status`), and the client commands that
+//! talk to a running deployment through its sockets and its HTTP endpoint.
+//! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
+//! everything goes through the daemons' public interfaces.
+
+mod layout;
+mod status;
+mod up;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "warden",
+    version,
+    about = "Hand work to coding agents; every action judged by a separate authority"
+)]
+struct Cli {
+    /// State directory of the local deployment (default: $XDG_STATE_HOME/warden or ~/.local/state/warden).
+    #[arg(long, global = true, env = "WARDEN_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Start warden-policy, warden-supervisor and warden-gateway as separate processes.
+    Up {
+        /// Where the gateway serves A2A over HTTP.
+        #[arg(long, default_value = "127.0.0.1:7420")]
+        http: String,
+        /// Directory holding the warden-* daemon binaries (default: next to this executable).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Daemon log format: human or json.
+        #[arg(long, default_value = "human")]
+        log_format: String,
+        /// Seconds each daemon has to report healthy.
+        #[arg(long, default_value_t = 10)]
+        start_timeout: u64,
+    },
+    /// Report each daemon's health; exits non-zero if any is down.
+    Status,
+}
+
+fn exe_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.to_path_buf()))
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let layout = layout::resolve(cli.state_dir.as_deref());
+    match cli.command {
+        Command::Up {
+            http,
+            bin_dir,
+            log_format,
+            start_timeout,
+        } => {
+            let opts = up::UpOptions {
+                layout,
+                bin_dir: bin_dir.unwrap_or_else(exe_dir),
+                http,
+                log_format,
+                start_timeout: Duration::from_secs(start_timeout),
+            };
+            match up::run(opts).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("warden up: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Status => {
+            if status::run(&layout).await {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}

@@ -1,0 +1,68 @@
+//! Where a local deployment (`warden up`) keeps its state and sockets. `up`, `status`, `send`,
+//! `audit` and the end-to-end tests all derive paths from here, so they cannot disagree.
+
+use std::path::{Path, PathBuf};
+
+/// The three daemons, in start order.
+pub const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
+
+/// Paths of one state directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Layout { root: root.into() }
+    }
+
+    /// The default: `$XDG_STATE_HOME/warden`, else `~/.local/state/warden`.
+    pub fn default_root() -> PathBuf {
+        if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
+            return PathBuf::from(x).join("warden");
+        }
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/lib"));
+        home.join(".local/state/warden")
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+
+    /// A daemon's own state directory.
+    pub fn state_of(&self, daemon: &str) -> PathBuf {
+        self.root.join(daemon)
+    }
+
+    /// A daemon's main gRPC socket (the gateway's is its admin/health socket).
+    pub fn socket_of(&self, daemon: &str) -> PathBuf {
+        self.run_dir().join(format!("{daemon}.sock"))
+    }
+
+    /// The policy service's admin (audit, reload) socket.
+    pub fn policy_admin_socket(&self) -> PathBuf {
+        self.run_dir().join("policy-admin.sock")
+    }
+
+    /// The caller token `warden up` generates when none is configured.
+    pub fn token_file(&self) -> PathBuf {
+        self.state_of("gateway").join("token")
+    }
+
+    /// The file where `warden up` writes the gateway's URL for `warden send`.
+    pub fn url_file(&self) -> PathBuf {
+        self.run_dir().join("gateway.url")
+    }
+}
+
+/// Resolves `--state-dir` or the default.
+pub fn resolve(state_dir: Option<&Path>) -> Layout {
+    Layout::new(
+        state_dir
+            .map(Path::to_path_buf)
+            .unwrap_or_else(Layout::default_root),
+    )
+}

@@ -1,0 +1,355 @@
+//! `warden up`: the three daemons as separate child processes on one state directory.
+//!
+//! Each daemon gets its own process group, so a Ctrl-C reaches only `up`, which then stops them in
+//! reverse start order (gateway, supervisor, policy). `PR_SET_PDEATHSIG` makes the kernel kill them
+//! if `up` itself is killed, so no daemon outlives it.
+
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::layout::{DAEMONS, Layout};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error("cannot create {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("warden is already running on {0} (try `warden status`)")]
+    AlreadyRunning(PathBuf),
+    #[error(
+        "daemon binary {0} not found (build with `cargo build --release --workspace --bins`, or pass --bin-dir)"
+    )]
+    MissingBinary(PathBuf),
+    #[error("cannot start {daemon}: {source}")]
+    Spawn {
+        daemon: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("warden-{daemon} exited during start-up ({status})")]
+    DiedAtStart { daemon: String, status: String },
+    #[error("warden-{daemon} did not report healthy within {secs} s")]
+    NotHealthy { daemon: String, secs: u64 },
+    #[error("warden-{daemon} exited unexpectedly ({status}); the others were stopped")]
+    Died { daemon: String, status: String },
+    #[error("cannot write the caller token {path}: {source}")]
+    Token {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("signal handling: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Options of `warden up`.
+#[derive(Debug, Clone)]
+pub struct UpOptions {
+    pub layout: Layout,
+    pub bin_dir: PathBuf,
+    pub http: String,
+    pub log_format: String,
+    pub start_timeout: Duration,
+}
+
+struct Running {
+    name: &'static str,
+    child: Child,
+}
+
+/// The flags that point one daemon at its place in the layout.
+fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
+    let l = &o.layout;
+    let mut sets = vec![
+        format!("daemon.state_dir={}", toml_str(&l.state_of(name))),
+        format!("daemon.log_format={}", toml_str(Path::new(&o.log_format))),
+        format!("listen.socket={}", toml_str(&l.socket_of(name))),
+    ];
+    match name {
+        "policy" => sets.push(format!(
+            "admin.socket={}",
+            toml_str(&l.policy_admin_socket())
+        )),
+        "supervisor" => sets.push(format!(
+            "policy.socket={}",
+            toml_str(&l.socket_of("policy"))
+        )),
+        "gateway" => {
+            sets.push(format!(
+                "supervisor.socket={}",
+                toml_str(&l.socket_of("supervisor"))
+            ));
+            sets.push(format!("http.bind={}", toml_str(Path::new(&o.http))));
+            sets.push(format!(
+                "http.public_url={}",
+                toml_str(Path::new(&format!("http://{}", o.http)))
+            ));
+            sets.push(format!("auth.token_file={}", toml_str(&l.token_file())));
+        }
+        _ => {}
+    }
+    sets.into_iter()
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect()
+}
+
+/// A TOML string literal (so paths with spaces or quotes survive `--set`).
+fn toml_str(p: &Path) -> String {
+    let s = p.to_string_lossy();
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn make_dir(path: &Path) -> Result<(), UpError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|source| UpError::Dir {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Writes a fresh random token (mode 0600) unless one exists.
+fn ensure_token(path: &Path) -> Result<bool, UpError> {
+    if path.exists() {
+        return Ok(false);
+    }
+    let err = |source| UpError::Token {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut bytes = [0u8; 32];
+    use std::io::{Read, Write};
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(err)?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(format!("{token}\n").as_bytes()).map_err(err)?;
+    Ok(true)
+}
+
+fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
+    let bin = o.bin_dir.join(format!("warden-{name}"));
+    if !bin.is_file() {
+        return Err(UpError::MissingBinary(bin));
+    }
+    let mut cmd = Command::new(&bin);
+    cmd.args(daemon_args(name, o))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec here.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| UpError::Spawn {
+        daemon: name.to_string(),
+        source,
+    })?;
+    for (stream, out) in [
+        (
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            false,
+        ),
+        (
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>),
+            true,
+        ),
+    ] {
+        if let Some(s) = stream {
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(s).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if out {
+                        eprintln!("[{name:>10}] {line}");
+                    } else {
+                        println!("[{name:>10}] {line}");
+                    }
+                }
+            });
+        }
+    }
+    Ok(Running { name, child })
+}
+
+fn status_text(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        _ => s.to_string(),
+    }
+}
+
+async fn wait_healthy(r: &mut Running, socket: &Path, timeout: Duration) -> Result<(), UpError> {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = r.child.try_wait() {
+            return Err(UpError::DiedAtStart {
+                daemon: r.name.to_string(),
+                status: status_text(status),
+            });
+        }
+        if warden_daemon::client::healthy(socket).await {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            return Err(UpError::NotHealthy {
+                daemon: r.name.to_string(),
+                secs: timeout.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM to each daemon in reverse start order, waiting for each (SIGKILL after 10 s).
+async fn stop_all(running: &mut Vec<Running>) {
+    while let Some(mut r) = running.pop() {
+        if let Ok(Some(_)) = r.child.try_wait() {
+            continue;
+        }
+        if let Some(pid) = r.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        match tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await {
+            Ok(Ok(s)) => eprintln!("warden: stopped warden-{} ({})", r.name, status_text(s)),
+            _ => {
+                eprintln!(
+                    "warden: warden-{} did not stop within 10 s; killing it",
+                    r.name
+                );
+                let _ = r.child.kill().await;
+            }
+        }
+    }
+}
+
+/// Runs the deployment until Ctrl-C (Ok) or until a daemon dies (Err).
+pub async fn run(o: UpOptions) -> Result<(), UpError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let l = &o.layout;
+    make_dir(&l.root)?;
+    make_dir(&l.run_dir())?;
+    for d in DAEMONS {
+        make_dir(&l.state_of(d))?;
+        if warden_daemon::client::healthy(&l.socket_of(d)).await {
+            return Err(UpError::AlreadyRunning(l.root.clone()));
+        }
+    }
+    let new_token = ensure_token(&l.token_file())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(UpError::Signal)?;
+    let mut term = signal(SignalKind::terminate()).map_err(UpError::Signal)?;
+
+    let mut running: Vec<Running> = Vec::new();
+    for name in DAEMONS {
+        let started = spawn(name, &o).and_then(|r| {
+            running.push(r);
+            Ok(())
+        });
+        let health = match started {
+            Ok(()) => match running.last_mut() {
+                Some(r) => wait_healthy(r, &l.socket_of(name), o.start_timeout).await,
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        if let Err(e) = health {
+            stop_all(&mut running).await;
+            return Err(e);
+        }
+    }
+    let _ = std::fs::write(l.url_file(), format!("http://{}\n", o.http));
+    println!("warden is up (state directory {})", l.root.display());
+    for r in &running {
+        println!(
+            "  warden-{:<10} pid {:<8} {}",
+            r.name,
+            r.child.id().unwrap_or(0),
+            l.socket_of(r.name).display()
+        );
+    }
+    println!(
+        "  A2A endpoint        http://{}/  (agent card: http://{}/.well-known/agent-card.json)",
+        o.http, o.http
+    );
+    println!(
+        "  caller token        {}{}",
+        l.token_file().display(),
+        if new_token { " (new)" } else { "" }
+    );
+    println!("Try: warden send \"write hello.txt\"    Stop: Ctrl-C");
+
+    let died = loop {
+        tokio::select! {
+            _ = int.recv() => break None,
+            _ = term.recv() => break None,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                let mut dead = None;
+                for r in running.iter_mut() {
+                    if let Ok(Some(s)) = r.child.try_wait() {
+                        dead = Some((r.name, status_text(s)));
+                        break;
+                    }
+                }
+                if let Some(d) = dead {
+                    break Some(d);
+                }
+            }
+        }
+    };
+    if let Some((name, status)) = &died {
+        eprintln!("warden: warden-{name} exited unexpectedly ({status}); stopping the others");
+    } else {
+        eprintln!("warden: stopping");
+    }
+    stop_all(&mut running).await;
+    let _ = std::fs::remove_file(l.url_file());
+    match died {
+        Some((daemon, status)) => Err(UpError::Died {
+            daemon: daemon.to_string(),
+            status,
+        }),
+        None => Ok(()),
+    }
+}
