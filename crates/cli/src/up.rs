@@ -283,10 +283,7 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
 
     let mut running: Vec<Running> = Vec::new();
     for name in DAEMONS {
-        let started = spawn(name, &o).and_then(|r| {
-            running.push(r);
-            Ok(())
-        });
+        let started = spawn(name, &o).map(|r| running.push(r));
         let health = match started {
             Ok(()) => match running.last_mut() {
                 Some(r) => wait_healthy(r, &l.socket_of(name), o.start_timeout).await,
