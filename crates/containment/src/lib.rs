@@ -213,7 +213,7 @@ fn has_nul(p: &Path) -> bool {
 pub fn resolve(
     path: impl AsRef<Path>,
     base: impl AsRef<Path>,
-    fs: &impl FsView,
+    fs: &(impl FsView + ?Sized),
 ) -> Result<PathBuf, ContainmentError> {
     let path = path.as_ref();
     let base = base.as_ref();
@@ -306,7 +306,7 @@ fn push_back_components(queue: &mut VecDeque<OsString>, p: &Path) {
 pub fn is_inside(
     root: impl AsRef<Path>,
     path: impl AsRef<Path>,
-    fs: &impl FsView,
+    fs: &(impl FsView + ?Sized),
 ) -> Result<bool, ContainmentError> {
     let root = root.as_ref();
     if root.as_os_str().is_empty() {

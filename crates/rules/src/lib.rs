@@ -1,1 +1,33 @@
-//! placeholder, filled by its issue
+//! The permission decision as a pure library: the boundary floor (seed 000), the operator
+//! policy (seed 001: modes, per-tool autoDeny/autoApprove/escalate/defaultAction, scopes),
+//! escalation without an approver, and the choice of the option to answer with.
+//!
+//! Owns: every rule that turns (subject, boundary, tool call, offered options) into ALLOW, DENY
+//! or ESCALATE with a readable reason and the name of the rule that matched.
+//!
+//! Must never: do I/O of its own (no files, clock, network, environment — the only filesystem
+//! access is through the `FsView` the caller passes for path containment), let the operator
+//! policy loosen the floor, select an `allow_always` or unknown-kind option, or name an option
+//! id that was not offered.
+
+mod config;
+mod engine;
+mod floor;
+mod options;
+mod types;
+
+pub use config::{Action, Mode, NonInteractive, PolicyConfig, PolicyError, ScopePolicy};
+pub use engine::{Engine, raw_input_tool_name, title_head};
+pub use floor::{FloorResult, evaluate as evaluate_floor};
+pub use options::{
+    Answer, Outcome, SWITCH_MODE_TABLE, SwitchModeEffect, SwitchModeRow, choose_option,
+    switch_mode_effect,
+};
+pub use types::{
+    Boundary, Decision, DecisionInput, OfferedOption, OptionKind, Profile, Subject, ToolCall,
+    ToolKind, Verdict,
+};
+pub use warden_containment::{FsView, MemFs, RealFs};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1018 @@
+//! Table-driven tests: seed 000's rule table, seed 001's precedence and scopes, escalation
+//! without an approver, and option choice for every adapter vocabulary in real-adapters.md.
+
+use super::*;
+
+const ROOT: &str = "/work/root";
+
+fn fs() -> MemFs {
+    MemFs::new()
+        .dir("/work/root/src")
+        .file("/work/root/src/lib.rs")
+        .dir("/work/root-evil")
+        .dir("/work/root/..notes")
+        .dir("/etc")
+        .symlink("/work/root/escape", "/etc")
+        .symlink("/work/root/hop", "escape")
+        .symlink("/work/root/dangling-out", "/nonexistent/x")
+        .symlink("/work/root/loop", "loop")
+}
+
+fn boundary(owned: bool, allow_execute: bool, profile: Profile) -> Boundary {
+    Boundary {
+        root: ROOT.into(),
+        owned,
+        allow_execute,
+        profile,
+    }
+}
+
+fn input(tool: ToolCall, b: Boundary, options: &[(&str, &str)]) -> DecisionInput {
+    DecisionInput {
+        subject: Subject {
+            principal: "alice".into(),
+            agent: "codex".into(),
+            verb: "implement".into(),
+        },
+        boundary: b,
+        tool,
+        options: options
+            .iter()
+            .map(|(id, kind)| OfferedOption::new(id, kind))
+            .collect(),
+    }
+}
+
+/// Claude 0.101 tool options, the common case.
+const CLAUDE_101: &[(&str, &str)] = &[
+    ("allow-once", "allow_once"),
+    ("allow-with-updates", "allow_always"),
+    ("reject", "reject_once"),
+];
+
+fn engine(toml: &str) -> Engine {
+    match PolicyConfig::from_toml_str(toml).and_then(Engine::new) {
+        Ok(e) => e,
+        Err(e) => panic!("test policy does not parse: {e}"),
+    }
+}
+
+fn default_engine() -> Engine {
+    engine("")
+}
+
+const W: Profile = Profile::WorkspaceWrite;
+const R: Profile = Profile::ReadOnly;
+
+#[test]
+fn seed_000_rule_table() {
+    use Verdict::*;
+    // (kind, locations, owned, allow_execute, profile, verdict, rule)
+    type Row = (
+        &'static str,
+        &'static [&'static str],
+        bool,
+        bool,
+        Profile,
+        Verdict,
+        &'static str,
+    );
+    let table: &[Row] = &[
+        // read, search, think → allow, whatever the boundary
+        ("read", &[], false, false, W, Allow, "floor.non-mutating"),
+        ("search", &[], false, false, R, Allow, "floor.non-mutating"),
+        ("think", &[], false, false, R, Allow, "floor.non-mutating"),
+        (
+            "read",
+            &["/etc/passwd"],
+            false,
+            false,
+            W,
+            Allow,
+            "floor.non-mutating",
+        ),
+        // edit, delete, move with locations → allow iff every path resolves inside the root
+        (
+            "edit",
+            &["src/lib.rs"],
+            false,
+            false,
+            W,
+            Allow,
+            "floor.change.inside-root",
+        ),
+        (
+            "delete",
+            &["/work/root/src/lib.rs"],
+            false,
+            false,
+            W,
+            Allow,
+            "floor.change.inside-root",
+        ),
+        (
+            "move",
+            &["src/lib.rs", "src/new.rs"],
+            false,
+            false,
+            W,
+            Allow,
+            "floor.change.inside-root",
+        ),
+        (
+            "move",
+            &["src/lib.rs", "../root-evil/x"],
+            true,
+            true,
+            W,
+            Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            &["/etc/passwd"],
+            true,
+            true,
+            W,
+            Deny,
+            "floor.change.outside-root",
+        ),
+        // edit, delete, move without locations → allow only if the root is ours
+        (
+            "edit",
+            &[],
+            true,
+            false,
+            W,
+            Allow,
+            "floor.change.no-locations.owned-root",
+        ),
+        (
+            "delete",
+            &[],
+            false,
+            true,
+            W,
+            Deny,
+            "floor.change.no-locations.foreign-root",
+        ),
+        (
+            "move",
+            &[],
+            false,
+            false,
+            W,
+            Deny,
+            "floor.change.no-locations.foreign-root",
+        ),
+        // execute, fetch, other → allow only if owned, or allow_execute
+        (
+            "execute",
+            &[],
+            true,
+            false,
+            W,
+            Allow,
+            "floor.execute.owned-root",
+        ),
+        (
+            "fetch",
+            &[],
+            false,
+            true,
+            W,
+            Allow,
+            "floor.execute.operator-allowed",
+        ),
+        (
+            "other",
+            &[],
+            false,
+            false,
+            W,
+            Deny,
+            "floor.execute.foreign-root",
+        ),
+        (
+            "execute",
+            &[],
+            false,
+            false,
+            W,
+            Deny,
+            "floor.execute.foreign-root",
+        ),
+        // any unknown kind is "other"
+        (
+            "launch_missiles",
+            &[],
+            false,
+            false,
+            W,
+            Deny,
+            "floor.execute.foreign-root",
+        ),
+        ("", &[], true, false, W, Allow, "floor.execute.owned-root"),
+        // read-only profile denies edit, delete, move, execute, fetch whatever else says
+        (
+            "edit",
+            &["src/lib.rs"],
+            true,
+            true,
+            R,
+            Deny,
+            "floor.profile.read-only",
+        ),
+        (
+            "delete",
+            &[],
+            true,
+            true,
+            R,
+            Deny,
+            "floor.profile.read-only",
+        ),
+        ("move", &[], true, true, R, Deny, "floor.profile.read-only"),
+        (
+            "execute",
+            &[],
+            true,
+            true,
+            R,
+            Deny,
+            "floor.profile.read-only",
+        ),
+        ("fetch", &[], true, true, R, Deny, "floor.profile.read-only"),
+        ("other", &[], true, true, R, Deny, "floor.profile.read-only"),
+    ];
+    let e = default_engine();
+    let f = fs();
+    for (kind, locs, owned, allow_exec, profile, want, rule) in table {
+        let tool = ToolCall::new(kind, "t").with_locations(locs.iter().copied());
+        let d = e.decide(
+            &input(tool, boundary(*owned, *allow_exec, *profile), CLAUDE_101),
+            &f,
+        );
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (*want, *rule),
+            "{kind} {locs:?} owned={owned} allow_execute={allow_exec} {profile:?}: {}",
+            d.reason
+        );
+        assert!(!d.reason.trim().is_empty());
+        // The option named always fits the verdict and was offered.
+        let want_option = if d.verdict == Allow {
+            "allow-once"
+        } else {
+            "reject"
+        };
+        assert_eq!(d.option_id.as_deref(), Some(want_option), "{kind}");
+    }
+}
+
+#[test]
+fn adversarial_paths_are_judged_by_where_they_lead() {
+    let e = default_engine();
+    let f = fs();
+    let cases: &[(&str, bool)] = &[
+        ("src/../src/lib.rs", true),
+        ("..notes/todo.md", true),
+        ("new/dir/file.rs", true),
+        ("../root-evil/x", false),
+        ("/work/root-evil/x", false),
+        ("../../etc/passwd", false),
+        ("escape/passwd", false),
+        ("hop/passwd", false),
+        ("dangling-out", false),
+        ("src/../../root/src/lib.rs", true),
+        ("escape/../work/root/src/lib.rs", true),
+    ];
+    for (p, inside) in cases {
+        let tool = ToolCall::new("edit", &format!("Edit {p}")).with_locations([*p]);
+        let d = e.decide(&input(tool, boundary(true, true, W), CLAUDE_101), &f);
+        assert_eq!(d.verdict == Verdict::Allow, *inside, "{p}: {}", d.reason);
+    }
+    // Errors fail closed.
+    for p in ["", "loop/x", "src/a\0b"] {
+        let tool = ToolCall::new("edit", "Edit").with_locations([p]);
+        let d = e.decide(&input(tool, boundary(true, true, W), CLAUDE_101), &f);
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (Verdict::Deny, "floor.change.unresolvable"),
+            "{p:?}"
+        );
+    }
+    // A relative root cannot contain anything.
+    let mut b = boundary(true, true, W);
+    b.root = "work/root".into();
+    let tool = ToolCall::new("edit", "Edit").with_locations(["src/lib.rs"]);
+    assert_eq!(
+        e.decide(&input(tool, b, CLAUDE_101), &f).verdict,
+        Verdict::Deny
+    );
+}
+
+#[test]
+fn read_only_verbs_are_read_only_whatever_the_profile_says() {
+    let e = default_engine();
+    for verb in ["advise", "review", "REVIEW"] {
+        let mut i = input(
+            ToolCall::new("edit", "Edit").with_locations(["src/lib.rs"]),
+            boundary(true, true, W),
+            CLAUDE_101,
+        );
+        i.subject.verb = verb.into();
+        let d = e.decide(&i, &fs());
+        assert_eq!(d.rule, "floor.profile.read-only", "{verb}");
+    }
+}
+
+#[test]
+fn switch_mode_table_per_vocabulary() {
+    // (vocabulary, offered options, expected verdict, expected option)
+    type Row = (
+        &'static str,
+        &'static [(&'static str, &'static str)],
+        Verdict,
+        Option<&'static str>,
+    );
+    let rows: &[Row] = &[
+        (
+            "claude-0.101",
+            &[
+                ("exit-plan-clear-auto", "allow_always"),
+                ("exit-plan-auto", "allow_always"),
+                ("exit-plan-bypass", "allow_always"),
+                ("exit-plan-default", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Allow,
+            Some("exit-plan-default"),
+        ),
+        (
+            "claude-0.16",
+            &[
+                ("acceptEdits", "allow_always"),
+                ("default", "allow_once"),
+                ("plan", "reject_once"),
+            ],
+            Verdict::Allow,
+            Some("default"),
+        ),
+        (
+            "claude-0.23",
+            &[
+                ("bypassPermissions", "allow_always"),
+                ("acceptEdits", "allow_always"),
+                ("default", "allow_once"),
+                ("plan", "reject_once"),
+            ],
+            Verdict::Allow,
+            Some("default"),
+        ),
+        (
+            "codex-2.6",
+            &[
+                ("implement_plan", "allow_once"),
+                ("revise_plan", "reject_once"),
+            ],
+            Verdict::Allow,
+            Some("implement_plan"),
+        ),
+        // Only elevated destinations: refuse, and name the refusal to answer with.
+        (
+            "claude-0.101 elevated only",
+            &[
+                ("exit-plan-accept-edits", "allow_always"),
+                ("exit-plan-clear-bypass", "allow_always"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        // An elevated id disguised as a one-time allow is still elevated.
+        (
+            "elevated as allow_once",
+            &[
+                ("exit-plan-auto", "allow_once"),
+                ("bypassPermissions", "allow_once"),
+                ("plan", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("plan"),
+        ),
+        // Unknown ids are refused even when they sound safe.
+        (
+            "unknown",
+            &[("exit-plan-manual", "allow_once"), ("stay", "reject_once")],
+            Verdict::Deny,
+            Some("stay"),
+        ),
+        // The safe id offered with an always-kind is not trusted.
+        (
+            "safe id, always kind",
+            &[
+                ("exit-plan-default", "allow_always"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        ("nothing offered", &[], Verdict::Deny, None),
+    ];
+    let e = default_engine();
+    for (vocab, options, want, want_opt) in rows {
+        for owned in [false, true] {
+            let i = input(
+                ToolCall::new("switch_mode", "Ready to code?"),
+                boundary(owned, true, W),
+                options,
+            );
+            let d = e.decide(&i, &fs());
+            assert_eq!(d.verdict, *want, "{vocab} owned={owned}: {}", d.reason);
+            assert_eq!(d.option_id.as_deref(), *want_opt, "{vocab}");
+        }
+    }
+}
+
+#[test]
+fn switch_mode_table_covers_every_destination_named_in_the_seed() {
+    use SwitchModeEffect::*;
+    for (id, effect) in [
+        ("exit-plan-default", KeepsSupervision),
+        ("default", KeepsSupervision),
+        ("implement_plan", KeepsSupervision),
+        ("exit-plan-accept-edits", Elevated),
+        ("exit-plan-auto", Elevated),
+        ("exit-plan-bypass", Elevated),
+        ("exit-plan-clear-auto", Elevated),
+        ("exit-plan-clear-bypass", Elevated),
+        ("exit-plan-clear-accept-edits", Elevated),
+        ("acceptEdits", Elevated),
+        ("bypassPermissions", Elevated),
+        ("exit-plan-clear-something-new", Unknown),
+        ("Default", Unknown),
+        ("", Unknown),
+    ] {
+        assert_eq!(switch_mode_effect(id), effect, "{id}");
+    }
+}
+
+// ------------------------------------------------------------------ seed 001: operator policy
+
+fn decide_with(e: &Engine, kind: &str, title: &str, raw: &str) -> Decision {
+    let tool = ToolCall::new(kind, title)
+        .with_raw_input(raw)
+        .with_locations(if ["edit", "delete", "move"].contains(&kind) {
+            vec!["src/lib.rs"]
+        } else {
+            vec![]
+        });
+    e.decide_with_approver(&input(tool, boundary(true, true, W), CLAUDE_101), &fs())
+}
+
+#[test]
+fn seed_001_precedence() {
+    use Verdict::*;
+    // Each row: policy, then the expected verdict and rule for an `execute` titled "touch x".
+    let rows: &[(&str, Verdict, &str)] = &[
+        // autoDeny beats autoApprove, escalate, defaultAction and mode
+        (
+            "[global]\nauto_deny=['execute']\nauto_approve=['execute']\nescalate=['execute']\ndefault_action='approve'",
+            Deny,
+            "tool.autoDeny",
+        ),
+        // autoApprove beats escalate, defaultAction and mode
+        (
+            "[global]\nmode='deny-all'\nauto_approve=['touch']\nescalate=['execute']\ndefault_action='deny'",
+            Allow,
+            "tool.autoApprove",
+        ),
+        // escalate beats defaultAction and mode
+        (
+            "[global]\nmode='approve-all'\nescalate=['TOUCH X']\ndefault_action='approve'",
+            Escalate,
+            "tool.escalate",
+        ),
+        // defaultAction beats the mode
+        (
+            "[global]\nmode='approve-all'\ndefault_action='deny'",
+            Deny,
+            "tool.defaultAction",
+        ),
+        (
+            "[global]\nmode='deny-all'\ndefault_action='approve'",
+            Allow,
+            "tool.defaultAction",
+        ),
+        (
+            "[global]\nmode='deny-all'\ndefault_action='escalate'",
+            Escalate,
+            "tool.defaultAction",
+        ),
+        // unmatched lists fall through to the mode
+        (
+            "[global]\nmode='deny-all'\nauto_approve=['read']",
+            Deny,
+            "mode.deny-all",
+        ),
+        (
+            "[global]\nmode='approve-reads'",
+            Escalate,
+            "mode.approve-reads",
+        ),
+        (
+            "[global]\nmode='approve-all'",
+            Allow,
+            "floor.execute.owned-root",
+        ),
+        ("", Allow, "floor.execute.owned-root"),
+    ];
+    for (policy, want, rule) in rows {
+        let d = decide_with(&engine(policy), "execute", "touch x", "");
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (*want, *rule),
+            "{policy}: {}",
+            d.reason
+        );
+        assert!(!d.reason.is_empty());
+    }
+}
+
+#[test]
+fn matchers_are_case_insensitive_on_kind_title_head_title_and_raw_tool_name() {
+    let claude_bash = (
+        "execute",
+        "`touch /work/root/x`",
+        r#"{"command":"touch x"}"#,
+    );
+    let named = (
+        "other",
+        "Fetch the docs",
+        r#"{"tool":"WebFetch","url":"x"}"#,
+    );
+    // (matcher, call, should match)
+    let rows: &[(&str, (&str, &str, &str), bool)] = &[
+        ("EXECUTE", claude_bash, true),
+        ("Touch", claude_bash, true),
+        ("`touch /work/root/x`", claude_bash, true),
+        ("touch /work/root/x", claude_bash, false),
+        ("webfetch", named, true),
+        ("fetch", named, true), // the title head
+        ("OTHER", named, true),
+        ("docs", named, false),
+        ("fetch the docs", named, true),
+        ("read", claude_bash, false),
+    ];
+    for (m, (kind, title, raw), hit) in rows {
+        let e = engine(&format!("[global]\nauto_deny=[{m:?}]"));
+        let d = decide_with(&e, kind, title, raw);
+        assert_eq!(
+            d.rule == "tool.autoDeny",
+            *hit,
+            "{m} vs {title}: {}",
+            d.reason
+        );
+    }
+    // The unknown kind spelled by the agent also matches verbatim.
+    let e = engine("[global]\nauto_deny=['Launch_Missiles']");
+    assert_eq!(
+        decide_with(&e, "launch_missiles", "x", "").rule,
+        "tool.autoDeny"
+    );
+}
+
+#[test]
+fn approve_reads_passes_reads_and_escalates_the_rest() {
+    let e = engine("[global]\nmode='approve-reads'");
+    for (kind, want) in [
+        ("read", Verdict::Allow),
+        ("search", Verdict::Allow),
+        ("think", Verdict::Allow),
+        ("edit", Verdict::Escalate),
+        ("execute", Verdict::Escalate),
+        ("fetch", Verdict::Escalate),
+    ] {
+        let d = decide_with(&e, kind, "t", "");
+        assert_eq!(d.verdict, want, "{kind}: {}", d.reason);
+    }
+}
+
+#[test]
+fn the_operator_policy_cannot_loosen_the_floor() {
+    for policy in [
+        "",
+        "[global]\nmode='approve-all'",
+        "[global]\nauto_approve=['edit','Edit','execute']",
+        "[global]\ndefault_action='approve'",
+        "[principals.alice]\nauto_approve=['edit']",
+    ] {
+        let e = engine(policy);
+        let tool = ToolCall::new("edit", "Edit").with_locations(["../root-evil/x"]);
+        let d = e.decide(&input(tool, boundary(true, true, W), CLAUDE_101), &fs());
+        assert_eq!(d.rule, "floor.change.outside-root", "{policy}");
+        let d = e.decide(
+            &input(
+                ToolCall::new("execute", "rm -rf"),
+                boundary(false, false, W),
+                CLAUDE_101,
+            ),
+            &fs(),
+        );
+        assert_eq!(d.rule, "floor.execute.foreign-root", "{policy}");
+        let d = e.decide(
+            &input(
+                ToolCall::new("switch_mode", "Ready?"),
+                boundary(true, true, W),
+                &[
+                    ("exit-plan-bypass", "allow_always"),
+                    ("reject", "reject_once"),
+                ],
+            ),
+            &fs(),
+        );
+        assert_eq!(d.verdict, Verdict::Deny, "{policy}");
+    }
+}
+
+#[test]
+fn the_most_specific_scope_that_sets_a_key_wins() {
+    let e = engine(
+        "[global]\nmode='deny-all'\nauto_deny=['fetch']\n\
+         [agents.codex]\nmode='approve-reads'\n\
+         [principals.alice]\nmode='approve-all'\n\
+         [principals.bob]\nauto_deny=[]\n",
+    );
+    let mk = |principal: &str, agent: &str, kind: &str| {
+        let mut i = input(
+            ToolCall::new(kind, "t"),
+            boundary(true, true, W),
+            CLAUDE_101,
+        );
+        i.subject.principal = principal.into();
+        i.subject.agent = agent.into();
+        e.decide_with_approver(&i, &fs())
+    };
+    // alice's mode wins over the agent's and global
+    assert_eq!(mk("alice", "codex", "execute").verdict, Verdict::Allow);
+    // alice sets no auto_deny: the global one still applies
+    assert_eq!(mk("alice", "codex", "fetch").rule, "tool.autoDeny");
+    // carol has no scope: codex's mode applies
+    assert_eq!(mk("carol", "codex", "execute").verdict, Verdict::Escalate);
+    // neither scope: global
+    assert_eq!(mk("carol", "claude", "read").rule, "mode.deny-all");
+    // bob sets an empty auto_deny: it replaces the global list
+    assert_eq!(mk("bob", "claude", "fetch").rule, "mode.deny-all");
+}
+
+#[test]
+fn escalation_without_an_approver() {
+    let deny = engine("[global]\nmode='approve-reads'");
+    let i = input(
+        ToolCall::new("execute", "make"),
+        boundary(true, true, W),
+        CLAUDE_101,
+    );
+    let d = deny.decide(&i, &fs());
+    assert_eq!(d.verdict, Verdict::Deny);
+    assert_eq!(d.rule, "escalation.no-approver");
+    assert!(
+        d.reason.starts_with("escalated: no approver"),
+        "{}",
+        d.reason
+    );
+    assert!(!d.end_turn);
+    assert_eq!(d.option_id.as_deref(), Some("reject"));
+
+    let fail = engine("[global]\nmode='approve-reads'\nnon_interactive='fail'");
+    let d = fail.decide(&i, &fs());
+    assert_eq!(d.verdict, Verdict::Deny);
+    assert_eq!(d.rule, "escalation.prompt-unavailable");
+    assert!(
+        d.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"),
+        "{}",
+        d.reason
+    );
+    assert!(d.end_turn);
+
+    // With an approver the escalation is kept.
+    assert_eq!(
+        fail.decide_with_approver(&i, &fs()).verdict,
+        Verdict::Escalate
+    );
+}
+
+#[test]
+fn an_escalated_plan_exit_keeps_the_safe_option_for_the_approver() {
+    let e = engine("[global]\nmode='approve-reads'");
+    let i = input(
+        ToolCall::new("switch_mode", "Ready?"),
+        boundary(true, true, W),
+        &[
+            ("exit-plan-auto", "allow_always"),
+            ("exit-plan-default", "allow_once"),
+            ("reject", "reject_once"),
+        ],
+    );
+    let d = e.decide_with_approver(&i, &fs());
+    assert_eq!(d.verdict, Verdict::Escalate);
+    assert_eq!(d.option_id.as_deref(), Some("exit-plan-default"));
+}
+
+#[test]
+fn an_allow_with_only_an_always_option_becomes_a_deny_that_says_why() {
+    let e = default_engine();
+    let i = input(
+        ToolCall::new("read", "Read x"),
+        boundary(true, true, W),
+        &[
+            ("approved-for-session", "allow_always"),
+            ("abort", "reject_once"),
+        ],
+    );
+    let d = e.decide(&i, &fs());
+    assert_eq!(d.verdict, Verdict::Deny);
+    assert_eq!(d.rule, "option.no-allow-once");
+    assert!(d.reason.contains("always-allow"), "{}", d.reason);
+    assert_eq!(d.option_id.as_deref(), Some("abort"));
+}
+
+// ------------------------------------------------------------------ option choice
+
+/// (vocabulary, options offered, chosen for Allow, chosen for Deny)
+type VocabRow = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Outcome,
+    Outcome,
+);
+
+fn sel(id: &str) -> Outcome {
+    Outcome::Selected(id.to_string())
+}
+
+fn vocabularies() -> Vec<VocabRow> {
+    vec![
+        (
+            "claude-0.16 tool",
+            &[
+                ("allow_always", "allow_always"),
+                ("allow", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            sel("allow"),
+            sel("reject"),
+        ),
+        (
+            "claude-0.101 write",
+            &[
+                ("allow-once", "allow_once"),
+                ("allow-with-updates", "allow_always"),
+                ("reject", "reject_once"),
+            ],
+            sel("allow-once"),
+            sel("reject"),
+        ),
+        (
+            "claude-0.101 bash, reject first (defaultToNo)",
+            &[("reject", "reject_once"), ("allow-once", "allow_once")],
+            sel("allow-once"),
+            sel("reject"),
+        ),
+        (
+            "claude-0.101 skill",
+            &[
+                ("allow-skill-exact", "allow_always"),
+                ("allow-skill-prefix", "allow_always"),
+                ("reject", "reject_once"),
+            ],
+            sel("reject"), // only always-allows: refused
+            sel("reject"),
+        ),
+        (
+            "codex-0.16 exec",
+            &[
+                ("approved", "allow_once"),
+                ("approved-execpolicy-amendment", "allow_always"),
+                ("abort", "reject_once"),
+            ],
+            sel("approved"),
+            sel("abort"),
+        ),
+        (
+            "codex-0.16 exec with denied",
+            &[
+                ("approved", "allow_once"),
+                ("approved-for-session", "allow_always"),
+                ("abort", "reject_once"),
+                ("denied", "reject_once"),
+            ],
+            sel("approved"),
+            sel("denied"),
+        ),
+        (
+            "codex-0.16 patch",
+            &[
+                ("approved-for-session", "allow_always"),
+                ("approved", "allow_once"),
+                ("abort", "reject_once"),
+            ],
+            sel("approved"),
+            sel("abort"),
+        ),
+        (
+            "codex-0.16 mcp",
+            &[
+                ("approved", "allow_once"),
+                ("approved-for-session", "allow_always"),
+                ("approved-always", "allow_always"),
+                ("cancel", "reject_once"),
+            ],
+            sel("approved"),
+            sel("cancel"),
+        ),
+        (
+            "codex-2.6 command",
+            &[
+                ("allow_once", "allow_once"),
+                ("allow_for_session", "allow_always"),
+                ("accept_execpolicy_amendment", "allow_always"),
+                ("cancel", "reject_once"),
+                ("decline", "reject_once"),
+            ],
+            sel("allow_once"),
+            sel("decline"),
+        ),
+        (
+            "codex-2.6 file change (no decline)",
+            &[
+                ("allow_once", "allow_once"),
+                ("allow_for_session", "allow_always"),
+                ("cancel", "reject_once"),
+            ],
+            sel("allow_once"),
+            sel("cancel"),
+        ),
+        (
+            "codex-2.6 network",
+            &[
+                ("allow_once", "allow_once"),
+                ("apply_network_policy_amendment:0", "allow_always"),
+                ("apply_network_policy_amendment:1", "reject_always"),
+                ("cancel", "reject_once"),
+            ],
+            sel("allow_once"),
+            sel("cancel"),
+        ),
+        (
+            "codex-2.6 permission profile",
+            &[
+                ("allow_permissions_turn", "allow_once"),
+                ("allow_permissions_session", "allow_always"),
+                ("reject_permissions", "reject_once"),
+            ],
+            sel("allow_permissions_turn"),
+            sel("reject_permissions"),
+        ),
+        (
+            "only reject_always",
+            &[
+                ("allow_once", "allow_once"),
+                ("no-forever", "reject_always"),
+            ],
+            sel("allow_once"),
+            sel("no-forever"),
+        ),
+        (
+            "unknown kinds are never selected",
+            &[("yolo", "allow_maybe"), ("nope", "REJECT_ONCE")],
+            Outcome::CancelTurn,
+            Outcome::CancelTurn,
+        ),
+        (
+            "nothing offered",
+            &[],
+            Outcome::CancelTurn,
+            Outcome::CancelTurn,
+        ),
+    ]
+}
+
+#[test]
+fn option_choice_for_every_vocabulary() {
+    for (vocab, offered, allow, deny) in vocabularies() {
+        let offered: Vec<OfferedOption> = offered
+            .iter()
+            .map(|(id, k)| OfferedOption::new(id, k))
+            .collect();
+        let a = choose_option(Verdict::Allow, None, &offered, false);
+        assert_eq!(a.outcome, allow, "{vocab} allow: {}", a.reason);
+        let d = choose_option(Verdict::Deny, None, &offered, false);
+        assert_eq!(d.outcome, deny, "{vocab} deny: {}", d.reason);
+        assert_eq!(d.effective, Verdict::Deny);
+        // An escalation nobody answered is a denial.
+        assert_eq!(
+            choose_option(Verdict::Escalate, None, &offered, false).outcome,
+            deny
+        );
+        // Cancelling always answers cancelled.
+        assert_eq!(
+            choose_option(Verdict::Allow, None, &offered, true).outcome,
+            Outcome::Cancelled
+        );
+        for ans in [&a, &d] {
+            assert!(!ans.reason.is_empty());
+            if let Outcome::Selected(id) = &ans.outcome {
+                let o = offered.iter().find(|o| &o.id == id);
+                assert!(o.is_some(), "{vocab}: invented {id}");
+                assert!(
+                    o.is_some_and(|o| o.kind != OptionKind::AllowAlways
+                        && !matches!(o.kind, OptionKind::Unknown(_))),
+                    "{vocab}: picked {id}"
+                );
+            }
+            if ans.outcome != sel("allow") && ans.effective == Verdict::Allow {
+                assert!(matches!(ans.outcome, Outcome::Selected(_)));
+            }
+        }
+    }
+}
+
+#[test]
+fn an_explicit_option_is_used_only_when_offered_and_fitting() {
+    let offered: Vec<OfferedOption> = [
+        ("approved", "allow_once"),
+        ("approved-for-session", "allow_always"),
+        ("abort", "reject_once"),
+        ("denied", "reject_once"),
+    ]
+    .iter()
+    .map(|(id, k)| OfferedOption::new(id, k))
+    .collect();
+    let c = |v, id| choose_option(v, Some(id), &offered, false);
+    assert_eq!(c(Verdict::Deny, "abort").outcome, sel("abort"));
+    assert_eq!(c(Verdict::Allow, "approved").outcome, sel("approved"));
+    // Not offered: ignored, and said so.
+    let a = c(Verdict::Allow, "allow-once");
+    assert_eq!(a.outcome, sel("approved"));
+    assert!(a.reason.contains("not offered"), "{}", a.reason);
+    // Offered but always-allow: never.
+    assert_eq!(
+        c(Verdict::Allow, "approved-for-session").outcome,
+        sel("approved")
+    );
+    // An allow named for a deny: ignored.
+    assert_eq!(c(Verdict::Deny, "approved").outcome, sel("denied"));
+    assert_eq!(
+        choose_option(Verdict::Deny, Some("approved"), &offered, false).effective,
+        Verdict::Deny
+    );
+}
+
+// ------------------------------------------------------------------ configuration
+
+#[test]
+fn policy_toml_is_strict_and_names_the_bad_key() {
+    let ok = PolicyConfig::from_toml_str(
+        "[global]\nmode='approve-reads'\nnon_interactive='fail'\nautoApprove=['read']\n\
+         autoDeny=['fetch']\ndefaultAction='escalate'\n[agents.codex]\nescalate=['execute']\n",
+    );
+    assert!(ok.is_ok(), "{ok:?}");
+    for (bad, needle) in [
+        ("[global]\nmode='yolo'", "mode"),
+        ("[global]\nauto_aprove=['x']", "auto_aprove"),
+        ("[globl]\nmode='deny-all'", "globl"),
+        ("[global]\nauto_deny=['']", "global.auto_deny[0]"),
+        (
+            "[principals.bob]\nescalate=['ok', ' ']",
+            "principals.bob.escalate[1]",
+        ),
+        ("[global]\nnon_interactive='maybe'", "non_interactive"),
+        ("[global]\ndefault_action='allow'", "default_action"),
+        ("mode = 'deny-all'", "mode"),
+    ] {
+        match PolicyConfig::from_toml_str(bad) {
+            Ok(c) => panic!("{bad:?} was accepted: {c:?}"),
+            Err(e) => assert!(e.to_string().contains(needle), "{bad:?}: {e}"),
+        }
+    }
+}
+
+#[test]
+fn tool_names_and_title_heads() {
+    assert_eq!(title_head("`touch /x`"), Some("touch"));
+    assert_eq!(title_head("  Write /a/b"), Some("Write"));
+    assert_eq!(title_head("``"), None);
+    assert_eq!(title_head(""), None);
+    assert_eq!(
+        raw_input_tool_name(r#"{"toolName":"Bash"}"#).as_deref(),
+        Some("Bash")
+    );
+    assert_eq!(
+        raw_input_tool_name(r#"{"tool":1,"name":"x"}"#).as_deref(),
+        Some("x")
+    );
+    assert_eq!(raw_input_tool_name("not json"), None);
+    assert_eq!(raw_input_tool_name("[1,2]"), None);
+}
