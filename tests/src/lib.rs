@@ -1,1 +1,288 @@
-//! placeholder
+//! The end-to-end harness: starts the real daemon binaries on temporary sockets and state
+//! directories, exactly as `warden up` would (same layout, same flags), waits for their health,
+//! and tears them down even when a test panics.
+//!
+//! Owns: finding (and if needed building) the binaries, process lifetime of what a test starts.
+//! Must never: replace a daemon with an in-process imitation — every test here talks to real
+//! processes over their real sockets.
+//!
+//! No process outlives the test run: each daemon runs in its own process group, is killed with its
+//! group when its [`Daemon`] handle drops (including during a panic's unwinding), and carries
+//! `PR_SET_PDEATHSIG` so the kernel kills it if the test process itself dies.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+pub use warden_cli::layout::Layout;
+
+/// The directory holding the workspace's binaries (`target/debug` for `cargo test`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("WARDEN_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    // The test executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().unwrap_or_default();
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("target/debug"))
+}
+
+/// Path of a workspace binary, building the workspace's binaries once per test process so a test
+/// never runs a stale daemon.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if std::env::var_os("WARDEN_BIN_DIR").is_some() {
+            return Ok(());
+        }
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let out = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--workspace",
+                "--bins",
+                "--quiet",
+                "--manifest-path",
+            ])
+            .arg(manifest)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run cargo build: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        panic!("building the workspace binaries failed:\n{e}");
+    }
+    let p = bin_dir().join(name);
+    assert!(p.is_file(), "binary {} not found", p.display());
+    p
+}
+
+/// A running daemon process. Dropping it kills its whole process group.
+pub struct Daemon {
+    pub name: String,
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl Daemon {
+    pub fn pid(&self) -> i32 {
+        self.child.id().map(|p| p as i32).unwrap_or(0)
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.pid());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(Ok(s)) => s,
+            other => panic!("{} did not exit after SIGTERM: {other:?}", self.name),
+        }
+    }
+
+    /// SIGKILL, no grace: simulates a crash.
+    pub async fn crash(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Options of a test deployment.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Extra `--set KEY=VALUE` per daemon name ("policy", "supervisor", "gateway").
+    pub sets: Vec<(String, String)>,
+    /// Inherit the daemons' stderr into the test output (noisy; default off unless WARDEN_TEST_LOGS=1).
+    pub show_logs: bool,
+}
+
+/// A state directory and the daemons started on it.
+pub struct Deployment {
+    pub dir: tempfile::TempDir,
+    pub layout: Layout,
+    pub http: String,
+    pub opts: Options,
+    pub daemons: Vec<Daemon>,
+}
+
+/// A free loopback TCP port for the gateway.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(0)
+}
+
+impl Deployment {
+    /// A fresh state directory (short path: Unix socket paths are limited to 108 bytes).
+    pub fn new(opts: Options) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("wd")
+            .tempdir_in("/tmp")
+            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let layout = Layout::new(dir.path());
+        for d in ["run", "policy", "supervisor", "gateway"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        }
+        let http = format!("127.0.0.1:{}", free_port());
+        Deployment {
+            dir,
+            layout,
+            http,
+            opts,
+            daemons: Vec::new(),
+        }
+    }
+
+    /// Starts all three daemons in order and waits until each is healthy.
+    pub async fn up(opts: Options) -> Self {
+        let mut d = Self::new(opts);
+        for name in ["policy", "supervisor", "gateway"] {
+            d.start(name).await;
+        }
+        d
+    }
+
+    /// Starts one daemon (as `warden up` would) and waits for its health (10 s).
+    pub async fn start(&mut self, name: &str) {
+        let child = self.spawn(name, &[]);
+        let socket = self.layout.socket_of(name);
+        let mut daemon = Daemon {
+            name: name.to_string(),
+            child,
+            socket: socket.clone(),
+        };
+        wait_healthy(&mut daemon, Duration::from_secs(10)).await;
+        self.daemons.retain(|d| d.name != name);
+        self.daemons.push(daemon);
+    }
+
+    /// Spawns a daemon with the deployment's flags plus `extra` arguments, without waiting.
+    pub fn spawn(&self, name: &str, extra: &[&str]) -> Child {
+        let plan = warden_cli::up::UpOptions {
+            layout: self.layout.clone(),
+            bin_dir: bin_dir(),
+            http: self.http.clone(),
+            log_format: "human".into(),
+            start_timeout: Duration::from_secs(10),
+        };
+        let mut args = warden_cli::up::daemon_args(name, &plan);
+        for (d, kv) in &self.opts.sets {
+            if d == name {
+                args.push("--set".into());
+                args.push(kv.clone());
+            }
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        spawn_group(
+            &binary(&format!("warden-{name}")),
+            &args,
+            self.opts.show_logs,
+        )
+    }
+
+    /// The running daemon called `name`.
+    pub fn daemon(&mut self, name: &str) -> Option<&mut Daemon> {
+        self.daemons.iter_mut().find(|d| d.name == name)
+    }
+
+    /// Removes the running daemon called `name` from the deployment (to stop or crash it).
+    pub fn take(&mut self, name: &str) -> Option<Daemon> {
+        let i = self.daemons.iter().position(|d| d.name == name)?;
+        Some(self.daemons.remove(i))
+    }
+
+    /// A gRPC channel to a daemon's main socket.
+    pub fn channel(&self, name: &str) -> tonic::transport::Channel {
+        warden_daemon::client::unix_channel(&self.layout.socket_of(name))
+    }
+
+    /// The caller token file written for the gateway (created on first use, as `warden up` does).
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.layout.token_file())
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Spawns `bin` with `args` in its own process group with PR_SET_PDEATHSIG(SIGKILL).
+pub fn spawn_group(bin: &Path, args: &[String], show_logs: bool) -> Child {
+    let logs = show_logs || std::env::var_os("WARDEN_TEST_LOGS").is_some();
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(if logs {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .stderr(if logs {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .process_group(0)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+}
+
+/// Waits until the daemon's socket reports SERVING; panics (with its exit status) if it dies.
+pub async fn wait_healthy(d: &mut Daemon, timeout: Duration) {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(s)) = d.child.try_wait() {
+            panic!("warden-{} exited during start-up: {s}", d.name);
+        }
+        if warden_daemon::client::healthy(&d.socket).await {
+            return;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "warden-{} not healthy within {timeout:?}",
+            d.name
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Runs a command to completion with a deadline, capturing its output.
+pub async fn run_with_deadline(
+    cmd: &mut Command,
+    deadline: Duration,
+) -> std::io::Result<std::process::Output> {
+    cmd.kill_on_drop(true);
+    match tokio::time::timeout(deadline, cmd.output()).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("command did not finish within {deadline:?}"),
+        )),
+    }
+}

@@ -1,13 +1,8 @@
 //! `warden`: the operator's and the caller's command line.
 //!
-//! Owns: starting a local deployment (`up`), checking it (`status`), and the client commands that
-//! talk to a running deployment through its sockets and its HTTP endpoint.
-//! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
-//! everything goes through the daemons' public interfaces.
+//! Owns: argument parsing and exit codes; the work lives in the `warden_cli` library.
 
-mod layout;
-mod status;
-mod up;
+use warden_cli::{layout, status, up};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -65,8 +65,8 @@ struct Running {
     child: Child,
 }
 
-/// The flags that point one daemon at its place in the layout.
-fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
+/// The flags that point one daemon at its place in the layout (also used by the test harness).
+pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
     let l = &o.layout;
     let mut sets = vec![
         format!("daemon.state_dir={}", toml_str(&l.state_of(name))),

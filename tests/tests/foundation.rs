@@ -1,0 +1,247 @@
+//! Foundation: the three daemons start, report health, refuse strangers and bad configuration,
+//! and stop cleanly — alone and under `warden up`.
+
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
+use std::time::{Duration, Instant};
+
+use warden_e2e::{Deployment, Options, binary, run_with_deadline, spawn_group};
+
+const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
+
+#[tokio::test]
+async fn three_daemons_come_up_healthy_as_separate_processes_and_stop_on_sigterm() {
+    let mut d = Deployment::up(Options::default()).await;
+    let pids: Vec<i32> = d.daemons.iter().map(|x| x.pid()).collect();
+    assert_eq!(pids.len(), 3);
+    assert!(pids.iter().all(|p| *p > 0));
+    assert!(pids[0] != pids[1] && pids[1] != pids[2] && pids[0] != pids[2]);
+    for name in ["gateway", "supervisor", "policy"] {
+        let daemon = d.take(name).expect("started");
+        let socket = daemon.socket.clone();
+        let status = daemon.terminate().await;
+        assert!(
+            status.success(),
+            "warden-{name} exited with {status} on SIGTERM"
+        );
+        assert!(!socket.exists(), "warden-{name} left its socket behind");
+    }
+}
+
+/// Runs `grpc-probe SOCKET` as `uid` and returns what it printed.
+async fn probe_as(uid: u32, socket: &std::path::Path) -> String {
+    let mut cmd = std::process::Command::new(binary("grpc-probe"));
+    cmd.arg(socket).uid(uid).gid(uid);
+    let mut cmd = tokio::process::Command::from(cmd);
+    let out = run_with_deadline(&mut cmd, Duration::from_secs(10))
+        .await
+        .expect("probe runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test]
+async fn a_peer_whose_uid_is_not_on_the_allowlist_gets_permission_denied() {
+    if !nix::unistd::getuid().is_root() {
+        eprintln!("SKIP: needs root to run the probe as another uid");
+        return;
+    }
+    const NOBODY: u32 = 65534;
+    let opts = Options {
+        // A world-connectable socket, so only the peer-credential check stands in the way.
+        sets: vec![("policy".into(), "listen.mode=\"0666\"".into())],
+        ..Default::default()
+    };
+    let mut d = Deployment::new(opts);
+    for p in [d.dir.path().to_path_buf(), d.layout.run_dir()] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    d.start("policy").await;
+    let socket = d.layout.socket_of("policy");
+    assert_eq!(probe_as(0, &socket).await, "SERVING");
+    assert_eq!(probe_as(NOBODY, &socket).await, "PermissionDenied");
+
+    // The same uid is admitted once the operator lists it.
+    drop(d.take("policy"));
+    d.opts
+        .sets
+        .push(("policy".into(), format!("listen.allow_uids=[0, {NOBODY}]")));
+    d.start("policy").await;
+    assert_eq!(probe_as(NOBODY, &socket).await, "SERVING");
+}
+
+#[tokio::test]
+async fn a_broken_configuration_exits_non_zero_with_one_line_naming_the_key() {
+    let d = Deployment::new(Options::default());
+    let bad_file = d.dir.path().join("bad.toml");
+    std::fs::write(
+        &bad_file,
+        "[daemon]\nstate_dir = \"/tmp/x\"\nno_such_key = 1\n",
+    )
+    .unwrap();
+    for name in DAEMONS {
+        // A misspelt key in a file: named, with the file.
+        let bad = bad_file.to_string_lossy().to_string();
+        let mut c = tokio::process::Command::new(binary(&format!("warden-{name}")));
+        c.args(["--config", &bad]);
+        let out = run_with_deadline(&mut c, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "warden-{name} accepted a bad file");
+        assert!(err.contains("no_such_key"), "warden-{name}: {err}");
+        assert!(err.contains("bad.toml"), "warden-{name}: {err}");
+        assert!(!err.contains("panicked"), "warden-{name} panicked: {err}");
+
+        // A malformed value given as a flag: named by its dotted key.
+        let mut c = tokio::process::Command::new(binary(&format!("warden-{name}")));
+        c.args(["--set", "listen.mode=\"99x\""]);
+        let out = run_with_deadline(&mut c, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "warden-{name} accepted mode 99x");
+        assert!(err.contains("listen.mode"), "warden-{name}: {err}");
+
+        // A missing configuration file.
+        let mut c = tokio::process::Command::new(binary(&format!("warden-{name}")));
+        c.args(["--config", "/nonexistent/warden.toml"]);
+        let out = run_with_deadline(&mut c, Duration::from_secs(10))
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("/nonexistent/warden.toml"),
+            "warden-{name}: {err}"
+        );
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "warden-{name}: more than one line: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn socket_problems_are_refused_cleanly_and_a_stale_socket_is_replaced() {
+    let mut d = Deployment::new(Options::default());
+    // A socket directory that does not exist.
+    let mut c = tokio::process::Command::new(binary("warden-policy"));
+    c.args(["--set", "listen.socket=\"/nonexistent-dir/p.sock\""]);
+    let out = run_with_deadline(&mut c, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("/nonexistent-dir"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    // A socket in use by a live daemon is refused ...
+    d.start("policy").await;
+    let second = d.spawn("policy", &[]);
+    let out = tokio::time::timeout(Duration::from_secs(10), second.wait_with_output())
+        .await
+        .expect("second daemon exits")
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a second daemon took over a live socket"
+    );
+
+    // ... but a crashed daemon's stale socket file is replaced.
+    let first = d.take("policy").unwrap();
+    first.crash().await;
+    assert!(
+        d.layout.socket_of("policy").exists(),
+        "crash leaves the socket file"
+    );
+    d.start("policy").await;
+}
+
+#[tokio::test]
+async fn warden_up_starts_three_healthy_daemons_and_ctrl_c_leaves_nothing_behind() {
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().to_string_lossy().to_string();
+    let args: Vec<String> = ["--state-dir", &state, "up", "--http", &d.http]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let start = Instant::now();
+    let mut up = spawn_group(&binary("warden"), &args, false);
+    let mut healthy = false;
+    while start.elapsed() < Duration::from_secs(15) {
+        let mut st = tokio::process::Command::new(binary("warden"));
+        st.args(["--state-dir", &state, "status"]);
+        let out = run_with_deadline(&mut st, Duration::from_secs(10))
+            .await
+            .unwrap();
+        if out.status.success() {
+            healthy = true;
+            break;
+        }
+        if let Ok(Some(s)) = up.try_wait() {
+            panic!("warden up exited early: {s}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = start.elapsed();
+    assert!(healthy, "warden status never reported all healthy");
+    eprintln!("warden up healthy after {took:?}");
+
+    let daemon_pids = pids_with_arg(&state);
+    assert_eq!(
+        daemon_pids.len(),
+        3,
+        "expected three daemon processes: {daemon_pids:?}"
+    );
+
+    let pid = nix::unistd::Pid::from_raw(up.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait())
+        .await
+        .expect("warden up exits after Ctrl-C")
+        .unwrap();
+    assert!(status.success(), "warden up exited with {status}");
+    let left: Vec<_> = std::fs::read_dir(d.layout.run_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".sock"))
+        .collect();
+    assert!(left.is_empty(), "sockets left behind: {left:?}");
+    assert!(
+        pids_with_arg(&state).is_empty(),
+        "daemon processes left behind"
+    );
+
+    // `warden status` now says they are down.
+    let mut st = tokio::process::Command::new(binary("warden"));
+    st.args(["--state-dir", &state, "status"]);
+    let out = run_with_deadline(&mut st, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+/// Live (non-zombie) processes whose command line mentions `needle`, other than `warden up` itself.
+fn pids_with_arg(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'));
+        if cmd.contains(needle) && cmd.contains("warden-") && !zombie {
+            out.push(pid);
+        }
+    }
+    out
+}
