@@ -1,1 +1,68 @@
-//! placeholder, filled by its issue
+//! Containment for agent processes: the roots they work in, how they are spawned (clean
+//! environment, recursion guard, own process group, own cgroup, bubblewrap), and how whole
+//! process trees are killed, including after a supervisor crash (leases).
+//!
+//! Owns: `Boundary` roots (owned sandboxes made with mkdtemp semantics under the supervisor's
+//! state directory, and validated operator workspaces), `Spawner`/`SpawnSpec`, the termination
+//! ladder (`ProcessTree::kill`), leases and `reap_leftovers`, and `host_features`.
+//!
+//! Must never: turn a caller-chosen string into a path, inherit the supervisor's environment
+//! wholesale, start a process when the inherited depth is at the limit, signal a pid read back
+//! from storage without proving (start time + pidfd) it is the same process, or signal a stored
+//! process group id. Path containment comes from `warden-containment`, not from here.
+
+mod cgroup;
+mod env;
+mod kill;
+mod lease;
+mod procfs;
+
+pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
+pub use env::{
+    BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
+};
+pub use kill::{
+    DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, set_child_subreaper,
+};
+pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
+pub use procfs::ProcessIdentity;
+
+use std::path::{Path, PathBuf};
+
+/// Errors from this crate; each says what was being done and on which path.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Os {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    #[error(
+        "refusing to spawn: inherited {DEPTH_ENV}={inherited} is at or above the maximum {max}"
+    )]
+    DepthExceeded { inherited: u32, max: u32 },
+    #[error("storage: {0}")]
+    Store(#[from] warden_store::StoreError),
+    #[error("lease encoding: {0}")]
+    Lease(String),
+}
+
+impl SandboxError {
+    pub(crate) fn io(what: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! The termination ladder for a whole process tree.
+//!
+//! Membership of a tree is recomputed from `/proc` on every poll, as the union of: the leader
+//! (pid + start time), every member seen before (pid + start time), the leader's process group
+//! while the un-reaped leader pins that pgid, the conversation's cgroup, any live process whose
+//! environment carries the tree's `WARDEN_TREE=<id>` marker (this finds descendants that called
+//! `setsid` and were re-parented to PID 1 or to this subreaper), and every descendant of those by
+//! parent pid. A stored pid is never signalled on its own say-so: each signal goes through a
+//! pidfd after the start time has been re-checked.
+
+use std::collections::{HashMap, HashSet};
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, ChildStdin};
+
+use crate::SandboxError;
+use crate::cgroup::ConvCgroup;
+use crate::lease::{Lease, Leases};
+use crate::procfs::{self, ProcessIdentity, Stat};
+
+/// Default time between SIGTERM and the forced kill.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
+
+/// How long the ladder keeps re-killing after the forced step before it gives up and reports
+/// survivors (an uninterruptible process can outlive SIGKILL for a while).
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+const MAX_POLL: Duration = Duration::from_millis(10);
+
+/// Parameters of one kill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KillOptions {
+    pub grace: Duration,
+    pub kill_timeout: Duration,
+}
+
+impl Default for KillOptions {
+    fn default() -> Self {
+        Self {
+            grace: DEFAULT_GRACE,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
+        }
+    }
+}
+
+impl KillOptions {
+    pub fn with_grace(grace: Duration) -> Self {
+        Self {
+            grace,
+            ..Self::default()
+        }
+    }
+}
+
+/// What one kill did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillReport {
+    /// True when the grace ran out and SIGKILL / `cgroup.kill` was needed.
+    pub forced: bool,
+    /// From the first SIGTERM until the tree was empty (or the kill timeout ran out).
+    pub elapsed: Duration,
+    /// Distinct live processes observed in the tree during the kill.
+    pub processes: usize,
+    /// Live members still present at the end (0 unless something resisted SIGKILL).
+    pub remaining: usize,
+    /// True when `cgroup.kill` was written.
+    pub used_cgroup_kill: bool,
+    /// True when the conversation's cgroup existed and was removed.
+    pub cgroup_removed: bool,
+    /// The leader's exit status, when this handle owned the leader.
+    pub leader_status: Option<ExitStatus>,
+}
+
+/// Makes this process the child subreaper (`PR_SET_CHILD_SUBREAPER`): orphaned descendants are
+/// re-parented here instead of to PID 1, so they stay visible to the `/proc` walk and their
+/// zombies are collected by the kill ladder instead of lingering under a slow init.
+pub fn set_child_subreaper() -> Result<(), SandboxError> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
+    if rc != 0 {
+        return Err(SandboxError::Os {
+            what: "prctl(PR_SET_CHILD_SUBREAPER)",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+/// A handle on one spawned process tree.
+#[derive(Debug)]
+pub struct ProcessTree {
+    conversation_id: String,
+    leader: ProcessIdentity,
+    /// The tokio child for the leader, when this process spawned it. Never waited on before the
+    /// kill ends: the un-reaped leader keeps its pid, and so the process group id, from reuse.
+    child: Option<Child>,
+    stdin: Option<ChildStdin>,
+    pgid: i32,
+    cgroup: Option<ConvCgroup>,
+    marker: Option<String>,
+    bwrap: bool,
+    leases: Option<Leases>,
+    known: HashMap<i32, u64>,
+    finished: bool,
+}
+
+impl ProcessTree {
+    /// Wraps a child that was spawned in its own process group (`process_group(0)`) by the
+    /// caller. Its stdin, if piped and not taken, is held and closed by the kill.
+    pub fn from_child(mut child: Child) -> Result<Self, SandboxError> {
+        let pid = child
+            .id()
+            .ok_or_else(|| SandboxError::InvalidInput("child already reaped".into()))?
+            as i32;
+        let stat = procfs::read_stat(pid).ok_or_else(|| {
+            SandboxError::InvalidInput(format!("child {pid} not visible in /proc"))
+        })?;
+        let stdin = child.stdin.take();
+        Ok(Self {
+            conversation_id: String::new(),
+            leader: ProcessIdentity {
+                pid,
+                start_time: stat.start_time,
+            },
+            child: Some(child),
+            stdin,
+            pgid: stat.pgrp,
+            cgroup: None,
+            marker: None,
+            bwrap: false,
+            leases: None,
+            known: HashMap::new(),
+            finished: false,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_spawn(
+        conversation_id: String,
+        mut child: Child,
+        leader: ProcessIdentity,
+        cgroup: Option<ConvCgroup>,
+        marker: String,
+        bwrap: bool,
+        leases: Leases,
+    ) -> Self {
+        let stdin = child.stdin.take();
+        Self {
+            conversation_id,
+            leader,
+            child: Some(child),
+            stdin,
+            pgid: leader.pid,
+            cgroup,
+            marker: Some(marker),
+            bwrap,
+            leases: Some(leases),
+            known: HashMap::new(),
+            finished: false,
+        }
+    }
+
+    /// A tree known only from a lease (startup recovery). Its recorded pgid is never signalled
+    /// as a group, since nothing pins it any more.
+    pub(crate) fn from_lease(
+        lease: &Lease,
+        cgroup: Option<ConvCgroup>,
+        leases: Option<Leases>,
+    ) -> Self {
+        Self {
+            conversation_id: lease.conversation_id.clone(),
+            leader: lease.leader,
+            child: None,
+            stdin: None,
+            pgid: lease.pgid,
+            cgroup,
+            marker: Some(lease.marker.clone()),
+            bwrap: false,
+            leases,
+            known: HashMap::new(),
+            finished: false,
+        }
+    }
+
+    pub fn conversation_id(&self) -> &str {
+        &self.conversation_id
+    }
+
+    pub fn leader(&self) -> ProcessIdentity {
+        self.leader
+    }
+
+    pub fn pgid(&self) -> i32 {
+        self.pgid
+    }
+
+    pub fn cgroup_path(&self) -> Option<&std::path::Path> {
+        self.cgroup.as_ref().map(|c| c.path())
+    }
+
+    /// The `WARDEN_TREE` marker value of this tree, if it was spawned by this crate.
+    pub fn marker(&self) -> Option<&str> {
+        self.marker.as_deref()
+    }
+
+    /// True when the tree runs under bubblewrap.
+    pub fn sandboxed(&self) -> bool {
+        self.bwrap
+    }
+
+    /// The agent's stdin, while this handle still holds it.
+    pub fn stdin(&mut self) -> Option<&mut ChildStdin> {
+        self.stdin.as_mut()
+    }
+
+    /// Takes the agent's stdin. The caller must then drop it before or when killing, since the
+    /// ladder can only close a stdin it still holds.
+    pub fn take_stdin(&mut self) -> Option<ChildStdin> {
+        self.stdin.take()
+    }
+
+    /// True once the leader has exited (it may still be an un-reaped zombie).
+    pub fn leader_exited(&self) -> bool {
+        !self.leader.is_alive()
+    }
+
+    /// The tree's live (non-zombie) members right now; also remembers them, so members that
+    /// later leave the group are still known. Call it periodically to widen coverage.
+    pub fn live_members(&mut self) -> Vec<ProcessIdentity> {
+        self.scan()
+            .iter()
+            .filter(|s| s.is_live())
+            .map(|s| ProcessIdentity {
+                pid: s.pid,
+                start_time: s.start_time,
+            })
+            .collect()
+    }
+
+    fn group_pinned(&self) -> bool {
+        // Only while this process holds the leader un-reaped is the pgid guaranteed ours.
+        self.child.is_some() && self.pgid == self.leader.pid && self.pgid > 1
+    }
+
+    fn scan(&mut self) -> Vec<Stat> {
+        let stats = procfs::all_stats();
+        let me = std::process::id() as i32;
+        let mut set: HashSet<i32> = HashSet::new();
+        if stats
+            .get(&self.leader.pid)
+            .is_some_and(|s| s.start_time == self.leader.start_time)
+        {
+            set.insert(self.leader.pid);
+        }
+        for (pid, st) in &self.known {
+            if stats.get(pid).is_some_and(|s| s.start_time == *st) {
+                set.insert(*pid);
+            }
+        }
+        if self.group_pinned() {
+            set.extend(
+                stats
+                    .values()
+                    .filter(|s| s.pgrp == self.pgid)
+                    .map(|s| s.pid),
+            );
+        }
+        if let Some(cg) = &self.cgroup {
+            set.extend(cg.procs().into_iter().filter(|p| stats.contains_key(p)));
+        }
+        if let Some(marker) = &self.marker {
+            let needle = format!("{}={marker}", crate::env::TREE_MARKER_ENV);
+            for s in stats.values() {
+                if !set.contains(&s.pid)
+                    && s.is_live()
+                    && procfs::environ_contains(s.pid, needle.as_bytes())
+                {
+                    set.insert(s.pid);
+                }
+            }
+        }
+        // Descendants by parent pid, to a fixed point.
+        loop {
+            let before = set.len();
+            for s in stats.values() {
+                if !set.contains(&s.pid) && set.contains(&s.ppid) {
+                    set.insert(s.pid);
+                }
+            }
+            if set.len() == before {
+                break;
+            }
+        }
+        // Never this process or anything above it.
+        let mut cur = Some(me);
+        while let Some(p) = cur {
+            set.remove(&p);
+            cur = stats
+                .get(&p)
+                .map(|s| s.ppid)
+                .filter(|pp| *pp > 0 && *pp != p);
+        }
+        let members: Vec<Stat> = set.iter().filter_map(|p| stats.get(p).copied()).collect();
+        for s in &members {
+            self.known.insert(s.pid, s.start_time);
+        }
+        members
+    }
+
+    fn signal_members(&self, members: &[Stat], signal: i32, spare_bwrap: bool) {
+        for s in members.iter().filter(|s| s.is_live()) {
+            if spare_bwrap && self.is_bwrap_process(s) {
+                continue;
+            }
+            procfs::signal_identity(
+                ProcessIdentity {
+                    pid: s.pid,
+                    start_time: s.start_time,
+                },
+                signal,
+            );
+        }
+    }
+
+    /// The outer bwrap (our leader) and its pid-namespace init. bwrap does not forward SIGTERM,
+    /// and killing it tears the namespace down with SIGKILL, so the graceful step skips both
+    /// and signals the agent inside directly.
+    fn is_bwrap_process(&self, s: &Stat) -> bool {
+        self.bwrap
+            && (s.pid == self.leader.pid
+                || (s.ppid == self.leader.pid && procfs::comm(s.pid).as_deref() == Some("bwrap")))
+    }
+
+    fn killpg(&self, signal: i32) {
+        if self.group_pinned() {
+            // SAFETY: killpg on a group whose leader we hold un-reaped.
+            unsafe { libc::killpg(self.pgid, signal) };
+        }
+    }
+
+    /// Collects zombies that were re-parented to this (subreaper) process. The leader is left to
+    /// tokio when tokio owns it: reaping it here would steal tokio's exit status.
+    fn reap_zombies(&self, members: &[Stat]) {
+        let me = std::process::id() as i32;
+        for s in members {
+            if s.state == b'Z' && s.ppid == me && (self.child.is_none() || s.pid != self.leader.pid)
+            {
+                let mut status = 0;
+                // SAFETY: waitpid on a specific zombie child of ours, non-blocking.
+                unsafe { libc::waitpid(s.pid, &mut status, libc::WNOHANG) };
+            }
+        }
+    }
+
+    fn cgroup_populated(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(|c| c.populated())
+    }
+
+    /// Runs the ladder: SIGTERM (group, plus every member including the agent inside bwrap),
+    /// close stdin, wait up to the grace for the tree to empty, then `cgroup.kill` and SIGKILL
+    /// to the group and every member, wait until empty, remove the cgroup, reap the leader and
+    /// drop the lease. Runs fully even when the leader has already exited.
+    pub async fn kill(&mut self, opts: KillOptions) -> Result<KillReport, SandboxError> {
+        let start = Instant::now();
+        let mut seen: HashSet<(i32, u64)> = HashSet::new();
+        let mut note = |members: &[Stat]| {
+            for s in members.iter().filter(|s| s.is_live()) {
+                seen.insert((s.pid, s.start_time));
+            }
+        };
+
+        let members = self.scan();
+        note(&members);
+        if !self.bwrap {
+            self.killpg(libc::SIGTERM);
+        }
+        self.signal_members(&members, libc::SIGTERM, true);
+        // A stopped process cannot act on SIGTERM until it is continued.
+        if !self.bwrap {
+            self.killpg(libc::SIGCONT);
+        }
+        self.signal_members(&members, libc::SIGCONT, true);
+        self.stdin = None;
+
+        let deadline = start + opts.grace;
+        let mut poll = Duration::from_millis(1);
+        let mut forced = false;
+        loop {
+            let m = self.scan();
+            note(&m);
+            self.reap_zombies(&m);
+            let live = m.iter().filter(|s| s.is_live()).count();
+            if live == 0 && !self.cgroup_populated() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                forced = true;
+                break;
+            }
+            tokio::time::sleep(poll.min(deadline - now)).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+
+        let mut used_cgroup_kill = false;
+        let mut remaining = 0;
+        if forced {
+            if let Some(cg) = &self.cgroup {
+                used_cgroup_kill = cg.kill();
+            }
+            self.killpg(libc::SIGKILL);
+            let kill_deadline = Instant::now() + opts.kill_timeout;
+            loop {
+                let m = self.scan();
+                note(&m);
+                self.signal_members(&m, libc::SIGKILL, false);
+                self.reap_zombies(&m);
+                let live = m.iter().filter(|s| s.is_live()).count();
+                if live == 0 && !self.cgroup_populated() {
+                    break;
+                }
+                if Instant::now() >= kill_deadline {
+                    remaining = live;
+                    tracing::warn!(
+                        conversation_id = %self.conversation_id,
+                        remaining,
+                        "process tree survived SIGKILL past the kill timeout"
+                    );
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        let elapsed = start.elapsed();
+
+        let leader_status = match self.child.as_mut() {
+            Some(child) if remaining == 0 => {
+                tokio::time::timeout(Duration::from_secs(1), child.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            _ => None,
+        };
+        // One last pass for zombies of members that exited while we waited on the leader.
+        let m = self.scan();
+        self.reap_zombies(&m);
+
+        let mut cgroup_removed = false;
+        if let Some(cg) = &self.cgroup
+            && remaining == 0
+        {
+            match cg.remove(Duration::from_millis(200)) {
+                Ok(()) => cgroup_removed = true,
+                Err(e) => tracing::warn!(
+                    conversation_id = %self.conversation_id,
+                    error = %e,
+                    "could not remove conversation cgroup"
+                ),
+            }
+        }
+        if remaining == 0
+            && let (Some(leases), Some(marker)) = (&self.leases, &self.marker)
+        {
+            leases.remove(marker)?;
+        }
+        self.finished = remaining == 0;
+        Ok(KillReport {
+            forced,
+            elapsed,
+            processes: seen.len(),
+            remaining,
+            used_cgroup_kill,
+            cgroup_removed,
+            leader_status,
+        })
+    }
+}
+
+impl Drop for ProcessTree {
+    /// A handle dropped without `kill` still must not leave agents running: SIGKILL everything
+    /// it can find, without waiting. The lease stays, so the next startup finishes the job.
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        self.killpg(libc::SIGKILL);
+        let m = self.scan();
+        self.signal_members(&m, libc::SIGKILL, false);
+    }
+}

@@ -1,0 +1,207 @@
+//! Minimal, allocation-light readers for `/proc`: process status lines, identities, environment
+//! markers, and signalling a process only after proving it is the one we mean.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+/// A process as identified across time: its pid plus its start time (clock ticks since boot,
+/// field 22 of `/proc/PID/stat`). A pid alone can be reused; the pair cannot, so every pid read
+/// back from storage is compared on both before anything is signalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ProcessIdentity {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl ProcessIdentity {
+    /// The identity of the process currently holding `pid`, if any (zombies included).
+    pub fn of(pid: i32) -> Option<Self> {
+        read_stat(pid).map(|s| Self {
+            pid,
+            start_time: s.start_time,
+        })
+    }
+
+    /// True when `pid` is still held by this very process (alive or zombie).
+    pub fn still_exists(&self) -> bool {
+        read_stat(self.pid).is_some_and(|s| s.start_time == self.start_time)
+    }
+
+    /// True when `pid` is still held by this very process and it is not a zombie.
+    pub fn is_alive(&self) -> bool {
+        read_stat(self.pid).is_some_and(|s| s.start_time == self.start_time && s.is_live())
+    }
+}
+
+/// The fields of `/proc/PID/stat` the kill ladder needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stat {
+    pub pid: i32,
+    pub state: u8,
+    pub ppid: i32,
+    pub pgrp: i32,
+    pub session: i32,
+    pub start_time: u64,
+}
+
+impl Stat {
+    /// "Still alive" means anything but a zombie or a dead task: a zombie holds no resources and
+    /// runs no code, it only waits for its parent to collect it.
+    pub fn is_live(&self) -> bool {
+        self.state != b'Z' && self.state != b'X' && self.state != b'x'
+    }
+}
+
+/// Parses one `/proc/PID/stat` line. The command name sits in parentheses and may itself contain
+/// spaces and `)`, so the fields are counted from the LAST `)`.
+pub(crate) fn parse_stat(line: &str) -> Option<Stat> {
+    let open = line.find('(')?;
+    let close = line.rfind(')')?;
+    if close < open {
+        return None;
+    }
+    let pid: i32 = line[..open].trim().parse().ok()?;
+    let mut rest = line.get(close + 1..)?.split_ascii_whitespace();
+    // rest[0] is field 3 (state); field N is rest[N-3].
+    let state = *rest.next()?.as_bytes().first()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgrp = rest.next()?.parse().ok()?;
+    let session = rest.next()?.parse().ok()?;
+    // Skip fields 7..=21 (15 fields) to reach field 22, starttime.
+    let start_time = rest.nth(15)?.parse().ok()?;
+    Some(Stat {
+        pid,
+        state,
+        ppid,
+        pgrp,
+        session,
+        start_time,
+    })
+}
+
+pub(crate) fn read_stat(pid: i32) -> Option<Stat> {
+    if pid <= 0 {
+        return None;
+    }
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+/// Every process currently visible in `/proc`, keyed by pid.
+pub(crate) fn all_stats() -> HashMap<i32, Stat> {
+    let mut out = HashMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if let Some(stat) = read_stat(pid) {
+            out.insert(pid, stat);
+        }
+    }
+    out
+}
+
+/// True when the process's initial environment contains exactly `needle` (`KEY=value`).
+/// Used to find a tree's members that escaped its group and were re-parented elsewhere.
+pub(crate) fn environ_contains(pid: i32, needle: &[u8]) -> bool {
+    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    bytes.split(|b| *b == 0).any(|entry| entry == needle)
+}
+
+/// The short command name (`comm`) of a process.
+pub(crate) fn comm(pid: i32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// Sends `signal` to `id` only if `id.pid` still belongs to the same process. With a pidfd the
+/// check and the send refer to one process object, so a pid recycled in between cannot be hit.
+/// Returns true when the signal was delivered.
+pub(crate) fn signal_identity(id: ProcessIdentity, signal: i32) -> bool {
+    if id.pid <= 0 {
+        return false;
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is shared.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id.pid, 0) } as i32;
+    if fd < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ENOSYS) {
+            // Kernels older than 5.3: check then kill; the window is a few microseconds.
+            if !id.still_exists() {
+                return false;
+            }
+            // SAFETY: plain kill(2) on a positive pid.
+            return unsafe { libc::kill(id.pid, signal) } == 0;
+        }
+        return false;
+    }
+    // The fd now pins the process; re-check that it is the one we mean.
+    let same = id.still_exists();
+    let sent = same
+        // SAFETY: fd is a pidfd we own; a null siginfo means "as kill(2)".
+        && unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        } == 0;
+    // SAFETY: closing the fd we opened above.
+    unsafe { libc::close(fd) };
+    sent
+}
+
+/// Lists the pids in a cgroup v2 directory (`cgroup.procs`).
+pub(crate) fn cgroup_procs(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_parsing_survives_hostile_command_names() {
+        // A comm of "evil) Z 1 2 (x" would mislead a parser that splits at the first ')'.
+        // Fields 7..=21 are fifteen filler values, field 22 is 999.
+        let line = "4242 (evil) Z 1 2 (x) S 7 8 9 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 999 23\n";
+        let s = parse_stat(line).expect("parses");
+        assert_eq!(s.pid, 4242);
+        assert_eq!(s.state, b'S');
+        assert_eq!(s.ppid, 7);
+        assert_eq!(s.pgrp, 8);
+        assert_eq!(s.session, 9);
+        assert_eq!(s.start_time, 999);
+    }
+
+    #[test]
+    fn own_identity_is_readable_and_live() {
+        let me = ProcessIdentity::of(std::process::id() as i32).expect("self in /proc");
+        assert!(me.is_alive());
+        let wrong = ProcessIdentity {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(!wrong.still_exists());
+        assert!(!signal_identity(wrong, 0));
+        assert!(signal_identity(me, 0));
+    }
+
+    #[test]
+    fn garbage_stat_lines_are_rejected() {
+        for bad in ["", "12", "x (a) S", "12 (a) S 1 2 3", ")( 1 2"] {
+            assert!(parse_stat(bad).is_none(), "{bad:?}");
+        }
+    }
+}
