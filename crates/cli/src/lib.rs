@@ -4,6 +4,7 @@
 //! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
 //! everything goes through the daemons' public interfaces.
 
+pub mod audit;
 pub mod layout;
 pub mod status;
 pub mod up;

@@ -2,7 +2,7 @@
 //!
 //! Owns: argument parsing and exit codes; the work lives in the `warden_cli` library.
 
-use warden_cli::{layout, status, up};
+use warden_cli::{audit, layout, status, up};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +43,26 @@ enum Command {
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
+    /// Read the policy service's audit log.
+    Audit {
+        #[command(subcommand)]
+        what: AuditCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// The newest decisions, newest first.
+    Tail {
+        /// How many records.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        limit: u32,
+        /// Only this context's decisions.
+        #[arg(long)]
+        context: Option<String>,
+    },
+    /// One decision in full.
+    Show { decision_id: String },
 }
 
 fn exe_dir() -> PathBuf {
@@ -74,6 +94,35 @@ async fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warden up: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Audit { what } => {
+            let socket = layout.policy_admin_socket();
+            let result = match what {
+                AuditCommand::Tail { limit, context } => audit::query(
+                    &socket,
+                    warden_proto::v1::AuditQueryRequest {
+                        limit,
+                        decision_id: String::new(),
+                        context_id: context.unwrap_or_default(),
+                    },
+                )
+                .await
+                .map(|recs| {
+                    for r in &recs {
+                        println!("{}", audit::line(r));
+                    }
+                }),
+                AuditCommand::Show { decision_id } => audit::show(&socket, &decision_id)
+                    .await
+                    .map(|r| println!("{}", audit::detail(&r))),
+            };
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("warden audit: {e}");
                     ExitCode::FAILURE
                 }
             }

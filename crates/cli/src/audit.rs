@@ -1,0 +1,90 @@
+//! `warden audit tail|show`: the policy service's audit records, read through its admin API.
+
+use std::path::Path;
+
+use warden_proto::v1::admin_service_client::AdminServiceClient;
+use warden_proto::v1::{AuditQueryRequest, AuditRecord, Verdict};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("{0}")]
+    Connect(#[from] warden_daemon::client::ConnectError),
+    #[error("audit query refused: {0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("no decision with id {0}")]
+    NotFound(String),
+}
+
+fn verdict(v: i32) -> &'static str {
+    match Verdict::try_from(v) {
+        Ok(Verdict::Allow) => "ALLOW",
+        Ok(Verdict::Escalate) => "ESCALATE",
+        _ => "DENY",
+    }
+}
+
+/// One line per record, newest first.
+pub fn line(r: &AuditRecord) -> String {
+    format!(
+        "{}  {:<8} {:<10} {:<32} rule={} reason={:?} decision={} context={}",
+        r.decided_at_unix_ms,
+        verdict(r.verdict),
+        r.tool_kind,
+        r.tool_title,
+        r.rule,
+        r.reason,
+        r.decision_id,
+        r.subject
+            .as_ref()
+            .map(|s| s.context_id.as_str())
+            .unwrap_or("")
+    )
+}
+
+/// Every field of one record.
+pub fn detail(r: &AuditRecord) -> String {
+    let s = r.subject.clone().unwrap_or_default();
+    [
+        format!("decision_id     {}", r.decision_id),
+        format!("request_id      {}", r.request_id),
+        format!("decided_at_ms   {}", r.decided_at_unix_ms),
+        format!("verdict         {}", verdict(r.verdict)),
+        format!(
+            "option          {}",
+            r.option_id.clone().unwrap_or_default()
+        ),
+        format!("end_turn        {}", r.end_turn),
+        format!("rule            {}", r.rule),
+        format!("reason          {}", r.reason),
+        format!("tool            {} {:?}", r.tool_kind, r.tool_title),
+        format!("raw_input_sha256 {}", r.raw_input_sha256),
+        format!("principal       {}", s.principal),
+        format!("context/task    {} / {}", s.context_id, s.task_id),
+        format!("session/agent   {} / {}", s.session_id, s.agent),
+        format!("verb            {}", s.verb),
+        format!("policy_version  {}", r.policy_version),
+        format!("latency_us      {}", r.latency_micros),
+    ]
+    .join("\n")
+}
+
+pub async fn query(socket: &Path, req: AuditQueryRequest) -> Result<Vec<AuditRecord>, AuditError> {
+    let ch = warden_daemon::client::connect_unix(socket).await?;
+    let mut client = AdminServiceClient::new(ch);
+    Ok(client.audit_query(req).await?.into_inner().records)
+}
+
+pub async fn show(socket: &Path, id: &str) -> Result<AuditRecord, AuditError> {
+    let recs = query(
+        socket,
+        AuditQueryRequest {
+            limit: 1,
+            decision_id: id.to_string(),
+            context_id: String::new(),
+        },
+    )
+    .await?;
+    recs.into_iter()
+        .next()
+        .ok_or_else(|| AuditError::NotFound(id.to_string()))
+}
