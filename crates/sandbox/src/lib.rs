@@ -13,19 +13,25 @@
 
 mod cgroup;
 mod env;
+mod features;
 mod kill;
 mod lease;
 mod procfs;
+mod roots;
+mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
+pub use features::{HostFeatures, bwrap_works, find_bwrap, host_features};
 pub use kill::{
     DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, set_child_subreaper,
 };
 pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;
+pub use roots::{Boundary, OwnedRoots, Profile, WorkspacePolicy, sanitize_label};
+pub use spawn::{Containment, Network, SpawnSpec, SpawnedAgent, Spawner};
 
 use std::path::{Path, PathBuf};
 
@@ -51,6 +57,14 @@ pub enum SandboxError {
         "refusing to spawn: inherited {DEPTH_ENV}={inherited} is at or above the maximum {max}"
     )]
     DepthExceeded { inherited: u32, max: u32 },
+    #[error("workspace {path} refused: {reason}")]
+    WorkspaceRefused { path: PathBuf, reason: String },
+    #[error("cannot spawn {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("storage: {0}")]
     Store(#[from] warden_store::StoreError),
     #[error("lease encoding: {0}")]

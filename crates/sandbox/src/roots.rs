@@ -1,0 +1,394 @@
+//! Roots: the directory a conversation's agent works in.
+//!
+//! Owned sandboxes are made by this crate with `mkdtemp` (the call fails unless the directory is
+//! new) under `<state dir>/sandboxes`, never under a temp tree; the conversation id survives only
+//! as a sanitized label at the front of the name, and the owner's store maps conversation →
+//! directory (with device and inode, so a swapped directory is noticed). Operator workspaces are
+//! validated: an existing directory, not `/`, not a home directory or anything above one, not an
+//! agent configuration home or anything inside one — by spelling and by (device, inode).
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use warden_containment::{RealFs, is_inside};
+use warden_store::{Store, Tree};
+
+use crate::SandboxError;
+
+const REGISTRY_TREE: &str = "sandbox-roots";
+const LABEL_MAX: usize = 32;
+
+/// What the agent may do to its root.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub enum Profile {
+    /// The root is bound read-only.
+    ReadOnly,
+    /// The root is bound read-write.
+    #[default]
+    WorkspaceWrite,
+}
+
+/// A conversation's root directory and the one bit saying where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boundary {
+    /// Absolute, symlinks resolved once.
+    pub root: PathBuf,
+    /// True only when this crate created the directory itself.
+    pub owned: bool,
+    pub allow_execute: bool,
+    pub profile: Profile,
+}
+
+impl Boundary {
+    /// Whether `path` (relative paths are taken from the root) resolves inside the root.
+    /// Anything that cannot be resolved counts as outside.
+    pub fn contains(&self, path: impl AsRef<Path>) -> bool {
+        is_inside(&self.root, path, &RealFs).unwrap_or(false)
+    }
+}
+
+/// The label a conversation id leaves on its sandbox's name: ASCII letters, digits, `-` and `_`
+/// only (everything else becomes `_`), no leading `.`/`-`, at most 32 characters, never empty.
+/// It is decoration for whoever reads a directory listing; it never decides where a
+/// directory lands.
+pub fn sanitize_label(conversation_id: &str) -> String {
+    let mut out: String = conversation_id
+        .chars()
+        .take(LABEL_MAX)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    while out.starts_with('-') {
+        out.replace_range(0..1, "_");
+    }
+    if out.chars().all(|c| c == '_') {
+        out = "conv".to_string();
+    }
+    out
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RootRecord {
+    dir: PathBuf,
+    dev: u64,
+    ino: u64,
+    allow_execute: bool,
+    profile: Profile,
+}
+
+/// Directories that are temp trees: owned sandboxes never go there, because agents (Codex in
+/// particular) keep `/tmp` writable without asking, so two conversations could meet there.
+const TEMP_TREES: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
+
+/// The owned-sandbox allocator and its registry.
+#[derive(Clone)]
+pub struct OwnedRoots {
+    dir: PathBuf,
+    store: Store,
+    registry: Tree,
+}
+
+impl std::fmt::Debug for OwnedRoots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedRoots")
+            .field("dir", &self.dir)
+            .finish()
+    }
+}
+
+impl OwnedRoots {
+    /// Uses `<state_dir>/sandboxes` (created 0700 if missing). `state_dir` must be an existing
+    /// absolute directory outside the temp trees; neither it nor `sandboxes` may be a symlink.
+    pub fn open(state_dir: &Path, store: &Store) -> Result<Self, SandboxError> {
+        if !state_dir.is_absolute() {
+            return Err(SandboxError::InvalidInput(format!(
+                "state directory {} is not absolute",
+                state_dir.display()
+            )));
+        }
+        let meta = std::fs::symlink_metadata(state_dir)
+            .map_err(|e| SandboxError::io("inspect state directory", state_dir, e))?;
+        if !meta.is_dir() {
+            return Err(SandboxError::InvalidInput(format!(
+                "state directory {} is not a directory (or is a symlink)",
+                state_dir.display()
+            )));
+        }
+        let state = std::fs::canonicalize(state_dir)
+            .map_err(|e| SandboxError::io("resolve state directory", state_dir, e))?;
+        for t in TEMP_TREES {
+            if is_inside(t, &state, &RealFs).unwrap_or(true) {
+                return Err(SandboxError::InvalidInput(format!(
+                    "state directory {} is inside {t}; sandboxes never live in a temp tree",
+                    state.display()
+                )));
+            }
+        }
+        let dir = state.join("sandboxes");
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(SandboxError::io("create sandboxes directory", &dir, e)),
+        }
+        let meta = std::fs::symlink_metadata(&dir)
+            .map_err(|e| SandboxError::io("inspect sandboxes directory", &dir, e))?;
+        if !meta.is_dir() {
+            return Err(SandboxError::InvalidInput(format!(
+                "{} is not a real directory",
+                dir.display()
+            )));
+        }
+        Ok(Self {
+            dir,
+            store: store.clone(),
+            registry: store.tree(REGISTRY_TREE)?,
+        })
+    }
+
+    /// Where owned sandboxes are created.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Creates a new sandbox for `conversation_id` and registers it. Fails if the conversation
+    /// already has one (use [`OwnedRoots::get`]).
+    pub fn create(
+        &self,
+        conversation_id: &str,
+        allow_execute: bool,
+        profile: Profile,
+    ) -> Result<Boundary, SandboxError> {
+        if self.registry.get(conversation_id.as_bytes())?.is_some() {
+            return Err(SandboxError::InvalidInput(
+                "conversation already has a sandbox".into(),
+            ));
+        }
+        let template = self
+            .dir
+            .join(format!("{}-XXXXXX", sanitize_label(conversation_id)));
+        let dir = mkdtemp(&template)?;
+        let meta = std::fs::symlink_metadata(&dir)
+            .map_err(|e| SandboxError::io("inspect new sandbox", &dir, e))?;
+        let rec = RootRecord {
+            dir: dir.clone(),
+            dev: meta.dev(),
+            ino: meta.ino(),
+            allow_execute,
+            profile,
+        };
+        let bytes = serde_json::to_vec(&rec).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        self.registry.put(conversation_id.as_bytes(), bytes)?;
+        self.store.flush()?;
+        tracing::info!(context_id = %conversation_id, dir = %dir.display(), "created owned sandbox");
+        Ok(Boundary {
+            root: dir,
+            owned: true,
+            allow_execute,
+            profile,
+        })
+    }
+
+    /// The registered sandbox of `conversation_id`, after checking that the directory is still
+    /// the one that was created (same device and inode, not a symlink).
+    pub fn get(&self, conversation_id: &str) -> Result<Option<Boundary>, SandboxError> {
+        let Some(bytes) = self.registry.get(conversation_id.as_bytes())? else {
+            return Ok(None);
+        };
+        let rec: RootRecord =
+            serde_json::from_slice(&bytes).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        self.verify(&rec)?;
+        Ok(Some(Boundary {
+            root: rec.dir,
+            owned: true,
+            allow_execute: rec.allow_execute,
+            profile: rec.profile,
+        }))
+    }
+
+    fn verify(&self, rec: &RootRecord) -> Result<(), SandboxError> {
+        let bad = || {
+            SandboxError::InvalidInput(format!(
+                "registered sandbox {} is no longer the directory that was created",
+                rec.dir.display()
+            ))
+        };
+        if rec.dir.parent() != Some(self.dir.as_path()) {
+            return Err(bad());
+        }
+        let meta = std::fs::symlink_metadata(&rec.dir).map_err(|_| bad())?;
+        if !meta.is_dir() || meta.dev() != rec.dev || meta.ino() != rec.ino {
+            return Err(bad());
+        }
+        Ok(())
+    }
+
+    /// Deletes the conversation's sandbox directory and its registry entry.
+    pub fn remove(&self, conversation_id: &str) -> Result<(), SandboxError> {
+        let Some(bytes) = self.registry.get(conversation_id.as_bytes())? else {
+            return Ok(());
+        };
+        if let Ok(rec) = serde_json::from_slice::<RootRecord>(&bytes)
+            && self.verify(&rec).is_ok()
+        {
+            std::fs::remove_dir_all(&rec.dir)
+                .map_err(|e| SandboxError::io("remove sandbox", &rec.dir, e))?;
+        }
+        self.registry.delete(conversation_id.as_bytes())?;
+        self.store.flush()?;
+        Ok(())
+    }
+}
+
+fn mkdtemp(template: &Path) -> Result<PathBuf, SandboxError> {
+    let c = CString::new(template.as_os_str().as_bytes())
+        .map_err(|_| SandboxError::InvalidInput("sandbox template contains NUL".into()))?;
+    let mut buf = c.into_bytes_with_nul();
+    // SAFETY: buf is a writable NUL-terminated template ending in XXXXXX; mkdtemp rewrites the
+    // X's in place and creates the directory with mode 0700, failing if it exists.
+    let p = unsafe { libc::mkdtemp(buf.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return Err(SandboxError::io(
+            "mkdtemp",
+            template,
+            std::io::Error::last_os_error(),
+        ));
+    }
+    buf.pop();
+    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
+}
+
+/// The homes and agent configuration homes a workspace may not be.
+#[derive(Debug, Clone, Default)]
+pub struct WorkspacePolicy {
+    homes: Vec<PathBuf>,
+    config_homes: Vec<PathBuf>,
+}
+
+impl WorkspacePolicy {
+    /// Homes: `$HOME`, `/root`, and every home directory in `/etc/passwd`. Config homes:
+    /// `~/.claude` and `~/.codex` under each of those, `$CLAUDE_CONFIG_DIR`, `$CODEX_HOME`.
+    pub fn from_host() -> Self {
+        let mut homes: Vec<PathBuf> = vec![PathBuf::from("/root")];
+        if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
+            homes.push(PathBuf::from(h));
+        }
+        if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
+            for line in passwd.lines() {
+                if let Some(h) = line.split(':').nth(5).filter(|h| h.starts_with('/')) {
+                    homes.push(PathBuf::from(h));
+                }
+            }
+        }
+        let mut config: Vec<PathBuf> = homes
+            .iter()
+            .flat_map(|h| [h.join(".claude"), h.join(".codex")])
+            .collect();
+        for var in ["CLAUDE_CONFIG_DIR", "CODEX_HOME"] {
+            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+                config.push(PathBuf::from(v));
+            }
+        }
+        Self::new(homes, config)
+    }
+
+    pub fn new(homes: Vec<PathBuf>, config_homes: Vec<PathBuf>) -> Self {
+        Self {
+            homes,
+            config_homes,
+        }
+    }
+
+    /// Validates an operator workspace and returns its boundary (`owned = false`).
+    pub fn validate(
+        &self,
+        path: &Path,
+        allow_execute: bool,
+        profile: Profile,
+    ) -> Result<Boundary, SandboxError> {
+        let refuse = |reason: String| SandboxError::WorkspaceRefused {
+            path: path.to_path_buf(),
+            reason,
+        };
+        if !path.is_absolute() {
+            return Err(refuse("not an absolute path".into()));
+        }
+        let root =
+            std::fs::canonicalize(path).map_err(|e| refuse(format!("cannot resolve: {e}")))?;
+        let meta = std::fs::metadata(&root).map_err(|e| refuse(format!("cannot inspect: {e}")))?;
+        if !meta.is_dir() {
+            return Err(refuse("not a directory".into()));
+        }
+        let id = (meta.dev(), meta.ino());
+        if root == Path::new("/") || dev_ino(Path::new("/")) == Some(id) {
+            return Err(refuse("the filesystem root".into()));
+        }
+        for home in &self.homes {
+            let h = std::fs::canonicalize(home).unwrap_or_else(|_| home.clone());
+            // `root` is the home or above it: by spelling, or by identity of any of the home's
+            // ancestors (a bind mount or second spelling of the same directory).
+            let above = is_inside(&root, &h, &RealFs).unwrap_or(true)
+                || ancestors_identity(&h).contains(&id);
+            if above {
+                return Err(refuse(format!(
+                    "is the home directory {} or a directory above it",
+                    home.display()
+                )));
+            }
+        }
+        for conf in &self.config_homes {
+            let c = std::fs::canonicalize(conf).unwrap_or_else(|_| conf.clone());
+            let c_id = dev_ino(&c);
+            let inside = is_inside(&c, &root, &RealFs).unwrap_or(true)
+                || c_id.is_some_and(|cid| ancestors_identity(&root).contains(&cid));
+            let above = is_inside(&root, &c, &RealFs).unwrap_or(true)
+                || ancestors_identity(&c).contains(&id);
+            if inside || above {
+                return Err(refuse(format!(
+                    "is, contains or lies inside the agent configuration home {}",
+                    conf.display()
+                )));
+            }
+        }
+        Ok(Boundary {
+            root,
+            owned: false,
+            allow_execute,
+            profile,
+        })
+    }
+}
+
+fn dev_ino(p: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// (device, inode) of `p` and of every existing ancestor of it.
+fn ancestors_identity(p: &Path) -> Vec<(u64, u64)> {
+    p.ancestors().filter_map(dev_ino).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_plain_and_bounded() {
+        assert_eq!(sanitize_label(".."), "conv");
+        assert_eq!(sanitize_label("../../etc"), "______etc");
+        assert_eq!(sanitize_label("a/b"), "a_b");
+        assert_eq!(sanitize_label("-rf"), "_rf");
+        assert_eq!(sanitize_label(""), "conv");
+        assert_eq!(sanitize_label("\0\n\x1b"), "conv");
+        assert_eq!(sanitize_label(&"x".repeat(5000)).len(), LABEL_MAX);
+        assert_eq!(sanitize_label("ctx-42_ok"), "ctx-42_ok");
+        assert_eq!(sanitize_label("é"), "conv");
+    }
+}

@@ -1,0 +1,485 @@
+//! Spawning an agent: recursion guard, clean environment, own process group, parent-death
+//! signal, own cgroup (entered between fork and exec), bubblewrap when installed, a lease on disk
+//! before any agent code runs.
+//!
+//! The child is started as `/bin/sh -c <gate> warden-gate CMD…` where the gate blocks on fd 3
+//! until the parent has recorded the lease, then closes fd 3 and `exec`s CMD (bubblewrap or the
+//! program). See `lease.rs` for why this ordering closes the crash race.
+//!
+//! `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits. Call
+//! [`Spawner::spawn`] from a runtime worker thread or the main thread, never from
+//! `spawn_blocking` (those threads are retired after idling, which would kill the agent).
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::{ChildStderr, ChildStdout, Command};
+use warden_containment::{RealFs, resolve};
+use warden_store::Store;
+
+use crate::SandboxError;
+use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
+use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
+use crate::kill::ProcessTree;
+use crate::lease::{Lease, Leases, now_unix_ms};
+use crate::procfs::ProcessIdentity;
+use crate::roots::{Boundary, Profile, sanitize_label};
+
+const GATE: &str = "IFS= read -r _warden_gate <&3 || exit 111; exec 3<&-; exec \"$@\"";
+const SH: &str = "/bin/sh";
+
+/// The network an agent gets under bubblewrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Network {
+    /// Own network namespace, loopback only.
+    #[default]
+    None,
+    /// The host's network (a real agent must reach its model API).
+    Host,
+}
+
+/// Everything needed to start one agent.
+#[derive(Debug, Clone)]
+pub struct SpawnSpec {
+    pub conversation_id: String,
+    /// Absolute path, or a bare name looked up in the child's `PATH`.
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub boundary: Boundary,
+    /// Working directory; must resolve inside the root. Defaults to the root.
+    pub cwd: Option<PathBuf>,
+    pub env: ChildEnv,
+    pub depth: DepthGuard,
+    pub limits: Limits,
+    pub network: Network,
+    /// The agent's own home: bound read-write under bubblewrap and set as `HOME`.
+    pub home: Option<PathBuf>,
+    /// Further directories the program needs read-only under bubblewrap (an interpreter's
+    /// install tree, for instance).
+    pub extra_ro_binds: Vec<PathBuf>,
+}
+
+impl SpawnSpec {
+    pub fn new(
+        conversation_id: impl Into<String>,
+        program: impl Into<PathBuf>,
+        boundary: Boundary,
+        env: ChildEnv,
+        depth: DepthGuard,
+    ) -> Self {
+        Self {
+            conversation_id: conversation_id.into(),
+            program: program.into(),
+            args: Vec::new(),
+            boundary,
+            cwd: None,
+            env,
+            depth,
+            limits: Limits::default(),
+            network: Network::None,
+            home: None,
+            extra_ro_binds: Vec::new(),
+        }
+    }
+}
+
+/// How the agent ended up contained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Containment {
+    pub bwrap: bool,
+    pub network: Network,
+    pub cgroup: Option<PathBuf>,
+    pub limits: LimitsOutcome,
+}
+
+/// A started agent: its tree (holding stdin), its stdout and stderr.
+#[derive(Debug)]
+pub struct SpawnedAgent {
+    pub tree: ProcessTree,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+    pub containment: Containment,
+}
+
+/// Spawns agents; holds what was detected about the host.
+#[derive(Debug, Clone)]
+pub struct Spawner {
+    leases: Leases,
+    cgroups: Option<CgroupBase>,
+    bwrap: Option<PathBuf>,
+}
+
+impl Spawner {
+    pub fn new(
+        store: &Store,
+        cgroups: Option<CgroupBase>,
+        bwrap: Option<PathBuf>,
+    ) -> Result<Self, SandboxError> {
+        Ok(Self {
+            leases: Leases::open(store)?,
+            cgroups,
+            bwrap,
+        })
+    }
+
+    /// Detects a writable cgroup v2 hierarchy (base `<own cgroup>/<cgroup_base_name>`) and a
+    /// working bubblewrap.
+    pub fn detect(store: &Store, cgroup_base_name: &str) -> Result<Self, SandboxError> {
+        let cgroups = CgroupBase::detect(cgroup_base_name)?;
+        let bwrap = crate::features::find_bwrap().filter(|b| crate::features::bwrap_works(b));
+        Self::new(store, cgroups, bwrap)
+    }
+
+    pub fn cgroups(&self) -> Option<&CgroupBase> {
+        self.cgroups.as_ref()
+    }
+
+    pub fn bwrap(&self) -> Option<&Path> {
+        self.bwrap.as_deref()
+    }
+
+    pub fn leases(&self) -> &Leases {
+        &self.leases
+    }
+
+    /// Starts the agent. Refuses (before any process starts) when the inherited depth is at the
+    /// limit, when the working directory is outside the root, or when the program is missing.
+    pub fn spawn(&self, spec: SpawnSpec) -> Result<SpawnedAgent, SandboxError> {
+        let child_depth = spec.depth.child_depth()?;
+        let root = &spec.boundary.root;
+        let cwd = match &spec.cwd {
+            None => root.clone(),
+            Some(c) => {
+                let r = resolve(c, root, &RealFs)
+                    .map_err(|e| SandboxError::InvalidInput(format!("working directory: {e}")))?;
+                if !r.starts_with(root) {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "working directory {} is outside the root",
+                        c.display()
+                    )));
+                }
+                r
+            }
+        };
+        if !cwd.is_dir() {
+            return Err(SandboxError::InvalidInput(format!(
+                "working directory {} is not a directory",
+                cwd.display()
+            )));
+        }
+        let program = resolve_program(&spec.program, &spec.env)?;
+        let home = match &spec.home {
+            None => None,
+            Some(h) => {
+                let h =
+                    std::fs::canonicalize(h).map_err(|e| SandboxError::io("agent home", h, e))?;
+                if !h.is_dir() {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "agent home {} is not a directory",
+                        h.display()
+                    )));
+                }
+                Some(h)
+            }
+        };
+        let mut env = spec.env.clone();
+        if let Some(h) = &home {
+            env.set_home(h);
+        }
+
+        // The cgroup exists, with its limits, before the child does.
+        let label = sanitize_label(&spec.conversation_id);
+        let mut limits = LimitsOutcome::default();
+        let cgroup = match &self.cgroups {
+            Some(base) => {
+                let cg = base.create_conversation(&label)?;
+                match cg.apply_limits(&spec.limits) {
+                    Ok(l) => limits = l,
+                    Err(e) => {
+                        let _ = cg.remove(std::time::Duration::ZERO);
+                        return Err(e);
+                    }
+                }
+                Some(cg)
+            }
+            None => {
+                for (set, name) in [
+                    (spec.limits.memory_max.is_some(), "memory.max"),
+                    (spec.limits.pids_max.is_some(), "pids.max"),
+                    (spec.limits.cpu_max.is_some(), "cpu.max"),
+                ] {
+                    if set {
+                        limits.unavailable.push(name.to_string());
+                    }
+                }
+                None
+            }
+        };
+        let cleanup_cgroup = |cg: &Option<crate::cgroup::ConvCgroup>| {
+            if let Some(cg) = cg {
+                cg.kill();
+                let _ = cg.remove(std::time::Duration::from_millis(200));
+            }
+        };
+        if !limits.unavailable.is_empty() {
+            tracing::info!(
+                context_id = %spec.conversation_id,
+                unavailable = ?limits.unavailable,
+                "resource limits requested but their cgroup controllers are not available"
+            );
+        }
+
+        let marker = uuid::Uuid::new_v4().simple().to_string();
+        let mut cmd = Command::new(SH);
+        cmd.arg("-c").arg(GATE).arg("warden-gate");
+        let bwrapped = self.bwrap.is_some();
+        if let Some(bwrap) = &self.bwrap {
+            cmd.arg(bwrap);
+            cmd.args(bwrap_args(&spec, &program, &cwd, home.as_deref()));
+        }
+        cmd.arg(&program).args(&spec.args);
+        cmd.env_clear();
+        for (k, v) in env.iter() {
+            cmd.env(k, v);
+        }
+        cmd.env(DEPTH_ENV, child_depth.to_string());
+        cmd.env(TREE_MARKER_ENV, &marker);
+        cmd.current_dir(&cwd)
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+
+        let procs_file = match cgroup.as_ref().map(|c| c.open_procs()).transpose() {
+            Ok(f) => f,
+            Err(e) => {
+                cleanup_cgroup(&cgroup);
+                return Err(e);
+            }
+        };
+        let (gate_r, gate_w) = match pipe() {
+            Ok(p) => p,
+            Err(e) => {
+                cleanup_cgroup(&cgroup);
+                return Err(e);
+            }
+        };
+        let parent = std::process::id() as libc::pid_t;
+        let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
+        let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // system calls (prctl, getppid, write, close, dup2, fcntl); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The supervisor may have died before PDEATHSIG was armed.
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
+                if let Some(fd) = procs_fd
+                    && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Only the parent may hold the write end, so the gate sees EOF if it dies.
+                libc::close(w_fd);
+                if r_fd == 3 {
+                    if libc::fcntl(3, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(r_fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                cleanup_cgroup(&cgroup);
+                return Err(SandboxError::Spawn { program, source });
+            }
+        };
+        drop(gate_r);
+        drop(procs_file);
+        let (Some(stdout), Some(stderr), Some(pid)) =
+            (child.stdout.take(), child.stderr.take(), child.id())
+        else {
+            cleanup_cgroup(&cgroup);
+            return Err(SandboxError::InvalidInput("child without pipes".into()));
+        };
+        let pid = pid as i32;
+        let leader = ProcessIdentity::of(pid).unwrap_or(ProcessIdentity { pid, start_time: 0 });
+        let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
+        let tree = ProcessTree::from_spawn(
+            spec.conversation_id.clone(),
+            child,
+            leader,
+            cgroup,
+            marker.clone(),
+            bwrapped,
+            self.leases.clone(),
+        );
+        let lease = Lease {
+            conversation_id: spec.conversation_id.clone(),
+            leader,
+            pgid: pid,
+            cgroup: cgroup_path.clone(),
+            marker,
+            created_unix_ms: now_unix_ms(),
+        };
+        // Dropping `tree` on error SIGKILLs the gate; dropping `gate_w` unblocks it into exit.
+        self.leases.record(&lease)?;
+        release(gate_w)?;
+        tracing::info!(
+            context_id = %spec.conversation_id,
+            pid,
+            bwrap = bwrapped,
+            cgroup = ?cgroup_path,
+            "spawned agent"
+        );
+        Ok(SpawnedAgent {
+            tree,
+            stdout,
+            stderr,
+            containment: Containment {
+                bwrap: bwrapped,
+                network: spec.network,
+                cgroup: cgroup_path,
+                limits,
+            },
+        })
+    }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe2 fills the two-element array on success.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(SandboxError::Os {
+            what: "pipe2",
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn release(gate_w: OwnedFd) -> Result<(), SandboxError> {
+    let mut f = File::from(gate_w);
+    f.write_all(b"go\n").map_err(|source| SandboxError::Os {
+        what: "release spawn gate",
+        source,
+    })
+}
+
+fn resolve_program(program: &Path, env: &ChildEnv) -> Result<PathBuf, SandboxError> {
+    let missing =
+        |p: &Path| SandboxError::InvalidInput(format!("program {} not found", p.display()));
+    let found = if program.components().count() > 1 || program.is_absolute() {
+        if !program.is_absolute() {
+            return Err(SandboxError::InvalidInput(format!(
+                "program {} must be absolute or a bare name",
+                program.display()
+            )));
+        }
+        program.to_path_buf()
+    } else {
+        let path = env.get("PATH").ok_or_else(|| missing(program))?;
+        std::env::split_paths(path)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(program))
+            .find(|c| c.is_file())
+            .ok_or_else(|| missing(program))?
+    };
+    let real = std::fs::canonicalize(&found).map_err(|_| missing(&found))?;
+    if !real.is_file() {
+        return Err(missing(&found));
+    }
+    Ok(real)
+}
+
+/// System directories every sandbox sees read-only.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
+    push(&[
+        "--die-with-parent".as_ref(),
+        "--unshare-pid".as_ref(),
+        "--unshare-ipc".as_ref(),
+        "--unshare-uts".as_ref(),
+        "--unshare-cgroup-try".as_ref(),
+        // Root inside the sandbox must not be able to remount the read-only binds.
+        "--cap-drop".as_ref(),
+        "ALL".as_ref(),
+    ]);
+    if spec.network == Network::None {
+        push(&["--unshare-net".as_ref()]);
+    }
+    let mut bound: Vec<PathBuf> = Vec::new();
+    for d in SYSTEM_DIRS {
+        let p = Path::new(d);
+        match std::fs::symlink_metadata(p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(p) {
+                    push(&["--symlink".as_ref(), target.as_os_str(), p.as_os_str()]);
+                }
+            }
+            Ok(m) if m.is_dir() => {
+                push(&["--ro-bind".as_ref(), p.as_os_str(), p.as_os_str()]);
+                bound.push(p.to_path_buf());
+            }
+            _ => {}
+        }
+    }
+    push(&[
+        "--proc".as_ref(),
+        "/proc".as_ref(),
+        "--dev".as_ref(),
+        "/dev".as_ref(),
+        "--tmpfs".as_ref(),
+        "/tmp".as_ref(),
+    ]);
+    for extra in &spec.extra_ro_binds {
+        if let Ok(e) = std::fs::canonicalize(extra) {
+            push(&["--ro-bind".as_ref(), e.as_os_str(), e.as_os_str()]);
+            bound.push(e);
+        }
+    }
+    if let Some(h) = home {
+        push(&["--bind".as_ref(), h.as_os_str(), h.as_os_str()]);
+        bound.push(h.to_path_buf());
+    }
+    let root = spec.boundary.root.as_os_str();
+    match spec.boundary.profile {
+        Profile::ReadOnly => push(&["--ro-bind".as_ref(), root, root]),
+        Profile::WorkspaceWrite => push(&["--bind".as_ref(), root, root]),
+    }
+    bound.push(spec.boundary.root.clone());
+    // The program's own directory (e.g. `target/debug`) when nothing above binds it.
+    if let Some(dir) = program.parent()
+        && !bound.iter().any(|b| dir.starts_with(b))
+    {
+        push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
+    }
+    push(&["--chdir".as_ref(), cwd.as_os_str(), "--".as_ref()]);
+    a
+}
