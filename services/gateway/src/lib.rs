@@ -9,7 +9,12 @@
 //! agent's *question* becomes INPUT_REQUIRED.
 
 pub mod a2a;
+pub mod auth;
+pub mod config;
+pub mod daemon;
 pub mod error;
+pub mod http;
 pub mod mapping;
 pub mod store;
+pub mod tasks;
 pub mod time;

@@ -196,8 +196,10 @@ impl TurnMapper {
     }
 
     /// Before anything the agent does is reported, the task must be WORKING.
+    /// (Agent activity after a question also means the question was answered.)
     fn ensure_working(&mut self, out: &mut Vec<StreamResponse>, now: i64) {
-        if self.state == TaskState::Submitted {
+        if matches!(self.state, TaskState::Submitted | TaskState::InputRequired) {
+            self.pending_question = None;
             out.push(self.status(TaskState::Working, None, None, now));
         }
     }

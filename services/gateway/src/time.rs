@@ -136,3 +136,33 @@ mod tests {
         }
     }
 }
+
+/// Formats seconds since the epoch as an HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`).
+pub fn format_http_date(secs: i64) -> String {
+    const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{}, {d:02} {} {y:04} {:02}:{:02}:{:02} GMT",
+        DAYS[days.rem_euclid(7) as usize],
+        MONTHS[(m - 1) as usize],
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    )
+}
+
+#[cfg(test)]
+mod http_date_tests {
+    #[test]
+    fn rfc_example() {
+        assert_eq!(
+            super::format_http_date(784_111_777),
+            "Sun, 06 Nov 1994 08:49:37 GMT"
+        );
+    }
+}

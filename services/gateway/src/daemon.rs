@@ -1,0 +1,185 @@
+//! Running the gateway as a daemon: configuration, store recovery, the admin gRPC listener
+//! (health + AdminService.Status) and the HTTP listener, with a bounded graceful shutdown.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::service::Routes;
+use tonic::{Request, Response, Status};
+use warden_daemon::{DaemonArgs, Server};
+use warden_proto::v1::admin_service_server::{AdminService, AdminServiceServer};
+use warden_proto::v1::{
+    AuditQueryRequest, AuditQueryResponse, ReloadRequest, ReloadResponse, StatusRequest,
+    StatusResponse,
+};
+
+use crate::auth::{AuthConfigError, Authenticator, HostAllowlist};
+use crate::config::{EMBEDDED, GatewayConfig};
+use crate::http::{CardResponse, HttpState, agent_card, router};
+use crate::store::{TaskStore, TaskStoreError};
+use crate::tasks::{Core, CoreSettings};
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] warden_daemon::ConfigError),
+    #[error(transparent)]
+    Auth(#[from] AuthConfigError),
+    #[error("task store: {0}")]
+    Store(#[from] TaskStoreError),
+    #[error(transparent)]
+    Listener(#[from] warden_daemon::ListenerError),
+    #[error("cannot bind the HTTP listener {addr}: {source}")]
+    HttpBind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Serve(#[from] warden_daemon::ServeError),
+}
+
+/// Loads and validates the configuration the way the binary does.
+pub fn load_config(
+    args: &DaemonArgs,
+) -> Result<warden_daemon::LoadedConfig<GatewayConfig>, RunError> {
+    let loaded = warden_daemon::config::load::<GatewayConfig>(
+        args.config.as_deref(),
+        EMBEDDED,
+        "WARDEN_GATEWAY",
+        &args.set,
+    )?;
+    loaded.value.validate(&loaded.origin)?;
+    Ok(loaded)
+}
+
+struct AdminApi {
+    core: Arc<Core>,
+    started: Instant,
+    listeners: Arc<Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
+        let mut details = std::collections::HashMap::new();
+        details.insert("tasks_live".to_string(), self.core.live_count().to_string());
+        let stored = self.core.store().heads().map(|h| h.len()).unwrap_or(0);
+        details.insert("tasks_stored".to_string(), stored.to_string());
+        Ok(Response::new(StatusResponse {
+            daemon: "warden-gateway".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            listeners: self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
+            details,
+        }))
+    }
+
+    async fn audit_query(
+        &self,
+        _: Request<AuditQueryRequest>,
+    ) -> Result<Response<AuditQueryResponse>, Status> {
+        Err(Status::unimplemented(
+            "the gateway keeps no audit log; ask warden-policy",
+        ))
+    }
+
+    async fn reload(&self, _: Request<ReloadRequest>) -> Result<Response<ReloadResponse>, Status> {
+        Err(Status::unimplemented(
+            "the gateway does not reload its configuration",
+        ))
+    }
+}
+
+/// Runs the gateway until SIGTERM/SIGINT.
+pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
+    let loaded = load_config(&args)?;
+    let cfg = loaded.value;
+    if args.check_config {
+        println!("{}: configuration OK", loaded.origin);
+        return Ok(());
+    }
+    let format = args
+        .log_format
+        .clone()
+        .unwrap_or_else(|| cfg.daemon.log_format.clone());
+    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+
+    let store = TaskStore::open(&cfg.daemon.state_dir.join("store"))?;
+    let auth = Authenticator::from_config(&cfg)?;
+    let settings = CoreSettings {
+        agents: cfg.agents.list.iter().map(|a| a.name.clone()).collect(),
+        default_agent: cfg.agents.default.clone(),
+        turn_timeout_seconds: cfg.supervisor.turn_timeout_seconds,
+        cancel_grace: Duration::from_millis(cfg.supervisor.cancel_grace_ms),
+        coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
+    };
+    let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
+    let core = Core::new(store, channel, settings);
+    let recovered = core.recover().await?;
+    if recovered > 0 {
+        tracing::warn!(
+            tasks = recovered,
+            "marked tasks left running by a previous gateway FAILED"
+        );
+    }
+
+    let grace = Duration::from_millis(cfg.daemon.shutdown_grace_ms);
+    let mut server = Server::new("warden-gateway", grace);
+    let listeners = Arc::new(Mutex::new(Vec::new()));
+    let listen =
+        warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
+    server.serve(
+        listen,
+        Routes::new(AdminServiceServer::new(AdminApi {
+            core: core.clone(),
+            started: Instant::now(),
+            listeners: listeners.clone(),
+        })),
+    );
+
+    let http = tokio::net::TcpListener::bind(&cfg.http.bind)
+        .await
+        .map_err(|source| RunError::HttpBind {
+            addr: cfg.http.bind.clone(),
+            source,
+        })?;
+    let bound = http
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| cfg.http.bind.clone());
+    if let Ok(mut l) = listeners.lock() {
+        *l = server.listeners();
+        l.push(format!("tcp:{bound}"));
+    }
+    let state = Arc::new(HttpState {
+        core,
+        auth,
+        hosts: HostAllowlist::from_config(&cfg),
+        max_body: cfg.http.max_body_bytes,
+        card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
+    });
+    let token = server.shutdown_token();
+    let app = router(state);
+    tracing::info!(bind = %bound, public_url = %cfg.http.public_url, "A2A listening");
+    let mut http_task = tokio::spawn(async move {
+        axum::serve(http, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+    });
+    let result = tokio::select! {
+        r = server.run() => r,
+        r = &mut http_task => {
+            tracing::error!(result = ?r, "the HTTP server stopped");
+            return Err(RunError::HttpBind { addr: bound, source: std::io::Error::other("HTTP server stopped") });
+        }
+    };
+    // Open SSE streams would hold the HTTP server open; they get the same grace as gRPC calls.
+    if tokio::time::timeout(grace, &mut http_task).await.is_err() {
+        http_task.abort();
+    }
+    result?;
+    Ok(())
+}

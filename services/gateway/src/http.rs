@@ -1,0 +1,834 @@
+//! The caller-facing HTTP surface: the agent card, the JSON-RPC binding, the HTTP+JSON binding and
+//! their SSE streams.
+//!
+//! Every request is checked in the same order before anything is parsed: Host allowlist (when
+//! bound wide), bearer token (the card is public), `A2A-Version`, then for bodies the
+//! Content-Type and the size limit. Nothing here panics on input; every refusal is an error in
+//! the binding's own shape.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use futures::Stream;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use crate::a2a::{
+    AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill, CancelTaskRequest,
+    GetTaskRequest, HttpAuthSecurityScheme, ListTasksRequest, PROTOCOL_VERSION,
+    SecurityRequirement, SecurityScheme, SendMessageRequest, StreamResponse, StringList,
+    SubscribeToTaskRequest, Task,
+};
+use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
+use crate::config::GatewayConfig;
+use crate::error::A2aError;
+use crate::tasks::{Core, SendOutcome, SharedEvent, Subscription};
+
+/// The JSON-RPC interface's path (also served with a trailing slash and at `/`).
+pub const JSONRPC_PATH: &str = "/a2a/jsonrpc";
+/// The HTTP+JSON interface's base path (its routes are also served at the root).
+pub const REST_PATH: &str = "/a2a/rest";
+/// The agent card's well-known path.
+pub const CARD_PATH: &str = "/.well-known/agent-card.json";
+
+/// The prepared agent card response.
+#[derive(Debug, Clone)]
+pub struct CardResponse {
+    pub body: Bytes,
+    pub etag: String,
+    pub last_modified: String,
+    pub max_age: u64,
+}
+
+impl CardResponse {
+    pub fn new(card: &AgentCard, max_age: u64) -> Self {
+        use sha2::{Digest, Sha256};
+        let body = serde_json::to_vec(card).unwrap_or_default();
+        let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
+        let secs = crate::time::now_micros() / 1_000_000;
+        Self {
+            body: Bytes::from(body),
+            etag,
+            last_modified: crate::time::format_http_date(secs),
+            max_age,
+        }
+    }
+}
+
+/// Builds the agent card from the configuration (URLs from `http.public_url`, never the bind
+/// address; one skill per configured agent).
+pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
+    let base = cfg.http.public_url.trim_end_matches('/');
+    let mut schemes = std::collections::BTreeMap::new();
+    schemes.insert(
+        "bearer".to_string(),
+        SecurityScheme {
+            http_auth_security_scheme: HttpAuthSecurityScheme {
+                scheme: "Bearer".into(),
+                description: Some("A token configured on the gateway (warden up writes one to its state directory)".into()),
+            },
+        },
+    );
+    let mut req = std::collections::BTreeMap::new();
+    req.insert("bearer".to_string(), StringList { list: vec![] });
+    AgentCard {
+        name: cfg.card.name.clone(),
+        description: cfg.card.description.clone(),
+        supported_interfaces: vec![
+            AgentInterface {
+                url: format!("{base}{JSONRPC_PATH}"),
+                protocol_binding: "JSONRPC".into(),
+                protocol_version: PROTOCOL_VERSION.into(),
+            },
+            AgentInterface {
+                url: format!("{base}{REST_PATH}"),
+                protocol_binding: "HTTP+JSON".into(),
+                protocol_version: PROTOCOL_VERSION.into(),
+            },
+        ],
+        provider: match (&cfg.card.organization, &cfg.card.organization_url) {
+            (Some(o), Some(u)) => Some(AgentProvider {
+                organization: o.clone(),
+                url: u.clone(),
+            }),
+            _ => None,
+        },
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        capabilities: AgentCapabilities {
+            streaming: true,
+            push_notifications: false,
+            extended_agent_card: false,
+        },
+        security_schemes: schemes,
+        security_requirements: vec![SecurityRequirement { schemes: req }],
+        default_input_modes: vec!["text/plain".into(), "application/json".into()],
+        default_output_modes: vec!["text/plain".into()],
+        skills: cfg
+            .agents
+            .list
+            .iter()
+            .map(|a| AgentSkill {
+                id: a.name.clone(),
+                name: a.name.clone(),
+                description: if a.description.is_empty() {
+                    format!("the {} coding agent, supervised by warden", a.name)
+                } else {
+                    a.description.clone()
+                },
+                tags: if a.tags.is_empty() {
+                    vec!["coding-agent".into()]
+                } else {
+                    a.tags.clone()
+                },
+                examples: vec![],
+            })
+            .collect(),
+    }
+}
+
+/// Everything a handler needs.
+pub struct HttpState {
+    pub core: Arc<Core>,
+    pub auth: Authenticator,
+    pub hosts: HostAllowlist,
+    pub max_body: usize,
+    pub card: CardResponse,
+}
+
+/// Which binding a request came in on: it decides the error and SSE shapes.
+#[derive(Debug, Clone)]
+enum Binding {
+    JsonRpc(Value),
+    Rest,
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error_response(binding: &Binding, err: &A2aError) -> Response {
+    match binding {
+        // JSON-RPC errors travel in a 200 response, except refusals at the HTTP level.
+        Binding::JsonRpc(id) => {
+            let status = match err {
+                A2aError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                _ => StatusCode::OK,
+            };
+            json_response(status, &err.jsonrpc_response(id.clone()))
+        }
+        Binding::Rest => json_response(err.http_status(), &err.rest_body()),
+    }
+}
+
+fn unauthorized(failure: AuthFailure) -> Response {
+    let (challenge, message) = match failure {
+        AuthFailure::Missing => (
+            "Bearer realm=\"warden\"",
+            "authentication required: send Authorization: Bearer <token>",
+        ),
+        AuthFailure::Invalid => (
+            "Bearer realm=\"warden\", error=\"invalid_token\"",
+            "the bearer token is not valid",
+        ),
+    };
+    let mut r = json_response(
+        StatusCode::UNAUTHORIZED,
+        &json!({"error": {"code": 401, "status": "UNAUTHENTICATED", "message": message}}),
+    );
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    r
+}
+
+fn host_refused() -> Response {
+    json_response(
+        StatusCode::FORBIDDEN,
+        &json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "Host header not allowed"}}),
+    )
+}
+
+fn host_ok(state: &HttpState, headers: &HeaderMap) -> bool {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    state.hosts.allows(host)
+}
+
+/// `A2A-Version` from the header or the query string.
+fn requested_version(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(v) = headers.get("a2a-version") {
+        return Some(v.to_str().unwrap_or("?").trim().to_string());
+    }
+    query?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| k.eq_ignore_ascii_case("A2A-Version"))
+        .map(|(_, v)| v.trim().to_string())
+}
+
+fn check_version(headers: &HeaderMap, query: Option<&str>) -> Result<(), A2aError> {
+    match requested_version(headers, query) {
+        Some(v) if v == PROTOCOL_VERSION => Ok(()),
+        None => Err(A2aError::VersionNotSupported(format!(
+            "A2A version '0.3' (a request without an A2A-Version header) is not supported; this agent speaks A2A {PROTOCOL_VERSION}: send the header A2A-Version: {PROTOCOL_VERSION}"
+        ))),
+        Some(v) => Err(A2aError::VersionNotSupported(format!(
+            "A2A version '{v}' is not supported; this agent speaks A2A {PROTOCOL_VERSION}: send the header A2A-Version: {PROTOCOL_VERSION}"
+        ))),
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    if media == "application/json" || media == "application/a2a+json" {
+        Ok(())
+    } else if media.is_empty() {
+        Err(A2aError::ContentTypeNotSupported(
+            "missing Content-Type; send application/json".into(),
+        ))
+    } else {
+        Err(A2aError::ContentTypeNotSupported(format!(
+            "Content-Type {media:?} is not supported; send application/json"
+        )))
+    }
+}
+
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, A2aError> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(A2aError::PayloadTooLarge(limit));
+    }
+    axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| A2aError::PayloadTooLarge(limit))
+}
+
+fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            A2aError::InvalidParams(format!("invalid params: {inner}"))
+        } else {
+            A2aError::InvalidParams(format!("invalid params at {path}: {inner}"))
+        }
+    })
+}
+
+/// The events of one stream, ending after the first terminal or interrupted status.
+fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError, Infallible>> {
+    enum St {
+        First(Box<Task>, Option<broadcast::Receiver<SharedEvent>>),
+        Events(broadcast::Receiver<SharedEvent>),
+        Done,
+    }
+    futures::stream::unfold(St::First(Box::new(sub.task), sub.events), |st| async move {
+        match st {
+            St::First(task, rx) => {
+                let next = match rx {
+                    Some(rx) => St::Events(rx),
+                    None => St::Done,
+                };
+                Some((
+                    Ok(StreamResponseOrError::Event(Arc::new(
+                        StreamResponse::Task(*task),
+                    ))),
+                    next,
+                ))
+            }
+            St::Events(mut rx) => match rx.recv().await {
+                Ok(ev) => {
+                    let end = matches!(&*ev, StreamResponse::StatusUpdate(s)
+                        if s.status.state.is_terminal() || s.status.state.is_interrupted());
+                    Some((
+                        Ok(StreamResponseOrError::Event(ev)),
+                        if end { St::Done } else { St::Events(rx) },
+                    ))
+                }
+                Err(broadcast::error::RecvError::Lagged(n)) => Some((
+                    Ok(StreamResponseOrError::Error(A2aError::Internal(format!(
+                        "this stream fell {n} events behind and was closed; use SubscribeToTask or GetTask to catch up"
+                    )))),
+                    St::Done,
+                )),
+                Err(broadcast::error::RecvError::Closed) => None,
+            },
+            St::Done => None,
+        }
+    })
+}
+
+enum StreamResponseOrError {
+    Event(SharedEvent),
+    Error(A2aError),
+}
+
+fn sse(binding: Binding, sub: Subscription) -> Response {
+    use futures::StreamExt;
+    let stream = events(sub).map(move |item| {
+        let Ok(item) = item;
+        let ev = match (&binding, item) {
+            (Binding::JsonRpc(id), StreamResponseOrError::Event(ev)) => Event::default()
+                .data(json!({"jsonrpc": "2.0", "id": id, "result": &*ev}).to_string()),
+            (Binding::Rest, StreamResponseOrError::Event(ev)) => {
+                Event::default().data(serde_json::to_string(&*ev).unwrap_or_default())
+            }
+            (Binding::JsonRpc(id), StreamResponseOrError::Error(e)) => Event::default()
+                .event("error")
+                .data(e.jsonrpc_response(id.clone()).to_string()),
+            (Binding::Rest, StreamResponseOrError::Error(e)) => Event::default()
+                .event("error")
+                .data(e.rest_body().to_string()),
+        };
+        Ok::<_, Infallible>(ev)
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .into_response()
+}
+
+/// Host, token and version checks shared by every A2A route.
+fn admit(
+    state: &HttpState,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<String, Box<Response>> {
+    if !host_ok(state, headers) {
+        return Err(Box::new(host_refused()));
+    }
+    let principal = state
+        .auth
+        .authenticate(headers)
+        .map_err(|f| Box::new(unauthorized(f)))?;
+    check_version(headers, query).map_err(|e| Box::new(error_response(&Binding::Rest, &e)))?;
+    Ok(principal)
+}
+
+async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
+    if !host_ok(&state, &headers) {
+        return host_refused();
+    }
+    let c = &state.card;
+    let fresh = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim() == c.etag || t.trim() == "*"));
+    let mut r = if fresh {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let mut r = (StatusCode::OK, c.body.clone()).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&format!("public, max-age={}", c.max_age)) {
+        h.insert(header::CACHE_CONTROL, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&c.etag) {
+        h.insert(header::ETAG, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&c.last_modified) {
+        h.insert(header::LAST_MODIFIED, v);
+    }
+    r
+}
+
+// ----------------------------------------------------------------------------- JSON-RPC
+
+async fn jsonrpc(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let headers = &parts.headers;
+    let null = Binding::JsonRpc(Value::Null);
+    if !host_ok(&state, headers) {
+        return host_refused();
+    }
+    let principal = match state.auth.authenticate(headers) {
+        Ok(p) => p,
+        Err(f) => return unauthorized(f),
+    };
+    if let Err(e) = check_content_type(headers) {
+        return error_response(&null, &e);
+    }
+    let bytes = match read_body(body, headers, state.max_body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&null, &e),
+    };
+    let value: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return error_response(
+                &null,
+                &A2aError::ParseError(format!("request body is not JSON: {e}")),
+            );
+        }
+    };
+    let Value::Object(mut obj) = value else {
+        return error_response(
+            &null,
+            &A2aError::InvalidRequest(
+                "a JSON-RPC request must be an object (batches are not supported)".into(),
+            ),
+        );
+    };
+    let id = obj.remove("id").unwrap_or(Value::Null);
+    let binding = match &id {
+        Value::String(_) | Value::Number(_) => Binding::JsonRpc(id.clone()),
+        _ => {
+            return error_response(
+                &null,
+                &A2aError::InvalidRequest(
+                    "a JSON-RPC request needs an id (string or number)".into(),
+                ),
+            );
+        }
+    };
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return error_response(
+            &binding,
+            &A2aError::InvalidRequest("jsonrpc must be \"2.0\"".into()),
+        );
+    }
+    let Some(method) = obj
+        .get("method")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+    else {
+        return error_response(
+            &binding,
+            &A2aError::InvalidRequest("method must be a string".into()),
+        );
+    };
+    if let Err(e) = check_version(headers, query.as_deref()) {
+        return error_response(&binding, &e);
+    }
+    let params_value = match obj.remove("params") {
+        Some(p @ Value::Object(_)) => p,
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(_) => {
+            return error_response(
+                &binding,
+                &A2aError::InvalidParams("params must be an object".into()),
+            );
+        }
+    };
+    match dispatch_jsonrpc(&state, &principal, &method, params_value, &binding).await {
+        Ok(r) => r,
+        Err(e) => error_response(&binding, &e),
+    }
+}
+
+fn result(binding: &Binding, value: impl serde::Serialize) -> Response {
+    let id = match binding {
+        Binding::JsonRpc(id) => id.clone(),
+        Binding::Rest => Value::Null,
+    };
+    json_response(
+        StatusCode::OK,
+        &json!({"jsonrpc": "2.0", "id": id, "result": value}),
+    )
+}
+
+async fn dispatch_jsonrpc(
+    state: &Arc<HttpState>,
+    principal: &str,
+    method: &str,
+    p: Value,
+    binding: &Binding,
+) -> Result<Response, A2aError> {
+    let core = &state.core;
+    match method {
+        "SendMessage" | "SendStreamingMessage" => {
+            let streaming = method == "SendStreamingMessage";
+            let req: SendMessageRequest = params(p)?;
+            Ok(match core.send(principal, req, streaming).await? {
+                SendOutcome::Stream(sub) => sse(binding.clone(), *sub),
+                SendOutcome::Task(task) => result(binding, StreamResponse::Task(*task)),
+            })
+        }
+        "GetTask" => {
+            let req: GetTaskRequest = params(p)?;
+            Ok(result(
+                binding,
+                core.get(principal, &req.id, req.history_length)?,
+            ))
+        }
+        "ListTasks" => {
+            let req: ListTasksRequest = params(p)?;
+            Ok(result(binding, core.list(principal, &req)?))
+        }
+        "CancelTask" => {
+            let req: CancelTaskRequest = params(p)?;
+            Ok(result(binding, core.cancel(principal, &req.id).await?))
+        }
+        "SubscribeToTask" => {
+            let req: SubscribeToTaskRequest = params(p)?;
+            Ok(sse(binding.clone(), core.subscribe(principal, &req.id)?))
+        }
+        "CreateTaskPushNotificationConfig"
+        | "GetTaskPushNotificationConfig"
+        | "ListTaskPushNotificationConfigs"
+        | "DeleteTaskPushNotificationConfig" => Err(A2aError::PushNotificationNotSupported),
+        "GetExtendedAgentCard" => Err(A2aError::ExtendedAgentCardNotConfigured),
+        m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
+            "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"
+        ))),
+        m => Err(A2aError::MethodNotFound(format!("method {m:?} not found"))),
+    }
+}
+
+// ----------------------------------------------------------------------------- HTTP+JSON
+
+async fn rest_send(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+    req: Request,
+    streaming: bool,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let principal = match admit(&state, &parts.headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = async {
+        check_content_type(&parts.headers)?;
+        let bytes = read_body(body, &parts.headers, state.max_body).await?;
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(A2aError::InvalidRequest(
+                "the body must be a JSON object".into(),
+            ));
+        }
+        let req: SendMessageRequest = params(value)?;
+        Ok(match state.core.send(&principal, req, streaming).await? {
+            SendOutcome::Stream(sub) => sse(Binding::Rest, *sub),
+            SendOutcome::Task(task) => json_response(
+                StatusCode::OK,
+                &serde_json::to_value(StreamResponse::Task(*task)).unwrap_or(Value::Null),
+            ),
+        })
+    };
+    match run.await {
+        Ok(r) => r,
+        Err(e) => error_response(&Binding::Rest, &e),
+    }
+}
+
+fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aError> {
+    let mut map = serde_json::Map::new();
+    let Some(q) = query else {
+        return Ok(map);
+    };
+    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(q)?;
+    for (k, v) in pairs {
+        if k.eq_ignore_ascii_case("A2A-Version") || k.eq_ignore_ascii_case("A2A-Extensions") {
+            continue;
+        }
+        let value = match k.as_str() {
+            "pageSize" | "historyLength" => Value::Number(
+                v.parse::<i64>()
+                    .map_err(|_| {
+                        A2aError::InvalidParams(format!("{k} must be an integer, not {v:?}"))
+                    })?
+                    .into(),
+            ),
+            "includeArtifacts" => match v.as_str() {
+                "true" => Value::Bool(true),
+                "false" => Value::Bool(false),
+                _ => {
+                    return Err(A2aError::InvalidParams(format!(
+                        "{k} must be true or false"
+                    )));
+                }
+            },
+            _ => Value::String(v),
+        };
+        map.insert(k, value);
+    }
+    Ok(map)
+}
+
+fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, A2aError> {
+    let mut out = Vec::new();
+    for kv in q.split('&').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        out.push((percent_decode(k)?, percent_decode(v)?));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> Result<String, A2aError> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| {
+                        A2aError::InvalidParams(format!("bad percent-encoding in {s:?}"))
+                    })?;
+                out.push(hex);
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| A2aError::InvalidParams("query is not UTF-8".into()))
+}
+
+async fn rest_list(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let principal = match admit(&state, &headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = || -> Result<Response, A2aError> {
+        let req: ListTasksRequest = params(Value::Object(query_map(query.as_deref())?))?;
+        let resp = state.core.list(&principal, &req)?;
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::to_value(resp).unwrap_or(Value::Null),
+        ))
+    };
+    run().unwrap_or_else(|e| error_response(&Binding::Rest, &e))
+}
+
+/// GET /tasks/{id} and GET /tasks/{id}:subscribe.
+async fn rest_task_get(
+    State(state): State<Arc<HttpState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    let principal = match admit(&state, &headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = || -> Result<Response, A2aError> {
+        if let Some(task_id) = id.strip_suffix(":subscribe") {
+            return Ok(sse(
+                Binding::Rest,
+                state.core.subscribe(&principal, task_id)?,
+            ));
+        }
+        if id.contains(':') {
+            return Err(A2aError::MethodNotFound(format!(
+                "no such operation: GET /tasks/{id}"
+            )));
+        }
+        let q = query_map(query.as_deref())?;
+        let history_length = q
+            .get("historyLength")
+            .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
+        let task = state.core.get(&principal, &id, history_length)?;
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::to_value(task).unwrap_or(Value::Null),
+        ))
+    };
+    run().unwrap_or_else(|e| error_response(&Binding::Rest, &e))
+}
+
+/// POST /tasks/{id}:cancel and POST /tasks/{id}:subscribe.
+async fn rest_task_post(
+    State(state): State<Arc<HttpState>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let principal = match admit(&state, &parts.headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = async {
+        // A body is optional here (cancel carries only metadata); when present it must be JSON.
+        let has_body = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v != "0")
+            || parts.headers.contains_key(header::TRANSFER_ENCODING);
+        if has_body {
+            check_content_type(&parts.headers)?;
+            let bytes = read_body(body, &parts.headers, state.max_body).await?;
+            if !bytes.is_empty() {
+                let v: Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;
+                if !v.is_object() {
+                    return Err(A2aError::InvalidRequest(
+                        "the body must be a JSON object".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(task_id) = id.strip_suffix(":cancel") {
+            let task = state.core.cancel(&principal, task_id).await?;
+            return Ok(json_response(
+                StatusCode::OK,
+                &serde_json::to_value(task).unwrap_or(Value::Null),
+            ));
+        }
+        if let Some(task_id) = id.strip_suffix(":subscribe") {
+            return Ok(sse(
+                Binding::Rest,
+                state.core.subscribe(&principal, task_id)?,
+            ));
+        }
+        Err(A2aError::MethodNotFound(format!(
+            "no such operation: POST /tasks/{id}"
+        )))
+    };
+    match run.await {
+        Ok(r) => r,
+        Err(e) => error_response(&Binding::Rest, &e),
+    }
+}
+
+async fn rest_push(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    match admit(&state, &headers, query.as_deref()) {
+        Ok(_) => error_response(&Binding::Rest, &A2aError::PushNotificationNotSupported),
+        Err(r) => *r,
+    }
+}
+
+async fn rest_extended_card(
+    State(state): State<Arc<HttpState>>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Response {
+    match admit(&state, &headers, query.as_deref()) {
+        Ok(_) => error_response(&Binding::Rest, &A2aError::ExtendedAgentCardNotConfigured),
+        Err(r) => *r,
+    }
+}
+
+async fn not_found(
+    State(state): State<Arc<HttpState>>,
+    headers: HeaderMap,
+    req: Request,
+) -> Response {
+    if !host_ok(&state, &headers) {
+        return host_refused();
+    }
+    error_response(
+        &Binding::Rest,
+        &A2aError::MethodNotFound(format!(
+            "no route for {} {}",
+            req.method(),
+            req.uri().path()
+        )),
+    )
+}
+
+fn rest_routes() -> Router<Arc<HttpState>> {
+    Router::new()
+        .route("/message:send", post(|s, q, r| rest_send(s, q, r, false)))
+        .route("/message:stream", post(|s, q, r| rest_send(s, q, r, true)))
+        .route("/tasks", get(rest_list))
+        .route("/tasks/{id}", get(rest_task_get).post(rest_task_post))
+        .route("/tasks/{id}/pushNotificationConfigs", any(rest_push))
+        .route(
+            "/tasks/{id}/pushNotificationConfigs/{config}",
+            any(rest_push),
+        )
+        .route("/extendedAgentCard", get(rest_extended_card))
+}
+
+/// The whole HTTP router.
+pub fn router(state: Arc<HttpState>) -> Router {
+    Router::new()
+        .route(CARD_PATH, get(card))
+        .route(JSONRPC_PATH, post(jsonrpc))
+        .route(&format!("{JSONRPC_PATH}/"), post(jsonrpc))
+        .route("/", post(jsonrpc))
+        .nest(REST_PATH, rest_routes())
+        .merge(rest_routes())
+        .fallback(not_found)
+        .with_state(state)
+}

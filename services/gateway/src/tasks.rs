@@ -1,0 +1,824 @@
+//! The gateway's core: A2A tasks over supervisor turns.
+//!
+//! Each new message becomes a task and one `RunTurn` on the supervisor, driven by a background
+//! tokio task that outlives any HTTP request (a client that disconnects never cancels its task).
+//! Every update is applied under the task's lock in one place ([`LiveTask::apply`]): it changes
+//! the in-memory task, writes the change to the store, and broadcasts it, so every subscriber sees
+//! the same events in the same order after a consistent snapshot.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use tokio::sync::{broadcast, watch};
+use tonic::transport::Channel;
+use warden_proto::v1::supervisor_service_client::SupervisorServiceClient;
+use warden_proto::v1::{
+    AnswerQuestionRequest, CancelTurnRequest, OpenConversationRequest, Profile, RunTurnRequest,
+};
+
+use crate::a2a::{
+    ListTasksRequest, ListTasksResponse, Message, PartContent, Role, SendMessageRequest,
+    StreamResponse, Task, TaskState, TaskStatus,
+};
+use crate::error::A2aError;
+use crate::mapping::{META_KEY, TurnMapper};
+use crate::store::{ArtifactChunk, ContextRecord, TaskRecord, TaskStore, TaskStoreError};
+use crate::time::{format_micros, now_micros, parse_rfc3339};
+
+/// How many events a subscriber may fall behind before its stream is closed with an error.
+pub const SUBSCRIBER_BUFFER: usize = 4096;
+
+/// Longest accepted `contextId` (it becomes a store key and a supervisor label).
+pub const MAX_CONTEXT_ID: usize = 256;
+
+/// Settings of the task core.
+#[derive(Debug, Clone)]
+pub struct CoreSettings {
+    /// Configured agent names; the first is not special, `default_agent` is.
+    pub agents: Vec<String>,
+    pub default_agent: String,
+    pub turn_timeout_seconds: u32,
+    pub cancel_grace: Duration,
+    pub coalesce_bytes: usize,
+}
+
+/// One event as delivered to subscribers.
+pub type SharedEvent = Arc<StreamResponse>;
+
+/// What a subscriber gets: the snapshot, then the events that follow it.
+pub struct Subscription {
+    pub task: Task,
+    /// `None` when the snapshot is already terminal or interrupted (the stream ends with it).
+    pub events: Option<broadcast::Receiver<SharedEvent>>,
+}
+
+struct LiveInner {
+    task: Task,
+    record: TaskRecord,
+    mapper: TurnMapper,
+    history_seq: u64,
+    /// artifact id → (index in `task.artifacts`, next chunk number)
+    artifact_chunks: HashMap<String, (u32, u64)>,
+    answering: bool,
+}
+
+/// A task whose turn is still followed by this process.
+pub struct LiveTask {
+    inner: Mutex<LiveInner>,
+    tx: broadcast::Sender<SharedEvent>,
+    state: watch::Sender<TaskState>,
+    store: TaskStore,
+}
+
+fn lock(m: &Mutex<LiveInner>) -> MutexGuard<'_, LiveInner> {
+    // A panic while holding the lock would be a bug in this module; the data stays usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn store_err(e: TaskStoreError) -> A2aError {
+    tracing::error!(error = %e, "task store failure");
+    A2aError::Internal(format!("task store failure: {e}"))
+}
+
+impl LiveTask {
+    /// Applies mapped events: updates the task, persists each change, broadcasts it.
+    fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
+        for ev in events {
+            if let Err(e) = self.persist(inner, &ev) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
+            }
+            if let StreamResponse::StatusUpdate(s) = &ev {
+                self.state.send_replace(s.status.state);
+            }
+            // No receiver is fine: nobody is watching the stream right now.
+            let _ = self.tx.send(Arc::new(ev));
+        }
+    }
+
+    fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
+        match ev {
+            StreamResponse::StatusUpdate(s) => {
+                inner.task.status = s.status.clone();
+                inner.record.task.status = s.status.clone();
+                inner.record.status_micros = now_micros();
+                if let Some(m) = &s.status.message {
+                    self.store
+                        .put_history(&inner.task.id, inner.history_seq, m)?;
+                    inner.history_seq += 1;
+                    inner.task.history.push(m.clone());
+                }
+                self.store.put_head(&inner.record)?;
+                if s.status.state.is_terminal() || s.status.state.is_interrupted() {
+                    self.store.flush()?;
+                }
+            }
+            StreamResponse::ArtifactUpdate(a) => {
+                let id = a.artifact.artifact_id.clone();
+                let (index, chunk) = match inner.artifact_chunks.get(&id) {
+                    Some(&(i, c)) if a.append => (i, c),
+                    _ => {
+                        let i = inner.task.artifacts.len() as u32;
+                        inner.task.artifacts.push(crate::a2a::Artifact {
+                            parts: Vec::new(),
+                            ..a.artifact.clone()
+                        });
+                        (i, 0)
+                    }
+                };
+                inner.artifact_chunks.insert(id, (index, chunk + 1));
+                self.store.put_artifact_chunk(
+                    &inner.task.id,
+                    index,
+                    chunk,
+                    &ArtifactChunk {
+                        artifact: a.artifact.clone(),
+                        append: chunk > 0,
+                    },
+                )?;
+                if let Some(art) = inner.task.artifacts.get_mut(index as usize) {
+                    for p in &a.artifact.parts {
+                        merge_part(&mut art.parts, p);
+                    }
+                }
+            }
+            StreamResponse::Task(_) | StreamResponse::Message(_) => {}
+        }
+        Ok(())
+    }
+
+    fn subscribe(&self) -> Subscription {
+        let inner = lock(&self.inner);
+        let task = inner.task.clone();
+        let st = task.status.state;
+        let events = if st.is_terminal() || st.is_interrupted() {
+            None
+        } else {
+            Some(self.tx.subscribe())
+        };
+        Subscription { task, events }
+    }
+
+    /// Waits until the task is terminal or interrupted.
+    async fn settled(&self) {
+        let mut rx = self.state.subscribe();
+        let _ = rx.wait_for(|s| s.is_terminal() || s.is_interrupted()).await;
+    }
+
+    async fn terminal(&self, within: Duration) -> bool {
+        let mut rx = self.state.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|s| s.is_terminal()))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+}
+
+fn merge_part(parts: &mut Vec<crate::a2a::Part>, part: &crate::a2a::Part) {
+    if let (Some(last), PartContent::Text(more)) = (parts.last_mut(), &part.content)
+        && let PartContent::Text(text) = &mut last.content
+    {
+        text.push_str(more);
+        return;
+    }
+    parts.push(part.clone());
+}
+
+/// Trims a task's history to the `historyLength` the caller asked for.
+pub fn apply_history_length(task: &mut Task, history_length: Option<i32>) -> Result<(), A2aError> {
+    match history_length {
+        None => {}
+        Some(n) if n < 0 => {
+            return Err(A2aError::InvalidParams(
+                "historyLength must not be negative".into(),
+            ));
+        }
+        Some(n) => {
+            let n = n as usize;
+            if task.history.len() > n {
+                task.history.drain(..task.history.len() - n);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What `send` produced.
+pub enum SendOutcome {
+    /// Streaming: the snapshot and its events.
+    Stream(Box<Subscription>),
+    /// Blocking or returnImmediately: the task as the caller should see it.
+    Task(Box<Task>),
+}
+
+/// The task core shared by every HTTP handler.
+pub struct Core {
+    store: TaskStore,
+    supervisor: SupervisorServiceClient<Channel>,
+    live: Mutex<HashMap<String, Arc<LiveTask>>>,
+    settings: CoreSettings,
+}
+
+impl Core {
+    pub fn new(store: TaskStore, channel: Channel, settings: CoreSettings) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            supervisor: SupervisorServiceClient::new(channel),
+            live: Mutex::new(HashMap::new()),
+            settings,
+        })
+    }
+
+    pub fn store(&self) -> &TaskStore {
+        &self.store
+    }
+
+    /// How many tasks this process is following.
+    pub fn live_count(&self) -> usize {
+        self.live.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
+        self.live.lock().ok().and_then(|m| m.get(id).cloned())
+    }
+
+    /// Marks tasks a previous process left running as FAILED and asks the supervisor to cancel
+    /// their turns (best effort: the supervisor may be down or the turn long over).
+    pub async fn recover(self: &Arc<Self>) -> Result<usize, TaskStoreError> {
+        let changed = self.store.recover()?;
+        let n = changed.len();
+        for rec in changed {
+            tracing::warn!(task_id = %rec.task.id, context_id = %rec.task.context_id, "task was running when the gateway stopped; marked FAILED");
+            let mut client = self.supervisor.clone();
+            tokio::spawn(async move {
+                let req = CancelTurnRequest {
+                    context_id: rec.task.context_id.clone(),
+                    turn_id: rec.task.id.clone(),
+                };
+                if let Ok(Ok(r)) =
+                    tokio::time::timeout(Duration::from_secs(5), client.cancel_turn(req)).await
+                {
+                    tracing::info!(task_id = %rec.task.id, outcome = %r.into_inner().outcome, "cancelled the orphaned turn");
+                }
+            });
+        }
+        Ok(n)
+    }
+
+    /// Loads a task the principal may see (TaskNotFound otherwise, whether or not it exists).
+    fn owned(&self, principal: &str, id: &str) -> Result<(Task, TaskRecord), A2aError> {
+        if let Some(live) = self.live(id) {
+            let inner = lock(&live.inner);
+            if inner.record.principal == principal {
+                return Ok((inner.task.clone(), inner.record.clone()));
+            }
+            return Err(A2aError::TaskNotFound(id.to_string()));
+        }
+        match self.store.load(id).map_err(store_err)? {
+            Some((task, rec)) if rec.principal == principal => Ok((task, rec)),
+            _ => Err(A2aError::TaskNotFound(id.to_string())),
+        }
+    }
+
+    /// GetTask.
+    pub fn get(
+        &self,
+        principal: &str,
+        id: &str,
+        history_length: Option<i32>,
+    ) -> Result<Task, A2aError> {
+        let (mut task, _) = self.owned(principal, id)?;
+        apply_history_length(&mut task, history_length)?;
+        Ok(task)
+    }
+
+    /// ListTasks: the principal's tasks, newest status first.
+    pub fn list(
+        &self,
+        principal: &str,
+        req: &ListTasksRequest,
+    ) -> Result<ListTasksResponse, A2aError> {
+        let page_size = match req.page_size {
+            None => 50,
+            Some(n) if (1..=100).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(A2aError::InvalidParams(format!(
+                    "pageSize must be between 1 and 100, not {n}"
+                )));
+            }
+        };
+        let offset = match req.page_token.as_deref() {
+            None | Some("") => 0,
+            Some(t) => t
+                .parse::<usize>()
+                .map_err(|_| A2aError::InvalidParams(format!("invalid pageToken {t:?}")))?,
+        };
+        let after = match req.status_timestamp_after.as_deref() {
+            None | Some("") => None,
+            Some(t) => Some(parse_rfc3339(t).ok_or_else(|| {
+                A2aError::InvalidParams(format!(
+                    "statusTimestampAfter {t:?} is not an ISO 8601 UTC timestamp"
+                ))
+            })?),
+        };
+        if let Some(n) = req.history_length
+            && n < 0
+        {
+            return Err(A2aError::InvalidParams(
+                "historyLength must not be negative".into(),
+            ));
+        }
+        let mut heads: Vec<TaskRecord> = self
+            .store
+            .heads()
+            .map_err(store_err)?
+            .into_iter()
+            .filter(|r| r.principal == principal)
+            .filter(|r| {
+                req.context_id
+                    .as_deref()
+                    .is_none_or(|c| c.is_empty() || r.task.context_id == c)
+            })
+            .filter(|r| {
+                req.status
+                    .is_none_or(|s| s == TaskState::Unspecified || r.task.status.state == s)
+            })
+            .filter(|r| after.is_none_or(|a| r.status_micros >= a))
+            .collect();
+        heads.sort_by(|a, b| {
+            b.status_micros
+                .cmp(&a.status_micros)
+                .then_with(|| a.task.id.cmp(&b.task.id))
+        });
+        let total = heads.len();
+        let include_artifacts = req.include_artifacts.unwrap_or(false);
+        let mut tasks = Vec::new();
+        for rec in heads.iter().skip(offset).take(page_size) {
+            let mut task = rec.task.clone();
+            task.history = self.store.history(&task.id).map_err(store_err)?;
+            if include_artifacts {
+                task.artifacts = self.store.artifacts(&task.id).map_err(store_err)?;
+            }
+            apply_history_length(&mut task, req.history_length)?;
+            tasks.push(task);
+        }
+        let next = offset + tasks.len();
+        Ok(ListTasksResponse {
+            next_page_token: if next < total {
+                next.to_string()
+            } else {
+                String::new()
+            },
+            page_size: page_size as i32,
+            total_size: total as i32,
+            tasks,
+        })
+    }
+
+    /// SubscribeToTask.
+    pub fn subscribe(&self, principal: &str, id: &str) -> Result<Subscription, A2aError> {
+        let (task, _) = self.owned(principal, id)?;
+        if task.status.state.is_terminal() {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {id} is in terminal state {}; it cannot be subscribed to",
+                task.status.state.as_str()
+            )));
+        }
+        match self.live(id) {
+            Some(live) => Ok(live.subscribe()),
+            None => Ok(Subscription { task, events: None }),
+        }
+    }
+
+    /// CancelTask: asks the supervisor to cancel the turn and returns the task once it is
+    /// CANCELED. If the supervisor does not end the turn within the grace, or cannot be reached,
+    /// the gateway ends the task CANCELED itself, so a cancel never hangs.
+    pub async fn cancel(&self, principal: &str, id: &str) -> Result<Task, A2aError> {
+        let (task, _) = self.owned(principal, id)?;
+        let not_cancelable = |t: &Task| {
+            A2aError::TaskNotCancelable(format!(
+                "task {} is already {}",
+                t.id,
+                t.status.state.as_str()
+            ))
+        };
+        if task.status.state.is_terminal() {
+            return Err(not_cancelable(&task));
+        }
+        let Some(live) = self.live(id) else {
+            return Err(not_cancelable(&task));
+        };
+        lock(&live.inner).mapper.request_cancel();
+        let mut client = self.supervisor.clone();
+        let req = CancelTurnRequest {
+            context_id: task.context_id.clone(),
+            turn_id: task.id.clone(),
+        };
+        let reached = match tokio::time::timeout(
+            self.settings.cancel_grace,
+            client.cancel_turn(req),
+        )
+        .await
+        {
+            Ok(Ok(r)) => {
+                tracing::info!(task_id = %id, outcome = %r.get_ref().outcome, "cancel requested");
+                true
+            }
+            Ok(Err(status)) => {
+                tracing::warn!(task_id = %id, error = %status, "supervisor refused or failed CancelTurn");
+                false
+            }
+            Err(_) => false,
+        };
+        if !reached || !live.terminal(self.settings.cancel_grace).await {
+            let mut inner = lock(&live.inner);
+            let events = inner.mapper.force_cancel(now_micros());
+            live.apply(&mut inner, events);
+        }
+        let snapshot = lock(&live.inner).task.clone();
+        Ok(snapshot)
+    }
+
+    fn choose_agent(&self, req: &SendMessageRequest) -> Result<Option<String>, A2aError> {
+        let from = |m: &Option<crate::a2a::Metadata>| -> Option<String> {
+            let m = m.as_ref()?;
+            m.get(META_KEY)
+                .and_then(|w| w.get("agent"))
+                .or_else(|| m.get("agent"))
+                .or_else(|| m.get("skill"))
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
+        let asked = from(&req.message.metadata).or_else(|| from(&req.metadata));
+        match asked {
+            Some(a) if !self.settings.agents.contains(&a) => Err(A2aError::InvalidParams(format!(
+                "unknown agent {a:?}; configured agents: {}",
+                self.settings.agents.join(", ")
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    /// SendMessage / SendStreamingMessage.
+    pub async fn send(
+        self: &Arc<Self>,
+        principal: &str,
+        req: SendMessageRequest,
+        streaming: bool,
+    ) -> Result<SendOutcome, A2aError> {
+        let msg = &req.message;
+        if msg.message_id.trim().is_empty() {
+            return Err(A2aError::InvalidParams(
+                "message.messageId is required".into(),
+            ));
+        }
+        if msg.role == Role::Agent {
+            return Err(A2aError::InvalidParams(
+                "message.role must be ROLE_USER".into(),
+            ));
+        }
+        if msg.parts.is_empty() {
+            return Err(A2aError::InvalidParams(
+                "message.parts must not be empty".into(),
+            ));
+        }
+        if req
+            .configuration
+            .as_ref()
+            .is_some_and(|c| c.task_push_notification_config.is_some())
+        {
+            return Err(A2aError::PushNotificationNotSupported);
+        }
+        let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
+        let return_immediately = req
+            .configuration
+            .as_ref()
+            .is_some_and(|c| c.return_immediately);
+        if let Some(n) = history_length
+            && n < 0
+        {
+            return Err(A2aError::InvalidParams(
+                "historyLength must not be negative".into(),
+            ));
+        }
+        let agent_asked = self.choose_agent(&req)?;
+
+        let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
+            Some(task_id) => self.answer(principal, task_id, &req).await?,
+            None => self.start(principal, &req, agent_asked)?,
+        };
+
+        if streaming {
+            return Ok(SendOutcome::Stream(Box::new(live.subscribe())));
+        }
+        if !return_immediately {
+            live.settled().await;
+        }
+        let mut task = lock(&live.inner).task.clone();
+        apply_history_length(&mut task, history_length)?;
+        Ok(SendOutcome::Task(Box::new(task)))
+    }
+
+    /// A message on an existing task: only an INPUT_REQUIRED task takes one (it is the answer).
+    async fn answer(
+        &self,
+        principal: &str,
+        task_id: &str,
+        req: &SendMessageRequest,
+    ) -> Result<Arc<LiveTask>, A2aError> {
+        let (task, _) = self.owned(principal, task_id)?;
+        if let Some(ctx) = req.message.context_id.as_deref().filter(|c| !c.is_empty())
+            && ctx != task.context_id
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "message.contextId {ctx:?} does not match task {task_id}'s context"
+            )));
+        }
+        if task.status.state.is_terminal() {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {task_id} is in terminal state {}; send a new message without taskId",
+                task.status.state.as_str()
+            )));
+        }
+        let live = self.live(task_id).ok_or_else(|| {
+            A2aError::UnsupportedOperation(format!("task {task_id} is not waiting for input"))
+        })?;
+        let question_id = {
+            let mut inner = lock(&live.inner);
+            let q = inner.mapper.pending_question().map(str::to_string);
+            match q {
+                Some(q)
+                    if inner.task.status.state == TaskState::InputRequired && !inner.answering =>
+                {
+                    inner.answering = true;
+                    q
+                }
+                _ => {
+                    return Err(A2aError::UnsupportedOperation(format!(
+                        "task {task_id} is {} and not waiting for input; wait for it or cancel it",
+                        inner.task.status.state.as_str()
+                    )));
+                }
+            }
+        };
+        let (action, content_json) = answer_content(&req.message);
+        let mut client = self.supervisor.clone();
+        let result = client
+            .answer_question(AnswerQuestionRequest {
+                context_id: task.context_id.clone(),
+                turn_id: task_id.to_string(),
+                question_id,
+                action,
+                content_json,
+            })
+            .await;
+        let mut inner = lock(&live.inner);
+        inner.answering = false;
+        match result {
+            Ok(r) if r.get_ref().delivered => {
+                let mut m = req.message.clone();
+                m.task_id = Some(task_id.to_string());
+                m.context_id = Some(task.context_id.clone());
+                if let Err(e) = live.store.put_history(task_id, inner.history_seq, &m) {
+                    tracing::error!(task_id, error = %e, "cannot persist the answer");
+                }
+                inner.history_seq += 1;
+                inner.task.history.push(m);
+                let events = inner.mapper.question_answered(now_micros());
+                live.apply(&mut inner, events);
+                drop(inner);
+                Ok(live)
+            }
+            Ok(_) => Err(A2aError::UnsupportedOperation(format!(
+                "the agent no longer waits for an answer on task {task_id}"
+            ))),
+            Err(status) => Err(A2aError::Internal(format!(
+                "the supervisor could not deliver the answer: {}",
+                status.message()
+            ))),
+        }
+    }
+
+    /// A new task: records it, then starts its turn in the background.
+    fn start(
+        self: &Arc<Self>,
+        principal: &str,
+        req: &SendMessageRequest,
+        agent_asked: Option<String>,
+    ) -> Result<Arc<LiveTask>, A2aError> {
+        let msg = &req.message;
+        let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
+                return Err(A2aError::InvalidParams(format!(
+                    "contextId must be at most {MAX_CONTEXT_ID} characters without control characters"
+                )));
+            }
+            Some(c) => c.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let now = now_micros();
+        let agent = match self.store.context(&context_id).map_err(store_err)? {
+            Some(ctx) if ctx.principal != principal => {
+                // Another principal's conversation does not exist for this caller.
+                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
+            }
+            Some(ctx) => {
+                if let Some(a) = &agent_asked
+                    && *a != ctx.agent
+                {
+                    return Err(A2aError::InvalidParams(format!(
+                        "context {context_id} runs agent {:?}; start a new context for {a:?}",
+                        ctx.agent
+                    )));
+                }
+                ctx.agent
+            }
+            None => {
+                let agent = agent_asked.unwrap_or_else(|| self.settings.default_agent.clone());
+                self.store
+                    .put_context(
+                        &context_id,
+                        &ContextRecord {
+                            principal: principal.to_string(),
+                            agent: agent.clone(),
+                            created_micros: now,
+                        },
+                    )
+                    .map_err(store_err)?;
+                agent
+            }
+        };
+        let task_id = uuid::Uuid::new_v4().to_string();
+        let mut user = msg.clone();
+        user.task_id = Some(task_id.clone());
+        user.context_id = Some(context_id.clone());
+        let status = TaskStatus {
+            state: TaskState::Submitted,
+            message: None,
+            timestamp: Some(format_micros(now)),
+        };
+        let head = Task {
+            id: task_id.clone(),
+            context_id: context_id.clone(),
+            status,
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        };
+        let record = TaskRecord {
+            task: head.clone(),
+            principal: principal.to_string(),
+            agent: agent.clone(),
+            created_micros: now,
+            status_micros: now,
+        };
+        self.store.put_head(&record).map_err(store_err)?;
+        self.store
+            .put_history(&task_id, 0, &user)
+            .map_err(store_err)?;
+        self.store.flush().map_err(store_err)?;
+        let mut task = head;
+        task.history.push(user.clone());
+        let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
+        let (state, _) = watch::channel(TaskState::Submitted);
+        let live = Arc::new(LiveTask {
+            inner: Mutex::new(LiveInner {
+                task,
+                record,
+                mapper: TurnMapper::new(&task_id, &context_id)
+                    .with_coalesce_bytes(self.settings.coalesce_bytes),
+                history_seq: 1,
+                artifact_chunks: HashMap::new(),
+                answering: false,
+            }),
+            tx,
+            state,
+            store: self.store.clone(),
+        });
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(task_id.clone(), live.clone());
+        }
+        tracing::info!(task_id = %task_id, context_id = %context_id, principal, agent = %agent, message_id = %msg.message_id, "task submitted");
+        let run = RunTurnRequest {
+            context_id: context_id.clone(),
+            turn_id: task_id.clone(),
+            text: msg.prompt_text(),
+            message_id: msg.message_id.clone(),
+            task_id: task_id.clone(),
+            timeout_seconds: self.settings.turn_timeout_seconds,
+            open: Some(OpenConversationRequest {
+                context_id,
+                agent,
+                workspace: String::new(),
+                profile: Profile::WorkspaceWrite as i32,
+                principal: principal.to_string(),
+                verb: "task".to_string(),
+            }),
+        };
+        let core = self.clone();
+        let driven = live.clone();
+        tokio::spawn(async move {
+            core.drive(driven, run).await;
+        });
+        Ok(live)
+    }
+
+    /// Follows one turn to its end.
+    async fn drive(self: Arc<Self>, live: Arc<LiveTask>, run: RunTurnRequest) {
+        let task_id = run.task_id.clone();
+        let mut client = self.supervisor.clone();
+        let ended = |live: &LiveTask, reason: String, rejected: bool| {
+            let mut inner = lock(&live.inner);
+            let events = inner.mapper.stream_ended(&reason, rejected, now_micros());
+            live.apply(&mut inner, events);
+        };
+        match client.run_turn(run).await {
+            Err(status) => {
+                let rejected = status.code() == tonic::Code::InvalidArgument;
+                tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
+                ended(
+                    &live,
+                    format!(
+                        "the supervisor could not run the turn: {}",
+                        status.message()
+                    ),
+                    rejected,
+                );
+            }
+            Ok(resp) => {
+                let mut stream = resp.into_inner();
+                loop {
+                    // Take whatever is already there; only when the supervisor has nothing more
+                    // ready is buffered text sent, which coalesces bursts without adding delay.
+                    let next = match stream.next().now_or_never() {
+                        Some(n) => n,
+                        None => {
+                            {
+                                let mut inner = lock(&live.inner);
+                                let events = inner.mapper.flush(now_micros());
+                                if !events.is_empty() {
+                                    live.apply(&mut inner, events);
+                                }
+                            }
+                            stream.next().await
+                        }
+                    };
+                    match next {
+                        Some(Ok(ev)) => {
+                            let mut inner = lock(&live.inner);
+                            let events = inner.mapper.on_event(&ev, now_micros());
+                            live.apply(&mut inner, events);
+                            if inner.mapper.is_finished() {
+                                break;
+                            }
+                        }
+                        Some(Err(status)) => {
+                            tracing::warn!(task_id = %task_id, error = %status, "turn stream failed");
+                            ended(
+                                &live,
+                                format!("the turn stream failed: {}", status.message()),
+                                false,
+                            );
+                            break;
+                        }
+                        None => {
+                            ended(&live, "the turn stream ended without a stop".into(), false);
+                            break;
+                        }
+                    }
+                    if lock(&live.inner).mapper.is_finished() {
+                        break;
+                    }
+                }
+            }
+        }
+        let state = lock(&live.inner).task.status.state;
+        tracing::info!(task_id = %task_id, state = state.as_str(), "task finished");
+        if let Ok(mut m) = self.live.lock() {
+            m.remove(&task_id);
+        }
+    }
+}
+
+/// The ACP elicitation answer for a caller's message: a data part is the answer object; text is
+/// sent as a JSON string. `metadata.warden.action` may say `decline` or `cancel`.
+fn answer_content(m: &Message) -> (String, String) {
+    let action = m
+        .metadata
+        .as_ref()
+        .and_then(|md| md.get(META_KEY))
+        .and_then(|w| w.get("action"))
+        .and_then(|a| a.as_str())
+        .filter(|a| matches!(*a, "accept" | "decline" | "cancel"))
+        .unwrap_or("accept")
+        .to_string();
+    let data = m.parts.iter().find_map(|p| match &p.content {
+        PartContent::Data(v) => Some(v.to_string()),
+        _ => None,
+    });
+    let content = data.unwrap_or_else(|| {
+        serde_json::to_string(&m.prompt_text()).unwrap_or_else(|_| "\"\"".into())
+    });
+    (action, content)
+}
