@@ -1,1 +1,164 @@
-fn main() {}
+//! The `warden-supervisor` daemon: loads configuration, reaps what a crashed predecessor left
+//! behind, and serves `SupervisorService` + `AdminService` on its Unix socket (gateway only).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use warden_daemon::args::{DaemonArgs, fail};
+use warden_proto::v1::admin_service_server::AdminServiceServer;
+use warden_proto::v1::supervisor_service_server::SupervisorServiceServer;
+use warden_supervisor::service::{Api, Shared, Supervisor};
+use warden_supervisor::{config, policy::PolicyClient, records::Records};
+
+const NAME: &str = "warden-supervisor";
+
+#[derive(Debug, Parser)]
+#[command(name = NAME, version, about = "warden-supervisor: conversations, agent processes, the permission bridge")]
+struct Args {
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum StartupError {
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] warden_store::StoreError),
+    #[error(transparent)]
+    Sandbox(#[from] warden_sandbox::SandboxError),
+    #[error(transparent)]
+    Records(#[from] warden_supervisor::records::RecordError),
+    #[error(transparent)]
+    Listener(#[from] warden_daemon::ListenerError),
+    #[error(transparent)]
+    Serve(#[from] warden_daemon::ServeError),
+}
+
+fn main() {
+    let args = Args::parse();
+    let settings = match config::load(args.daemon.config.as_deref(), &args.daemon.set) {
+        Ok(s) => s,
+        Err(e) => fail(NAME, &e),
+    };
+    if args.daemon.check_config {
+        println!(
+            "{NAME}: configuration OK ({}); agents: {}",
+            settings.origin,
+            settings
+                .agents
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return;
+    }
+    let format = args
+        .daemon
+        .log_format
+        .clone()
+        .unwrap_or_else(|| settings.file.daemon.log_format.clone());
+    warden_daemon::logging::init(&format, &settings.file.daemon.log_level);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => fail(NAME, &e),
+    };
+    if let Err(e) = rt.block_on(run(settings)) {
+        fail(NAME, &e);
+    }
+}
+
+async fn run(settings: config::Settings) -> Result<(), StartupError> {
+    let state = settings.state_dir().to_path_buf();
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&state)
+            .map_err(|source| StartupError::StateDir {
+                path: state.clone(),
+                source,
+            })?;
+    }
+    // Orphaned descendants (setsid'ed tool processes) re-parent here, so the kill ladder sees them.
+    if let Err(e) = warden_sandbox::set_child_subreaper() {
+        tracing::warn!(error = %e, "cannot become child subreaper");
+    }
+    let store = warden_store::Store::open(&state.join("store"))?;
+    let cgroups = if settings.file.sandbox.cgroup {
+        warden_sandbox::CgroupBase::detect("warden-supervisor").unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no usable cgroup v2; process groups and markers only");
+            None
+        })
+    } else {
+        None
+    };
+    // A crashed predecessor's agents: kill whatever is left of every leased tree.
+    match warden_sandbox::reap_leftovers(&store, cgroups.as_ref(), settings.limits().kill_grace())
+        .await
+    {
+        Ok(r) => tracing::info!(
+            leases = r.leases,
+            trees_killed = r.trees_killed,
+            processes = r.processes,
+            "reaped leftovers of a previous run"
+        ),
+        Err(e) => tracing::error!(error = %e, "reaping leftovers failed"),
+    }
+    let bwrap = if settings.file.sandbox.bubblewrap {
+        let b = warden_sandbox::find_bwrap().filter(|b| warden_sandbox::bwrap_works(b));
+        if b.is_none() {
+            tracing::warn!("bubblewrap requested but not usable on this host");
+        }
+        b
+    } else {
+        None
+    };
+    let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?;
+    let roots = warden_sandbox::OwnedRoots::open(&state, &store)?;
+    let records = Records::new(&state, settings.limits().transcript_bytes)?;
+    let policy = PolicyClient::new(&settings.policy_socket());
+    let shared = Shared {
+        depth: warden_sandbox::DepthGuard::from_process_env(warden_sandbox::DEFAULT_MAX_DEPTH),
+        settings: settings.clone(),
+        policy,
+        records,
+        roots,
+        workspaces: warden_sandbox::WorkspacePolicy::from_host(),
+        spawner,
+    };
+    let sup = Supervisor::new(shared);
+    let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
+    let mut server = warden_daemon::Server::new(NAME, grace);
+    let listener = warden_daemon::listener::bind("listen", &settings.file.listen, &state).await?;
+    let api = Api(sup.clone());
+    let routes = tonic::service::Routes::new(SupervisorServiceServer::new(api.clone()))
+        .add_service(AdminServiceServer::new(api));
+    server.serve(listener, routes);
+    if let Ok(mut l) = sup.listeners.lock() {
+        *l = server.listeners();
+    }
+    let token = server.shutdown_token();
+    let closer = {
+        let sup: Arc<Supervisor> = sup.clone();
+        tokio::spawn(async move {
+            token.cancelled().await;
+            sup.close_all().await;
+        })
+    };
+    let res = server.run().await;
+    // Every agent tree goes before the daemon does.
+    sup.close_all().await;
+    closer.abort();
+    res.map_err(Into::into)
+}

@@ -1,0 +1,156 @@
+//! One running agent: the contained process tree, its ACP connection and event receiver, and a
+//! bounded ring of its stderr.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
+
+use crate::bridge::ConvCore;
+use crate::config::AgentConfig;
+use crate::service::Shared;
+
+/// Why an agent could not be started. Every variant is a `startup` fault.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot start the agent: {0}")]
+    Spawn(String),
+    #[error("the agent did not answer {0} within the handshake deadline")]
+    Handshake(String),
+    #[error("the agent broke the protocol during start-up: {0}")]
+    Protocol(String),
+    #[error("supervised mode unavailable: {0}")]
+    Mode(String),
+}
+
+impl StartError {
+    pub fn class(&self) -> &'static str {
+        "startup"
+    }
+}
+
+/// The last bytes an agent wrote to stderr.
+#[derive(Default)]
+pub struct StderrRing {
+    buf: VecDeque<u8>,
+    cap: usize,
+}
+
+impl StderrRing {
+    fn push(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            if self.buf.len() == self.cap {
+                self.buf.pop_front();
+            }
+            self.buf.push_back(*b);
+        }
+    }
+    pub fn text(&self) -> String {
+        let v: Vec<u8> = self.buf.iter().copied().collect();
+        String::from_utf8_lossy(&v).into_owned()
+    }
+}
+
+pub struct AgentProc {
+    pub client: AcpClient,
+    pub events: mpsc::UnboundedReceiver<AcpEvent>,
+    pub tree: Option<warden_sandbox::ProcessTree>,
+    pub stderr: Arc<Mutex<StderrRing>>,
+    pub load_session: bool,
+}
+
+impl AgentProc {
+    /// Spawns the agent contained and runs `initialize` within the handshake deadline; an agent
+    /// that does not answer is killed.
+    pub async fn start(
+        shared: &Arc<Shared>,
+        core: &Arc<ConvCore>,
+        cfg: &AgentConfig,
+    ) -> Result<AgentProc, StartError> {
+        let (mut tree, stdin, stdout, stderr) = shared.spawn_agent(core, cfg).await?;
+        let ring = Arc::new(Mutex::new(StderrRing {
+            buf: VecDeque::new(),
+            cap: shared.settings.limits().stderr_ring_bytes,
+        }));
+        if let Some(mut err) = stderr {
+            let ring = ring.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = err.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut r) = ring.lock() {
+                        r.push(&buf[..n]);
+                    }
+                }
+            });
+        }
+        let config = ClientConfig {
+            request_timeout: Some(shared.settings.limits().handshake()),
+            cancel_deadline: shared.settings.limits().cancel_grace(),
+            client_name: "warden-supervisor".into(),
+            ..ClientConfig::default()
+        };
+        let (client, events) = AcpClient::connect(stdout, stdin, core.clone(), config);
+        let caps = ClientCapabilities {
+            fs: FsCapabilities {
+                read_text_file: true,
+                write_text_file: true,
+            },
+            terminal: false,
+            elicitation: true,
+        };
+        let hs = shared.settings.limits().handshake();
+        let init = tokio::time::timeout(hs, client.initialize(caps)).await;
+        let init = match init {
+            Ok(Ok(i)) => i,
+            Ok(Err(e)) => {
+                kill_tree(shared, &mut tree).await;
+                return Err(StartError::Protocol(format!("initialize: {e}")));
+            }
+            Err(_) => {
+                kill_tree(shared, &mut tree).await;
+                return Err(StartError::Handshake("initialize".into()));
+            }
+        };
+        Ok(AgentProc {
+            client,
+            events,
+            tree: Some(tree),
+            stderr: ring,
+            load_session: init.agent_capabilities.load_session,
+        })
+    }
+
+    /// Kills the whole tree (SIGTERM, grace, SIGKILL). Returns (forced, processes).
+    pub async fn kill(&mut self, shared: &Shared) -> (bool, u32) {
+        self.client.close_stdin();
+        match self.tree.as_mut() {
+            Some(t) => {
+                let r = kill_tree(shared, t).await;
+                self.tree = None;
+                r
+            }
+            None => (false, 0),
+        }
+    }
+}
+
+async fn kill_tree(shared: &Shared, tree: &mut warden_sandbox::ProcessTree) -> (bool, u32) {
+    let opts = warden_sandbox::KillOptions::with_grace(shared.settings.limits().kill_grace());
+    match tree.kill(opts).await {
+        Ok(r) => {
+            if r.remaining > 0 {
+                tracing::error!(remaining = r.remaining, "agent processes survived the kill");
+            }
+            (r.forced, r.processes as u32)
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "killing the agent tree failed");
+            (false, 0)
+        }
+    }
+}

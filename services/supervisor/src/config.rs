@@ -1,0 +1,504 @@
+//! The supervisor's configuration: the embedded default, the agent registry (with built-in
+//! `scripted`, `claude` and `codex` entries that a file may override), operator workspaces by
+//! name, the policy socket and every quota.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use warden_daemon::config::{ConfigError, Origin};
+use warden_daemon::{DaemonSection, ListenerConfig};
+
+/// The configuration used when no file is given. Relative socket paths resolve against the
+/// state directory.
+pub const EMBEDDED_DEFAULT: &str = r#"
+# warden-supervisor: embedded default configuration.
+[daemon]
+state_dir = "/var/lib/warden/supervisor"
+log_format = "human"
+log_level = "info"
+
+# The SupervisorService (+ AdminService) socket. Only the gateway may call it: list its uid.
+# Empty allow_uids and allow_gids = only this daemon's own uid.
+[listen]
+socket = "supervisor.sock"
+mode = "0660"
+allow_uids = []
+
+[policy]
+# The PolicyService socket (warden-policy, or warden-approver swapped in).
+socket = "/run/warden/policy.sock"
+# How long one Decide may take before the request is denied (policy_unavailable).
+decide_deadline_ms = 200
+
+[limits]
+task_text_bytes = 16384
+turn_timeout_secs = 600
+output_bytes = 262144
+stderr_ring_bytes = 65536
+transcript_bytes = 262144
+idle_timeout_secs = 900
+handshake_deadline_ms = 10000
+cancel_grace_ms = 2000
+kill_grace_ms = 2000
+
+[agents]
+default = "scripted"
+"#;
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisorConfig {
+    pub daemon: DaemonSection,
+    pub listen: ListenerConfig,
+    pub policy: PolicySection,
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub agents: AgentsSection,
+    /// Operator workspaces by name. A caller names one; it never sends a path.
+    #[serde(default)]
+    pub workspaces: BTreeMap<String, WorkspaceConfig>,
+    #[serde(default)]
+    pub sandbox: SandboxSection,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    pub socket: PathBuf,
+    #[serde(default = "default_decide_deadline")]
+    pub decide_deadline_ms: u64,
+}
+
+fn default_decide_deadline() -> u64 {
+    200
+}
+
+/// Quotas (seed 004). Every bound is configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Task text over this many bytes is refused before anything starts.
+    pub task_text_bytes: usize,
+    /// Default turn timeout (the soft budget stated to the agent); hard cutoff at 1.2x.
+    pub turn_timeout_secs: u64,
+    /// Output retained per turn; beyond it the turn ends with fault `output-limit`.
+    pub output_bytes: usize,
+    /// Agent stderr kept in a ring of this many bytes.
+    pub stderr_ring_bytes: usize,
+    /// One transcript file is at most this big.
+    pub transcript_bytes: usize,
+    /// An idle conversation's agent is stopped after this long (0 = never).
+    pub idle_timeout_secs: u64,
+    /// An agent that does not answer `initialize` (and `session/new`) within this is killed.
+    pub handshake_deadline_ms: u64,
+    /// After `session/cancel`, how long the agent has to end the turn before it is killed.
+    pub cancel_grace_ms: u64,
+    /// SIGTERM → SIGKILL grace when a tree is killed.
+    pub kill_grace_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            task_text_bytes: 16 * 1024,
+            turn_timeout_secs: 600,
+            output_bytes: 256 * 1024,
+            stderr_ring_bytes: 64 * 1024,
+            transcript_bytes: 256 * 1024,
+            idle_timeout_secs: 900,
+            handshake_deadline_ms: 10_000,
+            cancel_grace_ms: 2000,
+            kill_grace_ms: 2000,
+        }
+    }
+}
+
+impl Limits {
+    pub fn handshake(&self) -> Duration {
+        Duration::from_millis(self.handshake_deadline_ms)
+    }
+    pub fn cancel_grace(&self) -> Duration {
+        Duration::from_millis(self.cancel_grace_ms)
+    }
+    pub fn kill_grace(&self) -> Duration {
+        Duration::from_millis(self.kill_grace_ms)
+    }
+    pub fn idle(&self) -> Option<Duration> {
+        (self.idle_timeout_secs > 0).then(|| Duration::from_secs(self.idle_timeout_secs))
+    }
+}
+
+// No deny_unknown_fields here: serde does not support it together with `flatten`; every other
+// key is an agent entry, itself strict.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AgentsSection {
+    /// The agent used when a request names none.
+    #[serde(default = "default_agent")]
+    pub default: String,
+    /// Entries by name; they override the built-ins of the same name.
+    #[serde(flatten)]
+    pub entries: BTreeMap<String, AgentConfig>,
+}
+
+impl Default for AgentsSection {
+    fn default() -> Self {
+        AgentsSection {
+            default: default_agent(),
+            entries: BTreeMap::new(),
+        }
+    }
+}
+
+fn default_agent() -> String {
+    "scripted".into()
+}
+
+/// Network access of an agent's sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Network {
+    #[default]
+    None,
+    Host,
+}
+
+/// One registry entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// The program. Empty for `scripted` = `warden-scripted-agent` next to this executable.
+    #[serde(default)]
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variable names added to the allowlist for this agent (operator-only).
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Fixed environment values set for this agent (operator-only; e.g. IS_SANDBOX=1).
+    #[serde(default)]
+    pub set_env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub network: Network,
+    /// The mode forced after `session/new` ("" = the agent has no modes; nothing is forced).
+    #[serde(default)]
+    pub supervised_mode: String,
+    /// Further mode ids that still ask for every call (e.g. Claude `plan`). Every other mode
+    /// the agent reports is elevated.
+    #[serde(default)]
+    pub supervised_modes: Vec<String>,
+    /// Advertise ACP terminals to this agent.
+    #[serde(default)]
+    pub terminal: bool,
+    /// Decide deadline override for this agent (e.g. long when an approver decides).
+    #[serde(default)]
+    pub decide_deadline_ms: Option<u64>,
+    /// Process limits of the agent's tree.
+    #[serde(default)]
+    pub max_processes: Option<u64>,
+    #[serde(default)]
+    pub memory_max_bytes: Option<u64>,
+    /// Operators opt an agent in; the built-in real adapters are listed but not started unless
+    /// a request names them.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl AgentConfig {
+    fn builtin(command: &str, args: &[&str], mode: &str, modes: &[&str], env: &[&str]) -> Self {
+        AgentConfig {
+            command: command.into(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|s| s.to_string()).collect(),
+            set_env: BTreeMap::new(),
+            network: Network::None,
+            supervised_mode: mode.into(),
+            supervised_modes: modes.iter().map(|s| s.to_string()).collect(),
+            terminal: false,
+            decide_deadline_ms: None,
+            max_processes: None,
+            memory_max_bytes: None,
+            enabled: true,
+        }
+    }
+
+    /// Whether `mode` keeps supervision for this agent.
+    pub fn is_supervised_mode(&self, mode: &str) -> bool {
+        mode.is_empty()
+            || mode == self.supervised_mode
+            || self.supervised_modes.iter().any(|m| m == mode)
+    }
+}
+
+/// The built-in registry: `scripted` (default), `claude` and `codex` (published adapters via
+/// npx; they need the network for their model, so `network = "host"`).
+pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "scripted".into(),
+        AgentConfig::builtin("", &[], "default", &["plan"], &[]),
+    );
+    let mut claude = AgentConfig::builtin(
+        "npx",
+        &["--yes", "@agentclientprotocol/claude-agent-acp@0.101.0"],
+        "default",
+        &["plan"],
+        &[
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_BASE_URL",
+            "CLAUDE_CONFIG_DIR",
+        ],
+    );
+    claude.network = Network::Host;
+    m.insert("claude".into(), claude);
+    let mut codex = AgentConfig::builtin(
+        "npx",
+        &["--yes", "@agentclientprotocol/codex-acp@2.6.0"],
+        "read-only",
+        &[],
+        &["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"],
+    );
+    codex.network = Network::Host;
+    m.insert("codex".into(), codex);
+    m
+}
+
+/// An operator workspace.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceConfig {
+    pub path: PathBuf,
+    /// Allow execute/fetch/other in this (not owned) root.
+    #[serde(default)]
+    pub allow_execute: bool,
+}
+
+/// OS containment settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxSection {
+    /// Use bubblewrap when the host has it.
+    pub bubblewrap: bool,
+    /// Use a cgroup v2 per agent where writable.
+    pub cgroup: bool,
+    /// Extra environment names passed to every agent (operator-only).
+    pub env_extra: Vec<String>,
+}
+
+impl Default for SandboxSection {
+    fn default() -> Self {
+        SandboxSection {
+            bubblewrap: false,
+            cgroup: true,
+            env_extra: Vec::new(),
+        }
+    }
+}
+
+/// The configuration after validation, with built-ins merged.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub file: SupervisorConfig,
+    pub agents: BTreeMap<String, AgentConfig>,
+    pub origin: Origin,
+}
+
+impl Settings {
+    pub fn state_dir(&self) -> &Path {
+        &self.file.daemon.state_dir
+    }
+
+    /// The policy socket, relative paths resolved against the state directory.
+    pub fn policy_socket(&self) -> PathBuf {
+        let p = &self.file.policy.socket;
+        if p.is_absolute() {
+            p.clone()
+        } else {
+            self.state_dir().join(p)
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.file.limits
+    }
+
+    /// The deadline for one Decide for `agent`.
+    pub fn decide_deadline(&self, agent: &AgentConfig) -> Duration {
+        Duration::from_millis(
+            agent
+                .decide_deadline_ms
+                .unwrap_or(self.file.policy.decide_deadline_ms),
+        )
+    }
+
+    /// Looks an agent up ("" = default).
+    pub fn agent(&self, name: &str) -> Option<(&str, &AgentConfig)> {
+        let name = if name.is_empty() {
+            self.file.agents.default.as_str()
+        } else {
+            name
+        };
+        self.agents
+            .get_key_value(name)
+            .filter(|(_, a)| a.enabled)
+            .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The program an agent runs: `scripted` with an empty command is the
+    /// `warden-scripted-agent` binary next to this executable.
+    pub fn agent_program(&self, agent: &AgentConfig) -> Result<PathBuf, String> {
+        if !agent.command.is_empty() {
+            return Ok(PathBuf::from(&agent.command));
+        }
+        let me = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+        let dir = me
+            .parent()
+            .ok_or_else(|| "own executable has no directory".to_string())?;
+        // Tests run from target/<profile>/deps; the binaries live one level up.
+        for d in [Some(dir), dir.parent()].into_iter().flatten() {
+            let p = d.join("warden-scripted-agent");
+            if p.is_file() {
+                return Ok(p);
+            }
+        }
+        Err(format!(
+            "warden-scripted-agent not found next to {}",
+            me.display()
+        ))
+    }
+}
+
+/// Loads and validates.
+pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigError> {
+    let loaded = warden_daemon::config::load::<SupervisorConfig>(
+        file,
+        EMBEDDED_DEFAULT,
+        "WARDEN_SUPERVISOR",
+        sets,
+    )?;
+    let origin = loaded.origin;
+    let cfg = loaded.value;
+    cfg.daemon.validate(&origin)?;
+    cfg.listen.validate(&origin, "listen")?;
+    if cfg.policy.socket.as_os_str().is_empty() {
+        return Err(ConfigError::invalid(
+            &origin,
+            "policy.socket",
+            "must not be empty",
+        ));
+    }
+    if cfg.policy.decide_deadline_ms == 0 {
+        return Err(ConfigError::invalid(
+            &origin,
+            "policy.decide_deadline_ms",
+            "must be > 0",
+        ));
+    }
+    let l = &cfg.limits;
+    for (key, v) in [
+        ("limits.task_text_bytes", l.task_text_bytes as u64),
+        ("limits.turn_timeout_secs", l.turn_timeout_secs),
+        ("limits.output_bytes", l.output_bytes as u64),
+        ("limits.transcript_bytes", l.transcript_bytes as u64),
+        ("limits.handshake_deadline_ms", l.handshake_deadline_ms),
+    ] {
+        if v == 0 {
+            return Err(ConfigError::invalid(&origin, key, "must be > 0"));
+        }
+    }
+    let mut agents = builtin_agents();
+    for (name, a) in &cfg.agents.entries {
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}"),
+                "agent names are letters, digits, '-' and '_'",
+            ));
+        }
+        if a.command.is_empty() && name != "scripted" {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}.command"),
+                "must name the program to run",
+            ));
+        }
+        agents.insert(name.clone(), a.clone());
+    }
+    if !agents.contains_key(&cfg.agents.default) {
+        return Err(ConfigError::invalid(
+            &origin,
+            "agents.default",
+            format!("no agent named {:?}", cfg.agents.default),
+        ));
+    }
+    for (name, w) in &cfg.workspaces {
+        if !w.path.is_absolute() {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("workspaces.{name}.path"),
+                "must be an absolute path",
+            ));
+        }
+    }
+    Ok(Settings {
+        file: cfg,
+        agents,
+        origin,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_loads_with_builtins() {
+        let s = load(None, &[]).unwrap();
+        assert_eq!(s.limits().task_text_bytes, 16384);
+        assert_eq!(s.file.policy.decide_deadline_ms, 200);
+        assert_eq!(s.agent("").unwrap().0, "scripted");
+        assert_eq!(s.agent("claude").unwrap().1.supervised_mode, "default");
+        assert_eq!(s.agent("codex").unwrap().1.supervised_mode, "read-only");
+        assert!(s.agent("nope").is_none());
+    }
+
+    #[test]
+    fn agents_and_workspaces_from_overrides() {
+        let s = load(
+            None,
+            &[
+                "agents.mine.command=/bin/true".into(),
+                "agents.mine.supervised_mode=ask".into(),
+                "workspaces.proj.path=/srv/proj".into(),
+            ],
+        )
+        .unwrap();
+        let (_, a) = s.agent("mine").unwrap();
+        assert!(a.is_supervised_mode("ask"));
+        assert!(!a.is_supervised_mode("auto"));
+        assert_eq!(s.file.workspaces["proj"].path, PathBuf::from("/srv/proj"));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = load(None, &["limits.output_bytes=0".into()]).unwrap_err();
+        assert!(e.to_string().contains("limits.output_bytes"), "{e}");
+        let e = load(None, &["workspaces.w.path=rel".into()]).unwrap_err();
+        assert!(e.to_string().contains("workspaces.w.path"), "{e}");
+        let e = load(None, &["agents.default=ghost".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.default"), "{e}");
+        let e = load(None, &["limits.typo=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("typo"), "{e}");
+    }
+}

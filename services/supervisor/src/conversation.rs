@@ -1,0 +1,1012 @@
+//! One conversation: its agent process, its FIFO of turns and the worker that runs them one at
+//! a time, idle stop and restart, close.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use warden_acp::{AcpError, AcpEvent, CancelOutcome, PromptEnd, SessionEvent, ToolCallContent};
+use warden_proto::v1 as pb;
+use warden_proto::v1::turn_event::Event;
+
+use crate::agent::{AgentProc, StartError};
+use crate::bridge::ConvCore;
+use crate::config::AgentConfig;
+use crate::records::{Health, Incident, label, now_ms};
+use crate::service::Shared;
+use crate::turn::{EndRequest, ToolSeen, TurnCtx};
+
+/// What a finished turn's id is remembered as (bounded).
+const FINISHED_MEMORY: usize = 512;
+
+pub struct ConvState {
+    pub status: pb::ConversationState,
+    pub active: Option<Arc<TurnCtx>>,
+    pub queue: VecDeque<Arc<TurnCtx>>,
+    pub finished: VecDeque<String>,
+    /// Cancels that arrived before their turn.
+    pub pending_cancel: HashSet<String>,
+    pub last_activity: Instant,
+    pub closing: bool,
+}
+
+pub struct Conversation {
+    pub core: Arc<ConvCore>,
+    pub agent_cfg: AgentConfig,
+    pub shared: Arc<Shared>,
+    pub state: Mutex<ConvState>,
+    wake: Notify,
+    pub closed: CancellationToken,
+    proc_: tokio::sync::Mutex<Option<AgentProc>>,
+    /// Session id to load when the agent is restarted.
+    last_session: Mutex<String>,
+}
+
+/// How a turn ended.
+struct Stop {
+    reason: String,
+    fault: Option<(String, String)>,
+}
+
+impl Stop {
+    fn reason(r: &str) -> Self {
+        Stop {
+            reason: r.into(),
+            fault: None,
+        }
+    }
+    fn fault(class: &str, msg: impl Into<String>) -> Self {
+        Stop {
+            reason: "fault".into(),
+            fault: Some((class.into(), msg.into())),
+        }
+    }
+}
+
+impl Conversation {
+    /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker.
+    pub async fn open(
+        core: Arc<ConvCore>,
+        agent_cfg: AgentConfig,
+        shared: Arc<Shared>,
+    ) -> Result<Arc<Conversation>, StartError> {
+        let conv = Arc::new(Conversation {
+            core,
+            agent_cfg,
+            shared,
+            state: Mutex::new(ConvState {
+                status: pb::ConversationState::Ready,
+                active: None,
+                queue: VecDeque::new(),
+                finished: VecDeque::new(),
+                pending_cancel: HashSet::new(),
+                last_activity: Instant::now(),
+                closing: false,
+            }),
+            wake: Notify::new(),
+            closed: CancellationToken::new(),
+            proc_: tokio::sync::Mutex::new(None),
+            last_session: Mutex::new(String::new()),
+        });
+        let (p, _reset) = conv.start_agent(false).await?;
+        *conv.proc_.lock().await = Some(p);
+        let worker = conv.clone();
+        tokio::spawn(async move { worker.worker().await });
+        Ok(conv)
+    }
+
+    pub fn st(&self) -> std::sync::MutexGuard<'_, ConvState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Spawns the agent and makes a session: `session/load` of the last one when `resume` and
+    /// the agent supports it, else `session/new` (the bool is true when context was reset).
+    async fn start_agent(&self, resume: bool) -> Result<(AgentProc, bool), StartError> {
+        let mut p = AgentProc::start(&self.shared, &self.core, &self.agent_cfg).await?;
+        let hs = self.shared.settings.limits().handshake();
+        let last = self
+            .last_session
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default();
+        let mut reset = resume;
+        let mut modes = None;
+        let mut session_id = String::new();
+        if resume && p.load_session && !last.is_empty() {
+            match tokio::time::timeout(hs, p.client.load_session(&last, &self.core.info.root)).await
+            {
+                Ok(Ok(r)) => {
+                    modes = r.modes;
+                    session_id = last.clone();
+                    reset = false;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(context_id = %self.core.info.context_id, error = %e, "session/load failed; starting a new session")
+                }
+                Err(_) => {
+                    p.kill(&self.shared).await;
+                    return Err(StartError::Handshake("session/load".into()));
+                }
+            }
+            // The replayed history is not this turn's output.
+            while p.events.try_recv().is_ok() {}
+        }
+        if session_id.is_empty() {
+            match tokio::time::timeout(hs, p.client.new_session(&self.core.info.root)).await {
+                Ok(Ok(r)) => {
+                    session_id = r.session_id;
+                    modes = r.modes;
+                }
+                Ok(Err(e)) => {
+                    p.kill(&self.shared).await;
+                    return Err(StartError::Protocol(format!("session/new: {e}")));
+                }
+                Err(_) => {
+                    p.kill(&self.shared).await;
+                    return Err(StartError::Handshake("session/new".into()));
+                }
+            }
+        }
+        let mut current = modes
+            .as_ref()
+            .map(|m| m.current_mode_id.clone())
+            .unwrap_or_default();
+        let want = self.agent_cfg.supervised_mode.clone();
+        if !want.is_empty() {
+            let offered = modes
+                .as_ref()
+                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
+            if !offered {
+                p.kill(&self.shared).await;
+                return Err(StartError::Mode(format!(
+                    "the agent does not offer the supervised mode {want:?}"
+                )));
+            }
+            if current != want {
+                match tokio::time::timeout(hs, p.client.set_mode(&session_id, &want)).await {
+                    Ok(Ok(())) => current = want,
+                    Ok(Err(e)) => {
+                        p.kill(&self.shared).await;
+                        return Err(StartError::Mode(format!("set_mode {want:?}: {e}")));
+                    }
+                    Err(_) => {
+                        p.kill(&self.shared).await;
+                        return Err(StartError::Handshake("session/set_mode".into()));
+                    }
+                }
+            }
+            // Mode updates caused by our own set_mode are not escalations.
+            while p.events.try_recv().is_ok() {}
+        }
+        {
+            let mut l = self.core.live();
+            l.session_id = session_id.clone();
+            l.current_mode = current;
+        }
+        if let Ok(mut s) = self.last_session.lock() {
+            *s = session_id;
+        }
+        Ok((p, reset))
+    }
+
+    /// Queues a turn; returns its 1-based queue position (0 = it will start now).
+    pub fn enqueue(&self, turn: Arc<TurnCtx>) -> Result<usize, tonic::Status> {
+        let mut st = self.st();
+        if st.closing
+            || matches!(
+                st.status,
+                pb::ConversationState::Closed | pb::ConversationState::Failed
+            )
+        {
+            return Err(tonic::Status::failed_precondition(format!(
+                "conversation {:?} is {}",
+                self.core.info.context_id,
+                st.status.as_str_name()
+            )));
+        }
+        let id = turn.id();
+        let dup = st.active.as_ref().is_some_and(|a| a.id() == id)
+            || st.queue.iter().any(|q| q.id() == id)
+            || st.finished.iter().any(|f| f == id);
+        if dup {
+            return Err(tonic::Status::already_exists(format!(
+                "turn {id:?} already exists in this conversation"
+            )));
+        }
+        if st.pending_cancel.remove(id) {
+            turn.request_end(EndRequest::Cancel);
+        }
+        let busy = st.active.is_some() || !st.queue.is_empty();
+        st.queue.push_back(turn);
+        let pos = if busy { st.queue.len() } else { 0 };
+        drop(st);
+        self.wake.notify_one();
+        Ok(pos)
+    }
+
+    /// CancelTurn: "queued", "active", "pending" or "finished".
+    pub fn cancel_turn(&self, turn_id: &str) -> &'static str {
+        let mut st = self.st();
+        if let Some(i) = st.queue.iter().position(|t| t.id() == turn_id) {
+            let t = st.queue.remove(i);
+            drop(st);
+            if let Some(t) = t {
+                // Never started: ends cancelled without touching the agent.
+                t.request_end(EndRequest::Cancel);
+                finish_unstarted(&t, "cancelled");
+                self.remember_finished(t.id());
+            }
+            return "queued";
+        }
+        if let Some(a) = st.active.clone() {
+            if a.id() == turn_id {
+                drop(st);
+                a.request_end(EndRequest::Cancel);
+                return "active";
+            }
+        }
+        if st.finished.iter().any(|f| f == turn_id) {
+            return "finished";
+        }
+        if st.pending_cancel.len() < FINISHED_MEMORY {
+            st.pending_cancel.insert(turn_id.to_string());
+        }
+        "pending"
+    }
+
+    fn remember_finished(&self, id: &str) {
+        let mut st = self.st();
+        st.finished.push_back(id.to_string());
+        while st.finished.len() > FINISHED_MEMORY {
+            st.finished.pop_front();
+        }
+    }
+
+    /// Answers a question of the active turn.
+    pub fn answer_question(
+        &self,
+        turn_id: &str,
+        qid: &str,
+        resp: warden_acp::ElicitationResponse,
+    ) -> bool {
+        let Some(active) = self.st().active.clone() else {
+            return false;
+        };
+        if active.id() != turn_id {
+            return false;
+        }
+        let tx = active.lock().questions.remove(qid);
+        match tx {
+            Some(tx) => tx.send(resp).is_ok(),
+            None => false,
+        }
+    }
+
+    pub fn info(&self) -> pb::ConversationInfo {
+        let st = self.st();
+        let live = self.core.live();
+        let running = st.status == pb::ConversationState::Ready;
+        pb::ConversationInfo {
+            context_id: self.core.info.context_id.clone(),
+            agent: self.core.info.agent.clone(),
+            root: self.core.info.root.to_string_lossy().into_owned(),
+            owned: self.core.info.owned,
+            profile: self.core.info.profile as i32,
+            session_id: if running {
+                live.session_id.clone()
+            } else {
+                String::new()
+            },
+            state: st.status as i32,
+            principal: self.core.info.principal.clone(),
+            active_turn_id: st
+                .active
+                .as_ref()
+                .map(|a| a.id().to_string())
+                .unwrap_or_default(),
+            queued_turn_ids: st.queue.iter().map(|t| t.id().to_string()).collect(),
+            current_mode: live.current_mode.clone(),
+        }
+    }
+
+    /// Close: every queued turn ends cancelled, the active one is cancelled, the tree killed.
+    /// Returns (forced, processes).
+    pub async fn close(&self) -> (bool, u32) {
+        let (queued, active) = {
+            let mut st = self.st();
+            st.closing = true;
+            (std::mem::take(&mut st.queue), st.active.clone())
+        };
+        for t in queued {
+            t.request_end(EndRequest::Cancel);
+            finish_unstarted(&t, "cancelled");
+        }
+        if let Some(a) = active {
+            a.request_end(EndRequest::Cancel);
+        }
+        self.closed.cancel();
+        self.wake.notify_one();
+        // The worker stops the agent once the active turn has ended; wait for it, bounded.
+        let mut p = self.proc_.lock().await;
+        let report = match p.take() {
+            Some(mut proc_) => proc_.kill(&self.shared).await,
+            None => (false, 0),
+        };
+        self.st().status = pb::ConversationState::Closed;
+        report
+    }
+
+    async fn worker(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut st = self.st();
+                if st.closing {
+                    None
+                } else {
+                    let t = st.queue.pop_front();
+                    if let Some(t) = &t {
+                        st.active = Some(t.clone());
+                    }
+                    t
+                }
+            };
+            let Some(turn) = next else {
+                if self.closed.is_cancelled() {
+                    return;
+                }
+                // Only a running agent has an idle clock.
+                let (since, running) = {
+                    let st = self.st();
+                    (st.last_activity, st.status == pb::ConversationState::Ready)
+                };
+                let idle = self.shared.settings.limits().idle().filter(|_| running);
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = self.closed.cancelled() => return,
+                    _ = sleep_until_idle(idle, since) => self.idle_stop().await,
+                }
+                continue;
+            };
+            self.run_turn(turn.clone()).await;
+            {
+                let mut st = self.st();
+                st.active = None;
+                st.last_activity = Instant::now();
+            }
+            self.remember_finished(turn.id());
+        }
+    }
+
+    /// Stops an idle agent: the tree is killed, root and record stay.
+    async fn idle_stop(&self) {
+        let mut p = self.proc_.lock().await;
+        if let Some(mut proc_) = p.take() {
+            tracing::info!(context_id = %self.core.info.context_id, "idle timeout: stopping the agent");
+            proc_.kill(&self.shared).await;
+            let mut st = self.st();
+            if st.status == pb::ConversationState::Ready {
+                st.status = pb::ConversationState::IdleStopped;
+            }
+        }
+    }
+
+    async fn run_turn(&self, turn: Arc<TurnCtx>) {
+        let started = Instant::now();
+        let limits = self.shared.settings.limits().clone();
+        let timeout_secs = if turn.input.timeout_secs == 0 {
+            limits.turn_timeout_secs
+        } else {
+            turn.input.timeout_secs
+        };
+        match self
+            .shared
+            .records
+            .transcript(&self.core.info.context_id, turn.id())
+        {
+            Ok(t) => turn.lock().transcript = Some(t),
+            Err(e) => tracing::warn!(error = %e, "cannot open transcript"),
+        }
+        let stop = if turn.cancel.is_cancelled() {
+            Stop::reason("cancelled")
+        } else {
+            self.drive(&turn, timeout_secs).await
+        };
+        self.finish(&turn, stop, started, timeout_secs);
+    }
+
+    async fn drive(&self, turn: &Arc<TurnCtx>, timeout_secs: u64) -> Stop {
+        let mut guard = self.proc_.lock().await;
+        if guard.is_none() {
+            // Idle-stopped (or killed by an earlier turn): restart, never silently losing context.
+            match self.start_agent(true).await {
+                Ok((p, reset)) => {
+                    *guard = Some(p);
+                    self.st().status = pb::ConversationState::Ready;
+                    if reset {
+                        turn.emit(Event::ContextReset(pb::ContextReset {
+                            reason: "the agent was restarted and cannot load its previous session; this turn starts a new session".into(),
+                        }));
+                    }
+                }
+                Err(e) => return Stop::fault(e.class(), e.to_string()),
+            }
+        }
+        let Some(p) = guard.as_mut() else {
+            return Stop::fault("internal", "agent missing");
+        };
+        let session_id = self.core.live().session_id.clone();
+        // Updates that arrived between turns: check mode escalations, drop the rest.
+        while let Ok(ev) = p.events.try_recv() {
+            if let AcpEvent::Update(n) = &ev
+                && let SessionEvent::CurrentModeUpdate { current_mode_id } = &n.event
+            {
+                self.core.live().current_mode = current_mode_id.clone();
+            }
+        }
+        turn.emit(Event::Started(pb::TurnStarted {
+            session_id: session_id.clone(),
+            root: self.core.info.root.to_string_lossy().into_owned(),
+        }));
+        self.core.live().turn = Some(turn.clone());
+        let stop = self.drive_inner(p, turn, &session_id, timeout_secs).await;
+        self.core.live().turn = None;
+        turn.cancel.cancel();
+        turn.cancel_questions();
+        if stop.kill {
+            let mut proc_ = guard.take();
+            if let Some(pr) = proc_.as_mut() {
+                pr.kill(&self.shared).await;
+            }
+            let mut st = self.st();
+            if stop.fail_conversation {
+                st.status = pb::ConversationState::Failed;
+            } else if st.status == pb::ConversationState::Ready {
+                st.status = pb::ConversationState::IdleStopped;
+            }
+        }
+        stop.stop
+    }
+
+    async fn drive_inner(
+        &self,
+        p: &mut AgentProc,
+        turn: &Arc<TurnCtx>,
+        session_id: &str,
+        timeout_secs: u64,
+    ) -> DriveOut {
+        let meta = json!({"warden": {
+            "messageId": turn.input.message_id,
+            "taskId": turn.input.task_id,
+            "turnId": turn.input.id,
+            "budgetSeconds": timeout_secs,
+        }});
+        let budget_note = format!(
+            "[warden] Time budget for this turn: {timeout_secs} s. Work within it; the turn is stopped at {} s.",
+            timeout_secs * 12 / 10
+        );
+        let blocks = vec![
+            json!({"type": "text", "text": turn.input.text}),
+            json!({"type": "text", "text": budget_note}),
+        ];
+        turn.record(
+            "prompt",
+            json!({"bytes": turn.input.text.len(), "budget_secs": timeout_secs}),
+        );
+        let client = p.client.clone();
+        let sid = session_id.to_string();
+        let prompt = client.prompt_blocks(&sid, blocks, meta);
+        tokio::pin!(prompt);
+        let hard = tokio::time::sleep(Duration::from_millis(timeout_secs.saturating_mul(1200)));
+        tokio::pin!(hard);
+        let grace = self.shared.settings.limits().cancel_grace();
+        let mut cancel_task: Option<
+            tokio::task::JoinHandle<Result<warden_acp::CancelReport, AcpError>>,
+        > = None;
+        let mut events_open = true;
+        loop {
+            tokio::select! {
+                biased;
+                ev = p.events.recv(), if events_open => match ev {
+                    Some(ev) => {
+                        if let Some(out) = self.on_event(p, turn, session_id, ev).await {
+                            return out;
+                        }
+                    }
+                    None => events_open = false,
+                },
+                res = &mut prompt => {
+                    // Everything the agent sent before its answer is already queued: drain it.
+                    while let Ok(ev) = p.events.try_recv() {
+                        if let Some(out) = self.on_event(p, turn, session_id, ev).await {
+                            return out;
+                        }
+                    }
+                    let cancelled = turn.end_reason();
+                    return match (res, cancelled) {
+                        (_, Some(end)) => self.ended(end, false),
+                        (Ok(r), None) => DriveOut::keep(Stop::reason(r.stop_reason.as_str())),
+                        (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault("crash", format!("the agent died: {f}"))),
+                        (Err(e), None) => DriveOut::keep(Stop::fault("protocol", format!("session/prompt failed: {e}"))),
+                    };
+                }
+                _ = turn.end.cancelled(), if cancel_task.is_none() => {
+                    match turn.end_reason() {
+                        Some(EndRequest::OutputLimit) => {
+                            return DriveOut::kill(Stop::fault("output-limit", format!(
+                                "retained output passed {} bytes", self.shared.settings.limits().output_bytes)));
+                        }
+                        Some(EndRequest::ModeEscalation(m)) => {
+                            let mut o = DriveOut::kill(Stop::fault("mode-escalation", m));
+                            o.fail_conversation = true;
+                            return o;
+                        }
+                        _ => {}
+                    }
+                    // Cancel: our pending permission handlers answer `cancelled` (they watch
+                    // turn.cancel), then session/cancel, then wait for the prompt response.
+                    turn.cancel.cancel();
+                    turn.cancel_questions();
+                    let c = client.clone();
+                    let s = sid.clone();
+                    cancel_task = Some(tokio::spawn(async move { c.cancel_with_deadline(&s, grace).await }));
+                }
+                r = async { cancel_task.as_mut().expect("guarded").await }, if cancel_task.is_some() => {
+                    let expired = matches!(r, Ok(Ok(ref rep)) if rep.outcome == CancelOutcome::DeadlineExpired)
+                        || matches!(r, Ok(Ok(ref rep)) if matches!(rep.outcome, CancelOutcome::PromptEnded(PromptEnd::Fault(_))))
+                        || matches!(r, Ok(Err(_)) | Err(_));
+                    if expired {
+                        let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
+                        tracing::info!(context_id = %self.core.info.context_id, turn_id = %turn.id(), "agent did not end the turn within the cancel grace: killing it");
+                        return self.ended(end, true);
+                    }
+                    // Otherwise the prompt response is (about to be) there; keep looping for it.
+                    // Guard against a cancel task that finished while the prompt never answers.
+                    if tokio::time::timeout(grace, &mut prompt).await.is_err() {
+                        let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
+                        return self.ended(end, true);
+                    }
+                    while let Ok(ev) = p.events.try_recv() {
+                        let _ = self.on_event(p, turn, session_id, ev).await;
+                    }
+                    let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
+                    return self.ended(end, false);
+                }
+                _ = &mut hard => {
+                    return DriveOut::kill(Stop::fault("timeout", format!(
+                        "no end of turn within the hard cutoff of {} s (1.2 x {timeout_secs} s)", timeout_secs * 12 / 10)));
+                }
+            }
+        }
+    }
+
+    fn ended(&self, end: EndRequest, kill: bool) -> DriveOut {
+        let stop = match end {
+            EndRequest::Cancel => Stop::reason("cancelled"),
+            EndRequest::Decision {
+                fault: Some((c, m)),
+            } => Stop::fault(&c, m),
+            EndRequest::Decision { fault: None } => Stop::reason("cancelled"),
+            EndRequest::OutputLimit => {
+                return DriveOut::kill(Stop::fault(
+                    "output-limit",
+                    format!(
+                        "retained output passed {} bytes",
+                        self.shared.settings.limits().output_bytes
+                    ),
+                ));
+            }
+            EndRequest::ModeEscalation(m) => {
+                let mut o = DriveOut::kill(Stop::fault("mode-escalation", m));
+                o.fail_conversation = true;
+                return o;
+            }
+        };
+        DriveOut {
+            stop,
+            kill,
+            fail_conversation: false,
+        }
+    }
+
+    /// Forwards one agent event to the turn. `Some` ends the turn.
+    async fn on_event(
+        &self,
+        p: &mut AgentProc,
+        turn: &Arc<TurnCtx>,
+        session_id: &str,
+        ev: AcpEvent,
+    ) -> Option<DriveOut> {
+        let n = match ev {
+            AcpEvent::Update(n) => n,
+            AcpEvent::ProtocolError(e) => {
+                turn.record("protocol_error", json!({"error": e}));
+                return None;
+            }
+            AcpEvent::Fault(f) => {
+                if turn.end_reason().is_some() {
+                    return Some(self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel), true));
+                }
+                return Some(DriveOut::kill(Stop::fault(
+                    "crash",
+                    format!("the agent connection failed: {f}"),
+                )));
+            }
+        };
+        if n.session_id != session_id {
+            return None;
+        }
+        match n.event {
+            SessionEvent::AgentMessageChunk(c) | SessionEvent::AgentThoughtChunk(c)
+                if c.content.as_text().is_none() => {}
+            SessionEvent::AgentMessageChunk(c) => {
+                let text = c.content.as_text().unwrap_or_default().to_string();
+                turn.add_output(text.len());
+                turn.record("message", json!({"text": text}));
+                turn.emit(Event::MessageChunk(pb::TextChunk { text }));
+            }
+            SessionEvent::AgentThoughtChunk(c) => {
+                let text = c.content.as_text().unwrap_or_default().to_string();
+                turn.add_output(text.len());
+                turn.record("thought", json!({"text": text}));
+                turn.emit(Event::ThoughtChunk(pb::TextChunk { text }));
+            }
+            SessionEvent::ToolCall(tc) => {
+                let locations: Vec<pb::Location> = tc
+                    .locations
+                    .iter()
+                    .map(|l| pb::Location {
+                        path: l.path.clone(),
+                        line: l.line.map(|x| x.min(u32::MAX as u64) as u32),
+                    })
+                    .collect();
+                let raw = tc
+                    .raw_input
+                    .as_ref()
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                let content_text = content_text(&tc.content);
+                turn.add_output(content_text.len() + raw.len());
+                turn.lock().tools.insert(
+                    tc.tool_call_id.clone(),
+                    ToolSeen {
+                        kind: tc.kind.as_str().to_string(),
+                        title: tc.title.clone(),
+                        locations: locations.clone(),
+                        raw_input_json: raw.clone(),
+                    },
+                );
+                turn.record(
+                    "tool_call",
+                    json!({"id": tc.tool_call_id, "kind": tc.kind.as_str(), "title": tc.title}),
+                );
+                turn.emit(Event::ToolCall(pb::ToolCallEvent {
+                    tool_call_id: tc.tool_call_id,
+                    kind: tc.kind.as_str().to_string(),
+                    title: tc.title,
+                    status: tc
+                        .status
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_default(),
+                    raw_input_json: raw,
+                    locations,
+                    content_text,
+                    update: false,
+                }));
+            }
+            SessionEvent::ToolCallUpdate(u) => {
+                let locations: Vec<pb::Location> = u
+                    .locations
+                    .as_ref()
+                    .map(|ls| {
+                        ls.iter()
+                            .map(|l| pb::Location {
+                                path: l.path.clone(),
+                                line: l.line.map(|x| x.min(u32::MAX as u64) as u32),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let raw = u
+                    .raw_input
+                    .as_ref()
+                    .map(|v| v.to_string())
+                    .unwrap_or_default();
+                let content_text = u
+                    .content
+                    .as_ref()
+                    .map(|c| content_text(c))
+                    .unwrap_or_default();
+                turn.add_output(content_text.len() + raw.len());
+                {
+                    let mut st = turn.lock();
+                    let seen = st.tools.entry(u.tool_call_id.clone()).or_default();
+                    if let Some(k) = &u.kind {
+                        seen.kind = k.as_str().to_string();
+                    }
+                    if let Some(t) = &u.title {
+                        seen.title = t.clone();
+                    }
+                    if !locations.is_empty() {
+                        seen.locations = locations.clone();
+                    }
+                    if !raw.is_empty() {
+                        seen.raw_input_json = raw.clone();
+                    }
+                }
+                turn.record("tool_call_update", json!({"id": u.tool_call_id, "status": u.status.as_ref().map(|s| s.as_str().to_string())}));
+                turn.emit(Event::ToolCall(pb::ToolCallEvent {
+                    tool_call_id: u.tool_call_id,
+                    kind: u.kind.map(|k| k.as_str().to_string()).unwrap_or_default(),
+                    title: u.title.unwrap_or_default(),
+                    status: u.status.map(|s| s.as_str().to_string()).unwrap_or_default(),
+                    raw_input_json: raw,
+                    locations,
+                    content_text,
+                    update: true,
+                }));
+            }
+            SessionEvent::Plan(entries) => {
+                turn.emit(Event::Plan(pb::PlanEvent {
+                    entries: entries
+                        .into_iter()
+                        .map(|e| pb::PlanEntry {
+                            content: e.content,
+                            priority: e.priority,
+                            status: e.status,
+                        })
+                        .collect(),
+                }));
+            }
+            SessionEvent::UsageUpdate(u) => {
+                let usage = {
+                    let mut st = turn.lock();
+                    st.usage.context_used = u.used;
+                    st.usage.context_size = u.size;
+                    st.usage
+                };
+                turn.emit(Event::Usage(usage));
+            }
+            SessionEvent::CurrentModeUpdate { current_mode_id } => {
+                return self.on_mode(p, turn, session_id, current_mode_id).await;
+            }
+            _ => {}
+        }
+        None
+    }
+
+    /// A mode change reported by the agent. An elevated mode that no ALLOW decision led to is
+    /// a fault: the supervised mode is set back, or the conversation ends.
+    async fn on_mode(
+        &self,
+        p: &mut AgentProc,
+        turn: &Arc<TurnCtx>,
+        session_id: &str,
+        mode: String,
+    ) -> Option<DriveOut> {
+        self.core.live().current_mode = mode.clone();
+        let supervised = self.agent_cfg.is_supervised_mode(&mode);
+        turn.record("mode", json!({"mode": mode, "supervised": supervised}));
+        turn.emit(Event::ModeChange(pb::ModeChange {
+            mode_id: mode.clone(),
+            supervised,
+            by_supervisor: false,
+        }));
+        if supervised {
+            return None;
+        }
+        // An ALLOWed switch_mode whose option id names this mode (older adapters use mode ids
+        // as option ids) is the one way to an elevated mode that is not an escalation.
+        let allowed = {
+            let mut st = turn.lock();
+            match st.allowed_switches.iter().position(|o| o == &mode) {
+                Some(i) => {
+                    st.allowed_switches.remove(i);
+                    true
+                }
+                None => false,
+            }
+        };
+        if allowed {
+            return None;
+        }
+        let want = self.agent_cfg.supervised_mode.clone();
+        let msg = format!(
+            "the agent switched itself to the elevated mode {mode:?} without an allowing decision"
+        );
+        tracing::warn!(context_id = %self.core.info.context_id, mode = %mode, "mode escalation");
+        self.incident("mode-escalation", &msg, turn, turn.input.timeout_secs);
+        turn.emit(Event::Fault(pb::Fault {
+            class: "mode-escalation".into(),
+            message: msg.clone(),
+        }));
+        let hs = self.shared.settings.limits().handshake();
+        let restored = !want.is_empty()
+            && matches!(
+                tokio::time::timeout(hs, p.client.set_mode(session_id, &want)).await,
+                Ok(Ok(()))
+            );
+        if restored {
+            self.core.live().current_mode = want.clone();
+            turn.emit(Event::ModeChange(pb::ModeChange {
+                mode_id: want,
+                supervised: true,
+                by_supervisor: true,
+            }));
+            return None;
+        }
+        let mut o = DriveOut::kill(Stop::fault(
+            "mode-escalation",
+            format!("{msg}; the supervised mode could not be restored, the conversation is ended"),
+        ));
+        o.fail_conversation = true;
+        Some(o)
+    }
+
+    fn incident(&self, class: &str, reason: &str, turn: &TurnCtx, budget_secs: u64) -> String {
+        let transcript = turn
+            .lock()
+            .transcript
+            .as_ref()
+            .map(|t| t.path().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let inc = Incident {
+            class: class.into(),
+            reason: reason.into(),
+            agent: self.core.info.agent.clone(),
+            verb: self.core.info.verb.clone(),
+            profile: profile_name(self.core.info.profile).into(),
+            budget_secs,
+            transcript_path: transcript,
+            context_label: label(&self.core.info.context_id),
+            turn_label: label(turn.id()),
+            at_unix_ms: now_ms(),
+        };
+        match self.shared.records.incident(&inc) {
+            Ok(p) => p.to_string_lossy().into_owned(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot write incident record");
+                String::new()
+            }
+        }
+    }
+
+    fn finish(&self, turn: &Arc<TurnCtx>, stop: Stop, started: Instant, timeout_secs: u64) {
+        let duration = started.elapsed();
+        if let Some((class, msg)) = &stop.fault {
+            self.incident(class, msg, turn, timeout_secs);
+            turn.emit(Event::Fault(pb::Fault {
+                class: class.clone(),
+                message: msg.clone(),
+            }));
+        }
+        let (refusals, permissions, usage, transcript_path) = {
+            let mut st = turn.lock();
+            let path = st
+                .transcript
+                .as_mut()
+                .map(|t| {
+                    t.record(
+                        "stop",
+                        &json!({"reason": stop.reason, "fault": stop.fault.as_ref().map(|f| &f.0)}),
+                    );
+                    t.finish();
+                    t.path().to_string_lossy().into_owned()
+                })
+                .unwrap_or_default();
+            (
+                std::mem::take(&mut st.refusals),
+                st.permissions,
+                st.usage,
+                path,
+            )
+        };
+        let health = Health {
+            at_unix_ms: now_ms(),
+            agent: self.core.info.agent.clone(),
+            verb: self.core.info.verb.clone(),
+            profile: profile_name(self.core.info.profile).into(),
+            duration_ms: duration.as_millis() as u64,
+            stop_reason: stop.reason.clone(),
+            fault: stop.fault.as_ref().map(|f| f.0.clone()),
+            refusals: refusals.len(),
+            permissions,
+            input_tokens: usage.input_tokens,
+            output_tokens: usage.output_tokens,
+            total_tokens: usage.total_tokens,
+        };
+        if let Err(e) = self.shared.records.health(&health) {
+            tracing::warn!(error = %e, "health record refused");
+        }
+        tracing::info!(
+            context_id = %self.core.info.context_id,
+            turn_id = %turn.id(),
+            task_id = %turn.input.task_id,
+            stop_reason = %stop.reason,
+            refusals = refusals.len(),
+            duration_ms = duration.as_millis() as u64,
+            "turn finished"
+        );
+        turn.emit(Event::Stop(pb::TurnStop {
+            stop_reason: stop.reason,
+            refusals,
+            fault: stop
+                .fault
+                .map(|(class, message)| pb::Fault { class, message }),
+            transcript_path,
+            duration_millis: duration.as_millis() as u64,
+        }));
+    }
+}
+
+/// What the drive loop decided.
+struct DriveOut {
+    stop: Stop,
+    kill: bool,
+    fail_conversation: bool,
+}
+
+impl DriveOut {
+    fn keep(stop: Stop) -> Self {
+        DriveOut {
+            stop,
+            kill: false,
+            fail_conversation: false,
+        }
+    }
+    fn kill(stop: Stop) -> Self {
+        DriveOut {
+            stop,
+            kill: true,
+            fail_conversation: false,
+        }
+    }
+}
+
+/// Ends a turn that never started (removed from the queue, or the conversation closed).
+pub fn finish_unstarted(t: &TurnCtx, reason: &str) {
+    t.emit(Event::Stop(pb::TurnStop {
+        stop_reason: reason.into(),
+        refusals: vec![],
+        fault: None,
+        transcript_path: String::new(),
+        duration_millis: 0,
+    }));
+}
+
+async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
+    match idle {
+        Some(d) => tokio::time::sleep_until((since + d).into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn content_text(c: &[ToolCallContent]) -> String {
+    let mut out = String::new();
+    for item in c {
+        match item {
+            ToolCallContent::Content(content) => {
+                if let Some(t) = content.as_text() {
+                    out.push_str(t);
+                }
+            }
+            ToolCallContent::Diff { path, .. } => {
+                out.push_str("diff ");
+                out.push_str(path);
+            }
+            _ => {}
+        }
+        out.push('\n');
+    }
+    out.truncate(out.trim_end().len());
+    out
+}
+
+pub fn profile_name(p: pb::Profile) -> &'static str {
+    match p {
+        pb::Profile::ReadOnly => "read-only",
+        pb::Profile::WorkspaceWrite => "workspace-write",
+    }
+}

@@ -1,0 +1,21 @@
+//! warden-supervisor: owns every agent process. It makes or validates each conversation's root,
+//! spawns the agent contained (`warden-sandbox`), speaks ACP to it (`warden-acp`), runs one turn
+//! at a time per conversation (FIFO, cancel by id), enforces quotas, and for every
+//! `session/request_permission` asks `PolicyService.Decide` and answers with one of the options
+//! the agent offered (`warden-rules` option choice). It keeps bounded transcripts, sanitized
+//! incident records and a health line per turn under its state directory.
+//!
+//! Must never: decide a permission itself (it enforces; the policy decides — and a slow, failing
+//! or malformed policy answer is a DENY), route a permission to the caller or a question to the
+//! policy, send an option id the agent did not offer or an "always" option, turn a caller's
+//! string into a path, leave an agent process behind after close, cancel, timeout or a crash
+//! (leases are reaped at start-up), or write argv/environment into any record.
+
+pub mod agent;
+pub mod bridge;
+pub mod config;
+pub mod conversation;
+pub mod policy;
+pub mod records;
+pub mod service;
+pub mod turn;

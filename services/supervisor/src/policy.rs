@@ -1,0 +1,185 @@
+//! The permission bridge's policy half: build a `DecideRequest`, call `PolicyService.Decide`
+//! with a deadline, and fail closed (DENY, reason `policy_unavailable`) on any error, timeout or
+//! malformed answer. Then turn the verdict into the ACP answer with `warden_rules::choose_option`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::v1 as pb;
+use warden_proto::v1::policy_service_client::PolicyServiceClient;
+
+/// The rule name of a fail-closed decision.
+pub const POLICY_UNAVAILABLE: &str = "policy_unavailable";
+
+/// A decision as the supervisor will act on it.
+#[derive(Debug, Clone)]
+pub struct Decided {
+    pub decision_id: String,
+    pub verdict: pb::Verdict,
+    pub option_id: Option<String>,
+    pub reason: String,
+    pub rule: String,
+    pub end_turn: bool,
+    pub latency: Duration,
+    /// True when this is the supervisor's own fail-closed DENY.
+    pub failed_closed: bool,
+}
+
+/// A client of the policy service.
+#[derive(Clone)]
+pub struct PolicyClient {
+    client: PolicyServiceClient<Channel>,
+    failures: std::sync::Arc<AtomicU64>,
+}
+
+impl PolicyClient {
+    /// Lazily connects to the socket at `path` (a restarted policy service is found again).
+    pub fn new(path: &std::path::Path) -> Self {
+        PolicyClient {
+            client: PolicyServiceClient::new(warden_daemon::client::unix_channel(path)),
+            failures: Default::default(),
+        }
+    }
+
+    /// How many decisions failed closed so far.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Calls Decide with `deadline`; never fails: a problem is a DENY `policy_unavailable`.
+    pub async fn decide(&self, req: pb::DecideRequest, deadline: Duration) -> Decided {
+        let started = Instant::now();
+        let request_id = req.request_id.clone();
+        let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
+        let mut client = self.client.clone();
+        let mut r = tonic::Request::new(req);
+        r.set_timeout(deadline);
+        let res = tokio::time::timeout(deadline, client.decide(r)).await;
+        let latency = started.elapsed();
+        let why = match res {
+            Err(_) => format!("no answer within {} ms", deadline.as_millis()),
+            Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
+            Ok(Ok(resp)) => {
+                let d = resp.into_inner();
+                match validate(&d, &offered) {
+                    Ok(verdict) => {
+                        return Decided {
+                            decision_id: d.decision_id,
+                            verdict,
+                            option_id: d.option_id,
+                            reason: d.reason,
+                            rule: d.rule,
+                            end_turn: d.end_turn,
+                            latency,
+                            failed_closed: false,
+                        };
+                    }
+                    Err(why) => format!("malformed answer: {why}"),
+                }
+            }
+        };
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(request_id = %request_id, reason = %why, "policy unavailable: denying");
+        Decided {
+            decision_id: format!("local-{}", uuid::Uuid::new_v4().simple()),
+            verdict: pb::Verdict::Deny,
+            option_id: None,
+            reason: format!("{POLICY_UNAVAILABLE}: {why}"),
+            rule: POLICY_UNAVAILABLE.into(),
+            end_turn: false,
+            latency,
+            failed_closed: true,
+        }
+    }
+}
+
+/// Checks a decision against the contract; the verdict when it holds.
+fn validate(d: &pb::Decision, offered: &[String]) -> Result<pb::Verdict, String> {
+    let verdict = pb::Verdict::try_from(d.verdict).map_err(|_| format!("verdict {}", d.verdict))?;
+    if d.decision_id.is_empty() {
+        return Err("empty decision_id".into());
+    }
+    if d.reason.trim().is_empty() {
+        return Err("empty reason".into());
+    }
+    if d.rule.trim().is_empty() {
+        return Err("empty rule".into());
+    }
+    if let Some(id) = &d.option_id
+        && !offered.iter().any(|o| o == id)
+    {
+        return Err(format!("option {id:?} was not offered"));
+    }
+    Ok(verdict)
+}
+
+/// The rules library's verdict for a wire verdict.
+pub fn rules_verdict(v: pb::Verdict) -> warden_rules::Verdict {
+    match v {
+        pb::Verdict::Allow => warden_rules::Verdict::Allow,
+        pb::Verdict::Escalate => warden_rules::Verdict::Escalate,
+        pb::Verdict::Deny => warden_rules::Verdict::Deny,
+    }
+}
+
+/// Wire kind of a rules option kind.
+pub fn option_kind_str(k: &warden_acp::PermissionOptionKind) -> &str {
+    k.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d() -> pb::Decision {
+        pb::Decision {
+            decision_id: "d1".into(),
+            verdict: pb::Verdict::Allow as i32,
+            option_id: None,
+            reason: "ok".into(),
+            rule: "floor.read".into(),
+            end_turn: false,
+        }
+    }
+
+    #[test]
+    fn malformed_decisions_are_refused() {
+        let offered = vec!["allow-once".to_string()];
+        assert_eq!(validate(&d(), &offered).unwrap(), pb::Verdict::Allow);
+        let mut x = d();
+        x.verdict = 99;
+        assert!(validate(&x, &offered).is_err());
+        let mut x = d();
+        x.reason = " ".into();
+        assert!(validate(&x, &offered).is_err());
+        let mut x = d();
+        x.rule.clear();
+        assert!(validate(&x, &offered).is_err());
+        let mut x = d();
+        x.option_id = Some("allow-always".into());
+        assert!(validate(&x, &offered).is_err());
+        let mut x = d();
+        x.decision_id.clear();
+        assert!(validate(&x, &offered).is_err());
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = PolicyClient::new(&dir.path().join("none.sock"));
+        let got = c
+            .decide(
+                pb::DecideRequest {
+                    request_id: "r".into(),
+                    ..Default::default()
+                },
+                Duration::from_millis(200),
+            )
+            .await;
+        assert_eq!(got.verdict, pb::Verdict::Deny);
+        assert_eq!(got.rule, POLICY_UNAVAILABLE);
+        assert!(got.failed_closed);
+        assert_eq!(c.failures(), 1);
+    }
+}

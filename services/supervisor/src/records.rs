@@ -1,0 +1,414 @@
+//! Records under the state directory (seed 004): one bounded transcript per turn, sanitized
+//! incident records for every fault, one health line per finished turn.
+//!
+//! Incident records never hold argv or environment: only the fault class, reason, agent, verb,
+//! profile, budget and transcript path. The health file and every record refuse symlinks and
+//! hard links: new files are created with `O_EXCL | O_NOFOLLOW`, and the append-only health file
+//! is opened with `O_NOFOLLOW | O_NONBLOCK` and must be a regular file with a single link.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot create {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("refusing {path}: {why}")]
+    Refused { path: PathBuf, why: &'static str },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A caller-chosen string made safe for a file name: ASCII letters, digits, `-`, `_`, at most
+/// 32 characters; everything else becomes `_`. Never empty.
+pub fn label(s: &str) -> String {
+    let l: String = s
+        .chars()
+        .take(32)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if l.is_empty() { "_".into() } else { l }
+}
+
+fn ensure_dir(p: &Path) -> Result<(), RecordError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(p)
+        .map_err(|source| RecordError::Create {
+            path: p.to_path_buf(),
+            source,
+        })?;
+    let meta = std::fs::symlink_metadata(p).map_err(|source| RecordError::Create {
+        path: p.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(RecordError::Refused {
+            path: p.to_path_buf(),
+            why: "not a directory (a symlink?)",
+        });
+    }
+    Ok(())
+}
+
+/// Creates a new file; an existing name (file, symlink, hard link) is refused.
+fn create_new(path: &Path) -> Result<File, RecordError> {
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|source| RecordError::Create {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Where records go.
+#[derive(Debug, Clone)]
+pub struct Records {
+    root: PathBuf,
+    transcript_limit: usize,
+}
+
+impl Records {
+    /// Makes `<state>/transcripts` and `<state>/incidents`.
+    pub fn new(state_dir: &Path, transcript_limit: usize) -> Result<Self, RecordError> {
+        ensure_dir(&state_dir.join("transcripts"))?;
+        ensure_dir(&state_dir.join("incidents"))?;
+        Ok(Records {
+            root: state_dir.to_path_buf(),
+            transcript_limit,
+        })
+    }
+
+    pub fn health_path(&self) -> PathBuf {
+        self.root.join("health.jsonl")
+    }
+
+    pub fn incidents_dir(&self) -> PathBuf {
+        self.root.join("incidents")
+    }
+
+    /// A new transcript for one turn of the conversation labelled `context`.
+    pub fn transcript(&self, context: &str, turn: &str) -> Result<Transcript, RecordError> {
+        let dir = self.root.join("transcripts").join(label(context));
+        ensure_dir(&dir)?;
+        let name = format!(
+            "{}-{}-{}.jsonl",
+            now_ms(),
+            label(turn),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let path = dir.join(name);
+        let file = create_new(&path)?;
+        Ok(Transcript {
+            path,
+            out: Some(BufWriter::new(file)),
+            written: 0,
+            limit: self.transcript_limit,
+            truncated: false,
+        })
+    }
+
+    /// Writes one incident record; returns its path.
+    pub fn incident(&self, inc: &Incident) -> Result<PathBuf, RecordError> {
+        let path = self.incidents_dir().join(format!(
+            "{}-{}-{}.json",
+            inc.at_unix_ms,
+            label(&inc.class),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ));
+        let mut f = create_new(&path)?;
+        let text = serde_json::to_vec_pretty(inc).unwrap_or_default();
+        f.write_all(&text)
+            .and_then(|_| f.write_all(b"\n"))
+            .map_err(|source| RecordError::Write {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(path)
+    }
+
+    /// Appends one line to `health.jsonl`, refusing a symlink, a FIFO or any non-regular file,
+    /// and a file with more than one link.
+    pub fn health(&self, h: &Health) -> Result<(), RecordError> {
+        let path = self.health_path();
+        let mut f = OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            // NONBLOCK: a FIFO planted in its place cannot stall the open.
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(&path)
+            .map_err(|source| {
+                if source.raw_os_error() == Some(libc::ELOOP) {
+                    RecordError::Refused {
+                        path: path.clone(),
+                        why: "it is a symlink",
+                    }
+                } else {
+                    RecordError::Create {
+                        path: path.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let meta = f.metadata().map_err(|source| RecordError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        if !meta.file_type().is_file() {
+            return Err(RecordError::Refused {
+                path,
+                why: "not a regular file",
+            });
+        }
+        if meta.nlink() != 1 {
+            return Err(RecordError::Refused {
+                path,
+                why: "it has more than one link",
+            });
+        }
+        let mut line = serde_json::to_vec(h).unwrap_or_default();
+        line.push(b'\n');
+        f.write_all(&line)
+            .map_err(|source| RecordError::Write { path, source })
+    }
+}
+
+/// One turn's transcript: JSON lines, bounded; past the bound one `truncated` line is written
+/// and the rest is dropped.
+pub struct Transcript {
+    path: PathBuf,
+    out: Option<BufWriter<File>>,
+    written: usize,
+    limit: usize,
+    truncated: bool,
+}
+
+/// Room kept for the final truncation marker.
+const WRAPPER_RESERVE: usize = 128;
+
+impl Transcript {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn truncated(&self) -> bool {
+        self.truncated
+    }
+
+    /// Appends `{"t":ms,"kind":kind,"data":data}`.
+    pub fn record(&mut self, kind: &str, data: &serde_json::Value) {
+        if self.truncated {
+            return;
+        }
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let line = serde_json::json!({"t": now_ms(), "kind": kind, "data": data});
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        if self.written + bytes.len() + WRAPPER_RESERVE > self.limit {
+            self.truncated = true;
+            let marker = format!(
+                "{{\"t\":{},\"kind\":\"truncated\",\"data\":{{\"limit\":{}}}}}\n",
+                now_ms(),
+                self.limit
+            );
+            let _ = out.write_all(marker.as_bytes());
+            self.written += marker.len();
+            return;
+        }
+        if out.write_all(&bytes).is_err() {
+            self.out = None;
+            return;
+        }
+        self.written += bytes.len();
+    }
+
+    pub fn finish(&mut self) {
+        if let Some(mut out) = self.out.take() {
+            let _ = out.flush();
+        }
+    }
+}
+
+impl Drop for Transcript {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// A sanitized fault record. No argv, no environment, no task text.
+#[derive(Debug, Clone, Serialize)]
+pub struct Incident {
+    pub class: String,
+    pub reason: String,
+    pub agent: String,
+    pub verb: String,
+    pub profile: String,
+    pub budget_secs: u64,
+    pub transcript_path: String,
+    pub context_label: String,
+    pub turn_label: String,
+    pub at_unix_ms: u64,
+}
+
+/// One finished turn.
+#[derive(Debug, Clone, Serialize)]
+pub struct Health {
+    pub at_unix_ms: u64,
+    pub agent: String,
+    pub verb: String,
+    pub profile: String,
+    pub duration_ms: u64,
+    pub stop_reason: String,
+    pub fault: Option<String>,
+    pub refusals: usize,
+    pub permissions: usize,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health() -> Health {
+        Health {
+            at_unix_ms: 1,
+            agent: "a".into(),
+            verb: "task".into(),
+            profile: "read-only".into(),
+            duration_ms: 2,
+            stop_reason: "end_turn".into(),
+            fault: None,
+            refusals: 0,
+            permissions: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            total_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn labels_are_safe() {
+        assert_eq!(label("../../etc"), "______etc");
+        assert_eq!(label(""), "_");
+        assert_eq!(label("ctx-1_a"), "ctx-1_a");
+        assert_eq!(label(&"x".repeat(100)).len(), 32);
+    }
+
+    #[test]
+    fn health_refuses_symlink_and_hard_link() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Records::new(d.path(), 1024).unwrap();
+        r.health(&health()).unwrap();
+        r.health(&health()).unwrap();
+        let text = std::fs::read_to_string(r.health_path()).unwrap();
+        assert_eq!(text.lines().count(), 2);
+
+        // A hard link to the health file elsewhere: refused, target untouched.
+        let other = d.path().join("elsewhere");
+        std::fs::hard_link(r.health_path(), &other).unwrap();
+        assert!(matches!(
+            r.health(&health()),
+            Err(RecordError::Refused { .. })
+        ));
+        assert_eq!(std::fs::read_to_string(&other).unwrap().lines().count(), 2);
+
+        // A symlink in its place: refused, target untouched.
+        std::fs::remove_file(r.health_path()).unwrap();
+        let target = d.path().join("target");
+        std::fs::write(&target, "keep\n").unwrap();
+        std::os::unix::fs::symlink(&target, r.health_path()).unwrap();
+        assert!(matches!(
+            r.health(&health()),
+            Err(RecordError::Refused { .. })
+        ));
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep\n");
+    }
+
+    #[test]
+    fn health_refuses_a_fifo_without_blocking() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Records::new(d.path(), 1024).unwrap();
+        nix::unistd::mkfifo(&r.health_path(), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        // O_WRONLY|O_NONBLOCK on a FIFO without a reader fails (ENXIO) rather than blocking.
+        assert!(r.health(&health()).is_err());
+    }
+
+    #[test]
+    fn transcript_is_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Records::new(d.path(), 1024).unwrap();
+        let mut t = r.transcript("../ctx", "turn/1").unwrap();
+        assert!(t.path().starts_with(d.path().join("transcripts")));
+        for i in 0..200 {
+            t.record("chunk", &serde_json::json!({"i": i, "text": "hello world"}));
+        }
+        t.finish();
+        assert!(t.truncated());
+        let len = std::fs::metadata(t.path()).unwrap().len();
+        assert!(len <= 1024, "{len}");
+        let text = std::fs::read_to_string(t.path()).unwrap();
+        assert!(text.lines().last().unwrap().contains("truncated"));
+    }
+
+    #[test]
+    fn incidents_hold_only_sanitized_fields() {
+        let d = tempfile::tempdir().unwrap();
+        let r = Records::new(d.path(), 1024).unwrap();
+        let p = r
+            .incident(&Incident {
+                class: "timeout".into(),
+                reason: "hard cutoff".into(),
+                agent: "scripted".into(),
+                verb: "task".into(),
+                profile: "read-only".into(),
+                budget_secs: 1,
+                transcript_path: "/x".into(),
+                context_label: label("c"),
+                turn_label: label("t"),
+                at_unix_ms: 5,
+            })
+            .unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+        assert!(!keys.iter().any(|k| k.contains("arg") || k.contains("env")));
+    }
+}

@@ -1,0 +1,566 @@
+//! The conversation registry (single-flight open) and the gRPC services it serves:
+//! `SupervisorService` (to the gateway only) and `AdminService` (status).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use futures::Stream;
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status};
+use warden_proto::v1 as pb;
+use warden_proto::v1::admin_service_server::AdminService;
+use warden_proto::v1::supervisor_service_server::SupervisorService;
+use warden_proto::v1::turn_event::Event;
+
+use crate::agent::StartError;
+use crate::bridge::{ConvCore, ConvInfo, Live};
+use crate::config::{AgentConfig, Network, Settings};
+use crate::conversation::Conversation;
+use crate::policy::PolicyClient;
+use crate::records::Records;
+use crate::turn::{TurnCtx, TurnInput};
+
+/// Longest accepted context id / turn id (bytes).
+const MAX_ID: usize = 256;
+
+/// What every conversation shares.
+pub struct Shared {
+    pub settings: Settings,
+    pub policy: PolicyClient,
+    pub records: Records,
+    pub roots: warden_sandbox::OwnedRoots,
+    pub workspaces: warden_sandbox::WorkspacePolicy,
+    pub spawner: warden_sandbox::Spawner,
+    pub depth: warden_sandbox::DepthGuard,
+}
+
+pub type Spawned = (
+    warden_sandbox::ProcessTree,
+    ChildStdin,
+    ChildStdout,
+    Option<ChildStderr>,
+);
+
+impl Shared {
+    /// Spawns `cfg` contained in the conversation's root.
+    pub async fn spawn_agent(
+        &self,
+        core: &ConvCore,
+        cfg: &AgentConfig,
+    ) -> Result<Spawned, StartError> {
+        let program = self
+            .settings
+            .agent_program(cfg)
+            .map_err(StartError::Spawn)?;
+        let keys: Vec<String> = cfg
+            .env
+            .iter()
+            .cloned()
+            .chain(cfg.set_env.keys().cloned())
+            .collect();
+        let policy = warden_sandbox::EnvPolicy::new(keys, &self.settings.file.sandbox.env_extra)
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        let env = policy.build_from(
+            std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
+        );
+        let boundary = warden_sandbox::Boundary {
+            root: core.info.root.clone(),
+            owned: core.info.owned,
+            allow_execute: core.info.allow_execute,
+            profile: match core.info.profile {
+                pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
+                pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
+            },
+        };
+        let mut spec = warden_sandbox::SpawnSpec::new(
+            core.info.context_id.clone(),
+            program,
+            boundary,
+            env,
+            self.depth,
+        );
+        spec.args = cfg.args.iter().map(Into::into).collect();
+        spec.network = match cfg.network {
+            Network::None => warden_sandbox::Network::None,
+            Network::Host => warden_sandbox::Network::Host,
+        };
+        spec.limits = warden_sandbox::Limits {
+            memory_max: cfg.memory_max_bytes,
+            pids_max: cfg.max_processes,
+            cpu_max: None,
+        };
+        let spawned = self
+            .spawner
+            .spawn(spec)
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        let mut tree = spawned.tree;
+        let stdin = tree
+            .take_stdin()
+            .ok_or_else(|| StartError::Spawn("the agent has no stdin".into()))?;
+        Ok((tree, stdin, spawned.stdout, Some(spawned.stderr)))
+    }
+}
+
+struct Slot {
+    conv: tokio::sync::Mutex<Option<Arc<Conversation>>>,
+}
+
+/// The supervisor: the registry of conversations.
+pub struct Supervisor {
+    pub shared: Arc<Shared>,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Cancels for turns of conversations that are not open yet.
+    early_cancels: Mutex<HashMap<String, Vec<String>>>,
+    started: Instant,
+    pub listeners: Mutex<Vec<String>>,
+}
+
+fn check_id(what: &str, s: &str) -> Result<(), Status> {
+    if s.is_empty() {
+        return Err(Status::invalid_argument(format!("{what} is required")));
+    }
+    if s.len() > MAX_ID {
+        return Err(Status::invalid_argument(format!(
+            "{what} is longer than {MAX_ID} bytes"
+        )));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "{what} contains control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl Supervisor {
+    pub fn new(shared: Shared) -> Arc<Self> {
+        Arc::new(Supervisor {
+            shared: Arc::new(shared),
+            slots: Mutex::new(HashMap::new()),
+            early_cancels: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn slot(&self, context_id: &str) -> Arc<Slot> {
+        let mut m = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(context_id.to_string())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    conv: tokio::sync::Mutex::new(None),
+                })
+            })
+            .clone()
+    }
+
+    fn existing(&self, context_id: &str) -> Option<Arc<Slot>> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(context_id)
+            .cloned()
+    }
+
+    /// Open or return the open conversation. Concurrent calls for one context wait on the same
+    /// slot, so exactly one agent is started; a failed start leaves nothing behind.
+    pub async fn open(
+        &self,
+        req: &pb::OpenConversationRequest,
+    ) -> Result<Arc<Conversation>, Status> {
+        check_id("context_id", &req.context_id)?;
+        let slot = self.slot(&req.context_id);
+        let mut guard = slot.conv.lock().await;
+        if let Some(c) = guard.as_ref() {
+            let st = c.st().status;
+            if !matches!(
+                st,
+                pb::ConversationState::Closed | pb::ConversationState::Failed
+            ) {
+                return Ok(c.clone());
+            }
+        }
+        let s = &self.shared.settings;
+        let (agent_name, agent_cfg) = s.agent(&req.agent).ok_or_else(|| {
+            Status::invalid_argument(format!("no configured agent {:?}", req.agent))
+        })?;
+        let agent_cfg = agent_cfg.clone();
+        let profile = pb::Profile::try_from(req.profile)
+            .map_err(|_| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
+        let sprof = match profile {
+            pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
+            pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
+        };
+        let boundary = if req.workspace.is_empty() {
+            let existing = self
+                .shared
+                .roots
+                .get(&req.context_id)
+                .map_err(|e| Status::internal(format!("sandbox registry: {e}")))?;
+            match existing {
+                Some(b) => b,
+                None => self
+                    .shared
+                    .roots
+                    .create(&req.context_id, false, sprof)
+                    .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?,
+            }
+        } else {
+            let w = s.file.workspaces.get(&req.workspace).ok_or_else(|| {
+                Status::invalid_argument(format!("no configured workspace {:?}", req.workspace))
+            })?;
+            self.shared
+                .workspaces
+                .validate(&w.path, w.allow_execute, sprof)
+                .map_err(|e| Status::failed_precondition(e.to_string()))?
+        };
+        let core = Arc::new(ConvCore {
+            info: ConvInfo {
+                context_id: req.context_id.clone(),
+                agent: agent_name.to_string(),
+                principal: req.principal.clone(),
+                verb: if req.verb.is_empty() {
+                    "task".into()
+                } else {
+                    req.verb.clone()
+                },
+                root: boundary.root.clone(),
+                owned: boundary.owned,
+                allow_execute: boundary.allow_execute,
+                profile,
+            },
+            live: Mutex::new(Live::default()),
+            policy: self.shared.policy.clone(),
+            deadline: s.decide_deadline(&agent_cfg),
+        });
+        let conv = match Conversation::open(core, agent_cfg, self.shared.clone()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(context_id = %req.context_id, error = %e, "conversation failed to start");
+                let _ = self.shared.records.incident(&crate::records::Incident {
+                    class: e.class().into(),
+                    reason: e.to_string(),
+                    agent: agent_name.to_string(),
+                    verb: req.verb.clone(),
+                    profile: crate::conversation::profile_name(profile).into(),
+                    budget_secs: 0,
+                    transcript_path: String::new(),
+                    context_label: crate::records::label(&req.context_id),
+                    turn_label: String::new(),
+                    at_unix_ms: crate::records::now_ms(),
+                });
+                drop(guard);
+                self.forget(&req.context_id, &slot);
+                return Err(Status::unavailable(format!("startup fault: {e}")));
+            }
+        };
+        if let Some(ids) = self
+            .early_cancels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req.context_id)
+        {
+            for id in ids {
+                conv.cancel_turn(&id);
+            }
+        }
+        *guard = Some(conv.clone());
+        Ok(conv)
+    }
+
+    fn forget(&self, context_id: &str, slot: &Arc<Slot>) {
+        let mut m = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(context_id).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            m.remove(context_id);
+        }
+    }
+
+    pub async fn get(&self, context_id: &str) -> Option<Arc<Conversation>> {
+        let slot = self.existing(context_id)?;
+        let g = slot.conv.lock().await;
+        g.clone()
+    }
+
+    pub async fn close(&self, context_id: &str) -> pb::CloseConversationResponse {
+        let Some(slot) = self.existing(context_id) else {
+            return pb::CloseConversationResponse::default();
+        };
+        let conv = slot.conv.lock().await.take();
+        self.forget(context_id, &slot);
+        match conv {
+            Some(c) => {
+                let (forced, processes) = c.close().await;
+                pb::CloseConversationResponse {
+                    closed: true,
+                    forced,
+                    processes,
+                }
+            }
+            None => pb::CloseConversationResponse::default(),
+        }
+    }
+
+    /// Closes everything (shutdown).
+    pub async fn close_all(self: &Arc<Self>) {
+        let ids: Vec<String> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let mut set = tokio::task::JoinSet::new();
+        for id in ids {
+            let me = self.clone();
+            set.spawn(async move { me.close(&id).await });
+        }
+        while set.join_next().await.is_some() {}
+    }
+
+    pub async fn conversations(&self) -> Vec<Arc<Conversation>> {
+        let slots: Vec<Arc<Slot>> = self
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut out = Vec::new();
+        for s in slots {
+            if let Ok(g) = s.conv.try_lock()
+                && let Some(c) = g.as_ref()
+            {
+                out.push(c.clone());
+            }
+        }
+        out
+    }
+
+    fn status(&self, count: usize) -> pb::StatusResponse {
+        let mut details = HashMap::new();
+        details.insert("conversations".to_string(), count.to_string());
+        details.insert(
+            "policy_failures".to_string(),
+            self.shared.policy.failures().to_string(),
+        );
+        details.insert(
+            "bubblewrap".to_string(),
+            self.shared.spawner.bwrap().is_some().to_string(),
+        );
+        details.insert(
+            "cgroup".to_string(),
+            self.shared.spawner.cgroups().is_some().to_string(),
+        );
+        pb::StatusResponse {
+            daemon: "warden-supervisor".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_seconds: self.started.elapsed().as_secs(),
+            listeners: self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
+            details,
+        }
+    }
+}
+
+/// The gRPC face (cheap clone).
+#[derive(Clone)]
+pub struct Api(pub Arc<Supervisor>);
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TurnEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl SupervisorService for Api {
+    async fn open_conversation(
+        &self,
+        req: Request<pb::OpenConversationRequest>,
+    ) -> Result<Response<pb::ConversationInfo>, Status> {
+        let c = self.0.open(req.get_ref()).await?;
+        Ok(Response::new(c.info()))
+    }
+
+    async fn close_conversation(
+        &self,
+        req: Request<pb::CloseConversationRequest>,
+    ) -> Result<Response<pb::CloseConversationResponse>, Status> {
+        check_id("context_id", &req.get_ref().context_id)?;
+        Ok(Response::new(self.0.close(&req.get_ref().context_id).await))
+    }
+
+    type RunTurnStream = EventStream;
+
+    async fn run_turn(
+        &self,
+        req: Request<pb::RunTurnRequest>,
+    ) -> Result<Response<Self::RunTurnStream>, Status> {
+        let r = req.into_inner();
+        check_id("context_id", &r.context_id)?;
+        check_id("turn_id", &r.turn_id)?;
+        let limit = self.0.shared.settings.limits().task_text_bytes;
+        // Refused before anything starts: no conversation is opened, no agent spawned.
+        if r.text.len() > limit {
+            return Err(Status::invalid_argument(format!(
+                "prompt-too-large: task text is {} bytes, the limit is {limit}",
+                r.text.len()
+            )));
+        }
+        if r.text.trim().is_empty() {
+            return Err(Status::invalid_argument("task text is empty"));
+        }
+        let conv = match self.0.get(&r.context_id).await {
+            Some(c)
+                if !matches!(
+                    c.st().status,
+                    pb::ConversationState::Closed | pb::ConversationState::Failed
+                ) =>
+            {
+                c
+            }
+            _ => {
+                let mut open = r.open.clone().unwrap_or_default();
+                if open.context_id.is_empty() {
+                    open.context_id = r.context_id.clone();
+                }
+                if open.context_id != r.context_id {
+                    return Err(Status::invalid_argument(
+                        "open.context_id differs from context_id",
+                    ));
+                }
+                self.0.open(&open).await?
+            }
+        };
+        let (turn, rx) = TurnCtx::new(
+            TurnInput {
+                id: r.turn_id.clone(),
+                text: r.text,
+                message_id: r.message_id,
+                task_id: r.task_id,
+                timeout_secs: r.timeout_seconds as u64,
+            },
+            self.0.shared.settings.limits().output_bytes,
+        );
+        let pos = conv.enqueue(turn.clone())?;
+        if pos > 0 {
+            turn.emit(Event::Queued(pb::TurnQueued {
+                position: pos as u32,
+            }));
+        }
+        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    async fn answer_question(
+        &self,
+        req: Request<pb::AnswerQuestionRequest>,
+    ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
+        let r = req.into_inner();
+        check_id("context_id", &r.context_id)?;
+        let resp = match r.action.as_str() {
+            "accept" => {
+                let content = if r.content_json.is_empty() {
+                    serde_json::Value::Object(Default::default())
+                } else {
+                    serde_json::from_str(&r.content_json).map_err(|e| {
+                        Status::invalid_argument(format!("content_json is not JSON: {e}"))
+                    })?
+                };
+                warden_acp::ElicitationResponse::Accept { content }
+            }
+            "decline" => warden_acp::ElicitationResponse::Decline,
+            "cancel" => warden_acp::ElicitationResponse::Cancel,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "action must be accept, decline or cancel, not {other:?}"
+                )));
+            }
+        };
+        let delivered = match self.0.get(&r.context_id).await {
+            Some(c) => c.answer_question(&r.turn_id, &r.question_id, resp),
+            None => false,
+        };
+        Ok(Response::new(pb::AnswerQuestionResponse { delivered }))
+    }
+
+    async fn cancel_turn(
+        &self,
+        req: Request<pb::CancelTurnRequest>,
+    ) -> Result<Response<pb::CancelTurnResponse>, Status> {
+        let r = req.into_inner();
+        check_id("context_id", &r.context_id)?;
+        check_id("turn_id", &r.turn_id)?;
+        let outcome = match self.0.get(&r.context_id).await {
+            Some(c) => c.cancel_turn(&r.turn_id),
+            None => {
+                let mut m = self
+                    .0
+                    .early_cancels
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if m.len() < 4096 {
+                    let v = m.entry(r.context_id.clone()).or_default();
+                    if v.len() < 64 {
+                        v.push(r.turn_id.clone());
+                    }
+                }
+                "pending"
+            }
+        };
+        Ok(Response::new(pb::CancelTurnResponse {
+            outcome: outcome.into(),
+        }))
+    }
+
+    async fn list_conversations(
+        &self,
+        req: Request<pb::ListConversationsRequest>,
+    ) -> Result<Response<pb::ListConversationsResponse>, Status> {
+        let p = &req.get_ref().principal;
+        let conversations = self
+            .0
+            .conversations()
+            .await
+            .into_iter()
+            .filter(|c| p.is_empty() || &c.core.info.principal == p)
+            .map(|c| c.info())
+            .collect();
+        Ok(Response::new(pb::ListConversationsResponse {
+            conversations,
+        }))
+    }
+
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let n = self.0.conversations().await.len();
+        Ok(Response::new(self.0.status(n)))
+    }
+}
+
+#[tonic::async_trait]
+impl AdminService for Api {
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let n = self.0.conversations().await.len();
+        Ok(Response::new(self.0.status(n)))
+    }
+
+    async fn audit_query(
+        &self,
+        _req: Request<pb::AuditQueryRequest>,
+    ) -> Result<Response<pb::AuditQueryResponse>, Status> {
+        Err(Status::unimplemented("audit records live in warden-policy"))
+    }
+
+    async fn reload(
+        &self,
+        _req: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadResponse>, Status> {
+        Err(Status::unimplemented(
+            "the supervisor does not reload configuration",
+        ))
+    }
+}

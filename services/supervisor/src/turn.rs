@@ -1,0 +1,158 @@
+//! One turn's shared state: its event stream (sequence-numbered), cancel and end requests, the
+//! refusals collected for the stop event, pending questions, tool-call locations for merging
+//! into permission requests, retained-output accounting and the transcript.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use warden_acp::ElicitationResponse;
+use warden_proto::v1 as pb;
+use warden_proto::v1::turn_event::Event;
+
+use crate::records::Transcript;
+
+/// Why a turn is being ended early (other than by the agent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndRequest {
+    /// CancelTurn from the caller.
+    Cancel,
+    /// A decision with end_turn (or no refusal option offered): the turn is cancelled; with a
+    /// fault class when it is a failure (permission-prompt-unavailable).
+    Decision { fault: Option<(String, String)> },
+    /// Retained output passed the bound.
+    OutputLimit,
+    /// The agent escalated its mode and it could not be set back.
+    ModeEscalation(String),
+}
+
+/// What the turn was asked to do.
+#[derive(Debug, Clone)]
+pub struct TurnInput {
+    pub id: String,
+    pub text: String,
+    pub message_id: String,
+    pub task_id: String,
+    pub timeout_secs: u64,
+}
+
+#[derive(Default)]
+pub struct TurnMut {
+    pub refusals: Vec<pb::Refusal>,
+    pub questions: HashMap<String, oneshot::Sender<ElicitationResponse>>,
+    /// Locations, kind and title of tool calls seen in this session's updates, by id.
+    pub tools: HashMap<String, ToolSeen>,
+    pub end: Option<EndRequest>,
+    pub permissions: usize,
+    pub output_bytes: usize,
+    pub usage: pb::Usage,
+    /// Option ids of ALLOWed switch_mode decisions not yet matched by a mode update.
+    pub allowed_switches: Vec<String>,
+    pub transcript: Option<Transcript>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ToolSeen {
+    pub kind: String,
+    pub title: String,
+    pub locations: Vec<pb::Location>,
+    pub raw_input_json: String,
+}
+
+/// A turn, queued or active.
+pub struct TurnCtx {
+    pub input: TurnInput,
+    seq: AtomicU64,
+    tx: mpsc::UnboundedSender<Result<pb::TurnEvent, tonic::Status>>,
+    /// Requested by CancelTurn (or internally): the turn ends cancelled.
+    pub cancel: CancellationToken,
+    /// Set on any early end (cancel, end_turn decision, output limit, ...).
+    pub end: CancellationToken,
+    pub state: Mutex<TurnMut>,
+    output_limit: usize,
+}
+
+pub type EventRx = mpsc::UnboundedReceiver<Result<pb::TurnEvent, tonic::Status>>;
+
+impl TurnCtx {
+    pub fn new(input: TurnInput, output_limit: usize) -> (std::sync::Arc<Self>, EventRx) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (
+            std::sync::Arc::new(TurnCtx {
+                input,
+                seq: AtomicU64::new(0),
+                tx,
+                cancel: CancellationToken::new(),
+                end: CancellationToken::new(),
+                state: Mutex::new(TurnMut::default()),
+                output_limit,
+            }),
+            rx,
+        )
+    }
+
+    pub fn id(&self) -> &str {
+        &self.input.id
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, TurnMut> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends one event (a client that went away is not an error: the turn goes on).
+    pub fn emit(&self, ev: Event) {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let _ = self.tx.send(Ok(pb::TurnEvent {
+            turn_id: self.input.id.clone(),
+            seq,
+            event: Some(ev),
+        }));
+    }
+
+    /// Records `kind`/`data` in the transcript (if open).
+    pub fn record(&self, kind: &str, data: serde_json::Value) {
+        if let Some(t) = self.lock().transcript.as_mut() {
+            t.record(kind, &data);
+        }
+    }
+
+    /// Asks the turn to end; the first reason wins.
+    pub fn request_end(&self, why: EndRequest) {
+        {
+            let mut st = self.lock();
+            if st.end.is_none() {
+                st.end = Some(why.clone());
+            }
+        }
+        if why == EndRequest::Cancel {
+            self.cancel.cancel();
+        }
+        self.end.cancel();
+    }
+
+    pub fn end_reason(&self) -> Option<EndRequest> {
+        self.lock().end.clone()
+    }
+
+    /// Counts retained output; past the bound the turn is asked to end with `output-limit`.
+    pub fn add_output(&self, n: usize) {
+        let over = {
+            let mut st = self.lock();
+            st.output_bytes = st.output_bytes.saturating_add(n);
+            st.output_bytes > self.output_limit
+        };
+        if over {
+            self.request_end(EndRequest::OutputLimit);
+        }
+    }
+
+    /// Answers every open question `cancel` (the turn is over or cancelled).
+    pub fn cancel_questions(&self) {
+        let qs: Vec<_> = self.lock().questions.drain().collect();
+        for (_, tx) in qs {
+            let _ = tx.send(ElicitationResponse::Cancel);
+        }
+    }
+}
