@@ -480,6 +480,10 @@ fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>)
     {
         push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
     }
+    // The sandbox's own `/` is a tmpfs holding the mount points bwrap created (every parent of
+    // the root, for instance); without this, writes there would succeed (into memory) and look
+    // like writes outside the root.
+    push(&["--remount-ro".as_ref(), "/".as_ref()]);
     push(&["--chdir".as_ref(), cwd.as_os_str(), "--".as_ref()]);
     a
 }
