@@ -1,0 +1,501 @@
+//! Scenario format, where a turn's steps come from (inline JSON, TCK prefix,
+//! scenario file, or the demo reading of a plain prompt).
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::vocab::Vocab;
+
+/// What the agent does when the client sends `session/cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnCancel {
+    /// Answer the prompt `stopReason: cancelled` (what the spec requires).
+    #[default]
+    Cancelled,
+    /// Misbehave: answer `end_turn` after a cancel.
+    EndTurn,
+    /// Misbehave: never answer the prompt.
+    Never,
+}
+
+/// A scenario: settings plus the steps of each turn.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Default option vocabulary of permission steps.
+    #[serde(default)]
+    pub vocabulary: Option<Vocab>,
+    /// Mode a new session starts in (`"adapter"` = the real adapter's default,
+    /// e.g. `auto` for claude-0.101, `agent` for codex-2.6). Without it the
+    /// session starts in the adapter's prompting mode.
+    #[serde(default)]
+    pub initial_mode: Option<String>,
+    /// Switch the session to this mode when the turn starts.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// Cancel behaviour.
+    #[serde(default)]
+    pub on_cancel: OnCancel,
+    /// Permission report file (JSON lines), relative to the session cwd.
+    #[serde(default)]
+    pub report: Option<String>,
+    /// Use string (UUID) ids for the agent's requests (default: codex-0.16 yes).
+    #[serde(default)]
+    pub string_ids: Option<bool>,
+    /// Keep running after stdin closes.
+    #[serde(default)]
+    pub ignore_stdin_eof: bool,
+    /// Steps of every turn (when `turns` is empty).
+    #[serde(default)]
+    pub steps: Vec<Step>,
+    /// Steps per turn, in order; the last one repeats.
+    #[serde(default)]
+    pub turns: Vec<Vec<Step>>,
+}
+
+impl Scenario {
+    /// Steps for the `n`th prompt (0-based).
+    pub fn steps_for(&self, n: usize) -> Vec<Step> {
+        if self.turns.is_empty() {
+            self.steps.clone()
+        } else {
+            self.turns[n.min(self.turns.len() - 1)].clone()
+        }
+    }
+}
+
+/// A permission-asking tool call.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolStep {
+    /// `edit`, `read`, `delete`, `execute`, `fetch`, `search`, `other`.
+    pub kind: String,
+    /// File path (relative to cwd, or absolute).
+    #[serde(default)]
+    pub path: Option<String>,
+    /// New file content for `edit`.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// Shell command for `execute` (run with `sh -c`).
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Title override.
+    #[serde(default)]
+    pub title: Option<String>,
+    /// Vocabulary override.
+    #[serde(default)]
+    pub vocabulary: Option<Vocab>,
+    /// `true`: always ask; `false`: never ask; absent: as the adapter in its mode.
+    #[serde(default)]
+    pub ask: Option<bool>,
+    /// Offer the "always" option where the adapter only sometimes does.
+    #[serde(default)]
+    pub offer_always: Option<bool>,
+    /// Codex: offer the turn-keeping refusal (`denied` / `decline`).
+    #[serde(default)]
+    pub offer_decline: Option<bool>,
+    /// Extra raw options appended to the offered list (e.g. an unknown kind).
+    #[serde(default)]
+    pub extra_options: Vec<Value>,
+    /// `client` (fs/*, terminal/*) or `direct`; default: as the adapter does.
+    #[serde(default)]
+    pub via: Option<String>,
+    /// Tool call id override.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// One scenario step.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Step {
+    /// `agent_message_chunk`.
+    Message {
+        /// Text.
+        text: String,
+    },
+    /// `agent_thought_chunk`.
+    Thought {
+        /// Text.
+        text: String,
+    },
+    /// `user_message_chunk`.
+    UserMessage {
+        /// Text.
+        text: String,
+    },
+    /// `plan` with entries `{content, priority, status}`.
+    Plan {
+        /// Entries.
+        entries: Vec<Value>,
+    },
+    /// `usage_update`.
+    Usage {
+        /// Used tokens.
+        used: u64,
+        /// Context size.
+        size: u64,
+        /// Optional cost.
+        #[serde(default)]
+        cost: Option<Value>,
+    },
+    /// `available_commands_update`.
+    Commands {
+        /// Commands `{name, description}`.
+        commands: Vec<Value>,
+    },
+    /// Any `session/update` body (e.g. an unknown variant).
+    Update {
+        /// The `update` object.
+        update: Value,
+    },
+    /// A raw line on stdout.
+    Raw {
+        /// The line.
+        line: String,
+    },
+    /// A line that is not JSON.
+    Malformed {
+        /// The line (default: broken JSON).
+        #[serde(default)]
+        line: Option<String>,
+    },
+    /// A valid `agent_message_chunk` line of about `bytes` bytes.
+    Oversized {
+        /// Size.
+        bytes: usize,
+    },
+    /// `elicitation/create`, then a message with the answer.
+    Question {
+        /// The question.
+        message: String,
+        /// Form schema (default: one string field `answer`).
+        #[serde(default)]
+        schema: Option<Value>,
+    },
+    /// A tool call with a permission request.
+    Tool(Box<ToolStep>),
+    /// Ask to leave plan mode (Claude ExitPlanMode, Codex 2.6 plan review).
+    PlanExit {
+        /// Vocabulary override.
+        #[serde(default)]
+        vocabulary: Option<Vocab>,
+        /// Plan text.
+        #[serde(default)]
+        plan: Option<String>,
+    },
+    /// Switch mode and emit `current_mode_update`.
+    Mode {
+        /// Mode id.
+        mode: String,
+    },
+    /// Sleep (cancellable).
+    Sleep {
+        /// Milliseconds.
+        ms: u64,
+    },
+    /// Spawn a sleeping child (for containment tests).
+    Spawn {
+        /// The child ignores SIGTERM.
+        #[serde(default)]
+        ignore_term: bool,
+        /// The child starts a grandchild that calls setsid and ignores SIGTERM.
+        #[serde(default)]
+        grandchild_setsid: bool,
+        /// Each process appends its pid here (relative to cwd).
+        #[serde(default)]
+        pid_file: Option<String>,
+        /// How long they sleep (default 10 minutes).
+        #[serde(default)]
+        sleep_ms: Option<u64>,
+    },
+    /// Write this many bytes to stderr.
+    Stderr {
+        /// Size.
+        bytes: usize,
+    },
+    /// Exit the process with this code (mid-turn, no answer).
+    Exit {
+        /// Exit code.
+        code: i32,
+    },
+    /// Abort the process (SIGABRT) mid-turn.
+    Crash,
+    /// Never finish the turn (unless cancelled).
+    Hang,
+    /// End the turn now with this stop reason.
+    Stop {
+        /// `end_turn`, `max_tokens`, `refusal`, `cancelled`, ...
+        reason: String,
+    },
+    /// Answer the prompt with a JSON-RPC error.
+    Error {
+        /// Code.
+        code: i64,
+        /// Message.
+        message: String,
+    },
+}
+
+/// Inline scenario in a prompt: the whole text is a JSON object, or it has a
+/// fenced json block. `None` = not inline; `Some(Err)` = inline but invalid.
+pub fn inline_scenario(text: &str) -> Option<Result<Scenario, String>> {
+    let t = text.trim();
+    let body = if t.starts_with('{') {
+        t.to_string()
+    } else if let Some(start) = t.find("```json") {
+        let rest = &t[start + 7..];
+        let end = rest.find("```")?;
+        rest[..end].to_string()
+    } else {
+        return None;
+    };
+    Some(serde_json::from_str::<Scenario>(&body).map_err(|e| format!("bad inline scenario: {e}")))
+}
+
+/// The A2A TCK behaviours, keyed on the messageId prefix (a2a-tck
+/// `scenarios/*.feature`). The `_meta.warden` of chunks tells the gateway
+/// which chunks are artifacts.
+pub fn tck_steps(message_id: &str) -> Option<Vec<Step>> {
+    let msg = |t: &str| Step::Message { text: t.into() };
+    let chunk = |content: Value, meta: Value| Step::Update {
+        update: json!({"sessionUpdate": "agent_message_chunk", "content": content, "_meta": {"warden": meta}}),
+    };
+    let artifact = |name: &str, kind: &str| json!({"artifact": {"artifactId": name, "name": name, "kind": kind}});
+    let text_artifact = chunk(
+        json!({"type": "text", "text": "Hello from TCK artifact"}),
+        artifact("text-artifact", "text"),
+    );
+    let file_artifact = chunk(
+        json!({"type": "resource", "resource": {"uri": "file:///tck/hello.txt", "mimeType": "text/plain", "text": "Hello from TCK file"}}),
+        artifact("file-artifact", "file"),
+    );
+    let end = || Step::Stop {
+        reason: "end_turn".into(),
+    };
+    let working = || Step::Thought {
+        text: "working".into(),
+    };
+    let id = message_id;
+    let steps = if id.starts_with("tck-complete-task") {
+        vec![msg("Hello from TCK"), end()]
+    } else if id.starts_with("tck-artifact-text") {
+        vec![text_artifact, end()]
+    } else if id.starts_with("tck-artifact-file-url") {
+        vec![
+            chunk(
+                json!({"type": "resource_link", "uri": "https://example.com/tck/hello.txt", "name": "hello.txt", "mimeType": "text/plain"}),
+                artifact("file-url-artifact", "file_url"),
+            ),
+            end(),
+        ]
+    } else if id.starts_with("tck-artifact-file") {
+        vec![file_artifact, end()]
+    } else if id.starts_with("tck-artifact-data") {
+        vec![
+            chunk(
+                json!({"type": "resource", "resource": {"uri": "data:tck", "mimeType": "application/json", "text": "{\"key\":\"value\"}"}}),
+                artifact("data-artifact", "data"),
+            ),
+            end(),
+        ]
+    } else if id.starts_with("tck-message-response") {
+        vec![
+            chunk(
+                json!({"type": "text", "text": "Hello from TCK"}),
+                json!({"a2a": "message"}),
+            ),
+            end(),
+        ]
+    } else if id.starts_with("tck-input-required") {
+        vec![
+            Step::Question {
+                message: "Please provide input".into(),
+                schema: None,
+            },
+            msg("Hello from TCK"),
+            end(),
+        ]
+    } else if id.starts_with("tck-reject-task") {
+        vec![
+            msg("Task rejected by TCK agent"),
+            Step::Stop {
+                reason: "refusal".into(),
+            },
+        ]
+    } else if id.starts_with("tck-stream-artifact-chunked") {
+        let mut v = vec![working()];
+        for i in 0..3 {
+            v.push(Step::Sleep { ms: 50 });
+            v.push(chunk(
+                json!({"type": "text", "text": format!("chunk {i} ")}),
+                json!({"artifact": {"artifactId": "chunked", "name": "chunked", "kind": "text",
+                        "append": i > 0, "lastChunk": i == 2}}),
+            ));
+        }
+        v.push(end());
+        v
+    } else if id.starts_with("tck-stream-") {
+        vec![working(), Step::Sleep { ms: 200 }, text_artifact, end()]
+    } else if id.starts_with("test-resubscribe-message-id") {
+        vec![
+            working(),
+            Step::Sleep { ms: 4000 },
+            msg("Hello from TCK"),
+            end(),
+        ]
+    } else {
+        return None;
+    };
+    Some(steps)
+}
+
+/// The demo reading of a plain prompt: `write FILE [with TEXT]`,
+/// `run COMMAND`, `read FILE`, `delete FILE`; anything else gets an echo.
+pub fn demo_steps(text: &str) -> Vec<Step> {
+    let t = text.trim();
+    let lower = t.to_lowercase();
+    let after = |n: usize| t[n..].trim().to_string();
+    let first_word = |s: &str| {
+        s.split_whitespace()
+            .next()
+            .unwrap_or("")
+            .trim_matches(|c| c == '"' || c == '\'' || c == '`')
+            .to_string()
+    };
+    let tool = |kind: &str,
+                path: Option<String>,
+                command: Option<String>,
+                content: Option<String>,
+                title: String| {
+        Step::Tool(Box::new(ToolStep {
+            kind: kind.into(),
+            path,
+            command,
+            content,
+            title: Some(title),
+            ask: Some(true),
+            ..ToolStep::default()
+        }))
+    };
+    for verb in ["write ", "create "] {
+        if lower.starts_with(verb) {
+            let rest = after(verb.len());
+            let name = first_word(&rest);
+            if name.is_empty() {
+                break;
+            }
+            let content = ["with ", "containing "]
+                .iter()
+                .find_map(|k| {
+                    rest.to_lowercase()
+                        .find(k)
+                        .map(|i| rest[i + k.len()..].to_string())
+                })
+                .map(|c| format!("{}\n", c.trim_matches(|c| c == '"' || c == '\'')))
+                .unwrap_or_else(|| "Hello from warden's scripted agent\n".into());
+            return vec![
+                Step::Message {
+                    text: format!("I'll write {name}."),
+                },
+                tool(
+                    "edit",
+                    Some(name.clone()),
+                    None,
+                    Some(content),
+                    format!("Write {name}"),
+                ),
+            ];
+        }
+    }
+    for verb in ["run ", "execute "] {
+        if lower.starts_with(verb) {
+            let cmd = after(verb.len()).trim_matches('`').to_string();
+            return vec![
+                Step::Message {
+                    text: format!("I'll run `{cmd}`."),
+                },
+                tool(
+                    "execute",
+                    None,
+                    Some(cmd.clone()),
+                    None,
+                    format!("Run `{cmd}`"),
+                ),
+            ];
+        }
+    }
+    for (verb, kind, label) in [
+        ("read ", "read", "Read"),
+        ("cat ", "read", "Read"),
+        ("delete ", "delete", "Delete"),
+        ("rm ", "delete", "Delete"),
+    ] {
+        if lower.starts_with(verb) {
+            let name = first_word(&after(verb.len()));
+            if name.is_empty() {
+                break;
+            }
+            return vec![tool(
+                kind,
+                Some(name.clone()),
+                None,
+                None,
+                format!("{label} {name}"),
+            )];
+        }
+    }
+    vec![Step::Message {
+        text: format!(
+            "warden-scripted-agent received: {t}\nTry \"write hello.txt\", \"run ls\", \"read FILE\", or send a JSON scenario."
+        ),
+    }]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_forms() {
+        assert!(inline_scenario("write hello.txt").is_none());
+        let s = inline_scenario(
+            r#"{"vocabulary":"codex-2.6","steps":[{"type":"message","text":"hi"}]}"#,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(s.vocabulary, Some(Vocab::Codex26));
+        let s = inline_scenario("please\n```json\n{\"steps\":[{\"type\":\"crash\"}]}\n```")
+            .unwrap()
+            .unwrap();
+        assert!(matches!(s.steps[0], Step::Crash));
+        assert!(
+            inline_scenario(r#"{"steps":[{"type":"nope"}]}"#)
+                .unwrap()
+                .is_err()
+        );
+        assert!(inline_scenario(r#"{"stepz":[]}"#).unwrap().is_err());
+    }
+
+    #[test]
+    fn demo_reads_intent() {
+        let s = demo_steps("write notes/a.txt with hi there");
+        let Step::Tool(t) = &s[1] else { panic!() };
+        assert_eq!(t.path.as_deref(), Some("notes/a.txt"));
+        assert_eq!(t.content.as_deref(), Some("hi there\n"));
+        assert_eq!(t.title.as_deref(), Some("Write notes/a.txt"));
+        let s = demo_steps("run ls -la");
+        let Step::Tool(t) = &s[1] else { panic!() };
+        assert_eq!(t.command.as_deref(), Some("ls -la"));
+        assert!(matches!(demo_steps("hello")[0], Step::Message { .. }));
+    }
+
+    #[test]
+    fn tck_prefixes() {
+        assert!(tck_steps("tck-complete-task-123").is_some());
+        assert!(tck_steps("tck-artifact-file-url-1").is_some());
+        assert!(tck_steps("tck-stream-001").is_some());
+        assert!(tck_steps("other").is_none());
+    }
+}
