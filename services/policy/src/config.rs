@@ -1,0 +1,178 @@
+//! warden-policy's configuration: the shared `[daemon]` section, two listeners, request limits,
+//! audit durability and the operator policy itself (`[policy]`, see `warden_rules::PolicyConfig`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use warden_daemon::config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig, Origin};
+use warden_rules::{PolicyConfig, PolicyError};
+
+/// The embedded default: warden's default policy (`approve-all`: the boundary floor alone
+/// decides; escalations deny).
+pub const EMBEDDED: &str = r#"
+[daemon]
+state_dir = "/var/lib/warden/policy"
+
+# PolicyService.Decide: only the supervisor's uid/gid (empty = this daemon's own uid).
+[listen]
+socket = "policy.sock"
+
+# AdminService (Status, AuditQuery, Reload): the operators' group.
+[admin]
+socket = "policy-admin.sock"
+
+[decide]
+max_raw_input_bytes = 262144
+max_locations = 256
+max_options = 32
+return_escalations = false
+
+[audit]
+sync = true
+
+[policy.global]
+mode = "approve-all"
+non_interactive = "deny"
+"#;
+
+/// The environment prefix for overrides (`WARDEN_POLICY__POLICY__GLOBAL__MODE=deny-all`).
+pub const ENV_PREFIX: &str = "WARDEN_POLICY";
+
+/// Limits on a Decide request; anything beyond them is malformed and denied.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DecideSection {
+    /// Largest raw input (JSON text) accepted, in bytes.
+    #[serde(default = "default_raw")]
+    pub max_raw_input_bytes: usize,
+    /// Most locations one tool call may name.
+    #[serde(default = "default_locations")]
+    pub max_locations: usize,
+    /// Most options one request may carry.
+    #[serde(default = "default_options")]
+    pub max_options: usize,
+    /// Return ESCALATE as is (set when an approver chains to this service); otherwise an
+    /// escalation becomes DENY per `non_interactive`.
+    #[serde(default)]
+    pub return_escalations: bool,
+}
+
+fn default_raw() -> usize {
+    256 * 1024
+}
+fn default_locations() -> usize {
+    256
+}
+fn default_options() -> usize {
+    32
+}
+
+impl Default for DecideSection {
+    fn default() -> Self {
+        Self {
+            max_raw_input_bytes: default_raw(),
+            max_locations: default_locations(),
+            max_options: default_options(),
+            return_escalations: false,
+        }
+    }
+}
+
+/// Audit durability.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// fsync the store after each record, before answering. Off trades the last ~0.5 s of
+    /// records on a crash for latency.
+    #[serde(default = "yes")]
+    pub sync: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for AuditSection {
+    fn default() -> Self {
+        Self { sync: true }
+    }
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub daemon: DaemonSection,
+    pub listen: ListenerConfig,
+    pub admin: ListenerConfig,
+    #[serde(default)]
+    pub decide: DecideSection,
+    #[serde(default)]
+    pub audit: AuditSection,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+/// Where the configuration is read from, so a reload reads the same sources again.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    pub file: Option<PathBuf>,
+    pub sets: Vec<String>,
+}
+
+impl Sources {
+    /// Loads and validates everything (file → environment → `--set`).
+    pub fn load(&self) -> Result<LoadedConfig<Config>, ConfigError> {
+        let loaded: LoadedConfig<Config> =
+            warden_daemon::config::load(self.file.as_deref(), EMBEDDED, ENV_PREFIX, &self.sets)?;
+        validate(&loaded.value, &loaded.origin)?;
+        Ok(loaded)
+    }
+
+    /// The file reloads read, for messages.
+    pub fn describe(&self) -> String {
+        match &self.file {
+            Some(p) => p.display().to_string(),
+            None => "the embedded default configuration".to_string(),
+        }
+    }
+}
+
+fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
+    c.daemon.validate(origin)?;
+    c.listen.validate(origin, "listen")?;
+    c.admin.validate(origin, "admin")?;
+    if c.listen.socket.is_some() && c.listen.socket == c.admin.socket {
+        return Err(ConfigError::invalid(
+            origin,
+            "admin.socket",
+            "must differ from listen.socket: the admin API is for operators, Decide for the supervisor",
+        ));
+    }
+    for (key, v) in [
+        ("decide.max_raw_input_bytes", c.decide.max_raw_input_bytes),
+        ("decide.max_locations", c.decide.max_locations),
+        ("decide.max_options", c.decide.max_options),
+    ] {
+        if v == 0 {
+            return Err(ConfigError::invalid(origin, key, "must be at least 1"));
+        }
+    }
+    c.policy.validate().map_err(|e| match e {
+        PolicyError::EmptyMatcher { key, index } => ConfigError::invalid(
+            origin,
+            &format!("policy.{key}[{index}]"),
+            "an empty matcher would match nothing a person meant",
+        ),
+        other => ConfigError::invalid(origin, "policy", other.to_string()),
+    })
+}
+
+/// Convenience for tests and the bench: a configuration for sockets in `dir`.
+pub fn for_dir(dir: &Path) -> Vec<String> {
+    vec![
+        format!("daemon.state_dir={:?}", dir.display().to_string()),
+        "listen.socket=\"policy.sock\"".to_string(),
+        "admin.socket=\"policy-admin.sock\"".to_string(),
+    ]
+}

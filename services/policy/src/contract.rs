@@ -1,0 +1,560 @@
+//! The contract kit: checks any `PolicyService` implementation through its socket, so
+//! warden-policy, warden-approver and any third implementation are held to the same rules.
+//!
+//! What it checks (each failure is a [`Violation`] naming the check and the case):
+//! * `zero-value-deny`: an empty request, and requests an implementation cannot judge
+//!   (no tool call, unknown profile, oversized raw input), are answered DENY;
+//! * `reason`: every answer has a non-empty reason and a rule name;
+//! * `offered-options`: a decision never names an option that was not offered, and an ALLOW
+//!   never names an `allow_always` or unknown-kind option;
+//! * `floor`: the boundary floor's refusals hold (escapes through `..`, symlinks, siblings named
+//!   like the root, foreign-root execution, the read-only profile, elevated plan exits);
+//! * `deadline`: [`decide_with_deadline`], the caller-side helper the supervisor uses, cuts a
+//!   slow implementation off at the deadline and fails closed (see [`SlowPolicy`]).
+//!
+//! The kit runs on the same host as the implementation: the floor cases use a real directory
+//! tree with real symlinks ([`Fixture`]).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use warden_proto::v1 as pb;
+use warden_proto::v1::policy_service_client::PolicyServiceClient;
+use warden_proto::v1::policy_service_server::{PolicyService, PolicyServiceServer};
+
+/// One failed check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub check: &'static str,
+    pub case: String,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "[{}] {}: {}", self.check, self.case, self.detail)
+    }
+}
+
+/// A directory tree for the floor cases: `<base>/root` (the boundary root) holding `src/`, a
+/// symlink `out -> <base>/outside`, a relative symlink `up -> ../root-evil`, a dangling
+/// `dangle -> <base>/nowhere/x`, and the sibling `<base>/root-evil`.
+pub struct Fixture {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub base: PathBuf,
+}
+
+impl Fixture {
+    pub fn new() -> std::io::Result<Self> {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir()?;
+        let base = std::fs::canonicalize(dir.path())?;
+        let root = base.join("root");
+        std::fs::create_dir_all(root.join("src"))?;
+        std::fs::create_dir_all(root.join("..notes"))?;
+        std::fs::create_dir_all(base.join("root-evil"))?;
+        std::fs::create_dir_all(base.join("outside"))?;
+        symlink(base.join("outside"), root.join("out"))?;
+        symlink("../root-evil", root.join("up"))?;
+        symlink(base.join("nowhere/x"), root.join("dangle"))?;
+        Ok(Self {
+            _dir: dir,
+            root,
+            base,
+        })
+    }
+}
+
+/// Knobs for implementations that differ legitimately.
+#[derive(Debug, Clone)]
+pub struct KitOptions {
+    /// A raw input this large must be refused (warden-policy's default limit is 256 KiB).
+    pub oversized_raw_input_bytes: usize,
+    /// The deadline each kit call runs under.
+    pub deadline: Duration,
+}
+
+impl Default for KitOptions {
+    fn default() -> Self {
+        Self {
+            oversized_raw_input_bytes: 1024 * 1024,
+            deadline: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Calls Decide under `deadline` and fails closed: a late, failed or unreadable answer is a
+/// DENY with rule `policy_unavailable`. The deadline is sent to the server (`grpc-timeout`) and
+/// also enforced here, so a server that ignores it cannot hold the caller.
+pub async fn decide_with_deadline(
+    client: &mut PolicyServiceClient<Channel>,
+    req: pb::DecideRequest,
+    deadline: Duration,
+) -> pb::Decision {
+    let mut r = Request::new(req);
+    r.set_timeout(deadline);
+    let unavailable = |why: String| pb::Decision {
+        decision_id: String::new(),
+        verdict: pb::Verdict::Deny as i32,
+        option_id: None,
+        reason: format!("policy unavailable: {why}"),
+        rule: "policy_unavailable".to_string(),
+        end_turn: false,
+    };
+    match tokio::time::timeout(deadline, client.decide(r)).await {
+        Err(_) => unavailable(format!("no answer within {} ms", deadline.as_millis())),
+        Ok(Err(status)) => unavailable(format!("{:?}: {}", status.code(), status.message())),
+        Ok(Ok(resp)) => {
+            let d = resp.into_inner();
+            // An answer whose verdict this caller does not know is a denial.
+            if pb::Verdict::try_from(d.verdict).is_err() {
+                return unavailable(format!("unknown verdict value {}", d.verdict));
+            }
+            d
+        }
+    }
+}
+
+fn opt(id: &str, kind: &str) -> pb::PermissionOption {
+    pb::PermissionOption {
+        id: id.to_string(),
+        name: id.to_string(),
+        kind: kind.to_string(),
+    }
+}
+
+fn claude_options() -> Vec<pb::PermissionOption> {
+    vec![
+        opt("allow-once", "allow_once"),
+        opt("allow-with-updates", "allow_always"),
+        opt("reject", "reject_once"),
+    ]
+}
+
+/// `(owned, allow_execute, profile)` of a case's boundary.
+type BoundaryBits = (bool, bool, pb::Profile);
+/// A floor case: name, boundary, kind, locations.
+type FloorCase = (
+    &'static str,
+    BoundaryBits,
+    &'static str,
+    &'static [&'static str],
+);
+
+fn request(
+    name: &str,
+    root: &Path,
+    (owned, allow_execute, profile): BoundaryBits,
+    kind: &str,
+    locations: &[&str],
+    options: Vec<pb::PermissionOption>,
+) -> pb::DecideRequest {
+    pb::DecideRequest {
+        request_id: format!("contract-{name}"),
+        subject: Some(pb::Subject {
+            principal: "contract-kit".into(),
+            context_id: "contract".into(),
+            task_id: "t".into(),
+            session_id: "s".into(),
+            agent: "contract".into(),
+            verb: "implement".into(),
+        }),
+        boundary: Some(pb::Boundary {
+            root: root.display().to_string(),
+            owned,
+            allow_execute,
+            profile: profile as i32,
+        }),
+        tool_call: Some(pb::ToolCall {
+            id: format!("call-{name}"),
+            kind: kind.to_string(),
+            title: format!("{kind} {}", locations.join(" ")),
+            raw_input_json: String::new(),
+            locations: locations
+                .iter()
+                .map(|p| pb::Location {
+                    path: p.to_string(),
+                    line: None,
+                })
+                .collect(),
+        }),
+        options,
+        current_mode: "default".into(),
+    }
+}
+
+/// What a case requires of the verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Exactly DENY (ESCALATE would let a human loosen the floor).
+    Deny,
+    /// Anything; only the general checks apply.
+    Any,
+}
+
+/// Runs every check against the implementation behind `channel`.
+pub async fn check_policy_service(
+    channel: Channel,
+    fixture: &Fixture,
+    opts: &KitOptions,
+) -> Vec<Violation> {
+    let mut client = PolicyServiceClient::new(channel);
+    let root = fixture.root.as_path();
+    let ws = pb::Profile::WorkspaceWrite;
+    let mut cases: Vec<(&'static str, String, pb::DecideRequest, Want)> = Vec::new();
+    let mut add = |check: &'static str, name: &str, r: pb::DecideRequest, w: Want| {
+        cases.push((check, name.to_string(), r, w));
+    };
+
+    // zero value and malformed requests
+    add(
+        "zero-value-deny",
+        "empty request",
+        pb::DecideRequest::default(),
+        Want::Deny,
+    );
+    let mut r = request(
+        "no-tool",
+        root,
+        (true, true, ws),
+        "read",
+        &[],
+        claude_options(),
+    );
+    r.tool_call = None;
+    add("zero-value-deny", "no tool call", r, Want::Deny);
+    let mut r = request(
+        "profile",
+        root,
+        (true, true, ws),
+        "execute",
+        &[],
+        claude_options(),
+    );
+    if let Some(b) = r.boundary.as_mut() {
+        b.profile = 7;
+    }
+    add("zero-value-deny", "unknown profile value", r, Want::Deny);
+    let mut r = request(
+        "big",
+        root,
+        (true, true, ws),
+        "execute",
+        &[],
+        claude_options(),
+    );
+    if let Some(t) = r.tool_call.as_mut() {
+        t.raw_input_json = format!("\"{}\"", "x".repeat(opts.oversized_raw_input_bytes));
+    }
+    add("zero-value-deny", "oversized raw input", r, Want::Deny);
+
+    // the floor
+    let floor_denies: &[FloorCase] = &[
+        ("edit via ..", (true, true, ws), "edit", &["../root-evil/x"]),
+        (
+            "edit absolute elsewhere",
+            (true, true, ws),
+            "edit",
+            &["/etc/passwd"],
+        ),
+        (
+            "edit through symlink out",
+            (true, true, ws),
+            "edit",
+            &["out/x"],
+        ),
+        (
+            "edit through relative symlink",
+            (true, true, ws),
+            "edit",
+            &["up/x"],
+        ),
+        (
+            "edit dangling symlink out",
+            (true, true, ws),
+            "edit",
+            &["dangle"],
+        ),
+        (
+            "delete one of two outside",
+            (true, true, ws),
+            "delete",
+            &["src/a", "../outside/b"],
+        ),
+        (
+            "edit without locations, foreign root",
+            (false, true, ws),
+            "edit",
+            &[],
+        ),
+        (
+            "execute in foreign root",
+            (false, false, ws),
+            "execute",
+            &[],
+        ),
+        ("fetch in foreign root", (false, false, ws), "fetch", &[]),
+        (
+            "unknown kind in foreign root",
+            (false, false, ws),
+            "frobnicate",
+            &[],
+        ),
+        (
+            "read-only profile edit",
+            (true, true, pb::Profile::ReadOnly),
+            "edit",
+            &["src/a"],
+        ),
+        (
+            "read-only profile execute",
+            (true, true, pb::Profile::ReadOnly),
+            "execute",
+            &[],
+        ),
+    ];
+    for (name, bits, kind, locs) in floor_denies {
+        let r = request(name, root, *bits, kind, locs, claude_options());
+        add("floor", name, r, Want::Deny);
+    }
+    // the sibling named like the root, as an absolute path
+    let sibling = fixture.base.join("root-evil/x").display().to_string();
+    add(
+        "floor",
+        "edit sibling root-evil",
+        request(
+            "sibling",
+            root,
+            (true, true, ws),
+            "edit",
+            &[&sibling],
+            claude_options(),
+        ),
+        Want::Deny,
+    );
+    add(
+        "floor",
+        "plan exit with only elevated options",
+        request(
+            "plan-elevated",
+            root,
+            (true, true, ws),
+            "switch_mode",
+            &[],
+            vec![
+                opt("exit-plan-auto", "allow_always"),
+                opt("exit-plan-bypass", "allow_always"),
+                opt("exit-plan-accept-edits", "allow_once"),
+                opt("reject", "reject_once"),
+            ],
+        ),
+        Want::Deny,
+    );
+    // cases the floor allows: only the general checks (an implementation may be stricter)
+    for (name, kind, locs, options) in [
+        ("read", "read", vec![], claude_options()),
+        ("edit inside", "edit", vec!["src/lib.rs"], claude_options()),
+        (
+            "edit ..notes",
+            "edit",
+            vec!["..notes/todo"],
+            claude_options(),
+        ),
+        (
+            "only always-allow offered",
+            "read",
+            vec![],
+            vec![
+                opt("approved-for-session", "allow_always"),
+                opt("abort", "reject_once"),
+            ],
+        ),
+        (
+            "unknown option kinds",
+            "read",
+            vec![],
+            vec![opt("yes", "allow_maybe"), opt("no", "nope")],
+        ),
+        (
+            "plan exit with a safe option",
+            "switch_mode",
+            vec![],
+            vec![
+                opt("exit-plan-auto", "allow_always"),
+                opt("exit-plan-default", "allow_once"),
+                opt("reject", "reject_once"),
+            ],
+        ),
+        (
+            "codex command",
+            "execute",
+            vec![],
+            vec![
+                opt("allow_once", "allow_once"),
+                opt("allow_for_session", "allow_always"),
+                opt("cancel", "reject_once"),
+                opt("decline", "reject_once"),
+            ],
+        ),
+    ] {
+        let r = request(name, root, (true, false, ws), kind, &locs, options);
+        add("offered-options", name, r, Want::Any);
+    }
+
+    let mut out = Vec::new();
+    for (check, name, req, want) in cases {
+        let offered = req.options.clone();
+        let d = decide_with_deadline(&mut client, req, opts.deadline).await;
+        let v = |check: &'static str, detail: String| Violation {
+            check,
+            case: name.clone(),
+            detail,
+        };
+        if d.rule == "policy_unavailable" {
+            // A transport failure is fail-closed on the caller's side, but the implementation
+            // must answer the kit's requests.
+            if !(check == "zero-value-deny" && name == "oversized raw input") {
+                out.push(v("reason", format!("no answer: {}", d.reason)));
+            }
+            continue;
+        }
+        if d.reason.trim().is_empty() {
+            out.push(v("reason", "empty reason".into()));
+        }
+        if d.rule.trim().is_empty() {
+            out.push(v("reason", "empty rule name".into()));
+        }
+        if let Some(id) = &d.option_id {
+            match offered.iter().find(|o| &o.id == id) {
+                None => out.push(v(
+                    "offered-options",
+                    format!("named {id:?}, which was not offered"),
+                )),
+                Some(o) if d.verdict == pb::Verdict::Allow as i32 && o.kind != "allow_once" => out
+                    .push(v(
+                        "offered-options",
+                        format!("ALLOW names {id:?} of kind {:?}", o.kind),
+                    )),
+                Some(o)
+                    if d.verdict == pb::Verdict::Deny as i32
+                        && o.kind != "reject_once"
+                        && o.kind != "reject_always" =>
+                {
+                    out.push(v(
+                        "offered-options",
+                        format!("DENY names {id:?} of kind {:?}", o.kind),
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+        if d.verdict == pb::Verdict::Allow as i32 && d.option_id.is_none() {
+            // An ALLOW the caller could only carry out with an always-option is not an allow.
+            let has_once = offered.iter().any(|o| o.kind == "allow_once");
+            if !has_once {
+                out.push(v(
+                    "offered-options",
+                    "ALLOW although no allow_once option was offered".into(),
+                ));
+            }
+        }
+        if name == "plan exit with a safe option"
+            && d.verdict == pb::Verdict::Allow as i32
+            && d.option_id.as_deref() != Some("exit-plan-default")
+        {
+            out.push(v(
+                "floor",
+                format!(
+                    "ALLOW of a plan exit must name exit-plan-default, named {:?}",
+                    d.option_id
+                ),
+            ));
+        }
+        if want == Want::Deny && d.verdict != pb::Verdict::Deny as i32 {
+            out.push(v(
+                check,
+                format!(
+                    "expected DENY, got verdict {} (rule {}, reason {})",
+                    d.verdict, d.rule, d.reason
+                ),
+            ));
+        }
+    }
+    out
+}
+
+/// A deliberately slow implementation that answers ALLOW after `delay`: a caller that waits
+/// for it, or trusts its late answer, fails the `deadline` check.
+#[derive(Debug, Clone)]
+pub struct SlowPolicy {
+    pub delay: Duration,
+}
+
+#[tonic::async_trait]
+impl PolicyService for SlowPolicy {
+    async fn decide(
+        &self,
+        _request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::new(pb::Decision {
+            decision_id: "late".into(),
+            verdict: pb::Verdict::Allow as i32,
+            option_id: None,
+            reason: "late allow".into(),
+            rule: "slow".into(),
+            end_turn: false,
+        }))
+    }
+}
+
+/// Serves `svc` on a Unix socket at `path` until the returned handle is aborted.
+pub fn serve_on_socket<S: PolicyService>(
+    svc: S,
+    path: &Path,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::UnixListener::bind(path)?;
+    let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+    Ok(tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(PolicyServiceServer::new(svc))
+            .serve_with_incoming(incoming)
+            .await;
+    }))
+}
+
+/// The `deadline` check: `decide_with_deadline` against the implementation on `channel` must
+/// return a DENY within `deadline` plus a small margin when the implementation is slower.
+pub async fn check_deadline_cutoff(channel: Channel, deadline: Duration) -> Vec<Violation> {
+    let mut client = PolicyServiceClient::new(channel);
+    let t0 = Instant::now();
+    let d = decide_with_deadline(&mut client, pb::DecideRequest::default(), deadline).await;
+    let took = t0.elapsed();
+    let mut out = Vec::new();
+    let margin = Duration::from_millis(250);
+    if took > deadline + margin {
+        out.push(Violation {
+            check: "deadline",
+            case: "slow implementation".into(),
+            detail: format!(
+                "the caller waited {} ms for a {} ms deadline",
+                took.as_millis(),
+                deadline.as_millis()
+            ),
+        });
+    }
+    if d.verdict != pb::Verdict::Deny as i32 {
+        out.push(Violation {
+            check: "deadline",
+            case: "slow implementation".into(),
+            detail: format!(
+                "a late answer was used: verdict {} ({})",
+                d.verdict, d.reason
+            ),
+        });
+    }
+    out
+}

@@ -1,0 +1,141 @@
+//! From the wire request to the rules' input, refusing what is malformed.
+
+use std::path::PathBuf;
+
+use warden_proto::v1 as pb;
+use warden_rules::{
+    Boundary, DecisionInput, OfferedOption, OptionKind, Profile, Subject, ToolCall, ToolKind,
+};
+
+use crate::config::DecideSection;
+
+/// Why a request cannot be decided on its merits; it is denied with this rule and reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub rule: &'static str,
+    pub reason: String,
+}
+
+fn bad(rule: &'static str, reason: impl Into<String>) -> Malformed {
+    Malformed {
+        rule,
+        reason: reason.into(),
+    }
+}
+
+/// Converts and checks a request against the limits.
+pub fn to_input(
+    req: &pb::DecideRequest,
+    limits: &DecideSection,
+) -> Result<DecisionInput, Malformed> {
+    let Some(tool) = req.tool_call.as_ref() else {
+        return Err(bad(
+            "request.malformed.no-tool-call",
+            "the request carries no tool call, so there is nothing to judge",
+        ));
+    };
+    let Some(b) = req.boundary.as_ref() else {
+        return Err(bad(
+            "request.malformed.no-boundary",
+            "the request carries no session boundary",
+        ));
+    };
+    let profile = match pb::Profile::try_from(b.profile) {
+        Ok(pb::Profile::ReadOnly) => Profile::ReadOnly,
+        Ok(pb::Profile::WorkspaceWrite) => Profile::WorkspaceWrite,
+        Err(_) => {
+            return Err(bad(
+                "request.malformed.profile",
+                format!("unknown boundary profile value {}", b.profile),
+            ));
+        }
+    };
+    if tool.raw_input_json.len() > limits.max_raw_input_bytes {
+        return Err(bad(
+            "request.malformed.raw-input-too-large",
+            format!(
+                "raw input is {} bytes, over the limit of {}",
+                tool.raw_input_json.len(),
+                limits.max_raw_input_bytes
+            ),
+        ));
+    }
+    if tool.locations.len() > limits.max_locations {
+        return Err(bad(
+            "request.malformed.too-many-locations",
+            format!(
+                "{} locations, over the limit of {}",
+                tool.locations.len(),
+                limits.max_locations
+            ),
+        ));
+    }
+    if req.options.len() > limits.max_options {
+        return Err(bad(
+            "request.malformed.too-many-options",
+            format!(
+                "{} options, over the limit of {}",
+                req.options.len(),
+                limits.max_options
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for o in &req.options {
+        if o.id.is_empty() {
+            return Err(bad(
+                "request.malformed.option-id",
+                "an offered option has an empty id",
+            ));
+        }
+        if !seen.insert(o.id.as_str()) {
+            return Err(bad(
+                "request.malformed.option-id",
+                format!("option id {:?} is offered twice", o.id),
+            ));
+        }
+    }
+    let subject = req.subject.clone().unwrap_or_default();
+    Ok(DecisionInput {
+        subject: Subject {
+            principal: subject.principal,
+            agent: subject.agent,
+            verb: subject.verb,
+        },
+        boundary: Boundary {
+            root: PathBuf::from(&b.root),
+            owned: b.owned,
+            allow_execute: b.allow_execute,
+            profile,
+        },
+        tool: ToolCall {
+            kind_raw: tool.kind.clone(),
+            kind: ToolKind::parse(&tool.kind),
+            title: tool.title.clone(),
+            raw_input_json: tool.raw_input_json.clone(),
+            locations: tool
+                .locations
+                .iter()
+                .map(|l| PathBuf::from(&l.path))
+                .collect(),
+        },
+        options: req
+            .options
+            .iter()
+            .map(|o| OfferedOption {
+                id: o.id.clone(),
+                name: o.name.clone(),
+                kind: OptionKind::parse(&o.kind),
+            })
+            .collect(),
+    })
+}
+
+/// The proto verdict.
+pub fn verdict(v: warden_rules::Verdict) -> pb::Verdict {
+    match v {
+        warden_rules::Verdict::Allow => pb::Verdict::Allow,
+        warden_rules::Verdict::Deny => pb::Verdict::Deny,
+        warden_rules::Verdict::Escalate => pb::Verdict::Escalate,
+    }
+}

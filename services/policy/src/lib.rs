@@ -1,0 +1,116 @@
+//! warden-policy: serves `PolicyService.Decide` (the rules of `warden-rules`) on a Unix socket
+//! that only the supervisor's uid/gid may use, serves `AdminService` (Status, AuditQuery,
+//! Reload) to operators on a second socket, and writes one audit record per decision to its own
+//! sled store before answering.
+//!
+//! Owns: turning wire requests into rule inputs (refusing malformed ones with DENY), the audit
+//! log, atomic reloads (SIGHUP or admin Reload; a bad file changes nothing), and the contract kit
+//! ([`contract`]) any PolicyService implementation must pass.
+//!
+//! Must never: answer ALLOW to anything it could not judge, answer before the audit record is
+//! written, name an option that was not offered, or spawn, edit or execute anything itself.
+
+pub mod audit;
+pub mod config;
+pub mod contract;
+pub mod convert;
+pub mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic::service::Routes;
+use warden_daemon::{DaemonArgs, ListenerError, ServeError, Server};
+use warden_proto::v1::admin_service_server::AdminServiceServer;
+use warden_proto::v1::policy_service_server::PolicyServiceServer;
+
+use crate::audit::{AuditError, AuditLog};
+use crate::config::Sources;
+use crate::service::{AdminApi, PolicyApi, PolicyState, ReloadError};
+
+/// Fatal start-up and serving errors.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] warden_daemon::ConfigError),
+    #[error("cannot open the audit store: {0}")]
+    Store(#[from] warden_store::StoreError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
+    #[error("policy: {0}")]
+    Policy(#[from] ReloadError),
+    #[error("listener: {0}")]
+    Listener(#[from] ListenerError),
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    #[error("cannot install the SIGHUP handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
+    let sources = Sources {
+        file: args.config.clone(),
+        sets: args.set.clone(),
+    };
+    let loaded = sources.load()?;
+    let cfg = loaded.value;
+    if args.check_config {
+        println!("{}: configuration OK", loaded.origin);
+        return Ok(());
+    }
+    let format = args
+        .log_format
+        .clone()
+        .unwrap_or_else(|| cfg.daemon.log_format.clone());
+    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+
+    let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
+    let audit = AuditLog::open(store)?;
+    let state = Arc::new(PolicyState::new(&cfg, sources, audit)?);
+
+    let listen =
+        warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
+    let admin = warden_daemon::listener::bind("admin", &cfg.admin, &cfg.daemon.state_dir).await?;
+    let mut server = Server::new(
+        "warden-policy",
+        Duration::from_millis(cfg.daemon.shutdown_grace_ms),
+    );
+    server.serve(
+        listen,
+        Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
+    );
+    server.serve(
+        admin,
+        Routes::new(AdminServiceServer::new(AdminApi(state.clone()))),
+    );
+    state.set_listeners(server.listeners());
+
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(RunError::Signal)?;
+    let hup_state = state.clone();
+    let token = server.shutdown_token();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => break,
+                got = hup.recv() => {
+                    if got.is_none() { break; }
+                    tracing::info!("SIGHUP: reloading the policy");
+                    let s = hup_state.clone();
+                    match tokio::task::spawn_blocking(move || s.reload()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "reload rejected; the rules in force stay"),
+                        Err(e) => tracing::error!(error = %e, "reload task failed"),
+                    }
+                }
+            }
+        }
+    });
+    tracing::info!(
+        policy_version = state.active().version,
+        "warden-policy serving"
+    );
+    server.run().await?;
+    Ok(())
+}

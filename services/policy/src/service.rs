@@ -1,0 +1,293 @@
+//! The PolicyService and AdminService implementations over one shared state: the engine in
+//! force (swapped whole on reload), the audit log, and the figures for Status.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use sha2::{Digest, Sha256};
+use tonic::{Request, Response, Status};
+use warden_containment::RealFs;
+use warden_proto::v1 as pb;
+use warden_proto::v1::admin_service_server::AdminService;
+use warden_proto::v1::policy_service_server::PolicyService;
+use warden_rules::Engine;
+
+use crate::audit::AuditLog;
+use crate::config::{AuditSection, Config, DecideSection, Sources};
+use crate::convert;
+
+/// What decides right now. Replaced as a whole, so a request sees one version throughout.
+pub struct Active {
+    pub engine: Engine,
+    pub decide: DecideSection,
+    pub audit: AuditSection,
+    pub version: u64,
+}
+
+/// Why a reload was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReloadError(pub String);
+
+/// State shared by both services.
+pub struct PolicyState {
+    active: RwLock<Arc<Active>>,
+    reload_lock: Mutex<()>,
+    sources: Sources,
+    audit: AuditLog,
+    started: Instant,
+    decisions: AtomicU64,
+    listeners: RwLock<Vec<String>>,
+}
+
+impl PolicyState {
+    /// Builds the state from an already loaded configuration (version 1).
+    pub fn new(config: &Config, sources: Sources, audit: AuditLog) -> Result<Self, ReloadError> {
+        let engine = Engine::new(config.policy.clone()).map_err(|e| ReloadError(e.to_string()))?;
+        Ok(Self {
+            active: RwLock::new(Arc::new(Active {
+                engine,
+                decide: config.decide.clone(),
+                audit: config.audit.clone(),
+                version: 1,
+            })),
+            reload_lock: Mutex::new(()),
+            sources,
+            audit,
+            started: Instant::now(),
+            decisions: AtomicU64::new(0),
+            listeners: RwLock::new(Vec::new()),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn active(&self) -> Arc<Active> {
+        match self.active.read() {
+            Ok(g) => g.clone(),
+            // A panic while holding the lock cannot leave a half-written Arc; keep serving.
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    pub fn set_listeners(&self, l: Vec<String>) {
+        if let Ok(mut g) = self.listeners.write() {
+            *g = l;
+        }
+    }
+
+    /// Re-reads the configuration sources; on any error the rules in force stay.
+    /// Listener and daemon settings are read but only take effect at restart.
+    pub fn reload(&self) -> Result<u64, ReloadError> {
+        let _serial = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let loaded = self
+            .sources
+            .load()
+            .map_err(|e| ReloadError(e.to_string()))?;
+        let engine =
+            Engine::new(loaded.value.policy.clone()).map_err(|e| ReloadError(e.to_string()))?;
+        let version = self.active().version + 1;
+        let next = Arc::new(Active {
+            engine,
+            decide: loaded.value.decide.clone(),
+            audit: loaded.value.audit.clone(),
+            version,
+        });
+        match self.active.write() {
+            Ok(mut g) => *g = next,
+            Err(poisoned) => *poisoned.into_inner() = next,
+        }
+        tracing::info!(policy_version = version, source = %self.sources.describe(), "policy reloaded");
+        Ok(version)
+    }
+
+    /// Decides one request and records it; the record is written before this returns.
+    pub fn decide(&self, req: &pb::DecideRequest) -> pb::Decision {
+        let t0 = Instant::now();
+        let active = self.active();
+        let decision_id = uuid::Uuid::new_v4().to_string();
+        let outcome = match convert::to_input(req, &active.decide) {
+            Ok(input) => {
+                let d = if active.decide.return_escalations {
+                    active.engine.decide_with_approver(&input, &RealFs)
+                } else {
+                    active.engine.decide(&input, &RealFs)
+                };
+                pb::Decision {
+                    decision_id: decision_id.clone(),
+                    verdict: convert::verdict(d.verdict) as i32,
+                    option_id: d.option_id,
+                    reason: d.reason,
+                    rule: d.rule,
+                    end_turn: d.end_turn,
+                }
+            }
+            Err(m) => pb::Decision {
+                decision_id: decision_id.clone(),
+                verdict: pb::Verdict::Deny as i32,
+                option_id: None,
+                reason: format!("malformed request: {}", m.reason),
+                rule: m.rule.to_string(),
+                end_turn: false,
+            },
+        };
+        let tool = req.tool_call.clone().unwrap_or_default();
+        let record = pb::AuditRecord {
+            decision_id: decision_id.clone(),
+            request_id: req.request_id.clone(),
+            subject: req.subject.clone(),
+            tool_kind: tool.kind.chars().take(64).collect(),
+            tool_title: tool.title.chars().take(512).collect(),
+            raw_input_sha256: hex::encode(Sha256::digest(tool.raw_input_json.as_bytes())),
+            verdict: outcome.verdict,
+            option_id: outcome.option_id.clone(),
+            rule: outcome.rule.clone(),
+            reason: outcome.reason.clone(),
+            policy_version: active.version,
+            latency_micros: t0.elapsed().as_micros() as u64,
+            decided_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            end_turn: outcome.end_turn,
+        };
+        self.decisions.fetch_add(1, Ordering::Relaxed);
+        let subject = req.subject.clone().unwrap_or_default();
+        if let Err(e) = self.audit.append(&record, active.audit.sync) {
+            // No record, no permission: the contract says the record exists before the answer.
+            tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
+            return pb::Decision {
+                decision_id,
+                verdict: pb::Verdict::Deny as i32,
+                option_id: None,
+                reason: format!("the audit log cannot be written ({e}); denying"),
+                rule: "audit.unavailable".to_string(),
+                end_turn: false,
+            };
+        }
+        tracing::info!(
+            decision_id = %decision_id,
+            request_id = %req.request_id,
+            context_id = %subject.context_id,
+            task_id = %subject.task_id,
+            session_id = %subject.session_id,
+            kind = %record.tool_kind,
+            verdict = outcome.verdict,
+            rule = %outcome.rule,
+            policy_version = active.version,
+            latency_us = record.latency_micros,
+            "decided"
+        );
+        outcome
+    }
+}
+
+/// `PolicyService` over the shared state.
+#[derive(Clone)]
+pub struct PolicyApi(pub Arc<PolicyState>);
+
+#[tonic::async_trait]
+impl PolicyService for PolicyApi {
+    async fn decide(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.0.decide(&req)))
+    }
+}
+
+/// `AdminService` over the shared state.
+#[derive(Clone)]
+pub struct AdminApi(pub Arc<PolicyState>);
+
+const MAX_AUDIT_LIMIT: usize = 1000;
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let s = &self.0;
+        let active = s.active();
+        let mut details = std::collections::HashMap::new();
+        details.insert("policy_version".to_string(), active.version.to_string());
+        details.insert(
+            "decisions".to_string(),
+            s.decisions.load(Ordering::Relaxed).to_string(),
+        );
+        details.insert("config".to_string(), s.sources.describe());
+        details.insert("audit_records".to_string(), s.audit.len().to_string());
+        Ok(Response::new(pb::StatusResponse {
+            daemon: "warden-policy".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            uptime_seconds: s.started.elapsed().as_secs(),
+            listeners: s.listeners.read().map(|l| l.clone()).unwrap_or_default(),
+            details,
+        }))
+    }
+
+    async fn audit_query(
+        &self,
+        request: Request<pb::AuditQueryRequest>,
+    ) -> Result<Response<pb::AuditQueryResponse>, Status> {
+        let q = request.into_inner();
+        let limit = match q.limit {
+            0 => 50,
+            n => (n as usize).min(MAX_AUDIT_LIMIT),
+        };
+        let records = if !q.decision_id.is_empty() {
+            self.0
+                .audit
+                .by_decision_id(&q.decision_id)
+                .map_err(|e| Status::internal(e.to_string()))?
+                .into_iter()
+                .filter(|r| q.context_id.is_empty() || ctx(r) == q.context_id)
+                .collect()
+        } else {
+            self.0
+                .audit
+                .newest(limit, |r| q.context_id.is_empty() || ctx(r) == q.context_id)
+                .map_err(|e| Status::internal(e.to_string()))?
+        };
+        Ok(Response::new(pb::AuditQueryResponse { records }))
+    }
+
+    async fn reload(
+        &self,
+        _request: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadResponse>, Status> {
+        let s = self.0.clone();
+        // Reading and parsing a file: keep it off the async workers.
+        let result = tokio::task::spawn_blocking(move || {
+            let r = s.reload();
+            (r, s.active().version)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("reload task failed: {e}")))?;
+        Ok(Response::new(match result {
+            (Ok(v), _) => pb::ReloadResponse {
+                reloaded: true,
+                policy_version: v,
+                error: String::new(),
+            },
+            (Err(e), v) => {
+                tracing::warn!(error = %e, policy_version = v, "reload rejected; the rules in force stay");
+                pb::ReloadResponse {
+                    reloaded: false,
+                    policy_version: v,
+                    error: e.to_string(),
+                }
+            }
+        }))
+    }
+}
+
+fn ctx(r: &pb::AuditRecord) -> &str {
+    r.subject
+        .as_ref()
+        .map(|s| s.context_id.as_str())
+        .unwrap_or("")
+}

@@ -1,0 +1,473 @@
+//! The real `warden-policy` binary, started as its own process: the contract kit, peer
+//! allowlists with a second uid, audit records, reloads (SIGHUP and admin) and malformed requests.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use warden_policy::contract::{
+    Fixture, KitOptions, SlowPolicy, check_deadline_cutoff, check_policy_service, serve_on_socket,
+};
+use warden_proto::v1 as pb;
+use warden_proto::v1::admin_service_client::AdminServiceClient;
+use warden_proto::v1::policy_service_client::PolicyServiceClient;
+
+struct Policy {
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Policy {
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("policy.sock")
+    }
+    fn admin_socket(&self) -> PathBuf {
+        self.dir.path().join("policy-admin.sock")
+    }
+    fn policy(&self) -> PolicyServiceClient<tonic::transport::Channel> {
+        PolicyServiceClient::new(warden_daemon::client::unix_channel(&self.socket()))
+    }
+    fn admin(&self) -> AdminServiceClient<tonic::transport::Channel> {
+        AdminServiceClient::new(warden_daemon::client::unix_channel(&self.admin_socket()))
+    }
+    fn write_config(&self, policy: &str, extra: &str) {
+        write_config(self.dir.path(), policy, extra);
+    }
+    fn hup(&self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGHUP)
+            .unwrap_or_else(|e| panic!("SIGHUP: {e}"));
+    }
+}
+
+fn write_config(dir: &Path, policy: &str, extra: &str) {
+    let text = format!(
+        "[daemon]\nstate_dir = {:?}\nlog_level = \"warn\"\n\
+         [listen]\nsocket = \"policy.sock\"\n{extra}\n\
+         [admin]\nsocket = \"policy-admin.sock\"\n\
+         {policy}\n",
+        dir.display().to_string()
+    );
+    std::fs::write(dir.join("policy.toml"), text).unwrap_or_else(|e| panic!("write config: {e}"));
+}
+
+async fn start(policy: &str, listen_extra: &str) -> Policy {
+    let dir = tempfile::Builder::new()
+        .prefix("wpt")
+        .tempdir_in("/tmp")
+        .unwrap_or_else(|e| panic!("tempdir: {e}"));
+    write_config(dir.path(), policy, listen_extra);
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden-policy"));
+    cmd.arg("--config")
+        .arg(dir.path().join("policy.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if std::env::var_os("WARDEN_TEST_LOGS").is_none() {
+        cmd.stderr(Stdio::null());
+    }
+    let child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn warden-policy: {e}"));
+    let mut p = Policy { child, dir };
+    let t0 = Instant::now();
+    loop {
+        if warden_daemon::client::healthy(&p.socket()).await
+            && warden_daemon::client::healthy(&p.admin_socket()).await
+        {
+            return p;
+        }
+        if let Ok(Some(status)) = p.child.try_wait() {
+            panic!("warden-policy exited during start: {status}");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "warden-policy did not become healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn opt(id: &str, kind: &str) -> pb::PermissionOption {
+    pb::PermissionOption {
+        id: id.into(),
+        name: id.into(),
+        kind: kind.into(),
+    }
+}
+
+fn req(root: &Path, owned: bool, kind: &str, locs: &[&str], context: &str) -> pb::DecideRequest {
+    pb::DecideRequest {
+        request_id: format!("r-{kind}-{context}"),
+        subject: Some(pb::Subject {
+            principal: "alice".into(),
+            context_id: context.into(),
+            task_id: "t1".into(),
+            session_id: "s1".into(),
+            agent: "codex".into(),
+            verb: "implement".into(),
+        }),
+        boundary: Some(pb::Boundary {
+            root: root.display().to_string(),
+            owned,
+            allow_execute: false,
+            profile: pb::Profile::WorkspaceWrite as i32,
+        }),
+        tool_call: Some(pb::ToolCall {
+            id: "c1".into(),
+            kind: kind.into(),
+            title: format!("{kind} something"),
+            raw_input_json: r#"{"command":["make"]}"#.into(),
+            locations: locs
+                .iter()
+                .map(|p| pb::Location {
+                    path: p.to_string(),
+                    line: None,
+                })
+                .collect(),
+        }),
+        options: vec![
+            opt("approved", "allow_once"),
+            opt("approved-for-session", "allow_always"),
+            opt("abort", "reject_once"),
+            opt("denied", "reject_once"),
+        ],
+        current_mode: "read-only".into(),
+    }
+}
+
+async fn decide(p: &Policy, r: pb::DecideRequest) -> pb::Decision {
+    p.policy()
+        .decide(r)
+        .await
+        .unwrap_or_else(|e| panic!("decide: {e}"))
+        .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_contract_kit_passes_against_warden_policy() {
+    let p = start("", "").await;
+    let fixture = Fixture::new().unwrap_or_else(|e| panic!("fixture: {e}"));
+    let violations = check_policy_service(
+        warden_daemon::client::unix_channel(&p.socket()),
+        &fixture,
+        &KitOptions::default(),
+    )
+    .await;
+    assert!(
+        violations.is_empty(),
+        "contract violations:\n{}",
+        violations
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // A real implementation answers well within a short deadline: the cut-off check passes
+    // only because the answer is a DENY (the kit's empty request), never by waiting.
+    assert!(
+        check_deadline_cutoff(
+            warden_daemon::client::unix_channel(&p.socket()),
+            Duration::from_millis(500)
+        )
+        .await
+        .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_implementation_is_cut_off_by_the_callers_deadline() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let sock = dir.path().join("slow.sock");
+    let server = serve_on_socket(
+        SlowPolicy {
+            delay: Duration::from_secs(5),
+        },
+        &sock,
+    )
+    .unwrap_or_else(|e| panic!("serve: {e}"));
+    let t0 = Instant::now();
+    let v = check_deadline_cutoff(
+        warden_daemon::client::unix_channel(&sock),
+        Duration::from_millis(200),
+    )
+    .await;
+    assert!(v.is_empty(), "{v:?}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+
+    // The check can fail: with a deadline longer than the delay, the late ALLOW arrives and
+    // the kit reports that the caller would have used it.
+    let quick = dir.path().join("quick.sock");
+    let server2 = serve_on_socket(
+        SlowPolicy {
+            delay: Duration::from_millis(50),
+        },
+        &quick,
+    )
+    .unwrap_or_else(|e| panic!("serve: {e}"));
+    let v = check_deadline_cutoff(
+        warden_daemon::client::unix_channel(&quick),
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!(v[0].check, "deadline");
+    server.abort();
+    server2.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_decision_is_audited_before_the_answer() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(root.join("src")).unwrap_or_else(|e| panic!("{e}"));
+    let allow = decide(&p, req(&root, true, "execute", &[], "ctx-a")).await;
+    assert_eq!(allow.verdict, pb::Verdict::Allow as i32, "{allow:?}");
+    assert_eq!(allow.option_id.as_deref(), Some("approved"));
+    let deny = decide(&p, req(&root, true, "edit", &["../elsewhere"], "ctx-b")).await;
+    assert_eq!(deny.verdict, pb::Verdict::Deny as i32);
+    assert_eq!(deny.rule, "floor.change.outside-root");
+    // Codex's turn-keeping refusal is named over the turn-ending one.
+    assert_eq!(deny.option_id.as_deref(), Some("denied"));
+
+    let mut admin = p.admin();
+    let got = admin
+        .audit_query(pb::AuditQueryRequest {
+            decision_id: allow.decision_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    assert_eq!(got.len(), 1);
+    let r = &got[0];
+    assert_eq!(r.request_id, "r-execute-ctx-a");
+    assert_eq!(r.verdict, pb::Verdict::Allow as i32);
+    assert_eq!(r.rule, allow.rule);
+    assert_eq!(r.reason, allow.reason);
+    assert_eq!(r.option_id.as_deref(), Some("approved"));
+    assert_eq!(r.tool_kind, "execute");
+    assert_eq!(r.policy_version, 1);
+    assert_eq!(
+        r.raw_input_sha256,
+        hex::encode(Sha256::digest(br#"{"command":["make"]}"#))
+    );
+    assert!(r.decided_at_unix_ms > 0);
+
+    let tail = admin
+        .audit_query(pb::AuditQueryRequest::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    let ids: Vec<&str> = tail.iter().map(|r| r.decision_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![deny.decision_id.as_str(), allow.decision_id.as_str()]
+    );
+    let by_ctx = admin
+        .audit_query(pb::AuditQueryRequest {
+            context_id: "ctx-b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    assert_eq!(by_ctx.len(), 1);
+    assert_eq!(by_ctx[0].decision_id, deny.decision_id);
+
+    let status = admin
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert_eq!(status.daemon, "warden-policy");
+    assert_eq!(
+        status.details.get("policy_version").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(status.listeners.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let exec = || req(&root, true, "execute", &[], "c");
+    assert_eq!(decide(&p, exec()).await.verdict, pb::Verdict::Allow as i32);
+
+    // SIGHUP with a stricter policy.
+    p.write_config("[policy.global]\nmode = \"deny-all\"\n", "");
+    p.hup();
+    let t0 = Instant::now();
+    loop {
+        let d = decide(&p, exec()).await;
+        if d.rule == "mode.deny-all" {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "SIGHUP did not reload: {d:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A broken file through the admin API: rejected with the key and the file, version stays.
+    p.write_config("[policy.global]\nmode = \"approve-everything\"\n", "");
+    let r = p
+        .admin()
+        .reload(pb::ReloadRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(!r.reloaded);
+    assert_eq!(r.policy_version, 2);
+    assert!(r.error.contains("policy.global.mode"), "{}", r.error);
+    assert!(r.error.contains("policy.toml"), "{}", r.error);
+    assert_eq!(decide(&p, exec()).await.rule, "mode.deny-all");
+
+    // A broken file through SIGHUP: same.
+    p.write_config("[policy.global]\nauto_deny = [\"\"]\n", "");
+    p.hup();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(decide(&p, exec()).await.rule, "mode.deny-all");
+    // An unknown key is also a broken file.
+    p.write_config("[policy.global]\nauto_aprove = [\"execute\"]\n", "");
+    let r = p
+        .admin()
+        .reload(pb::ReloadRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(!r.reloaded && r.error.contains("auto_aprove"), "{r:?}");
+
+    // A good file through the admin API.
+    p.write_config(
+        "[policy.global]\nmode = \"approve-reads\"\nnon_interactive = \"fail\"\n",
+        "",
+    );
+    let r = p
+        .admin()
+        .reload(pb::ReloadRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(r.reloaded, "{r:?}");
+    assert_eq!(r.policy_version, 3);
+    let d = decide(&p, exec()).await;
+    assert_eq!(d.rule, "escalation.prompt-unavailable");
+    assert!(d.end_turn);
+    assert!(d.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"));
+    let recs = p
+        .admin()
+        .audit_query(pb::AuditQueryRequest {
+            decision_id: d.decision_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    assert_eq!(recs.first().map(|r| r.policy_version), Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_denied_with_a_reason() {
+    let p = start("[decide]\nmax_raw_input_bytes = 1024\n", "").await;
+    let root = p.dir.path().to_path_buf();
+    let mut cases: Vec<(pb::DecideRequest, &str)> = Vec::new();
+    let mut r = req(&root, true, "read", &[], "m");
+    r.tool_call = None;
+    cases.push((r, "request.malformed.no-tool-call"));
+    let mut r = req(&root, true, "read", &[], "m");
+    r.boundary = None;
+    cases.push((r, "request.malformed.no-boundary"));
+    let mut r = req(&root, true, "read", &[], "m");
+    if let Some(b) = r.boundary.as_mut() {
+        b.profile = 42;
+    }
+    cases.push((r, "request.malformed.profile"));
+    let mut r = req(&root, true, "read", &[], "m");
+    if let Some(t) = r.tool_call.as_mut() {
+        t.raw_input_json = "x".repeat(1025);
+    }
+    cases.push((r, "request.malformed.raw-input-too-large"));
+    let mut r = req(&root, true, "read", &[], "m");
+    r.options.push(opt("approved", "allow_once"));
+    cases.push((r, "request.malformed.option-id"));
+    let mut r = req(&root, true, "read", &[], "m");
+    r.options = (0..40)
+        .map(|i| opt(&format!("o{i}"), "allow_once"))
+        .collect();
+    cases.push((r, "request.malformed.too-many-options"));
+    for (r, rule) in cases {
+        let d = decide(&p, r).await;
+        assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{rule}");
+        assert_eq!(d.rule, rule);
+        assert!(d.reason.starts_with("malformed request: "), "{}", d.reason);
+    }
+    // The daemon is still serving, and a good request within the limit is decided on merit.
+    let d = decide(&p, req(&root, true, "read", &[], "m")).await;
+    assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+}
+
+/// Runs the bench binary's `probe` as uid/gid 65534 against `socket`; returns its output line.
+fn probe_as_nobody(socket: &Path) -> String {
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_warden-policy-bench"))
+        .arg("probe")
+        .arg(socket)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap_or_else(|e| panic!("probe: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_allowed_peers_may_call_decide() {
+    if !nix::unistd::getuid().is_root() {
+        println!("skipped: needs root to run a probe under a second uid (setuid)");
+        return;
+    }
+    // The socket is world-connectable so the kernel lets the other uid in; the allowlist
+    // (empty = this daemon's own uid) must refuse it.
+    let p = start("", "mode = \"0666\"\n").await;
+    std::fs::set_permissions(
+        p.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let refused = probe_as_nobody(&p.socket());
+    assert!(refused.starts_with("error=PermissionDenied"), "{refused}");
+    // Our own uid is allowed.
+    let d = decide(&p, req(p.dir.path(), true, "read", &[], "peer")).await;
+    assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+    drop(p);
+
+    // With uid 65534 on the allowlist (next to ours, so the test can still check health),
+    // the same probe is answered.
+    let me = nix::unistd::getuid().as_raw();
+    let p = start(
+        "",
+        &format!("mode = \"0666\"\nallow_uids = [{me}, 65534]\n"),
+    )
+    .await;
+    std::fs::set_permissions(
+        p.dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ok = probe_as_nobody(&p.socket());
+    assert!(ok.starts_with("verdict="), "{ok}");
+}
