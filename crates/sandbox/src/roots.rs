@@ -80,6 +80,10 @@ struct RootRecord {
     dir: PathBuf,
     dev: u64,
     ino: u64,
+    /// Birth time (ns since the epoch) where the filesystem records one: an inode number can be
+    /// reused by a directory recreated under the same name, a birth time cannot.
+    #[serde(default)]
+    btime_ns: Option<u128>,
     allow_execute: bool,
     profile: Profile,
 }
@@ -181,6 +185,7 @@ impl OwnedRoots {
             dir: dir.clone(),
             dev: meta.dev(),
             ino: meta.ino(),
+            btime_ns: birth_ns(&meta),
             allow_execute,
             profile,
         };
@@ -224,7 +229,11 @@ impl OwnedRoots {
             return Err(bad());
         }
         let meta = std::fs::symlink_metadata(&rec.dir).map_err(|_| bad())?;
-        if !meta.is_dir() || meta.dev() != rec.dev || meta.ino() != rec.ino {
+        if !meta.is_dir()
+            || meta.dev() != rec.dev
+            || meta.ino() != rec.ino
+            || birth_ns(&meta) != rec.btime_ns
+        {
             return Err(bad());
         }
         Ok(())
@@ -245,6 +254,13 @@ impl OwnedRoots {
         self.store.flush()?;
         Ok(())
     }
+}
+
+fn birth_ns(meta: &std::fs::Metadata) -> Option<u128> {
+    meta.created()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos())
 }
 
 fn mkdtemp(template: &Path) -> Result<PathBuf, SandboxError> {
