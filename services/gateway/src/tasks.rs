@@ -288,6 +288,11 @@ impl Core {
         id: &str,
         history_length: Option<i32>,
     ) -> Result<Task, A2aError> {
+        if history_length.is_some_and(|n| n < 0) {
+            return Err(A2aError::InvalidParams(
+                "historyLength must not be negative".into(),
+            ));
+        }
         let (mut task, _) = self.owned(principal, id)?;
         apply_history_length(&mut task, history_length)?;
         Ok(task)
@@ -821,4 +826,124 @@ fn answer_content(m: &Message) -> (String, String) {
         serde_json::to_string(&m.prompt_text()).unwrap_or_else(|_| "\"\"".into())
     });
     (action, content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_proto::v1::{TextChunk, TurnEvent, TurnStarted, TurnStop, turn_event::Event};
+
+    fn live(store: &TaskStore) -> LiveTask {
+        let task = Task {
+            id: "t1".into(),
+            context_id: "c1".into(),
+            status: TaskStatus {
+                state: TaskState::Submitted,
+                message: None,
+                timestamp: None,
+            },
+            artifacts: vec![],
+            history: vec![],
+            metadata: None,
+        };
+        let (tx, _) = broadcast::channel(64);
+        let (state, _) = watch::channel(TaskState::Submitted);
+        LiveTask {
+            inner: Mutex::new(LiveInner {
+                record: TaskRecord {
+                    task: task.clone(),
+                    principal: "alice".into(),
+                    agent: "scripted".into(),
+                    created_micros: 0,
+                    status_micros: 0,
+                },
+                task,
+                mapper: TurnMapper::new("t1", "c1"),
+                history_seq: 0,
+                artifact_chunks: HashMap::new(),
+                answering: false,
+            }),
+            tx,
+            state,
+            store: store.clone(),
+        }
+    }
+
+    fn feed(l: &LiveTask, e: Event, flush: bool) {
+        let mut inner = lock(&l.inner);
+        let mut events = inner.mapper.on_event(
+            &TurnEvent {
+                turn_id: "t1".into(),
+                seq: 0,
+                event: Some(e),
+            },
+            1,
+        );
+        if flush {
+            events.extend(inner.mapper.flush(2));
+        }
+        l.apply(&mut inner, events);
+    }
+
+    fn drain(sub: &mut Subscription) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(rx) = &mut sub.events {
+            while let Ok(ev) = rx.try_recv() {
+                out.push(serde_json::to_string(&*ev).unwrap());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn subscribers_see_a_consistent_snapshot_then_the_same_events_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let l = live(&store);
+        let mut first = l.subscribe();
+        feed(&l, Event::Started(TurnStarted::default()), false);
+        feed(
+            &l,
+            Event::MessageChunk(TextChunk { text: "Hel".into() }),
+            true,
+        );
+        let mut second = l.subscribe();
+        // The late subscriber's snapshot already holds what it missed.
+        assert_eq!(second.task.status.state, TaskState::Working);
+        assert_eq!(
+            second.task.artifacts[0].parts,
+            vec![crate::a2a::Part::text("Hel")]
+        );
+        feed(
+            &l,
+            Event::MessageChunk(TextChunk { text: "lo".into() }),
+            true,
+        );
+        feed(
+            &l,
+            Event::Stop(TurnStop {
+                stop_reason: "end_turn".into(),
+                ..Default::default()
+            }),
+            false,
+        );
+        let a = drain(&mut first);
+        let b = drain(&mut second);
+        assert_eq!(a.len(), 5, "{a:#?}");
+        assert_eq!(
+            &a[2..],
+            &b[..],
+            "the late subscriber sees exactly the events after its snapshot"
+        );
+        // Storage agrees with memory: one merged answer, the final state, and it is flushed.
+        let (stored, _) = store.load("t1").unwrap().unwrap();
+        assert_eq!(stored.status.state, TaskState::Completed);
+        assert_eq!(
+            stored.artifacts[0].parts,
+            vec![crate::a2a::Part::text("Hello")]
+        );
+        assert_eq!(stored, lock(&l.inner).task);
+        // A terminal task gives a snapshot and no event stream.
+        assert!(l.subscribe().events.is_none());
+    }
 }
