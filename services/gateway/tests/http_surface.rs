@@ -20,11 +20,24 @@ use warden_gateway::http::{CardResponse, HttpState, agent_card, router};
 use warden_gateway::store::TaskStore;
 use warden_gateway::tasks::{Core, CoreSettings};
 
+/// (name, extra headers, body, HTTP status, JSON-RPC code)
+type RpcRow<'a> = (&'a str, Vec<(&'a str, &'a str)>, String, u16, i64);
+/// (name, method, uri, headers, body, HTTP status, ErrorInfo reason)
+type RestRow<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    Vec<(&'a str, &'a str)>,
+    String,
+    u16,
+    Option<&'a str>,
+);
+
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef";
 
 struct Fixture {
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     app: Router,
 }
 
@@ -72,7 +85,7 @@ fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let app = build(dir.path(), HostAllowlist::off(), 1024 * 1024);
-    Fixture { dir, app }
+    Fixture { _dir: dir, app }
 }
 
 struct Reply {
@@ -173,7 +186,7 @@ async fn json_rpc_bad_input_table() {
         "x".repeat(1024 * 1024 + 10)
     );
     // (name, headers, body, expected HTTP status, expected JSON-RPC code)
-    let rows: Vec<(&str, Vec<(&str, &str)>, String, u16, i64)> = vec![
+    let rows: Vec<RpcRow> = vec![
         ("text/plain body", vec![("content-type", "text/plain")], "not json at all".into(), 200, -32005),
         ("no content type", vec![], good.clone(), 200, -32005),
         ("form content type", vec![("content-type", "application/x-www-form-urlencoded")], good.clone(), 200, -32005),
@@ -337,15 +350,7 @@ async fn rest_bad_input_table() {
     let a = ("authorization", auth.as_str());
     let send = send_params("m1", json!({})).to_string();
     // (name, method, uri, headers, body, status, reason)
-    let rows: Vec<(
-        &str,
-        &str,
-        &str,
-        Vec<(&str, &str)>,
-        String,
-        u16,
-        Option<&str>,
-    )> = vec![
+    let rows: Vec<RestRow> = vec![
         (
             "unknown task",
             "GET",
