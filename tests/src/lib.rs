@@ -153,6 +153,30 @@ impl Deployment {
         }
     }
 
+    /// Like [`Deployment::new`], but the state directory is made under `parent` instead of
+    /// `/tmp`: the supervisor refuses to keep owned sandboxes inside a temp tree (an agent that
+    /// may write /tmp could reach another conversation's sandbox), so its tests run elsewhere,
+    /// e.g. under `CARGO_TARGET_TMPDIR`. Keep `parent` short: socket paths are limited to 108 bytes.
+    pub fn new_in(parent: &Path, opts: Options) -> Self {
+        std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
+        let dir = tempfile::Builder::new()
+            .prefix("wd")
+            .tempdir_in(parent)
+            .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let layout = Layout::new(dir.path());
+        for d in ["run", "policy", "supervisor", "gateway"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir: {e}"));
+        }
+        let http = format!("127.0.0.1:{}", free_port());
+        Deployment {
+            dir,
+            layout,
+            http,
+            opts,
+            daemons: Vec::new(),
+        }
+    }
+
     /// Starts all three daemons in order and waits until each is healthy.
     pub async fn up(opts: Options) -> Self {
         let mut d = Self::new(opts);

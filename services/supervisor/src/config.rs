@@ -201,6 +201,10 @@ pub struct AgentConfig {
     pub max_processes: Option<u64>,
     #[serde(default)]
     pub memory_max_bytes: Option<u64>,
+    /// State the turn's soft time budget as a second text block of the prompt (for model-driven
+    /// agents). It is always in the prompt's `_meta.warden.budgetSeconds`.
+    #[serde(default = "yes")]
+    pub budget_in_prompt: bool,
     /// Operators opt an agent in; the built-in real adapters are listed but not started unless
     /// a request names them.
     #[serde(default = "yes")]
@@ -225,6 +229,7 @@ impl AgentConfig {
             decide_deadline_ms: None,
             max_processes: None,
             memory_max_bytes: None,
+            budget_in_prompt: true,
             enabled: true,
         }
     }
@@ -241,10 +246,20 @@ impl AgentConfig {
 /// npx; they need the network for their model, so `network = "host"`).
 pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     let mut m = BTreeMap::new();
-    m.insert(
-        "scripted".into(),
-        AgentConfig::builtin("", &[], "default", &["plan"], &[]),
+    // The scripted agent reads its budget from `_meta` (its prompt text may be a scenario).
+    let mut scripted = AgentConfig::builtin(
+        "",
+        &[],
+        "default",
+        &["plan"],
+        &[
+            "WARDEN_SCENARIO",
+            "WARDEN_SCRIPTED_VOCABULARY",
+            "WARDEN_SCRIPTED_REPORT",
+        ],
     );
+    scripted.budget_in_prompt = false;
+    m.insert("scripted".into(), scripted);
     let mut claude = AgentConfig::builtin(
         "npx",
         &["--yes", "@agentclientprotocol/claude-agent-acp@0.101.0"],

@@ -487,10 +487,10 @@ impl Conversation {
             "[warden] Time budget for this turn: {timeout_secs} s. Work within it; the turn is stopped at {} s.",
             timeout_secs * 12 / 10
         );
-        let blocks = vec![
-            json!({"type": "text", "text": turn.input.text}),
-            json!({"type": "text", "text": budget_note}),
-        ];
+        let mut blocks = vec![json!({"type": "text", "text": turn.input.text})];
+        if self.agent_cfg.budget_in_prompt {
+            blocks.push(json!({"type": "text", "text": budget_note}));
+        }
         turn.record(
             "prompt",
             json!({"bytes": turn.input.text.len(), "budget_secs": timeout_secs}),

@@ -96,7 +96,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     }
     let store = warden_store::Store::open(&state.join("store"))?;
     let cgroups = if settings.file.sandbox.cgroup {
-        warden_sandbox::CgroupBase::detect("warden-supervisor").unwrap_or_else(|e| {
+        warden_sandbox::CgroupBase::detect(&cgroup_name(&state)).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "no usable cgroup v2; process groups and markers only");
             None
         })
@@ -161,4 +161,17 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     sup.close_all().await;
     closer.abort();
     res.map_err(Into::into)
+}
+
+/// The cgroup base of this supervisor: one per state directory, so two supervisors on one host
+/// (tests, or two deployments) never reap each other's conversation cgroups at start-up.
+fn cgroup_name(state: &std::path::Path) -> String {
+    let canon = std::fs::canonicalize(state).unwrap_or_else(|_| state.to_path_buf());
+    // FNV-1a: stable across releases, unlike std's hasher.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in canon.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("warden-supervisor-{:08x}", h as u32)
 }

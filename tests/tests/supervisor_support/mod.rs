@@ -1,0 +1,220 @@
+//! Shared helpers of the supervisor end-to-end tests: a deployment of the real `warden-policy` and
+//! `warden-supervisor` (with the real `warden-scripted-agent` as the agent), driven with the
+//! generated gRPC client over the supervisor's Unix socket.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tonic::transport::Channel;
+use warden_e2e::{Deployment, Options};
+use warden_proto::v1 as pb;
+use warden_proto::v1::supervisor_service_client::SupervisorServiceClient;
+use warden_proto::v1::turn_event::Event;
+
+pub type Client = SupervisorServiceClient<Channel>;
+
+/// Where supervisor test deployments live (not /tmp: see `Deployment::new_in`).
+pub fn parent() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sv")
+}
+
+/// policy + supervisor with extra `--set`s (`("policy"|"supervisor", "k=v")`).
+pub async fn deploy(sets: &[(&str, &str)]) -> Deployment {
+    let opts = Options {
+        sets: sets
+            .iter()
+            .map(|(d, kv)| (d.to_string(), kv.to_string()))
+            .collect(),
+        show_logs: false,
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    d.start("policy").await;
+    d.start("supervisor").await;
+    d
+}
+
+/// supervisor only (the policy socket has no listener: the policy is down).
+pub async fn deploy_without_policy(sets: &[(&str, &str)]) -> Deployment {
+    let opts = Options {
+        sets: sets
+            .iter()
+            .map(|(d, kv)| (d.to_string(), kv.to_string()))
+            .collect(),
+        show_logs: false,
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    d.start("supervisor").await;
+    d
+}
+
+pub fn client(d: &Deployment) -> Client {
+    SupervisorServiceClient::new(d.channel("supervisor"))
+}
+
+pub fn open(ctx: &str, profile: pb::Profile) -> pb::OpenConversationRequest {
+    pb::OpenConversationRequest {
+        context_id: ctx.into(),
+        agent: String::new(),
+        workspace: String::new(),
+        profile: profile as i32,
+        principal: "tester".into(),
+        verb: "implement".into(),
+    }
+}
+
+pub fn turn(ctx: &str, id: &str, text: &str) -> pb::RunTurnRequest {
+    pb::RunTurnRequest {
+        context_id: ctx.into(),
+        turn_id: id.into(),
+        text: text.into(),
+        message_id: format!("m-{id}"),
+        task_id: format!("t-{id}"),
+        timeout_seconds: 0,
+        open: Some(open(ctx, pb::Profile::WorkspaceWrite)),
+    }
+}
+
+/// Starts a turn and returns its event stream.
+pub async fn start(c: &mut Client, req: pb::RunTurnRequest) -> tonic::Streaming<pb::TurnEvent> {
+    c.run_turn(req)
+        .await
+        .unwrap_or_else(|e| panic!("RunTurn refused: {e}"))
+        .into_inner()
+}
+
+/// Reads events until the TurnStop (panics after `limit`).
+pub async fn collect(
+    s: &mut tonic::Streaming<pb::TurnEvent>,
+    limit: Duration,
+) -> Vec<pb::TurnEvent> {
+    let mut out = Vec::new();
+    let res = tokio::time::timeout(limit, async {
+        while let Some(ev) = s
+            .message()
+            .await
+            .unwrap_or_else(|e| panic!("stream error: {e}"))
+        {
+            let last = matches!(ev.event, Some(Event::Stop(_)));
+            out.push(ev);
+            if last {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(res.is_ok(), "no TurnStop within {limit:?}; got {out:#?}");
+    out
+}
+
+/// Runs one turn to its end.
+pub async fn run(c: &mut Client, req: pb::RunTurnRequest) -> Vec<pb::TurnEvent> {
+    let mut s = start(c, req).await;
+    collect(&mut s, Duration::from_secs(30)).await
+}
+
+pub fn stop(evs: &[pb::TurnEvent]) -> pb::TurnStop {
+    match evs.last().and_then(|e| e.event.clone()) {
+        Some(Event::Stop(s)) => s,
+        other => panic!("last event is not a stop: {other:?}"),
+    }
+}
+
+pub fn permissions(evs: &[pb::TurnEvent]) -> Vec<pb::PermissionDecisionEvent> {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::Permission(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn text(evs: &[pb::TurnEvent]) -> String {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::MessageChunk(t)) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn faults(evs: &[pb::TurnEvent]) -> Vec<pb::Fault> {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::Fault(f)) => Some(f.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The supervisor's state directory.
+pub fn state(d: &Deployment) -> PathBuf {
+    d.layout.state_of("supervisor")
+}
+
+/// Incident records (parsed) under the supervisor's state.
+pub fn incidents(d: &Deployment) -> Vec<serde_json::Value> {
+    let dir = state(d).join("incidents");
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if let Ok(t) = std::fs::read_to_string(e.path()) {
+                if let Ok(v) = serde_json::from_str(&t) {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Health lines.
+pub fn health(d: &Deployment) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(state(d).join("health.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Whether a process is alive (not a zombie).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s
+                .rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next());
+            !matches!(state, Some("Z") | Some("X"))
+        }
+        Err(_) => false,
+    }
+}
+
+/// Pids the scripted agent's helpers wrote to `file`.
+pub fn pids_in(file: &Path) -> Vec<i32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Waits (bounded) until none of `pids` is alive.
+pub async fn all_gone(pids: &[i32], within: Duration) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if pids.iter().all(|p| !alive(*p)) {
+            return true;
+        }
+        if start.elapsed() > within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An inline scenario prompt for the scripted agent.
+pub fn scenario(v: serde_json::Value) -> String {
+    v.to_string()
+}
