@@ -101,8 +101,9 @@ impl PolicyState {
         Ok(version)
     }
 
-    /// Decides one request and records it; the record is written before this returns.
-    pub fn decide(&self, req: &pb::DecideRequest) -> pb::Decision {
+    /// Decides one request and records it; the record is written (and, with `audit.sync`,
+    /// on disk) before this returns.
+    pub async fn decide(&self, req: &pb::DecideRequest) -> pb::Decision {
         let t0 = Instant::now();
         let active = self.active();
         let decision_id = uuid::Uuid::new_v4().to_string();
@@ -153,7 +154,12 @@ impl PolicyState {
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
         let subject = req.subject.clone().unwrap_or_default();
-        if let Err(e) = self.audit.append(&record, active.audit.sync) {
+        let written = match self.audit.append(&record) {
+            Ok(seq) if active.audit.sync => self.audit.wait_durable(seq).await,
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = written {
             // No record, no permission: the contract says the record exists before the answer.
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
             return pb::Decision {
@@ -193,7 +199,7 @@ impl PolicyService for PolicyApi {
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
         let req = request.into_inner();
-        Ok(Response::new(self.0.decide(&req)))
+        Ok(Response::new(self.0.decide(&req).await))
     }
 }
 
