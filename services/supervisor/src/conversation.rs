@@ -43,6 +43,9 @@ pub struct Conversation {
     proc_: tokio::sync::Mutex<Option<AgentProc>>,
     /// Session id to load when the agent is restarted.
     last_session: Mutex<String>,
+    /// What the last kill of the agent tree did (forced, processes), for CloseConversation when
+    /// the cancelled turn already killed it.
+    last_kill: Mutex<(bool, u32)>,
 }
 
 /// How a turn ended.
@@ -90,6 +93,7 @@ impl Conversation {
             closed: CancellationToken::new(),
             proc_: tokio::sync::Mutex::new(None),
             last_session: Mutex::new(String::new()),
+            last_kill: Mutex::new((false, 0)),
         });
         let (p, _reset) = conv.start_agent(false).await?;
         *conv.proc_.lock().await = Some(p);
@@ -324,6 +328,7 @@ impl Conversation {
             t.request_end(EndRequest::Cancel);
             finish_unstarted(&t, "cancelled");
         }
+        let active_was_running = active.is_some();
         if let Some(a) = active {
             a.request_end(EndRequest::Cancel);
         }
@@ -333,6 +338,8 @@ impl Conversation {
         let mut p = self.proc_.lock().await;
         let report = match p.take() {
             Some(mut proc_) => proc_.kill(&self.shared).await,
+            // The cancelled active turn killed it already.
+            None if active_was_running => self.last_kill.lock().map(|k| *k).unwrap_or_default(),
             None => (false, 0),
         };
         self.st().status = pb::ConversationState::Closed;
@@ -458,7 +465,10 @@ impl Conversation {
         if stop.kill {
             let mut proc_ = guard.take();
             if let Some(pr) = proc_.as_mut() {
-                pr.kill(&self.shared).await;
+                let r = pr.kill(&self.shared).await;
+                if let Ok(mut k) = self.last_kill.lock() {
+                    *k = r;
+                }
             }
             let mut st = self.st();
             if stop.fail_conversation {
@@ -526,7 +536,7 @@ impl Conversation {
                     }
                     let cancelled = turn.end_reason();
                     return match (res, cancelled) {
-                        (_, Some(end)) => self.ended(end, false),
+                        (_, Some(end)) => self.ended(end),
                         (Ok(r), None) => DriveOut::keep(Stop::reason(r.stop_reason.as_str())),
                         (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault("crash", format!("the agent died: {f}"))),
                         (Err(e), None) => DriveOut::keep(Stop::fault("protocol", format!("session/prompt failed: {e}"))),
@@ -560,19 +570,19 @@ impl Conversation {
                     if expired {
                         let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
                         tracing::info!(context_id = %self.core.info.context_id, turn_id = %turn.id(), "agent did not end the turn within the cancel grace: killing it");
-                        return self.ended(end, true);
+                        return self.ended(end);
                     }
                     // Otherwise the prompt response is (about to be) there; keep looping for it.
                     // Guard against a cancel task that finished while the prompt never answers.
                     if tokio::time::timeout(grace, &mut prompt).await.is_err() {
                         let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
-                        return self.ended(end, true);
+                        return self.ended(end);
                     }
                     while let Ok(ev) = p.events.try_recv() {
                         let _ = self.on_event(p, turn, session_id, ev).await;
                     }
                     let end = turn.end_reason().unwrap_or(EndRequest::Cancel);
-                    return self.ended(end, false);
+                    return self.ended(end);
                 }
                 _ = &mut hard => {
                     return DriveOut::kill(Stop::fault("timeout", format!(
@@ -582,7 +592,7 @@ impl Conversation {
         }
     }
 
-    fn ended(&self, end: EndRequest, kill: bool) -> DriveOut {
+    fn ended(&self, end: EndRequest) -> DriveOut {
         let stop = match end {
             EndRequest::Cancel => Stop::reason("cancelled"),
             EndRequest::Decision {
@@ -604,9 +614,12 @@ impl Conversation {
                 return o;
             }
         };
+        // The design's cancel sequence ends with a kill: whatever the agent started for the
+        // cancelled turn (tools, setsid'ed helpers) must not outlive it. The next turn restarts
+        // the agent (session/load when supported).
         DriveOut {
             stop,
-            kill,
+            kill: true,
             fail_conversation: false,
         }
     }
@@ -627,7 +640,7 @@ impl Conversation {
             }
             AcpEvent::Fault(f) => {
                 if turn.end_reason().is_some() {
-                    return Some(self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel), true));
+                    return Some(self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel)));
                 }
                 return Some(DriveOut::kill(Stop::fault(
                     "crash",
