@@ -1220,3 +1220,55 @@ async fn huge_stderr_does_not_disturb_the_protocol() {
     child.wait().await.unwrap();
     assert!(counter.await.unwrap() >= 4_000_000);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_request_from_agent_answers_permission_cancelled() {
+    let mut h = start(&[], vec![], Pick::Hang, config()).await;
+    let sc = json!({"vocabulary": "claude-0.101", "report": "perm.jsonl", "steps": [
+        {"type": "tool", "kind": "edit", "path": "x.txt", "ask": true, "withdraw_after_ms": 100},
+        {"type": "message", "text": "after"}]});
+    assert_eq!(
+        h.prompt(&s(sc)).await.unwrap().stop_reason,
+        StopReason::EndTurn
+    );
+    assert_eq!(
+        h.client.permission_timings()[0].answer,
+        PermissionAnswer::Cancelled
+    );
+    assert_eq!(
+        h.report_lines("perm.jsonl")[0]["answer"],
+        json!({"outcome": "cancelled"})
+    );
+    // claude-0.101 treats a cancelled outcome as a failed tool and goes on.
+    assert_eq!(messages(&h.drain()), ["after"]);
+    assert!(!h.cwd().join("x.txt").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_when_with_the_shipped_scenario_file() {
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripted-agent/scenarios/three-vocabularies.json");
+    let args = ["--scenario", file.to_str().unwrap()];
+    let mut h = start(
+        &args,
+        vec![],
+        Pick::Kind(PermissionOptionKind::AllowOnce),
+        config(),
+    )
+    .await;
+    let resp = h.prompt("go").await.unwrap();
+    assert_eq!(resp.stop_reason, StopReason::EndTurn);
+    let ev = h.drain();
+    assert_eq!(kinds(&ev).len(), 13);
+    assert_eq!(messages(&ev), ["Starting", "Done"]);
+    let report = h.report_lines("permissions.jsonl");
+    let vocabs: Vec<&str> = report
+        .iter()
+        .map(|l| l["vocabulary"].as_str().unwrap())
+        .collect();
+    assert_eq!(vocabs, ["claude-0.16", "codex-2.6", "claude-0.101"]);
+    assert_eq!(h.client.permission_timings().len(), 3);
+    for f in ["a.txt", "b.txt", "c.txt"] {
+        assert!(h.cwd().join(f).exists(), "{f}");
+    }
+}

@@ -104,6 +104,10 @@ pub struct ToolStep {
     /// Tool call id override.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// Send `$/cancel_request` for the permission request after this long
+    /// (the client must still answer it, with `cancelled`).
+    #[serde(default)]
+    pub withdraw_after_ms: Option<u64>,
 }
 
 /// One scenario step.
@@ -489,6 +493,27 @@ mod tests {
         let Step::Tool(t) = &s[1] else { panic!() };
         assert_eq!(t.command.as_deref(), Some("ls -la"));
         assert!(matches!(demo_steps("hello")[0], Step::Message { .. }));
+    }
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "json") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                let s: Scenario =
+                    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                assert!(
+                    !s.steps.is_empty() || !s.turns.is_empty(),
+                    "{}",
+                    p.display()
+                );
+                n += 1;
+            }
+        }
+        assert!(n >= 5);
     }
 
     #[test]

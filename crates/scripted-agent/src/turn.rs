@@ -309,7 +309,9 @@ impl Turn {
         options: &[Value],
         vocab: Vocab,
         what: &str,
+        withdraw_after_ms: Option<u64>,
     ) -> (Answer, bool, Value, Duration) {
+        let mut withdrawn = false;
         let string_ids = self.settings.string_ids.unwrap_or(vocab == Vocab::Codex016);
         let params = json!({"sessionId": self.sid(), "toolCall": tool_call, "options": options});
         let t0 = Instant::now();
@@ -317,9 +319,24 @@ impl Turn {
             .agent
             .call("session/request_permission", params, string_ids);
         let mut cancelled = false;
-        let got = tokio::select! {
-            r = &mut rx => Some(r),
-            _ = self.wait_cancel() => { cancelled = true; None }
+        let withdraw = async {
+            match withdraw_after_ms {
+                Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(withdraw);
+        let got = loop {
+            tokio::select! {
+                r = &mut rx => break Some(r),
+                _ = self.wait_cancel() => { cancelled = true; break None }
+                _ = &mut withdraw, if !withdrawn => {
+                    // Like claude-agent-acp: withdraw the request; the client
+                    // must still answer it (with `cancelled`).
+                    withdrawn = true;
+                    self.agent.send(&json!({"jsonrpc": "2.0", "method": "$/cancel_request", "params": {"requestId": id}}));
+                }
+            }
         };
         let got = match got {
             Some(r) => Some(r),
@@ -388,7 +405,7 @@ impl Turn {
             u["sessionUpdate"] = Value::from("tool_call");
             self.agent.update(&self.sid(), u);
         }
-        let (answer, cancelled, id, rtt) = self.ask(tc, &options, vocab, "plan_exit").await;
+        let (answer, cancelled, id, rtt) = self.ask(tc, &options, vocab, "plan_exit", None).await;
         let reaction = vocab::react_plan(vocab, &answer);
         let label = match &reaction {
             PlanReaction::Exit { mode } => {
@@ -557,7 +574,9 @@ impl Turn {
                     }
                     c
                 };
-                let (answer, cancelled, id, rtt) = self.ask(req_tc, &options, vocab, "tool").await;
+                let (answer, cancelled, id, rtt) = self
+                    .ask(req_tc, &options, vocab, "tool", t.withdraw_after_ms)
+                    .await;
                 let reaction = if cancelled {
                     Reaction::Refuse {
                         message: "cancelled".into(),
