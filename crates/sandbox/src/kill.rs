@@ -225,6 +225,24 @@ impl ProcessTree {
         !self.leader.is_alive()
     }
 
+    /// Waits (polling, without reaping) until the leader has exited or `timeout` passes;
+    /// returns whether it exited. The exit status comes from [`ProcessTree::kill`] afterwards.
+    pub async fn wait_leader_exited(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut poll = Duration::from_millis(1);
+        loop {
+            if self.leader_exited() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            tokio::time::sleep(poll.min(deadline - now)).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+
     /// The tree's live (non-zombie) members right now; also remembers them, so members that
     /// later leave the group are still known. Call it periodically to widen coverage.
     pub fn live_members(&mut self) -> Vec<ProcessIdentity> {

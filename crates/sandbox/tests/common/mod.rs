@@ -94,6 +94,8 @@ pub async fn run(spawner: &Spawner, spec: SpawnSpec) -> (Option<i32>, String, St
     tokio::time::timeout(Duration::from_secs(20), read)
         .await
         .expect("agent finished");
+    // Output EOF comes just before the exit; let the agent finish rather than TERM it.
+    agent.tree.wait_leader_exited(Duration::from_secs(10)).await;
     let report = agent
         .tree
         .kill(KillOptions::with_grace(Duration::from_secs(1)))
