@@ -192,6 +192,8 @@ struct Inner {
     advertised: Mutex<Option<ClientCapabilities>>,
     agent: Mutex<Option<InitializeResponse>>,
     fault: watch::Sender<Option<Fault>>,
+    /// Set by `close_stdin`: nothing more can be sent (reading goes on).
+    stdin_closed: std::sync::atomic::AtomicBool,
     unknown_updates: AtomicU64,
     malformed_lines: AtomicU64,
     stray_responses: AtomicU64,
@@ -340,6 +342,7 @@ impl AcpClient {
             advertised: Mutex::new(None),
             agent: Mutex::new(None),
             fault: fault_tx,
+            stdin_closed: std::sync::atomic::AtomicBool::new(false),
             unknown_updates: AtomicU64::new(0),
             malformed_lines: AtomicU64::new(0),
             stray_responses: AtomicU64::new(0),
@@ -368,7 +371,10 @@ impl AcpClient {
     }
 
     /// Close the agent's stdin (the polite first step of a shutdown).
+    /// Later requests fail at once with `Fault::ClosedByClient`; updates and
+    /// the answers to requests already sent are still read.
     pub fn close_stdin(&self) {
+        self.inner.stdin_closed.store(true, Ordering::Relaxed);
         let _ = self.inner.out.send(WriterMsg::Close);
     }
 
@@ -410,6 +416,9 @@ impl AcpClient {
         if let Some(f) = self.fault() {
             return Err(AcpError::Fault(f));
         }
+        if self.inner.stdin_closed.load(Ordering::Relaxed) {
+            return Err(AcpError::Fault(Fault::ClosedByClient));
+        }
         self.inner
             .send_line(rpc::notification_line(method, &params));
         Ok(())
@@ -424,6 +433,9 @@ impl AcpClient {
         let inner = &self.inner;
         if let Some(f) = inner.current_fault() {
             return Err(AcpError::Fault(f));
+        }
+        if inner.stdin_closed.load(Ordering::Relaxed) {
+            return Err(AcpError::Fault(Fault::ClosedByClient));
         }
         let id = inner.next_request_id();
         let (tx, rx) = oneshot::channel();

@@ -13,7 +13,44 @@
 //! option that was not offered, answer `cancelled` except for a cancel, spawn
 //! or kill processes (the supervisor does), or panic on anything an agent sends.
 //!
-//! Entry point: [`AcpClient::connect`]. Types are this crate's own serde types
+//! Entry point: [`AcpClient::connect`]:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use warden_acp::*;
+//!
+//! struct Allow;
+//! impl ClientHandler for Allow {
+//!     async fn request_permission(&self, req: PermissionRequest) -> Result<PermissionOutcome, RpcError> {
+//!         // Select by kind, never an "always" option; only ids that were offered.
+//!         match req.selectable_options().find(|o| o.kind == PermissionOptionKind::AllowOnce) {
+//!             Some(o) => Ok(PermissionOutcome::Selected { option_id: o.option_id.clone() }),
+//!             None => Err(RpcError::internal("no one-shot allow offered")),
+//!         }
+//!     }
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut child = tokio::process::Command::new("warden-scripted-agent")
+//!     .stdin(std::process::Stdio::piped())
+//!     .stdout(std::process::Stdio::piped())
+//!     .spawn()?;
+//! let (stdin, stdout) = (child.stdin.take().unwrap(), child.stdout.take().unwrap());
+//! let (client, mut events) = AcpClient::connect(stdout, stdin, Arc::new(Allow), ClientConfig::default());
+//! client.initialize(ClientCapabilities::default()).await?;
+//! let session = client.new_session(std::path::Path::new("/tmp/work")).await?;
+//! tokio::spawn(async move {
+//!     while let Some(ev) = events.recv().await {
+//!         if let AcpEvent::Update(n) = ev { println!("{}: {:?}", n.session_id, n.event); }
+//!     }
+//! });
+//! let resp = client.prompt(&session.session_id, "write hello.txt", serde_json::Value::Null).await?;
+//! assert_eq!(resp.stop_reason, StopReason::EndTurn);
+//! # Ok(()) }
+//! ```
+//!
+//! Dropping every `AcpClient` clone does not stop the reader (it lives until
+//! the agent's stdout closes); the owner of the process ends it. Types are this crate's own serde types
 //! rather than `agent-client-protocol-schema`: that crate's enums fail the
 //! whole message on an unknown permission-option kind, which ACP clients must
 //! tolerate, and its API moves with every release.

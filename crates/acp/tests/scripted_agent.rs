@@ -1272,3 +1272,21 @@ async fn done_when_with_the_shipped_scenario_file() {
         assert!(h.cwd().join(f).exists(), "{f}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_after_close_stdin_fail_fast() {
+    let h = start(&["--ignore-stdin-eof"], vec![], Pick::Error, config()).await;
+    h.client.close_stdin();
+    let err = tokio::time::timeout(
+        Duration::from_secs(2),
+        h.client.set_mode(&h.session, "default"),
+    )
+    .await
+    .expect("must not wait for the request timeout")
+    .unwrap_err();
+    assert_eq!(err, AcpError::Fault(Fault::ClosedByClient));
+    assert!(
+        h.client.fault().is_none(),
+        "closing stdin is not a connection fault"
+    );
+}
