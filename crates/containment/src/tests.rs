@@ -301,3 +301,37 @@ fn resolve_agrees_with_canonicalize_where_the_path_exists() -> Result<(), Box<dy
     }
     Ok(())
 }
+
+#[test]
+fn spelling_variants_do_not_change_the_answer() -> Result<(), ContainmentError> {
+    let f = fs();
+    for (p, want) in [
+        ("//srv//root///src/", true),
+        ("/srv/root/src/.", true),
+        ("/srv/./root/../root/src", true),
+        ("src//..//..//root-evil", false),
+        ("/srv/root/../root-evil/", false),
+    ] {
+        assert_eq!(is_inside(ROOT, p, &f)?, want, "{p}");
+    }
+    // A root given with a trailing slash or dots is the same root.
+    assert!(is_inside("/srv/root/", "src", &f)?);
+    assert!(is_inside("/srv/./root", "src", &f)?);
+    assert!(!is_inside("/srv/root/.", "../root-evil", &f)?);
+    // `/` contains everything, and `..` cannot climb above it.
+    assert!(is_inside("/", "/etc/passwd", &f)?);
+    assert_eq!(resolve("../../..", "/", &f)?, PathBuf::from("/"));
+    Ok(())
+}
+
+#[test]
+fn a_symlinked_component_of_the_root_itself_is_resolved_once() -> Result<(), ContainmentError> {
+    // /ws -> /srv/root: the root may be named through the link, paths through either spelling.
+    let f = fs().symlink("/ws", "/srv/root");
+    assert!(is_inside("/ws", "/srv/root/src/main.rs", &f)?);
+    assert!(is_inside("/srv/root", "/ws/src", &f)?);
+    assert!(!is_inside("/ws", "/ws/../root-evil", &f)?);
+    // `/ws/..` is the parent of the TARGET (/srv), so /ws/../root is the root again.
+    assert!(is_inside("/srv/root", "/ws/../root/src", &f)?);
+    Ok(())
+}

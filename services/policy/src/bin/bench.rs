@@ -185,7 +185,22 @@ fn bench_rules(root: &Path, n: usize) -> Result<(), String> {
     };
     let t0 = Instant::now();
     let lat = run(engine.clone(), inputs.clone(), n);
-    report("rules alone, sequential", lat, t0.elapsed());
+    report("rules alone, sequential (mix)", lat, t0.elapsed());
+    // Per case: the path checks cost one lstat per component; the rest is pure computation.
+    let names = [
+        "read",
+        "edit inside (lstat)",
+        "edit new deep file (lstat)",
+        "edit via symlink out (lstat)",
+        "execute + matchers",
+        "plan exit",
+    ];
+    for (k, name) in names.iter().enumerate() {
+        let one = Arc::new(vec![inputs[k].clone()]);
+        let t0 = Instant::now();
+        let lat = run(engine.clone(), one, n / 10);
+        report(&format!("  rules alone, {name}"), lat, t0.elapsed());
+    }
 
     let t0 = Instant::now();
     let handles: Vec<_> = (0..8)
