@@ -124,6 +124,17 @@ pub struct Deployment {
     pub daemons: Vec<Daemon>,
 }
 
+/// Where test deployments live: `WARDEN_TEST_ROOT`, else `<target>/tmp`.
+pub fn test_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("WARDEN_TEST_ROOT") {
+        return PathBuf::from(d);
+    }
+    bin_dir()
+        .parent()
+        .map(|t| t.join("tmp"))
+        .unwrap_or_else(|| PathBuf::from("target/tmp"))
+}
+
 /// A free loopback TCP port for the gateway.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -133,24 +144,11 @@ pub fn free_port() -> u16 {
 }
 
 impl Deployment {
-    /// A fresh state directory (short path: Unix socket paths are limited to 108 bytes).
+    /// A fresh state directory under the target directory's `tmp/` (not `/tmp`: the supervisor
+    /// refuses to keep sandboxes in a temp tree). The path stays short because Unix socket paths
+    /// are limited to 108 bytes.
     pub fn new(opts: Options) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("wd")
-            .tempdir_in("/tmp")
-            .unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let layout = Layout::new(dir.path());
-        for d in ["run", "policy", "supervisor", "gateway"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir: {e}"));
-        }
-        let http = format!("127.0.0.1:{}", free_port());
-        Deployment {
-            dir,
-            layout,
-            http,
-            opts,
-            daemons: Vec::new(),
-        }
+        Self::new_in(&test_root(), opts)
     }
 
     /// Like [`Deployment::new`], but the state directory is made under `parent` instead of
@@ -158,7 +156,8 @@ impl Deployment {
     /// may write /tmp could reach another conversation's sandbox), so its tests run elsewhere,
     /// e.g. under `CARGO_TARGET_TMPDIR`. Keep `parent` short: socket paths are limited to 108 bytes.
     pub fn new_in(parent: &Path, opts: Options) -> Self {
-        std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
+        std::fs::create_dir_all(parent)
+            .unwrap_or_else(|e| panic!("mkdir {}: {e}", parent.display()));
         let dir = tempfile::Builder::new()
             .prefix("wd")
             .tempdir_in(parent)

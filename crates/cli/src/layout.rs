@@ -58,11 +58,18 @@ impl Layout {
     }
 }
 
-/// Resolves `--state-dir` or the default.
+/// Resolves `--state-dir` or the default, made absolute (daemons resolve relative paths against
+/// their own state directories, so a relative path here would point somewhere else for them).
 pub fn resolve(state_dir: Option<&Path>) -> Layout {
-    Layout::new(
-        state_dir
-            .map(Path::to_path_buf)
-            .unwrap_or_else(Layout::default_root),
-    )
+    let root = state_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(Layout::default_root);
+    let root = if root.is_absolute() {
+        root
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(&root))
+            .unwrap_or(root)
+    };
+    Layout::new(root)
 }
