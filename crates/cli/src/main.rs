@@ -43,6 +43,9 @@ enum Command {
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
+    /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
+    /// landlock) and what warden falls back to where one is missing.
+    Doctor,
     /// Read the policy service's audit log.
     Audit {
         #[command(subcommand)]
@@ -126,6 +129,22 @@ async fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::Doctor => {
+            let features = warden_sandbox::host_features();
+            println!("{features}");
+            let bins = exe_dir();
+            println!("binaries in {}:", bins.display());
+            for b in [
+                "warden-policy",
+                "warden-supervisor",
+                "warden-gateway",
+                "warden-scripted-agent",
+            ] {
+                let found = bins.join(b).is_file();
+                println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
+            }
+            ExitCode::SUCCESS
         }
         Command::Status => {
             if status::run(&layout).await {
