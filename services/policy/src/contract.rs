@@ -405,6 +405,14 @@ pub async fn check_policy_service(
     }
 
     let mut out = Vec::new();
+    // The wire contract itself: a decision that lost its verdict denies.
+    if pb::Decision::default().verdict != pb::Verdict::Deny as i32 {
+        out.push(Violation {
+            check: "zero-value-deny",
+            case: "Decision::default()".into(),
+            detail: "the zero verdict is not DENY".into(),
+        });
+    }
     for (check, name, req, want) in cases {
         let offered = req.options.clone();
         let d = decide_with_deadline(&mut client, req, opts.deadline).await;

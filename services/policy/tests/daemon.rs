@@ -471,3 +471,75 @@ async fn only_allowed_peers_may_call_decide() {
     let ok = probe_as_nobody(&p.socket());
     assert!(ok.starts_with("verdict="), "{ok}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_during_reloads_each_see_one_whole_policy_version() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut callers = Vec::new();
+    for c in 0..4 {
+        let mut client = p.policy();
+        let (root, stop) = (root.clone(), stop.clone());
+        callers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let d = client
+                    .decide(req(&root, true, "execute", &[], &format!("c{c}")))
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .into_inner();
+                seen.push(d);
+            }
+            seen
+        }));
+    }
+    // Odd versions approve everything, even versions deny everything.
+    for v in 2..=12u64 {
+        let policy = if v % 2 == 0 {
+            "[policy.global]\nmode = \"deny-all\"\n"
+        } else {
+            "[policy.global]\nmode = \"approve-all\"\n"
+        };
+        p.write_config(policy, "");
+        let r = p
+            .admin()
+            .reload(pb::ReloadRequest {})
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_inner();
+        assert_eq!((r.reloaded, r.policy_version), (true, v), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut decisions = Vec::new();
+    for c in callers {
+        decisions.extend(c.await.unwrap_or_else(|e| panic!("{e}")));
+    }
+    assert!(decisions.len() > 20, "only {} decisions", decisions.len());
+    let mut admin = p.admin();
+    let mut versions = std::collections::BTreeSet::new();
+    for d in &decisions {
+        let rec = admin
+            .audit_query(pb::AuditQueryRequest {
+                decision_id: d.decision_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_inner()
+            .records;
+        let v = rec
+            .first()
+            .map(|r| r.policy_version)
+            .unwrap_or_else(|| panic!("no audit record for {}", d.decision_id));
+        versions.insert(v);
+        let denied_by_mode = d.rule == "mode.deny-all";
+        assert_eq!(denied_by_mode, v % 2 == 0, "version {v} decided {d:?}");
+    }
+    assert!(
+        versions.len() > 3,
+        "reloads were not interleaved: {versions:?}"
+    );
+}
