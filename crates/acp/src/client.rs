@@ -796,14 +796,30 @@ fn on_request<H: ClientHandler>(
         .map(str::to_string);
     let (cancel_tx, cancel_rx) = oneshot::channel();
     let is_permission = method == "session/request_permission";
-    lock(&inner.incoming).insert(
-        id.clone(),
-        IncomingEntry {
-            session_id,
-            is_permission,
-            cancel: Some(cancel_tx),
-        },
-    );
+    {
+        let mut incoming = lock(&inner.incoming);
+        if incoming.contains_key(&id) {
+            // Two live requests with one id could not be told apart when answered.
+            drop(incoming);
+            tracing::warn!(request_id = %id, method, "agent reused the id of a pending request");
+            inner.send_line(rpc::response_line(
+                &id,
+                Err(RpcError::new(
+                    rpc::codes::INVALID_REQUEST,
+                    "id already in use by a pending request",
+                )),
+            ));
+            return;
+        }
+        incoming.insert(
+            id.clone(),
+            IncomingEntry {
+                session_id,
+                is_permission,
+                cancel: Some(cancel_tx),
+            },
+        );
+    }
     let inner = inner.clone();
     let handler = handler.clone();
     tokio::spawn(async move {

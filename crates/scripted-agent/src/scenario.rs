@@ -359,8 +359,9 @@ pub fn tck_steps(message_id: &str) -> Option<Vec<Step>> {
 /// `run COMMAND`, `read FILE`, `delete FILE`; anything else gets an echo.
 pub fn demo_steps(text: &str) -> Vec<Step> {
     let t = text.trim();
-    let lower = t.to_lowercase();
-    let after = |n: usize| t[n..].trim().to_string();
+    // ASCII lowercasing keeps byte offsets valid for slicing `t`.
+    let lower = t.to_ascii_lowercase();
+    let after = |n: usize| t.get(n..).unwrap_or("").trim().to_string();
     let first_word = |s: &str| {
         s.split_whitespace()
             .next()
@@ -393,7 +394,7 @@ pub fn demo_steps(text: &str) -> Vec<Step> {
             let content = ["with ", "containing "]
                 .iter()
                 .find_map(|k| {
-                    rest.to_lowercase()
+                    rest.to_ascii_lowercase()
                         .find(k)
                         .map(|i| rest[i + k.len()..].to_string())
                 })
@@ -493,6 +494,17 @@ mod tests {
         let Step::Tool(t) = &s[1] else { panic!() };
         assert_eq!(t.command.as_deref(), Some("ls -la"));
         assert!(matches!(demo_steps("hello")[0], Step::Message { .. }));
+        // Multi-byte text never breaks slicing.
+        for t in [
+            "WRİTE İİ.txt with İ",
+            "write ü.txt WİTH ß",
+            "run",
+            "write ",
+            "İwrite x",
+            "rm \u{212A}",
+        ] {
+            let _ = demo_steps(t);
+        }
     }
 
     #[test]

@@ -12,6 +12,9 @@ use crate::agent::{Agent, Session};
 use crate::scenario::{self, OnCancel, Step, ToolStep};
 use crate::vocab::{self, Answer, PlanReaction, Reaction, Vocab};
 
+/// Cap on `oversized` / `stderr` sizes: a scenario typo must not exhaust memory.
+const MAX_SIZE_STEP: usize = 1 << 30;
+
 /// How the step list ended.
 enum Flow {
     Continue,
@@ -215,7 +218,7 @@ impl Turn {
                 .raw(line.unwrap_or_else(|| "{\"jsonrpc\":\"2.0\", this is not json".into()).into_bytes()),
             Step::Oversized { bytes } => self.agent.update(
                 &sid,
-                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(bytes)}}),
+                json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(bytes.min(MAX_SIZE_STEP))}}),
             ),
             Step::Question { message, schema } => return self.question(&message, schema).await,
             Step::Tool(t) => return self.tool(*t).await,
@@ -237,7 +240,7 @@ impl Turn {
                 use std::io::Write;
                 let line = format!("{}\n", "e".repeat(1023));
                 let mut err = std::io::stderr().lock();
-                let mut left = bytes;
+                let mut left = bytes.min(MAX_SIZE_STEP);
                 while left > 0 {
                     let n = left.min(line.len());
                     if err.write_all(&line.as_bytes()[..n]).is_err() {
@@ -807,7 +810,8 @@ fn write_rule(vocab: Vocab, cwd: &Path, kind: &str, command: &str) -> std::io::R
         let file = dir.join("settings.local.json");
         let mut settings: Value = std::fs::read_to_string(&file)
             .ok()
-            .and_then(|s| serde_json::from_str(&s).ok())
+            .and_then(|s| serde_json::from_str::<Value>(&s).ok())
+            .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
         let rule = match (vocab, kind) {
             (Vocab::Claude016, "execute") => "mcp__acp__Bash".to_string(),
