@@ -44,6 +44,8 @@ pub struct TurnMapper {
     cancel_requested: bool,
     last_fault: Option<Fault>,
     usage: Option<Value>,
+    /// Title and kind of each tool call, since updates usually repeat only the id.
+    tool_calls: std::collections::HashMap<String, (String, String)>,
     finished: bool,
 }
 
@@ -114,6 +116,7 @@ impl TurnMapper {
             cancel_requested: false,
             last_fault: None,
             usage: None,
+            tool_calls: std::collections::HashMap::new(),
             finished: false,
         }
     }
@@ -362,6 +365,17 @@ impl TurnMapper {
     }
 
     fn tool_call(&mut self, t: &ToolCallEvent, now: i64) -> StreamResponse {
+        let known = self.tool_calls.entry(t.tool_call_id.clone()).or_default();
+        if !t.title.is_empty() {
+            known.0 = t.title.clone();
+        }
+        if !t.kind.is_empty() {
+            known.1 = t.kind.clone();
+        }
+        let mut t = t.clone();
+        t.title = known.0.clone();
+        t.kind = known.1.clone();
+        let t = &t;
         let locations: Vec<Value> = t
             .locations
             .iter()
@@ -730,6 +744,37 @@ mod tests {
             )
         );
         assert!(m.pending_question().is_none());
+    }
+
+    #[test]
+    fn tool_call_updates_keep_the_title_and_kind_of_the_first_report() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let first = ToolCallEvent {
+            tool_call_id: "tc1".into(),
+            kind: "edit".into(),
+            title: "Write hello.txt".into(),
+            status: "pending".into(),
+            ..Default::default()
+        };
+        let update = ToolCallEvent {
+            tool_call_id: "tc1".into(),
+            status: "completed".into(),
+            update: true,
+            ..Default::default()
+        };
+        let out = run(
+            &mut m,
+            vec![started(), Event::ToolCall(first), Event::ToolCall(update)],
+        );
+        let StreamResponse::StatusUpdate(s) = &out[2] else {
+            panic!()
+        };
+        let msg = s.status.message.as_ref().unwrap();
+        assert_eq!(
+            msg.parts[0].content,
+            crate::a2a::PartContent::Text("tool call completed: Write hello.txt (edit)".into())
+        );
+        assert_eq!(msg.metadata.as_ref().unwrap()[META_KEY]["update"], true);
     }
 
     #[test]
