@@ -56,6 +56,9 @@ pub struct ClientConfig {
     /// After this many lines that are not JSON-RPC, fault the connection
     /// (`None` = log them and keep going).
     pub max_malformed_lines: Option<u64>,
+    /// How many permission timings are kept (oldest dropped first), so a
+    /// long-lived connection does not grow without bound.
+    pub permission_timing_capacity: usize,
 }
 
 impl Default for ClientConfig {
@@ -69,6 +72,7 @@ impl Default for ClientConfig {
             client_version: env!("CARGO_PKG_VERSION").into(),
             enforce_offered_options: true,
             max_malformed_lines: None,
+            permission_timing_capacity: 4096,
         }
     }
 }
@@ -188,7 +192,7 @@ struct Inner {
     pending: Mutex<HashMap<RequestId, Pending>>,
     prompts: Mutex<HashMap<String, PromptTrack>>,
     incoming: Mutex<HashMap<RequestId, IncomingEntry>>,
-    timings: Mutex<Vec<PermissionTiming>>,
+    timings: Mutex<std::collections::VecDeque<PermissionTiming>>,
     advertised: Mutex<Option<ClientCapabilities>>,
     agent: Mutex<Option<InitializeResponse>>,
     fault: watch::Sender<Option<Fault>>,
@@ -338,7 +342,7 @@ impl AcpClient {
             pending: Mutex::new(HashMap::new()),
             prompts: Mutex::new(HashMap::new()),
             incoming: Mutex::new(HashMap::new()),
-            timings: Mutex::new(Vec::new()),
+            timings: Mutex::new(std::collections::VecDeque::new()),
             advertised: Mutex::new(None),
             agent: Mutex::new(None),
             fault: fault_tx,
@@ -378,9 +382,15 @@ impl AcpClient {
         let _ = self.inner.out.send(WriterMsg::Close);
     }
 
-    /// Every permission round trip so far (received -> answered).
+    /// The recorded permission round trips (received -> answered), oldest
+    /// first; at most `config.permission_timing_capacity` of them.
     pub fn permission_timings(&self) -> Vec<PermissionTiming> {
-        lock(&self.inner.timings).clone()
+        lock(&self.inner.timings).iter().cloned().collect()
+    }
+
+    /// Like [`AcpClient::permission_timings`], and forget them.
+    pub fn take_permission_timings(&self) -> Vec<PermissionTiming> {
+        lock(&self.inner.timings).drain(..).collect()
     }
 
     /// Number of permission requests not answered yet (all sessions).
@@ -902,7 +912,11 @@ async fn handle_permission<H: ClientHandler>(
         elapsed_us = elapsed.as_micros() as u64,
         "permission answered"
     );
-    lock(&inner.timings).push(PermissionTiming {
+    let mut timings = lock(&inner.timings);
+    if timings.len() >= inner.config.permission_timing_capacity.max(1) {
+        timings.pop_front();
+    }
+    timings.push_back(PermissionTiming {
         session_id,
         request_id: id.clone(),
         tool_call_id,
@@ -910,6 +924,7 @@ async fn handle_permission<H: ClientHandler>(
         elapsed,
         answer,
     });
+    drop(timings);
     outcome.map(|o| o.to_result())
 }
 

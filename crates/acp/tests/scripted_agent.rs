@@ -1290,3 +1290,33 @@ async fn requests_after_close_stdin_fail_fast() {
         "closing stdin is not a connection fault"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_timings_are_bounded_and_drainable() {
+    let cfg = ClientConfig {
+        permission_timing_capacity: 3,
+        ..config()
+    };
+    let h = start(
+        &[],
+        vec![],
+        Pick::Kind(PermissionOptionKind::AllowOnce),
+        cfg,
+    )
+    .await;
+    let steps: Vec<Value> = (0..5).map(|i| json!({"type": "tool", "kind": "other", "tool_call_id": format!("t{i}"), "ask": true})).collect();
+    h.prompt(&s(json!({"steps": steps}))).await.unwrap();
+    let t = h.client.permission_timings();
+    assert_eq!(
+        t.iter()
+            .map(|x| x.tool_call_id.as_str())
+            .collect::<Vec<_>>(),
+        ["t2", "t3", "t4"]
+    );
+    assert!(
+        t.iter()
+            .all(|x| x.elapsed > Duration::ZERO && x.elapsed < Duration::from_secs(5))
+    );
+    assert_eq!(h.client.take_permission_timings().len(), 3);
+    assert!(h.client.permission_timings().is_empty());
+}
