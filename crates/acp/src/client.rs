@@ -710,6 +710,11 @@ where
         if inner.current_fault().is_some() {
             return;
         }
+        // One huge (allowed) line must not pin its buffer for the life of
+        // the connection.
+        if buf.capacity() > 1 << 20 {
+            buf = Vec::new();
+        }
         match rpc::read_line_bounded(&mut reader, &mut buf, max).await {
             Ok(LineRead::Line) => {}
             Ok(LineRead::Eof) => return inner.set_fault(Fault::AgentClosed),
