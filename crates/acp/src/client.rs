@@ -233,6 +233,9 @@ impl Inner {
             return;
         }
         tracing::warn!(%fault, "ACP connection fault");
+        // The event goes first, so a caller whose request fails below finds
+        // the fault already queued behind the last update.
+        let _ = self.events.send(AcpEvent::Fault(fault.clone()));
         // Dropping the senders wakes the waiting callers, who read the fault.
         lock(&self.pending).clear();
         for (_, track) in lock(&self.prompts).drain() {
@@ -240,7 +243,6 @@ impl Inner {
                 let _ = w.send(PromptEnd::Fault(fault.clone()));
             }
         }
-        let _ = self.events.send(AcpEvent::Fault(fault));
     }
 
     fn malformed(&self, detail: String) {

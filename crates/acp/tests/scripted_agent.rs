@@ -635,15 +635,27 @@ async fn cancel_answers_pending_permission_cancelled_and_waits_for_prompt() {
     assert!(!h.cwd().join("never.txt").exists());
 }
 
+/// Wait until the turn announced itself, so the cancel cannot overtake the prompt.
+async fn wait_started(h: &mut Harness) {
+    while let Ok(Some(ev)) = tokio::time::timeout(Duration::from_secs(10), h.events.recv()).await {
+        if messages(&[ev]) == ["started"] {
+            return;
+        }
+    }
+    panic!("the turn never started");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_misbehaving_agents() {
     // end_turn after a cancel
-    let h = start(&[], vec![], Pick::Hang, config()).await;
+    let mut h = start(&[], vec![], Pick::Hang, config()).await;
     let c = h.client.clone();
     let sid = h.session.clone();
-    let sc = s(json!({"on_cancel": "end_turn", "steps": [{"type": "hang"}]}));
+    let sc = s(
+        json!({"on_cancel": "end_turn", "steps": [{"type": "message", "text": "started"}, {"type": "hang"}]}),
+    );
     let p = tokio::spawn(async move { c.prompt(&sid, &sc, Value::Null).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_started(&mut h).await;
     let r = h.client.cancel(&h.session).await.unwrap();
     assert_eq!(
         r.outcome,
@@ -652,12 +664,14 @@ async fn cancel_misbehaving_agents() {
     p.await.unwrap().unwrap();
 
     // never answers: the deadline expires, the connection is still usable.
-    let h = start(&[], vec![], Pick::Hang, config()).await;
+    let mut h = start(&[], vec![], Pick::Hang, config()).await;
     let c = h.client.clone();
     let sid = h.session.clone();
-    let sc = s(json!({"on_cancel": "never", "steps": [{"type": "hang"}]}));
+    let sc = s(
+        json!({"on_cancel": "never", "steps": [{"type": "message", "text": "started"}, {"type": "hang"}]}),
+    );
     let _p = tokio::spawn(async move { c.prompt(&sid, &sc, Value::Null).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_started(&mut h).await;
     let r = h
         .client
         .cancel_with_deadline(&h.session, Duration::from_millis(300))
