@@ -4,6 +4,8 @@
 
 use warden_cli::{audit, layout, status, up};
 
+mod send;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -43,6 +45,17 @@ enum Command {
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
+    /// Send one task to the running gateway and watch it live; exits 0 when it COMPLETED.
+    Send {
+        /// The configured agent to run (default: the gateway's default agent).
+        #[arg(long)]
+        agent: Option<String>,
+        /// Continue this A2A context (conversation) instead of starting a new one.
+        #[arg(long)]
+        context: Option<String>,
+        /// What to ask the agent.
+        text: String,
+    },
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
     /// landlock) and what warden falls back to where one is missing.
     Doctor,
@@ -145,6 +158,21 @@ async fn main() -> ExitCode {
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
             }
             ExitCode::SUCCESS
+        }
+        Command::Send {
+            agent,
+            context,
+            text,
+        } => {
+            send::run(
+                &layout,
+                send::SendArgs {
+                    agent,
+                    context,
+                    text,
+                },
+            )
+            .await
         }
         Command::Status => {
             if status::run(&layout).await {
