@@ -49,7 +49,7 @@ struct Cli {
     #[arg(long, env = "WARDEN_SCRIPTED_REPORT")]
     report: Option<PathBuf>,
     /// Keep running after stdin closes (like the real adapters).
-    #[arg(long, env = "WARDEN_SCRIPTED_IGNORE_EOF")]
+    #[arg(long, env = "WARDEN_SCRIPTED_IGNORE_EOF", value_parser = clap::builder::BoolishValueParser::new())]
     ignore_stdin_eof: bool,
     /// Internal: run as a sleeping helper process (containment tests).
     #[arg(long, hide = true)]
