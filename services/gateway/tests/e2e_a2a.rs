@@ -435,3 +435,40 @@ async fn two_principals_are_isolated_and_the_principal_reaches_the_policy() {
         .await;
     assert_eq!(r.status, 401);
 }
+
+#[tokio::test]
+async fn the_admin_socket_answers_status_and_refuses_the_policy_only_calls() {
+    let (d, gw) = deploy(vec![]).await;
+    gw.rpc(
+        "SendMessage",
+        json!({"message": message("m-status", "hello", json!({}))}),
+    )
+    .await;
+    let mut admin =
+        warden_proto::v1::admin_service_client::AdminServiceClient::new(d.channel("gateway"));
+    let st = admin
+        .status(warden_proto::v1::StatusRequest {})
+        .await
+        .expect("status")
+        .into_inner();
+    assert_eq!(st.daemon, "warden-gateway");
+    assert!(
+        st.listeners.iter().any(|l| l == &format!("tcp:{}", d.http)),
+        "{:?}",
+        st.listeners
+    );
+    assert!(
+        st.listeners.iter().any(|l| l.starts_with("unix:")),
+        "{:?}",
+        st.listeners
+    );
+    assert_eq!(
+        st.details.get("tasks_stored").map(String::as_str),
+        Some("1")
+    );
+    let err = admin
+        .audit_query(warden_proto::v1::AuditQueryRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented);
+}
