@@ -219,6 +219,25 @@ impl ClientHandler for TestHandler {
 
 static BUILD: Once = Once::new();
 
+/// Whether the agent's sources changed after the binary was built (a lone
+/// `cargo test -p warden-acp` does not rebuild other packages' binaries).
+fn stale(bin: &Path) -> bool {
+    let built = match std::fs::metadata(bin).and_then(|m| m.modified()) {
+        Ok(t) => t,
+        Err(_) => return true,
+    };
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripted-agent/src");
+    std::fs::read_dir(src)
+        .map(|entries| {
+            entries.flatten().any(|e| {
+                e.metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t > built)
+            })
+        })
+        .unwrap_or(false)
+}
+
 /// Path of the scripted agent binary next to this test's target dir, built on
 /// demand when missing (e.g. `cargo test -p warden-acp` alone).
 pub fn agent_bin() -> PathBuf {
@@ -231,7 +250,7 @@ pub fn agent_bin() -> PathBuf {
         .to_path_buf();
     let bin = dir.join("warden-scripted-agent");
     BUILD.call_once(|| {
-        if !bin.exists() {
+        if !bin.exists() || stale(&bin) {
             let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
             let status = std::process::Command::new(cargo)
                 .args(["build", "-p", "warden-scripted-agent"])
