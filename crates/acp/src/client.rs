@@ -417,8 +417,9 @@ impl AcpClient {
         lock(&self.inner.agent).clone()
     }
 
-    /// Send a raw request and wait for its result (no timeout for `session/prompt`,
-    /// else `config.request_timeout`).
+    /// Send a raw request and wait for its result, up to `config.request_timeout`
+    /// (use [`AcpClient::prompt`] for prompts: it has no timeout and is tracked
+    /// for [`AcpClient::cancel`]).
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, AcpError> {
         self.request_inner(method, params, None).await
     }
