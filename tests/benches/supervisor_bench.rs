@@ -1,0 +1,235 @@
+//! Supervisor figures, printed (not asserted):
+//!
+//! * the permission round trip as the scripted agent measures it (agent -> supervisor -> policy
+//!   -> supervisor -> agent), p50/p99 over 10,000 requests in one turn;
+//! * the supervisor's RSS per idle conversation with 200 open (the agents' memory excluded: they
+//!   are separate processes).
+//!
+//! Run: `cargo bench -p warden-e2e --bench supervisor_bench` (release binaries are built first).
+//! `WARDEN_BENCH_REQUESTS` and `WARDEN_BENCH_CONVERSATIONS` override the counts.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use warden_e2e::{Deployment, Options};
+use warden_proto::v1 as pb;
+use warden_proto::v1::supervisor_service_client::SupervisorServiceClient;
+use warden_proto::v1::turn_event::Event;
+
+fn env_num(k: &str, d: usize) -> usize {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Builds the release binaries when the bench itself runs in release, so the daemons are too.
+fn binaries() {
+    if std::env::var_os("WARDEN_BIN_DIR").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
+    if profile_dir.as_ref().is_some_and(|p| p.ends_with("release")) {
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let st = std::process::Command::new(cargo)
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .args([
+                "-p",
+                "warden-policy",
+                "-p",
+                "warden-supervisor",
+                "-p",
+                "warden-scripted-agent",
+                "-p",
+                "warden-gateway",
+            ])
+            .status()
+            .expect("cargo build");
+        assert!(st.success(), "release build failed");
+        // SAFETY: single-threaded at this point.
+        unsafe { std::env::set_var("WARDEN_BIN_DIR", profile_dir.unwrap()) };
+    }
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() {
+    binaries();
+    let requests = env_num("WARDEN_BENCH_REQUESTS", 10_000);
+    let convs = env_num("WARDEN_BENCH_CONVERSATIONS", 200);
+    let parent = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("svb");
+
+    // --- permission round trip ---
+    let d = Deployment::new_in(&parent, Options::default());
+    let scen = d.dir.path().join("bench-scenario.json");
+    let step = serde_json::json!({"type": "tool", "kind": "edit", "path": "bench.txt",
+        "content": "x", "ask": true, "via": "direct", "vocabulary": "claude-0.101"});
+    let steps: Vec<_> = (0..requests).map(|_| step.clone()).collect();
+    std::fs::write(
+        &scen,
+        serde_json::json!({"report": "perm.jsonl", "steps": steps}).to_string(),
+    )
+    .unwrap();
+    let agent = warden_e2e::bin_dir().join("warden-scripted-agent");
+    let sets = [
+        format!("agents.bench.command=\"{}\"", agent.display()),
+        "agents.bench.supervised_mode=\"default\"".to_string(),
+        "agents.bench.budget_in_prompt=false".to_string(),
+        "agents.bench.env=[\"WARDEN_SCENARIO\"]".to_string(),
+        format!(
+            "agents.bench.set_env.WARDEN_SCENARIO=\"{}\"",
+            scen.display()
+        ),
+        "limits.output_bytes=1073741824".to_string(),
+        "limits.turn_timeout_secs=3600".to_string(),
+    ];
+    let mut d = d;
+    d.opts.sets = sets
+        .iter()
+        .map(|s| ("supervisor".to_string(), s.clone()))
+        .collect();
+    // The policy's audit log is fsynced per decision by default; WARDEN_BENCH_AUDIT_SYNC=0
+    // measures without that disk flush, to show where the time goes.
+    let audit_sync = std::env::var("WARDEN_BENCH_AUDIT_SYNC")
+        .map(|v| v != "0")
+        .unwrap_or(true);
+    if !audit_sync {
+        d.opts
+            .sets
+            .push(("policy".into(), "audit.sync=false".into()));
+    }
+    println!("policy audit.sync={audit_sync}");
+    d.start("policy").await;
+    d.start("supervisor").await;
+    let mut c = SupervisorServiceClient::new(d.channel("supervisor"));
+    let mut open = pb::OpenConversationRequest {
+        context_id: "bench".into(),
+        agent: "bench".into(),
+        profile: pb::Profile::WorkspaceWrite as i32,
+        principal: "bench".into(),
+        verb: "implement".into(),
+        ..Default::default()
+    };
+    let info = c
+        .open_conversation(open.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let t0 = Instant::now();
+    let mut s = c
+        .run_turn(pb::RunTurnRequest {
+            context_id: "bench".into(),
+            turn_id: "bench".into(),
+            text: "run the bench scenario".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut allowed = 0usize;
+    let mut policy_us: Vec<u64> = Vec::new();
+    let mut stop_reason = String::new();
+    while let Some(ev) = s.message().await.unwrap() {
+        match ev.event {
+            Some(Event::Permission(p)) => {
+                policy_us.push(p.policy_latency_micros);
+                if p.verdict == pb::Verdict::Allow as i32 {
+                    allowed += 1;
+                }
+            }
+            Some(Event::Stop(st)) => {
+                stop_reason = st.stop_reason;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let wall = t0.elapsed();
+    let report =
+        std::fs::read_to_string(Path::new(&info.root).join("perm.jsonl")).unwrap_or_default();
+    let mut rtts: Vec<u64> = report
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["rtt_us"].as_u64())
+        .collect();
+    rtts.sort_unstable();
+    println!(
+        "permission round trip (scripted agent's measure, agent -> supervisor -> policy -> supervisor -> agent)"
+    );
+    println!(
+        "  requests={} allowed={} stop={stop_reason} wall={:.1}s",
+        rtts.len(),
+        allowed,
+        wall.as_secs_f64()
+    );
+    println!(
+        "  p50={} us  p90={} us  p99={} us  max={} us   (targets: p50 <= 400 us, p99 <= 2000 us)",
+        pct(&rtts, 0.50),
+        pct(&rtts, 0.90),
+        pct(&rtts, 0.99),
+        rtts.last().copied().unwrap_or(0)
+    );
+    policy_us.sort_unstable();
+    println!(
+        "  of which the Decide call as the supervisor saw it: p50={} us  p99={} us",
+        pct(&policy_us, 0.50),
+        pct(&policy_us, 0.99)
+    );
+    let _ = c
+        .close_conversation(pb::CloseConversationRequest {
+            context_id: "bench".into(),
+        })
+        .await;
+
+    // --- RSS per idle conversation ---
+    let pid = d.daemon("supervisor").map(|x| x.pid()).unwrap_or(0);
+    // One warm-up conversation, so per-process one-time allocations are not counted.
+    open.context_id = "warm".into();
+    open.agent = String::new();
+    c.open_conversation(open.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+    let t1 = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..convs {
+        let mut c = c.clone();
+        let mut o = open.clone();
+        o.context_id = format!("idle-{i}");
+        set.spawn(async move { c.open_conversation(o).await.map(|_| ()) });
+        if set.len() >= 16 {
+            set.join_next().await.unwrap().unwrap().unwrap();
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap().unwrap();
+    }
+    let opened = t1.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = rss_kib(pid);
+    let per = (after.saturating_sub(before)) as f64 / convs as f64;
+    println!("supervisor memory with {convs} idle conversations open (agents excluded)");
+    println!(
+        "  RSS before={before} KiB after={after} KiB  per conversation={per:.1} KiB  (target <= 300 KiB); opened in {:.1}s",
+        opened.as_secs_f64()
+    );
+}
