@@ -5,7 +5,7 @@
 
 mod supervisor_support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::json;
@@ -52,7 +52,7 @@ async fn until(
 }
 
 /// Waits until `file` lists at least `n` pids.
-async fn wait_pids(file: &PathBuf, n: usize) -> Vec<i32> {
+async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
     for _ in 0..200 {
         let p = pids_in(file);
         if p.len() >= n {

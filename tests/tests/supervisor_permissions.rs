@@ -5,7 +5,7 @@
 
 mod supervisor_support;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use supervisor_support::*;
@@ -54,7 +54,7 @@ fn exec_turn(vocab: &str, ctx: &str, profile: pb::Profile) -> pb::RunTurnRequest
     t
 }
 
-fn report(root: &PathBuf) -> Vec<Value> {
+fn report(root: &Path) -> Vec<Value> {
     std::fs::read_to_string(root.join("perm.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -130,7 +130,7 @@ async fn allow_sends_the_one_time_allow_of_each_vocabulary() {
     }
 }
 
-fn assert_refused(v: &str, evs: &[pb::TurnEvent], rep: &[Value], root: &PathBuf, rule: &str) {
+fn assert_refused(v: &str, evs: &[pb::TurnEvent], rep: &[Value], root: &Path, rule: &str) {
     assert_eq!(rep[0]["answer"]["optionId"], refuse_exec_id(v), "{v}");
     let s = stop(evs);
     assert_eq!(

@@ -245,12 +245,12 @@ impl Conversation {
             }
             return "queued";
         }
-        if let Some(a) = st.active.clone() {
-            if a.id() == turn_id {
-                drop(st);
-                a.request_end(EndRequest::Cancel);
-                return "active";
-            }
+        if let Some(a) = st.active.clone()
+            && a.id() == turn_id
+        {
+            drop(st);
+            a.request_end(EndRequest::Cancel);
+            return "active";
         }
         if st.finished.iter().any(|f| f == turn_id) {
             return "finished";

@@ -158,10 +158,10 @@ pub fn incidents(d: &Deployment) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
-            if let Ok(t) = std::fs::read_to_string(e.path()) {
-                if let Ok(v) = serde_json::from_str(&t) {
-                    out.push(v);
-                }
+            if let Ok(t) = std::fs::read_to_string(e.path())
+                && let Ok(v) = serde_json::from_str(&t)
+            {
+                out.push(v);
             }
         }
     }
