@@ -1,0 +1,425 @@
+//! The example configurations in `deploy/config/` are accepted by the real daemons'
+//! `--check-config`, a misspelt key in them is caught by name, and they agree with each other and
+//! with `deploy/sysusers.d` and `deploy/tmpfiles.d` (who may call whom, which socket is where,
+//! and the directory modes warden-policy needs to resolve agents' paths).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use warden_e2e::{binary, test_root};
+
+const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn example(daemon: &str) -> PathBuf {
+    deploy_dir().join("config").join(format!("{daemon}.toml"))
+}
+
+/// The configuration as the daemons' own loader reads it (file only: the environment prefix is
+/// one nothing sets), as JSON for easy inspection.
+fn parsed(path: &Path) -> Value {
+    match warden_daemon::config::load::<Value>(Some(path), "", "WARDEN_DEPLOY_CONFIGS_TEST", &[]) {
+        Ok(c) => c.value,
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+}
+
+/// `--set` overrides for the socket `group` keys naming groups this machine does not have.
+///
+/// `ListenerConfig::validate` looks a socket's group up by name, and the test machine has no
+/// `warden-operators` etc. (creating system groups on a shared build machine is not ours to
+/// do). Those keys alone are pointed at this process's own primary group, which exists; every
+/// other key, including the peer allowlists, is checked exactly as written. On a host where
+/// the groups exist, nothing is overridden.
+fn group_overrides(cfg: &Value) -> Vec<String> {
+    let own_group = nix::unistd::Group::from_gid(nix::unistd::getegid())
+        .ok()
+        .flatten()
+        .map(|g| g.name)
+        .expect("this process's primary group has a name");
+    let mut sets = Vec::new();
+    for (section, body) in cfg.as_object().expect("a table") {
+        let Some(group) = body.get("group").and_then(Value::as_str) else {
+            continue;
+        };
+        let exists = nix::unistd::Group::from_name(group)
+            .ok()
+            .flatten()
+            .is_some();
+        if !exists {
+            eprintln!(
+                "note: group {group:?} ({section}.group) does not exist here; checking with {own_group:?}"
+            );
+            sets.push(format!("{section}.group={own_group:?}"));
+        }
+    }
+    sets
+}
+
+fn check_config(daemon: &str, path: &Path, sets: &[String]) -> Output {
+    let mut cmd = Command::new(binary(&format!("warden-{daemon}")));
+    cmd.arg("--config").arg(path).arg("--check-config");
+    for s in sets {
+        cmd.arg("--set").arg(s);
+    }
+    // Nothing from the caller's environment may change what is checked.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("WARDEN_") {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run warden-{daemon}: {e}"))
+}
+
+#[test]
+fn every_example_config_passes_its_daemons_check() {
+    for daemon in DAEMONS {
+        let path = example(daemon);
+        let sets = group_overrides(&parsed(&path));
+        let out = check_config(daemon, &path, &sets);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "warden-{daemon} rejected {}: {stderr}",
+            path.display()
+        );
+        assert!(
+            stdout.contains("configuration OK") && stdout.contains(&format!("{daemon}.toml")),
+            "warden-{daemon} did not say it checked {}: {stdout}",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_misspelt_key_in_an_example_fails_naming_the_key() {
+    // One optional key per file, in a section that refuses unknown keys: dropping it would be
+    // silently accepted, so only the strictness of the check can make this fail.
+    let cases = [
+        ("policy", "max_locations = ", "max_locatoins = "),
+        ("supervisor", "output_bytes = ", "output_bytse = "),
+        ("gateway", "max_body_bytes = ", "max_body_byets = "),
+    ];
+    let dir = tempfile::Builder::new()
+        .prefix("deploy-configs-")
+        .tempdir_in({
+            let r = test_root();
+            std::fs::create_dir_all(&r).expect("test root");
+            r
+        })
+        .expect("temp dir");
+    for (daemon, key, misspelt) in cases {
+        let path = example(daemon);
+        let text = std::fs::read_to_string(&path).expect("example readable");
+        assert_eq!(
+            text.matches(key).count(),
+            1,
+            "{}: expected exactly one `{key}`",
+            path.display()
+        );
+        let bad = dir.path().join(format!("{daemon}.toml"));
+        std::fs::write(&bad, text.replace(key, misspelt)).expect("write copy");
+        let sets = group_overrides(&parsed(&path));
+        let out = check_config(daemon, &bad, &sets);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "warden-{daemon} accepted a misspelt key: {stderr}"
+        );
+        let name = misspelt.trim_end_matches(" = ");
+        assert!(
+            stderr.contains(name) && stderr.contains(&bad.display().to_string()),
+            "warden-{daemon}'s error names neither the key {name:?} nor the file: {stderr}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ deploy/ cross-checks
+
+#[derive(Debug, Default)]
+struct SysUsers {
+    uids: BTreeMap<String, u32>,
+    gids: BTreeMap<String, u32>,
+    members: BTreeSet<(String, String)>,
+}
+
+/// Reads `deploy/sysusers.d/warden.conf`; every user and group must have a pinned id, because
+/// the configs name them by number.
+fn sysusers() -> SysUsers {
+    let path = deploy_dir().join("sysusers.d/warden.conf");
+    let text = std::fs::read_to_string(&path).expect("sysusers.d readable");
+    let mut s = SysUsers::default();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let id = || -> u32 {
+            f[2].parse()
+                .unwrap_or_else(|_| panic!("{}: {line:?} has no pinned numeric id", path.display()))
+        };
+        match f[0] {
+            "u" => {
+                // `u name id` also creates the user's primary group with the same id.
+                s.uids.insert(f[1].into(), id());
+                s.gids.insert(f[1].into(), id());
+            }
+            "g" => {
+                s.gids.insert(f[1].into(), id());
+            }
+            "m" => {
+                s.members.insert((f[1].into(), f[2].into()));
+            }
+            other => panic!("unexpected sysusers.d line type {other}"),
+        }
+    }
+    s
+}
+
+#[derive(Debug)]
+struct TmpDir {
+    mode: u32,
+    user: String,
+    group: String,
+}
+
+/// Reads the `d` and `a+` lines of `deploy/tmpfiles.d/warden.conf`.
+fn tmpfiles() -> (BTreeMap<String, TmpDir>, Vec<(String, String)>) {
+    let text =
+        std::fs::read_to_string(deploy_dir().join("tmpfiles.d/warden.conf")).expect("readable");
+    let mut dirs = BTreeMap::new();
+    let mut acls = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f[0] {
+            "d" => {
+                dirs.insert(
+                    f[1].to_string(),
+                    TmpDir {
+                        mode: u32::from_str_radix(f[2], 8).expect("octal mode"),
+                        user: f[3].into(),
+                        group: f[4].into(),
+                    },
+                );
+            }
+            "a+" => acls.push((f[1].to_string(), f[6].to_string())),
+            other => panic!("unexpected tmpfiles.d line type {other}"),
+        }
+    }
+    (dirs, acls)
+}
+
+fn s<'a>(v: &'a Value, ptr: &str) -> &'a str {
+    v.pointer(ptr)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("{ptr} is not a string"))
+}
+
+fn ids(v: &Value, ptr: &str) -> Vec<u32> {
+    v.pointer(ptr)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|x| x.as_u64().expect("a number") as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn parent(p: &str) -> &str {
+    Path::new(p)
+        .parent()
+        .and_then(Path::to_str)
+        .expect("an absolute socket path")
+}
+
+#[test]
+fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
+    let users = sysusers();
+    let (dirs, acls) = tmpfiles();
+    let uid = |n: &str| users.uids[n];
+    let gid = |n: &str| users.gids[n];
+    let policy = parsed(&example("policy"));
+    let supervisor = parsed(&example("supervisor"));
+    let gateway = parsed(&example("gateway"));
+
+    for (daemon, cfg) in [
+        ("policy", &policy),
+        ("supervisor", &supervisor),
+        ("gateway", &gateway),
+    ] {
+        let state = s(cfg, "/daemon/state_dir");
+        assert_eq!(state, format!("/var/lib/warden/{daemon}"));
+        let d = &dirs[state];
+        assert_eq!(d.user, format!("warden-{daemon}"), "{state}");
+        assert_eq!(d.mode & 0o007, 0, "{state} must be closed to others");
+        // Every socket a daemon listens on is in its own /run/warden/<daemon>, which it owns.
+        for l in ["/listen", "/admin"] {
+            if let Some(sock) = cfg.pointer(&format!("{l}/socket")).and_then(Value::as_str) {
+                let run = format!("/run/warden/{daemon}");
+                assert_eq!(parent(sock), run, "{daemon}{l}");
+                assert_eq!(dirs[&run].user, format!("warden-{daemon}"));
+                assert_eq!(dirs[&run].mode & 0o007, 0, "{run} must be closed to others");
+                assert_ne!(
+                    cfg.pointer(&format!("{l}/allow_any_peer")),
+                    Some(&Value::Bool(true))
+                );
+                assert!(
+                    cfg.pointer(&format!("{l}/tcp")).is_none(),
+                    "{daemon}{l} on TCP"
+                );
+            }
+        }
+    }
+
+    // Only the supervisor may call Decide: by uid, through a group it is a member of.
+    assert_eq!(
+        ids(&policy, "/listen/allow_uids"),
+        vec![uid("warden-supervisor")]
+    );
+    assert!(ids(&policy, "/listen/allow_gids").is_empty());
+    assert_eq!(s(&policy, "/listen/group"), "warden-policy-clients");
+    assert_eq!(dirs["/run/warden/policy"].group, "warden-policy-clients");
+    assert!(
+        users
+            .members
+            .contains(&("warden-supervisor".into(), "warden-policy-clients".into()))
+    );
+    assert_eq!(
+        s(&supervisor, "/policy/socket"),
+        s(&policy, "/listen/socket")
+    );
+
+    // Only the gateway may call the supervisor.
+    assert_eq!(
+        ids(&supervisor, "/listen/allow_uids"),
+        vec![uid("warden-gateway")]
+    );
+    assert!(ids(&supervisor, "/listen/allow_gids").is_empty());
+    assert_eq!(s(&supervisor, "/listen/group"), "warden-supervisor-clients");
+    assert_eq!(
+        dirs["/run/warden/supervisor"].group,
+        "warden-supervisor-clients"
+    );
+    assert!(
+        users
+            .members
+            .contains(&("warden-gateway".into(), "warden-supervisor-clients".into()))
+    );
+    assert_eq!(
+        s(&gateway, "/supervisor/socket"),
+        s(&supervisor, "/listen/socket")
+    );
+
+    // Operators on the admin sockets, and nobody's daemon uid sneaks onto them.
+    for (cfg, l) in [(&policy, "/admin"), (&gateway, "/listen")] {
+        assert_eq!(s(cfg, &format!("{l}/group")), "warden-operators");
+        assert_eq!(
+            ids(cfg, &format!("{l}/allow_gids")),
+            vec![gid("warden-operators")]
+        );
+        let uids = ids(cfg, &format!("{l}/allow_uids"));
+        for daemon_user in ["warden-policy", "warden-supervisor", "warden-gateway"] {
+            assert!(!uids.contains(&uid(daemon_user)), "{daemon_user} on {l}");
+        }
+    }
+    assert_ne!(s(&policy, "/admin/socket"), s(&policy, "/listen/socket"));
+    assert_eq!(dirs["/run/warden/gateway"].group, "warden-operators");
+    // The policy's run directory belongs to its clients' group; operators get search by ACL.
+    assert!(
+        acls.contains(&(
+            "/run/warden/policy".into(),
+            "group:warden-operators:--x".into()
+        )),
+        "{acls:?}"
+    );
+
+    // warden-policy resolves agents' paths: it needs search (x) down to the owned sandboxes,
+    // through the supervisor's group, and nothing more (no read, no write, not for others).
+    let sup_state = s(&supervisor, "/daemon/state_dir");
+    let sandboxes = format!("{sup_state}/sandboxes");
+    assert!(
+        users
+            .members
+            .contains(&("warden-policy".into(), "warden-supervisor".into()))
+    );
+    assert_eq!(dirs["/var/lib/warden"].mode & 0o001, 0o001);
+    for d in [sup_state, sandboxes.as_str()] {
+        let t = dirs
+            .get(d)
+            .unwrap_or_else(|| panic!("tmpfiles.d does not make {d}"));
+        assert_eq!(t.group, "warden-supervisor", "{d}");
+        assert_eq!(t.mode, 0o710, "{d}: group search only");
+    }
+
+    // Bearer tokens are digests; principals are distinct, and every policy principal scope names
+    // one of them (a misspelt scope would silently never apply).
+    let tokens = gateway
+        .pointer("/auth/tokens")
+        .and_then(Value::as_array)
+        .expect("gateway tokens");
+    assert!(!tokens.is_empty());
+    let mut principals = BTreeSet::new();
+    let mut digests = BTreeSet::new();
+    for t in tokens {
+        let d = s(t, "/sha256");
+        assert!(
+            d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{d} is not a SHA-256 digest"
+        );
+        assert!(digests.insert(d.to_ascii_lowercase()), "digest {d} twice");
+        assert!(principals.insert(s(t, "/principal").to_string()));
+    }
+    for name in policy
+        .pointer("/policy/principals")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.keys())
+    {
+        assert!(
+            principals.contains(name),
+            "policy scope for unknown principal {name:?}"
+        );
+    }
+
+    // The gateway offers only agents the supervisor has, with the same default.
+    let mut agents: BTreeSet<String> = ["scripted", "claude", "codex"].map(String::from).into();
+    if let Some(m) = supervisor.pointer("/agents").and_then(Value::as_object) {
+        agents.extend(m.keys().filter(|k| *k != "default").cloned());
+    }
+    for a in gateway
+        .pointer("/agents/list")
+        .and_then(Value::as_array)
+        .expect("agents.list")
+    {
+        assert!(agents.contains(s(a, "/name")), "{a}");
+    }
+    assert_eq!(
+        s(&gateway, "/agents/default"),
+        s(&supervisor, "/agents/default")
+    );
+    // Policy scopes for agents name agents that exist.
+    for name in policy
+        .pointer("/policy/agents")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.keys())
+    {
+        assert!(
+            agents.contains(name),
+            "policy scope for unknown agent {name:?}"
+        );
+    }
+}
