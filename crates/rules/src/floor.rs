@@ -147,18 +147,37 @@ pub fn evaluate(input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> FloorResu
 }
 
 fn switch_mode(input: &DecisionInput) -> FloorResult {
-    let safe = input.options.iter().find(|o| {
-        o.kind == OptionKind::AllowOnce
-            && switch_mode_effect(&o.id) == SwitchModeEffect::KeepsSupervision
+    // An enter-plan id offered beside plan-exit ids means the request is not the one the table
+    // describes (the id is also the generic one-time allow), so it is not trusted then.
+    let exits_offered = input.options.iter().any(|o| {
+        matches!(
+            switch_mode_effect(&o.id),
+            SwitchModeEffect::KeepsSupervision | SwitchModeEffect::Elevated
+        )
     });
-    if let Some(o) = safe {
+    let safe = input.options.iter().find_map(|o| {
+        if o.kind != OptionKind::AllowOnce {
+            return None;
+        }
+        match switch_mode_effect(&o.id) {
+            SwitchModeEffect::KeepsSupervision => Some((
+                o,
+                "floor.switch_mode.keeps-supervision",
+                "it leaves planning into a mode that still asks about every call",
+            )),
+            SwitchModeEffect::EntersPlan if !exits_offered => Some((
+                o,
+                "floor.switch_mode.enters-plan",
+                "it enters plan mode, where the agent only plans and is still asked about every call",
+            )),
+            _ => None,
+        }
+    });
+    if let Some((o, rule, why)) = safe {
         return FloorResult {
             allow: true,
-            rule: "floor.switch_mode.keeps-supervision",
-            reason: format!(
-                "answer {:?}: it leaves planning into a mode that still asks about every call",
-                o.id
-            ),
+            rule,
+            reason: format!("answer {:?}: {why}", o.id),
             option_id: Some(o.id.clone()),
         };
     }
@@ -168,6 +187,14 @@ fn switch_mode(input: &DecisionInput) -> FloorResult {
             SwitchModeEffect::Elevated => "elevated mode",
             SwitchModeEffect::StaysInPlan => "stays in plan mode",
             SwitchModeEffect::Unknown => "unknown option, behaviour unverified",
+            SwitchModeEffect::KeepsSupervision | SwitchModeEffect::EntersPlan
+                if o.kind != OptionKind::AllowOnce =>
+            {
+                "offered with a kind other than allow_once"
+            }
+            SwitchModeEffect::EntersPlan => {
+                "an enter-plan id offered beside plan-exit options, so its effect is unverified"
+            }
             SwitchModeEffect::KeepsSupervision => "offered with a kind other than allow_once",
         };
         refused.push(format!("{:?}: {why}", o.id));

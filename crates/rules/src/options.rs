@@ -3,7 +3,7 @@
 //!
 //! Option ids are adapter-private and change between releases, so choice is by `kind`; ids are
 //! consulted only for what kinds cannot say: which refusal keeps the turn alive, and where a
-//! plan-exit option lands. Never an `allow_always` (it makes the agent persist a rule in its own
+//! `switch_mode` option lands (a plan exit, or Claude's request to enter plan mode). Never an `allow_always` (it makes the agent persist a rule in its own
 //! settings), never an unknown kind, never an id that was not offered.
 
 use crate::types::{OfferedOption, OptionKind, Verdict};
@@ -14,11 +14,16 @@ const TURN_KEEPING_REFUSALS: &[&str] = &["decline", "denied"];
 /// Refusals known to end or interrupt the turn (Codex `cancel`, `abort`).
 const TURN_ENDING_REFUSALS: &[&str] = &["cancel", "abort"];
 
-/// Where a plan-exit (`switch_mode`) option lands, read off the adapters' own effect tables.
+/// Where a `switch_mode` option lands, read off the adapters' own effect tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SwitchModeEffect {
     /// Leaves planning into a mode that still asks about every call (or changes no mode).
     KeepsSupervision,
+    /// Enters plan mode (Claude's `EnterPlanMode` tool). Privilege goes down: in plan mode the
+    /// agent only plans, and the adapter still asks about every call. Trusted only where no
+    /// plan-exit option is offered beside it, since its id is the adapters' generic one-time
+    /// allow.
+    EntersPlan,
     /// Lands in a mode where the adapter stops asking (accept edits, auto, bypass), possibly
     /// with a fresh context.
     Elevated,
@@ -48,6 +53,10 @@ pub const SWITCH_MODE_TABLE: &[SwitchModeRow] = {
         row("exit-plan-clear-bypass", "claude-0.101", Elevated),
         row("exit-plan-clear-accept-edits", "claude-0.101", Elevated),
         row("reject", "claude-0.101", StaysInPlan),
+        // EnterPlanMode: `[allow-once "Yes, enter plan mode", reject]` (acp.md §3.2). The same
+        // id is Claude's one-time allow for ordinary tools, which never ask with kind
+        // switch_mode; ExitPlanMode uses only the exit-plan-* ids and `reject`.
+        row("allow-once", "claude-0.101", EntersPlan),
         row("default", "claude-0.16", KeepsSupervision),
         row("acceptEdits", "claude-0.16", Elevated),
         row("bypassPermissions", "claude-0.23", Elevated),

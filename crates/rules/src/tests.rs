@@ -419,6 +419,80 @@ fn switch_mode_table_per_vocabulary() {
             Some("reject"),
         ),
         ("nothing offered", &[], Verdict::Deny, None),
+        // Claude 0.101 EnterPlanMode: entering plan mode lowers privilege; allowed once.
+        (
+            "claude-0.101 enter plan",
+            &[("allow-once", "allow_once"), ("reject", "reject_once")],
+            Verdict::Allow,
+            Some("allow-once"),
+        ),
+        // The same, sorted reject-first (Claude's `defaultToNo`).
+        (
+            "claude-0.101 enter plan, reject first",
+            &[("reject", "reject_once"), ("allow-once", "allow_once")],
+            Verdict::Allow,
+            Some("allow-once"),
+        ),
+        // The enter-plan id with an always kind is not trusted.
+        (
+            "enter plan, always kind",
+            &[("allow-once", "allow_always"), ("reject", "reject_once")],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        // Beside plan-exit ids the generic one-time allow is not an enter-plan answer: the
+        // request is not the one the table describes, and an elevated exit is on offer.
+        (
+            "enter-plan id beside elevated exits",
+            &[
+                ("exit-plan-auto", "allow_always"),
+                ("exit-plan-bypass", "allow_always"),
+                ("allow-once", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        (
+            "enter-plan id beside an elevated exit disguised as allow_once",
+            &[
+                ("allow-once", "allow_once"),
+                ("exit-plan-accept-edits", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        // Beside the supervision-keeping exit, that exit is the answer, not the generic id.
+        (
+            "enter-plan id beside exit-plan-default",
+            &[
+                ("allow-once", "allow_once"),
+                ("exit-plan-default", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Allow,
+            Some("exit-plan-default"),
+        ),
+        // The older adapters' generic one-time allow (`allow`, claude 0.16/0.23) has no
+        // documented switch_mode meaning: still refused.
+        (
+            "claude-0.16 generic allow on switch_mode",
+            &[
+                ("allow_always", "allow_always"),
+                ("allow", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+            Verdict::Deny,
+            Some("reject"),
+        ),
+        // Codex 2.6's one-time allow id is not an enter-plan answer either.
+        (
+            "codex-2.6 allow_once on switch_mode",
+            &[("allow_once", "allow_once"), ("decline", "reject_once")],
+            Verdict::Deny,
+            Some("decline"),
+        ),
     ];
     let e = default_engine();
     for (vocab, options, want, want_opt) in rows {
@@ -450,12 +524,71 @@ fn switch_mode_table_covers_every_destination_named_in_the_seed() {
         ("exit-plan-clear-accept-edits", Elevated),
         ("acceptEdits", Elevated),
         ("bypassPermissions", Elevated),
+        ("allow-once", EntersPlan),
+        ("allow", Unknown),
+        ("allow_once", Unknown),
+        ("Allow-Once", Unknown),
         ("exit-plan-clear-something-new", Unknown),
         ("Default", Unknown),
         ("", Unknown),
     ] {
         assert_eq!(switch_mode_effect(id), effect, "{id}");
     }
+}
+
+#[test]
+fn entering_plan_mode_is_allowed_once_and_says_so() {
+    let e = default_engine();
+    let enter: &[(&str, &str)] = &[("allow-once", "allow_once"), ("reject", "reject_once")];
+    for owned in [false, true] {
+        for profile in [W, R] {
+            let i = input(
+                ToolCall::new("switch_mode", "EnterPlanMode"),
+                boundary(owned, false, profile),
+                enter,
+            );
+            let d = e.decide(&i, &fs());
+            assert_eq!(
+                d.verdict,
+                Verdict::Allow,
+                "owned={owned} {profile:?}: {}",
+                d.reason
+            );
+            assert_eq!(d.rule, "floor.switch_mode.enters-plan");
+            assert_eq!(d.option_id.as_deref(), Some("allow-once"));
+            assert!(d.reason.contains("enters plan mode"), "{}", d.reason);
+        }
+    }
+    // The operator policy can still refuse it; it cannot be turned into anything else.
+    let d = engine("[global]\nmode='deny-all'").decide(
+        &input(
+            ToolCall::new("switch_mode", "EnterPlanMode"),
+            boundary(true, true, W),
+            enter,
+        ),
+        &fs(),
+    );
+    assert_eq!(d.verdict, Verdict::Deny);
+    assert_eq!(d.option_id.as_deref(), Some("reject"));
+    // A refusal beside plan-exit ids says why the generic id was not taken.
+    let d = e.decide(
+        &input(
+            ToolCall::new("switch_mode", "Ready to code?"),
+            boundary(true, true, W),
+            &[
+                ("exit-plan-auto", "allow_always"),
+                ("allow-once", "allow_once"),
+                ("reject", "reject_once"),
+            ],
+        ),
+        &fs(),
+    );
+    assert_eq!(d.rule, "floor.switch_mode.no-safe-option");
+    assert!(
+        d.reason.contains("beside plan-exit options"),
+        "{}",
+        d.reason
+    );
 }
 
 // ------------------------------------------------------------------ seed 001: operator policy
