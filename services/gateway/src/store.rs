@@ -173,6 +173,20 @@ impl TaskStore {
         Ok(())
     }
 
+    /// Stores several artifact chunks `(artifact index, chunk number, chunk)` atomically.
+    pub fn put_artifact_chunks(
+        &self,
+        task_id: &str,
+        chunks: &[(u32, u64, ArtifactChunk)],
+    ) -> Result<(), TaskStoreError> {
+        let mut batch = warden_store::Batch::default();
+        for (index, chunk, value) in chunks {
+            batch.put(format!("{task_id}/{index:04}/{chunk:010}"), encode(value)?);
+        }
+        self.artifacts.apply(batch)?;
+        Ok(())
+    }
+
     /// The task's artifacts with appended chunks merged, in the order they were first produced.
     pub fn artifacts(&self, task_id: &str) -> Result<Vec<Artifact>, TaskStoreError> {
         let mut out: Vec<Artifact> = Vec::new();

@@ -30,6 +30,11 @@ use crate::time::{format_micros, now_micros, parse_rfc3339};
 /// How many events a subscriber may fall behind before its stream is closed with an error.
 pub const SUBSCRIBER_BUFFER: usize = 4096;
 
+/// Buffered artifact chunks are written once this many have gathered…
+const PENDING_MAX: usize = 256;
+/// …or once the oldest is this old, or the stream has been quiet this long.
+const PENDING_AGE: Duration = Duration::from_millis(50);
+
 /// Longest accepted `contextId` (it becomes a store key and a supervisor label).
 pub const MAX_CONTEXT_ID: usize = 256;
 
@@ -61,6 +66,10 @@ struct LiveInner {
     history_seq: u64,
     /// artifact id → (index in `task.artifacts`, next chunk number)
     artifact_chunks: HashMap<String, (u32, u64)>,
+    /// Artifact chunks not yet written, and since when: streamed text is written in batches so
+    /// the store stays off the per-event path (see [`LiveTask::write_pending`]).
+    pending: Vec<(u32, u64, ArtifactChunk)>,
+    pending_since: Option<std::time::Instant>,
     answering: bool,
 }
 
@@ -95,11 +104,33 @@ impl LiveTask {
             // No receiver is fine: nobody is watching the stream right now.
             let _ = self.tx.send(Arc::new(ev));
         }
+        if inner.pending.len() >= PENDING_MAX
+            || inner
+                .pending_since
+                .is_some_and(|t| t.elapsed() >= PENDING_AGE)
+        {
+            self.write_pending(inner);
+        }
+    }
+
+    /// Writes buffered artifact chunks as one batch. Called when enough have gathered, when they
+    /// are old enough, before every status change (so a stored state never runs ahead of its
+    /// stored artifacts) and when the turn's stream goes quiet.
+    fn write_pending(&self, inner: &mut LiveInner) {
+        inner.pending_since = None;
+        if inner.pending.is_empty() {
+            return;
+        }
+        let chunks = std::mem::take(&mut inner.pending);
+        if let Err(e) = self.store.put_artifact_chunks(&inner.task.id, &chunks) {
+            tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist artifact chunks");
+        }
     }
 
     fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
         match ev {
             StreamResponse::StatusUpdate(s) => {
+                self.write_pending(inner);
                 inner.task.status = s.status.clone();
                 inner.record.task.status = s.status.clone();
                 inner.record.status_micros = now_micros();
@@ -128,15 +159,17 @@ impl LiveTask {
                     }
                 };
                 inner.artifact_chunks.insert(id, (index, chunk + 1));
-                self.store.put_artifact_chunk(
-                    &inner.task.id,
+                inner.pending.push((
                     index,
                     chunk,
-                    &ArtifactChunk {
+                    ArtifactChunk {
                         artifact: a.artifact.clone(),
                         append: chunk > 0,
                     },
-                )?;
+                ));
+                inner
+                    .pending_since
+                    .get_or_insert_with(std::time::Instant::now);
                 if let Some(art) = inner.task.artifacts.get_mut(index as usize) {
                     for p in &a.artifact.parts {
                         merge_part(&mut art.parts, p);
@@ -695,6 +728,8 @@ impl Core {
                     .with_coalesce_bytes(self.settings.coalesce_bytes),
                 history_seq: 1,
                 artifact_chunks: HashMap::new(),
+                pending: Vec::new(),
+                pending_since: None,
                 answering: false,
             }),
             tx,
@@ -759,14 +794,26 @@ impl Core {
                     let next = match stream.next().now_or_never() {
                         Some(n) => n,
                         None => {
-                            {
+                            let pending = {
                                 let mut inner = lock(&live.inner);
                                 let events = inner.mapper.flush(now_micros());
                                 if !events.is_empty() {
                                     live.apply(&mut inner, events);
                                 }
+                                !inner.pending.is_empty()
+                            };
+                            if pending {
+                                // Quiet for a while: store what streamed so far.
+                                match tokio::time::timeout(PENDING_AGE, stream.next()).await {
+                                    Ok(n) => n,
+                                    Err(_) => {
+                                        live.write_pending(&mut lock(&live.inner));
+                                        stream.next().await
+                                    }
+                                }
+                            } else {
+                                stream.next().await
                             }
-                            stream.next().await
                         }
                     };
                     match next {
@@ -861,6 +908,8 @@ mod tests {
                 mapper: TurnMapper::new("t1", "c1"),
                 history_seq: 0,
                 artifact_chunks: HashMap::new(),
+                pending: Vec::new(),
+                pending_since: None,
                 answering: false,
             }),
             tx,
