@@ -448,6 +448,15 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
                 "must name the program to run",
             ));
         }
+        if a.terminal {
+            // Refused rather than ignored: an operator must not believe terminals are served
+            // (contained, after an ALLOW) when this supervisor does not implement them yet.
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}.terminal"),
+                "ACP terminals are not implemented by this supervisor; leave it false",
+            ));
+        }
         agents.insert(name.clone(), a.clone());
     }
     if !agents.contains_key(&cfg.agents.default) {
@@ -513,6 +522,17 @@ mod tests {
         assert!(e.to_string().contains("workspaces.w.path"), "{e}");
         let e = load(None, &["agents.default=ghost".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.default"), "{e}");
+        let e = load(
+            None,
+            &[
+                "agents.t.command=/bin/true".into(),
+                "agents.t.terminal=true".into(),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("agents.t.terminal"), "{e}");
+        let e = load(None, &["agents.x.command=\"\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.x.command"), "{e}");
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
     }

@@ -445,12 +445,15 @@ impl Conversation {
             return Stop::fault("internal", "agent missing");
         };
         let session_id = self.core.live().session_id.clone();
-        // Updates that arrived between turns: check mode escalations, drop the rest.
+        // Updates that arrived between turns are not this turn's output; a mode change among
+        // them is still checked (an agent may elevate itself while idle).
+        let mut idle_mode = None;
         while let Ok(ev) = p.events.try_recv() {
             if let AcpEvent::Update(n) = &ev
+                && n.session_id == session_id
                 && let SessionEvent::CurrentModeUpdate { current_mode_id } = &n.event
             {
-                self.core.live().current_mode = current_mode_id.clone();
+                idle_mode = Some(current_mode_id.clone());
             }
         }
         turn.emit(Event::Started(pb::TurnStarted {
@@ -458,7 +461,14 @@ impl Conversation {
             root: self.core.info.root.to_string_lossy().into_owned(),
         }));
         self.core.live().turn = Some(turn.clone());
-        let stop = self.drive_inner(p, turn, &session_id, timeout_secs).await;
+        let early = match idle_mode {
+            Some(m) => self.on_mode(p, turn, &session_id, m).await,
+            None => None,
+        };
+        let stop = match early {
+            Some(out) => out,
+            None => self.drive_inner(p, turn, &session_id, timeout_secs).await,
+        };
         self.core.live().turn = None;
         turn.cancel.cancel();
         turn.cancel_questions();
