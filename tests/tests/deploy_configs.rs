@@ -423,3 +423,159 @@ fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
         );
     }
 }
+
+// ------------------------------------------------------------------ the documented token recipe
+
+/// The shell lines gateway.toml documents for making a token and its digest, uncommented.
+fn documented_token_recipe(text: &str) -> (String, String) {
+    let mut make = None;
+    let mut digest = None;
+    for line in text.lines() {
+        let Some(cmd) = line.strip_prefix('#').map(str::trim) else {
+            continue;
+        };
+        if cmd.starts_with("TOKEN=$(") {
+            make = Some(cmd.to_string());
+        } else if cmd.starts_with("printf '%s' \"$TOKEN\" | sha256sum") {
+            digest = Some(cmd.to_string());
+        }
+    }
+    (
+        make.expect("gateway.toml documents how to make a token"),
+        digest.expect("gateway.toml documents how to digest a token"),
+    )
+}
+
+/// One HTTP/1.1 request to the gateway; returns the status code.
+fn http_status(port: u16, path: &str, bearer: Option<&str>) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .ok()?;
+    let auth = bearer
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nA2A-Version: 1.0\r\n{auth}Connection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    resp.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_token_made_with_the_documented_commands_authenticates_at_the_real_gateway() {
+    let path = example("gateway");
+    let text = std::fs::read_to_string(&path).expect("readable");
+    let (make, digest) = documented_token_recipe(&text);
+    // Run exactly the documented lines in a POSIX shell.
+    let script = format!("set -e\n{make}\nprintf '%s\\n' \"$TOKEN\"\n{digest}\n");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .expect("run sh");
+    assert!(
+        out.status.success(),
+        "the documented commands failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let mut lines = stdout.lines();
+    let token = lines.next().expect("a token").to_string();
+    let sha = lines.next().expect("a digest").trim().to_string();
+    assert_eq!(
+        token.len(),
+        64,
+        "the recipe makes 32 random bytes as hex: {token:?}"
+    );
+    assert!(
+        sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{sha:?}"
+    );
+
+    // The example with alice's placeholder digest replaced by this one; everything else as
+    // shipped, except where the daemon keeps state and listens (a test cannot use /run or /var).
+    let cfg = parsed(&path);
+    let placeholder = cfg
+        .pointer("/auth/tokens")
+        .and_then(Value::as_array)
+        .and_then(|t| t.iter().find(|t| s(t, "/principal") == "alice"))
+        .map(|t| s(t, "/sha256").to_string())
+        .expect("an alice token in the example");
+    let root = test_root();
+    std::fs::create_dir_all(&root).expect("test root");
+    let dir = tempfile::Builder::new()
+        .prefix("deploy-token-")
+        .tempdir_in(&root)
+        .expect("temp dir");
+    let file = dir.path().join("gateway.toml");
+    std::fs::write(&file, text.replace(&placeholder, &sha)).expect("write config");
+    let port = warden_e2e::free_port();
+    let mut args = vec![
+        "--config".to_string(),
+        file.display().to_string(),
+        "--set".into(),
+        format!(
+            "daemon.state_dir={:?}",
+            dir.path().join("state").display().to_string()
+        ),
+        "--set".into(),
+        format!(
+            "listen.socket={:?}",
+            dir.path().join("gw.sock").display().to_string()
+        ),
+        "--set".into(),
+        format!(
+            "supervisor.socket={:?}",
+            dir.path().join("none.sock").display().to_string()
+        ),
+        "--set".into(),
+        format!("http.bind=\"127.0.0.1:{port}\""),
+        "--set".into(),
+        format!("http.public_url=\"http://127.0.0.1:{port}\""),
+    ];
+    for set in group_overrides(&cfg) {
+        args.push("--set".into());
+        args.push(set);
+    }
+    let mut child = warden_e2e::spawn_group(&binary("warden-gateway"), &args, false);
+    let start = std::time::Instant::now();
+    let unauthenticated = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("warden-gateway exited during start-up: {status}");
+        }
+        if let Some(code) = tokio::task::spawn_blocking(move || http_status(port, "/tasks", None))
+            .await
+            .expect("join")
+        {
+            break code;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "warden-gateway not listening on {port}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(unauthenticated, 401, "no token must be refused");
+    let ask = |bearer: String| {
+        tokio::task::spawn_blocking(move || http_status(port, "/tasks", Some(&bearer)))
+    };
+    assert_eq!(
+        ask(token.clone()).await.expect("join"),
+        Some(200),
+        "the documented token"
+    );
+    assert_eq!(
+        ask(sha.clone()).await.expect("join"),
+        Some(401),
+        "the digest is not a token"
+    );
+    assert_eq!(
+        ask(format!("{token}x")).await.expect("join"),
+        Some(401),
+        "a different token"
+    );
+    child.kill().await.ok();
+}
