@@ -9,6 +9,7 @@
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -179,6 +180,11 @@ impl OwnedRoots {
             .dir
             .join(format!("{}-XXXXXX", sanitize_label(conversation_id)));
         let dir = mkdtemp(&template)?;
+        // mkdtemp makes 0700. Group search (not listing) lets the policy daemon, a member of the
+        // supervisor's group in deploy/, resolve paths inside the root; without it every edit
+        // with locations would be judged unresolvable (denied).
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o710))
+            .map_err(|e| SandboxError::io("set sandbox mode", &dir, e))?;
         let meta = std::fs::symlink_metadata(&dir)
             .map_err(|e| SandboxError::io("inspect new sandbox", &dir, e))?;
         let rec = RootRecord {

@@ -61,7 +61,7 @@ fn hostile_conversation_ids_never_move_the_sandbox() {
             "{name}"
         );
         let meta = std::fs::symlink_metadata(&b.root).expect("exists");
-        assert!(meta.is_dir() && meta.mode() & 0o777 == 0o700);
+        assert!(meta.is_dir() && meta.mode() & 0o777 == 0o710);
         assert_eq!(roots.get(id).expect("get"), Some(b.clone()));
         dirs.push(b.root);
     }
