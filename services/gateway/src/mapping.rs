@@ -524,12 +524,11 @@ impl TurnMapper {
     }
 
     /// The supervisor's stream ended (or failed) without a TurnStop: the turn cannot be followed.
-    /// `rejected` marks a turn the supervisor refused before it started (invalid request).
-    pub fn stream_ended(&mut self, reason: &str, rejected: bool, now: i64) -> Vec<StreamResponse> {
+    pub fn stream_ended(&mut self, reason: &str, now: i64) -> Vec<StreamResponse> {
         if self.finished {
             return Vec::new();
         }
-        let class = if rejected { "rejected" } else { "supervisor" };
+        let class = "supervisor";
         let stop = TurnStop {
             stop_reason: "fault".to_string(),
             refusals: Vec::new(),
@@ -539,6 +538,19 @@ impl TurnMapper {
             }),
             transcript_path: String::new(),
             duration_millis: 0,
+        };
+        self.stop(&stop, now)
+    }
+
+    /// The turn never started: the supervisor refused or failed RunTurn with `fault`.
+    pub fn not_started(&mut self, fault: Fault, now: i64) -> Vec<StreamResponse> {
+        if self.finished {
+            return Vec::new();
+        }
+        let stop = TurnStop {
+            stop_reason: "fault".to_string(),
+            fault: Some(fault),
+            ..Default::default()
         };
         self.stop(&stop, now)
     }
@@ -995,10 +1007,35 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_that_never_started_reports_its_fault() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = m.not_started(
+            Fault {
+                class: "startup".into(),
+                message: "program not found".into(),
+            },
+            1,
+        );
+        let (status, text, meta) = final_status(&out);
+        assert_eq!(status.state, TaskState::Failed);
+        assert_eq!(text, "the agent could not start: program not found");
+        assert_eq!(meta["fault"]["class"], "startup");
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = m.not_started(
+            Fault {
+                class: "rejected".into(),
+                message: "task text is empty".into(),
+            },
+            1,
+        );
+        assert_eq!(final_status(&out).0.state, TaskState::Rejected);
+    }
+
+    #[test]
     fn a_stream_that_ends_without_a_stop_fails_the_task() {
         let mut m = TurnMapper::new("t1", "c1");
         run(&mut m, vec![started(), chunk("partial")]);
-        let out = m.stream_ended("supervisor unavailable: connection refused", false, 9);
+        let out = m.stream_ended("supervisor unavailable: connection refused", 9);
         let (status, text, _) = final_status(&out);
         assert_eq!(status.state, TaskState::Failed);
         assert!(text.contains("supervisor unavailable"), "{text}");

@@ -768,23 +768,18 @@ impl Core {
     async fn drive(self: Arc<Self>, live: Arc<LiveTask>, run: RunTurnRequest) {
         let task_id = run.task_id.clone();
         let mut client = self.supervisor.clone();
-        let ended = |live: &LiveTask, reason: String, rejected: bool| {
+        let ended = |live: &LiveTask, reason: String| {
             let mut inner = lock(&live.inner);
-            let events = inner.mapper.stream_ended(&reason, rejected, now_micros());
+            let events = inner.mapper.stream_ended(&reason, now_micros());
             live.apply(&mut inner, events);
         };
         match client.run_turn(run).await {
             Err(status) => {
-                let rejected = status.code() == tonic::Code::InvalidArgument;
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
-                ended(
-                    &live,
-                    format!(
-                        "the supervisor could not run the turn: {}",
-                        status.message()
-                    ),
-                    rejected,
-                );
+                let fault = fault_of_refused_turn(&status);
+                let mut inner = lock(&live.inner);
+                let events = inner.mapper.not_started(fault, now_micros());
+                live.apply(&mut inner, events);
             }
             Ok(resp) => {
                 let mut stream = resp.into_inner();
@@ -830,12 +825,11 @@ impl Core {
                             ended(
                                 &live,
                                 format!("the turn stream failed: {}", status.message()),
-                                false,
                             );
                             break;
                         }
                         None => {
-                            ended(&live, "the turn stream ended without a stop".into(), false);
+                            ended(&live, "the turn stream ended without a stop".into());
                             break;
                         }
                     }
@@ -850,6 +844,29 @@ impl Core {
         if let Ok(mut m) = self.live.lock() {
             m.remove(&task_id);
         }
+    }
+}
+
+/// What a RunTurn refused before its stream began means for the task. The supervisor prefixes
+/// the faults it knows (`startup fault: …`, `prompt-too-large: …`); any other invalid argument is
+/// a refusal of the request (REJECTED); anything else is the supervisor being unavailable.
+pub fn fault_of_refused_turn(status: &tonic::Status) -> warden_proto::v1::Fault {
+    let msg = status.message();
+    let (class, message) = if let Some(rest) = msg.strip_prefix("startup fault:") {
+        ("startup", rest.trim().to_string())
+    } else if msg.starts_with("prompt-too-large") {
+        ("prompt-too-large", msg.to_string())
+    } else if status.code() == tonic::Code::InvalidArgument {
+        ("rejected", msg.to_string())
+    } else {
+        (
+            "supervisor",
+            format!("the supervisor could not run the turn: {msg}"),
+        )
+    };
+    warden_proto::v1::Fault {
+        class: class.to_string(),
+        message,
     }
 }
 

@@ -472,3 +472,58 @@ async fn the_admin_socket_answers_status_and_refuses_the_policy_only_calls() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unimplemented);
 }
+
+#[tokio::test]
+async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
+    let (_d, gw) = deploy(vec![
+        (
+            "gateway",
+            "agents.list=[{name=\"scripted\"}, {name=\"broken\"}]".into(),
+        ),
+        (
+            "supervisor",
+            "agents.broken.command=\"/nonexistent/warden-e2e-agent\"".into(),
+        ),
+    ])
+    .await;
+    let r = gw
+        .rpc("SendMessage", json!({"message": message("m-broken", "hello", json!({"metadata": {"agent": "broken"}}))}))
+        .await;
+    let task = &r["result"]["task"];
+    assert_eq!(state(task), "TASK_STATE_FAILED", "{r}");
+    assert_eq!(
+        task["status"]["message"]["metadata"]["warden"]["fault"]["class"], "startup",
+        "{task}"
+    );
+    assert!(
+        status_text(task).starts_with("the agent could not start"),
+        "{task}"
+    );
+    // A prompt over the supervisor's 16 KiB task limit is refused before anything starts.
+    let big = "x".repeat(20_000);
+    let r = gw
+        .rpc(
+            "SendMessage",
+            json!({"message": message("m-big", &big, json!({}))}),
+        )
+        .await;
+    let task = &r["result"]["task"];
+    assert_eq!(state(task), "TASK_STATE_REJECTED", "{r}");
+    assert!(status_text(task).contains("prompt-too-large"), "{task}");
+    // The card lists both agents as skills; an agent the gateway does not know is refused.
+    let card = gw
+        .request("GET", "/.well-known/agent-card.json", None, None)
+        .await
+        .json();
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(skills, vec!["scripted", "broken"]);
+    let r = gw
+        .rpc("SendMessage", json!({"message": message("m-ghost", "hello", json!({"metadata": {"agent": "ghost"}}))}))
+        .await;
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+}
