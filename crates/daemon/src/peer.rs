@@ -59,6 +59,31 @@ impl PeerGuard {
     pub fn admits(&self, uid: u32, gid: u32) -> bool {
         self.allow.any || self.allow.uids.contains(&uid) || self.allow.gids.contains(&gid)
     }
+
+    /// Whether a peer is admitted through a supplementary group. SO_PEERCRED reports only the
+    /// primary gid, so an operator who is merely a member of the operators' group would be refused;
+    /// the kernel's view of the peer process's groups is in /proc/PID/status while it is connected.
+    fn admits_supplementary(&self, pid: Option<i32>) -> bool {
+        let Some(pid) = pid.filter(|p| *p > 0) else {
+            return false;
+        };
+        if self.allow.gids.is_empty() {
+            return false;
+        }
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            return false;
+        };
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .map(|groups| {
+                groups
+                    .split_whitespace()
+                    .filter_map(|g| g.parse::<u32>().ok())
+                    .any(|g| self.allow.gids.contains(&g))
+            })
+            .unwrap_or(false)
+    }
 }
 
 impl tonic::service::Interceptor for PeerGuard {
@@ -74,7 +99,7 @@ impl tonic::service::Interceptor for PeerGuard {
                     gid: c.gid(),
                     pid: c.pid(),
                 };
-                if self.admits(peer.uid, peer.gid) {
+                if self.admits(peer.uid, peer.gid) || self.admits_supplementary(peer.pid) {
                     req.extensions_mut().insert(peer);
                     Ok(req)
                 } else {
@@ -119,6 +144,44 @@ mod tests {
         assert!(g.admits(1, 77));
         assert!(!g.admits(1, 1));
         assert!(PeerGuard::new("t", &[4242], &[], true).admits(9, 9));
+    }
+
+    #[test]
+    fn supplementary_groups_of_the_peer_process_count() {
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::getuid().is_root() {
+            eprintln!("SKIP: needs root to give a child process supplementary groups");
+            return;
+        }
+        const OPERATORS: u32 = 4_100_123;
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg("5");
+        // SAFETY: setgroups is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(OPERATORS)])
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        let pid = child.id() as i32;
+        // Wait until the exec'd process shows its groups.
+        for _ in 0..100 {
+            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+            if st.contains(&OPERATORS.to_string()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let member = PeerGuard::new("t", &[4242], &[OPERATORS], false);
+        let other = PeerGuard::new("t", &[4242], &[OPERATORS + 1], false);
+        let by_member = member.admits_supplementary(Some(pid));
+        let by_other = other.admits_supplementary(Some(pid));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(by_member, "a supplementary member was refused");
+        assert!(!by_other, "a non-member was admitted");
+        assert!(!member.admits_supplementary(None));
     }
 
     #[test]
