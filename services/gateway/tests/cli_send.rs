@@ -3,18 +3,37 @@
 
 use std::time::Duration;
 
-use warden_e2e::{Deployment, Options, binary, run_with_deadline};
+use warden_e2e::{Deployment, Options, binary};
 
 async fn send(d: &Deployment, text: &str) -> (i32, String) {
+    send_with_stdin(d, text, None).await
+}
+
+/// Runs `warden send TEXT` with `stdin` (closed at once when None) and a 60 s deadline.
+async fn send_with_stdin(d: &Deployment, text: &str, stdin: Option<&str>) -> (i32, String) {
+    use tokio::io::AsyncWriteExt;
     let mut cmd = tokio::process::Command::new(binary("warden"));
     cmd.arg("--state-dir")
         .arg(d.dir.path())
         .arg("send")
         .arg(text);
-    cmd.stdin(std::process::Stdio::null());
-    let out = run_with_deadline(&mut cmd, Duration::from_secs(60))
+    cmd.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("warden send starts");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(answer) = stdin {
+        input
+            .write_all(answer.as_bytes())
+            .await
+            .expect("answer written");
+    }
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
         .await
-        .expect("warden send runs");
+        .expect("warden send finishes within 60 s")
+        .expect("warden send output");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -63,6 +82,11 @@ async fn warden_send_shows_the_decision_and_exits_by_the_final_state() {
     let (code, out) = send(&d, question).await;
     assert_eq!(code, 3, "no answer on stdin: {out}");
     assert!(out.contains("[question] Which name?"), "{out}");
+
+    // With an answer on stdin the same task resumes (streamed again) and completes.
+    let (code, out) = send_with_stdin(&d, question, Some("notes.txt\n")).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("[COMPLETED]"), "{out}");
 
     std::fs::remove_file(d.layout.url_file()).unwrap();
     let (code, out) = send(&d, "write hello.txt").await;
