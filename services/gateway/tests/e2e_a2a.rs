@@ -527,3 +527,32 @@ async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
         .await;
     assert_eq!(r["error"]["code"], -32602, "{r}");
 }
+
+#[tokio::test]
+async fn the_a2a_message_id_reaches_the_agent_for_correlation() {
+    let (_d, gw) = deploy(vec![]).await;
+    // The scripted agent keys the TCK behaviours on the messageId it finds in the prompt's
+    // _meta.warden; the text alone ("anything") would only be echoed.
+    let r = gw
+        .rpc(
+            "SendMessage",
+            json!({"message": message("tck-complete-task-e2e-1", "anything", json!({}))}),
+        )
+        .await;
+    let task = &r["result"]["task"];
+    assert_eq!(state(task), "TASK_STATE_COMPLETED", "{r}");
+    assert_eq!(
+        task["artifacts"][0]["parts"][0]["text"], "Hello from TCK",
+        "{task}"
+    );
+    // A refusal stop fails the task (issue 7's mapping), saying so.
+    let r = gw
+        .rpc(
+            "SendMessage",
+            json!({"message": message("tck-reject-task-e2e-1", "anything", json!({}))}),
+        )
+        .await;
+    let task = &r["result"]["task"];
+    assert_eq!(state(task), "TASK_STATE_FAILED", "{r}");
+    assert!(status_text(task).contains("refusal"), "{task}");
+}
