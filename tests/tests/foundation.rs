@@ -61,7 +61,7 @@ async fn a_peer_whose_uid_is_not_on_the_allowlist_gets_permission_denied() {
     assert_eq!(probe_as(NOBODY, &socket).await, "PermissionDenied");
 
     // The same uid is admitted once the operator lists it.
-    drop(d.take("policy"));
+    d.take("policy").expect("running").crash().await;
     d.opts
         .sets
         .push(("policy".into(), format!("listen.allow_uids=[0, {NOBODY}]")));

@@ -169,11 +169,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
             .with_graceful_shutdown(token.cancelled_owned())
             .await
     });
+    let shutdown = server.shutdown_token();
+    let run = server.run();
+    tokio::pin!(run);
     let result = tokio::select! {
-        r = server.run() => r,
+        r = &mut run => r,
         r = &mut http_task => {
-            tracing::error!(result = ?r, "the HTTP server stopped");
-            return Err(RunError::HttpBind { addr: bound, source: std::io::Error::other("HTTP server stopped") });
+            if shutdown.is_cancelled() {
+                // Shutting down: the HTTP side drained first; let the gRPC side finish its own
+                // drain and remove its socket. (The HTTP task is complete: not polled again.)
+                return run.await.map_err(RunError::from);
+            } else {
+                tracing::error!(result = ?r, "the HTTP server stopped");
+                shutdown.cancel();
+                let _ = run.await;
+                return Err(RunError::HttpBind { addr: bound, source: std::io::Error::other("HTTP server stopped") });
+            }
         }
     };
     // Open SSE streams would hold the HTTP server open; they get the same grace as gRPC calls.
