@@ -33,6 +33,21 @@ fn rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// User + system CPU time of a process, in microseconds.
+fn cpu_us(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3; utime and stime are fields 14 and 15.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| f.get(*i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000 / hz
+}
+
 fn pct(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -113,6 +128,11 @@ async fn main() {
     let audit_sync = std::env::var("WARDEN_BENCH_AUDIT_SYNC")
         .map(|v| v != "0")
         .unwrap_or(true);
+    if let Ok(w) = std::env::var("WARDEN_BENCH_WORKERS") {
+        d.opts
+            .sets
+            .push(("supervisor".into(), format!("runtime.worker_threads={w}")));
+    }
     if !audit_sync {
         d.opts
             .sets
@@ -135,6 +155,9 @@ async fn main() {
         .await
         .unwrap()
         .into_inner();
+    let sup_pid = d.daemon("supervisor").map(|x| x.pid()).unwrap_or(0);
+    let pol_pid = d.daemon("policy").map(|x| x.pid()).unwrap_or(0);
+    let (sup_cpu0, pol_cpu0) = (cpu_us(sup_pid), cpu_us(pol_pid));
     let t0 = Instant::now();
     let mut s = c
         .run_turn(pb::RunTurnRequest {
@@ -165,6 +188,8 @@ async fn main() {
         }
     }
     let wall = t0.elapsed();
+    let sup_cpu = cpu_us(sup_pid).saturating_sub(sup_cpu0);
+    let pol_cpu = cpu_us(pol_pid).saturating_sub(pol_cpu0);
     let report =
         std::fs::read_to_string(Path::new(&info.root).join("perm.jsonl")).unwrap_or_default();
     let mut rtts: Vec<u64> = report
@@ -188,6 +213,12 @@ async fn main() {
         pct(&rtts, 0.90),
         pct(&rtts, 0.99),
         rtts.last().copied().unwrap_or(0)
+    );
+    let n = (rtts.len() as u64).max(1);
+    println!(
+        "  CPU per request (whole turn, 2 cores shared): supervisor={} us  policy={} us",
+        sup_cpu / n,
+        pol_cpu / n
     );
     policy_us.sort_unstable();
     println!(

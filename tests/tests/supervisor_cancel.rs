@@ -286,6 +286,12 @@ async fn idle_stop_kills_the_tree_and_the_next_turn_restarts() {
     assert!(root.is_dir());
     let evs = run(&mut c, turn("idle", "t2", "write after.txt")).await;
     assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
+    // The restarted scripted agent cannot load the old session: said, never silent.
+    assert!(
+        evs.iter()
+            .any(|e| matches!(e.event, Some(Event::ContextReset(_)))),
+        "{evs:#?}"
+    );
     assert!(root.join("after.txt").is_file());
 }
 

@@ -63,6 +63,17 @@ pub struct SupervisorConfig {
     pub workspaces: BTreeMap<String, WorkspaceConfig>,
     #[serde(default)]
     pub sandbox: SandboxSection,
+    #[serde(default)]
+    pub runtime: RuntimeSection,
+}
+
+/// The async runtime.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeSection {
+    /// Worker threads: 0 = one per core, 1 = a single thread (fewest cross-thread wake-ups,
+    /// lowest permission latency on a small host), n = n threads.
+    pub worker_threads: usize,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -65,10 +65,17 @@ fn main() {
         .clone()
         .unwrap_or_else(|| settings.file.daemon.log_format.clone());
     warden_daemon::logging::init(&format, &settings.file.daemon.log_level);
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let workers = settings.file.runtime.worker_threads;
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if workers > 1 {
+            b.worker_threads(workers);
+        }
+        b
+    };
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => fail(NAME, &e),
     };
