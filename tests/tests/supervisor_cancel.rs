@@ -99,6 +99,13 @@ async fn cancelling_a_queued_turn_leaves_the_active_one_alone() {
     assert_eq!(stop(&ea).stop_reason, "end_turn");
     assert!(text(&ea).contains("A done"));
     assert_eq!(cancel(&mut c, "q", "b").await, "finished");
+    let h = health(&d);
+    assert_eq!(
+        h.len(),
+        2,
+        "one health line per finished turn, queued ones too: {h:?}"
+    );
+    assert!(h.iter().any(|l| l["stop_reason"] == "cancelled"));
     assert!(
         !PathBuf::from(info(&mut c, "q").await.root)
             .join("b.txt")
@@ -330,4 +337,21 @@ async fn output_past_the_bound_is_an_output_limit_fault() {
     assert!(incidents(&d).iter().any(|i| i["class"] == "output-limit"));
     let h = health(&d);
     assert_eq!(h.last().unwrap()["fault"], "output-limit");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_of_the_supervisor_kills_every_agent_tree_before_it_exits() {
+    let mut d = deploy(&[("supervisor", "daemon.shutdown_grace_ms=500")]).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("term", "t1", SPAWN_AND_HANG)).await;
+    until(&mut s, |e| matches!(e, Event::Started(_))).await;
+    let root = PathBuf::from(info(&mut c, "term").await.root);
+    let pids = wait_pids(&root.join("pids"), 2).await;
+    let sup = d.take("supervisor").unwrap();
+    let status = sup.terminate().await;
+    assert!(status.success(), "supervisor exit: {status}");
+    assert!(
+        all_gone(&pids, Duration::from_secs(2)).await,
+        "survivors after a clean shutdown: {pids:?}"
+    );
 }

@@ -240,7 +240,7 @@ impl Conversation {
             if let Some(t) = t {
                 // Never started: ends cancelled without touching the agent.
                 t.request_end(EndRequest::Cancel);
-                finish_unstarted(&t, "cancelled");
+                self.finish_unstarted(&t);
                 self.remember_finished(t.id());
             }
             return "queued";
@@ -259,6 +259,35 @@ impl Conversation {
             st.pending_cancel.insert(turn_id.to_string());
         }
         "pending"
+    }
+
+    /// Ends a turn that never started (removed from the queue, or the conversation closed):
+    /// its stream gets a `cancelled` stop and the health file a line, like any finished turn.
+    fn finish_unstarted(&self, t: &TurnCtx) {
+        let health = Health {
+            at_unix_ms: now_ms(),
+            agent: self.core.info.agent.clone(),
+            verb: self.core.info.verb.clone(),
+            profile: profile_name(self.core.info.profile).into(),
+            duration_ms: 0,
+            stop_reason: "cancelled".into(),
+            fault: None,
+            refusals: 0,
+            permissions: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            total_tokens: 0,
+        };
+        if let Err(e) = self.shared.records.health(&health) {
+            tracing::warn!(error = %e, "health record refused");
+        }
+        t.emit(Event::Stop(pb::TurnStop {
+            stop_reason: "cancelled".into(),
+            refusals: vec![],
+            fault: None,
+            transcript_path: String::new(),
+            duration_millis: 0,
+        }));
     }
 
     fn remember_finished(&self, id: &str) {
@@ -326,7 +355,7 @@ impl Conversation {
         };
         for t in queued {
             t.request_end(EndRequest::Cancel);
-            finish_unstarted(&t, "cancelled");
+            self.finish_unstarted(&t);
         }
         let active_was_running = active.is_some();
         if let Some(a) = active {
@@ -986,17 +1015,6 @@ impl DriveOut {
             fail_conversation: false,
         }
     }
-}
-
-/// Ends a turn that never started (removed from the queue, or the conversation closed).
-pub fn finish_unstarted(t: &TurnCtx, reason: &str) {
-    t.emit(Event::Stop(pb::TurnStop {
-        stop_reason: reason.into(),
-        refusals: vec![],
-        fault: None,
-        transcript_path: String::new(),
-        duration_millis: 0,
-    }));
 }
 
 async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
