@@ -177,3 +177,27 @@ async fn questions_go_to_the_caller_and_back() {
 fn text_of(evs: &[pb::TurnEvent]) -> String {
     text(evs)
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_crash_is_a_fault_and_the_next_turn_restarts_it() {
+    let d = deploy(&[]).await;
+    let mut c = client(&d);
+    let text = scenario(json!({"steps": [
+        {"type": "stderr", "bytes": 100},
+        {"type": "message", "text": "about to die"},
+        {"type": "crash"}]}));
+    let evs = run(&mut c, turn("boom", "t1", &text)).await;
+    let s = stop(&evs);
+    assert_eq!(s.stop_reason, "fault", "{evs:#?}");
+    assert_eq!(s.fault.as_ref().unwrap().class, "crash");
+    let transcript = std::fs::read_to_string(&s.transcript_path).unwrap();
+    assert!(transcript.contains("agent_stderr_tail"), "{transcript}");
+    let inc = incidents(&d);
+    let i = inc
+        .iter()
+        .find(|i| i["class"] == "crash")
+        .expect("crash incident");
+    assert_eq!(i["transcript_path"], s.transcript_path);
+    let evs = run(&mut c, turn("boom", "t2", "write alive.txt")).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
+}

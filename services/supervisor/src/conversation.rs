@@ -502,6 +502,14 @@ impl Conversation {
         turn.cancel.cancel();
         turn.cancel_questions();
         if stop.kill {
+            // What the agent said on stderr before it died goes into the (bounded) transcript,
+            // never into the incident record.
+            if let (Some((class, _)), Some(p)) = (&stop.stop.fault, guard.as_ref())
+                && matches!(class.as_str(), "crash" | "protocol")
+            {
+                let tail = p.stderr.lock().map(|r| r.text()).unwrap_or_default();
+                turn.record("agent_stderr_tail", json!({ "text": tail }));
+            }
             let mut proc_ = guard.take();
             if let Some(pr) = proc_.as_mut() {
                 let r = pr.kill(&self.shared).await;
@@ -577,7 +585,7 @@ impl Conversation {
                     return match (res, cancelled) {
                         (_, Some(end)) => self.ended(end),
                         (Ok(r), None) => DriveOut::keep(Stop::reason(r.stop_reason.as_str())),
-                        (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault("crash", format!("the agent died: {f}"))),
+                        (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault(fault_class(&f), format!("the agent connection failed: {f}"))),
                         (Err(e), None) => DriveOut::keep(Stop::fault("protocol", format!("session/prompt failed: {e}"))),
                     };
                 }
@@ -682,7 +690,7 @@ impl Conversation {
                     return Some(self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel)));
                 }
                 return Some(DriveOut::kill(Stop::fault(
-                    "crash",
+                    fault_class(&f),
                     format!("the agent connection failed: {f}"),
                 )));
             }
@@ -1043,6 +1051,14 @@ fn content_text(c: &[ToolCallContent]) -> String {
     }
     out.truncate(out.trim_end().len());
     out
+}
+
+/// `protocol` for an agent that broke the framing, `crash` for one that went away.
+fn fault_class(f: &warden_acp::Fault) -> &'static str {
+    match f {
+        warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => "protocol",
+        _ => "crash",
+    }
 }
 
 pub fn profile_name(p: pb::Profile) -> &'static str {
