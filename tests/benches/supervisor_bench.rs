@@ -220,6 +220,20 @@ async fn main() {
         sup_cpu / n,
         pol_cpu / n
     );
+    let st = c
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .details;
+    let g = |k: &str| st.get(k).cloned().unwrap_or_default();
+    println!(
+        "  supervisor's own view (Status): permission handler p50={} us p99={} us; Decide p50={} us p99={} us",
+        g("permission_handler_p50_us"),
+        g("permission_handler_p99_us"),
+        g("decide_p50_us"),
+        g("decide_p99_us")
+    );
     policy_us.sort_unstable();
     println!(
         "  of which the Decide call as the supervisor saw it: p50={} us  p99={} us",

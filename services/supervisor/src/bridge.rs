@@ -167,6 +167,7 @@ impl ClientHandler for ConvCore {
         &self,
         req: PermissionRequest,
     ) -> Result<PermissionOutcome, RpcError> {
+        let entered = std::time::Instant::now();
         let turn = self.turn();
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
@@ -250,6 +251,7 @@ impl ClientHandler for ConvCore {
             latency_us = decided.latency.as_micros() as u64,
             "permission decided"
         );
+        self.policy.record(entered.elapsed(), decided.latency);
         if let Some(t) = &turn {
             t.record("permission_decision", serde_json::json!({
                 "decision_id": decided.decision_id, "verdict": verdict.as_str_name(),

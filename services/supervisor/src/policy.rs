@@ -26,11 +26,49 @@ pub struct Decided {
     pub failed_closed: bool,
 }
 
+/// How many recent latencies are kept for the status figures.
+const LATENCY_RING: usize = 10_000;
+
+/// Recent permission latencies (µs): the whole handler (request read -> answer queued, minus the
+/// ACP client's own framing) and the Decide call inside it. Bounded rings.
+#[derive(Default)]
+pub struct BridgeStats {
+    handler: std::collections::VecDeque<u32>,
+    decide: std::collections::VecDeque<u32>,
+    pub total: u64,
+}
+
+impl BridgeStats {
+    fn push(ring: &mut std::collections::VecDeque<u32>, d: Duration) {
+        if ring.len() == LATENCY_RING {
+            ring.pop_front();
+        }
+        ring.push_back(d.as_micros().min(u32::MAX as u128) as u32);
+    }
+
+    /// (p50, p99) of a ring, µs.
+    fn pcts(ring: &std::collections::VecDeque<u32>) -> (u32, u32) {
+        if ring.is_empty() {
+            return (0, 0);
+        }
+        let mut v: Vec<u32> = ring.iter().copied().collect();
+        v.sort_unstable();
+        let at = |p: f64| v[(((v.len() - 1) as f64) * p).round() as usize];
+        (at(0.50), at(0.99))
+    }
+
+    /// Handler (p50, p99) and Decide (p50, p99), µs.
+    pub fn percentiles(&self) -> ((u32, u32), (u32, u32)) {
+        (Self::pcts(&self.handler), Self::pcts(&self.decide))
+    }
+}
+
 /// A client of the policy service.
 #[derive(Clone)]
 pub struct PolicyClient {
     client: PolicyServiceClient<Channel>,
     failures: std::sync::Arc<AtomicU64>,
+    stats: std::sync::Arc<std::sync::Mutex<BridgeStats>>,
 }
 
 impl PolicyClient {
@@ -39,6 +77,27 @@ impl PolicyClient {
         PolicyClient {
             client: PolicyServiceClient::new(warden_daemon::client::unix_channel(path)),
             failures: Default::default(),
+            stats: Default::default(),
+        }
+    }
+
+    /// Records one permission: the handler's time and the Decide call's.
+    pub fn record(&self, handler: Duration, decide: Duration) {
+        if let Ok(mut s) = self.stats.lock() {
+            BridgeStats::push(&mut s.handler, handler);
+            BridgeStats::push(&mut s.decide, decide);
+            s.total += 1;
+        }
+    }
+
+    /// Handler (p50, p99), Decide (p50, p99) in µs, and the count of permissions.
+    pub fn figures(&self) -> ((u32, u32), (u32, u32), u64) {
+        match self.stats.lock() {
+            Ok(s) => {
+                let (h, d) = s.percentiles();
+                (h, d, s.total)
+            }
+            Err(_) => ((0, 0), (0, 0), 0),
         }
     }
 

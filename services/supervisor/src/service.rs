@@ -346,6 +346,12 @@ impl Supervisor {
             "policy_failures".to_string(),
             self.shared.policy.failures().to_string(),
         );
+        let ((h50, h99), (d50, d99), total) = self.shared.policy.figures();
+        details.insert("permissions".to_string(), total.to_string());
+        details.insert("permission_handler_p50_us".to_string(), h50.to_string());
+        details.insert("permission_handler_p99_us".to_string(), h99.to_string());
+        details.insert("decide_p50_us".to_string(), d50.to_string());
+        details.insert("decide_p99_us".to_string(), d99.to_string());
         details.insert(
             "bubblewrap".to_string(),
             self.shared.spawner.bwrap().is_some().to_string(),
