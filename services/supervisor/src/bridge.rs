@@ -354,3 +354,145 @@ impl ClientHandler for ConvCore {
         Ok(answer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::turn::{TurnCtx, TurnInput};
+
+    fn core(root: &Path) -> ConvCore {
+        ConvCore {
+            info: ConvInfo {
+                context_id: "ctx".into(),
+                agent: "scripted".into(),
+                principal: "p".into(),
+                verb: "implement".into(),
+                root: root.to_path_buf(),
+                owned: true,
+                allow_execute: false,
+                profile: pb::Profile::WorkspaceWrite,
+            },
+            live: Mutex::new(Live {
+                session_id: "s1".into(),
+                current_mode: "default".into(),
+                turn: None,
+            }),
+            policy: PolicyClient::new(&root.join("nothing.sock")),
+            deadline: Duration::from_millis(50),
+        }
+    }
+
+    fn request(v: serde_json::Value) -> PermissionRequest {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn turn_with_seen(id: &str, path: &str) -> Arc<TurnCtx> {
+        let (t, _rx) = TurnCtx::new(
+            TurnInput {
+                id: "t".into(),
+                text: "x".into(),
+                message_id: String::new(),
+                task_id: "task-1".into(),
+                timeout_secs: 1,
+            },
+            1024,
+        );
+        t.lock().tools.insert(
+            id.into(),
+            ToolSeen {
+                kind: "edit".into(),
+                title: "Write a".into(),
+                locations: vec![pb::Location {
+                    path: path.into(),
+                    line: None,
+                }],
+                raw_input_json: "{\"file_path\":\"a\"}".into(),
+            },
+        );
+        t
+    }
+
+    #[tokio::test]
+    async fn locations_kind_and_title_are_merged_from_the_earlier_tool_call() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = core(dir.path());
+        let t = turn_with_seen("tc1", "/outside/secret");
+        // Claude 0.16 style: the request carries only id and raw input.
+        let req = request(serde_json::json!({"sessionId": "s1",
+            "toolCall": {"toolCallId": "tc1"},
+            "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"}]}));
+        let d = c.decide_request(&req, Some(&t), "r1".into());
+        let tc = d.tool_call.unwrap();
+        assert_eq!(tc.kind, "edit");
+        assert_eq!(tc.title, "Write a");
+        assert_eq!(tc.locations.len(), 1);
+        assert_eq!(tc.locations[0].path, "/outside/secret");
+        assert_eq!(d.subject.as_ref().unwrap().task_id, "task-1");
+        assert_eq!(d.current_mode, "default");
+        assert!(d.boundary.unwrap().owned);
+    }
+
+    #[tokio::test]
+    async fn the_requests_own_locations_win_and_other_ids_are_not_merged() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = core(dir.path());
+        let t = turn_with_seen("tc1", "/inside");
+        let req = request(serde_json::json!({"sessionId": "s1",
+            "toolCall": {"toolCallId": "tc1", "kind": "delete", "locations": [{"path": "/other"}]},
+            "options": []}));
+        let tc = c
+            .decide_request(&req, Some(&t), "r".into())
+            .tool_call
+            .unwrap();
+        assert_eq!(tc.kind, "delete");
+        assert_eq!(tc.locations[0].path, "/other");
+        // A different id: nothing merged (an agent cannot borrow another call's locations).
+        let req = request(serde_json::json!({"sessionId": "s1",
+            "toolCall": {"toolCallId": "tc2"}, "options": []}));
+        let tc = c
+            .decide_request(&req, Some(&t), "r".into())
+            .tool_call
+            .unwrap();
+        assert!(tc.locations.is_empty() && tc.kind.is_empty());
+    }
+
+    #[tokio::test]
+    async fn fs_paths_outside_the_root_are_invalid_params() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir(&root).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
+        let c = core(&root);
+        for p in [
+            "/etc/passwd".to_string(),
+            format!("{}/../x", root.display()),
+            format!("{}/up/x", root.display()),
+            "relative.txt".to_string(),
+        ] {
+            let e = c.resolve_inside(&p).unwrap_err();
+            assert_eq!(e.code, -32602, "{p}");
+        }
+        assert!(
+            c.resolve_inside(&format!("{}/new.txt", root.display()))
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_policy_a_permission_is_refused_with_an_offered_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = core(dir.path());
+        let req = request(serde_json::json!({"sessionId": "s1",
+            "toolCall": {"toolCallId": "tc9", "kind": "read", "title": "Read x"},
+            "options": [{"optionId": "allow-once", "name": "Yes", "kind": "allow_once"},
+                        {"optionId": "allow-with-updates", "name": "Always", "kind": "allow_always"},
+                        {"optionId": "reject", "name": "No", "kind": "reject_once"}]}));
+        let out = c.request_permission(req).await.unwrap();
+        assert_eq!(
+            out,
+            PermissionOutcome::Selected {
+                option_id: "reject".into()
+            }
+        );
+    }
+}
