@@ -100,7 +100,7 @@ impl AgentProc {
                 read_text_file: true,
                 write_text_file: true,
             },
-            terminal: false,
+            terminal: cfg.terminal,
             elicitation: true,
         };
         let hs = shared.settings.limits().handshake();

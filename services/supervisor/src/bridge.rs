@@ -43,6 +43,9 @@ pub struct ConvCore {
     pub live: Mutex<Live>,
     pub policy: PolicyClient,
     pub deadline: Duration,
+    /// `Some` when the agent is configured with terminals.
+    pub terminal: Option<crate::terminal::TerminalCtx>,
+    pub terminals: crate::terminal::Terminals,
 }
 
 impl ConvCore {
@@ -124,6 +127,14 @@ impl ConvCore {
                 })
                 .collect(),
             current_mode,
+        }
+    }
+
+    /// The kill grace when terminals are served; `-32601` otherwise.
+    fn terminal_enabled(&self, method: &str) -> Result<Duration, RpcError> {
+        match &self.terminal {
+            Some(t) => Ok(t.shared.settings.limits().kill_grace()),
+            None => Err(RpcError::method_not_found(method)),
         }
     }
 
@@ -268,6 +279,8 @@ impl ClientHandler for ConvCore {
                 });
             } else if warden_rules::ToolKind::parse(&kind) == warden_rules::ToolKind::SwitchMode {
                 t.lock().allowed_switches.push(sent.clone());
+            } else if warden_rules::ToolKind::parse(&kind) == warden_rules::ToolKind::Execute {
+                t.lock().allowed_exec += 1;
             }
             t.emit(Event::Permission(pb::PermissionDecisionEvent {
                 decision_id: decided.decision_id.clone(),
@@ -326,6 +339,39 @@ impl ClientHandler for ConvCore {
             .map_err(|e| RpcError::internal(format!("cannot write {}: {e}", req.path)))
     }
 
+    async fn create_terminal(
+        &self,
+        req: warden_acp::CreateTerminalRequest,
+    ) -> Result<String, RpcError> {
+        self.terminals.create(self, req).await
+    }
+
+    async fn terminal_output(
+        &self,
+        req: warden_acp::TerminalRequest,
+    ) -> Result<warden_acp::TerminalOutputResponse, RpcError> {
+        self.terminal_enabled("terminal/output")?;
+        self.terminals.output(&req)
+    }
+
+    async fn wait_for_terminal_exit(
+        &self,
+        req: warden_acp::TerminalRequest,
+    ) -> Result<warden_acp::TerminalExitStatus, RpcError> {
+        self.terminal_enabled("terminal/wait_for_exit")?;
+        self.terminals.wait(&req).await
+    }
+
+    async fn kill_terminal(&self, req: warden_acp::TerminalRequest) -> Result<(), RpcError> {
+        let grace = self.terminal_enabled("terminal/kill")?;
+        self.terminals.kill(&req.terminal_id, grace).await
+    }
+
+    async fn release_terminal(&self, req: warden_acp::TerminalRequest) -> Result<(), RpcError> {
+        let grace = self.terminal_enabled("terminal/release")?;
+        self.terminals.release(&req.terminal_id, grace).await
+    }
+
     async fn elicitation(&self, req: ElicitationRequest) -> Result<ElicitationResponse, RpcError> {
         let Some(turn) = self.turn() else {
             return Ok(ElicitationResponse::Cancel);
@@ -379,6 +425,8 @@ mod tests {
             }),
             policy: PolicyClient::new(&root.join("nothing.sock")),
             deadline: Duration::from_millis(50),
+            terminal: None,
+            terminals: Default::default(),
         }
     }
 

@@ -150,9 +150,10 @@ pub struct AgentsSection {
     /// The agent used when a request names none.
     #[serde(default = "default_agent")]
     pub default: String,
-    /// Entries by name; they override the built-ins of the same name.
+    /// Entries by name. An entry named like a built-in overrides it key by key (setting
+    /// `agents.scripted.terminal = true` keeps the rest of the built-in `scripted`).
     #[serde(flatten)]
-    pub entries: BTreeMap<String, AgentConfig>,
+    pub entries: BTreeMap<String, toml::Table>,
 }
 
 impl Default for AgentsSection {
@@ -169,7 +170,7 @@ fn default_agent() -> String {
 }
 
 /// Network access of an agent's sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
     #[default]
@@ -178,7 +179,7 @@ pub enum Network {
 }
 
 /// One registry entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The program. Empty for `scripted` = `warden-scripted-agent` next to this executable.
@@ -201,7 +202,8 @@ pub struct AgentConfig {
     /// the agent reports is elevated.
     #[serde(default)]
     pub supervised_modes: Vec<String>,
-    /// Advertise ACP terminals to this agent.
+    /// Advertise ACP terminals to this agent: commands then run contained like the agent,
+    /// each only after an ALLOW of an execute tool call.
     #[serde(default)]
     pub terminal: bool,
     /// Decide deadline override for this agent (e.g. long when an approver decides).
@@ -440,7 +442,25 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         }
     }
     let mut agents = builtin_agents();
-    for (name, a) in &cfg.agents.entries {
+    for (name, table) in &cfg.agents.entries {
+        let key = format!("agents.{name}");
+        let mut merged = match agents.get(name) {
+            Some(builtin) => match toml::Value::try_from(builtin) {
+                Ok(toml::Value::Table(t)) => t,
+                _ => toml::Table::new(),
+            },
+            None => toml::Table::new(),
+        };
+        for (k, v) in table {
+            merged.insert(k.clone(), v.clone());
+        }
+        let a: AgentConfig =
+            toml::Value::Table(merged)
+                .try_into()
+                .map_err(|e: toml::de::Error| {
+                    ConfigError::invalid(&origin, &key, e.to_string().trim().replace('\n', " "))
+                })?;
+        let a = &a;
         if name.is_empty()
             || !name
                 .chars()
@@ -457,15 +477,6 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
                 &origin,
                 &format!("agents.{name}.command"),
                 "must name the program to run",
-            ));
-        }
-        if a.terminal {
-            // Refused rather than ignored: an operator must not believe terminals are served
-            // (contained, after an ALLOW) when this supervisor does not implement them yet.
-            return Err(ConfigError::invalid(
-                &origin,
-                &format!("agents.{name}.terminal"),
-                "ACP terminals are not implemented by this supervisor; leave it false",
             ));
         }
         agents.insert(name.clone(), a.clone());
@@ -526,6 +537,18 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_named_like_a_builtin_overrides_it_key_by_key() {
+        let s = load(None, &["agents.scripted.terminal=true".into()]).unwrap();
+        let (_, a) = s.agent("scripted").unwrap();
+        assert!(a.terminal);
+        assert!(!a.budget_in_prompt, "the built-in's other keys stay");
+        assert!(a.env.iter().any(|e| e == "WARDEN_SCENARIO"));
+        let e = load(None, &["agents.scripted.termnial=true".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.scripted"), "{e}");
+        assert!(e.to_string().contains("termnial"), "{e}");
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let e = load(None, &["limits.output_bytes=0".into()]).unwrap_err();
         assert!(e.to_string().contains("limits.output_bytes"), "{e}");
@@ -533,15 +556,6 @@ mod tests {
         assert!(e.to_string().contains("workspaces.w.path"), "{e}");
         let e = load(None, &["agents.default=ghost".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.default"), "{e}");
-        let e = load(
-            None,
-            &[
-                "agents.t.command=/bin/true".into(),
-                "agents.t.terminal=true".into(),
-            ],
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("agents.t.terminal"), "{e}");
         let e = load(None, &["agents.x.command=\"\"".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.x.command"), "{e}");
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();

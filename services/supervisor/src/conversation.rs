@@ -290,6 +290,13 @@ impl Conversation {
         }));
     }
 
+    async fn kill_terminals(&self) {
+        self.core
+            .terminals
+            .kill_all(self.shared.settings.limits().kill_grace())
+            .await;
+    }
+
     fn remember_finished(&self, id: &str) {
         let mut st = self.st();
         st.finished.push_back(id.to_string());
@@ -365,6 +372,7 @@ impl Conversation {
         self.wake.notify_one();
         // The worker stops the agent once the active turn has ended; wait for it, bounded.
         let mut p = self.proc_.lock().await;
+        self.kill_terminals().await;
         let report = match p.take() {
             Some(mut proc_) => proc_.kill(&self.shared).await,
             // The cancelled active turn killed it already.
@@ -421,6 +429,7 @@ impl Conversation {
         let mut p = self.proc_.lock().await;
         if let Some(mut proc_) = p.take() {
             tracing::info!(context_id = %self.core.info.context_id, "idle timeout: stopping the agent");
+            self.kill_terminals().await;
             proc_.kill(&self.shared).await;
             let mut st = self.st();
             if st.status == pb::ConversationState::Ready {
@@ -510,6 +519,7 @@ impl Conversation {
                 let tail = p.stderr.lock().map(|r| r.text()).unwrap_or_default();
                 turn.record("agent_stderr_tail", json!({ "text": tail }));
             }
+            self.kill_terminals().await;
             let mut proc_ = guard.take();
             if let Some(pr) = proc_.as_mut() {
                 let r = pr.kill(&self.shared).await;

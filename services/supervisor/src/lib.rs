@@ -18,4 +18,5 @@ pub mod conversation;
 pub mod policy;
 pub mod records;
 pub mod service;
+pub mod terminal;
 pub mod turn;

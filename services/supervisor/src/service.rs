@@ -235,6 +235,20 @@ impl Supervisor {
             live: Mutex::new(Live::default()),
             policy: self.shared.policy.clone(),
             deadline: s.decide_deadline(&agent_cfg),
+            terminal: agent_cfg.terminal.then(|| crate::terminal::TerminalCtx {
+                shared: self.shared.clone(),
+                agent_env: agent_cfg
+                    .env
+                    .iter()
+                    .cloned()
+                    .chain(agent_cfg.set_env.keys().cloned())
+                    .collect(),
+                network: match agent_cfg.network {
+                    Network::None => warden_sandbox::Network::None,
+                    Network::Host => warden_sandbox::Network::Host,
+                },
+            }),
+            terminals: Default::default(),
         });
         let conv = match Conversation::open(core, agent_cfg, self.shared.clone()).await {
             Ok(c) => c,

@@ -50,6 +50,8 @@ pub struct TurnMut {
     pub usage: pb::Usage,
     /// Option ids of ALLOWed switch_mode decisions not yet matched by a mode update.
     pub allowed_switches: Vec<String>,
+    /// ALLOWed execute tool calls not yet used to open a terminal.
+    pub allowed_exec: usize,
     pub transcript: Option<Transcript>,
 }
 

@@ -1,0 +1,321 @@
+//! ACP terminals (`terminal/*`), served only to agents configured with `terminal = true`.
+//!
+//! A command runs contained exactly like the agent (same `Spawner`: clean environment, own
+//! process group and cgroup, bubblewrap when enabled, a lease, `WARDEN_TREE` marker), with its
+//! working directory inside the root, and only after an ALLOW of an `execute` tool call in the
+//! current turn (each ALLOW opens one terminal). Output is kept as a tail bounded by the
+//! request's `outputByteLimit` (and the turn's output bound).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+use warden_acp::{
+    CreateTerminalRequest, RpcError, TerminalExitStatus, TerminalOutputResponse, TerminalRequest,
+};
+
+use crate::bridge::ConvCore;
+use crate::service::Shared;
+
+/// What serving terminals needs from the supervisor (present only when the agent is configured
+/// with `terminal = true`).
+pub struct TerminalCtx {
+    pub shared: Arc<Shared>,
+    /// The agent's environment allowlist additions (its terminals get the same).
+    pub agent_env: Vec<String>,
+    pub network: warden_sandbox::Network,
+}
+
+/// Output kept when the request names no limit.
+const DEFAULT_OUTPUT_LIMIT: usize = 1024 * 1024;
+
+struct OutBuf {
+    bytes: Vec<u8>,
+    limit: usize,
+    truncated: bool,
+}
+
+impl OutBuf {
+    fn push(&mut self, b: &[u8]) {
+        self.bytes.extend_from_slice(b);
+        if self.bytes.len() > self.limit {
+            let cut = self.bytes.len() - self.limit;
+            self.bytes.drain(..cut);
+            self.truncated = true;
+        }
+    }
+
+    /// The tail as text, starting at a character boundary.
+    fn text(&self) -> String {
+        let mut start = 0;
+        while start < self.bytes.len() && (self.bytes[start] & 0xC0) == 0x80 {
+            start += 1;
+        }
+        String::from_utf8_lossy(&self.bytes[start..]).into_owned()
+    }
+}
+
+struct Term {
+    out: Mutex<OutBuf>,
+    tree: tokio::sync::Mutex<Option<warden_sandbox::ProcessTree>>,
+    exit: watch::Sender<Option<TerminalExitStatus>>,
+}
+
+/// The terminals of one conversation.
+#[derive(Default)]
+pub struct Terminals {
+    map: Mutex<HashMap<String, Arc<Term>>>,
+    next: AtomicU64,
+}
+
+fn exit_status(s: Option<std::process::ExitStatus>) -> TerminalExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    match s {
+        Some(s) => TerminalExitStatus {
+            exit_code: s.code().map(|c| c as u32),
+            signal: s.signal().map(|n| {
+                nix::sys::signal::Signal::try_from(n)
+                    .map(|sig| sig.as_str().to_string())
+                    .unwrap_or_else(|_| n.to_string())
+            }),
+        },
+        None => TerminalExitStatus {
+            exit_code: None,
+            signal: Some("SIGKILL".into()),
+        },
+    }
+}
+
+impl Terminals {
+    fn get(&self, id: &str) -> Result<Arc<Term>, RpcError> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| RpcError::not_found(format!("no terminal {id:?}")))
+    }
+
+    /// `terminal/create`.
+    pub async fn create(
+        &self,
+        core: &ConvCore,
+        req: CreateTerminalRequest,
+    ) -> Result<String, RpcError> {
+        let Some(turn) = core.live().turn.clone() else {
+            return Err(RpcError::invalid_params("no turn is running"));
+        };
+        // One ALLOWed execute tool call opens one terminal.
+        let allowed = {
+            let mut st = turn.lock();
+            if st.allowed_exec > 0 {
+                st.allowed_exec -= 1;
+                true
+            } else {
+                false
+            }
+        };
+        if !allowed {
+            return Err(RpcError::invalid_params(
+                "a terminal runs only after an allowed execute tool call",
+            ));
+        }
+        let Some(ctx) = core.terminal.as_ref() else {
+            return Err(RpcError::method_not_found("terminal/create"));
+        };
+        let shared = &ctx.shared;
+        let root = &core.info.root;
+        let cwd = match &req.cwd {
+            Some(c) => {
+                let p = Path::new(c);
+                let inside = p.is_absolute()
+                    && warden_containment::is_inside(root, p, &warden_containment::RealFs)
+                        .unwrap_or(false);
+                if !inside {
+                    return Err(RpcError::invalid_params(
+                        "cwd is outside the session boundary",
+                    ));
+                }
+                p.to_path_buf()
+            }
+            None => root.clone(),
+        };
+        let names: Vec<String> = req.env.iter().map(|e| e.name.clone()).collect();
+        let policy = warden_sandbox::EnvPolicy::new(
+            ctx.agent_env.iter().cloned().chain(names),
+            &shared.settings.file.sandbox.env_extra,
+        )
+        .map_err(|e| RpcError::invalid_params(e.to_string()))?;
+        let env = policy.build_from(
+            std::env::vars_os().chain(
+                req.env
+                    .iter()
+                    .map(|e| (e.name.clone().into(), e.value.clone().into())),
+            ),
+        );
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let id = format!("term-{n}");
+        let boundary = warden_sandbox::Boundary {
+            root: root.clone(),
+            owned: core.info.owned,
+            allow_execute: core.info.allow_execute,
+            profile: match core.info.profile {
+                warden_proto::v1::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
+                warden_proto::v1::Profile::WorkspaceWrite => {
+                    warden_sandbox::Profile::WorkspaceWrite
+                }
+            },
+        };
+        let mut spec = warden_sandbox::SpawnSpec::new(
+            format!("{}~{id}", core.info.context_id),
+            req.command.clone(),
+            boundary,
+            env,
+            shared.depth,
+        );
+        spec.args = req.args.iter().map(Into::into).collect();
+        spec.cwd = Some(cwd);
+        spec.network = ctx.network;
+        let spawned = shared
+            .spawner
+            .spawn(spec)
+            .map_err(|e| RpcError::internal(format!("cannot start the command: {e}")))?;
+        let mut tree = spawned.tree;
+        drop(tree.take_stdin());
+        let limit = req
+            .output_byte_limit
+            .map(|l| l as usize)
+            .unwrap_or(DEFAULT_OUTPUT_LIMIT)
+            .min(shared.settings.limits().output_bytes);
+        let (exit_tx, _) = watch::channel(None);
+        let term = Arc::new(Term {
+            out: Mutex::new(OutBuf {
+                bytes: Vec::new(),
+                limit,
+                truncated: false,
+            }),
+            tree: tokio::sync::Mutex::new(Some(tree)),
+            exit: exit_tx,
+        });
+        for mut r in [
+            Box::new(spawned.stdout) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+            Box::new(spawned.stderr),
+        ] {
+            let t = term.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = r.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    if let Ok(mut o) = t.out.lock() {
+                        o.push(&buf[..n]);
+                    }
+                }
+            });
+        }
+        // The watcher reaps the command when it exits (killing whatever it left behind).
+        let t = term.clone();
+        let grace = shared.settings.limits().kill_grace();
+        tokio::spawn(async move {
+            loop {
+                let exited = {
+                    let g = t.tree.lock().await;
+                    match g.as_ref() {
+                        Some(tr) => tr.leader_exited(),
+                        None => return,
+                    }
+                };
+                if exited {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let mut g = t.tree.lock().await;
+            if let Some(mut tr) = g.take() {
+                let r = tr
+                    .kill(warden_sandbox::KillOptions::with_grace(grace))
+                    .await;
+                let status = r.ok().and_then(|r| r.leader_status);
+                // Let the readers drain what the command wrote last.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                t.exit.send_replace(Some(exit_status(status)));
+            }
+        });
+        tracing::info!(context_id = %core.info.context_id, terminal_id = %id, "terminal started");
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), term);
+        Ok(id)
+    }
+
+    pub fn output(&self, req: &TerminalRequest) -> Result<TerminalOutputResponse, RpcError> {
+        let t = self.get(&req.terminal_id)?;
+        let (output, truncated) = t
+            .out
+            .lock()
+            .map(|o| (o.text(), o.truncated))
+            .unwrap_or_default();
+        Ok(TerminalOutputResponse {
+            output,
+            truncated,
+            exit_status: t.exit.borrow().clone(),
+        })
+    }
+
+    pub async fn wait(&self, req: &TerminalRequest) -> Result<TerminalExitStatus, RpcError> {
+        let t = self.get(&req.terminal_id)?;
+        let mut rx = t.exit.subscribe();
+        loop {
+            if let Some(s) = rx.borrow_and_update().clone() {
+                return Ok(s);
+            }
+            if rx.changed().await.is_err() {
+                return Err(RpcError::internal("terminal went away"));
+            }
+        }
+    }
+
+    /// Kills the command's tree; the id stays valid.
+    pub async fn kill(&self, id: &str, grace: Duration) -> Result<(), RpcError> {
+        let t = self.get(id)?;
+        let mut g = t.tree.lock().await;
+        if let Some(mut tr) = g.take() {
+            let r = tr
+                .kill(warden_sandbox::KillOptions::with_grace(grace))
+                .await;
+            t.exit
+                .send_replace(Some(exit_status(r.ok().and_then(|r| r.leader_status))));
+        }
+        Ok(())
+    }
+
+    /// Kills (if running) and forgets.
+    pub async fn release(&self, id: &str, grace: Duration) -> Result<(), RpcError> {
+        self.kill(id, grace).await?;
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        Ok(())
+    }
+
+    /// Kills every terminal (the agent is being stopped).
+    pub async fn kill_all(&self, grace: Duration) {
+        let ids: Vec<String> = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        for id in ids {
+            let _ = self.release(&id, grace).await;
+        }
+    }
+}
