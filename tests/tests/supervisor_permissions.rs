@@ -268,3 +268,32 @@ async fn plan_exit_keeps_supervision_and_a_self_elevation_is_caught() {
             .any(|i| i["class"] == "mode-escalation")
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repeated_and_config_option_escalations_are_each_caught() {
+    let d = deploy(&[]).await;
+    let mut c = client(&d);
+    let text = scenario(json!({"steps": [
+        {"type": "mode", "mode": "acceptEdits"},
+        {"type": "sleep", "ms": 200},
+        {"type": "mode", "mode": "acceptEdits"},
+        {"type": "sleep", "ms": 200},
+        {"type": "update", "update": {"sessionUpdate": "config_option_update", "configOptions": [
+            {"id": "mode", "name": "Mode", "category": "mode", "type": "select",
+             "currentValue": "bypassPermissions", "options": []}]}},
+        {"type": "sleep", "ms": 200},
+        {"type": "message", "text": "done"}]}));
+    let evs = run(&mut c, turn("twice", "t1", &text)).await;
+    let f: Vec<_> = faults(&evs)
+        .into_iter()
+        .filter(|f| f.class == "mode-escalation")
+        .collect();
+    assert_eq!(f.len(), 3, "each escalation is caught once: {evs:#?}");
+    let info = c
+        .open_conversation(open("twice", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.current_mode, "default");
+    assert_eq!(stop(&evs).stop_reason, "end_turn");
+}

@@ -34,6 +34,9 @@ pub struct ConvInfo {
 pub struct Live {
     pub session_id: String,
     pub current_mode: String,
+    /// The last mode the agent itself reported (mode update or mode config option), so one
+    /// change announced both ways is handled once.
+    pub agent_mode: String,
     pub turn: Option<Arc<TurnCtx>>,
 }
 
@@ -421,6 +424,7 @@ mod tests {
             live: Mutex::new(Live {
                 session_id: "s1".into(),
                 current_mode: "default".into(),
+                agent_mode: "default".into(),
                 turn: None,
             }),
             policy: PolicyClient::new(&root.join("nothing.sock")),

@@ -188,6 +188,7 @@ impl Conversation {
         {
             let mut l = self.core.live();
             l.session_id = session_id.clone();
+            l.agent_mode = current.clone();
             l.current_mode = current;
         }
         if let Ok(mut s) = self.last_session.lock() {
@@ -842,6 +843,13 @@ impl Conversation {
             SessionEvent::CurrentModeUpdate { current_mode_id } => {
                 return self.on_mode(p, turn, session_id, current_mode_id).await;
             }
+            // Adapters also publish the mode as a config option; a change seen only there is
+            // still a mode change.
+            SessionEvent::ConfigOptionUpdate(options) => {
+                if let Some(mode) = mode_from_config_options(&options) {
+                    return self.on_mode(p, turn, session_id, mode).await;
+                }
+            }
             _ => {}
         }
         None
@@ -856,7 +864,14 @@ impl Conversation {
         session_id: &str,
         mode: String,
     ) -> Option<DriveOut> {
-        self.core.live().current_mode = mode.clone();
+        {
+            let mut l = self.core.live();
+            if l.agent_mode == mode {
+                return None;
+            }
+            l.agent_mode = mode.clone();
+            l.current_mode = mode.clone();
+        }
         let supervised = self.agent_cfg.is_supervised_mode(&mode);
         turn.record("mode", json!({"mode": mode, "supervised": supervised}));
         turn.emit(Event::ModeChange(pb::ModeChange {
@@ -899,7 +914,13 @@ impl Conversation {
                 Ok(Ok(()))
             );
         if restored {
-            self.core.live().current_mode = want.clone();
+            {
+                // The agent is in `want` now, whether or not it echoes it: a second escalation
+                // to the same mode must be seen as a change again.
+                let mut l = self.core.live();
+                l.current_mode = want.clone();
+                l.agent_mode = want.clone();
+            }
             turn.emit(Event::ModeChange(pb::ModeChange {
                 mode_id: want,
                 supervised: true,
@@ -1063,6 +1084,21 @@ fn content_text(c: &[ToolCallContent]) -> String {
     out
 }
 
+/// The `currentValue` of the config option that is the session mode (category or id `mode`).
+fn mode_from_config_options(options: &serde_json::Value) -> Option<String> {
+    options.as_array()?.iter().find_map(|o| {
+        let is_mode = o.get("category").and_then(|c| c.as_str()) == Some("mode")
+            || o.get("id").and_then(|c| c.as_str()) == Some("mode");
+        if is_mode {
+            o.get("currentValue")
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        } else {
+            None
+        }
+    })
+}
+
 /// `protocol` for an agent that broke the framing, `crash` for one that went away.
 fn fault_class(f: &warden_acp::Fault) -> &'static str {
     match f {
@@ -1075,5 +1111,30 @@ pub fn profile_name(p: pb::Profile) -> &'static str {
     match p {
         pb::Profile::ReadOnly => "read-only",
         pb::Profile::WorkspaceWrite => "workspace-write",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mode_is_read_from_config_options() {
+        let v = serde_json::json!([
+            {"id": "model", "category": "model", "currentValue": "opus"},
+            {"id": "mode", "category": "mode", "currentValue": "bypassPermissions"}
+        ]);
+        assert_eq!(
+            mode_from_config_options(&v).as_deref(),
+            Some("bypassPermissions")
+        );
+        assert_eq!(
+            mode_from_config_options(&serde_json::json!([{"id": "x"}])),
+            None
+        );
+        assert_eq!(
+            mode_from_config_options(&serde_json::json!({"id": "mode"})),
+            None
+        );
     }
 }
