@@ -621,7 +621,12 @@ impl Conversation {
                     let s = sid.clone();
                     cancel_task = Some(tokio::spawn(async move { c.cancel_with_deadline(&s, grace).await }));
                 }
-                r = async { cancel_task.as_mut().expect("guarded").await }, if cancel_task.is_some() => {
+                r = async {
+                    match cancel_task.as_mut() {
+                        Some(h) => h.await,
+                        None => std::future::pending().await,
+                    }
+                }, if cancel_task.is_some() => {
                     let expired = matches!(r, Ok(Ok(ref rep)) if rep.outcome == CancelOutcome::DeadlineExpired)
                         || matches!(r, Ok(Ok(ref rep)) if matches!(rep.outcome, CancelOutcome::PromptEnded(PromptEnd::Fault(_))))
                         || matches!(r, Ok(Err(_)) | Err(_));
