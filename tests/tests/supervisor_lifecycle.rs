@@ -42,6 +42,13 @@ async fn an_agent_that_never_answers_initialize_is_killed_as_a_startup_fault() {
     assert!(incidents(&d).iter().any(|i| i["class"] == "startup"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(pids_with("987.654").is_empty(), "the mute agent survived");
+    let left: Vec<_> = std::fs::read_dir(state(&d).join("sandboxes"))
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "a failed start leaves its sandbox: {left:?}"
+    );
     let list = c
         .list_conversations(pb::ListConversationsRequest::default())
         .await

@@ -194,6 +194,7 @@ impl Supervisor {
             pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
             pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
         };
+        let mut made_root = false;
         let boundary = if req.workspace.is_empty() {
             let existing = self
                 .shared
@@ -202,11 +203,13 @@ impl Supervisor {
                 .map_err(|e| Status::internal(format!("sandbox registry: {e}")))?;
             match existing {
                 Some(b) => b,
-                None => self
-                    .shared
-                    .roots
-                    .create(&req.context_id, false, sprof)
-                    .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?,
+                None => {
+                    made_root = true;
+                    self.shared
+                        .roots
+                        .create(&req.context_id, false, sprof)
+                        .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
+                }
             }
         } else {
             let w = s.file.workspaces.get(&req.workspace).ok_or_else(|| {
@@ -266,6 +269,10 @@ impl Supervisor {
                     turn_label: String::new(),
                     at_unix_ms: crate::records::now_ms(),
                 });
+                // A failed start disposes of what it made: the new, still empty sandbox too.
+                if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
+                    tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
+                }
                 drop(guard);
                 self.forget(&req.context_id, &slot);
                 return Err(Status::unavailable(format!("startup fault: {e}")));
