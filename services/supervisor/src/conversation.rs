@@ -465,17 +465,14 @@ impl Conversation {
 
     async fn drive(&self, turn: &Arc<TurnCtx>, timeout_secs: u64) -> Stop {
         let mut guard = self.proc_.lock().await;
+        let mut context_reset = false;
         if guard.is_none() {
             // Idle-stopped (or killed by an earlier turn): restart, never silently losing context.
             match self.start_agent(true).await {
                 Ok((p, reset)) => {
                     *guard = Some(p);
                     self.st().status = pb::ConversationState::Ready;
-                    if reset {
-                        turn.emit(Event::ContextReset(pb::ContextReset {
-                            reason: "the agent was restarted and cannot load its previous session; this turn starts a new session".into(),
-                        }));
-                    }
+                    context_reset = reset;
                 }
                 Err(e) => return Stop::fault(e.class(), e.to_string()),
             }
@@ -499,6 +496,11 @@ impl Conversation {
             session_id: session_id.clone(),
             root: self.core.info.root.to_string_lossy().into_owned(),
         }));
+        if context_reset {
+            turn.emit(Event::ContextReset(pb::ContextReset {
+                reason: "the agent was restarted and could not load its previous session; this turn starts a new session without the earlier context".into(),
+            }));
+        }
         self.core.live().turn = Some(turn.clone());
         let early = match idle_mode {
             Some(m) => self.on_mode(p, turn, &session_id, m).await,
