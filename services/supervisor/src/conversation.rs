@@ -561,9 +561,12 @@ impl Conversation {
         if self.agent_cfg.budget_in_prompt {
             blocks.push(json!({"type": "text", "text": budget_note}));
         }
+        // The transcript is workspace data (seed 004): it may hold the task text; incident
+        // records never do.
         turn.record(
             "prompt",
-            json!({"bytes": turn.input.text.len(), "budget_secs": timeout_secs}),
+            json!({"text": turn.input.text, "message_id": turn.input.message_id,
+                   "task_id": turn.input.task_id, "budget_secs": timeout_secs}),
         );
         let client = p.client.clone();
         let sid = session_id.to_string();
