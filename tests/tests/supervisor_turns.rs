@@ -201,3 +201,56 @@ async fn an_agent_crash_is_a_fault_and_the_next_turn_restarts_it() {
     let evs = run(&mut c, turn("boom", "t2", "write alive.txt")).await;
     assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_the_turn_answers_its_open_question_cancelled() {
+    let d = deploy(&[]).await;
+    let mut c = client(&d);
+    let text = scenario(json!({"steps": [{"type": "question", "message": "Proceed?"}]}));
+    let mut s = start(&mut c, turn("qc", "t1", &text)).await;
+    let mut qid = String::new();
+    while let Some(ev) = s.message().await.unwrap() {
+        if let Some(Event::Question(q)) = ev.event {
+            qid = q.question_id;
+            break;
+        }
+    }
+    assert!(!qid.is_empty());
+    let out = c
+        .cancel_turn(pb::CancelTurnRequest {
+            context_id: "qc".into(),
+            turn_id: "t1".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(out.outcome, "active");
+    let evs = collect(&mut s, Duration::from_secs(20)).await;
+    assert_eq!(stop(&evs).stop_reason, "cancelled");
+    let late = c
+        .answer_question(pb::AnswerQuestionRequest {
+            context_id: "qc".into(),
+            turn_id: "t1".into(),
+            question_id: qid,
+            action: "accept".into(),
+            content_json: r#"{"answer":"yes"}"#.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        !late.delivered,
+        "the question was already answered `cancel`"
+    );
+    let bad = c
+        .answer_question(pb::AnswerQuestionRequest {
+            context_id: "qc".into(),
+            turn_id: "t1".into(),
+            question_id: "x".into(),
+            action: "maybe".into(),
+            content_json: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+}
