@@ -177,3 +177,42 @@ async fn operator_workspaces_are_named_never_pathed() {
     assert_eq!(st.daemon, "warden-supervisor");
     assert_eq!(st.details["conversations"], "3");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn conversation_and_queue_limits_refuse_instead_of_growing() {
+    let d = deploy(&[
+        ("supervisor", "limits.max_conversations=2"),
+        ("supervisor", "limits.max_queued_turns=1"),
+    ])
+    .await;
+    let mut c = client(&d);
+    for ctx in ["a", "b"] {
+        c.open_conversation(open(ctx, pb::Profile::ReadOnly))
+            .await
+            .unwrap();
+    }
+    let err = c
+        .open_conversation(open("c", pb::Profile::ReadOnly))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    let mut bad = open("d", pb::Profile::ReadOnly);
+    bad.agent = "no-such-agent".into();
+    assert_eq!(
+        c.open_conversation(bad).await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+    let list = c
+        .list_conversations(pb::ListConversationsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.conversations.len(), 2, "{list:?}");
+    // One active, one queued, the next refused.
+    let hang = r#"{"steps": [{"type": "sleep", "ms": 3000}]}"#;
+    let mut active = start(&mut c, turn("a", "t1", hang)).await;
+    let _ = active.message().await;
+    let _queued = start(&mut c, turn("a", "t2", hang)).await;
+    let err = c.run_turn(turn("a", "t3", hang)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+}

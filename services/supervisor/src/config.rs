@@ -42,6 +42,8 @@ idle_timeout_secs = 900
 handshake_deadline_ms = 10000
 cancel_grace_ms = 2000
 kill_grace_ms = 2000
+max_conversations = 512
+max_queued_turns = 64
 
 [agents]
 default = "scripted"
@@ -110,6 +112,10 @@ pub struct Limits {
     pub cancel_grace_ms: u64,
     /// SIGTERM → SIGKILL grace when a tree is killed.
     pub kill_grace_ms: u64,
+    /// Open conversations (each one an agent tree) at most; more are refused.
+    pub max_conversations: usize,
+    /// Turns waiting in one conversation's queue at most; more are refused.
+    pub max_queued_turns: usize,
 }
 
 impl Default for Limits {
@@ -124,6 +130,8 @@ impl Default for Limits {
             handshake_deadline_ms: 10_000,
             cancel_grace_ms: 2000,
             kill_grace_ms: 2000,
+            max_conversations: 512,
+            max_queued_turns: 64,
         }
     }
 }

@@ -221,6 +221,13 @@ impl Conversation {
                 "turn {id:?} already exists in this conversation"
             )));
         }
+        let max = self.shared.settings.limits().max_queued_turns;
+        if st.queue.len() >= max {
+            return Err(tonic::Status::resource_exhausted(format!(
+                "{} turns are queued in this conversation; the limit is {max}",
+                st.queue.len()
+            )));
+        }
         if st.pending_cancel.remove(id) {
             turn.request_end(EndRequest::Cancel);
         }

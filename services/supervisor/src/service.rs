@@ -183,6 +183,21 @@ impl Supervisor {
                 return Ok(c.clone());
             }
         }
+        let res = self.start_locked(req, &mut guard).await;
+        if res.is_err() && guard.is_none() {
+            // A refused or failed open leaves no slot behind.
+            drop(guard);
+            self.forget(&req.context_id, &slot);
+        }
+        res
+    }
+
+    /// The body of [`Supervisor::open`], with the conversation's slot locked.
+    async fn start_locked(
+        &self,
+        req: &pb::OpenConversationRequest,
+        guard: &mut Option<Arc<Conversation>>,
+    ) -> Result<Arc<Conversation>, Status> {
         let s = &self.shared.settings;
         let (agent_name, agent_cfg) = s.agent(&req.agent).ok_or_else(|| {
             Status::invalid_argument(format!("no configured agent {:?}", req.agent))
@@ -194,6 +209,13 @@ impl Supervisor {
             pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
             pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
         };
+        let open_now = self.conversations().await.len();
+        if open_now >= s.limits().max_conversations {
+            return Err(Status::resource_exhausted(format!(
+                "{open_now} conversations are open; the limit is {}",
+                s.limits().max_conversations
+            )));
+        }
         let mut made_root = false;
         let boundary = if req.workspace.is_empty() {
             let existing = self
@@ -273,8 +295,6 @@ impl Supervisor {
                 if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
                     tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
                 }
-                drop(guard);
-                self.forget(&req.context_id, &slot);
                 return Err(Status::unavailable(format!("startup fault: {e}")));
             }
         };
