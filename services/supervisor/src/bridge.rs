@@ -257,6 +257,9 @@ impl ClientHandler for ConvCore {
         };
         tracing::info!(
             context_id = %self.info.context_id,
+            session_id = %req.session_id,
+            task_id = %turn.as_ref().map(|t| t.input.task_id.as_str()).unwrap_or(""),
+            request_id = %request_id,
             decision_id = %decided.decision_id,
             tool_call_id = %tc_id,
             verdict = ?verdict,
