@@ -52,15 +52,48 @@ async fn until(
 }
 
 /// Waits until `file` lists at least `n` pids.
+/// Waits until the agent's helpers wrote `n` pids to `file`, then returns the host pids of every
+/// live process working inside the conversation's root (the file's directory). The pids the helpers
+/// write are only meaningful in their own PID namespace (bubblewrap gives the agent one), so the
+/// tree is found from the host's side by working directory instead.
 async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
+    let root = file
+        .parent()
+        .expect("pid file has a directory")
+        .to_path_buf();
     for _ in 0..200 {
-        let p = pids_in(file);
-        if p.len() >= n {
-            return p;
+        let written = pids_in(file);
+        let tree = tree_pids(&root);
+        if written.len() >= n && tree.len() >= n {
+            return tree;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("helpers did not start: {:?}", pids_in(file));
+    panic!(
+        "helpers did not start: wrote {:?}, found {:?}",
+        pids_in(file),
+        tree_pids(&root)
+    );
+}
+
+/// Live processes whose working directory is `root` or inside it.
+fn tree_pids(root: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd"))
+            && cwd.starts_with(root)
+            && alive(pid)
+        {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 const SPAWN_AND_HANG: &str = r#"{"on_cancel": "never", "steps": [
@@ -288,8 +321,16 @@ async fn idle_stop_kills_the_tree_and_the_next_turn_restarts() {
         all_gone(&pids, Duration::from_secs(10)).await,
         "survivors after idle stop: {pids:?}"
     );
-    let i = info(&mut c, "idle").await;
-    assert_eq!(i.state, pb::ConversationState::IdleStopped as i32);
+    // The tree dies before the supervisor finishes the ladder and records the state.
+    let mut state = info(&mut c, "idle").await.state;
+    for _ in 0..100 {
+        if state == pb::ConversationState::IdleStopped as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        state = info(&mut c, "idle").await.state;
+    }
+    assert_eq!(state, pb::ConversationState::IdleStopped as i32);
     assert!(root.is_dir());
     let evs = run(&mut c, turn("idle", "t2", "write after.txt")).await;
     assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");

@@ -72,6 +72,12 @@ async fn the_supervised_mode_is_forced_over_the_adapters_auto_mode() {
     .unwrap();
     let d = deploy(&[
         ("supervisor", "agents.scripted.supervised_mode=\"default\""),
+        // Under bubblewrap the agent sees only its root and the system: the operator lets it
+        // read the scenario file.
+        (
+            "supervisor",
+            &format!("agents.scripted.read_only_paths=[\"{}\"]", scen.display()),
+        ),
         ("supervisor", "agents.scripted.env=[\"WARDEN_SCENARIO\"]"),
         (
             "supervisor",

@@ -152,10 +152,11 @@ fn assert_refused(v: &str, evs: &[pb::TurnEvent], rep: &[Value], root: &Path, ru
 
 #[tokio::test(flavor = "multi_thread")]
 async fn deny_sends_the_turn_keeping_refusal_of_each_vocabulary() {
-    let d = deploy(&[]).await;
-    // Read-only profile: the floor denies every execute.
-    for (v, evs, rep, root) in matrix(&d, pb::Profile::ReadOnly).await {
-        assert_refused(v, &evs, &rep, &root, "");
+    // The operator's policy denies every execute. (Not the read-only profile: under bubblewrap a
+    // read-only root could not hold the agent's own report file this test reads.)
+    let d = deploy(&[("policy", "policy.global.auto_deny=[\"execute\"]")]).await;
+    for (v, evs, rep, root) in matrix(&d, pb::Profile::WorkspaceWrite).await {
+        assert_refused(v, &evs, &rep, &root, "tool.autoDeny");
         assert_eq!(
             stop(&evs).stop_reason,
             "end_turn",

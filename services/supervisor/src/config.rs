@@ -230,6 +230,14 @@ pub struct AgentConfig {
     /// a request names them.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// The agent's own home directory (operator-only): bound read-write under bubblewrap and set
+    /// as `HOME`, so an adapter keeps its settings and caches there and nowhere else.
+    #[serde(default)]
+    pub home: Option<PathBuf>,
+    /// Further host paths the agent may read under bubblewrap (operator-only), e.g. a Node.js
+    /// installation outside /usr or a scenario file. Never writable.
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
 }
 
 fn yes() -> bool {
@@ -252,6 +260,8 @@ impl AgentConfig {
             memory_max_bytes: None,
             budget_in_prompt: true,
             enabled: true,
+            home: None,
+            read_only_paths: Vec::new(),
         }
     }
 
@@ -320,7 +330,8 @@ pub struct WorkspaceConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SandboxSection {
-    /// Use bubblewrap when the host has it.
+    /// Use bubblewrap when the host has it (detected at start; the default). Without it an agent
+    /// is contained by its process group and cgroup only, and `warden doctor` says so.
     pub bubblewrap: bool,
     /// Use a cgroup v2 per agent where writable.
     pub cgroup: bool,
@@ -331,7 +342,7 @@ pub struct SandboxSection {
 impl Default for SandboxSection {
     fn default() -> Self {
         SandboxSection {
-            bubblewrap: false,
+            bubblewrap: true,
             cgroup: true,
             env_extra: Vec::new(),
         }

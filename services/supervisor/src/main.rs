@@ -124,8 +124,11 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     }
     let bwrap = if settings.file.sandbox.bubblewrap {
         let b = warden_sandbox::find_bwrap().filter(|b| warden_sandbox::bwrap_works(b));
-        if b.is_none() {
-            tracing::warn!("bubblewrap requested but not usable on this host");
+        match &b {
+            Some(path) => tracing::info!(bwrap = %path.display(), "agents run under bubblewrap"),
+            None => tracing::warn!(
+                "bubblewrap is not usable on this host: agents are contained by process group and cgroup only (see `warden doctor`)"
+            ),
         }
         b
     } else {

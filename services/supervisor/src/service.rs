@@ -83,6 +83,8 @@ impl Shared {
             self.depth,
         );
         spec.args = cfg.args.iter().map(Into::into).collect();
+        spec.home = cfg.home.clone();
+        spec.extra_ro_binds = cfg.read_only_paths.clone();
         spec.network = match cfg.network {
             Network::None => warden_sandbox::Network::None,
             Network::Host => warden_sandbox::Network::Host,
