@@ -245,3 +245,85 @@ fn pids_with_arg(needle: &str) -> Vec<i32> {
     }
     out
 }
+
+#[tokio::test]
+async fn one_task_id_follows_a_request_through_all_three_daemons_json_logs() {
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().to_string_lossy().to_string();
+    let log_path = d.dir.path().join("up.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = std::process::Command::new(binary("warden"));
+    cmd.args([
+        "--state-dir",
+        &state,
+        "up",
+        "--http",
+        &d.http,
+        "--log-format",
+        "json",
+    ])
+    .stdin(std::process::Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log)
+    .process_group(0);
+    let mut up = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        let mut st = tokio::process::Command::new(binary("warden"));
+        st.args(["--state-dir", &state, "status"]);
+        if run_with_deadline(&mut st, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .status
+            .success()
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(15), "not healthy");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "write hello.txt"]);
+    let out = run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{shown}");
+    let task_id = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("[task] "))
+        .and_then(|l| l.split_whitespace().next())
+        .expect("warden send names the task")
+        .to_string();
+    let pid = nix::unistd::Pid::from_raw(up.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    for daemon in ["gateway", "supervisor", "policy"] {
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                l.trim_start().starts_with(&format!("[{daemon:>10}]"))
+                    || l.contains(&format!("[{daemon}]"))
+            })
+            .collect();
+        let with_task: Vec<serde_json::Value> = lines
+            .iter()
+            .filter_map(|l| l.split_once("] ").map(|(_, j)| j))
+            .filter_map(|j| serde_json::from_str::<serde_json::Value>(j).ok())
+            .filter(|v| v["task_id"] == task_id.as_str())
+            .collect();
+        assert!(
+            !with_task.is_empty(),
+            "warden-{daemon} logged nothing with task_id {task_id} as a JSON field"
+        );
+    }
+}
