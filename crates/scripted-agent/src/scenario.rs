@@ -258,58 +258,70 @@ pub fn inline_scenario(text: &str) -> Option<Result<Scenario, String>> {
     Some(serde_json::from_str::<Scenario>(&body).map_err(|e| format!("bad inline scenario: {e}")))
 }
 
-/// The A2A TCK behaviours, keyed on the messageId prefix (a2a-tck
-/// `scenarios/*.feature`). The `_meta.warden` of chunks tells the gateway
-/// which chunks are artifacts.
+/// The A2A TCK behaviours, keyed on the messageId prefix (a2a-tck 1.0
+/// `scenarios/*.feature`, with the texts those scenarios name).
+///
+/// ACP has no notion of A2A artifacts or replies, so the chunks say what they are in
+/// `_meta.warden` (read by the gateway, passed through by the supervisor as
+/// `TextChunk.meta_json`): `artifact = {artifactId, name, kind: text|file|url|data, append?,
+/// lastChunk?, filename?, mediaType?}` puts the chunk's text into that artifact (a file's bytes, a
+/// URL, JSON data); `a2a = "message"` marks a direct reply; `a2a = "reject"` marks the reason of a
+/// rejection (the turn then stops with `refusal`). Every one is a plain `text` chunk, so a client
+/// that ignores the hints still sees the content.
 pub fn tck_steps(message_id: &str) -> Option<Vec<Step>> {
     let msg = |t: &str| Step::Message { text: t.into() };
-    let chunk = |content: Value, meta: Value| Step::Update {
-        update: json!({"sessionUpdate": "agent_message_chunk", "content": content, "_meta": {"warden": meta}}),
+    let chunk = |text: &str, meta: Value| Step::Update {
+        update: json!({"sessionUpdate": "agent_message_chunk",
+                       "content": {"type": "text", "text": text}, "_meta": {"warden": meta}}),
     };
-    let artifact = |name: &str, kind: &str| json!({"artifact": {"artifactId": name, "name": name, "kind": kind}});
-    let text_artifact = chunk(
-        json!({"type": "text", "text": "Hello from TCK artifact"}),
-        artifact("text-artifact", "text"),
-    );
-    let file_artifact = chunk(
-        json!({"type": "resource", "resource": {"uri": "file:///tck/hello.txt", "mimeType": "text/plain", "text": "Hello from TCK file"}}),
-        artifact("file-artifact", "file"),
-    );
+    let text_artifact = |text: &str| {
+        chunk(
+            text,
+            json!({"artifact": {"artifactId": "text-artifact", "name": "text-artifact", "kind": "text"}}),
+        )
+    };
+    let file_artifact = || {
+        chunk(
+            "tck",
+            json!({"artifact": {"artifactId": "file-artifact", "name": "file-artifact", "kind": "file",
+                                "filename": "output.txt", "mediaType": "text/plain"}}),
+        )
+    };
     let end = || Step::Stop {
         reason: "end_turn".into(),
     };
     let working = || Step::Thought {
         text: "working".into(),
     };
+    // A streamed artifact comes a moment after WORKING, as a real agent's would.
+    let streamed = |artifact: Step| vec![working(), Step::Sleep { ms: 200 }, artifact, end()];
     let id = message_id;
     let steps = if id.starts_with("tck-complete-task") {
         vec![msg("Hello from TCK"), end()]
     } else if id.starts_with("tck-artifact-text") {
-        vec![text_artifact, end()]
+        vec![text_artifact("Generated text content"), end()]
     } else if id.starts_with("tck-artifact-file-url") {
         vec![
             chunk(
-                json!({"type": "resource_link", "uri": "https://example.com/tck/hello.txt", "name": "hello.txt", "mimeType": "text/plain"}),
-                artifact("file-url-artifact", "file_url"),
+                "https://example.com/output.txt",
+                json!({"artifact": {"artifactId": "file-url-artifact", "name": "file-url-artifact",
+                                    "kind": "url", "filename": "output.txt", "mediaType": "text/plain"}}),
             ),
             end(),
         ]
     } else if id.starts_with("tck-artifact-file") {
-        vec![file_artifact, end()]
+        vec![file_artifact(), end()]
     } else if id.starts_with("tck-artifact-data") {
         vec![
             chunk(
-                json!({"type": "resource", "resource": {"uri": "data:tck", "mimeType": "application/json", "text": "{\"key\":\"value\"}"}}),
-                artifact("data-artifact", "data"),
+                r#"{"key": "value", "count": 42}"#,
+                json!({"artifact": {"artifactId": "data-artifact", "name": "data-artifact", "kind": "data"}}),
             ),
             end(),
         ]
     } else if id.starts_with("tck-message-response") {
         vec![
-            chunk(
-                json!({"type": "text", "text": "Hello from TCK"}),
-                json!({"a2a": "message"}),
-            ),
+            chunk("Direct message response", json!({"a2a": "message"})),
             end(),
         ]
     } else if id.starts_with("tck-input-required") {
@@ -323,25 +335,37 @@ pub fn tck_steps(message_id: &str) -> Option<Vec<Step>> {
         ]
     } else if id.starts_with("tck-reject-task") {
         vec![
-            msg("Task rejected by TCK agent"),
+            chunk("rejected", json!({"a2a": "reject"})),
             Step::Stop {
                 reason: "refusal".into(),
             },
         ]
     } else if id.starts_with("tck-stream-artifact-chunked") {
         let mut v = vec![working()];
-        for i in 0..3 {
+        for (i, text) in ["chunk-1 ", "chunk-2"].into_iter().enumerate() {
             v.push(Step::Sleep { ms: 50 });
             v.push(chunk(
-                json!({"type": "text", "text": format!("chunk {i} ")}),
+                text,
                 json!({"artifact": {"artifactId": "chunked", "name": "chunked", "kind": "text",
-                        "append": i > 0, "lastChunk": i == 2}}),
+                        "append": i > 0, "lastChunk": i == 1}}),
             ));
         }
         v.push(end());
         v
+    } else if id.starts_with("tck-stream-artifact-text") {
+        streamed(text_artifact("Streamed text content"))
+    } else if id.starts_with("tck-stream-artifact-file") {
+        streamed(file_artifact())
+    } else if id.starts_with("tck-stream-ordering-001") {
+        streamed(text_artifact("Ordered output"))
+    } else if id.starts_with("tck-stream-001") {
+        streamed(text_artifact("Stream hello from TCK"))
+    } else if id.starts_with("tck-stream-002") {
+        vec![end()]
+    } else if id.starts_with("tck-stream-003") {
+        streamed(text_artifact("Stream task lifecycle"))
     } else if id.starts_with("tck-stream-") {
-        vec![working(), Step::Sleep { ms: 200 }, text_artifact, end()]
+        streamed(text_artifact("Stream hello from TCK"))
     } else if id.starts_with("test-resubscribe-message-id") {
         vec![
             working(),
@@ -534,5 +558,53 @@ mod tests {
         assert!(tck_steps("tck-artifact-file-url-1").is_some());
         assert!(tck_steps("tck-stream-001").is_some());
         assert!(tck_steps("other").is_none());
+    }
+
+    /// The hinted chunks of a TCK behaviour: (text, `_meta.warden`).
+    fn hinted(id: &str) -> Vec<(String, Value)> {
+        tck_steps(id)
+            .unwrap()
+            .into_iter()
+            .filter_map(|s| match s {
+                Step::Update { update } => Some((
+                    update["content"]["text"].as_str().unwrap().to_string(),
+                    update["_meta"]["warden"].clone(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tck_artifacts_are_text_chunks_with_warden_hints() {
+        // Every hinted chunk is plain text: a client that ignores the hints still sees it.
+        let data = hinted("tck-artifact-data-x");
+        assert_eq!(data[0].1["artifact"]["kind"], "data");
+        let v: Value = serde_json::from_str(&data[0].0).unwrap();
+        assert_eq!(v, json!({"key": "value", "count": 42}));
+        let file = hinted("tck-artifact-file-x");
+        assert_eq!(file[0].1["artifact"]["kind"], "file");
+        assert_eq!(file[0].1["artifact"]["filename"], "output.txt");
+        assert_eq!(file[0].1["artifact"]["mediaType"], "text/plain");
+        let url = hinted("tck-artifact-file-url-x");
+        assert_eq!(url[0].1["artifact"]["kind"], "url");
+        assert_eq!(url[0].0, "https://example.com/output.txt");
+        assert_eq!(hinted("tck-artifact-text-x")[0].0, "Generated text content");
+        assert_eq!(
+            hinted("tck-message-response-x")[0].1,
+            json!({"a2a": "message"})
+        );
+        let chunked = hinted("tck-stream-artifact-chunked-x");
+        assert_eq!(chunked.len(), 2);
+        assert_eq!(chunked[0].1["artifact"]["append"], false);
+        assert_eq!(chunked[1].1["artifact"]["append"], true);
+        assert_eq!(chunked[1].1["artifact"]["lastChunk"], true);
+    }
+
+    #[test]
+    fn tck_reject_says_so_before_its_refusal_stop() {
+        let steps = tck_steps("tck-reject-task-x").unwrap();
+        assert_eq!(hinted("tck-reject-task-x")[0].1, json!({"a2a": "reject"}));
+        assert!(matches!(steps.last(), Some(Step::Stop { reason }) if reason == "refusal"));
     }
 }

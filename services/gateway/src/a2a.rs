@@ -3,6 +3,9 @@
 //!
 //! Only the parts of the model the gateway serves are here. Fields the gateway does not act on are
 //! still accepted on input (serde ignores unknown members) so that newer clients keep working.
+//! Request members also accept their proto field names (`history_length` for `historyLength`):
+//! ProtoJSON parsers must accept both spellings, and some clients (the A2A TCK's JSON-RPC client)
+//! send the proto names.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -104,6 +107,7 @@ pub struct Part {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub filename: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "media_type")]
     pub media_type: Option<String>,
 }
 
@@ -131,10 +135,13 @@ impl Part {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Message {
+    #[serde(alias = "message_id")]
     pub message_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "context_id")]
     pub context_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "task_id")]
     pub task_id: Option<String>,
     pub role: Role,
     pub parts: Vec<Part>,
@@ -143,6 +150,7 @@ pub struct Message {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extensions: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(alias = "reference_task_ids")]
     pub reference_task_ids: Vec<String>,
 }
 
@@ -271,12 +279,16 @@ pub enum StreamResponse {
 #[serde(rename_all = "camelCase")]
 pub struct SendMessageConfiguration {
     #[serde(default)]
+    #[serde(alias = "accepted_output_modes")]
     pub accepted_output_modes: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "task_push_notification_config")]
     pub task_push_notification_config: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "history_length")]
     pub history_length: Option<i32>,
     #[serde(default)]
+    #[serde(alias = "return_immediately")]
     pub return_immediately: bool,
 }
 
@@ -301,6 +313,7 @@ pub struct GetTaskRequest {
     pub tenant: Option<String>,
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "history_length")]
     pub history_length: Option<i32>,
 }
 
@@ -311,18 +324,24 @@ pub struct ListTasksRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "context_id")]
     pub context_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<TaskState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "page_size")]
     pub page_size: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "page_token")]
     pub page_token: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "history_length")]
     pub history_length: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "status_timestamp_after")]
     pub status_timestamp_after: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "include_artifacts")]
     pub include_artifacts: Option<bool>,
 }
 
@@ -454,6 +473,46 @@ mod tests {
         assert_eq!(req.message.role, Role::User);
         assert_eq!(req.message.prompt_text(), "hi");
         assert_eq!(req.configuration.unwrap().history_length, Some(0));
+    }
+
+    #[test]
+    fn proto_field_names_are_accepted_as_protojson_requires() {
+        let req: GetTaskRequest =
+            serde_json::from_value(json!({"id": "t", "history_length": 0})).unwrap();
+        assert_eq!(req.history_length, Some(0));
+        let req: ListTasksRequest = serde_json::from_value(
+            json!({"context_id": "c", "page_size": 2, "include_artifacts": true}),
+        )
+        .unwrap();
+        assert_eq!(req.context_id.as_deref(), Some("c"));
+        assert_eq!(req.page_size, Some(2));
+        assert_eq!(req.include_artifacts, Some(true));
+        let req: SendMessageRequest = serde_json::from_value(json!({
+            "message": {"message_id": "m", "task_id": "t", "role": "ROLE_USER", "parts": [{"text": "a"}]},
+            "configuration": {"return_immediately": true, "history_length": 1}
+        }))
+        .unwrap();
+        assert_eq!(req.message.message_id, "m");
+        assert_eq!(req.message.task_id.as_deref(), Some("t"));
+        let c = req.configuration.unwrap();
+        assert!(c.return_immediately);
+        assert_eq!(c.history_length, Some(1));
+        // Output stays camelCase; both spellings of one member at once is an error.
+        assert_eq!(
+            serde_json::to_value(GetTaskRequest {
+                tenant: None,
+                id: "t".into(),
+                history_length: Some(1)
+            })
+            .unwrap(),
+            json!({"id": "t", "historyLength": 1})
+        );
+        assert!(
+            serde_json::from_value::<GetTaskRequest>(
+                json!({"id": "t", "history_length": 0, "historyLength": 1})
+            )
+            .is_err()
+        );
     }
 
     #[test]

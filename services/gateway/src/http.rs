@@ -516,6 +516,7 @@ async fn dispatch_jsonrpc(
             Ok(match core.send(principal, req, streaming).await? {
                 SendOutcome::Stream(sub) => sse(binding.clone(), *sub),
                 SendOutcome::Task(task) => result(binding, StreamResponse::Task(*task)),
+                SendOutcome::Message(m) => result(binding, StreamResponse::Message(*m)),
             })
         }
         "GetTask" => {
@@ -579,6 +580,10 @@ async fn rest_send(
                 StatusCode::OK,
                 &serde_json::to_value(StreamResponse::Task(*task)).unwrap_or(Value::Null),
             ),
+            SendOutcome::Message(m) => json_response(
+                StatusCode::OK,
+                &serde_json::to_value(StreamResponse::Message(*m)).unwrap_or(Value::Null),
+            ),
         })
     };
     match run.await {
@@ -597,6 +602,9 @@ fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aE
         if k.eq_ignore_ascii_case("A2A-Version") || k.eq_ignore_ascii_case("A2A-Extensions") {
             continue;
         }
+        // Query parameters may use the proto field name (`history_length`) as well as the
+        // ProtoJSON one (`historyLength`); both mean the same field.
+        let k = camel_case(&k);
         let value = match k.as_str() {
             "pageSize" | "historyLength" => Value::Number(
                 v.parse::<i64>()
@@ -619,6 +627,23 @@ fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aE
         map.insert(k, value);
     }
     Ok(map)
+}
+
+/// `history_length` → `historyLength`; names without `_` are returned as they are.
+fn camel_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' && !out.is_empty() {
+            upper = true;
+        } else if upper {
+            out.push(c.to_ascii_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, A2aError> {

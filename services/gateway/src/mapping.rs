@@ -10,7 +10,13 @@
 //!   message says what happened and whose metadata (`warden`) carries the structured fields;
 //! - a permission decision is only ever reported; it never becomes INPUT_REQUIRED. Only a
 //!   question (ACP `elicitation/create`) does;
-//! - the stop reason decides the final state; every refusal is listed in the final message.
+//! - the stop reason decides the final state; every refusal is listed in the final message;
+//! - warden's own hints in a chunk's `_meta` (see [`ChunkHint`]) route it: `warden.artifact`
+//!   makes it (part of) a named text/file/url/data artifact, `warden.a2a = "message"` makes it the
+//!   reply of a task that is answered by a direct A2A Message, `warden.a2a = "reject"` turns a
+//!   `refusal` stop into REJECTED. Hints are agent output: malformed ones are ignored (the chunk
+//!   is plain answer text), and none of them can hide a tool call, a permission decision or a
+//!   refusal from the caller.
 
 use serde_json::{Value, json};
 use warden_proto::v1::{
@@ -19,8 +25,8 @@ use warden_proto::v1::{
 };
 
 use crate::a2a::{
-    Artifact, Message, Metadata, Part, StreamResponse, TaskArtifactUpdateEvent, TaskState,
-    TaskStatus, TaskStatusUpdateEvent,
+    Artifact, Message, Metadata, Part, PartContent, StreamResponse, TaskArtifactUpdateEvent,
+    TaskState, TaskStatus, TaskStatusUpdateEvent,
 };
 
 /// Once this much answer text is buffered it is sent even if more is ready.
@@ -28,6 +34,166 @@ pub const DEFAULT_COALESCE_BYTES: usize = 16 * 1024;
 
 /// The metadata key under which warden's structured fields travel.
 pub const META_KEY: &str = "warden";
+
+/// Longest `_meta` the gateway reads hints from; a bigger one is treated as having none.
+pub const MAX_HINT_META_BYTES: usize = 64 * 1024;
+/// Longest artifact id, name, filename or media type taken from a hint.
+const MAX_HINT_FIELD: usize = 256;
+
+/// The content kind a `warden.artifact` hint asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArtifactKind {
+    /// A text part.
+    Text,
+    /// A file part with inline bytes (`raw`, base64 of the chunk's text).
+    File,
+    /// A file part by reference (`url`, the chunk's text).
+    Url,
+    /// A data part (the chunk's text parsed as JSON).
+    Data,
+}
+
+/// `_meta.warden.artifact` of a message chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArtifactHint {
+    pub artifact_id: String,
+    pub name: Option<String>,
+    pub kind: ArtifactKind,
+    pub append: bool,
+    pub last_chunk: Option<bool>,
+    pub filename: Option<String>,
+    pub media_type: Option<String>,
+}
+
+/// What warden's hints in a chunk's `_meta` say about the chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChunkHint {
+    /// No (usable) hint: the chunk is answer text.
+    None,
+    /// `warden.artifact`: the chunk is (part of) this artifact.
+    Artifact(ArtifactHint),
+    /// `warden.a2a = "message"`: the chunk is the agent's direct reply.
+    Message,
+    /// `warden.a2a = "reject"`: the chunk explains that the agent rejects the task.
+    Reject,
+}
+
+fn hint_str(v: &Value, key: &str) -> Result<Option<String>, ()> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s))
+            if !s.is_empty() && s.len() <= MAX_HINT_FIELD && !s.chars().any(char::is_control) =>
+        {
+            Ok(Some(s.clone()))
+        }
+        Some(_) => Err(()),
+    }
+}
+
+fn hint_bool(v: &Value, key: &str) -> Result<Option<bool>, ()> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(()),
+    }
+}
+
+impl ChunkHint {
+    /// Reads the hints of `TextChunk.meta_json`. Anything malformed (bad JSON, wrong types, an
+    /// unknown kind, over-long fields) is no hint at all, so the text still reaches the caller.
+    pub fn parse(meta_json: &str) -> Self {
+        if meta_json.is_empty() || meta_json.len() > MAX_HINT_META_BYTES {
+            return Self::None;
+        }
+        let Ok(meta) = serde_json::from_str::<Value>(meta_json) else {
+            return Self::None;
+        };
+        let Some(w) = meta.get(META_KEY) else {
+            return Self::None;
+        };
+        if let Some(a) = w.get("artifact") {
+            return Self::artifact(a).map_or(Self::None, Self::Artifact);
+        }
+        match w.get("a2a").and_then(Value::as_str) {
+            Some("message") => Self::Message,
+            Some("reject") => Self::Reject,
+            _ => Self::None,
+        }
+    }
+
+    fn artifact(a: &Value) -> Option<ArtifactHint> {
+        let kind = match a.get("kind").and_then(Value::as_str).unwrap_or("text") {
+            "text" => ArtifactKind::Text,
+            "file" => ArtifactKind::File,
+            "url" | "file_url" => ArtifactKind::Url,
+            "data" => ArtifactKind::Data,
+            _ => return None,
+        };
+        Some(ArtifactHint {
+            artifact_id: hint_str(a, "artifactId").ok()??,
+            name: hint_str(a, "name").ok()?,
+            kind,
+            append: hint_bool(a, "append").ok()?.unwrap_or(false),
+            last_chunk: hint_bool(a, "lastChunk").ok()?,
+            filename: hint_str(a, "filename").ok()?,
+            media_type: hint_str(a, "mediaType").ok()?,
+        })
+    }
+}
+
+/// Standard base64 (RFC 4648, padded), for `raw` file parts.
+pub fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for group in bytes.chunks(3) {
+        let b = [
+            group[0],
+            group.get(1).copied().unwrap_or(0),
+            group.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for (i, shift) in [18u32, 12, 6, 0].into_iter().enumerate() {
+            if i <= group.len() {
+                out.push(ALPHABET[((n >> shift) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The A2A part a hinted chunk becomes. Content that does not fit the kind (a data chunk that
+/// is not JSON, a URL with spaces) falls back to a text part rather than being dropped.
+fn hinted_part(hint: &ArtifactHint, text: &str) -> Part {
+    let content = match hint.kind {
+        ArtifactKind::Text => PartContent::Text(text.to_string()),
+        ArtifactKind::File => PartContent::Raw(base64(text.as_bytes())),
+        ArtifactKind::Url => {
+            let url = text.trim();
+            if url.is_empty() || url.chars().any(char::is_whitespace) {
+                PartContent::Text(text.to_string())
+            } else {
+                PartContent::Url(url.to_string())
+            }
+        }
+        ArtifactKind::Data => match serde_json::from_str::<Value>(text) {
+            Ok(v) => PartContent::Data(v),
+            Err(_) => PartContent::Text(text.to_string()),
+        },
+    };
+    let file_like = matches!(content, PartContent::Raw(_) | PartContent::Url(_));
+    Part {
+        content,
+        metadata: None,
+        filename: if file_like {
+            hint.filename.clone()
+        } else {
+            None
+        },
+        media_type: hint.media_type.clone(),
+    }
+}
 
 /// The A2A side of one running turn.
 #[derive(Debug)]
@@ -47,6 +213,16 @@ pub struct TurnMapper {
     /// Title and kind of each tool call, since updates usually repeat only the id.
     tool_calls: std::collections::HashMap<String, (String, String)>,
     finished: bool,
+    /// Text of chunks hinted `warden.a2a` = message / reject: the reply that ends the task.
+    reply: String,
+    message_hint: bool,
+    reject_hint: bool,
+    /// Something happened that only a task can show (tool call, permission, question, artifact):
+    /// such a turn is never answered by a bare Message.
+    task_only: bool,
+    /// The agent's artifact ids already started (a first chunk is never sent with `append`).
+    hinted_artifacts: std::collections::HashSet<String>,
+    direct_message: bool,
 }
 
 fn meta(fields: Value) -> Option<Metadata> {
@@ -118,7 +294,19 @@ impl TurnMapper {
             usage: None,
             tool_calls: std::collections::HashMap::new(),
             finished: false,
+            reply: String::new(),
+            message_hint: false,
+            reject_hint: false,
+            task_only: false,
+            hinted_artifacts: std::collections::HashSet::new(),
+            direct_message: false,
         }
+    }
+
+    /// True when the turn ended COMPLETED with only a hinted reply: a blocking SendMessage
+    /// answers with the final status message as a direct A2A Message instead of the Task.
+    pub fn direct_message(&self) -> bool {
+        self.direct_message
     }
 
     /// Sets the size at which buffered text is sent without waiting for a flush.
@@ -238,6 +426,26 @@ impl TurnMapper {
         };
         match event {
             Event::MessageChunk(c) => {
+                match ChunkHint::parse(&c.meta_json) {
+                    ChunkHint::None => {}
+                    ChunkHint::Artifact(hint) => {
+                        // Everything before it goes first, so the caller sees the agent's order.
+                        out.extend(self.flush(now));
+                        self.ensure_working(&mut out, now);
+                        out.push(self.hinted_artifact(&hint, &c.text));
+                        return out;
+                    }
+                    ChunkHint::Message => {
+                        self.message_hint = true;
+                        self.reply.push_str(&c.text);
+                        return out;
+                    }
+                    ChunkHint::Reject => {
+                        self.reject_hint = true;
+                        self.reply.push_str(&c.text);
+                        return out;
+                    }
+                }
                 if !self.thought.is_empty() {
                     out.extend(self.flush(now));
                 }
@@ -292,6 +500,7 @@ impl TurnMapper {
                 out.push(self.status(TaskState::Working, None, None, now));
             }
             Event::ToolCall(t) => {
+                self.task_only = true;
                 self.ensure_working(&mut out, now);
                 out.push(self.tool_call(t, now));
             }
@@ -331,10 +540,12 @@ impl TurnMapper {
                 ));
             }
             Event::Permission(p) => {
+                self.task_only = true;
                 self.ensure_working(&mut out, now);
                 out.push(self.permission(p, now));
             }
             Event::Question(q) => {
+                self.task_only = true;
                 self.pending_question = Some(q.question_id.clone());
                 let schema = raw_input(&q.requested_schema_json);
                 out.push(self.status(
@@ -362,6 +573,33 @@ impl TurnMapper {
             Event::MessageChunk(_) | Event::ThoughtChunk(_) | Event::Usage(_) => {}
         }
         out
+    }
+
+    /// One hinted chunk as an artifact update. The agent's id is scoped by the task id so it can
+    /// never collide with the answer artifact or another task's artifacts.
+    fn hinted_artifact(&mut self, hint: &ArtifactHint, text: &str) -> StreamResponse {
+        self.task_only = true;
+        let started = !self.hinted_artifacts.insert(hint.artifact_id.clone());
+        StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            artifact: Artifact {
+                artifact_id: format!("{}-{}", self.task_id, hint.artifact_id),
+                name: Some(
+                    hint.name
+                        .clone()
+                        .unwrap_or_else(|| hint.artifact_id.clone()),
+                ),
+                description: None,
+                parts: vec![hinted_part(hint, text)],
+                metadata: None,
+                extensions: Vec::new(),
+            },
+            append: hint.append && started,
+            // A chunk that says nothing about chunking is a whole artifact.
+            last_chunk: hint.last_chunk.unwrap_or(!hint.append),
+            metadata: None,
+        })
     }
 
     fn tool_call(&mut self, t: &ToolCallEvent, now: i64) -> StreamResponse {
@@ -443,6 +681,24 @@ impl TurnMapper {
     /// Maps the turn's stop to the final state and message.
     fn stop(&mut self, stop: &TurnStop, now: i64) -> Vec<StreamResponse> {
         let mut out = Vec::new();
+        let reply = std::mem::take(&mut self.reply);
+        // A hinted reply ends the task as its final status message only when nothing else has to
+        // be shown: a rejection needs the agent's `refusal` stop; a direct Message needs a clean
+        // end_turn with no refusal and nothing that only a task can carry. Otherwise the reply is
+        // ordinary answer text.
+        let rejected = !self.cancel_requested && self.reject_hint && stop.stop_reason == "refusal";
+        let direct = !self.cancel_requested
+            && self.message_hint
+            && !self.reject_hint
+            && stop.stop_reason == "end_turn"
+            && stop.refusals.is_empty()
+            && !self.task_only
+            && !self.answer_started
+            && self.text.is_empty()
+            && !reply.is_empty();
+        if !rejected && !direct {
+            self.text.push_str(&reply);
+        }
         if self.answer_started || !self.text.is_empty() {
             let rest = std::mem::take(&mut self.text);
             out.push(self.answer_update(rest, true));
@@ -455,6 +711,7 @@ impl TurnMapper {
                 l.extend(refusals.iter().cloned());
                 (TaskState::Canceled, l)
             }
+            "end_turn" if direct => (TaskState::Completed, vec![reply.clone()]),
             "end_turn" => {
                 let mut l = vec!["completed".to_string()];
                 l.extend(refusals.iter().cloned());
@@ -464,6 +721,16 @@ impl TurnMapper {
             "cancelled" => (
                 TaskState::Canceled,
                 vec!["the agent cancelled the turn".to_string()],
+            ),
+            // The agent said explicitly (`warden.a2a = "reject"`) that it will not do this task:
+            // REJECTED, with its reason. A plain refusal stays FAILED (issue 7).
+            "refusal" if rejected => (
+                TaskState::Rejected,
+                vec![if reply.trim().is_empty() {
+                    "the agent rejected the task".to_string()
+                } else {
+                    reply.clone()
+                }],
             ),
             "refusal" => (
                 TaskState::Failed,
@@ -509,6 +776,13 @@ impl TurnMapper {
         if let Some(u) = &self.usage {
             fields["usage"] = u.clone();
         }
+        if direct {
+            fields["directMessage"] = Value::Bool(true);
+        }
+        if rejected {
+            fields["rejectedByAgent"] = Value::Bool(true);
+        }
+        self.direct_message = direct;
         self.pending_question = None;
         out.push(self.status(state, Some(lines.join("\n")), Some(fields), now));
         self.finished = true;
@@ -585,7 +859,10 @@ mod tests {
     }
 
     fn chunk(s: &str) -> Event {
-        Event::MessageChunk(TextChunk { text: s.into() })
+        Event::MessageChunk(TextChunk {
+            text: s.into(),
+            ..Default::default()
+        })
     }
 
     fn started() -> Event {
@@ -1056,6 +1333,7 @@ mod tests {
                 started(),
                 Event::ThoughtChunk(TextChunk {
                     text: "thinking".into(),
+                    ..Default::default()
                 }),
                 Event::Plan(PlanEvent {
                     entries: vec![PlanEntry {
@@ -1097,5 +1375,249 @@ mod tests {
                 "TASK_STATE_WORKING:mode",
             ]
         );
+    }
+
+    fn hinted_chunk(text: &str, meta: Value) -> Event {
+        Event::MessageChunk(TextChunk {
+            text: text.into(),
+            meta_json: meta.to_string(),
+        })
+    }
+
+    fn artifacts(out: &[StreamResponse]) -> Vec<&TaskArtifactUpdateEvent> {
+        out.iter()
+            .filter_map(|e| match e {
+                StreamResponse::ArtifactUpdate(a) => Some(a),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn base64_matches_rfc_4648_vectors() {
+        for (plain, enc) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+            ("tck", "dGNr"),
+        ] {
+            assert_eq!(base64(plain.as_bytes()), enc, "{plain:?}");
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0x00]), "//4A");
+    }
+
+    #[test]
+    fn hints_are_read_and_malformed_ones_ignored() {
+        let a = |v: Value| ChunkHint::parse(&json!({"warden": {"artifact": v}}).to_string());
+        let ok = a(json!({"artifactId": "x", "kind": "data", "lastChunk": true}));
+        assert!(
+            matches!(&ok, ChunkHint::Artifact(h) if h.kind == ArtifactKind::Data && h.last_chunk == Some(true)),
+            "{ok:?}"
+        );
+        assert!(matches!(
+            a(json!({"artifactId": "x", "kind": "file_url"})),
+            ChunkHint::Artifact(ArtifactHint {
+                kind: ArtifactKind::Url,
+                ..
+            })
+        ));
+        // Adversarial or sloppy hints are no hints: the chunk stays answer text.
+        for bad in [
+            json!({"kind": "text"}),
+            json!({"artifactId": "", "kind": "text"}),
+            json!({"artifactId": 7, "kind": "text"}),
+            json!({"artifactId": "x", "kind": "hologram"}),
+            json!({"artifactId": "x", "append": "yes"}),
+            json!({"artifactId": "x\u{7}bell"}),
+            json!({"artifactId": "x".repeat(MAX_HINT_FIELD + 1)}),
+            json!({"artifactId": "x", "filename": ["a"]}),
+            json!("text"),
+        ] {
+            assert_eq!(a(bad.clone()), ChunkHint::None, "{bad}");
+        }
+        for raw in [
+            "",
+            "{",
+            "null",
+            "[]",
+            "{\"warden\": 3}",
+            "{\"other\": {\"a2a\": \"message\"}}",
+        ] {
+            assert_eq!(ChunkHint::parse(raw), ChunkHint::None, "{raw}");
+        }
+        let huge = json!({"warden": {"a2a": "message"}, "pad": "x".repeat(MAX_HINT_META_BYTES)});
+        assert_eq!(ChunkHint::parse(&huge.to_string()), ChunkHint::None);
+        assert_eq!(
+            ChunkHint::parse(r#"{"warden": {"a2a": "message"}}"#),
+            ChunkHint::Message
+        );
+        assert_eq!(
+            ChunkHint::parse(r#"{"warden": {"a2a": "reject"}}"#),
+            ChunkHint::Reject
+        );
+        assert_eq!(
+            ChunkHint::parse(r#"{"warden": {"a2a": "shout"}}"#),
+            ChunkHint::None
+        );
+    }
+
+    #[test]
+    fn hinted_chunks_become_their_artifacts_in_order() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                chunk("before "),
+                hinted_chunk(
+                    r#"{"count": 42}"#,
+                    json!({"warden": {"artifact": {"artifactId": "d", "kind": "data"}}}),
+                ),
+                hinted_chunk(
+                    "https://example.com/o.txt",
+                    json!({"warden": {"artifact": {"artifactId": "u", "kind": "url",
+                        "filename": "o.txt", "mediaType": "text/plain"}}}),
+                ),
+                hinted_chunk(
+                    "{not json",
+                    json!({"warden": {"artifact": {"artifactId": "bad", "kind": "data"}}}),
+                ),
+                stop("end_turn", vec![], None),
+            ],
+        );
+        let arts = artifacts(&out);
+        // The answer text that came first is sent first.
+        assert_eq!(arts[0].artifact.artifact_id, "t1-answer");
+        assert_eq!(arts[1].artifact.artifact_id, "t1-d");
+        assert_eq!(
+            arts[1].artifact.parts[0].content,
+            PartContent::Data(json!({"count": 42}))
+        );
+        assert!(arts[1].last_chunk && !arts[1].append);
+        assert_eq!(
+            arts[2].artifact.parts[0].content,
+            PartContent::Url("https://example.com/o.txt".into())
+        );
+        assert_eq!(arts[2].artifact.parts[0].filename.as_deref(), Some("o.txt"));
+        // Content that does not fit its kind is still delivered, as text.
+        assert_eq!(
+            arts[3].artifact.parts[0].content,
+            PartContent::Text("{not json".into())
+        );
+        assert!(!m.direct_message());
+    }
+
+    #[test]
+    fn append_is_never_claimed_for_a_first_chunk() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let hint = |append: bool| json!({"warden": {"artifact": {"artifactId": "c", "kind": "text", "append": append}}});
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                hinted_chunk("a", hint(true)),
+                hinted_chunk("b", hint(true)),
+                stop("end_turn", vec![], None),
+            ],
+        );
+        let arts = artifacts(&out);
+        assert!(!arts[0].append, "nothing to append to yet");
+        assert!(arts[1].append);
+    }
+
+    #[test]
+    fn a_direct_reply_only_for_a_clean_turn() {
+        let reply = || hinted_chunk("hi there", json!({"warden": {"a2a": "message"}}));
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![started(), reply(), stop("end_turn", vec![], None)],
+        );
+        let (st, text, meta) = final_status(&out);
+        assert_eq!(st.state, TaskState::Completed);
+        assert_eq!(text, "hi there");
+        assert_eq!(meta["directMessage"], true);
+        assert!(artifacts(&out).is_empty());
+        assert!(m.direct_message());
+
+        // A refusal, a tool call, or plain answer text: a task, with the reply as answer text.
+        let tool = Event::ToolCall(ToolCallEvent {
+            tool_call_id: "tc".into(),
+            kind: "edit".into(),
+            ..Default::default()
+        });
+        for (name, events) in [
+            (
+                "refusal",
+                vec![
+                    started(),
+                    reply(),
+                    stop("end_turn", vec![refusal("Write x", "no")], None),
+                ],
+            ),
+            (
+                "tool",
+                vec![started(), tool, reply(), stop("end_turn", vec![], None)],
+            ),
+            (
+                "text",
+                vec![
+                    started(),
+                    chunk("plain "),
+                    reply(),
+                    stop("end_turn", vec![], None),
+                ],
+            ),
+        ] {
+            let mut m = TurnMapper::new("t1", "c1");
+            let out = run(&mut m, events);
+            assert!(!m.direct_message(), "{name}");
+            let answer: String = artifacts(&out)
+                .iter()
+                .map(|a| match &a.artifact.parts[0].content {
+                    PartContent::Text(t) => t.clone(),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            assert!(answer.ends_with("hi there"), "{name}: {answer:?}");
+            let (st, text, _) = final_status(&out);
+            assert_eq!(st.state, TaskState::Completed, "{name}");
+            assert!(text.starts_with("completed"), "{name}: {text}");
+        }
+    }
+
+    #[test]
+    fn only_an_explicit_rejection_with_a_refusal_stop_is_rejected() {
+        let reject = || hinted_chunk("not my job", json!({"warden": {"a2a": "reject"}}));
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![started(), reject(), stop("refusal", vec![], None)],
+        );
+        let (st, text, meta) = final_status(&out);
+        assert_eq!(st.state, TaskState::Rejected);
+        assert_eq!(text, "not my job");
+        assert_eq!(meta["rejectedByAgent"], true);
+
+        // A plain refusal stays FAILED (issue 7).
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![started(), chunk("no"), stop("refusal", vec![], None)],
+        );
+        assert_eq!(final_status(&out).0.state, TaskState::Failed);
+
+        // A caller's cancel wins over the agent's rejection.
+        let mut m = TurnMapper::new("t1", "c1");
+        m.request_cancel();
+        let out = run(
+            &mut m,
+            vec![started(), reject(), stop("refusal", vec![], None)],
+        );
+        assert_eq!(final_status(&out).0.state, TaskState::Canceled);
     }
 }

@@ -55,7 +55,7 @@ pub type SharedEvent = Arc<StreamResponse>;
 /// What a subscriber gets: the snapshot, then the events that follow it.
 pub struct Subscription {
     pub task: Task,
-    /// `None` when the snapshot is already terminal or interrupted (the stream ends with it).
+    /// `None` when the snapshot is already terminal (the stream ends with it).
     pub events: Option<broadcast::Receiver<SharedEvent>>,
 }
 
@@ -181,11 +181,14 @@ impl LiveTask {
         Ok(())
     }
 
+    /// A stream of this task: the snapshot, then what follows. A stream opened on a task that is
+    /// already INPUT_REQUIRED stays open (it closes at the next terminal or interrupted status):
+    /// SubscribeToTask exists to watch a non-terminal task, and one waiting for input is exactly
+    /// the task a second client wants to see resume (spec 1.0.1 §3.1.6).
     fn subscribe(&self) -> Subscription {
         let inner = lock(&self.inner);
         let task = inner.task.clone();
-        let st = task.status.state;
-        let events = if st.is_terminal() || st.is_interrupted() {
+        let events = if task.status.state.is_terminal() {
             None
         } else {
             Some(self.tx.subscribe())
@@ -243,6 +246,10 @@ pub enum SendOutcome {
     Stream(Box<Subscription>),
     /// Blocking or returnImmediately: the task as the caller should see it.
     Task(Box<Task>),
+    /// Blocking, and the agent answered with only a hinted direct reply (`warden.a2a =
+    /// "message"`, see [`TurnMapper::direct_message`]): the task's final status message. The task
+    /// is still stored, so GetTask/ListTasks keep the record.
+    Message(Box<Message>),
 }
 
 /// The task core shared by every HTTP handler.
@@ -553,7 +560,16 @@ impl Core {
         if !return_immediately {
             live.settled().await;
         }
-        let mut task = lock(&live.inner).task.clone();
+        let (mut task, direct) = {
+            let inner = lock(&live.inner);
+            (inner.task.clone(), inner.mapper.direct_message())
+        };
+        if direct
+            && task.status.state == TaskState::Completed
+            && let Some(m) = task.status.message.take()
+        {
+            return Ok(SendOutcome::Message(Box::new(m)));
+        }
         apply_history_length(&mut task, history_length)?;
         Ok(SendOutcome::Task(Box::new(task)))
     }
@@ -970,7 +986,10 @@ mod tests {
         feed(&l, Event::Started(TurnStarted::default()), false);
         feed(
             &l,
-            Event::MessageChunk(TextChunk { text: "Hel".into() }),
+            Event::MessageChunk(TextChunk {
+                text: "Hel".into(),
+                ..Default::default()
+            }),
             true,
         );
         let mut second = l.subscribe();
@@ -982,7 +1001,10 @@ mod tests {
         );
         feed(
             &l,
-            Event::MessageChunk(TextChunk { text: "lo".into() }),
+            Event::MessageChunk(TextChunk {
+                text: "lo".into(),
+                ..Default::default()
+            }),
             true,
         );
         feed(

@@ -545,7 +545,9 @@ async fn the_a2a_message_id_reaches_the_agent_for_correlation() {
         task["artifacts"][0]["parts"][0]["text"], "Hello from TCK",
         "{task}"
     );
-    // A refusal stop fails the task (issue 7's mapping), saying so.
+    // The TCK's reject behaviour: the agent says it rejects the task (`warden.a2a = "reject"`)
+    // and stops with `refusal`: REJECTED, with its reason. (A plain refusal stays FAILED; see
+    // e2e_tck_behaviours.rs.)
     let r = gw
         .rpc(
             "SendMessage",
@@ -553,6 +555,6 @@ async fn the_a2a_message_id_reaches_the_agent_for_correlation() {
         )
         .await;
     let task = &r["result"]["task"];
-    assert_eq!(state(task), "TASK_STATE_FAILED", "{r}");
-    assert!(status_text(task).contains("refusal"), "{task}");
+    assert_eq!(state(task), "TASK_STATE_REJECTED", "{r}");
+    assert_eq!(status_text(task), "rejected", "{task}");
 }

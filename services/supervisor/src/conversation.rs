@@ -731,15 +731,19 @@ impl Conversation {
                 if c.content.as_text().is_none() => {}
             SessionEvent::AgentMessageChunk(c) => {
                 let text = c.content.as_text().unwrap_or_default().to_string();
-                turn.add_output(text.len());
+                // The chunk's `_meta` travels as JSON text for the gateway (artifact and A2A
+                // hints); it is agent output, so it counts against the output limit too.
+                let meta_json = chunk_meta_json(&c);
+                turn.add_output(text.len() + meta_json.len());
                 turn.record("message", json!({"text": text}));
-                turn.emit(Event::MessageChunk(pb::TextChunk { text }));
+                turn.emit(Event::MessageChunk(pb::TextChunk { text, meta_json }));
             }
             SessionEvent::AgentThoughtChunk(c) => {
                 let text = c.content.as_text().unwrap_or_default().to_string();
-                turn.add_output(text.len());
+                let meta_json = chunk_meta_json(&c);
+                turn.add_output(text.len() + meta_json.len());
                 turn.record("thought", json!({"text": text}));
-                turn.emit(Event::ThoughtChunk(pb::TextChunk { text }));
+                turn.emit(Event::ThoughtChunk(pb::TextChunk { text, meta_json }));
             }
             SessionEvent::ToolCall(tc) => {
                 let locations: Vec<pb::Location> = tc
@@ -1077,6 +1081,14 @@ async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
     match idle {
         Some(d) => tokio::time::sleep_until((since + d).into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// A chunk's `_meta` as JSON text for `TextChunk.meta_json` ("" when absent or null).
+fn chunk_meta_json(c: &warden_acp::ContentChunk) -> String {
+    match &c.meta {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(m) => m.to_string(),
     }
 }
 

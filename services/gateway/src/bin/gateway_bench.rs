@@ -95,6 +95,7 @@ impl SupervisorService for LoadGenerator {
                 let stamp = epoch.elapsed().as_nanos() as u64;
                 if !send(Event::MessageChunk(pb::TextChunk {
                     text: format!("{stamp:016x};"),
+                    ..Default::default()
                 })) {
                     return;
                 }
