@@ -7,6 +7,12 @@
 //! Must never: spawn a process, decide a permission, or forward a permission request to the
 //! caller (a permission is reported, never turned into INPUT_REQUIRED — seed 000); only an
 //! agent's *question* becomes INPUT_REQUIRED.
+//!
+//! Conformance: checked against the A2A TCK (a2aproject/a2a-tck, branch 1.0-dev) run on a real
+//! `warden up`; its behaviours are reproduced without the TCK by `tests/e2e_tck_behaviours.rs`.
+//! Where the TCK still follows spec 1.0.0 the gateway follows 1.0.1: ContentTypeNotSupported is
+//! HTTP 400, not 415 (§5.4). The TCK cannot send a bearer token, so it runs with a local pytest
+//! plugin that adds one; warden never turns authentication off.
 
 pub mod a2a;
 pub mod auth;
