@@ -132,14 +132,19 @@ impl PolicyState {
                 end_turn: false,
             },
         };
-        let tool = req.tool_call.clone().unwrap_or_default();
+        // Borrowed, not cloned: the raw input may be up to `max_raw_input_bytes` long.
+        let (kind, title, raw) = req
+            .tool_call
+            .as_ref()
+            .map(|t| (t.kind.as_str(), t.title.as_str(), t.raw_input_json.as_str()))
+            .unwrap_or_default();
         let record = pb::AuditRecord {
             decision_id: decision_id.clone(),
             request_id: req.request_id.clone(),
             subject: req.subject.clone(),
-            tool_kind: tool.kind.chars().take(64).collect(),
-            tool_title: tool.title.chars().take(512).collect(),
-            raw_input_sha256: hex::encode(Sha256::digest(tool.raw_input_json.as_bytes())),
+            tool_kind: kind.chars().take(64).collect(),
+            tool_title: title.chars().take(512).collect(),
+            raw_input_sha256: hex::encode(Sha256::digest(raw.as_bytes())),
             verdict: outcome.verdict,
             option_id: outcome.option_id.clone(),
             rule: outcome.rule.clone(),
@@ -153,7 +158,6 @@ impl PolicyState {
             end_turn: outcome.end_turn,
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
-        let subject = req.subject.clone().unwrap_or_default();
         let written = match self.audit.append(&record) {
             Ok(seq) if active.audit.sync => self.audit.wait_durable(seq).await,
             Ok(_) => Ok(()),
@@ -171,12 +175,14 @@ impl PolicyState {
                 end_turn: false,
             };
         }
+        let subject = record.subject.as_ref();
+        let of_subject = |f: fn(&pb::Subject) -> &str| subject.map(f).unwrap_or("");
         tracing::info!(
             decision_id = %decision_id,
             request_id = %req.request_id,
-            context_id = %subject.context_id,
-            task_id = %subject.task_id,
-            session_id = %subject.session_id,
+            context_id = %of_subject(|s| &s.context_id),
+            task_id = %of_subject(|s| &s.task_id),
+            session_id = %of_subject(|s| &s.session_id),
             kind = %record.tool_kind,
             verdict = outcome.verdict,
             rule = %outcome.rule,

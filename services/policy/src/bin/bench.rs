@@ -31,6 +31,32 @@ fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
     (at(0.50), at(0.99), at(0.999))
 }
 
+/// CPU time (user + system) the process `pid` has used so far, in microseconds (0 if unknown).
+/// Read from `/proc/PID/stat`, so it counts every thread of the daemon, sled's included.
+fn cpu_us(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may contain spaces; the fields after its closing parenthesis do not.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3; utime and stime are fields 14 and 15.
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|i| f.get(*i).and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000 / hz
+}
+
+fn report_cpu(pid: u32, before: u64, n: usize) {
+    let used = cpu_us(pid).saturating_sub(before);
+    println!(
+        "{:<48} warden-policy CPU per decision: {:.0} µs",
+        "",
+        used as f64 / n.max(1) as f64
+    );
+}
+
 fn report(label: &str, lat: Vec<Duration>, wall: Duration) {
     let n = lat.len();
     let (p50, p99, p999) = percentiles(lat);
@@ -293,6 +319,8 @@ async fn bench_socket(root: &Path, n: usize, sync: bool) -> Result<(), String> {
     for r in reqs.iter() {
         c.decide(r.clone()).await.map_err(|e| e.to_string())?;
     }
+    let pid = d.child.id();
+    let cpu0 = cpu_us(pid);
     let t0 = Instant::now();
     let mut lat = Vec::with_capacity(n);
     for k in 0..n {
@@ -306,13 +334,20 @@ async fn bench_socket(root: &Path, n: usize, sync: bool) -> Result<(), String> {
         lat,
         t0.elapsed(),
     );
+    report_cpu(pid, cpu0, n);
 
-    let t0 = Instant::now();
     let mut tasks = Vec::new();
+    let mut chans = Vec::new();
     for _ in 0..8 {
-        let ch = warden_daemon::client::connect_unix(&d.socket)
-            .await
-            .map_err(|e| e.to_string())?;
+        chans.push(
+            warden_daemon::client::connect_unix(&d.socket)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let cpu0 = cpu_us(pid);
+    let t0 = Instant::now();
+    for ch in chans {
         let reqs = reqs.clone();
         tasks.push(tokio::spawn(async move {
             let mut c = PolicyServiceClient::new(ch);
@@ -335,6 +370,7 @@ async fn bench_socket(root: &Path, n: usize, sync: bool) -> Result<(), String> {
         all,
         t0.elapsed(),
     );
+    report_cpu(pid, cpu0, n / 8 * 8);
     Ok(())
 }
 
