@@ -217,8 +217,9 @@ pub struct TurnMapper {
     reply: String,
     message_hint: bool,
     reject_hint: bool,
-    /// Something happened that only a task can show (tool call, permission, question, artifact):
-    /// such a turn is never answered by a bare Message.
+    /// Something happened that only a task can show (tool call, permission, question, artifact,
+    /// plan, mode change, context reset): such a turn is never answered by a bare Message, so a
+    /// blocking caller always gets the task whose history records it.
     task_only: bool,
     /// The agent's artifact ids already started (a first chunk is never sent with `append`).
     hinted_artifacts: std::collections::HashSet<String>,
@@ -505,6 +506,7 @@ impl TurnMapper {
                 out.push(self.tool_call(t, now));
             }
             Event::Plan(p) => {
+                self.task_only = true;
                 self.ensure_working(&mut out, now);
                 let mut text = String::from("plan:");
                 for e in &p.entries {
@@ -518,6 +520,7 @@ impl TurnMapper {
                 out.push(self.working_note(text, json!({"kind": "plan", "entries": entries}), now));
             }
             Event::ModeChange(m) => {
+                self.task_only = true;
                 self.ensure_working(&mut out, now);
                 let text = format!(
                     "agent mode is now {}{}{}",
@@ -556,6 +559,7 @@ impl TurnMapper {
                 ));
             }
             Event::ContextReset(r) => {
+                self.task_only = true;
                 self.ensure_working(&mut out, now);
                 out.push(self.working_note(
                     format!("the agent's context was reset: {}", r.reason),
@@ -1568,6 +1572,19 @@ mod tests {
                 vec![
                     started(),
                     chunk("plain "),
+                    reply(),
+                    stop("end_turn", vec![], None),
+                ],
+            ),
+            (
+                "mode",
+                vec![
+                    started(),
+                    Event::ModeChange(warden_proto::v1::ModeChange {
+                        mode_id: "bypassPermissions".into(),
+                        supervised: false,
+                        by_supervisor: false,
+                    }),
                     reply(),
                     stop("end_turn", vec![], None),
                 ],
