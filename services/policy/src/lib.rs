@@ -14,6 +14,7 @@ pub mod audit;
 pub mod config;
 pub mod contract;
 pub mod convert;
+pub mod journal;
 pub mod service;
 
 use std::sync::Arc;

@@ -158,10 +158,10 @@ impl PolicyState {
             end_turn: outcome.end_turn,
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
-        let written = match self.audit.append(&record) {
-            Ok(seq) if active.audit.sync => self.audit.wait_durable(seq).await,
-            Ok(_) => Ok(()),
-            Err(e) => Err(e),
+        let written = if active.audit.sync {
+            self.audit.append_durable(&record).await
+        } else {
+            self.audit.append(&record)
         };
         if let Err(e) = written {
             // No record, no permission: the contract says the record exists before the answer.

@@ -59,30 +59,38 @@ fn write_config(dir: &Path, policy: &str, extra: &str) {
     std::fs::write(dir.join("policy.toml"), text).unwrap_or_else(|e| panic!("write config: {e}"));
 }
 
+fn spawn_in(dir: &Path) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden-policy"));
+    cmd.arg("--config")
+        .arg(dir.join("policy.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    if std::env::var_os("WARDEN_TEST_LOGS").is_none() {
+        cmd.stderr(Stdio::null());
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("spawn warden-policy: {e}"))
+}
+
 async fn start(policy: &str, listen_extra: &str) -> Policy {
     let dir = tempfile::Builder::new()
         .prefix("wpt")
         .tempdir_in("/tmp")
         .unwrap_or_else(|e| panic!("tempdir: {e}"));
     write_config(dir.path(), policy, listen_extra);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden-policy"));
-    cmd.arg("--config")
-        .arg(dir.path().join("policy.toml"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null());
-    if std::env::var_os("WARDEN_TEST_LOGS").is_none() {
-        cmd.stderr(Stdio::null());
-    }
-    let child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn warden-policy: {e}"));
+    let child = spawn_in(dir.path());
     let mut p = Policy { child, dir };
+    wait_healthy(&mut p).await;
+    p
+}
+
+async fn wait_healthy(p: &mut Policy) {
     let t0 = Instant::now();
     loop {
         if warden_daemon::client::healthy(&p.socket()).await
             && warden_daemon::client::healthy(&p.admin_socket()).await
         {
-            return p;
+            return;
         }
         if let Ok(Some(status)) = p.child.try_wait() {
             panic!("warden-policy exited during start: {status}");
@@ -221,6 +229,66 @@ async fn a_slow_implementation_is_cut_off_by_the_callers_deadline() {
     assert_eq!(v[0].check, "deadline");
     server.abort();
     server2.abort();
+}
+
+/// `audit.sync = true` (the default): every answered decision is on disk. SIGKILL right after
+/// the answers (well inside sled's own 0.5 s flush interval, so only the audit journal can have
+/// kept them), then restart on the same state: every answered decision is there, findable by
+/// id and in the tail, and new records number on after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answered_decisions_survive_a_kill_9() {
+    let mut p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let kind = if i % 2 == 0 { "read" } else { "execute" };
+        ids.push(
+            decide(&p, req(&root, i % 3 == 0, kind, &[], &format!("k{i}")))
+                .await
+                .decision_id,
+        );
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(p.child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap_or_else(|e| panic!("SIGKILL: {e}"));
+    let _ = p.child.wait();
+    p.child = spawn_in(p.dir.path());
+    wait_healthy(&mut p).await;
+
+    let mut admin = p.admin();
+    for (i, id) in ids.iter().enumerate() {
+        let got = admin
+            .audit_query(pb::AuditQueryRequest {
+                decision_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_inner()
+            .records;
+        assert_eq!(got.len(), 1, "decision {i} ({id}) lost by the crash");
+        assert_eq!(
+            got[0].subject.as_ref().map(|s| s.context_id.clone()),
+            Some(format!("k{i}"))
+        );
+    }
+    let after = decide(&p, req(&root, true, "read", &[], "after")).await;
+    let tail = admin
+        .audit_query(pb::AuditQueryRequest {
+            limit: 41,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    let mut expected: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
+    expected.insert(0, &after.decision_id);
+    let got: Vec<&str> = tail.iter().map(|r| r.decision_id.as_str()).collect();
+    assert_eq!(got, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
