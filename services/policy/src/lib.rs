@@ -14,6 +14,7 @@ pub mod audit;
 pub mod config;
 pub mod contract;
 pub mod convert;
+pub mod fsview;
 pub mod journal;
 pub mod service;
 

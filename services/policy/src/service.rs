@@ -16,6 +16,7 @@ use warden_rules::Engine;
 use crate::audit::AuditLog;
 use crate::config::{AuditSection, Config, DecideSection, Sources};
 use crate::convert;
+use crate::fsview::DecisionFs;
 
 /// What decides right now. Replaced as a whole, so a request sees one version throughout.
 pub struct Active {
@@ -109,10 +110,12 @@ impl PolicyState {
         let decision_id = uuid::Uuid::new_v4().to_string();
         let outcome = match convert::to_input(req, &active.decide) {
             Ok(input) => {
+                // The real filesystem, each path looked up once per decision (see `fsview`).
+                let fs = DecisionFs::new(RealFs);
                 let d = if active.decide.return_escalations {
-                    active.engine.decide_with_approver(&input, &RealFs)
+                    active.engine.decide_with_approver(&input, &fs)
                 } else {
-                    active.engine.decide(&input, &RealFs)
+                    active.engine.decide(&input, &fs)
                 };
                 pb::Decision {
                     decision_id: decision_id.clone(),

@@ -3,7 +3,8 @@
 //! concurrent callers. Prints p50/p99/p99.9 and decisions per second.
 //!
 //! Run in release: `cargo run --release -p warden-policy --bin warden-policy-bench`.
-//! Options: `--n N` (requests per socket run, default 20000), `--rules-n N` (default 200000).
+//! Options: `--n N` (requests per socket run, default 20000), `--rules-n N` (default 200000),
+//! `--log-level LEVEL` (the daemon's, default `warn`; `info` logs one line per decision).
 //!
 //! Also `warden-policy-bench probe SOCKET`: one Decide call, prints the outcome (used by the
 //! peer-allowlist test, which runs it under another uid). It never changes anything.
@@ -256,7 +257,7 @@ impl Drop for Daemon {
     }
 }
 
-fn start_daemon(sync: bool) -> Result<Daemon, String> {
+fn start_daemon(sync: bool, log_level: &str) -> Result<Daemon, String> {
     let bin = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .with_file_name("warden-policy");
@@ -269,10 +270,12 @@ fn start_daemon(sync: bool) -> Result<Daemon, String> {
         cmd.arg("--set").arg(s);
     }
     cmd.arg("--set").arg(format!("audit.sync={sync}"));
-    cmd.arg("--set").arg("daemon.log_level=\"warn\"");
+    cmd.arg("--set")
+        .arg(format!("daemon.log_level={log_level:?}"));
     let child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
+        .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
     Ok(Daemon {
@@ -296,8 +299,8 @@ async fn wait_healthy(socket: &Path) -> Result<(), String> {
     ))
 }
 
-async fn bench_socket(root: &Path, n: usize, sync: bool) -> Result<(), String> {
-    let d = start_daemon(sync)?;
+async fn bench_socket(root: &Path, n: usize, sync: bool, log_level: &str) -> Result<(), String> {
+    let d = start_daemon(sync, log_level)?;
     wait_healthy(&d.socket).await?;
     let reqs: Arc<Vec<pb::DecideRequest>> = Arc::new(
         inputs(root)
@@ -444,11 +447,19 @@ fn main() {
     }
     let n = arg_usize(&args, "--n", 20_000);
     let rules_n = arg_usize(&args, "--rules-n", 200_000);
+    // The daemon's stderr goes nowhere either way; `info` adds the one log line per decision a
+    // deployment at the default level writes.
+    let log_level = args
+        .iter()
+        .position(|a| a == "--log-level")
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| "warn".to_string());
     let result = (|| {
         let t = tree().map_err(|e| e.to_string())?;
         bench_rules(&t.root, rules_n)?;
-        rt.block_on(bench_socket(&t.root, n, true))?;
-        rt.block_on(bench_socket(&t.root, n, false))
+        rt.block_on(bench_socket(&t.root, n, true, &log_level))?;
+        rt.block_on(bench_socket(&t.root, n, false, &log_level))
     })();
     if let Err(e) = result {
         eprintln!("warden-policy-bench: {e}");
