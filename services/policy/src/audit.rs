@@ -105,7 +105,7 @@ fn idx_key(decision_id: &str) -> Vec<u8> {
     k
 }
 
-/// Runs blocking file work (a sync, a checkpoint) off the async workers.
+/// Runs blocking file work (a checkpoint) off the async workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
 ) -> Result<T, AuditError> {
@@ -246,7 +246,14 @@ impl AuditLog {
                 let j = &g.journal[g.active];
                 (g.next, Arc::clone(&j.file), j.len >= self.checkpoint_bytes)
             };
-            blocking(move || file.sync_data()).await?;
+            // On this worker thread, not in `spawn_blocking`: the hand-off to a blocking thread
+            // and back costs two cross-thread wake-ups, measured at about 45 µs of CPU and 30-100
+            // µs of latency per decision, more than half of what the `fdatasync` itself costs.
+            // The sync is short (the file is preallocated, so there is no metadata to commit);
+            // only the group-commit leader blocks, its waiters are parked, and the other
+            // workers keep serving. The rare checkpoint (a sled flush) still goes to the
+            // blocking pool.
+            file.sync_data().map_err(AuditError::Sync)?;
             self.durable.fetch_max(upto, Ordering::AcqRel);
             if checkpoint {
                 self.checkpoint().await?;
