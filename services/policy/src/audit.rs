@@ -370,6 +370,24 @@ impl AuditLog {
 mod tests {
     use super::*;
 
+    /// Opens the store in `dir`, waiting out sled's file lock: after a handle with unflushed
+    /// writes is dropped, sled's I/O pool can hold the file for a moment after the drop
+    /// returns (a process restart, the daemon's case, never sees this).
+    fn reopen(dir: &std::path::Path) -> Result<Store, StoreError> {
+        let t0 = std::time::Instant::now();
+        loop {
+            match Store::open(dir) {
+                Err(e)
+                    if e.to_string().contains("could not acquire lock")
+                        && t0.elapsed() < std::time::Duration::from_secs(5) =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                r => return r,
+            }
+        }
+    }
+
     fn rec(id: &str, ctx: &str) -> pb::AuditRecord {
         pb::AuditRecord {
             decision_id: id.to_string(),
@@ -390,7 +408,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         {
-            let store = Store::open(dir.path())?;
+            let store = reopen(dir.path())?;
             let log = AuditLog::open(store.clone())?;
             log.append(&rec("whole", "c1"))?;
             // What a crash after the first insert of the next append leaves behind.
@@ -399,7 +417,7 @@ mod tests {
             assert!(log.by_decision_id("torn")?.is_none());
             store.flush()?;
         }
-        let log = AuditLog::open(Store::open(dir.path())?)?;
+        let log = AuditLog::open(reopen(dir.path())?)?;
         assert_eq!(
             log.by_decision_id("torn")?.map(|r| r.decision_id),
             Some("torn".to_string())
@@ -426,7 +444,7 @@ mod tests {
     {
         let dir = tempfile::tempdir()?;
         {
-            let log = AuditLog::open(Store::open(dir.path())?)?;
+            let log = AuditLog::open(reopen(dir.path())?)?;
             log.append(&rec("in-sled", "c1"))?;
         }
         // Entries as `append_durable` writes them, in both files, one torn at the end.
@@ -439,7 +457,7 @@ mod tests {
         // The crash cut the last entry short.
         j1.file.set_len(j1.len - 3)?;
 
-        let log = AuditLog::open(Store::open(dir.path())?)?;
+        let log = AuditLog::open(reopen(dir.path())?)?;
         for id in ["in-sled", "journal-a", "journal-b"] {
             assert_eq!(
                 log.by_decision_id(id)?.map(|r| r.decision_id),
@@ -469,7 +487,7 @@ mod tests {
     {
         let dir = tempfile::tempdir()?;
         {
-            let mut log = AuditLog::open(Store::open(dir.path())?)?;
+            let mut log = AuditLog::open(reopen(dir.path())?)?;
             log.checkpoint_bytes = 1024;
             let log = std::sync::Arc::new(log);
             let mut tasks = Vec::new();
@@ -493,7 +511,7 @@ mod tests {
                 assert!(n < 40, "journal {i} holds {n} entries");
             }
         }
-        let log = AuditLog::open(Store::open(dir.path())?)?;
+        let log = AuditLog::open(reopen(dir.path())?)?;
         assert_eq!(log.len(), 200);
         for t in 0..4 {
             for i in 0..50 {
@@ -508,7 +526,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         {
-            let log = std::sync::Arc::new(AuditLog::open(Store::open(dir.path())?)?);
+            let log = std::sync::Arc::new(AuditLog::open(reopen(dir.path())?)?);
             let mut tasks = Vec::new();
             for t in 0..8 {
                 let log = log.clone();
@@ -526,7 +544,7 @@ mod tests {
             assert_eq!(log.len(), 160);
         }
         // Reopened: numbering continues after the last record instead of overwriting it.
-        let log = AuditLog::open(Store::open(dir.path())?)?;
+        let log = AuditLog::open(reopen(dir.path())?)?;
         assert_eq!(log.len(), 160);
         let seq = log.append(&rec("after", "c9"))?;
         assert_eq!(seq, 160);
