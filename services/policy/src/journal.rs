@@ -3,10 +3,10 @@
 //! Each durable audit record is also appended to a small file of its own, and the answer waits
 //! for an `fdatasync` of that file (group-committed by [`crate::audit::AuditLog`]) instead of a
 //! flush of the whole sled store. A sled 0.34 flush seals its log buffer and hands the write to
-//! its I/O pool, waking all seven of its idle threads for one write: measured at about 190 µs of
-//! CPU per flush, more than everything else a decision costs together. An `fdatasync` of an
-//! append costs about 50 µs, and is stronger: sled's flush uses `sync_file_range`, which neither
-//! flushes the disk's write cache nor the file's metadata.
+//! its I/O pool, waking all seven of its idle threads for one write: measured at about 170 µs of
+//! the daemon's CPU per flush, more than everything else a decision costs together. An
+//! `fdatasync` of this file costs 40–60 µs of CPU, and is stronger: sled's flush uses
+//! `sync_file_range`, which neither flushes the disk's write cache nor the file's metadata.
 //!
 //! Each file is kept zero-filled and allocated to a fixed size ([`JournalFile::reset`]), so an
 //! entry overwrites allocated blocks and its `fdatasync` has no metadata to commit: measured on
