@@ -115,6 +115,8 @@ async fn main() {
             "agents.bench.set_env.WARDEN_SCENARIO=\"{}\"",
             scen.display()
         ),
+        // Under bubblewrap (the default) the agent reads only what the operator binds.
+        format!("agents.bench.read_only_paths=[\"{}\"]", scen.display()),
         "limits.output_bytes=1073741824".to_string(),
         "limits.turn_timeout_secs=3600".to_string(),
     ];
