@@ -675,19 +675,45 @@ fn absolute(cwd: &Path) -> Result<String, AcpError> {
         .ok_or_else(|| AcpError::InvalidArgument("cwd is not valid UTF-8".into()))
 }
 
+/// Lines already queued are written together, up to this many bytes per write.
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
+
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
     inner: std::sync::Weak<Inner>,
 ) {
-    while let Some(msg) = rx.recv().await {
-        let line = match msg {
+    let mut batch: Vec<u8> = Vec::new();
+    let mut closing = false;
+    while !closing {
+        let Some(msg) = rx.recv().await else { break };
+        let mut line = match msg {
             WriterMsg::Line(l) => l,
             WriterMsg::Close => break,
         };
+        // Lines carry their newline; whatever else is queued already goes in the same write,
+        // so a burst of answers costs one syscall (and one wake-up of the agent), not one each.
+        loop {
+            match rx.try_recv() {
+                Ok(WriterMsg::Line(next)) => {
+                    if batch.is_empty() {
+                        batch = std::mem::take(&mut line);
+                    }
+                    batch.extend_from_slice(&next);
+                    if batch.len() >= WRITE_BATCH_BYTES {
+                        break;
+                    }
+                }
+                Ok(WriterMsg::Close) => {
+                    closing = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let out = if batch.is_empty() { &line } else { &batch };
         let res = async {
-            writer.write_all(&line).await?;
-            writer.write_all(b"\n").await?;
+            writer.write_all(out).await?;
             writer.flush().await
         }
         .await;
@@ -696,6 +722,11 @@ async fn write_loop<W: AsyncWrite + Unpin>(
                 inner.set_fault(Fault::WriteFailed(e.to_string()));
             }
             return;
+        }
+        batch.clear();
+        // A burst must not pin a large buffer for the life of the connection.
+        if batch.capacity() > WRITE_BATCH_BYTES * 2 {
+            batch = Vec::new();
         }
     }
     let _ = writer.shutdown().await;
@@ -913,13 +944,26 @@ async fn handle_permission<H: ClientHandler>(
         Err(e) => PermissionAnswer::Error(e.code),
     };
     let elapsed = received.elapsed();
-    tracing::info!(
-        session_id,
-        tool_call_id,
-        ?answer,
-        elapsed_us = elapsed.as_micros() as u64,
-        "permission answered"
-    );
+    // The caller logs each decision at info; a selected option is only repeated here at debug
+    // (one formatted line per permission is a measurable share of the round trip). Cancelled
+    // and refused answers are rare and stay visible.
+    if matches!(answer, PermissionAnswer::Selected(_)) {
+        tracing::debug!(
+            session_id,
+            tool_call_id,
+            ?answer,
+            elapsed_us = elapsed.as_micros() as u64,
+            "permission answered"
+        );
+    } else {
+        tracing::info!(
+            session_id,
+            tool_call_id,
+            ?answer,
+            elapsed_us = elapsed.as_micros() as u64,
+            "permission answered"
+        );
+    }
     let mut timings = lock(&inner.timings);
     if timings.len() >= inner.config.permission_timing_capacity.max(1) {
         timings.pop_front();

@@ -191,25 +191,75 @@ pub(crate) fn classify(line: &[u8]) -> Result<Incoming, serde_json::Error> {
     }
 }
 
-/// Serialize a request line (without the trailing newline).
+/// An outgoing message, serialized straight from borrowed parts: no intermediate `Value` tree and
+/// no copy of the params.
+#[derive(Serialize)]
+struct Outgoing<'a> {
+    jsonrpc: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a RequestId>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    params: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a RpcError>,
+}
+
+impl Outgoing<'_> {
+    /// The message as one line, newline included, so the writer sends it with one write.
+    fn line(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(128);
+        // Serializing plain strings, numbers and `Value`s into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, self);
+        out.push(b'\n');
+        out
+    }
+}
+
+/// Serialize a request line (trailing newline included).
 pub(crate) fn request_line(id: &RequestId, method: &str, params: &Value) -> Vec<u8> {
-    let msg = serde_json::json!({"jsonrpc": "2.0", "id": id.to_value(), "method": method, "params": params});
-    msg.to_string().into_bytes()
+    Outgoing {
+        jsonrpc: "2.0",
+        id: Some(id),
+        method: Some(method),
+        params: Some(params),
+        result: None,
+        error: None,
+    }
+    .line()
 }
 
-/// Serialize a notification line.
+/// Serialize a notification line (trailing newline included).
 pub(crate) fn notification_line(method: &str, params: &Value) -> Vec<u8> {
-    let msg = serde_json::json!({"jsonrpc": "2.0", "method": method, "params": params});
-    msg.to_string().into_bytes()
+    Outgoing {
+        jsonrpc: "2.0",
+        id: None,
+        method: Some(method),
+        params: Some(params),
+        result: None,
+        error: None,
+    }
+    .line()
 }
 
-/// Serialize a response line.
+/// Serialize a response line (trailing newline included).
 pub(crate) fn response_line(id: &RequestId, result: Result<Value, RpcError>) -> Vec<u8> {
-    let msg = match result {
-        Ok(result) => serde_json::json!({"jsonrpc": "2.0", "id": id.to_value(), "result": result}),
-        Err(error) => serde_json::json!({"jsonrpc": "2.0", "id": id.to_value(), "error": error}),
+    let (result, error) = match &result {
+        Ok(v) => (Some(v), None),
+        Err(e) => (None, Some(e)),
     };
-    msg.to_string().into_bytes()
+    Outgoing {
+        jsonrpc: "2.0",
+        id: Some(id),
+        method: None,
+        params: None,
+        result,
+        error,
+    }
+    .line()
 }
 
 /// Result of reading one bounded line.
@@ -307,6 +357,41 @@ mod tests {
         assert_eq!(
             read_line_bounded(&mut r, &mut buf, 100).await.unwrap(),
             LineRead::Eof
+        );
+    }
+
+    #[test]
+    fn outgoing_lines_are_single_terminated_json_rpc() {
+        let id = RequestId::Str("warden-7".into());
+        let req = request_line(&id, "session/new", &serde_json::json!({"cwd": "/x"}));
+        assert_eq!(req.last(), Some(&b'\n'));
+        assert_eq!(req.iter().filter(|b| **b == b'\n').count(), 1);
+        let v: Value = serde_json::from_slice(&req).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"jsonrpc": "2.0", "id": "warden-7", "method": "session/new", "params": {"cwd": "/x"}})
+        );
+        let n: Value =
+            serde_json::from_slice(&notification_line("session/cancel", &Value::Null)).unwrap();
+        assert_eq!(
+            n,
+            serde_json::json!({"jsonrpc": "2.0", "method": "session/cancel", "params": null})
+        );
+        // A `null` result is still a result (the member must be present).
+        let ok: Value =
+            serde_json::from_slice(&response_line(&RequestId::Int(3), Ok(Value::Null))).unwrap();
+        assert_eq!(
+            ok,
+            serde_json::json!({"jsonrpc": "2.0", "id": 3, "result": null})
+        );
+        let err: Value = serde_json::from_slice(&response_line(
+            &RequestId::Int(4),
+            Err(RpcError::cancelled()),
+        ))
+        .unwrap();
+        assert_eq!(
+            err,
+            serde_json::json!({"jsonrpc": "2.0", "id": 4, "error": {"code": -32800, "message": "request cancelled"}})
         );
     }
 

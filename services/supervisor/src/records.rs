@@ -237,8 +237,26 @@ impl Transcript {
         let Some(out) = self.out.as_mut() else {
             return;
         };
-        let line = serde_json::json!({"t": now_ms(), "kind": kind, "data": data});
-        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        // Serialized from borrowed parts: no copy of `data` into an intermediate tree.
+        #[derive(Serialize)]
+        struct Line<'a> {
+            t: u64,
+            kind: &'a str,
+            data: &'a serde_json::Value,
+        }
+        let mut bytes = Vec::with_capacity(256);
+        if serde_json::to_writer(
+            &mut bytes,
+            &Line {
+                t: now_ms(),
+                kind,
+                data,
+            },
+        )
+        .is_err()
+        {
+            return;
+        }
         bytes.push(b'\n');
         if self.written + bytes.len() + WRAPPER_RESERVE > self.limit {
             self.truncated = true;
