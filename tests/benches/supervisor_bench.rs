@@ -6,7 +6,9 @@
 //!   are separate processes).
 //!
 //! Run: `cargo bench -p warden-e2e --bench supervisor_bench` (release binaries are built first).
-//! `WARDEN_BENCH_REQUESTS` and `WARDEN_BENCH_CONVERSATIONS` override the counts.
+//! `WARDEN_BENCH_REQUESTS` and `WARDEN_BENCH_CONVERSATIONS` override the counts;
+//! `WARDEN_BENCH_AUDIT_SYNC=0` turns the policy's fsync off, `WARDEN_BENCH_WORKERS=n` sets the
+//! supervisor's runtime threads, `WARDEN_BENCH_AGENT=PATH` runs another scripted-agent build.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -46,6 +48,21 @@ fn cpu_us(pid: i32) -> u64 {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
     ticks * 1_000_000 / hz
+}
+
+/// The scripted agents serving the conversation rooted at `root` (host PIDs; under bubblewrap the
+/// agent is a grandchild, so they are found by working directory, not by parentage).
+fn agent_pids(root: &Path) -> Vec<i32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end().starts_with("warden-scripted"))
+                && std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|c| c == root)
+        })
+        .collect()
 }
 
 fn pct(sorted: &[u64], p: f64) -> u64 {
@@ -105,7 +122,10 @@ async fn main() {
         serde_json::json!({"report": "perm.jsonl", "steps": steps}).to_string(),
     )
     .unwrap();
-    let agent = warden_e2e::bin_dir().join("warden-scripted-agent");
+    // WARDEN_BENCH_AGENT: another build of the scripted agent, to measure a change to it alone.
+    let agent = std::env::var_os("WARDEN_BENCH_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| warden_e2e::bin_dir().join("warden-scripted-agent"));
     let sets = [
         format!("agents.bench.command=\"{}\"", agent.display()),
         "agents.bench.supervised_mode=\"default\"".to_string(),
@@ -140,7 +160,10 @@ async fn main() {
             .sets
             .push(("policy".into(), "audit.sync=false".into()));
     }
-    println!("policy audit.sync={audit_sync}");
+    println!(
+        "policy audit.sync={audit_sync}  supervisor runtime.worker_threads={}",
+        std::env::var("WARDEN_BENCH_WORKERS").unwrap_or_else(|_| "default".into())
+    );
     d.start("policy").await;
     d.start("supervisor").await;
     let mut c = SupervisorServiceClient::new(d.channel("supervisor"));
@@ -160,6 +183,10 @@ async fn main() {
     let sup_pid = d.daemon("supervisor").map(|x| x.pid()).unwrap_or(0);
     let pol_pid = d.daemon("policy").map(|x| x.pid()).unwrap_or(0);
     let (sup_cpu0, pol_cpu0) = (cpu_us(sup_pid), cpu_us(pol_pid));
+    let agents = agent_pids(Path::new(&info.root));
+    let own_pid = std::process::id() as i32;
+    let agent_cpu = || agents.iter().map(|p| cpu_us(*p)).sum::<u64>();
+    let (agent_cpu0, own_cpu0) = (agent_cpu(), cpu_us(own_pid));
     let t0 = Instant::now();
     let mut s = c
         .run_turn(pb::RunTurnRequest {
@@ -192,6 +219,8 @@ async fn main() {
     let wall = t0.elapsed();
     let sup_cpu = cpu_us(sup_pid).saturating_sub(sup_cpu0);
     let pol_cpu = cpu_us(pol_pid).saturating_sub(pol_cpu0);
+    let agent_cpu = agent_cpu().saturating_sub(agent_cpu0);
+    let own_cpu = cpu_us(own_pid).saturating_sub(own_cpu0);
     let report =
         std::fs::read_to_string(Path::new(&info.root).join("perm.jsonl")).unwrap_or_default();
     let mut rtts: Vec<u64> = report
@@ -218,9 +247,11 @@ async fn main() {
     );
     let n = (rtts.len() as u64).max(1);
     println!(
-        "  CPU per request (whole turn, 2 cores shared): supervisor={} us  policy={} us",
+        "  CPU per request (whole turn, 2 cores shared): supervisor={} us  policy={} us  agent={} us  bench client (RunTurn stream)={} us",
         sup_cpu / n,
-        pol_cpu / n
+        pol_cpu / n,
+        agent_cpu / n,
+        own_cpu / n
     );
     let st = c
         .status(pb::StatusRequest {})
