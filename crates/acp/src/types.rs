@@ -447,8 +447,10 @@ impl SessionEvent {
             .get("sessionUpdate")
             .and_then(Value::as_str)
             .ok_or_else(|| "update has no sessionUpdate tag".to_string())?;
+        // Deserialized from the borrowed tree: only the strings the event keeps are copied,
+        // not the whole update (this runs once per streamed chunk).
         fn de<T: serde::de::DeserializeOwned>(v: &Value) -> Result<T, String> {
-            serde_json::from_value(v.clone()).map_err(|e| e.to_string())
+            T::deserialize(v).map_err(|e| e.to_string())
         }
         let ev = match kind {
             "agent_message_chunk" => SessionEvent::AgentMessageChunk(de(update)?),
