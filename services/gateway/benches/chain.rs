@@ -128,6 +128,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(&file, json!({"steps": steps}).to_string())?;
     // The supervisor passes WARDEN_SCENARIO through to the scripted agent (operator allowlist).
     unsafe { std::env::set_var("WARDEN_SCENARIO", &file) };
+    // Under bubblewrap (the default) the agent reads only what the operator binds; a long stream
+    // needs more than the default per-turn output bound.
+    d.opts.sets.push((
+        "supervisor".into(),
+        format!("agents.scripted.read_only_paths=[\"{}\"]", file.display()),
+    ));
+    d.opts
+        .sets
+        .push(("supervisor".into(), "limits.output_bytes=1073741824".into()));
     for name in ["policy", "supervisor", "gateway"] {
         d.start(name).await;
     }
