@@ -102,8 +102,10 @@ fn main() -> ExitCode {
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the agent's work is tiny and sequential per turn; cross-thread wake-ups of a
+    // multi-thread runtime cost more CPU than everything else it does per permission request,
+    // and would distort the round trips it measures.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
