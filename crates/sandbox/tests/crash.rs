@@ -55,8 +55,9 @@ fn crash_helper() {
         );
         spec.args = vec![
             "-c".into(),
-            "(trap '' TERM; exec sleep 100) & echo $!; \
-             setsid sh -c 'trap \"\" TERM; echo $$; exec sleep 100' & \
+            "f=/tmp/warden-stubborn.$$; (trap '' TERM; : > $f; exec sleep 100) & echo $!; \
+             while [ ! -e $f ]; do sleep 0.01; done; rm -f $f; \
+             export g=/tmp/warden-setsid.$$; setsid sh -c 'trap \"\" TERM; echo $$; : > $g; exec sleep 100' & while [ ! -e $g ]; do sleep 0.01; done; rm -f $g; \
              sleep 0.1; echo ready; wait"
                 .into(),
         ];

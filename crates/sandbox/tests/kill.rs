@@ -45,8 +45,12 @@ fn assert_all_gone(ids: &[ProcessIdentity]) {
     }
 }
 
-// A process that ignores SIGTERM; the ignore survives exec.
-const STUBBORN: &str = "(trap '' TERM; exec sleep 100) & echo $!;";
+// A process that ignores SIGTERM; the ignore survives exec. The script goes on only once the
+// trap is in place (the subshell creates a marker file after `trap`), so the test never signals
+// a child that has not started ignoring TERM yet.
+const STUBBORN: &str = "f=/tmp/warden-stubborn.$$; \
+    (trap '' TERM; : > $f; exec sleep 100) & echo $!; \
+    while [ ! -e $f ]; do sleep 0.01; done; rm -f $f;";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn term_ignoring_grandchild_is_killed_after_the_grace() {
@@ -94,7 +98,7 @@ async fn cooperative_tree_goes_quickly_without_force() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setsid_grandchild_ignoring_term_is_killed() {
     // What Claude's Bash tool does: a new session, out of the agent's process group.
-    let script = "setsid sh -c 'trap \"\" TERM; echo $$; exec sleep 100' & \
+    let script = "export g=/tmp/warden-setsid.$$; setsid sh -c 'trap \"\" TERM; echo $$; : > $g; exec sleep 100' & while [ ! -e $g ]; do sleep 0.01; done; rm -f $g; \
                   sleep 0.2; echo ready; wait";
     let (mut tree, ids) = spawn_tree(script).await;
     assert_eq!(ids.len(), 1);

@@ -23,8 +23,9 @@ async fn leader_exits_leaving_setsid_orphans_and_all_are_killed() {
             warden_sandbox::Spawner::new(&fx.store, None, None).expect("spawner")
         };
         let root = fx.owned_root(&format!("orphans-{use_cgroup}"), Profile::WorkspaceWrite);
-        let script = "(trap '' TERM; exec sleep 100) & echo $!; \
-                      setsid sh -c 'trap \"\" TERM; echo $$; exec sleep 100' & \
+        let script = "f=/tmp/warden-stubborn.$$; (trap '' TERM; : > $f; exec sleep 100) & echo $!; \
+             while [ ! -e $f ]; do sleep 0.01; done; rm -f $f; \
+                      export g=/tmp/warden-setsid.$$; setsid sh -c 'trap \"\" TERM; echo $$; : > $g; exec sleep 100' & while [ ! -e $g ]; do sleep 0.01; done; rm -f $g; \
                       sleep 0.2; echo ready; exit 0";
         let mut agent = spawner
             .spawn(fx.spec("orphans", root, script))
