@@ -278,6 +278,9 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         }
     }
     let new_token = ensure_token(&l.token_file())?;
+    // Written before the daemons start, so that once `warden status` reports all healthy,
+    // `warden send` can already find the gateway.
+    let _ = std::fs::write(l.url_file(), format!("http://{}\n", o.http));
     let mut int = signal(SignalKind::interrupt()).map_err(UpError::Signal)?;
     let mut term = signal(SignalKind::terminate()).map_err(UpError::Signal)?;
 
@@ -293,10 +296,10 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         };
         if let Err(e) = health {
             stop_all(&mut running).await;
+            let _ = std::fs::remove_file(l.url_file());
             return Err(e);
         }
     }
-    let _ = std::fs::write(l.url_file(), format!("http://{}\n", o.http));
     println!("warden is up (state directory {})", l.root.display());
     for r in &running {
         println!(
