@@ -13,33 +13,26 @@ pub struct ConnectError {
     pub source: tonic::transport::Error,
 }
 
+// The URI an `Endpoint` requires; unused, since the connector dials the socket path.
+const UNUSED_URI: &str = "http://warden.invalid";
+
+async fn dial(path: PathBuf) -> std::io::Result<TokioIo<tokio::net::UnixStream>> {
+    Ok(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+}
+
 /// A lazily connecting channel to the gRPC server at `path`: the first call connects, and a
 /// broken connection is re-established on the next call (so a restarted daemon is found again).
 pub fn unix_channel(path: &Path) -> Channel {
     let path = path.to_path_buf();
-    // The URI is required by the API but unused: the connector below ignores it.
-    Endpoint::from_static("http://warden.invalid").connect_with_connector_lazy(tower::service_fn(
-        move |_| {
-            let path = path.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        },
-    ))
+    Endpoint::from_static(UNUSED_URI)
+        .connect_with_connector_lazy(tower::service_fn(move |_| dial(path.clone())))
 }
 
 /// Connects now, failing when nothing listens at `path`.
 pub async fn connect_unix(path: &Path) -> Result<Channel, ConnectError> {
     let p = path.to_path_buf();
-    Endpoint::from_static("http://warden.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let p = p.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(p).await?;
-                Ok::<_, std::io::Error>(TokioIo::new(stream))
-            }
-        }))
+    Endpoint::from_static(UNUSED_URI)
+        .connect_with_connector(tower::service_fn(move |_| dial(p.clone())))
         .await
         .map_err(|source| ConnectError {
             path: path.to_path_buf(),

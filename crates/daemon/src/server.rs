@@ -78,32 +78,27 @@ impl Server {
             .add_routes(routes);
         let token = self.shutdown.clone();
         tracing::info!(daemon = self.daemon, listener = %name, at = %describe, "listening");
+        // One serving task per listener; only the stream of accepted connections differs.
+        macro_rules! spawn_serving {
+            ($incoming:expr) => {{
+                let incoming = $incoming;
+                self.tasks.spawn(async move {
+                    builder
+                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+                        .await
+                        .map_err(|source| ServeError::Transport {
+                            listener: name,
+                            source,
+                        })
+                });
+            }};
+        }
         match listener.kind {
             Kind::Unix { listener, path } => {
                 self.sockets.push(path);
-                let incoming = UnixListenerStream::new(listener);
-                self.tasks.spawn(async move {
-                    builder
-                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                        .await
-                        .map_err(|source| ServeError::Transport {
-                            listener: name,
-                            source,
-                        })
-                });
+                spawn_serving!(UnixListenerStream::new(listener));
             }
-            Kind::Tcp { listener } => {
-                let incoming = TcpListenerStream::new(listener);
-                self.tasks.spawn(async move {
-                    builder
-                        .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
-                        .await
-                        .map_err(|source| ServeError::Transport {
-                            listener: name,
-                            source,
-                        })
-                });
-            }
+            Kind::Tcp { listener } => spawn_serving!(TcpListenerStream::new(listener)),
         }
     }
 
