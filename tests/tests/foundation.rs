@@ -168,22 +168,7 @@ async fn warden_up_starts_three_healthy_daemons_and_ctrl_c_leaves_nothing_behind
         .collect();
     let start = Instant::now();
     let mut up = spawn_group(&binary("warden"), &args, false);
-    let mut healthy = false;
-    while start.elapsed() < Duration::from_secs(15) {
-        let mut st = tokio::process::Command::new(binary("warden"));
-        st.args(["--state-dir", &state, "status"]);
-        let out = run_with_deadline(&mut st, Duration::from_secs(10))
-            .await
-            .unwrap();
-        if out.status.success() {
-            healthy = true;
-            break;
-        }
-        if let Ok(Some(s)) = up.try_wait() {
-            panic!("warden up exited early: {s}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let healthy = wait_until_status_healthy(&state, &mut up, Duration::from_secs(15)).await;
     let took = start.elapsed();
     assert!(healthy, "warden status never reported all healthy");
     eprintln!("warden up healthy after {took:?}");
@@ -221,6 +206,31 @@ async fn warden_up_starts_three_healthy_daemons_and_ctrl_c_leaves_nothing_behind
         .await
         .unwrap();
     assert!(!out.status.success());
+}
+
+/// Polls `warden status` until it reports all three daemons healthy (true) or `within` passes
+/// (false); panics if `warden up` exits meanwhile.
+async fn wait_until_status_healthy(
+    state: &str,
+    up: &mut tokio::process::Child,
+    within: Duration,
+) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        let mut st = tokio::process::Command::new(binary("warden"));
+        st.args(["--state-dir", state, "status"]);
+        let out = run_with_deadline(&mut st, Duration::from_secs(10))
+            .await
+            .unwrap();
+        if out.status.success() {
+            return true;
+        }
+        if let Ok(Some(s)) = up.try_wait() {
+            panic!("warden up exited early: {s}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
 }
 
 /// Live (non-zombie) processes whose command line mentions `needle`, other than `warden up` itself.
@@ -270,21 +280,10 @@ async fn one_task_id_follows_a_request_through_all_three_daemons_json_logs() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let start = Instant::now();
-    loop {
-        let mut st = tokio::process::Command::new(binary("warden"));
-        st.args(["--state-dir", &state, "status"]);
-        if run_with_deadline(&mut st, Duration::from_secs(10))
-            .await
-            .unwrap()
-            .status
-            .success()
-        {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(15), "not healthy");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        wait_until_status_healthy(&state, &mut up, Duration::from_secs(15)).await,
+        "not healthy"
+    );
     let mut send = tokio::process::Command::new(binary("warden"));
     send.args(["--state-dir", &state, "send", "write hello.txt"]);
     let out = run_with_deadline(&mut send, Duration::from_secs(60))

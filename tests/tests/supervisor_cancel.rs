@@ -63,7 +63,7 @@ async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
         .to_path_buf();
     for _ in 0..200 {
         let written = pids_in(file);
-        let tree = tree_pids(&root);
+        let tree = processes_in(&root, None);
         if written.len() >= n && tree.len() >= n {
             return tree;
         }
@@ -72,28 +72,8 @@ async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
     panic!(
         "helpers did not start: wrote {:?}, found {:?}",
         pids_in(file),
-        tree_pids(&root)
+        processes_in(&root, None)
     );
-}
-
-/// Live processes whose working directory is `root` or inside it.
-fn tree_pids(root: &Path) -> Vec<i32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd"))
-            && cwd.starts_with(root)
-            && alive(pid)
-        {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 const SPAWN_AND_HANG: &str = r#"{"on_cancel": "never", "steps": [

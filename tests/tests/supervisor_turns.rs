@@ -129,7 +129,7 @@ async fn concurrent_opens_start_one_agent() {
     // Exactly one agent process works in the root. (The tree may hold more processes: under
     // bubblewrap, bwrap itself and the PID namespace's init.)
     let root = std::path::PathBuf::from(&infos[0].root);
-    let agents = agent_processes_in(&root);
+    let agents = processes_in(&root, Some("warden-scripted-agent"));
     assert_eq!(agents.len(), 1, "exactly one agent process: {agents:?}");
     let mut c = client(&d);
     let closed = c
@@ -142,31 +142,9 @@ async fn concurrent_opens_start_one_agent() {
     assert!(closed.closed);
     assert!(closed.processes >= 1, "{closed:?}");
     assert!(
-        agent_processes_in(&root).is_empty(),
+        processes_in(&root, Some("warden-scripted-agent")).is_empty(),
         "the agent outlived close"
     );
-}
-
-/// Live `warden-scripted-agent` processes whose working directory is `root` or inside it.
-fn agent_processes_in(root: &std::path::Path) -> Vec<i32> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"));
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
-        if let (Ok(cwd), Ok(exe)) = (cwd, exe)
-            && cwd.starts_with(root)
-            && exe
-                .file_name()
-                .is_some_and(|n| n == "warden-scripted-agent")
-            && alive(pid)
-        {
-            out.push(pid);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread")]

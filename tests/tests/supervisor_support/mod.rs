@@ -14,13 +14,13 @@ use warden_proto::v1::turn_event::Event;
 
 pub type Client = SupervisorServiceClient<Channel>;
 
-/// Where supervisor test deployments live (not /tmp: see `Deployment::new_in`).
+/// Where supervisor test deployments live (not /tmp: the supervisor refuses temp trees).
 pub fn parent() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("sv")
+    warden_e2e::test_root()
 }
 
-/// policy + supervisor with extra `--set`s (`("policy"|"supervisor", "k=v")`).
-pub async fn deploy(sets: &[(&str, &str)]) -> Deployment {
+/// A deployment with extra `--set`s (`("policy"|"supervisor", "k=v")`) running `daemons` in order.
+async fn deploy_daemons(sets: &[(&str, &str)], daemons: &[&str]) -> Deployment {
     let opts = Options {
         sets: sets
             .iter()
@@ -28,24 +28,44 @@ pub async fn deploy(sets: &[(&str, &str)]) -> Deployment {
             .collect(),
         show_logs: false,
     };
-    let mut d = Deployment::new_in(&parent(), opts);
-    d.start("policy").await;
-    d.start("supervisor").await;
+    let mut d = Deployment::new(opts);
+    for name in daemons {
+        d.start(name).await;
+    }
     d
+}
+
+/// policy + supervisor with extra `--set`s.
+pub async fn deploy(sets: &[(&str, &str)]) -> Deployment {
+    deploy_daemons(sets, &["policy", "supervisor"]).await
 }
 
 /// supervisor only (the policy socket has no listener: the policy is down).
 pub async fn deploy_without_policy(sets: &[(&str, &str)]) -> Deployment {
-    let opts = Options {
-        sets: sets
-            .iter()
-            .map(|(d, kv)| (d.to_string(), kv.to_string()))
-            .collect(),
-        show_logs: false,
-    };
-    let mut d = Deployment::new_in(&parent(), opts);
-    d.start("supervisor").await;
-    d
+    deploy_daemons(sets, &["supervisor"]).await
+}
+
+/// Live processes whose working directory is `root` or inside it, optionally only those whose
+/// executable is named `exe`. Agent trees are found this way from the host's side: PIDs an agent
+/// writes inside bubblewrap's PID namespace mean nothing here.
+pub fn processes_in(root: &Path, exe: Option<&str>) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) else {
+            continue;
+        };
+        let exe_matches = exe.is_none_or(|name| {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .is_ok_and(|p| p.file_name().is_some_and(|n| n == name))
+        });
+        if cwd.starts_with(root) && exe_matches && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 pub fn client(d: &Deployment) -> Client {
