@@ -108,3 +108,172 @@ async fn a_read_only_conversation_refuses_client_writes() {
         .into_inner();
     assert!(!PathBuf::from(info.root).join("ro.txt").exists());
 }
+
+/// The audit records of one context, newest first, from the policy's admin socket.
+async fn audit_of(d: &warden_e2e::Deployment, ctx: &str) -> Vec<pb::AuditRecord> {
+    let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
+    admin
+        .audit_query(pb::AuditQueryRequest {
+            limit: 1000,
+            decision_id: String::new(),
+            context_id: ctx.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+}
+
+/// The containment issue's finding 1, reproduced through the real daemons: the agent flips `l`
+/// between a directory and a symlink to a host directory in a background loop while it asks the
+/// supervisor (which runs outside the sandbox) for hundreds of writes and reads through `l`. Not a
+/// byte may land outside or come back from outside.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flipping_symlink_never_lets_a_client_write_or_read_leave_the_root() {
+    // The scenario (1,000 steps) rides in the prompt.
+    let d = deploy(&[("supervisor", "limits.task_text_bytes=200000")]).await;
+    let mut c = client(&d);
+    let info = c
+        .open_conversation(open("race", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    let root = PathBuf::from(&info.root);
+    let outside = parent().join(format!("race-outside-{}", std::process::id()));
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret"), "host secret\n").unwrap();
+    let flipper = format!(
+        "nohup sh -c 'while true; do rm -rf l; mkdir l; rm -rf l; ln -s {} l; done' >/dev/null 2>&1 &",
+        outside.display()
+    );
+    let mut steps = vec![
+        json!({"type": "tool", "kind": "execute", "command": flipper,
+        "ask": false, "via": "direct"}),
+    ];
+    for i in 0..500 {
+        steps.push(
+            json!({"type": "tool", "kind": "edit", "path": format!("l/p{}", i % 16),
+            "content": "pwned", "ask": false, "via": "client"}),
+        );
+        steps.push(
+            json!({"type": "tool", "kind": "read", "path": "l/secret", "ask": false,
+            "via": "client"}),
+        );
+    }
+    let mut s = start(
+        &mut c,
+        turn("race", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let evs = collect(&mut s, std::time::Duration::from_secs(240)).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn");
+    let written: Vec<_> = std::fs::read_dir(&outside)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        written,
+        vec![std::ffi::OsString::from("secret")],
+        "client writes landed outside the root"
+    );
+    assert_eq!(
+        std::fs::read_to_string(outside.join("secret")).unwrap(),
+        "host secret\n"
+    );
+    let all_text: String = evs
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::turn_event::Event::ToolCall(t)) => Some(t.content_text.clone()),
+            Some(pb::turn_event::Event::MessageChunk(t)) => Some(t.text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        !all_text.contains("host secret"),
+        "a client read came back from outside the root"
+    );
+    // No ALLOW covered these writes: each one that was not refused outright (its path led
+    // outside when it arrived) was decided. The flipper really flipped: not every write was
+    // allowed.
+    let perms = permissions(&evs);
+    assert!(
+        !perms.is_empty() && perms.len() <= 500,
+        "{} decisions",
+        perms.len()
+    );
+    let allowed = perms
+        .iter()
+        .filter(|p| p.verdict == pb::Verdict::Allow as i32)
+        .count();
+    eprintln!(
+        "500 client writes: {} decided ({allowed} allowed), {} refused before any decision",
+        perms.len(),
+        500 - perms.len()
+    );
+    assert!(allowed < 500, "the flipper never showed a symlink");
+    let _ = root;
+}
+
+/// A client write that no ALLOW of the turn covers is decided by the policy like an edit of its
+/// path, audited, shown to the caller, and a DENY leaves the file untouched.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uncovered_client_write_is_decided_audited_and_a_deny_writes_nothing() {
+    let d = deploy(&[(
+        "policy",
+        r#"policy.principals.tester.auto_deny=["fs/write_text_file"]"#,
+    )])
+    .await;
+    let mut c = client(&d);
+    let info = c
+        .open_conversation(open("wdeny", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    let root = PathBuf::from(&info.root);
+    std::fs::write(root.join("kept.txt"), "original").unwrap();
+    let evs = run(&mut c, turn("wdeny", "t1", &client_write("kept.txt"))).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn");
+    assert_eq!(
+        std::fs::read_to_string(root.join("kept.txt")).unwrap(),
+        "original",
+        "a denied client write changed the file"
+    );
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 1, "{perms:#?}");
+    let p = &perms[0];
+    assert_eq!(p.verdict, pb::Verdict::Deny as i32);
+    assert_eq!(p.tool_kind, "edit");
+    assert!(p.tool_title.starts_with("fs/write_text_file "), "{p:?}");
+    let audit = audit_of(&d, "wdeny").await;
+    let rec = audit
+        .iter()
+        .find(|r| r.decision_id == p.decision_id)
+        .unwrap_or_else(|| panic!("decision {} not in the audit: {audit:#?}", p.decision_id));
+    assert_eq!(rec.verdict, pb::Verdict::Deny as i32);
+    assert!(
+        stop(&evs)
+            .refusals
+            .iter()
+            .any(|r| r.decision_id == p.decision_id)
+    );
+
+    // A write the agent first asked permission for (claude-0.16 style: tool call, permission,
+    // then fs/write_text_file) is covered by that ALLOW: one decision, the file written.
+    let asked = scenario(json!({"vocabulary": "claude-0.16", "steps": [
+        {"type": "tool", "kind": "edit", "path": "asked.txt", "content": "hello", "ask": true,
+         "via": "client"}]}));
+    let evs = run(&mut c, turn("wdeny", "t2", &asked)).await;
+    let perms = permissions(&evs);
+    assert_eq!(
+        perms.len(),
+        1,
+        "the covering ALLOW is the only decision: {perms:#?}"
+    );
+    assert_eq!(perms[0].verdict, pb::Verdict::Allow as i32);
+    assert_eq!(
+        std::fs::read_to_string(root.join("asked.txt")).unwrap(),
+        "hello"
+    );
+}

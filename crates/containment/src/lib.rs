@@ -12,8 +12,14 @@
 //! rules stay unit-testable with [`MemFs`]). It only reads metadata and link targets; it never
 //! opens, creates or follows anything else.
 //!
-//! What it does not protect against: a symlink planted after the check (time of check vs. time of
-//! use). Resolution is done once; enforcing it at use time is the OS sandbox's job.
+//! What the resolver does not protect against: a symlink planted after the check (time of check
+//! vs. time of use). That is why warden never *acts* on an agent path through it: every open of an
+//! agent's file goes through [`beneath::RootDir`] (`openat2` beneath a directory fd of the root),
+//! the only primitive for that in the whole tree. The resolver answers questions ("would this edit
+//! stay inside?"); `beneath` does the opening.
+#![forbid(unsafe_code)]
+
+pub mod beneath;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;

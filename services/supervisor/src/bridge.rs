@@ -1,6 +1,8 @@
 //! The agent -> supervisor side of one conversation: permissions go to the policy service
 //! (never to the caller), questions go to the caller (never to the policy), `fs/*` is served
-//! inside the boundary only.
+//! inside the boundary only, through the root's directory fd (`warden_containment::beneath`),
+//! and a client write is served only when an ALLOW of this turn covers its path — otherwise the
+//! supervisor asks `Decide` for it like for an edit.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -10,12 +12,13 @@ use warden_acp::{
     ClientHandler, ElicitationRequest, ElicitationResponse, PermissionOutcome, PermissionRequest,
     ReadTextFileRequest, RpcError, WriteTextFileRequest,
 };
+use warden_containment::beneath::{BeneathError, Owner, ReadSpec, RootDir};
 use warden_proto::v1 as pb;
 use warden_proto::v1::turn_event::Event;
 use warden_rules::{OfferedOption, Outcome, choose_option};
 
 use crate::policy::{PolicyClient, rules_verdict};
-use crate::turn::{EndRequest, ToolSeen, TurnCtx};
+use crate::turn::{CoveredWrite, EndRequest, ToolSeen, TurnCtx};
 
 /// What never changes in a conversation.
 #[derive(Debug, Clone)]
@@ -49,6 +52,24 @@ pub struct ConvCore {
     /// `Some` when the agent is configured with terminals.
     pub terminal: Option<crate::terminal::TerminalCtx>,
     pub terminals: crate::terminal::Terminals,
+    /// The root, held open since the conversation opened: the only way to the agent's files
+    /// (an error here, e.g. a kernel without openat2, refuses every `fs/*` request).
+    pub files: Result<RootDir, String>,
+    /// Who owns what a client write creates (the agent's uid when the supervisor is root).
+    pub file_owner: Option<Owner>,
+    /// `limits.fs_read_bytes`.
+    pub fs_read_bytes: u64,
+}
+
+/// The options the supervisor offers the policy for a client write it asks about itself.
+const WRITE_OPTION: &str = "write";
+const REFUSE_OPTION: &str = "refuse";
+
+/// What enforcing one decision produced.
+struct Enforced {
+    outcome: PermissionOutcome,
+    allowed: bool,
+    decision_id: String,
 }
 
 impl ConvCore {
@@ -107,12 +128,7 @@ impl ConvCore {
                 agent: self.info.agent.clone(),
                 verb: self.info.verb.clone(),
             }),
-            boundary: Some(pb::Boundary {
-                root: self.info.root.to_string_lossy().into_owned(),
-                owned: self.info.owned,
-                allow_execute: self.info.allow_execute,
-                profile: self.info.profile as i32,
-            }),
+            boundary: Some(self.boundary()),
             tool_call: Some(pb::ToolCall {
                 id: tc.tool_call_id.clone(),
                 kind,
@@ -141,22 +157,250 @@ impl ConvCore {
         }
     }
 
-    fn resolve_inside(&self, path: &str) -> Result<PathBuf, RpcError> {
-        let p = Path::new(path);
-        if !p.is_absolute() {
+    /// The root's fd for a request naming `path`, which ACP requires to be absolute.
+    fn files(&self, path: &str) -> Result<&RootDir, RpcError> {
+        if !Path::new(path).is_absolute() {
             return Err(RpcError::invalid_params("path must be absolute"));
         }
-        let fs = warden_containment::RealFs;
-        match warden_containment::is_inside(&self.info.root, p, &fs) {
-            Ok(true) => warden_containment::resolve(p, &self.info.root, &fs)
-                .map_err(|e| RpcError::invalid_params(format!("path cannot be resolved: {e}"))),
-            Ok(false) => Err(RpcError::invalid_params(
-                "path is outside the session boundary",
-            )),
-            Err(e) => Err(RpcError::invalid_params(format!(
-                "path cannot be resolved inside the boundary: {e}"
-            ))),
+        self.files
+            .as_ref()
+            .map_err(|e| RpcError::internal(format!("agent files are not served: {e}")))
+    }
+
+    /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW
+    /// covered: resolved against the root as far as it exists (the write itself is walked again by
+    /// the kernel beneath the root's fd, so this is only a lookup key, never a licence).
+    fn covered_key(&self, path: &str) -> Option<PathBuf> {
+        warden_containment::resolve(path, &self.info.root, &warden_containment::RealFs).ok()
+    }
+
+    /// Asks the policy about one permission, enforces the answer (option chosen from what was
+    /// offered, refusals recorded, the caller told) and reports what was enforced.
+    async fn enforce(
+        &self,
+        turn: Option<&Arc<TurnCtx>>,
+        dreq: pb::DecideRequest,
+        offered: &[OfferedOption],
+        entered: std::time::Instant,
+    ) -> Enforced {
+        let request_id = dreq.request_id.clone();
+        let session_id = dreq
+            .subject
+            .as_ref()
+            .map(|s| s.session_id.clone())
+            .unwrap_or_default();
+        let (tc_id, kind, title) = dreq
+            .tool_call
+            .as_ref()
+            .map(|t| (t.id.clone(), t.kind.clone(), t.title.clone()))
+            .unwrap_or_default();
+        let cancelled_now = || Enforced {
+            outcome: PermissionOutcome::Cancelled,
+            allowed: false,
+            decision_id: String::new(),
+        };
+        let decided = match turn {
+            Some(t) => {
+                tokio::select! {
+                    d = self.policy.decide(dreq, self.deadline) => d,
+                    _ = t.cancel.cancelled() => {
+                        t.emit(cancelled_event(&tc_id, &kind, &title));
+                        return cancelled_now();
+                    }
+                }
+            }
+            None => self.policy.decide(dreq, self.deadline).await,
+        };
+        let answer = choose_option(
+            rules_verdict(decided.verdict),
+            decided.option_id.as_deref(),
+            offered,
+            false,
+        );
+        let (outcome, sent, cancelled) = match &answer.outcome {
+            Outcome::Selected(id) => (
+                PermissionOutcome::Selected {
+                    option_id: id.clone(),
+                },
+                id.clone(),
+                false,
+            ),
+            // No refusal was offered: the only safe answer is to cancel the turn.
+            Outcome::Cancelled | Outcome::CancelTurn => {
+                (PermissionOutcome::Cancelled, String::new(), true)
+            }
+        };
+        let allowed = answer.effective == warden_rules::Verdict::Allow;
+        let verdict = if allowed {
+            pb::Verdict::Allow
+        } else if decided.verdict == pb::Verdict::Escalate {
+            pb::Verdict::Escalate
+        } else {
+            pb::Verdict::Deny
+        };
+        let reason = if decided.verdict == pb::Verdict::Allow && !allowed {
+            format!("{} ({})", decided.reason, answer.reason)
+        } else {
+            decided.reason.clone()
+        };
+        tracing::info!(
+            context_id = %self.info.context_id,
+            session_id = %session_id,
+            task_id = %turn.map(|t| t.input.task_id.as_str()).unwrap_or(""),
+            request_id = %request_id,
+            decision_id = %decided.decision_id,
+            tool_call_id = %tc_id,
+            verdict = ?verdict,
+            rule = %decided.rule,
+            option = %sent,
+            latency_us = decided.latency.as_micros() as u64,
+            "permission decided"
+        );
+        self.policy.record(entered.elapsed(), decided.latency);
+        if let Some(t) = turn {
+            t.record("permission_decision", serde_json::json!({
+                "decision_id": decided.decision_id, "verdict": verdict.as_str_name(),
+                "rule": decided.rule, "reason": reason, "option_sent": sent, "cancelled": cancelled,
+            }));
+            if !allowed {
+                t.lock().refusals.push(pb::Refusal {
+                    decision_id: decided.decision_id.clone(),
+                    tool_call_id: tc_id.clone(),
+                    tool_kind: kind.clone(),
+                    tool_title: title.clone(),
+                    rule: decided.rule.clone(),
+                    reason: reason.clone(),
+                });
+            }
+            t.emit(Event::Permission(pb::PermissionDecisionEvent {
+                decision_id: decided.decision_id.clone(),
+                tool_call_id: tc_id,
+                tool_kind: kind,
+                tool_title: title,
+                verdict: verdict as i32,
+                rule: decided.rule.clone(),
+                reason,
+                option_id_sent: sent,
+                cancelled,
+                end_turn: decided.end_turn || cancelled,
+                policy_latency_micros: decided.latency.as_micros() as u64,
+            }));
+            if decided.end_turn || cancelled {
+                let fault = (decided.end_turn && decided.rule.contains("prompt-unavailable")
+                    || decided.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"))
+                .then(|| {
+                    (
+                        "permission-prompt-unavailable".to_string(),
+                        decided.reason.clone(),
+                    )
+                });
+                t.request_end(EndRequest::Decision { fault });
+            }
         }
+        Enforced {
+            outcome,
+            allowed,
+            decision_id: decided.decision_id,
+        }
+    }
+
+    /// The ALLOW covering a client write of `key` in this turn, consumed (one ALLOW, one write).
+    fn take_covering(&self, turn: &TurnCtx, key: &Path) -> Option<CoveredWrite> {
+        let mut st = turn.lock();
+        let i = st.allowed_writes.iter().position(|c| c.path == key)?;
+        Some(st.allowed_writes.swap_remove(i))
+    }
+
+    /// A client write no ALLOW covers: decided like an edit of that path.
+    async fn decide_write(&self, turn: &Arc<TurnCtx>, path: &str, bytes: usize) -> Enforced {
+        let entered = std::time::Instant::now();
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let tool_call_id = format!("fs-write-{request_id}");
+        let title = format!("fs/write_text_file {path}");
+        let options = [
+            (WRITE_OPTION, "Write the file", "allow_once"),
+            (REFUSE_OPTION, "Refuse the write", "reject_once"),
+        ];
+        let (session_id, current_mode) = {
+            let l = self.live();
+            (l.session_id.clone(), l.current_mode.clone())
+        };
+        let dreq = pb::DecideRequest {
+            request_id: request_id.clone(),
+            subject: Some(self.subject(Some(turn), session_id)),
+            boundary: Some(self.boundary()),
+            tool_call: Some(pb::ToolCall {
+                id: tool_call_id.clone(),
+                kind: "edit".into(),
+                title: title.clone(),
+                raw_input_json: serde_json::json!({"path": path, "bytes": bytes}).to_string(),
+                locations: vec![pb::Location {
+                    path: path.to_string(),
+                    line: None,
+                }],
+            }),
+            options: options
+                .iter()
+                .map(|(id, name, kind)| pb::PermissionOption {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    kind: kind.to_string(),
+                })
+                .collect(),
+            current_mode,
+        };
+        let offered: Vec<OfferedOption> = options
+            .iter()
+            .map(|(id, name, kind)| OfferedOption {
+                id: id.to_string(),
+                name: name.to_string(),
+                kind: warden_rules::OptionKind::parse(kind),
+            })
+            .collect();
+        turn.lock().permissions += 1;
+        turn.record(
+            "permission_request",
+            serde_json::json!({
+                "request_id": request_id, "tool_call_id": tool_call_id, "kind": "edit",
+                "title": title, "source": "fs/write_text_file",
+            }),
+        );
+        let mut e = self.enforce(Some(turn), dreq, &offered, entered).await;
+        // Only the write option is an ALLOW; anything else (a cancel included) refuses.
+        e.allowed &= matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == WRITE_OPTION);
+        e
+    }
+
+    fn subject(&self, turn: Option<&Arc<TurnCtx>>, session_id: String) -> pb::Subject {
+        pb::Subject {
+            principal: self.info.principal.clone(),
+            context_id: self.info.context_id.clone(),
+            task_id: turn.map(|t| t.input.task_id.clone()).unwrap_or_default(),
+            session_id,
+            agent: self.info.agent.clone(),
+            verb: self.info.verb.clone(),
+        }
+    }
+
+    fn boundary(&self) -> pb::Boundary {
+        pb::Boundary {
+            root: self.info.root.to_string_lossy().into_owned(),
+            owned: self.info.owned,
+            allow_execute: self.info.allow_execute,
+            profile: self.info.profile as i32,
+        }
+    }
+}
+
+/// An `fs/*` refusal in JSON-RPC terms: where the path leads is the caller's error (-32602),
+/// a missing file is "not found", the rest is internal.
+fn fs_error(e: BeneathError) -> RpcError {
+    match &e {
+        BeneathError::NotFound(_) => RpcError::not_found(e.to_string()),
+        BeneathError::Io { .. } | BeneathError::Unsupported | BeneathError::Root { .. } => {
+            RpcError::internal(e.to_string())
+        }
+        _ => RpcError::invalid_params(e.to_string()),
     }
 }
 
@@ -211,126 +455,50 @@ impl ClientHandler for ConvCore {
                 "options": req.options.iter().map(|o| serde_json::json!([o.option_id, o.kind.as_str()])).collect::<Vec<_>>(),
             }));
         }
-        let decided = match &turn {
-            Some(t) => {
-                tokio::select! {
-                    d = self.policy.decide(dreq, self.deadline) => d,
-                    _ = t.cancel.cancelled() => {
-                        t.emit(cancelled_event(&tc_id, &kind, &title));
-                        return Ok(PermissionOutcome::Cancelled);
+        let locations = dreq
+            .tool_call
+            .as_ref()
+            .map(|t| t.locations.clone())
+            .unwrap_or_default();
+        let e = self.enforce(turn.as_ref(), dreq, &offered, entered).await;
+        if let Some(t) = &turn
+            && e.allowed
+        {
+            match warden_rules::ToolKind::parse(&kind) {
+                warden_rules::ToolKind::SwitchMode => {
+                    if let PermissionOutcome::Selected { option_id } = &e.outcome {
+                        t.lock().allowed_switches.push(option_id.clone());
                     }
                 }
-            }
-            None => self.policy.decide(dreq, self.deadline).await,
-        };
-        let answer = choose_option(
-            rules_verdict(decided.verdict),
-            decided.option_id.as_deref(),
-            &offered,
-            false,
-        );
-        let (outcome, sent, cancelled) = match &answer.outcome {
-            Outcome::Selected(id) => (
-                PermissionOutcome::Selected {
-                    option_id: id.clone(),
-                },
-                id.clone(),
-                false,
-            ),
-            // No refusal was offered: the only safe answer is to cancel the turn.
-            Outcome::Cancelled | Outcome::CancelTurn => {
-                (PermissionOutcome::Cancelled, String::new(), true)
-            }
-        };
-        let allowed = answer.effective == warden_rules::Verdict::Allow;
-        let verdict = if allowed {
-            pb::Verdict::Allow
-        } else if decided.verdict == pb::Verdict::Escalate {
-            pb::Verdict::Escalate
-        } else {
-            pb::Verdict::Deny
-        };
-        let reason = if decided.verdict == pb::Verdict::Allow && !allowed {
-            format!("{} ({})", decided.reason, answer.reason)
-        } else {
-            decided.reason.clone()
-        };
-        tracing::info!(
-            context_id = %self.info.context_id,
-            session_id = %req.session_id,
-            task_id = %turn.as_ref().map(|t| t.input.task_id.as_str()).unwrap_or(""),
-            request_id = %request_id,
-            decision_id = %decided.decision_id,
-            tool_call_id = %tc_id,
-            verdict = ?verdict,
-            rule = %decided.rule,
-            option = %sent,
-            latency_us = decided.latency.as_micros() as u64,
-            "permission decided"
-        );
-        self.policy.record(entered.elapsed(), decided.latency);
-        if let Some(t) = &turn {
-            t.record("permission_decision", serde_json::json!({
-                "decision_id": decided.decision_id, "verdict": verdict.as_str_name(),
-                "rule": decided.rule, "reason": reason, "option_sent": sent, "cancelled": cancelled,
-            }));
-            if !allowed {
-                t.lock().refusals.push(pb::Refusal {
-                    decision_id: decided.decision_id.clone(),
-                    tool_call_id: tc_id.clone(),
-                    tool_kind: kind.clone(),
-                    tool_title: title.clone(),
-                    rule: decided.rule.clone(),
-                    reason: reason.clone(),
-                });
-            } else if warden_rules::ToolKind::parse(&kind) == warden_rules::ToolKind::SwitchMode {
-                t.lock().allowed_switches.push(sent.clone());
-            } else if warden_rules::ToolKind::parse(&kind) == warden_rules::ToolKind::Execute {
-                t.lock().allowed_exec += 1;
-            }
-            t.emit(Event::Permission(pb::PermissionDecisionEvent {
-                decision_id: decided.decision_id.clone(),
-                tool_call_id: tc_id,
-                tool_kind: kind,
-                tool_title: title,
-                verdict: verdict as i32,
-                rule: decided.rule.clone(),
-                reason,
-                option_id_sent: sent,
-                cancelled,
-                end_turn: decided.end_turn || cancelled,
-                policy_latency_micros: decided.latency.as_micros() as u64,
-            }));
-            if decided.end_turn || cancelled {
-                let fault = (decided.end_turn && decided.rule.contains("prompt-unavailable")
-                    || decided.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"))
-                .then(|| {
-                    (
-                        "permission-prompt-unavailable".to_string(),
-                        decided.reason.clone(),
-                    )
-                });
-                t.request_end(EndRequest::Decision { fault });
+                warden_rules::ToolKind::Execute => t.lock().allowed_exec += 1,
+                warden_rules::ToolKind::Edit => {
+                    let covered: Vec<CoveredWrite> = locations
+                        .iter()
+                        .filter_map(|l| self.covered_key(&l.path))
+                        .map(|path| CoveredWrite {
+                            path,
+                            decision_id: e.decision_id.clone(),
+                            tool_call_id: tc_id.clone(),
+                        })
+                        .collect();
+                    t.lock().allowed_writes.extend(covered);
+                }
+                _ => {}
             }
         }
-        Ok(outcome)
+        Ok(e.outcome)
     }
 
     async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
-        let path = self.resolve_inside(&req.path)?;
-        let text = tokio::fs::read_to_string(&path).await.map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                RpcError::not_found(format!("no such file: {}", req.path))
-            } else {
-                RpcError::internal(format!("cannot read {}: {e}", req.path))
-            }
-        })?;
-        if req.line.is_none() && req.limit.is_none() {
-            return Ok(text);
-        }
-        let start = req.line.unwrap_or(1).saturating_sub(1) as usize;
-        let limit = req.limit.map(|l| l as usize).unwrap_or(usize::MAX);
-        Ok(text.split_inclusive('\n').skip(start).take(limit).collect())
+        let files = self.files(&req.path)?;
+        let spec = ReadSpec {
+            line: req.line,
+            limit: req.limit,
+            max_bytes: self.fs_read_bytes,
+        };
+        files
+            .read_text(Path::new(&req.path), spec)
+            .map_err(fs_error)
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
@@ -339,10 +507,66 @@ impl ClientHandler for ConvCore {
                 "this conversation is read-only: writes are refused",
             ));
         }
-        let path = self.resolve_inside(&req.path)?;
-        tokio::fs::write(&path, req.content.as_bytes())
-            .await
-            .map_err(|e| RpcError::internal(format!("cannot write {}: {e}", req.path)))
+        let files = self.files(&req.path)?;
+        // Where it would land, before anyone is asked: a path that leads outside now is refused
+        // outright. This is a filter, not a licence: the write is walked again beneath the fd.
+        files.relative(Path::new(&req.path)).map_err(fs_error)?;
+        if !warden_containment::is_inside(&self.info.root, &req.path, &warden_containment::RealFs)
+            .unwrap_or(false)
+        {
+            return Err(RpcError::invalid_params(format!(
+                "{} is outside the session boundary",
+                req.path
+            )));
+        }
+        let Some(turn) = self.turn() else {
+            return Err(RpcError::invalid_params(
+                "no turn is running: a write is served only within a turn",
+            ));
+        };
+        let covering = self
+            .covered_key(&req.path)
+            .and_then(|key| self.take_covering(&turn, &key));
+        let decision_id =
+            match covering {
+                Some(c) => {
+                    turn.record("fs_write", serde_json::json!({
+                    "path": req.path, "bytes": req.content.len(), "covered_by": c.decision_id,
+                    "tool_call_id": c.tool_call_id,
+                }));
+                    c.decision_id
+                }
+                None => {
+                    let e = self.decide_write(&turn, &req.path, req.content.len()).await;
+                    if !e.allowed {
+                        return Err(RpcError::invalid_params(format!(
+                            "the write of {} was refused by the policy (decision {})",
+                            req.path, e.decision_id
+                        )));
+                    }
+                    turn.record(
+                        "fs_write",
+                        serde_json::json!({
+                            "path": req.path, "bytes": req.content.len(), "decided": e.decision_id,
+                        }),
+                    );
+                    e.decision_id
+                }
+            };
+        let written = files.write_text(
+            Path::new(&req.path),
+            req.content.as_bytes(),
+            self.file_owner,
+        );
+        tracing::info!(
+            context_id = %self.info.context_id,
+            task_id = %turn.input.task_id,
+            decision_id = %decision_id,
+            bytes = req.content.len(),
+            ok = written.is_ok(),
+            "client write"
+        );
+        written.map_err(fs_error)
     }
 
     async fn create_terminal(
@@ -434,6 +658,9 @@ mod tests {
             deadline: Duration::from_millis(50),
             terminal: None,
             terminals: Default::default(),
+            files: RootDir::open(root).map_err(|e| e.to_string()),
+            file_owner: None,
+            fs_read_bytes: 1024,
         }
     }
 
@@ -516,20 +743,123 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();
+        std::fs::write(dir.path().join("x"), "outside").unwrap();
         std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
         let c = core(&root);
+        c.live().turn = Some(turn_with_seen("tc1", "/nowhere"));
         for p in [
             "/etc/passwd".to_string(),
             format!("{}/../x", root.display()),
             format!("{}/up/x", root.display()),
             "relative.txt".to_string(),
         ] {
-            let e = c.resolve_inside(&p).unwrap_err();
-            assert_eq!(e.code, -32602, "{p}");
+            let e = c
+                .read_text_file(ReadTextFileRequest {
+                    session_id: "s1".into(),
+                    path: p.clone(),
+                    line: None,
+                    limit: None,
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, -32602, "read {p}: {e:?}");
+            // Refused before any policy is asked (there is none here: asking would fail closed
+            // with a different message).
+            let e = c
+                .write_text_file(WriteTextFileRequest {
+                    session_id: "s1".into(),
+                    path: p.clone(),
+                    content: "pwned".into(),
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(e.code, -32602, "write {p}: {e:?}");
+            assert!(!e.message.contains("refused by the policy"), "{p}: {e:?}");
         }
-        assert!(
-            c.resolve_inside(&format!("{}/new.txt", root.display()))
-                .is_ok()
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("x")).unwrap(),
+            "outside"
+        );
+        // A file inside is read; a read over the bound is refused naming the limit.
+        std::fs::write(root.join("in.txt"), "inside\n").unwrap();
+        let read = |path: String| {
+            c.read_text_file(ReadTextFileRequest {
+                session_id: "s1".into(),
+                path,
+                line: None,
+                limit: None,
+            })
+        };
+        assert_eq!(
+            read(format!("{}/in.txt", root.display())).await.unwrap(),
+            "inside\n"
+        );
+        std::fs::write(root.join("big.txt"), vec![b'a'; 2048]).unwrap();
+        let e = read(format!("{}/big.txt", root.display()))
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("fs_read_bytes"), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_write_without_a_covering_allow_is_decided_and_refused_when_the_policy_is_down()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let c = core(dir.path());
+        let (t, mut rx) = TurnCtx::new(
+            TurnInput {
+                id: "t".into(),
+                text: "x".into(),
+                message_id: String::new(),
+                task_id: "task-1".into(),
+                timeout_secs: 1,
+            },
+            1024,
+        );
+        c.live().turn = Some(t.clone());
+        let path = format!("{}/new.txt", dir.path().display());
+        let e = c
+            .write_text_file(WriteTextFileRequest {
+                session_id: "s1".into(),
+                path: path.clone(),
+                content: "x".into(),
+            })
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("refused by the policy"), "{e:?}");
+        assert!(!dir.path().join("new.txt").exists());
+        // The caller saw the decision (a fail-closed DENY) for the write.
+        let ev = rx.try_recv().unwrap().unwrap();
+        match ev.event {
+            Some(Event::Permission(p)) => {
+                assert_eq!(p.tool_kind, "edit");
+                assert_eq!(p.tool_title, format!("fs/write_text_file {path}"));
+                assert_eq!(p.verdict, pb::Verdict::Deny as i32);
+            }
+            other => panic!("expected a permission event, got {other:?}"),
+        }
+        // An ALLOW of this turn covering the path lets exactly one write through.
+        t.lock().allowed_writes.push(CoveredWrite {
+            path: dir.path().join("new.txt"),
+            decision_id: "d1".into(),
+            tool_call_id: "tc1".into(),
+        });
+        let w = |content: &str| {
+            c.write_text_file(WriteTextFileRequest {
+                session_id: "s1".into(),
+                path: path.clone(),
+                content: content.into(),
+            })
+        };
+        w("covered").await.unwrap();
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("new.txt")).unwrap(),
+            "covered"
+        );
+        assert!(w("again").await.is_err(), "one ALLOW covered two writes");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("new.txt")).unwrap(),
+            "covered"
         );
     }
 

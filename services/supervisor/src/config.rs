@@ -44,6 +44,7 @@ cancel_grace_ms = 2000
 kill_grace_ms = 2000
 max_conversations = 512
 max_queued_turns = 64
+fs_read_bytes = 2097152
 
 [agents]
 default = "scripted"
@@ -128,6 +129,9 @@ pub struct Limits {
     pub max_conversations: usize,
     /// Turns waiting in one conversation's queue at most; more are refused.
     pub max_queued_turns: usize,
+    /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
+    /// lines); a larger one is refused with an error naming this key.
+    pub fs_read_bytes: u64,
 }
 
 impl Default for Limits {
@@ -144,6 +148,7 @@ impl Default for Limits {
             kill_grace_ms: 2000,
             max_conversations: 512,
             max_queued_turns: 64,
+            fs_read_bytes: 2 * 1024 * 1024,
         }
     }
 }

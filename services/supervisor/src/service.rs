@@ -276,6 +276,10 @@ impl Supervisor {
                 },
             }),
             terminals: Default::default(),
+            files: warden_containment::beneath::RootDir::open(&boundary.root)
+                .map_err(|e| e.to_string()),
+            file_owner: None,
+            fs_read_bytes: s.limits().fs_read_bytes,
         });
         let conv = match Conversation::open(core, agent_cfg, self.shared.clone()).await {
             Ok(c) => c,

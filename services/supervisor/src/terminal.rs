@@ -132,12 +132,13 @@ impl Terminals {
         let cwd = match &req.cwd {
             Some(c) => {
                 let p = Path::new(c);
-                let inside = p.is_absolute()
-                    && warden_containment::is_inside(root, p, &warden_containment::RealFs)
-                        .unwrap_or(false);
+                // The kernel walks it beneath the root's fd: a directory there now, reached
+                // without leaving the root (the spawn resolves it again and refuses an escape).
+                let inside =
+                    p.is_absolute() && core.files.as_ref().is_ok_and(|f| f.open_dir(p).is_ok());
                 if !inside {
                     return Err(RpcError::invalid_params(
-                        "cwd is outside the session boundary",
+                        "cwd is outside the session boundary (or not a directory there)",
                     ));
                 }
                 p.to_path_buf()

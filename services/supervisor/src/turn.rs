@@ -52,7 +52,18 @@ pub struct TurnMut {
     pub allowed_switches: Vec<String>,
     /// ALLOWed execute tool calls not yet used to open a terminal.
     pub allowed_exec: usize,
+    /// Paths an ALLOWed edit of this turn named (resolved against the root), not yet written
+    /// through `fs/write_text_file`: one ALLOW covers one client write of each of its paths.
+    pub allowed_writes: Vec<CoveredWrite>,
     pub transcript: Option<Transcript>,
+}
+
+/// A path an ALLOWed edit covers, with the decision that allowed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoveredWrite {
+    pub path: std::path::PathBuf,
+    pub decision_id: String,
+    pub tool_call_id: String,
 }
 
 #[derive(Debug, Clone, Default)]
