@@ -54,6 +54,7 @@
 //! rather than `agent-client-protocol-schema`: that crate's enums fail the
 //! whole message on an unknown permission-option kind, which ACP clients must
 //! tolerate, and its API moves with every release.
+#![forbid(unsafe_code)]
 
 mod client;
 mod error;

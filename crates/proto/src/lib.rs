@@ -3,6 +3,7 @@
 //! This crate must never hold hand-written logic: the proto files are the public contract that
 //! operators implement (e.g. a third `PolicyService`), and what is generated from them is all
 //! that the services share at the wire level.
+#![forbid(unsafe_code)]
 
 /// `warden.v1`: PolicyService, SupervisorService, AdminService and their messages.
 pub mod v1 {

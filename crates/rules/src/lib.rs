@@ -9,6 +9,7 @@
 //! access is through the `FsView` the caller passes for path containment), let the operator
 //! policy loosen the floor, select an `allow_always` or unknown-kind option, or name an option
 //! id that was not offered.
+#![forbid(unsafe_code)]
 
 mod config;
 mod engine;

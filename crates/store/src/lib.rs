@@ -5,6 +5,7 @@
 //! prefix scans, atomic batches, and explicit flushes at durability points.
 //! Must never: be shared between daemons (each daemon has its own directory and system user),
 //! or interpret the bytes it stores — callers own their encodings.
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 

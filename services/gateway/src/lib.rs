@@ -13,6 +13,7 @@
 //! Where the TCK still follows spec 1.0.0 the gateway follows 1.0.1: ContentTypeNotSupported is
 //! HTTP 400, not 415 (§5.4). The TCK cannot send a bearer token, so it runs with a local pytest
 //! plugin that adds one; warden never turns authentication off.
+#![forbid(unsafe_code)]
 
 pub mod a2a;
 pub mod auth;

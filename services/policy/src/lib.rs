@@ -9,6 +9,7 @@
 //!
 //! Must never: answer ALLOW to anything it could not judge, answer before the audit record is
 //! written, name an option that was not offered, or spawn, edit or execute anything itself.
+#![forbid(unsafe_code)]
 
 pub mod audit;
 pub mod config;

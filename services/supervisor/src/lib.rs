@@ -10,6 +10,7 @@
 //! policy, send an option id the agent did not offer or an "always" option, turn a caller's
 //! string into a path, leave an agent process behind after close, cancel, timeout or a crash
 //! (leases are reaped at start-up), or write argv/environment into any record.
+#![forbid(unsafe_code)]
 
 pub mod agent;
 pub mod bridge;
