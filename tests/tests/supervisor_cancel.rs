@@ -128,18 +128,39 @@ async fn cancelling_a_queued_turn_leaves_the_active_one_alone() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pending_permission_is_answered_cancelled() {
-    // A policy service that accepts connections and never answers: the permission stays pending.
+    // A policy service that accepts connections, reads, and never answers: the permission stays
+    // pending. It says when the Decide request has arrived (its bytes carry the command; gRPC
+    // DATA frames are not compressed), so the test cancels exactly while it is pending.
     let dir = parent().join(format!("hung-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let sock = dir.join("p.sock");
     let _ = std::fs::remove_file(&sock);
     let l = tokio::net::UnixListener::bind(&sock).unwrap();
-    let held = tokio::spawn(async move {
-        let mut keep = Vec::new();
-        while let Ok((s, _)) = l.accept().await {
-            keep.push(s);
-        }
-    });
+    let arrived = std::sync::Arc::new(tokio::sync::Notify::new());
+    let held = {
+        let arrived = arrived.clone();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let arrived = arrived.clone();
+                tokio::spawn(async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut seen: Vec<u8> = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while let Ok(n) = s.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        seen.extend_from_slice(&buf[..n]);
+                        if seen.windows(14).any(|w| w == b"echo x > x.txt") {
+                            arrived.notify_one();
+                        }
+                    }
+                    // Held open (never answered) until the peer goes away.
+                    drop(s);
+                });
+            }
+        })
+    };
     let d = deploy_without_policy(&[
         (
             "supervisor",
@@ -153,7 +174,9 @@ async fn a_pending_permission_is_answered_cancelled() {
         "steps": [{"type": "tool", "kind": "execute", "command": "echo x > x.txt"}]}));
     let mut s = start(&mut c, turn("p", "t1", &text)).await;
     until(&mut s, |e| matches!(e, Event::ToolCall(_))).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(20), arrived.notified())
+        .await
+        .expect("the Decide request never reached the (hung) policy");
     assert_eq!(cancel(&mut c, "p", "t1").await, "active");
     let evs = collect(&mut s, Duration::from_secs(20)).await;
     assert_eq!(stop(&evs).stop_reason, "cancelled");

@@ -77,8 +77,8 @@ async fn hostile_requests_get_exact_errors() {
     p.send(r#"{"jsonrpc":"2.0","id":{"x":1},"method":"fs/read_text_file","params":{}}"#)
         .await;
     // Duplicate id of a pending request.
+    // The client's read loop takes lines in order, so the first is pending when the second is read.
     p.send(&perm(json!(7))).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
     p.send(&perm(json!(7))).await;
     let a = p.recv().await;
     assert_eq!(
