@@ -11,23 +11,29 @@
 //! id that was not offered.
 
 mod config;
+mod control;
 mod engine;
 mod floor;
 mod options;
+mod raw_input;
 mod types;
 
-pub use config::{Action, Mode, NonInteractive, PolicyConfig, PolicyError, ScopePolicy};
+pub use config::{
+    Action, FloorPolicy, Mode, NonInteractive, PolicyConfig, PolicyError, ScopePolicy,
+};
+pub use control::ControlPaths;
 pub use engine::{Engine, raw_input_tool_name, title_head};
-pub use floor::{FloorResult, evaluate as evaluate_floor};
+pub use floor::{FloorContext, FloorResult, evaluate as evaluate_floor};
 pub use options::{
     Answer, Outcome, SWITCH_MODE_TABLE, SwitchModeEffect, SwitchModeRow, choose_option,
     switch_mode_effect,
 };
+pub use raw_input::{RawInputError, RawPaths, extract as raw_input_paths};
 pub use types::{
     Boundary, Decision, DecisionInput, OfferedOption, OptionKind, Profile, Subject, ToolCall,
     ToolKind, Verdict,
 };
-pub use warden_containment::{FsView, MemFs, RealFs};
+pub use warden_containment::{AgentHomes, FsView, MemFs, RealFs, RootCheck, RootView};
 
 #[cfg(test)]
 mod tests;
