@@ -3,10 +3,14 @@
 //! escalation without an approver, and the choice of the option to answer with.
 //!
 //! Owns: every rule that turns (subject, boundary, tool call, offered options) into ALLOW, DENY
-//! or ESCALATE with a readable reason and the name of the rule that matched.
+//! or ESCALATE with a readable reason and the name of the rule that matched, including what the
+//! raw input of a known tool shape says it will touch (`raw_input`) and which paths are the
+//! agent's own configuration and hooks (`control`).
 //!
 //! Must never: do I/O of its own (no files, clock, network, environment — the only filesystem
-//! access is through the `FsView` the caller passes for path containment), let the operator
+//! access is through the `RootView` (an `FsView` that also knows identities) the caller passes
+//! for path containment and the boundary check; the host's homes come in from the caller as a
+//! `RootCheck`), let the operator
 //! policy loosen the floor, select an `allow_always` or unknown-kind option, or name an option
 //! id that was not offered.
 
