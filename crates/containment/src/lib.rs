@@ -27,6 +27,9 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
+mod root_check;
+pub use root_check::{AgentHomes, FileId, RootCheck, RootRefusal, RootView};
+
 /// How many symlinks one resolution may follow before it is called a loop. Linux uses 40 for
 /// the same purpose (`MAXSYMLINKS`), so any path the kernel accepts is accepted here.
 pub const MAX_SYMLINK_FOLLOWS: usize = 40;

@@ -21,5 +21,5 @@ pub mod server;
 pub use args::DaemonArgs;
 pub use config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig};
 pub use listener::{BoundListener, ListenerError};
-pub use peer::{Peer, PeerGuard};
+pub use peer::{Peer, PeerGuard, PeerInfo, PeerStream};
 pub use server::{ServeError, Server};

@@ -1,12 +1,23 @@
 //! Peer credentials and the per-listener allowlist.
 //!
-//! On a Unix socket the kernel tells us who connected (SO_PEERCRED). Every request passes through
-//! [`PeerGuard`] before any service sees it; a refused peer gets `PERMISSION_DENIED` and a log line.
+//! On a Unix socket the kernel tells us who connected: SO_PEERCRED (uid, gid, pid) and
+//! SO_PEERGROUPS (the supplementary groups), both as they were when the peer called `connect`.
+//! They are read from the socket once, when the connection is accepted ([`PeerStream`]), and
+//! every request on that connection passes through [`PeerGuard`] with them before any service
+//! sees it; a refused peer gets `PERMISSION_DENIED` and a log line. Nothing is looked up by pid:
+//! a pid can be reused by another process between connect and request, a socket's credentials
+//! cannot change.
 
 use std::collections::BTreeSet;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tonic::transport::server::UdsConnectInfo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::UnixStream;
+use tonic::transport::server::Connected;
 use tonic::{Request, Status};
 
 /// Who called, as the kernel reported it. Inserted into every admitted request's extensions.
@@ -21,6 +32,142 @@ impl Peer {
     /// The peer of a request admitted by a [`PeerGuard`] on a Unix listener.
     pub fn of<T>(req: &Request<T>) -> Option<Peer> {
         req.extensions().get::<Peer>().copied()
+    }
+}
+
+/// What the kernel said about a connection's peer when it was accepted. `None` fields mean the
+/// kernel would not say; the guard then admits by what it has and refuses otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub peer: Option<Peer>,
+    /// Supplementary groups at connect time (SO_PEERGROUPS).
+    pub groups: Option<Arc<[u32]>>,
+}
+
+impl PeerInfo {
+    /// Reads SO_PEERCRED and SO_PEERGROUPS from a connected Unix socket.
+    pub fn of_socket(stream: &UnixStream) -> Self {
+        let peer = stream.peer_cred().ok().map(|c| Peer {
+            uid: c.uid(),
+            gid: c.gid(),
+            pid: c.pid(),
+        });
+        let groups = match peer_groups(stream.as_fd()) {
+            Ok(g) => Some(Arc::from(g)),
+            Err(e) => {
+                tracing::debug!(error = %e, "SO_PEERGROUPS unavailable; supplementary groups not considered");
+                None
+            }
+        };
+        Self { peer, groups }
+    }
+}
+
+/// `SO_PEERGROUPS` (Linux 4.13). The libc crate does not export it for every Linux target; the
+/// value is 59 on every architecture warden builds for except SPARC.
+#[cfg(all(
+    target_os = "linux",
+    not(any(target_arch = "sparc", target_arch = "sparc64"))
+))]
+const SO_PEERGROUPS: libc::c_int = 59;
+#[cfg(all(
+    target_os = "linux",
+    any(target_arch = "sparc", target_arch = "sparc64")
+))]
+const SO_PEERGROUPS: libc::c_int = 0x003d;
+
+/// The peer's supplementary groups, from the socket.
+pub fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    // NGROUPS_MAX is 65536; start small and grow to what the kernel says it needs.
+    let mut buf: Vec<libc::gid_t> = vec![0; 64];
+    for _ in 0..4 {
+        let mut len = libc::socklen_t::try_from(buf.len() * std::mem::size_of::<libc::gid_t>())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: `fd` is a live descriptor for the duration of the call (borrowed); `buf` is a
+        // writable buffer of exactly `len` bytes, and the kernel writes at most `len` bytes and
+        // stores the length it wrote (or, on ERANGE, the length it needs) in `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                buf.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let need = usize::try_from(len).unwrap_or(0) / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            buf.truncate(need.min(buf.len()));
+            return Ok(buf);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::ERANGE) || need <= buf.len() {
+            return Err(err);
+        }
+        buf = vec![0; need];
+    }
+    Err(io::Error::other("SO_PEERGROUPS kept growing"))
+}
+
+/// An accepted Unix connection with its peer's credentials, read once at accept.
+#[derive(Debug)]
+pub struct PeerStream {
+    inner: UnixStream,
+    info: PeerInfo,
+}
+
+impl PeerStream {
+    pub fn accepted(inner: UnixStream) -> Self {
+        let info = PeerInfo::of_socket(&inner);
+        Self { inner, info }
+    }
+
+    pub fn info(&self) -> &PeerInfo {
+        &self.info
+    }
+}
+
+impl Connected for PeerStream {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PeerStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }
 
@@ -61,45 +208,32 @@ impl PeerGuard {
     }
 
     /// Whether a peer is admitted through a supplementary group. SO_PEERCRED reports only the
-    /// primary gid, so an operator who is merely a member of the operators' group would be refused;
-    /// the kernel's view of the peer process's groups is in /proc/PID/status while it is connected.
-    fn admits_supplementary(&self, pid: Option<i32>) -> bool {
-        let Some(pid) = pid.filter(|p| *p > 0) else {
-            return false;
-        };
-        if self.allow.gids.is_empty() {
-            return false;
+    /// primary gid, so an operator who is merely a member of the operators' group needs these.
+    pub fn admits_groups(&self, groups: &[u32]) -> bool {
+        groups.iter().any(|g| self.allow.gids.contains(g))
+    }
+
+    /// Whether a connection's peer, as accepted, may call.
+    pub fn admits_info(&self, info: &PeerInfo) -> bool {
+        match info.peer {
+            Some(p) => {
+                self.admits(p.uid, p.gid)
+                    || info
+                        .groups
+                        .as_deref()
+                        .is_some_and(|g| self.admits_groups(g))
+            }
+            None => self.allow.any,
         }
-        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-            return false;
-        };
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("Groups:"))
-            .map(|groups| {
-                groups
-                    .split_whitespace()
-                    .filter_map(|g| g.parse::<u32>().ok())
-                    .any(|g| self.allow.gids.contains(&g))
-            })
-            .unwrap_or(false)
     }
 }
 
 impl tonic::service::Interceptor for PeerGuard {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
-        let cred = req
-            .extensions()
-            .get::<UdsConnectInfo>()
-            .and_then(|i| i.peer_cred);
-        match cred {
-            Some(c) => {
-                let peer = Peer {
-                    uid: c.uid(),
-                    gid: c.gid(),
-                    pid: c.pid(),
-                };
-                if self.admits(peer.uid, peer.gid) || self.admits_supplementary(peer.pid) {
+        let info = req.extensions().get::<PeerInfo>().cloned();
+        match info.as_ref().and_then(|i| i.peer.map(|p| (i, p))) {
+            Some((info, peer)) => {
+                if self.admits_info(info) {
                     req.extensions_mut().insert(peer);
                     Ok(req)
                 } else {
@@ -108,7 +242,8 @@ impl tonic::service::Interceptor for PeerGuard {
                         peer_uid = peer.uid,
                         peer_gid = peer.gid,
                         peer_pid = peer.pid,
-                        "peer refused: uid/gid not on this listener's allowlist"
+                        peer_groups = ?info.groups.as_deref(),
+                        "peer refused: uid/gid/groups not on this listener's allowlist"
                     );
                     Err(Status::permission_denied(format!(
                         "uid {} / gid {} may not call {}",
@@ -128,6 +263,7 @@ impl tonic::service::Interceptor for PeerGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tonic::service::Interceptor;
 
     #[test]
     fn empty_lists_admit_only_our_own_uid() {
@@ -143,52 +279,124 @@ mod tests {
         assert!(g.admits(4242, 1));
         assert!(g.admits(1, 77));
         assert!(!g.admits(1, 1));
+        assert!(g.admits_groups(&[5, 77]));
+        assert!(!g.admits_groups(&[5, 78]));
         assert!(PeerGuard::new("t", &[4242], &[], true).admits(9, 9));
     }
 
-    #[test]
-    fn supplementary_groups_of_the_peer_process_count() {
+    fn call(g: &mut PeerGuard, info: PeerInfo) -> Result<Option<Peer>, tonic::Code> {
+        let mut req = Request::new(());
+        req.extensions_mut().insert(info);
+        g.call(req).map(|r| Peer::of(&r)).map_err(|s| s.code())
+    }
+
+    #[tokio::test]
+    async fn a_socket_pair_reports_our_own_credentials_and_groups()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let (a, _b) = UnixStream::pair()?;
+        let s = PeerStream::accepted(a);
+        let info = s.connect_info();
+        let me = nix::unistd::getuid().as_raw();
+        let peer = info.peer.ok_or("no SO_PEERCRED")?;
+        assert_eq!(peer.uid, me);
+        assert_eq!(peer.pid, Some(std::process::id() as i32));
+        let mut want: Vec<u32> = nix::unistd::getgroups()?
+            .iter()
+            .map(|g| g.as_raw())
+            .collect();
+        let mut got: Vec<u32> = info.groups.as_deref().ok_or("no SO_PEERGROUPS")?.to_vec();
+        want.sort_unstable();
+        got.sort_unstable();
+        assert_eq!(got, want);
+        // The guard admits what the socket says, and records who called.
+        let mut own = PeerGuard::new("t", &[], &[], false);
+        assert_eq!(call(&mut own, info.clone()), Ok(Some(peer)));
+        let mut other = PeerGuard::new("t", &[me.wrapping_add(1)], &[], false);
+        assert_eq!(call(&mut other, info), Err(tonic::Code::PermissionDenied));
+        Ok(())
+    }
+
+    /// A peer that is a member of the operators' group only through a supplementary group is
+    /// admitted by the groups its socket carries, read when the connection was accepted — even
+    /// after the process is gone and its pid could belong to anyone.
+    #[tokio::test]
+    async fn supplementary_groups_come_from_the_socket_at_accept()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use std::os::unix::ffi::OsStrExt;
         use std::os::unix::process::CommandExt;
         if !nix::unistd::getuid().is_root() {
             eprintln!("SKIP: needs root to give a child process supplementary groups");
-            return;
+            return Ok(());
         }
         const OPERATORS: u32 = 4_100_123;
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("s.sock");
+        let listener = tokio::net::UnixListener::bind(&path)?;
+        // Everything the child touches after fork is prepared here: only raw syscalls run there.
+        // SAFETY (zeroed): sockaddr_un is plain old data; all-zero is a valid value.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = path.as_os_str().as_bytes();
+        if bytes.len() >= addr.sun_path.len() {
+            return Err("socket path too long".into());
+        }
+        for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+            *d = *s as libc::c_char;
+        }
         let mut cmd = std::process::Command::new("sleep");
         cmd.arg("5");
-        // SAFETY: setgroups is async-signal-safe.
+        // SAFETY: setgroups, socket and connect are async-signal-safe system calls; `addr` was
+        // built before the fork and is only read. The connected fd is left open across exec so
+        // the peer stays connected while the parent accepts.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 nix::unistd::setgroups(&[nix::unistd::Gid::from_raw(OPERATORS)])
-                    .map_err(std::io::Error::from)
+                    .map_err(io::Error::from)?;
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let rc = libc::connect(
+                    fd,
+                    (&raw const addr).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                );
+                if rc < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
             });
         }
-        let mut child = cmd.spawn().unwrap();
-        let pid = child.id() as i32;
-        // Wait until the exec'd process shows its groups.
-        for _ in 0..100 {
-            let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-            if st.contains(&OPERATORS.to_string()) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let member = PeerGuard::new("t", &[4242], &[OPERATORS], false);
-        let other = PeerGuard::new("t", &[4242], &[OPERATORS + 1], false);
-        let by_member = member.admits_supplementary(Some(pid));
-        let by_other = other.admits_supplementary(Some(pid));
+        let mut child = cmd.spawn()?;
+        let accepted =
+            tokio::time::timeout(std::time::Duration::from_secs(5), listener.accept()).await;
         let _ = child.kill();
         let _ = child.wait();
-        assert!(by_member, "a supplementary member was refused");
-        assert!(!by_other, "a non-member was admitted");
-        assert!(!member.admits_supplementary(None));
+        let (stream, _) = accepted??;
+        // The child is gone now: nothing about it can be looked up any more, the socket's
+        // answer is all there is.
+        let s = PeerStream::accepted(stream);
+        let info = s.connect_info();
+        assert_eq!(info.groups.as_deref(), Some(&[OPERATORS][..]));
+        let mut member = PeerGuard::new("t", &[4242], &[OPERATORS], false);
+        let mut other = PeerGuard::new("t", &[4242], &[OPERATORS + 1], false);
+        assert!(
+            call(&mut member, info.clone()).is_ok(),
+            "a supplementary member was refused"
+        );
+        assert_eq!(call(&mut other, info), Err(tonic::Code::PermissionDenied));
+        Ok(())
     }
 
     #[test]
     fn a_request_without_credentials_is_refused() {
-        use tonic::service::Interceptor;
         let mut g = PeerGuard::new("t", &[], &[], false);
         let err = g.call(Request::new(())).unwrap_err();
         assert_eq!(err.code(), tonic::Code::PermissionDenied);
+        let none = PeerInfo {
+            peer: None,
+            groups: Some(Arc::from(vec![0u32])),
+        };
+        assert_eq!(call(&mut g, none), Err(tonic::Code::PermissionDenied));
     }
 }

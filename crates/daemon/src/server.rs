@@ -5,12 +5,14 @@
 use std::time::Duration;
 
 use tokio::task::JoinSet;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::service::{InterceptorLayer, Routes};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::listener::{BoundListener, Kind};
+use crate::peer::PeerStream;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -96,7 +98,10 @@ impl Server {
         match listener.kind {
             Kind::Unix { listener, path } => {
                 self.sockets.push(path);
-                spawn_serving!(UnixListenerStream::new(listener));
+                // Credentials are read from each socket as it is accepted, not per request.
+                spawn_serving!(
+                    UnixListenerStream::new(listener).map(|r| r.map(PeerStream::accepted))
+                );
             }
             Kind::Tcp { listener } => spawn_serving!(TcpListenerStream::new(listener)),
         }

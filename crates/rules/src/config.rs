@@ -14,7 +14,15 @@
 //!
 //! [principals.alice]            # per authenticated principal; the most specific scope wins
 //! auto_deny = ["Bash"]
+//!
+//! [floor]                       # additions to the boundary floor; they can only deny more
+//! agent_control_paths = ["deploy/secrets", "**/Makefile"]
 //! ```
+//!
+//! `floor.agent_control_paths` are root-relative globs (`*`/`?` within a component, `**` for
+//! any number of components) naming files an agent may not edit, delete or move, in addition to
+//! the built-in agent configuration and hooks (`.claude`, `.codex`, `.gemini`, `.mcp.json`,
+//! `.git`, `.git/hooks`, `.git/config`); an entry naming a directory covers what is beneath it.
 //!
 //! acpx's camelCase spellings (`autoApprove`, `autoDeny`, `defaultAction`,
 //! `nonInteractivePermissions`) are accepted as aliases.
@@ -83,6 +91,15 @@ pub struct ScopePolicy {
     pub default_action: Option<Action>,
 }
 
+/// Operator additions to the floor. Deny-only: nothing here can allow what the floor refuses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FloorPolicy {
+    /// Root-relative globs of further agent-control files (rule `floor.change.agent-control`).
+    #[serde(default)]
+    pub agent_control_paths: Vec<String>,
+}
+
 /// The whole operator policy: a global scope, per-agent and per-principal scopes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,6 +110,8 @@ pub struct PolicyConfig {
     pub agents: BTreeMap<String, ScopePolicy>,
     #[serde(default)]
     pub principals: BTreeMap<String, ScopePolicy>,
+    #[serde(default)]
+    pub floor: FloorPolicy,
 }
 
 /// A policy that cannot be used; names the key.
@@ -104,6 +123,12 @@ pub enum PolicyError {
     EmptyMatcher { key: String, index: usize },
     #[error("{scope} has an empty name")]
     EmptyScopeName { scope: &'static str },
+    #[error("floor.agent_control_paths[{index}] = {entry:?}: {why}")]
+    BadControlPath {
+        index: usize,
+        entry: String,
+        why: &'static str,
+    },
 }
 
 impl PolicyConfig {
@@ -130,6 +155,31 @@ impl PolicyConfig {
                 });
             }
             check_scope(&format!("principals.{name}"), s)?;
+        }
+        for (index, entry) in self.floor.agent_control_paths.iter().enumerate() {
+            let bad = |why| {
+                Err(PolicyError::BadControlPath {
+                    index,
+                    entry: entry.clone(),
+                    why,
+                })
+            };
+            let comps: Vec<&str> = entry
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect();
+            if comps.is_empty() {
+                return bad("names nothing below the root (empty, `.` or `/`)");
+            }
+            if entry.starts_with('/') {
+                return bad("must be relative to the root; paths outside it are denied anyway");
+            }
+            if comps.contains(&"..") {
+                return bad("`..` would leave the root");
+            }
+            if comps.iter().all(|c| *c == "**") {
+                return bad("matches every path: use mode = \"deny-all\" for that");
+            }
         }
         Ok(())
     }

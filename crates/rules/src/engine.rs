@@ -1,9 +1,10 @@
 //! Floor, then operator policy, then escalation handling, then the option to answer with.
 
-use warden_containment::FsView;
+use warden_containment::{RootCheck, RootView};
 
 use crate::config::{Action, Mode, NonInteractive, PolicyConfig, PolicyError, ScopePolicy};
-use crate::floor;
+use crate::control::ControlPaths;
+use crate::floor::{self, FloorContext};
 use crate::options::{Outcome, choose_option};
 use crate::types::{Decision, DecisionInput, ToolCall, Verdict};
 
@@ -43,6 +44,7 @@ pub struct Engine {
     global: Scope,
     agents: Vec<(String, Scope)>,
     principals: Vec<(String, Scope)>,
+    floor: FloorContext,
 }
 
 /// The per-key resolution of global → agent → principal for one subject.
@@ -127,7 +129,8 @@ struct Pending {
 }
 
 impl Engine {
-    /// Builds an engine from a validated policy.
+    /// Builds an engine from a validated policy. Its boundary check knows no homes until
+    /// [`Engine::with_root_check`] gives it the host's (a service must; see `AgentHomes`).
     pub fn new(config: PolicyConfig) -> Result<Self, PolicyError> {
         config.validate()?;
         let compile = |m: &std::collections::BTreeMap<String, ScopePolicy>| {
@@ -139,8 +142,19 @@ impl Engine {
             global: Scope::compile(&config.global),
             agents: compile(&config.agents),
             principals: compile(&config.principals),
+            floor: FloorContext {
+                root_check: RootCheck::default(),
+                control: ControlPaths::new(&config.floor.agent_control_paths),
+            },
             config,
         })
+    }
+
+    /// The same engine judging boundaries with `root_check` (homes and agent configuration
+    /// homes resolved once, the same validator the supervisor applies to workspaces).
+    pub fn with_root_check(mut self, root_check: RootCheck) -> Self {
+        self.floor.root_check = root_check;
+        self
     }
 
     /// The policy this engine was built from.
@@ -166,7 +180,7 @@ impl Engine {
     /// The decision as warden-policy gives it when no approver stands behind it: an ESCALATE
     /// becomes DENY per the effective `non_interactive` (`deny`: reason "escalated: no
     /// approver"; `fail`: end_turn and PERMISSION_PROMPT_UNAVAILABLE).
-    pub fn decide(&self, input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> Decision {
+    pub fn decide(&self, input: &DecisionInput, fs: &(impl RootView + ?Sized)) -> Decision {
         let eff = self.effective(input);
         let mut p = self.evaluate(input, fs, &eff);
         if p.verdict == Verdict::Escalate {
@@ -200,7 +214,7 @@ impl Engine {
     pub fn decide_with_approver(
         &self,
         input: &DecisionInput,
-        fs: &(impl FsView + ?Sized),
+        fs: &(impl RootView + ?Sized),
     ) -> Decision {
         let eff = self.effective(input);
         let p = self.evaluate(input, fs, &eff);
@@ -210,10 +224,10 @@ impl Engine {
     fn evaluate(
         &self,
         input: &DecisionInput,
-        fs: &(impl FsView + ?Sized),
+        fs: &(impl RootView + ?Sized),
         eff: &Effective<'_>,
     ) -> Pending {
-        let fl = floor::evaluate(input, fs);
+        let fl = floor::evaluate(input, fs, &self.floor);
         if !fl.allow {
             return Pending {
                 verdict: Verdict::Deny,

@@ -1,8 +1,12 @@
 //! The boundary floor (seed 000, "The rules"): what no operator policy can loosen.
 
-use warden_containment::{FsView, is_inside};
+use std::path::{Component, Path, PathBuf};
 
+use warden_containment::{RootCheck, RootView, resolve};
+
+use crate::control::ControlPaths;
 use crate::options::{SwitchModeEffect, switch_mode_effect};
+use crate::raw_input::{self, RawPaths};
 use crate::types::{DecisionInput, OptionKind, Profile, ToolKind};
 
 /// The floor's answer.
@@ -36,10 +40,38 @@ fn deny(rule: &'static str, reason: impl Into<String>) -> FloorResult {
 /// Verbs that are read-only whatever profile the caller claims.
 const READ_ONLY_VERBS: &[&str] = &["advise", "review"];
 
-/// Evaluates the floor. `fs` is consulted only for edit/delete/move with locations.
-pub fn evaluate(input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> FloorResult {
+/// What the floor needs besides the request: the boundary validator with the host's homes
+/// (supplied by the service, read once at start) and the agent-control names.
+#[derive(Debug, Clone, Default)]
+pub struct FloorContext {
+    pub root_check: RootCheck,
+    pub control: ControlPaths,
+}
+
+/// Evaluates the floor, in this order: a boundary that cannot be trusted denies everything;
+/// then the read-only profile; then raw input that cannot be read (mutating kinds); then the
+/// kind's row of seed 000, where every path — `locations` and the paths the raw input names —
+/// is resolved first, then checked against the agent-control names (denied even inside the
+/// root), then against the root.
+pub fn evaluate(
+    input: &DecisionInput,
+    fs: &(impl RootView + ?Sized),
+    ctx: &FloorContext,
+) -> FloorResult {
     let b = &input.boundary;
     let kind = input.tool.kind;
+    let real_root = match ctx.root_check.check(&b.root, fs) {
+        Ok(r) => r,
+        Err(why) => {
+            return deny(
+                "floor.boundary.invalid",
+                format!(
+                    "the boundary root {:?} cannot be trusted ({why}), so no {kind} is judged inside it",
+                    b.root
+                ),
+            );
+        }
+    };
     let read_only = b.profile == Profile::ReadOnly;
     let read_only_verb = READ_ONLY_VERBS
         .iter()
@@ -65,51 +97,64 @@ pub fn evaluate(input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> FloorResu
             format!("{kind} is not allowed: {why}"),
         );
     }
+    let raw = if restricted {
+        match raw_input::extract(&input.tool.raw_input_json) {
+            Ok(r) => r,
+            Err(e) => {
+                return deny(
+                    "floor.input.malformed",
+                    format!("{kind} refused: {e}, so what the tool will do cannot be checked"),
+                );
+            }
+        }
+    } else {
+        RawPaths::default()
+    };
+    // Relative raw-input paths are relative to the tool's working directory when it names one.
+    let raw_base = raw
+        .cwds
+        .first()
+        .map(|c| real_root.join(c))
+        .unwrap_or_else(|| real_root.clone());
     match kind {
         ToolKind::Read | ToolKind::Search | ToolKind::Think => {
             allow("floor.non-mutating", format!("{kind} changes nothing"))
         }
         ToolKind::Edit | ToolKind::Delete | ToolKind::Move => {
+            let locations = input.tool.locations.iter().map(|l| (l, &real_root));
+            let raw_paths = raw.changed.iter().map(|p| (p, &raw_base));
+            for (path, base) in locations.chain(raw_paths) {
+                if let Some(d) = check_change(kind, path, base, &real_root, fs, ctx) {
+                    return d;
+                }
+            }
             if input.tool.locations.is_empty() {
+                // Paths read off the raw input only ever tighten: in a root warden did not
+                // create, an edit the adapter reported no locations for is still refused.
+                let checked = if raw.changed.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (the {} path(s) its raw input names resolve inside the root)",
+                        raw.changed.len()
+                    )
+                };
                 return if b.owned {
                     allow(
                         "floor.change.no-locations.owned-root",
-                        format!("{kind} names no paths, and the root is one warden created"),
+                        format!(
+                            "{kind} names no locations{checked}, and the root is one warden created"
+                        ),
                     )
                 } else {
                     deny(
                         "floor.change.no-locations.foreign-root",
                         format!(
-                            "{kind} names no paths to check, and the root {} was not created by warden",
+                            "{kind} names no locations to check{checked}, and the root {} was not created by warden",
                             b.root.display()
                         ),
                     )
                 };
-            }
-            for loc in &input.tool.locations {
-                match is_inside(&b.root, loc, fs) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        return deny(
-                            "floor.change.outside-root",
-                            format!(
-                                "{kind} of {} resolves outside the root {}",
-                                loc.display(),
-                                b.root.display()
-                            ),
-                        );
-                    }
-                    Err(e) => {
-                        return deny(
-                            "floor.change.unresolvable",
-                            format!(
-                                "{kind} of {:?} cannot be shown to stay inside the root {}: {e}",
-                                loc,
-                                b.root.display()
-                            ),
-                        );
-                    }
-                }
             }
             allow(
                 "floor.change.inside-root",
@@ -120,6 +165,27 @@ pub fn evaluate(input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> FloorResu
             )
         }
         ToolKind::Execute | ToolKind::Fetch | ToolKind::Other => {
+            for cwd in &raw.cwds {
+                let outside = match resolve(cwd, &real_root, fs) {
+                    Ok(r) if r.starts_with(&real_root) => continue,
+                    Ok(r) => format!("resolves to {}", r.display()),
+                    Err(e) => format!("cannot be resolved ({e})"),
+                };
+                return deny(
+                    "floor.execute.cwd-outside-root",
+                    format!(
+                        "{kind} would run in {} which {outside}, outside the root {}; a command runs only inside its root",
+                        cwd.display(),
+                        b.root.display()
+                    ),
+                );
+            }
+            // A patch carried in a command (Codex `apply_patch` through the shell) is an edit.
+            for path in &raw.changed {
+                if let Some(d) = check_change(kind, path, &raw_base, &real_root, fs, ctx) {
+                    return d;
+                }
+            }
             if b.owned {
                 allow(
                     "floor.execute.owned-root",
@@ -144,6 +210,73 @@ pub fn evaluate(input: &DecisionInput, fs: &(impl FsView + ?Sized)) -> FloorResu
         }
         ToolKind::SwitchMode => switch_mode(input),
     }
+}
+
+/// One path a change would touch: resolved first, then matched against the agent-control
+/// names (both as written and as resolved — `.claude` reached through a symlink is still
+/// `.claude`, and a write to `.claude/x` goes wherever a planted `.claude` link points),
+/// then held to the root. `None` when the path is fine.
+fn check_change(
+    kind: ToolKind,
+    path: &Path,
+    base: &Path,
+    real_root: &Path,
+    fs: &(impl RootView + ?Sized),
+    ctx: &FloorContext,
+) -> Option<FloorResult> {
+    let resolved = match resolve(path, base, fs) {
+        Ok(r) => r,
+        Err(e) => {
+            return Some(deny(
+                "floor.change.unresolvable",
+                format!(
+                    "{kind} of {path:?} cannot be shown to stay inside the root {}: {e}",
+                    real_root.display()
+                ),
+            ));
+        }
+    };
+    let written = lexical(&base.join(path));
+    let control = ctx
+        .control
+        .matched(real_root, &resolved)
+        .or_else(|| ctx.control.matched(real_root, &written));
+    if let Some(what) = control {
+        return Some(deny(
+            "floor.change.agent-control",
+            format!(
+                "{kind} of {} would change {what}: an agent may not change its own configuration or hooks",
+                path.display()
+            ),
+        ));
+    }
+    if !resolved.starts_with(real_root) {
+        return Some(deny(
+            "floor.change.outside-root",
+            format!(
+                "{kind} of {} resolves outside the root {}",
+                path.display(),
+                real_root.display()
+            ),
+        ));
+    }
+    None
+}
+
+/// `p` with `.` dropped and `..` applied to the text (only used to match names, never to decide
+/// containment).
+fn lexical(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
 }
 
 fn switch_mode(input: &DecisionInput) -> FloorResult {

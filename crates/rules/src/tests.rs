@@ -1149,3 +1149,430 @@ fn tool_names_and_title_heads() {
     assert_eq!(raw_input_tool_name("not json"), None);
     assert_eq!(raw_input_tool_name("[1,2]"), None);
 }
+
+// ------------------------------------------------------------------ issue 11: containment
+
+/// `fs()` plus agent-control files in and around the root, symlinks that lead to them, and a
+/// home with its agent configuration.
+fn control_fs() -> MemFs {
+    fs().dir("/work/root/.claude")
+        .file("/work/root/.claude/settings.local.json")
+        .dir("/work/root/.git/hooks")
+        .file("/work/root/.git/config")
+        .dir("/work/root/.claude-notes")
+        .dir("/work/root/docs")
+        .symlink("/work/root/settings-link", ".claude/settings.local.json")
+        .symlink("/work/root/cfg", ".claude")
+        .symlink("/work/root/hooks-link", ".git/hooks")
+        .symlink("/work/root/.codex", "docs")
+        .dir("/home/alice/.claude")
+        .dir("/home/alice/project")
+}
+
+fn decide_floor(e: &Engine, tool: ToolCall, owned: bool, f: &MemFs) -> Decision {
+    e.decide(&input(tool, boundary(owned, true, W), CLAUDE_101), f)
+}
+
+#[test]
+fn agent_control_files_are_not_the_agents_to_change() {
+    let e = default_engine();
+    let f = control_fs();
+    let denied = [
+        ".claude",
+        ".claude/settings.local.json",
+        ".claude/settings.json",
+        "/work/root/.claude/hooks/run.sh",
+        "sub/dir/.claude/settings.json",
+        ".codex/config.toml",
+        ".gemini/settings.json",
+        ".mcp.json",
+        "pkg/.mcp.json",
+        ".git",
+        ".git/hooks/pre-commit",
+        ".git/config",
+        "src/../.claude/settings.json",
+        // Resolution first, then the match: links inside the root that lead to control files.
+        "settings-link",
+        "cfg/settings.json",
+        "hooks-link/post-checkout",
+        // `.codex` is a link to `docs`: the agent would read `.codex/…`, so writing there is
+        // changing its configuration wherever the link points.
+        ".codex/config.toml",
+        // Outside the root too: the named rule, not just "outside".
+        "/home/alice/.claude/settings.json",
+        "/root/.codex/rules/default.rules",
+    ];
+    for p in denied {
+        for kind in ["edit", "delete", "move"] {
+            for owned in [true, false] {
+                let tool = ToolCall::new(kind, &format!("Write {p}")).with_locations([p]);
+                let d = decide_floor(&e, tool, owned, &f);
+                assert_eq!(
+                    (d.verdict, d.rule.as_str()),
+                    (Verdict::Deny, "floor.change.agent-control"),
+                    "{kind} {p} (owned {owned}): {}",
+                    d.reason
+                );
+                assert!(
+                    d.reason.contains(p) && d.reason.contains("configuration or hooks"),
+                    "{p}: the reason names the path and why: {}",
+                    d.reason
+                );
+            }
+        }
+    }
+    // Names that only look like them are ordinary files.
+    for p in [
+        ".claude-notes/todo.md",
+        "..claude",
+        "x.mcp.json",
+        ".mcp.json.orig",
+        "claude/settings.json",
+        ".git/HEAD",
+        ".git/objects/ab/cd",
+        ".gitignore",
+        "docs/config.toml",
+    ] {
+        let tool = ToolCall::new("edit", "Edit").with_locations([p]);
+        let d = decide_floor(&e, tool, false, &f);
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (Verdict::Allow, "floor.change.inside-root"),
+            "{p}: {}",
+            d.reason
+        );
+    }
+    // Reading them is not changing them.
+    let tool = ToolCall::new("read", "Read").with_locations([".claude/settings.local.json"]);
+    assert_eq!(decide_floor(&e, tool, false, &f).verdict, Verdict::Allow);
+    // No operator policy can approve a change to them.
+    let lax = engine("[global]\nauto_approve = [\"edit\"]\ndefault_action = \"approve\"\n");
+    let tool = ToolCall::new("edit", "Edit").with_locations([".claude/settings.json"]);
+    assert_eq!(
+        decide_floor(&lax, tool, true, &f).rule,
+        "floor.change.agent-control"
+    );
+}
+
+#[test]
+fn the_operator_adds_agent_control_paths_and_cannot_remove_the_built_in_ones() {
+    let e = engine("[floor]\nagent_control_paths = [\"deploy/secrets\", \"**/Makefile\"]\n");
+    let f = control_fs();
+    for (p, rule) in [
+        ("deploy/secrets/key.pem", "floor.change.agent-control"),
+        ("deploy/secrets", "floor.change.agent-control"),
+        ("src/Makefile", "floor.change.agent-control"),
+        (".claude/settings.json", "floor.change.agent-control"),
+        ("deploy/secrets-old", "floor.change.inside-root"),
+        ("src/Makefile.am", "floor.change.inside-root"),
+    ] {
+        let tool = ToolCall::new("edit", "Edit").with_locations([p]);
+        let d = decide_floor(&e, tool, true, &f);
+        assert_eq!(d.rule, rule, "{p}: {}", d.reason);
+        if rule == "floor.change.agent-control" && !p.starts_with(".claude") {
+            assert!(d.reason.contains("operator"), "{}", d.reason);
+        }
+    }
+    for (bad, names) in [
+        (
+            "[floor]\nagent_control_paths = [\"/etc/x\"]",
+            "relative to the root",
+        ),
+        ("[floor]\nagent_control_paths = [\"a/../../x\"]", "`..`"),
+        ("[floor]\nagent_control_paths = [\"\"]", "names nothing"),
+        ("[floor]\nagent_control_paths = [\"**\"]", "every path"),
+        ("[floor]\nallow = [\".claude\"]", "unknown field"),
+    ] {
+        match PolicyConfig::from_toml_str(bad) {
+            Err(e) => assert!(e.to_string().contains(names), "{bad}: {e}"),
+            Ok(_) => panic!("{bad} accepted"),
+        }
+    }
+}
+
+#[test]
+fn the_floor_judges_the_paths_the_raw_input_names() {
+    let e = default_engine();
+    let f = control_fs();
+    let patch = |body: &str| {
+        serde_json::json!({
+            "command": ["/bin/bash", "-lc", format!("apply_patch <<'EOF'\n*** Begin Patch\n{body}*** End Patch\nEOF\n")],
+            "cwd": "/work/root/src",
+        })
+        .to_string()
+    };
+    // (kind, title, raw input, owned, verdict, rule)
+    let cases: Vec<(&str, &str, String, bool, Verdict, &str)> = vec![
+        // The hole: no locations, raw input aimed at /etc/passwd, owned root.
+        (
+            "edit",
+            "Write /etc/passwd",
+            r#"{"file_path":"/etc/passwd","content":"x"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            "mcp__acp__Edit",
+            r#"{"file_path":"../root-evil/x","old_string":"a","new_string":"b"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            "MultiEdit",
+            r#"{"file_path":"escape/shadow","edits":[]}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            "mcp__acp__NotebookEdit",
+            r#"{"notebook_path":"/work/root-evil/n.ipynb","new_source":""}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            "Write",
+            r#"{"file_path":".claude/settings.local.json","content":"{}"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.agent-control",
+        ),
+        (
+            "edit",
+            "Write",
+            r#"{"file_path":"/work/root/src/new.rs","content":"x"}"#.into(),
+            true,
+            Verdict::Allow,
+            "floor.change.no-locations.owned-root",
+        ),
+        // Raw-input paths only tighten: a foreign root still wants locations.
+        (
+            "edit",
+            "Write",
+            r#"{"file_path":"/work/root/src/new.rs","content":"x"}"#.into(),
+            false,
+            Verdict::Deny,
+            "floor.change.no-locations.foreign-root",
+        ),
+        // Codex 0.16 patch approval: the changes map, a rename's destination included.
+        (
+            "edit",
+            "Edit /work/root/src/lib.rs",
+            r#"{"changes":{"/work/root/src/lib.rs":{"update":{"unified_diff":"@@","move_path":"/etc/cron.d/x"}}}}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "edit",
+            "Edit",
+            r##"{"changes":{"/work/root/.git/hooks/pre-commit":{"add":{"content":"#!/bin/sh"}}}}"##.into(),
+            true,
+            Verdict::Deny,
+            "floor.change.agent-control",
+        ),
+        // apply_patch headers, relative to the command's cwd.
+        (
+            "edit",
+            "apply_patch",
+            patch("*** Add File: ../../root-evil/x\n+x\n"),
+            true,
+            Verdict::Deny,
+            "floor.change.outside-root",
+        ),
+        (
+            "execute",
+            "apply_patch",
+            patch("*** Update File: lib.rs\n*** Move to: ../.mcp.json\n"),
+            true,
+            Verdict::Deny,
+            "floor.change.agent-control",
+        ),
+        (
+            "execute",
+            "apply_patch",
+            patch("*** Add File: new.rs\n+x\n*** Delete File: lib.rs\n"),
+            true,
+            Verdict::Allow,
+            "floor.execute.owned-root",
+        ),
+        // A command runs only inside its root, even one warden created.
+        (
+            "execute",
+            "touch /tmp/x",
+            r#"{"command":["/bin/bash","-lc","touch x"],"cwd":"/tmp"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.execute.cwd-outside-root",
+        ),
+        (
+            "execute",
+            "ls",
+            r#"{"cmd":"ls","workdir":"escape"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.execute.cwd-outside-root",
+        ),
+        (
+            "execute",
+            "ls",
+            r#"{"command":"ls","cwd":"loop"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.execute.cwd-outside-root",
+        ),
+        (
+            "execute",
+            "touch x",
+            r#"{"command":["/bin/bash","-lc","touch x"],"cwd":"/work/root/src"}"#.into(),
+            true,
+            Verdict::Allow,
+            "floor.execute.owned-root",
+        ),
+        (
+            "execute",
+            "touch x",
+            r#"{"command":"touch x","cwd":"/work/root"}"#.into(),
+            false,
+            Verdict::Deny,
+            "floor.execute.foreign-root",
+        ),
+    ];
+    for (kind, title, raw, owned, verdict, rule) in cases {
+        let tool = ToolCall::new(kind, title).with_raw_input(&raw);
+        let b = Boundary {
+            allow_execute: false,
+            ..boundary(owned, false, W)
+        };
+        let d = e.decide(&input(tool, b, CLAUDE_101), &f);
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (verdict, rule),
+            "{kind} {title} {raw}: {}",
+            d.reason
+        );
+    }
+    // The deny says which path and why.
+    let tool = ToolCall::new("execute", "ls").with_raw_input(r#"{"command":"ls","cwd":"/tmp"}"#);
+    let d = decide_floor(&e, tool, true, &f);
+    assert!(
+        d.reason.contains("/tmp") && d.reason.contains("outside the root"),
+        "{}",
+        d.reason
+    );
+    // Raw-input paths are checked even beside locations that are fine.
+    let tool = ToolCall::new("edit", "Write")
+        .with_locations(["src/lib.rs"])
+        .with_raw_input(r#"{"file_path":"/etc/passwd"}"#);
+    assert_eq!(
+        decide_floor(&e, tool, true, &f).rule,
+        "floor.change.outside-root"
+    );
+}
+
+#[test]
+fn raw_input_that_is_not_json_denies_a_mutating_kind() {
+    let e = default_engine();
+    let f = control_fs();
+    for kind in [
+        "edit",
+        "delete",
+        "move",
+        "execute",
+        "fetch",
+        "other",
+        "frobnicate",
+    ] {
+        for raw in [
+            "{\"file_path\": \"/etc/passwd\"",
+            "file_path=/etc/passwd",
+            r#"{"file_path":["/etc/passwd"]}"#,
+            r#"{"cwd":7}"#,
+        ] {
+            let tool = ToolCall::new(kind, "x")
+                .with_locations(["src/lib.rs"])
+                .with_raw_input(raw);
+            let d = decide_floor(&e, tool, true, &f);
+            assert_eq!(
+                (d.verdict, d.rule.as_str()),
+                (Verdict::Deny, "floor.input.malformed"),
+                "{kind} {raw}: {}",
+                d.reason
+            );
+            assert!(d.reason.contains("raw input"), "{}", d.reason);
+        }
+        // Empty raw input stays as it was.
+        let tool = ToolCall::new(kind, "x")
+            .with_locations(["src/lib.rs"])
+            .with_raw_input("  ");
+        assert_eq!(
+            decide_floor(&e, tool, true, &f).verdict,
+            Verdict::Allow,
+            "{kind}"
+        );
+    }
+    // Kinds that change nothing are not held to it.
+    for kind in ["read", "search", "think"] {
+        let tool = ToolCall::new(kind, "x").with_raw_input("not json");
+        assert_eq!(
+            decide_floor(&e, tool, true, &f).verdict,
+            Verdict::Allow,
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn a_boundary_the_floor_cannot_trust_denies_everything() {
+    let f = control_fs().file("/work/afile");
+    let homes = AgentHomes::new(
+        vec!["/home/alice".into(), "/root".into()],
+        vec!["/home/alice/.claude".into()],
+    );
+    let e = default_engine().with_root_check(RootCheck::new(&homes, &f));
+    for (root, why) in [
+        ("work/root", "not an absolute path"),
+        ("", "not an absolute path"),
+        ("/work/nowhere", "does not exist"),
+        ("/work/afile", "not a directory"),
+        ("/", "the filesystem root"),
+        ("/work/root/..", "/work"), // fine on its own: checked below as allowed
+        ("/home/alice", "home directory /home/alice"),
+        ("/home", "home directory /home/alice"),
+        ("/home/alice/.claude", "agent configuration home"),
+        ("/work/root/escape/..", "the filesystem root"),
+    ] {
+        for kind in ["edit", "execute", "read", "switch_mode"] {
+            let mut b = boundary(true, true, W);
+            b.root = root.into();
+            let tool = ToolCall::new(kind, "x").with_locations(["/home/alice/project/x"]);
+            let d = e.decide(&input(tool, b, CLAUDE_101), &f);
+            if root == "/work/root/.." {
+                assert_ne!(d.rule, "floor.boundary.invalid", "{root}: {}", d.reason);
+                continue;
+            }
+            assert_eq!(
+                (d.verdict, d.rule.as_str()),
+                (Verdict::Deny, "floor.boundary.invalid"),
+                "{kind} in {root:?}: {}",
+                d.reason
+            );
+            assert!(d.reason.contains(why), "{root}: {}", d.reason);
+        }
+    }
+    // A project under a home is a fine root.
+    let mut b = boundary(false, false, W);
+    b.root = "/home/alice/project".into();
+    let tool = ToolCall::new("edit", "x").with_locations(["src/x"]);
+    assert_eq!(
+        e.decide(&input(tool, b, CLAUDE_101), &f).rule,
+        "floor.change.inside-root"
+    );
+}

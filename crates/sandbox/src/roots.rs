@@ -14,7 +14,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use warden_containment::{RealFs, is_inside};
+use warden_containment::{AgentHomes, RealFs, RootCheck, is_inside};
 use warden_store::{Store, Tree};
 
 use crate::SandboxError;
@@ -287,45 +287,33 @@ fn mkdtemp(template: &Path) -> Result<PathBuf, SandboxError> {
     Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
 }
 
-/// The homes and agent configuration homes a workspace may not be.
+/// The homes and agent configuration homes a workspace may not be. The rule itself is
+/// `warden_containment::RootCheck`, the same one the policy floor applies to every boundary
+/// (`floor.boundary.invalid`), so a workspace the supervisor accepts is one the policy trusts.
 #[derive(Debug, Clone, Default)]
 pub struct WorkspacePolicy {
-    homes: Vec<PathBuf>,
-    config_homes: Vec<PathBuf>,
+    homes: AgentHomes,
 }
 
 impl WorkspacePolicy {
     /// Homes: `$HOME`, `/root`, and every home directory in `/etc/passwd`. Config homes:
-    /// `~/.claude` and `~/.codex` under each of those, `$CLAUDE_CONFIG_DIR`, `$CODEX_HOME`.
+    /// `~/.claude` and `~/.codex` under each of those, `$CLAUDE_CONFIG_DIR`, `$CODEX_HOME`
+    /// (see `AgentHomes::from_host`).
     pub fn from_host() -> Self {
-        let mut homes: Vec<PathBuf> = vec![PathBuf::from("/root")];
-        if let Some(h) = std::env::var_os("HOME").filter(|h| !h.is_empty()) {
-            homes.push(PathBuf::from(h));
+        Self {
+            homes: AgentHomes::from_host(),
         }
-        if let Ok(passwd) = std::fs::read_to_string("/etc/passwd") {
-            for line in passwd.lines() {
-                if let Some(h) = line.split(':').nth(5).filter(|h| h.starts_with('/')) {
-                    homes.push(PathBuf::from(h));
-                }
-            }
-        }
-        let mut config: Vec<PathBuf> = homes
-            .iter()
-            .flat_map(|h| [h.join(".claude"), h.join(".codex")])
-            .collect();
-        for var in ["CLAUDE_CONFIG_DIR", "CODEX_HOME"] {
-            if let Some(v) = std::env::var_os(var).filter(|v| !v.is_empty()) {
-                config.push(PathBuf::from(v));
-            }
-        }
-        Self::new(homes, config)
     }
 
     pub fn new(homes: Vec<PathBuf>, config_homes: Vec<PathBuf>) -> Self {
         Self {
-            homes,
-            config_homes,
+            homes: AgentHomes::new(homes, config_homes),
         }
+    }
+
+    /// The homes this policy refuses, for a daemon that hands the same list on.
+    pub fn homes(&self) -> &AgentHomes {
+        &self.homes
     }
 
     /// Validates an operator workspace and returns its boundary (`owned = false`).
@@ -335,50 +323,14 @@ impl WorkspacePolicy {
         allow_execute: bool,
         profile: Profile,
     ) -> Result<Boundary, SandboxError> {
-        let refuse = |reason: String| SandboxError::WorkspaceRefused {
-            path: path.to_path_buf(),
-            reason,
-        };
-        if !path.is_absolute() {
-            return Err(refuse("not an absolute path".into()));
-        }
-        let root =
-            std::fs::canonicalize(path).map_err(|e| refuse(format!("cannot resolve: {e}")))?;
-        let meta = std::fs::metadata(&root).map_err(|e| refuse(format!("cannot inspect: {e}")))?;
-        if !meta.is_dir() {
-            return Err(refuse("not a directory".into()));
-        }
-        let id = (meta.dev(), meta.ino());
-        if root == Path::new("/") || dev_ino(Path::new("/")) == Some(id) {
-            return Err(refuse("the filesystem root".into()));
-        }
-        for home in &self.homes {
-            let h = std::fs::canonicalize(home).unwrap_or_else(|_| home.clone());
-            // `root` is the home or above it: by spelling, or by identity of any of the home's
-            // ancestors (a bind mount or second spelling of the same directory).
-            let above = is_inside(&root, &h, &RealFs).unwrap_or(true)
-                || ancestors_identity(&h).contains(&id);
-            if above {
-                return Err(refuse(format!(
-                    "is the home directory {} or a directory above it",
-                    home.display()
-                )));
-            }
-        }
-        for conf in &self.config_homes {
-            let c = std::fs::canonicalize(conf).unwrap_or_else(|_| conf.clone());
-            let c_id = dev_ino(&c);
-            let inside = is_inside(&c, &root, &RealFs).unwrap_or(true)
-                || c_id.is_some_and(|cid| ancestors_identity(&root).contains(&cid));
-            let above = is_inside(&root, &c, &RealFs).unwrap_or(true)
-                || ancestors_identity(&c).contains(&id);
-            if inside || above {
-                return Err(refuse(format!(
-                    "is, contains or lies inside the agent configuration home {}",
-                    conf.display()
-                )));
-            }
-        }
+        // Homes are resolved at each validation: workspaces are validated when a conversation
+        // opens, rarely enough that a home created since start is still seen by spelling.
+        let root = RootCheck::new(&self.homes, &RealFs)
+            .check(path, &RealFs)
+            .map_err(|r| SandboxError::WorkspaceRefused {
+                path: path.to_path_buf(),
+                reason: r.to_string(),
+            })?;
         Ok(Boundary {
             root,
             owned: false,
@@ -386,15 +338,6 @@ impl WorkspacePolicy {
             profile,
         })
     }
-}
-
-fn dev_ino(p: &Path) -> Option<(u64, u64)> {
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// (device, inode) of `p` and of every existing ancestor of it.
-fn ancestors_identity(p: &Path) -> Vec<(u64, u64)> {
-    p.ancestors().filter_map(dev_ino).collect()
 }
 
 #[cfg(test)]

@@ -164,6 +164,11 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
             &format!("policy.{key}[{index}]"),
             "an empty matcher would match nothing a person meant",
         ),
+        PolicyError::BadControlPath { index, why, .. } => ConfigError::invalid(
+            origin,
+            &format!("policy.floor.agent_control_paths[{index}]"),
+            why,
+        ),
         other => ConfigError::invalid(origin, "policy", other.to_string()),
     })
 }
@@ -175,4 +180,40 @@ pub fn for_dir(dir: &Path) -> Vec<String> {
         "listen.socket=\"policy.sock\"".to_string(),
         "admin.socket=\"policy-admin.sock\"".to_string(),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(sets: &[&str]) -> Result<Config, ConfigError> {
+        Sources {
+            file: None,
+            sets: sets.iter().map(|s| s.to_string()).collect(),
+        }
+        .load()
+        .map(|l| l.value)
+    }
+
+    #[test]
+    fn agent_control_paths_are_read_and_a_bad_one_names_its_key() {
+        let c = match load(&[
+            r#"policy.floor.agent_control_paths=["deploy/secrets", "**/Makefile"]"#,
+        ]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(
+            c.policy.floor.agent_control_paths,
+            vec!["deploy/secrets".to_string(), "**/Makefile".to_string()]
+        );
+        match load(&[r#"policy.floor.agent_control_paths=["ok", "/etc/shadow"]"#]) {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("policy.floor.agent_control_paths[1]"), "{e}");
+                assert!(e.contains("relative to the root"), "{e}");
+            }
+            Ok(_) => panic!("an absolute agent-control path was accepted"),
+        }
+    }
 }

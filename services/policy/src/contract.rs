@@ -8,7 +8,9 @@
 //! * `offered-options`: a decision never names an option that was not offered, and an ALLOW
 //!   never names an `allow_always` or unknown-kind option;
 //! * `floor`: the boundary floor's refusals hold (escapes through `..`, symlinks, siblings named
-//!   like the root, foreign-root execution, the read-only profile, elevated plan exits);
+//!   like the root, foreign-root execution, the read-only profile, elevated plan exits; paths
+//!   named only in the raw input, a command's cwd outside the root, raw input that is not JSON,
+//!   the agent's own configuration and hooks, boundary roots that are `/`, missing or relative);
 //! * `deadline`: [`decide_with_deadline`], the caller-side helper the supervisor uses, cuts a
 //!   slow implementation off at the deadline and fails closed (see [`SlowPolicy`]).
 //!
@@ -335,6 +337,99 @@ pub async fn check_policy_service(
         ),
         Want::Deny,
     );
+    // issue 11: what the tool will do, not only its label; agent-control files; untrusted roots
+    let with_raw = |name: &str, owned: bool, kind: &str, locs: &[&str], raw: &str| {
+        let mut r = request(name, root, (owned, true, ws), kind, locs, claude_options());
+        if let Some(t) = r.tool_call.as_mut() {
+            t.raw_input_json = raw.to_string();
+        }
+        r
+    };
+    let outside = fixture.base.join("outside").display().to_string();
+    for (name, owned, kind, locs, raw) in [
+        (
+            "edit without locations whose raw input names /etc/passwd",
+            true,
+            "edit",
+            &[][..],
+            r#"{"file_path":"/etc/passwd","content":"x"}"#.to_string(),
+        ),
+        (
+            "codex changes map outside the root",
+            true,
+            "edit",
+            &[][..],
+            format!(r#"{{"changes":{{"{outside}/x":{{"add":{{"content":"x"}}}}}}}}"#),
+        ),
+        (
+            "execute whose cwd is outside the root",
+            true,
+            "execute",
+            &[][..],
+            format!(r#"{{"command":["/bin/bash","-lc","true"],"cwd":"{outside}"}}"#),
+        ),
+        (
+            "edit with raw input that is not JSON",
+            true,
+            "edit",
+            &["src/a"][..],
+            "{\"file_path\": ".to_string(),
+        ),
+        (
+            "edit the agent's settings inside the root",
+            true,
+            "edit",
+            &[".claude/settings.local.json"][..],
+            String::new(),
+        ),
+        (
+            "write the agent's settings by raw input",
+            true,
+            "edit",
+            &[][..],
+            r#"{"file_path":".claude/settings.json","content":"{}"}"#.to_string(),
+        ),
+        (
+            "edit a git hook",
+            true,
+            "edit",
+            &[".git/hooks/pre-commit"][..],
+            String::new(),
+        ),
+        (
+            "delete .mcp.json",
+            false,
+            "delete",
+            &[".mcp.json"][..],
+            String::new(),
+        ),
+    ] {
+        add(
+            "floor",
+            name,
+            with_raw(name, owned, kind, locs, &raw),
+            Want::Deny,
+        );
+    }
+    let nowhere = fixture.base.join("nowhere").display().to_string();
+    for (name, bad_root) in [
+        ("boundary root is /", "/"),
+        ("boundary root does not exist", nowhere.as_str()),
+        ("boundary root is relative", "relative/root"),
+    ] {
+        let mut r = request(
+            name,
+            root,
+            (true, true, ws),
+            "edit",
+            &["x"],
+            claude_options(),
+        );
+        if let Some(b) = r.boundary.as_mut() {
+            b.root = bad_root.to_string();
+        }
+        add("floor", name, r, Want::Deny);
+    }
     add(
         "floor",
         "plan exit with only elevated options",

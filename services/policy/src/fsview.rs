@@ -17,13 +17,14 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use warden_containment::{EntryKind, FsView};
+use warden_containment::{EntryKind, FileId, FsView, RootView};
 
 /// A per-decision memo over another [`FsView`] (the real filesystem in the service).
 pub struct DecisionFs<F> {
     inner: F,
     kinds: RefCell<HashMap<PathBuf, EntryKind>>,
     links: RefCell<HashMap<PathBuf, PathBuf>>,
+    ids: RefCell<HashMap<PathBuf, Option<FileId>>>,
 }
 
 impl<F: FsView> DecisionFs<F> {
@@ -32,6 +33,7 @@ impl<F: FsView> DecisionFs<F> {
             inner,
             kinds: RefCell::new(HashMap::new()),
             links: RefCell::new(HashMap::new()),
+            ids: RefCell::new(HashMap::new()),
         }
     }
 }
@@ -55,6 +57,17 @@ impl<F: FsView> FsView for DecisionFs<F> {
             .borrow_mut()
             .insert(path.to_path_buf(), t.clone());
         Ok(t)
+    }
+}
+
+impl<F: RootView> RootView for DecisionFs<F> {
+    fn identity(&self, path: &Path) -> io::Result<Option<FileId>> {
+        if let Some(id) = self.ids.borrow().get(path) {
+            return Ok(*id);
+        }
+        let id = self.inner.identity(path)?;
+        self.ids.borrow_mut().insert(path.to_path_buf(), id);
+        Ok(id)
     }
 }
 

@@ -11,7 +11,7 @@ use warden_containment::RealFs;
 use warden_proto::v1 as pb;
 use warden_proto::v1::admin_service_server::AdminService;
 use warden_proto::v1::policy_service_server::PolicyService;
-use warden_rules::Engine;
+use warden_rules::{AgentHomes, Engine, RootCheck};
 
 use crate::audit::AuditLog;
 use crate::config::{AuditSection, Config, DecideSection, Sources};
@@ -40,12 +40,19 @@ pub struct PolicyState {
     started: Instant,
     decisions: AtomicU64,
     listeners: RwLock<Vec<String>>,
+    /// The boundary validator with this host's homes, read and resolved once at start (the
+    /// same `AgentHomes::from_host` the supervisor's workspace check uses) and handed to every
+    /// engine, reloaded ones included.
+    root_check: RootCheck,
 }
 
 impl PolicyState {
     /// Builds the state from an already loaded configuration (version 1).
     pub fn new(config: &Config, sources: Sources, audit: AuditLog) -> Result<Self, ReloadError> {
-        let engine = Engine::new(config.policy.clone()).map_err(|e| ReloadError(e.to_string()))?;
+        let root_check = RootCheck::new(&AgentHomes::from_host(), &RealFs);
+        let engine = Engine::new(config.policy.clone())
+            .map_err(|e| ReloadError(e.to_string()))?
+            .with_root_check(root_check.clone());
         Ok(Self {
             active: RwLock::new(Arc::new(Active {
                 engine,
@@ -59,6 +66,7 @@ impl PolicyState {
             started: Instant::now(),
             decisions: AtomicU64::new(0),
             listeners: RwLock::new(Vec::new()),
+            root_check,
         })
     }
 
@@ -85,8 +93,9 @@ impl PolicyState {
             .sources
             .load()
             .map_err(|e| ReloadError(e.to_string()))?;
-        let engine =
-            Engine::new(loaded.value.policy.clone()).map_err(|e| ReloadError(e.to_string()))?;
+        let engine = Engine::new(loaded.value.policy.clone())
+            .map_err(|e| ReloadError(e.to_string()))?
+            .with_root_check(self.root_check.clone());
         let version = self.active().version + 1;
         let next = Arc::new(Active {
             engine,

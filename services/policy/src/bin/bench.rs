@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use warden_proto::v1 as pb;
 use warden_proto::v1::policy_service_client::PolicyServiceClient;
 use warden_rules::{
-    Boundary, DecisionInput, Engine, OfferedOption, PolicyConfig, Profile, RealFs, Subject,
-    ToolCall,
+    AgentHomes, Boundary, DecisionInput, Engine, OfferedOption, PolicyConfig, Profile, RealFs,
+    RootCheck, Subject, ToolCall,
 };
 
 fn percentiles(mut v: Vec<Duration>) -> (Duration, Duration, Duration) {
@@ -194,7 +194,12 @@ fn bench_rules(root: &Path, n: usize) -> Result<(), String> {
         "[global]\nmode='approve-all'\nauto_deny=['WebFetch','curl']\nescalate=['git']\n",
     )
     .map_err(|e| e.to_string())?;
-    let engine = Arc::new(Engine::new(policy).map_err(|e| e.to_string())?);
+    // The host's homes, as the daemon judges boundaries: the bench measures what it serves.
+    let engine = Arc::new(
+        Engine::new(policy)
+            .map_err(|e| e.to_string())?
+            .with_root_check(RootCheck::new(&AgentHomes::from_host(), &RealFs)),
+    );
     let inputs = Arc::new(inputs(root));
     // warm up
     for i in inputs.iter() {
