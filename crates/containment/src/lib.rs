@@ -1,6 +1,8 @@
 //! Path containment: the one implementation, shared by `warden-rules` (is this edit inside the
 //! root?) and `warden-sandbox` (is this workspace acceptable?), of "where does this path really
-//! lead, and is that inside this root?".
+//! lead, and is that inside this root?"; the one root validator ([`RootCheck`]: not `/`, not a
+//! home or above, not an agent configuration home) used for operator workspaces and for every
+//! boundary the policy judges; and the one way to open an agent's files ([`beneath`]).
 //!
 //! Owns: resolving a path the way the kernel would walk it — symlinks followed as far as the path
 //! exists, `..` applied to the *resolved* parent (not to the text), the non-existent rest
@@ -10,7 +12,9 @@
 //! apply `..` before symlinks are resolved (`link/..` is the parent of the link's *target*), loop
 //! forever on a symlink cycle, or touch the filesystem other than through an [`FsView`] (so the
 //! rules stay unit-testable with [`MemFs`]). It only reads metadata and link targets; it never
-//! opens, creates or follows anything else.
+//! opens, creates or follows anything else. Two named exceptions: `AgentHomes::from_host` reads
+//! `/etc/passwd` and the environment once at a daemon's start (the list is then passed in), and
+//! [`beneath`] opens files — beneath a root fd, on behalf of the supervisor only.
 //!
 //! What the resolver does not protect against: a symlink planted after the check (time of check
 //! vs. time of use). That is why warden never *acts* on an agent path through it: every open of an
