@@ -38,6 +38,7 @@ impl PolicyService for BadPolicy {
             reason: "allowed".into(),
             rule: "bad.rule".into(),
             end_turn: false,
+            end_turn_reason: 0,
         };
         Ok(Response::new(match self.0 {
             Bad::Slow => {

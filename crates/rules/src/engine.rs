@@ -6,7 +6,7 @@ use crate::config::{Action, Mode, NonInteractive, PolicyConfig, PolicyError, Sco
 use crate::control::ControlPaths;
 use crate::floor::{self, FloorContext};
 use crate::options::{Outcome, choose_option};
-use crate::types::{Decision, DecisionInput, ToolCall, Verdict};
+use crate::types::{Decision, DecisionInput, EndTurnReason, ToolCall, Verdict};
 
 /// A scope with its matchers lowercased once, so a decision does no per-entry allocation.
 #[derive(Debug, Clone, Default)]
@@ -125,7 +125,7 @@ struct Pending {
     rule: String,
     reason: String,
     explicit_option: Option<String>,
-    end_turn: bool,
+    end_turn: Option<EndTurnReason>,
 }
 
 impl Engine {
@@ -193,7 +193,7 @@ impl Engine {
                     rule: "escalation.no-approver".to_string(),
                     reason: format!("escalated: no approver ({}: {})", p.rule, p.reason),
                     explicit_option: None,
-                    end_turn: false,
+                    end_turn: None,
                 },
                 NonInteractive::Fail => Pending {
                     verdict: Verdict::Deny,
@@ -203,7 +203,7 @@ impl Engine {
                         p.rule, p.reason
                     ),
                     explicit_option: None,
-                    end_turn: true,
+                    end_turn: Some(EndTurnReason::PermissionPromptUnavailable),
                 },
             };
         }
@@ -234,7 +234,7 @@ impl Engine {
                 rule: fl.rule.to_string(),
                 reason: fl.reason,
                 explicit_option: None,
-                end_turn: false,
+                end_turn: None,
             };
         }
         let needs_keys = [
@@ -256,7 +256,7 @@ impl Engine {
             rule: rule.to_string(),
             reason,
             explicit_option: floor_option.clone(),
-            end_turn: false,
+            end_turn: None,
         };
         if let Some(m) = matched(eff.get(|s| s.auto_deny.as_ref())) {
             return p(

@@ -35,8 +35,8 @@ pub use options::{
 };
 pub use raw_input::{RawInputError, RawPaths, extract as raw_input_paths};
 pub use types::{
-    Boundary, Decision, DecisionInput, OfferedOption, OptionKind, Profile, Subject, ToolCall,
-    ToolKind, Verdict,
+    Boundary, Decision, DecisionInput, EndTurnReason, OfferedOption, OptionKind, Profile, Subject,
+    ToolCall, ToolKind, Verdict,
 };
 pub use warden_containment::{AgentHomes, FsView, MemFs, RealFs, RootCheck, RootView};
 

@@ -815,7 +815,7 @@ fn escalation_without_an_approver() {
         "{}",
         d.reason
     );
-    assert!(!d.end_turn);
+    assert_eq!(d.end_turn, None);
     assert_eq!(d.option_id.as_deref(), Some("reject"));
 
     let fail = engine("[global]\nmode='approve-reads'\nnon_interactive='fail'");
@@ -827,7 +827,10 @@ fn escalation_without_an_approver() {
         "{}",
         d.reason
     );
-    assert!(d.end_turn);
+    assert_eq!(
+        d.end_turn,
+        Some(crate::EndTurnReason::PermissionPromptUnavailable)
+    );
 
     // With an approver the escalation is kept.
     assert_eq!(

@@ -221,6 +221,13 @@ pub struct Decision {
     pub reason: String,
     /// The rule that matched, e.g. `floor.edit.outside-root`, `tool.autoDeny`.
     pub rule: String,
-    /// The turn must end after this answer (non_interactive = fail).
-    pub end_turn: bool,
+    /// The turn must end after this answer, and why (non_interactive = fail).
+    pub end_turn: Option<EndTurnReason>,
+}
+
+/// Why a decision ends the turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndTurnReason {
+    /// An escalation with no approver under `non_interactive = fail`.
+    PermissionPromptUnavailable,
 }

@@ -105,6 +105,7 @@ pub async fn decide_with_deadline(
         reason: format!("policy unavailable: {why}"),
         rule: "policy_unavailable".to_string(),
         end_turn: false,
+        end_turn_reason: 0,
     };
     match tokio::time::timeout(deadline, client.decide(r)).await {
         Err(_) => unavailable(format!("no answer within {} ms", deadline.as_millis())),
@@ -610,6 +611,7 @@ impl PolicyService for SlowPolicy {
             reason: "late allow".into(),
             rule: "slow".into(),
             end_turn: false,
+            end_turn_reason: 0,
         }))
     }
 }

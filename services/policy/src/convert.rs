@@ -132,6 +132,16 @@ pub fn to_input(
 }
 
 /// The proto verdict.
+/// The wire form of why a decision ends the turn.
+pub fn end_turn_reason(r: Option<warden_rules::EndTurnReason>) -> pb::EndTurnReason {
+    match r {
+        None => pb::EndTurnReason::Unspecified,
+        Some(warden_rules::EndTurnReason::PermissionPromptUnavailable) => {
+            pb::EndTurnReason::PermissionPromptUnavailable
+        }
+    }
+}
+
 pub fn verdict(v: warden_rules::Verdict) -> pb::Verdict {
     match v {
         warden_rules::Verdict::Allow => pb::Verdict::Allow,

@@ -132,7 +132,8 @@ impl PolicyState {
                     option_id: d.option_id,
                     reason: d.reason,
                     rule: d.rule,
-                    end_turn: d.end_turn,
+                    end_turn: d.end_turn.is_some(),
+                    end_turn_reason: convert::end_turn_reason(d.end_turn) as i32,
                 }
             }
             Err(m) => pb::Decision {
@@ -142,6 +143,7 @@ impl PolicyState {
                 reason: format!("malformed request: {}", m.reason),
                 rule: m.rule.to_string(),
                 end_turn: false,
+                end_turn_reason: 0,
             },
         };
         // Borrowed, not cloned: the raw input may be up to `max_raw_input_bytes` long.
@@ -185,6 +187,7 @@ impl PolicyState {
                 reason: format!("the audit log cannot be written ({e}); denying"),
                 rule: "audit.unavailable".to_string(),
                 end_turn: false,
+                end_turn_reason: 0,
             };
         }
         let subject = record.subject.as_ref();

@@ -435,6 +435,11 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
     let d = decide(&p, exec()).await;
     assert_eq!(d.rule, "escalation.prompt-unavailable");
     assert!(d.end_turn);
+    assert_eq!(
+        d.end_turn_reason(),
+        pb::EndTurnReason::PermissionPromptUnavailable,
+        "the end of the turn is typed, not only spelled in the reason"
+    );
     assert!(d.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"));
     let recs = p
         .admin()

@@ -282,12 +282,13 @@ impl ConvCore {
                 reason,
                 option_id_sent: sent,
                 cancelled,
-                end_turn: decided.end_turn || cancelled,
+                end_turn: decided.end_turn.is_some() || cancelled,
                 policy_latency_micros: decided.latency.as_micros() as u64,
             }));
-            if decided.end_turn || cancelled {
-                let fault = (decided.end_turn && decided.rule.contains("prompt-unavailable")
-                    || decided.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"))
+            if decided.end_turn.is_some() || cancelled {
+                // The policy's typed reason, never its rule or reason text, makes this a fault.
+                let fault = (decided.end_turn
+                    == Some(pb::EndTurnReason::PermissionPromptUnavailable))
                 .then(|| {
                     (
                         "permission-prompt-unavailable".to_string(),

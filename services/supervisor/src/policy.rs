@@ -20,7 +20,9 @@ pub struct Decided {
     pub option_id: Option<String>,
     pub reason: String,
     pub rule: String,
-    pub end_turn: bool,
+    /// `Some` when the turn must end after this answer, with the policy's typed reason
+    /// (`Unspecified` = a plain refusal that ends the turn; an unknown value reads as that).
+    pub end_turn: Option<pb::EndTurnReason>,
     pub latency: Duration,
     /// True when this is the supervisor's own fail-closed DENY.
     pub failed_closed: bool,
@@ -123,13 +125,16 @@ impl PolicyClient {
                 let d = resp.into_inner();
                 match validate(&d, &offered) {
                     Ok(verdict) => {
+                        let end_turn = (d.end_turn
+                            || d.end_turn_reason != pb::EndTurnReason::Unspecified as i32)
+                            .then(|| d.end_turn_reason());
                         return Decided {
                             decision_id: d.decision_id,
                             verdict,
                             option_id: d.option_id,
                             reason: d.reason,
                             rule: d.rule,
-                            end_turn: d.end_turn,
+                            end_turn,
                             latency,
                             failed_closed: false,
                         };
@@ -146,7 +151,7 @@ impl PolicyClient {
             option_id: None,
             reason: format!("{POLICY_UNAVAILABLE}: {why}"),
             rule: POLICY_UNAVAILABLE.into(),
-            end_turn: false,
+            end_turn: None,
             latency,
             failed_closed: true,
         }
@@ -199,6 +204,7 @@ mod tests {
             reason: "ok".into(),
             rule: "floor.read".into(),
             end_turn: false,
+            end_turn_reason: 0,
         }
     }
 
