@@ -170,7 +170,7 @@ impl ConvCore {
     /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW
     /// covered: resolved against the root as far as it exists (the write itself is walked again by
     /// the kernel beneath the root's fd, so this is only a lookup key, never a licence).
-    fn covered_key(&self, path: &str) -> Option<PathBuf> {
+    fn covered_key(&self, path: impl AsRef<Path>) -> Option<PathBuf> {
         warden_containment::resolve(path, &self.info.root, &warden_containment::RealFs).ok()
     }
 
@@ -303,6 +303,37 @@ impl ConvCore {
             allowed,
             decision_id: decided.decision_id,
         }
+    }
+
+    /// What an ALLOW of `tc` covers: its locations and the paths its raw input names (Claude's
+    /// Write has `file_path`, Codex's patches name files), as the policy judged them; one write
+    /// per path, however many times the call names it.
+    fn covered_by(&self, tc: &pb::ToolCall, decision_id: &str) -> Vec<CoveredWrite> {
+        let mut paths: Vec<PathBuf> = tc
+            .locations
+            .iter()
+            .map(|l| PathBuf::from(&l.path))
+            .collect();
+        if let Ok(raw) = warden_rules::raw_input_paths(&tc.raw_input_json) {
+            let base = raw
+                .cwds
+                .first()
+                .cloned()
+                .unwrap_or_else(|| self.info.root.clone());
+            paths.extend(raw.changed.iter().map(|p| base.join(p)));
+        }
+        let mut covered: Vec<CoveredWrite> = paths
+            .iter()
+            .filter_map(|p| self.covered_key(p))
+            .map(|path| CoveredWrite {
+                path,
+                decision_id: decision_id.to_string(),
+                tool_call_id: tc.id.clone(),
+            })
+            .collect();
+        covered.sort_by(|x, y| x.path.cmp(&y.path));
+        covered.dedup_by(|x, y| x.path == y.path);
+        covered
     }
 
     /// The ALLOW covering a client write of `key` in this turn, consumed (one ALLOW, one write).
@@ -456,11 +487,7 @@ impl ClientHandler for ConvCore {
                 "options": req.options.iter().map(|o| serde_json::json!([o.option_id, o.kind.as_str()])).collect::<Vec<_>>(),
             }));
         }
-        let locations = dreq
-            .tool_call
-            .as_ref()
-            .map(|t| t.locations.clone())
-            .unwrap_or_default();
+        let tool_call = dreq.tool_call.clone().unwrap_or_default();
         let e = self.enforce(turn.as_ref(), dreq, &offered, entered).await;
         if let Some(t) = &turn
             && e.allowed
@@ -473,15 +500,7 @@ impl ClientHandler for ConvCore {
                 }
                 warden_rules::ToolKind::Execute => t.lock().allowed_exec += 1,
                 warden_rules::ToolKind::Edit => {
-                    let covered: Vec<CoveredWrite> = locations
-                        .iter()
-                        .filter_map(|l| self.covered_key(&l.path))
-                        .map(|path| CoveredWrite {
-                            path,
-                            decision_id: e.decision_id.clone(),
-                            tool_call_id: tc_id.clone(),
-                        })
-                        .collect();
+                    let covered = self.covered_by(&tool_call, &e.decision_id);
                     t.lock().allowed_writes.extend(covered);
                 }
                 _ => {}
@@ -861,6 +880,33 @@ mod tests {
         assert_eq!(
             std::fs::read_to_string(dir.path().join("new.txt")).unwrap(),
             "covered"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_allowed_edit_covers_its_locations_and_raw_input_paths_once_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let c = core(root);
+        let tc = pb::ToolCall {
+            id: "tc1".into(),
+            kind: "edit".into(),
+            title: "Write a.txt".into(),
+            raw_input_json: serde_json::json!({"file_path": format!("{}/a.txt", root.display()),
+                "notebook_path": "nb/b.ipynb"})
+            .to_string(),
+            locations: vec![pb::Location {
+                path: format!("{}/./a.txt", root.display()),
+                line: None,
+            }],
+        };
+        let covered = c.covered_by(&tc, "d1");
+        let paths: Vec<PathBuf> = covered.iter().map(|c| c.path.clone()).collect();
+        assert_eq!(paths, vec![root.join("a.txt"), root.join("nb/b.ipynb")]);
+        assert!(
+            covered
+                .iter()
+                .all(|c| c.decision_id == "d1" && c.tool_call_id == "tc1")
         );
     }
 
