@@ -39,6 +39,10 @@ pub struct PolicyState {
     audit: AuditLog,
     started: Instant,
     decisions: AtomicU64,
+    /// Reloads tried (SIGHUP or admin), and the error of the last one refused: an operator (and
+    /// a test) can see that a reload happened even when it changed nothing.
+    reload_attempts: AtomicU64,
+    last_reload_error: Mutex<String>,
     listeners: RwLock<Vec<String>>,
     /// The boundary validator with this host's homes, read and resolved once at start (the
     /// same `AgentHomes::from_host` the supervisor's workspace check uses) and handed to every
@@ -65,6 +69,8 @@ impl PolicyState {
             audit,
             started: Instant::now(),
             decisions: AtomicU64::new(0),
+            reload_attempts: AtomicU64::new(0),
+            last_reload_error: Mutex::new(String::new()),
             listeners: RwLock::new(Vec::new()),
             root_check,
         })
@@ -89,6 +95,21 @@ impl PolicyState {
     /// Listener and daemon settings are read but only take effect at restart.
     pub fn reload(&self) -> Result<u64, ReloadError> {
         let _serial = self.reload_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let result = self.reload_locked();
+        let mut last = self
+            .last_reload_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match &result {
+            Ok(_) => last.clear(),
+            Err(e) => *last = e.0.clone(),
+        }
+        // Counted after the outcome is in place, so a reader that sees the count sees its result.
+        self.reload_attempts.fetch_add(1, Ordering::Release);
+        result
+    }
+
+    fn reload_locked(&self) -> Result<u64, ReloadError> {
         let loaded = self
             .sources
             .load()
@@ -246,6 +267,17 @@ impl AdminService for AdminApi {
         );
         details.insert("config".to_string(), s.sources.describe());
         details.insert("audit_records".to_string(), s.audit.len().to_string());
+        details.insert(
+            "reload_attempts".to_string(),
+            s.reload_attempts.load(Ordering::Acquire).to_string(),
+        );
+        details.insert(
+            "last_reload_error".to_string(),
+            s.last_reload_error
+                .lock()
+                .map(|e| e.clone())
+                .unwrap_or_default(),
+        );
         Ok(Response::new(pb::StatusResponse {
             daemon: "warden-policy".to_string(),
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -366,6 +366,18 @@ async fn each_decision_is_audited_before_the_answer() {
     assert_eq!(status.listeners.len(), 2);
 }
 
+async fn reload_attempts(p: &Policy) -> u64 {
+    p.admin()
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .details
+        .get("reload_attempts")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
     let p = start("", "").await;
@@ -404,10 +416,38 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
     assert!(r.error.contains("policy.toml"), "{}", r.error);
     assert_eq!(decide(&p, exec()).await.rule, "mode.deny-all");
 
-    // A broken file through SIGHUP: same.
+    // A broken file through SIGHUP: same. The reload is seen to happen (Status counts attempts
+    // and names the last refusal), so this fails if the signal was never acted on.
+    let attempts = reload_attempts(&p).await;
     p.write_config("[policy.global]\nauto_deny = [\"\"]\n", "");
     p.hup();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    while reload_attempts(&p).await == attempts {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "SIGHUP with a broken file was never acted on"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = p
+        .admin()
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    let last = status
+        .details
+        .get("last_reload_error")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        last.contains("auto_deny"),
+        "the refusal names the key: {last:?}"
+    );
+    assert_eq!(
+        status.details.get("policy_version").map(String::as_str),
+        Some("2")
+    );
     assert_eq!(decide(&p, exec()).await.rule, "mode.deny-all");
     // An unknown key is also a broken file.
     p.write_config("[policy.global]\nauto_aprove = [\"execute\"]\n", "");
