@@ -12,8 +12,12 @@
 //! process group id. Path containment comes from `warden-containment`, not from here.
 
 mod cgroup;
+mod control;
 mod env;
+mod etc;
 mod features;
+mod homes;
+mod identity;
 mod kill;
 mod lease;
 mod procfs;
@@ -21,10 +25,19 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
+pub use control::{GIT_CONTROL, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
+pub use etc::{
+    CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_REQUIREMENTS,
+    CODEX_REQUIREMENTS_TOML, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
+};
 pub use features::{HostFeatures, bwrap_works, find_bwrap, host_features};
+pub use homes::{AgentHome, AgentHomes};
+pub use identity::{
+    AGENT_NAME, AgentIdentity, DEFAULT_AGENT_UID, IdentityPlan, first_unsearchable,
+};
 pub use kill::{
     DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, set_child_subreaper,
 };
