@@ -3,13 +3,17 @@
 //! process trees are killed, including after a supervisor crash (leases).
 //!
 //! Owns: `Boundary` roots (owned sandboxes made with mkdtemp semantics under the supervisor's
-//! state directory, and validated operator workspaces), `Spawner`/`SpawnSpec`, the termination
-//! ladder (`ProcessTree::kill`), leases and `reap_leftovers`, and `host_features`.
+//! state directory, and validated operator workspaces), per-conversation agent homes
+//! (`AgentHomes`), `Spawner`/`SpawnSpec` (with the agent identity every child switches to, the
+//! sandbox's generated `/etc` and managed adapter policy, read-only agent-control paths), the
+//! termination ladder (`ProcessTree::kill`), leases and `reap_leftovers`, and `host_features`.
 //!
 //! Must never: turn a caller-chosen string into a path, inherit the supervisor's environment
 //! wholesale, start a process when the inherited depth is at the limit, signal a pid read back
 //! from storage without proving (start time + pidfd) it is the same process, or signal a stored
-//! process group id. Path containment comes from `warden-containment`, not from here.
+//! process group id; run a child as root or as the supervisor when an agent identity is set;
+//! bind the host's `/etc` whole; follow a symlink the agent planted at an agent-control path.
+//! Path containment comes from `warden-containment`, not from here.
 
 mod cgroup;
 mod control;
