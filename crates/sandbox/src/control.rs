@@ -8,6 +8,11 @@
 //! (`fstatat(AT_SYMLINK_NOFOLLOW)`, `mkdirat`, `openat(O_CREAT|O_EXCL|O_NOFOLLOW)`), and a
 //! symlink at any of them refuses the spawn: replacing it would delete something of the agent's,
 //! binding it would bind whatever it points to.
+//!
+//! A read-only bind of a file does not stop a rename of the directory holding it (the mount
+//! moves along, and a fresh directory with a fresh file takes the old name), so the directories
+//! holding bound entries (`.git`, `~/.claude`, `~/.codex`, `~/.gemini`) are bound onto
+//! themselves read-write first: a mount point cannot be renamed or removed (EBUSY).
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -20,6 +25,30 @@ use nix::unistd::{Gid, Uid, fchownat};
 
 use crate::SandboxError;
 use crate::identity::AgentIdentity;
+
+/// One bind over the root or home, in the order bubblewrap must apply them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlBind {
+    pub path: PathBuf,
+    /// `true`: bound onto itself read-write, only to pin it (a directory holding read-only
+    /// entries); `false`: bound read-only.
+    pub pin_only: bool,
+}
+
+impl ControlBind {
+    fn ro(path: PathBuf) -> Self {
+        ControlBind {
+            path,
+            pin_only: false,
+        }
+    }
+    fn pin(path: PathBuf) -> Self {
+        ControlBind {
+            path,
+            pin_only: true,
+        }
+    }
+}
 
 /// What an absent control path is created as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,12 +182,12 @@ fn ensure(
     }
 }
 
-/// The root's control paths, created where absent; the returned paths are bound read-only.
-pub fn prepare_root(root: &Path) -> Result<Vec<PathBuf>, SandboxError> {
+/// The root's control paths, created where absent, in bind order.
+pub fn prepare_root(root: &Path) -> Result<Vec<ControlBind>, SandboxError> {
     let dir = open_dir(root)?;
     let mut out = Vec::new();
     for (name, kind) in ROOT_CONTROL {
-        out.push(ensure(&dir, root, name, *kind)?);
+        out.push(ControlBind::ro(ensure(&dir, root, name, *kind)?));
     }
     let git = root.join(".git");
     match look(&dir, ".git", &git)? {
@@ -171,8 +200,9 @@ pub fn prepare_root(root: &Path) -> Result<Vec<PathBuf>, SandboxError> {
                 Mode::empty(),
             )
             .map_err(|e| os("open", &git, e))?;
+            out.push(ControlBind::pin(git.clone()));
             for (name, kind) in GIT_CONTROL {
-                out.push(ensure(&gdir, &git, name, *kind)?);
+                out.push(ControlBind::ro(ensure(&gdir, &git, name, *kind)?));
             }
         }
         Found::Absent | Found::Other => {}
@@ -186,9 +216,9 @@ pub fn prepare_root(root: &Path) -> Result<Vec<PathBuf>, SandboxError> {
 pub fn prepare_home(
     home: &Path,
     owner: Option<AgentIdentity>,
-) -> Result<Vec<PathBuf>, SandboxError> {
+) -> Result<Vec<ControlBind>, SandboxError> {
     let dir = open_dir(home)?;
-    let mut out = Vec::new();
+    let mut out: Vec<ControlBind> = Vec::new();
     for (parent, name, kind) in HOME_CONTROL {
         let ppath = home.join(parent);
         match look(&dir, parent, &ppath)? {
@@ -224,7 +254,10 @@ pub fn prepare_home(
             Mode::empty(),
         )
         .map_err(|e| os("open", &ppath, e))?;
-        out.push(ensure(&pdir, &ppath, name, *kind)?);
+        if !out.iter().any(|b| b.path == ppath) {
+            out.push(ControlBind::pin(ppath.clone()));
+        }
+        out.push(ControlBind::ro(ensure(&pdir, &ppath, name, *kind)?));
     }
     Ok(out)
 }
@@ -241,6 +274,7 @@ mod tests {
         std::fs::write(root.join(".claude/settings.json"), "{\"x\":1}").unwrap();
         let binds = prepare_root(root).unwrap();
         assert_eq!(binds.len(), ROOT_CONTROL.len(), "no .git, no git entries");
+        assert!(binds.iter().all(|b| !b.pin_only));
         assert!(root.join(".codex").is_dir() && root.join(".gemini").is_dir());
         assert_eq!(
             std::fs::read_to_string(root.join(".mcp.json")).unwrap(),
@@ -253,8 +287,10 @@ mod tests {
         assert!(!root.join(".git").exists(), "no repository is invented");
         std::fs::create_dir(root.join(".git")).unwrap();
         let binds = prepare_root(root).unwrap();
-        assert!(binds.contains(&root.join(".git/hooks")));
-        assert!(binds.contains(&root.join(".git/config")));
+        let at = |p: &str| binds.iter().position(|b| b.path == root.join(p)).unwrap();
+        assert!(binds[at(".git")].pin_only, ".git is pinned, not read-only");
+        assert!(at(".git") < at(".git/hooks") && at(".git") < at(".git/config"));
+        assert!(!binds[at(".git/hooks")].pin_only && !binds[at(".git/config")].pin_only);
         assert!(root.join(".git/hooks").is_dir());
     }
 
@@ -288,7 +324,21 @@ mod tests {
     fn home_config_files_are_created_in_agent_owned_directories() {
         let t = tempfile::tempdir().unwrap();
         let binds = prepare_home(t.path(), None).unwrap();
-        assert_eq!(binds.len(), HOME_CONTROL.len());
+        // Three pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 3);
+        assert_eq!(
+            binds.iter().filter(|b| !b.pin_only).count(),
+            HOME_CONTROL.len()
+        );
+        let pin = binds
+            .iter()
+            .position(|b| b.path == t.path().join(".claude"))
+            .unwrap();
+        let file = binds
+            .iter()
+            .position(|b| b.path == t.path().join(".claude/settings.json"))
+            .unwrap();
+        assert!(binds[pin].pin_only && pin < file);
         assert_eq!(
             std::fs::read_to_string(t.path().join(".claude/settings.json")).unwrap(),
             "{}\n"

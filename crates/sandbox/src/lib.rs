@@ -29,7 +29,7 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
-pub use control::{GIT_CONTROL, HOME_CONTROL, ROOT_CONTROL};
+pub use control::{ControlBind, GIT_CONTROL, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };

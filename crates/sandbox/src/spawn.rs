@@ -28,7 +28,7 @@ use warden_store::Store;
 
 use crate::SandboxError;
 use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
-use crate::control::{prepare_home, prepare_root};
+use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
 use crate::etc::{EtcBind, etc_plan};
 use crate::identity::{AGENT_NAME, AgentIdentity};
@@ -537,8 +537,8 @@ pub(crate) struct BwrapPlan<'a> {
     /// The sandbox's `/etc` (etc.rs); `Data` entries take their fd from `data_fds` in order.
     pub etc: &'a [EtcBind],
     pub data_fds: &'a [i32],
-    /// Agent-control paths in the root and home, bound read-only over them.
-    pub control: &'a [PathBuf],
+    /// Agent-control paths in the root and home, bound over them in this order.
+    pub control: &'a [ControlBind],
 }
 
 pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
@@ -617,7 +617,9 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
     bound.push(spec.boundary.root.clone());
     // After the writable binds they lie in, so they are mounted over them.
     for c in plan.control {
-        push(&["--ro-bind".as_ref(), c.as_os_str(), c.as_os_str()]);
+        let p = c.path.as_os_str();
+        let how = if c.pin_only { "--bind" } else { "--ro-bind" };
+        push(&[how.as_ref(), p, p]);
     }
     // The program's own directory (e.g. `target/debug`) when nothing above binds it.
     if let Some(dir) = plan.program.parent()
@@ -638,7 +640,7 @@ mod tests {
     use super::*;
     use crate::env::EnvPolicy;
 
-    fn args_of(profile: Profile, control: &[PathBuf]) -> Vec<String> {
+    fn args_of(profile: Profile, control: &[ControlBind]) -> Vec<String> {
         let env = EnvPolicy::new([""; 0], [""; 0])
             .expect("policy")
             .build_from(std::iter::empty::<(OsString, OsString)>());
@@ -709,20 +711,29 @@ mod tests {
 
     #[test]
     fn control_paths_are_bound_read_only_after_the_writable_root_and_home() {
+        let bind = |p: &str, pin_only| ControlBind {
+            path: PathBuf::from(p),
+            pin_only,
+        };
         let ctl = vec![
-            PathBuf::from("/srv/sandboxes/r-1/.claude"),
-            PathBuf::from("/srv/homes/c-1/.claude/settings.json"),
+            bind("/srv/sandboxes/r-1/.claude", false),
+            bind("/srv/homes/c-1/.claude", true),
+            bind("/srv/homes/c-1/.claude/settings.json", false),
         ];
         let a = args_of(Profile::WorkspaceWrite, &ctl);
         let root = pos(&a, &["--bind", "/srv/sandboxes/r-1", "/srv/sandboxes/r-1"]).unwrap();
         let home = pos(&a, &["--bind", "/srv/homes/c-1", "/srv/homes/c-1"]).unwrap();
+        let mut last = 0;
         for c in &ctl {
-            let c = c.to_string_lossy();
-            let i = pos(&a, &["--ro-bind", &c, &c]).unwrap_or_else(|| panic!("{c}: {a:?}"));
+            let p = c.path.to_string_lossy();
+            let how = if c.pin_only { "--bind" } else { "--ro-bind" };
+            let i = pos(&a, &[how, &p, &p]).unwrap_or_else(|| panic!("{p}: {a:?}"));
             assert!(
                 i > root && i > home,
-                "{c} must be mounted over the writable binds"
+                "{p} must be mounted over the writable binds"
             );
+            assert!(i > last, "{p} out of order");
+            last = i;
         }
     }
 }

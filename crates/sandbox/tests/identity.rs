@@ -43,6 +43,9 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
     let spawner = fx.spawner(true).with_identity(Some(AGENT));
     assert_eq!(spawner.agent_identity(), Some(AGENT));
     let root = boundary.root.display().to_string();
+    // A repository the agent works in (owned by the agent, as its own checkout would be).
+    std::fs::create_dir(boundary.root.join(".git")).unwrap();
+    std::os::unix::fs::chown(boundary.root.join(".git"), Some(AGENT.uid), Some(AGENT.gid)).unwrap();
     let script = format!(
         "echo uid=$(id -u) gid=$(id -g) groups=$(id -G) user=$USER; \
          cat /etc/shadow >/dev/null 2>&1 && echo SHADOW-READ; \
@@ -53,6 +56,10 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
          echo '{{}}' > '{root}/.claude/settings.json' 2>/dev/null && echo WROTE-ROOT-CLAUDE; \
          echo '{{}}' > '{root}/.mcp.json' 2>/dev/null && echo WROTE-MCP; \
          mv '{root}/.claude' '{root}/.claude-moved' 2>/dev/null && echo MOVED-CLAUDE; \
+         mv \"$HOME/.claude\" \"$HOME/.claude-moved\" 2>/dev/null && echo MOVED-HOME-CLAUDE; \
+         mv '{root}/.git' '{root}/.git-moved' 2>/dev/null && echo MOVED-GIT; \
+         echo x > '{root}/.git/hooks/pre-commit' 2>/dev/null && echo WROTE-HOOK; \
+         echo x > '{root}/.git/HEAD' && echo WROTE-GIT-HEAD; \
          echo '{{}}' > \"$HOME/.claude/settings.json\" 2>/dev/null && echo WROTE-HOME-SETTINGS; \
          echo x > \"$HOME/.claude/state.json\" && echo WROTE-HOME-STATE; \
          echo x > '{root}/work.txt' && echo WROTE-WORK; \
@@ -72,6 +79,9 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
         "WROTE-ROOT-CLAUDE",
         "WROTE-MCP",
         "MOVED-CLAUDE",
+        "MOVED-HOME-CLAUDE",
+        "MOVED-GIT",
+        "WROTE-HOOK",
         "WROTE-HOME-SETTINGS",
         // bubblewrap closes the generated-/etc descriptors once it has read them.
         "ETC-FD-HELD",
@@ -84,6 +94,7 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
         "REQUIREMENTS",
         "WROTE-HOME-STATE",
         "WROTE-WORK",
+        "WROTE-GIT-HEAD",
     ] {
         assert!(out.contains(must), "{must}: {out}\n{err}");
     }
