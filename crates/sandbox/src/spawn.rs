@@ -31,7 +31,7 @@ use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
 use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
 use crate::etc::{EtcBind, etc_plan};
-use crate::identity::{AGENT_NAME, AgentIdentity};
+use crate::identity::{AGENT_NAME, AgentIdentity, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
 use crate::procfs::ProcessIdentity;
@@ -211,6 +211,33 @@ impl Spawner {
                 Some(h)
             }
         };
+        // A switched child (and bubblewrap, resolving its binds as the child) reaches every
+        // path it needs by its own rights: say which one blocks rather than let bubblewrap fail
+        // with a bare EACCES after the spawn.
+        if let Some(who) = self.identity {
+            let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
+                .into_iter()
+                .flatten()
+                .map(Path::to_path_buf)
+                .chain(spec.extra_ro_binds.iter().filter_map(|p| {
+                    let p = std::fs::canonicalize(p).ok()?;
+                    if p.is_dir() {
+                        Some(p)
+                    } else {
+                        p.parent().map(Path::to_path_buf)
+                    }
+                }));
+            for d in dirs {
+                if let Some(blocked) = first_unsearchable(&d, who) {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "the agent (uid {}) cannot reach {}: {} does not let it search",
+                        who.uid,
+                        d.display(),
+                        blocked.display()
+                    )));
+                }
+            }
+        }
         let mut env = spec.env.clone();
         if let Some(h) = &home {
             env.set_home(h);

@@ -101,5 +101,16 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
     // What the agent made is the agent's on the host too.
     let work = boundary.root.join("work.txt");
     assert_eq!(std::fs::metadata(&work).unwrap().uid(), AGENT.uid);
+    // A path the agent cannot reach is refused before anything starts, naming what blocks it.
+    let closed = state.join("closed");
+    std::fs::create_dir_all(closed.join("inner")).unwrap();
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let mut spec = fx.spec("ident", boundary.clone(), "exit 0");
+    spec.extra_ro_binds = vec![closed.join("inner")];
+    let err = spawner.spawn(spec).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("cannot reach") && err.contains(&closed.display().to_string()),
+        "{err}"
+    );
     home.remove().unwrap();
 }
