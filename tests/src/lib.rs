@@ -162,6 +162,13 @@ impl Deployment {
             .prefix("wd")
             .tempdir_in(parent)
             .unwrap_or_else(|e| panic!("tempdir: {e}"));
+        // As `warden up` does for root: the agent uid a root supervisor switches to needs search
+        // (never listing) on the way down to its roots and homes.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.path().display()));
+        }
         let layout = Layout::new(dir.path());
         for d in ["run", "policy", "supervisor", "gateway"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir: {e}"));

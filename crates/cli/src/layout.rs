@@ -17,10 +17,15 @@ impl Layout {
         Layout { root: root.into() }
     }
 
-    /// The default: `$XDG_STATE_HOME/warden`, else `~/.local/state/warden`.
+    /// The default: `$XDG_STATE_HOME/warden`, else `~/.local/state/warden`; for root
+    /// `/var/lib/warden-up`: a root supervisor runs agents as their own uid, which must be able
+    /// to search the way down to its roots and homes, and root's home (`/root`, 0700) is closed.
     pub fn default_root() -> PathBuf {
         if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty()) {
             return PathBuf::from(x).join("warden");
+        }
+        if nix::unistd::geteuid().is_root() {
+            return PathBuf::from("/var/lib/warden-up");
         }
         let home = std::env::var_os("HOME")
             .map(PathBuf::from)

@@ -146,6 +146,25 @@ async fn main() -> ExitCode {
         Command::Doctor => {
             let features = warden_sandbox::host_features();
             println!("{features}");
+            if let Ok(warden_sandbox::IdentityPlan::Switch(who)) = &features.agent_identity {
+                // The agent uid must search its way down to its roots and homes under the
+                // state directory (bubblewrap resolves them as the agent).
+                let existing = layout.root.ancestors().find(|a| a.exists());
+                match existing.and_then(|e| warden_sandbox::first_unsearchable(e, *who)) {
+                    None => println!(
+                        "  state directory:    {} is reachable by uid {}",
+                        layout.root.display(),
+                        who.uid
+                    ),
+                    Some(b) => println!(
+                        "  state directory:    {} is NOT reachable by uid {}: {} blocks it \
+                         (the supervisor refuses to start; chmod o+x it or pick another --state-dir)",
+                        layout.root.display(),
+                        who.uid,
+                        b.display()
+                    ),
+                }
+            }
             let bins = exe_dir();
             println!("binaries in {}:", bins.display());
             for b in [

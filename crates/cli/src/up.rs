@@ -270,6 +270,17 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     use tokio::signal::unix::{SignalKind, signal};
     let l = &o.layout;
     make_dir(&l.root)?;
+    if nix::unistd::geteuid().is_root() {
+        // Agents of a root supervisor run as their own uid and need search (not listing) on the
+        // way to their roots; each daemon's directory below stays closed (0700).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&l.root, std::fs::Permissions::from_mode(0o711)).map_err(
+            |source| UpError::Dir {
+                path: l.root.clone(),
+                source,
+            },
+        )?;
+    }
     make_dir(&l.run_dir())?;
     for d in DAEMONS {
         make_dir(&l.state_of(d))?;

@@ -124,6 +124,14 @@ impl ChildEnv {
         self.vars
             .insert(OsString::from("HOME"), home.as_os_str().to_os_string());
     }
+
+    /// The account name an agent sees in `USER`/`LOGNAME` once it runs as its own identity
+    /// (the supervisor's would name an account that is not the agent's).
+    pub(crate) fn set_user(&mut self, name: &str) {
+        for k in ["USER", "LOGNAME"] {
+            self.vars.insert(OsString::from(k), OsString::from(name));
+        }
+    }
 }
 
 /// The recursion guard: the depth this supervisor inherited and the maximum it accepts.

@@ -29,6 +29,9 @@ pub struct HostFeatures {
     /// Landlock ABI version, if the kernel has landlock enabled.
     pub landlock_abi: Option<u32>,
     pub pidfd: bool,
+    /// How a supervisor started by this user would run its agents (with no `agent_user`
+    /// configured), or why it could not start them.
+    pub agent_identity: Result<crate::IdentityPlan, String>,
 }
 
 impl HostFeatures {
@@ -92,6 +95,7 @@ pub fn host_features() -> HostFeatures {
         network_namespaces: unshare_works(libc::CLONE_NEWNET),
         landlock_abi: landlock_abi(),
         pidfd: pidfd_works(),
+        agent_identity: crate::IdentityPlan::for_this_process("", "").map_err(|e| e.to_string()),
     }
 }
 
@@ -238,6 +242,26 @@ impl fmt::Display for HostFeatures {
             Some(v) => writeln!(f, "  landlock:           ABI {v}")?,
             None => writeln!(f, "  landlock:           unavailable")?,
         }
-        write!(f, "  pidfd:              {}", yn(self.pidfd))
+        writeln!(f, "  pidfd:              {}", yn(self.pidfd))?;
+        match &self.agent_identity {
+            Ok(crate::IdentityPlan::Switch(i)) => write!(
+                f,
+                "  agent identity:     a supervisor run by this user (root) switches every agent to \
+                 uid {} gid {} (or [sandbox] agent_user): agents cannot read what only root or \
+                 the supervisor can, and a file an agent makes is the agent's",
+                i.uid, i.gid
+            ),
+            Ok(crate::IdentityPlan::SupervisorUid { uid, .. }) => write!(
+                f,
+                "  agent identity:     NOT SEPARATED - this user (uid {uid}) is not root, so a \
+                 supervisor run by it starts agents as its own uid. Cost: an agent can read and \
+                 write everything the supervisor can (its store, records and transcripts, every \
+                 other conversation's root and home) wherever bubblewrap does not hide it, and \
+                 without bubblewrap nothing does. Run the supervisor as root (it then switches \
+                 agents to their own uid) or accept that conversations are separated only by \
+                 bubblewrap and the policy"
+            ),
+            Err(e) => write!(f, "  agent identity:     UNAVAILABLE - {e}"),
+        }
     }
 }

@@ -3,17 +3,25 @@
 //! process trees are killed, including after a supervisor crash (leases).
 //!
 //! Owns: `Boundary` roots (owned sandboxes made with mkdtemp semantics under the supervisor's
-//! state directory, and validated operator workspaces), `Spawner`/`SpawnSpec`, the termination
-//! ladder (`ProcessTree::kill`), leases and `reap_leftovers`, and `host_features`.
+//! state directory, and validated operator workspaces), per-conversation agent homes
+//! (`AgentHomes`), `Spawner`/`SpawnSpec` (with the agent identity every child switches to, the
+//! sandbox's generated `/etc` and managed adapter policy, read-only agent-control paths), the
+//! termination ladder (`ProcessTree::kill`), leases and `reap_leftovers`, and `host_features`.
 //!
 //! Must never: turn a caller-chosen string into a path, inherit the supervisor's environment
 //! wholesale, start a process when the inherited depth is at the limit, signal a pid read back
 //! from storage without proving (start time + pidfd) it is the same process, or signal a stored
-//! process group id. Path containment comes from `warden-containment`, not from here.
+//! process group id; run a child as root or as the supervisor when an agent identity is set;
+//! bind the host's `/etc` whole; follow a symlink the agent planted at an agent-control path.
+//! Path containment comes from `warden-containment`, not from here.
 
 mod cgroup;
+mod control;
 mod env;
+mod etc;
 mod features;
+mod homes;
+mod identity;
 mod kill;
 mod lease;
 mod procfs;
@@ -21,10 +29,19 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
+pub use control::{ControlBind, GIT_CONTROL, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
+pub use etc::{
+    CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_REQUIREMENTS,
+    CODEX_REQUIREMENTS_TOML, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
+};
 pub use features::{HostFeatures, bwrap_works, find_bwrap, host_features};
+pub use homes::{AgentHome, AgentHomes};
+pub use identity::{
+    AGENT_NAME, AgentIdentity, DEFAULT_AGENT_UID, IdentityPlan, first_unsearchable,
+};
 pub use kill::{
     DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, set_child_subreaper,
 };

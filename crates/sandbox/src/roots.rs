@@ -164,12 +164,14 @@ impl OwnedRoots {
     }
 
     /// Creates a new sandbox for `conversation_id` and registers it. Fails if the conversation
-    /// already has one (use [`OwnedRoots::get`]).
+    /// already has one (use [`OwnedRoots::get`]). `owner`: the identity the agent runs as; the
+    /// directory is chowned to it (the group stays the supervisor's, for the policy's search).
     pub fn create(
         &self,
         conversation_id: &str,
         allow_execute: bool,
         profile: Profile,
+        owner: Option<crate::AgentIdentity>,
     ) -> Result<Boundary, SandboxError> {
         if self.registry.get(conversation_id.as_bytes())?.is_some() {
             return Err(SandboxError::InvalidInput(
@@ -185,6 +187,12 @@ impl OwnedRoots {
         // with locations would be judged unresolvable (denied).
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o710))
             .map_err(|e| SandboxError::io("set sandbox mode", &dir, e))?;
+        // The agent runs as its own uid and must write its root; the supervisor (root) and the
+        // policy (group search) keep their access.
+        if let Some(o) = owner {
+            std::os::unix::fs::chown(&dir, Some(o.uid), None)
+                .map_err(|e| SandboxError::io("chown sandbox to the agent", &dir, e))?;
+        }
         let meta = std::fs::symlink_metadata(&dir)
             .map_err(|e| SandboxError::io("inspect new sandbox", &dir, e))?;
         let rec = RootRecord {

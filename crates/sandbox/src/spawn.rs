@@ -2,6 +2,11 @@
 //! signal, own cgroup (entered between fork and exec), bubblewrap when installed, a lease on disk
 //! before any agent code runs.
 //!
+//! When the supervisor is root the child switches to the agent identity between fork and exec,
+//! after it has entered its cgroup (moving into a cgroup needs the supervisor's rights) and
+//! before it arms `PR_SET_PDEATHSIG` (a credential change clears it): `setgroups([])`, `setgid`,
+//! `setuid`. bubblewrap then runs unprivileged, in a user namespace.
+//!
 //! The child is started as `/bin/sh -c <gate> warden-gate CMD…` where the gate blocks on fd 3
 //! until the parent has recorded the lease, then closes fd 3 and `exec`s CMD (bubblewrap or the
 //! program). See `lease.rs` for why this ordering closes the crash race.
@@ -23,7 +28,10 @@ use warden_store::Store;
 
 use crate::SandboxError;
 use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
+use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
+use crate::etc::{EtcBind, etc_plan};
+use crate::identity::{AGENT_NAME, AgentIdentity, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
 use crate::procfs::ProcessIdentity;
@@ -56,7 +64,8 @@ pub struct SpawnSpec {
     pub depth: DepthGuard,
     pub limits: Limits,
     pub network: Network,
-    /// The agent's own home: bound read-write under bubblewrap and set as `HOME`.
+    /// The agent's own home (this conversation's): bound read-write under bubblewrap, its
+    /// adapter configuration files read-only, and set as `HOME`.
     pub home: Option<PathBuf>,
     /// Further directories the program needs read-only under bubblewrap (an interpreter's
     /// install tree, for instance).
@@ -111,6 +120,7 @@ pub struct Spawner {
     leases: Leases,
     cgroups: Option<CgroupBase>,
     bwrap: Option<PathBuf>,
+    identity: Option<AgentIdentity>,
 }
 
 impl Spawner {
@@ -123,7 +133,22 @@ impl Spawner {
             leases: Leases::open(store)?,
             cgroups,
             bwrap,
+            identity: None,
         })
+    }
+
+    /// Every process this spawner starts (agents and their ACP terminals) switches to
+    /// `identity` before exec. `None`: children keep the supervisor's uid (a supervisor that is
+    /// not root cannot switch).
+    pub fn with_identity(mut self, identity: Option<AgentIdentity>) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// The uid/gid children run as when they are switched; `None` when they run as the
+    /// supervisor's own uid. Files the supervisor creates on an agent's behalf are chowned to it.
+    pub fn agent_identity(&self) -> Option<AgentIdentity> {
+        self.identity
     }
 
     /// Detects a writable cgroup v2 hierarchy (base `<own cgroup>/<cgroup_base_name>`) and a
@@ -186,10 +211,61 @@ impl Spawner {
                 Some(h)
             }
         };
+        // A switched child (and bubblewrap, resolving its binds as the child) reaches every
+        // path it needs by its own rights: say which one blocks rather than let bubblewrap fail
+        // with a bare EACCES after the spawn.
+        if let Some(who) = self.identity {
+            let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
+                .into_iter()
+                .flatten()
+                .map(Path::to_path_buf)
+                .chain(spec.extra_ro_binds.iter().filter_map(|p| {
+                    let p = std::fs::canonicalize(p).ok()?;
+                    if p.is_dir() {
+                        Some(p)
+                    } else {
+                        p.parent().map(Path::to_path_buf)
+                    }
+                }));
+            for d in dirs {
+                if let Some(blocked) = first_unsearchable(&d, who) {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "the agent (uid {}) cannot reach {}: {} does not let it search",
+                        who.uid,
+                        d.display(),
+                        blocked.display()
+                    )));
+                }
+            }
+        }
         let mut env = spec.env.clone();
         if let Some(h) = &home {
             env.set_home(h);
         }
+        if self.identity.is_some() {
+            env.set_user(AGENT_NAME);
+        }
+        // What bubblewrap binds read-only over the writable root and home: checked and created
+        // here, before any process of this spawn exists (see control.rs on planted symlinks).
+        let mut control = Vec::new();
+        if self.bwrap.is_some() {
+            if spec.boundary.profile == Profile::WorkspaceWrite {
+                control.extend(prepare_root(root)?);
+            }
+            if let Some(h) = &home {
+                control.extend(prepare_home(h, self.identity)?);
+            }
+        }
+        let who = self.identity.unwrap_or(AgentIdentity {
+            uid: nix::unistd::geteuid().as_raw(),
+            gid: nix::unistd::getegid().as_raw(),
+        });
+        let etc = if self.bwrap.is_some() {
+            etc_plan(Path::new("/etc"), who, home.as_deref())
+        } else {
+            Vec::new()
+        };
+        let data_fds = data_fds(&etc)?;
 
         // The cgroup exists, with its limits, before the child does.
         let label = sanitize_label(&spec.conversation_id);
@@ -239,7 +315,16 @@ impl Spawner {
         let bwrapped = self.bwrap.is_some();
         if let Some(bwrap) = &self.bwrap {
             cmd.arg(bwrap);
-            cmd.args(bwrap_args(&spec, &program, &cwd, home.as_deref()));
+            let plan = BwrapPlan {
+                spec: &spec,
+                program: &program,
+                cwd: &cwd,
+                home: home.as_deref(),
+                etc: &etc,
+                data_fds: &data_fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>(),
+                control: &control,
+            };
+            cmd.args(bwrap_args(&plan));
         }
         cmd.arg(&program).args(&spec.args);
         cmd.env_clear();
@@ -271,10 +356,25 @@ impl Spawner {
         let parent = std::process::id() as libc::pid_t;
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
+        let identity = self.identity;
+        let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (prctl, getppid, write, close, dup2, fcntl); it allocates nothing.
+        // system calls (write, setgroups, setgid, setuid, prctl, getppid, close, dup2, fcntl);
+        // it allocates nothing (`keep` was built before the fork).
         unsafe {
             cmd.pre_exec(move || {
+                // Entering the cgroup needs the supervisor's rights: before the switch.
+                if let Some(fd) = procs_fd
+                    && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if let Some(id) = identity {
+                    nix::unistd::setgroups(&[])?;
+                    nix::unistd::setgid(nix::unistd::Gid::from_raw(id.gid))?;
+                    nix::unistd::setuid(nix::unistd::Uid::from_raw(id.uid))?;
+                }
+                // After the switch: a credential change clears the parent-death signal.
                 if libc::prctl(
                     libc::PR_SET_PDEATHSIG,
                     libc::SIGKILL as libc::c_ulong,
@@ -289,11 +389,6 @@ impl Spawner {
                 if libc::getppid() != parent {
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
-                if let Some(fd) = procs_fd
-                    && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
                 // Only the parent may hold the write end, so the gate sees EOF if it dies.
                 libc::close(w_fd);
                 if r_fd == 3 {
@@ -302,6 +397,12 @@ impl Spawner {
                     }
                 } else if libc::dup2(r_fd, 3) < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // bubblewrap reads the generated /etc files from these (and closes them).
+                for fd in &keep {
+                    if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -316,6 +417,7 @@ impl Spawner {
         };
         drop(gate_r);
         drop(procs_file);
+        drop(data_fds);
         let (Some(stdout), Some(stderr), Some(pid)) =
             (child.stdout.take(), child.stderr.take(), child.id())
         else {
@@ -413,16 +515,68 @@ fn resolve_program(program: &Path, env: &ChildEnv) -> Result<PathBuf, SandboxErr
     Ok(real)
 }
 
-/// System directories every sandbox sees read-only.
+/// System directories every sandbox sees read-only. `/etc` is not one of them: see etc.rs.
 const SYSTEM_DIRS: &[&str] = &[
-    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 ];
 
-fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>) -> Vec<OsString> {
+/// The lowest fd number a generated-file descriptor gets: above the gate's fd 3 (which the
+/// child's `dup2` would otherwise close) and the standard streams.
+const DATA_FD_MIN: i32 = 10;
+
+/// One sealed-in-memory file per generated `/etc` entry, for `--ro-bind-data FD DEST`.
+fn data_fds(etc: &[EtcBind]) -> Result<Vec<OwnedFd>, SandboxError> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let os = |what: &'static str| {
+        move |e: nix::errno::Errno| SandboxError::Os {
+            what,
+            source: std::io::Error::from(e),
+        }
+    };
+    let mut out = Vec::new();
+    for b in etc {
+        let EtcBind::Data { content, .. } = b else {
+            continue;
+        };
+        let fd = memfd_create("warden-etc", MFdFlags::MFD_CLOEXEC).map_err(os("memfd_create"))?;
+        let mut f = File::from(fd);
+        f.write_all(content).map_err(|source| SandboxError::Os {
+            what: "write generated /etc file",
+            source,
+        })?;
+        let fd = OwnedFd::from(f);
+        // bubblewrap reads from the current offset.
+        nix::unistd::lseek(&fd, 0, nix::unistd::Whence::SeekSet).map_err(os("lseek"))?;
+        let high = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(DATA_FD_MIN))
+            .map_err(os("dup generated /etc file"))?;
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+        out.push(unsafe { OwnedFd::from_raw_fd(high) });
+    }
+    Ok(out)
+}
+
+/// Everything `bwrap_args` turns into arguments.
+pub(crate) struct BwrapPlan<'a> {
+    pub spec: &'a SpawnSpec,
+    pub program: &'a Path,
+    pub cwd: &'a Path,
+    pub home: Option<&'a Path>,
+    /// The sandbox's `/etc` (etc.rs); `Data` entries take their fd from `data_fds` in order.
+    pub etc: &'a [EtcBind],
+    pub data_fds: &'a [i32],
+    /// Agent-control paths in the root and home, bound over them in this order.
+    pub control: &'a [ControlBind],
+}
+
+pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
+    let spec = plan.spec;
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |items: &[&std::ffi::OsStr]| a.extend(items.iter().map(|s| s.to_os_string()));
     push(&[
         "--die-with-parent".as_ref(),
+        // A new session: no controlling terminal, so TIOCSTI cannot push keystrokes into the
+        // operator's terminal.
+        "--new-session".as_ref(),
         "--unshare-pid".as_ref(),
         "--unshare-ipc".as_ref(),
         "--unshare-uts".as_ref(),
@@ -450,6 +604,20 @@ fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>)
             _ => {}
         }
     }
+    let mut fds = plan.data_fds.iter();
+    for b in plan.etc {
+        match b {
+            EtcBind::Host { src, dest } => {
+                push(&["--ro-bind".as_ref(), src.as_os_str(), dest.as_os_str()])
+            }
+            EtcBind::Data { dest, .. } => {
+                if let Some(fd) = fds.next() {
+                    let fd = OsString::from(fd.to_string());
+                    push(&["--ro-bind-data".as_ref(), fd.as_os_str(), dest.as_os_str()]);
+                }
+            }
+        }
+    }
     push(&[
         "--proc".as_ref(),
         "/proc".as_ref(),
@@ -464,7 +632,7 @@ fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>)
             bound.push(e);
         }
     }
-    if let Some(h) = home {
+    if let Some(h) = plan.home {
         push(&["--bind".as_ref(), h.as_os_str(), h.as_os_str()]);
         bound.push(h.to_path_buf());
     }
@@ -474,8 +642,14 @@ fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>)
         Profile::WorkspaceWrite => push(&["--bind".as_ref(), root, root]),
     }
     bound.push(spec.boundary.root.clone());
+    // After the writable binds they lie in, so they are mounted over them.
+    for c in plan.control {
+        let p = c.path.as_os_str();
+        let how = if c.pin_only { "--bind" } else { "--ro-bind" };
+        push(&[how.as_ref(), p, p]);
+    }
     // The program's own directory (e.g. `target/debug`) when nothing above binds it.
-    if let Some(dir) = program.parent()
+    if let Some(dir) = plan.program.parent()
         && !bound.iter().any(|b| dir.starts_with(b))
     {
         push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
@@ -484,6 +658,109 @@ fn bwrap_args(spec: &SpawnSpec, program: &Path, cwd: &Path, home: Option<&Path>)
     // the root, for instance); without this, writes there would succeed (into memory) and look
     // like writes outside the root.
     push(&["--remount-ro".as_ref(), "/".as_ref()]);
-    push(&["--chdir".as_ref(), cwd.as_os_str(), "--".as_ref()]);
+    push(&["--chdir".as_ref(), plan.cwd.as_os_str(), "--".as_ref()]);
     a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::EnvPolicy;
+
+    fn args_of(profile: Profile, control: &[ControlBind]) -> Vec<String> {
+        let env = EnvPolicy::new([""; 0], [""; 0])
+            .expect("policy")
+            .build_from(std::iter::empty::<(OsString, OsString)>());
+        let boundary = Boundary {
+            root: PathBuf::from("/srv/sandboxes/r-1"),
+            owned: true,
+            allow_execute: true,
+            profile,
+        };
+        let spec = SpawnSpec::new(
+            "c",
+            "/usr/bin/true",
+            boundary,
+            env,
+            DepthGuard::from_marker(None, 1),
+        );
+        let who = AgentIdentity {
+            uid: 61000,
+            gid: 61000,
+        };
+        let home = PathBuf::from("/srv/homes/c-1");
+        let etc = etc_plan(Path::new("/etc"), who, Some(&home));
+        let fds: Vec<i32> = (0..etc
+            .iter()
+            .filter(|b| matches!(b, EtcBind::Data { .. }))
+            .count())
+            .map(|i| 10 + i as i32)
+            .collect();
+        let plan = BwrapPlan {
+            spec: &spec,
+            program: Path::new("/usr/bin/true"),
+            cwd: Path::new("/srv/sandboxes/r-1"),
+            home: Some(&home),
+            etc: &etc,
+            data_fds: &fds,
+            control,
+        };
+        bwrap_args(&plan)
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    fn pos(args: &[String], window: &[&str]) -> Option<usize> {
+        args.windows(window.len())
+            .position(|w| w.iter().zip(window).all(|(a, b)| a == b))
+    }
+
+    #[test]
+    fn bwrap_gets_a_new_session_and_no_whole_etc() {
+        let a = args_of(Profile::WorkspaceWrite, &[]);
+        assert!(a.iter().any(|x| x == "--new-session"), "{a:?}");
+        assert!(pos(&a, &["--ro-bind", "/etc", "/etc"]).is_none(), "{a:?}");
+        for never in ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh"] {
+            assert!(!a.iter().any(|x| x == never), "{never} in {a:?}");
+        }
+        for generated in [
+            "/etc/passwd",
+            "/etc/group",
+            "/etc/claude-code/managed-settings.json",
+            "/etc/codex/requirements.toml",
+        ] {
+            let i = a.iter().position(|x| x == generated).unwrap_or(0);
+            assert!(i >= 2 && a[i - 2] == "--ro-bind-data", "{generated}: {a:?}");
+            assert!(a[i - 1].parse::<i32>().is_ok_and(|fd| fd >= DATA_FD_MIN));
+        }
+    }
+
+    #[test]
+    fn control_paths_are_bound_read_only_after_the_writable_root_and_home() {
+        let bind = |p: &str, pin_only| ControlBind {
+            path: PathBuf::from(p),
+            pin_only,
+        };
+        let ctl = vec![
+            bind("/srv/sandboxes/r-1/.claude", false),
+            bind("/srv/homes/c-1/.claude", true),
+            bind("/srv/homes/c-1/.claude/settings.json", false),
+        ];
+        let a = args_of(Profile::WorkspaceWrite, &ctl);
+        let root = pos(&a, &["--bind", "/srv/sandboxes/r-1", "/srv/sandboxes/r-1"]).unwrap();
+        let home = pos(&a, &["--bind", "/srv/homes/c-1", "/srv/homes/c-1"]).unwrap();
+        let mut last = 0;
+        for c in &ctl {
+            let p = c.path.to_string_lossy();
+            let how = if c.pin_only { "--bind" } else { "--ro-bind" };
+            let i = pos(&a, &[how, &p, &p]).unwrap_or_else(|| panic!("{p}: {a:?}"));
+            assert!(
+                i > root && i > home,
+                "{p} must be mounted over the writable binds"
+            );
+            assert!(i > last, "{p} out of order");
+            last = i;
+        }
+    }
 }

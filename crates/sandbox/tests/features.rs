@@ -14,6 +14,7 @@ fn report_matches_what_works_and_names_every_feature() {
         "user namespaces",
         "network namespaces",
         "landlock",
+        "agent identity",
     ] {
         assert!(text.contains(needle), "doctor output lacks {needle}");
     }
@@ -33,6 +34,17 @@ fn report_matches_what_works_and_names_every_feature() {
     // Missing limit controllers are spelled out.
     for c in f.missing_limit_controllers() {
         assert!(text.contains(&format!("{c}.max")), "{text}");
+    }
+    // A root user's agents are switched; anyone else's are not, and the report says so.
+    match &f.agent_identity {
+        Ok(warden_sandbox::IdentityPlan::Switch(i)) => {
+            assert!(nix::unistd::geteuid().is_root());
+            assert_ne!(i.uid, 0);
+        }
+        Ok(warden_sandbox::IdentityPlan::SupervisorUid { .. }) => {
+            assert!(text.contains("NOT SEPARATED"), "{text}")
+        }
+        Err(_) => assert!(text.contains("UNAVAILABLE"), "{text}"),
     }
     // Network namespaces are what bwrap --unshare-net needs.
     assert!(!f.bwrap_works || f.network_namespaces);

@@ -40,7 +40,7 @@ fn hostile_conversation_ids_never_move_the_sandbox() {
     let mut dirs = Vec::new();
     for id in hostile {
         let b = roots
-            .create(id, true, Profile::WorkspaceWrite)
+            .create(id, true, Profile::WorkspaceWrite, None)
             .expect("create");
         assert!(b.owned);
         assert_eq!(
@@ -73,7 +73,11 @@ fn hostile_conversation_ids_never_move_the_sandbox() {
         "every conversation got its own directory"
     );
     // One conversation, one sandbox.
-    assert!(roots.create("ctx-1", true, Profile::ReadOnly).is_err());
+    assert!(
+        roots
+            .create("ctx-1", true, Profile::ReadOnly, None)
+            .is_err()
+    );
 }
 
 #[test]
@@ -81,7 +85,7 @@ fn a_swapped_or_symlinked_sandbox_is_not_adopted() {
     let (_d, state, store) = state();
     let roots = OwnedRoots::open(&state, &store).expect("roots");
     let b = roots
-        .create("victim", false, Profile::ReadOnly)
+        .create("victim", false, Profile::ReadOnly, None)
         .expect("create");
     // Replace the directory with a symlink of the same name pointing elsewhere.
     std::fs::remove_dir(&b.root).expect("rm");

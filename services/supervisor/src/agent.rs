@@ -68,8 +68,9 @@ impl AgentProc {
         shared: &Arc<Shared>,
         core: &Arc<ConvCore>,
         cfg: &AgentConfig,
+        home: Option<&std::path::Path>,
     ) -> Result<AgentProc, StartError> {
-        let (mut tree, stdin, stdout, stderr) = shared.spawn_agent(core, cfg).await?;
+        let (mut tree, stdin, stdout, stderr) = shared.spawn_agent(core, cfg, home).await?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,

@@ -247,8 +247,10 @@ pub struct AgentConfig {
     /// a request names them.
     #[serde(default = "yes")]
     pub enabled: bool,
-    /// The agent's own home directory (operator-only): bound read-write under bubblewrap and set
-    /// as `HOME`, so an adapter keeps its settings and caches there and nowhere else.
+    /// The template of the agent's home (operator-only). Each conversation gets a fresh copy
+    /// under `<state>/homes/` (owned by the agent, removed with the conversation), bound
+    /// read-write under bubblewrap and set as `HOME`; the template itself is never bound, so
+    /// nothing one conversation writes there reaches another. Unset: an empty fresh home.
     #[serde(default)]
     pub home: Option<PathBuf>,
     /// Further host paths the agent may read under bubblewrap (operator-only), e.g. a Node.js
@@ -354,6 +356,13 @@ pub struct SandboxSection {
     pub cgroup: bool,
     /// Extra environment names passed to every agent (operator-only).
     pub env_extra: Vec<String>,
+    /// The user every agent (and ACP terminal) runs as: a name from /etc/passwd or a number.
+    /// Empty: a root supervisor uses the fixed uid/gid 61000 (`warden_sandbox::DEFAULT_AGENT_UID`,
+    /// refused if the host already uses it); a non-root supervisor cannot switch and runs agents
+    /// as itself (setting this then is an error). Never root, never the supervisor's own uid.
+    pub agent_user: String,
+    /// The agent's group (name or number). Empty: the user's primary group (or the same number).
+    pub agent_group: String,
 }
 
 impl Default for SandboxSection {
@@ -362,6 +371,8 @@ impl Default for SandboxSection {
             bubblewrap: true,
             cgroup: true,
             env_extra: Vec::new(),
+            agent_user: String::new(),
+            agent_group: String::new(),
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct Conversation {
     /// What the last kill of the agent tree did (forced, processes), for CloseConversation when
     /// the cancelled turn already killed it.
     last_kill: Mutex<(bool, u32)>,
+    /// This conversation's agent home: kept across idle restarts (the adapter's session state
+    /// lives there), removed at close (or when the conversation is dropped).
+    home: Mutex<Option<warden_sandbox::AgentHome>>,
 }
 
 /// How a turn ended.
@@ -75,6 +78,7 @@ impl Conversation {
         core: Arc<ConvCore>,
         agent_cfg: AgentConfig,
         shared: Arc<Shared>,
+        home: warden_sandbox::AgentHome,
     ) -> Result<Arc<Conversation>, StartError> {
         let conv = Arc::new(Conversation {
             core,
@@ -94,6 +98,7 @@ impl Conversation {
             proc_: tokio::sync::Mutex::new(None),
             last_session: Mutex::new(String::new()),
             last_kill: Mutex::new((false, 0)),
+            home: Mutex::new(Some(home)),
         });
         let (p, _reset) = conv.start_agent(false).await?;
         *conv.proc_.lock().await = Some(p);
@@ -109,7 +114,13 @@ impl Conversation {
     /// Spawns the agent and makes a session: `session/load` of the last one when `resume` and
     /// the agent supports it, else `session/new` (the bool is true when context was reset).
     async fn start_agent(&self, resume: bool) -> Result<(AgentProc, bool), StartError> {
-        let mut p = AgentProc::start(&self.shared, &self.core, &self.agent_cfg).await?;
+        let home = self
+            .home
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()));
+        let mut p =
+            AgentProc::start(&self.shared, &self.core, &self.agent_cfg, home.as_deref()).await?;
         let hs = self.shared.settings.limits().handshake();
         let last = self
             .last_session
@@ -388,6 +399,13 @@ impl Conversation {
             None => (false, 0),
         };
         self.st().status = pb::ConversationState::Closed;
+        // Nothing of this conversation's home may reach a later one.
+        let home = self.home.lock().ok().and_then(|mut h| h.take());
+        if let Some(h) = home
+            && let Err(e) = h.remove()
+        {
+            tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
+        }
         report
     }
 

@@ -134,8 +134,26 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     } else {
         None
     };
-    let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?;
+    let plan = warden_sandbox::IdentityPlan::for_this_process(
+        &settings.file.sandbox.agent_user,
+        &settings.file.sandbox.agent_group,
+    )?;
+    let identity = plan.switched();
+    match plan {
+        warden_sandbox::IdentityPlan::Switch(i) => {
+            tracing::info!(uid = i.uid, gid = i.gid, "agents run as their own uid")
+        }
+        warden_sandbox::IdentityPlan::SupervisorUid { uid, .. } => tracing::warn!(
+            uid,
+            "the supervisor is not root: agents run as its own uid and can reach whatever it can (see `warden doctor`)"
+        ),
+    }
+    let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?.with_identity(identity);
     let roots = warden_sandbox::OwnedRoots::open(&state, &store)?;
+    let homes = warden_sandbox::AgentHomes::open(&state, identity)?;
+    if let Some(i) = identity {
+        open_path_to_agents(&state, roots.dir(), homes.dir(), i)?;
+    }
     let records = Records::new(&state, settings.limits().transcript_bytes)?;
     let policy = PolicyClient::new(&settings.policy_socket());
     let shared = Shared {
@@ -146,6 +164,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         roots,
         workspaces: warden_sandbox::WorkspacePolicy::from_host(),
         spawner,
+        homes,
     };
     let sup = Supervisor::new(shared);
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
@@ -171,6 +190,53 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     sup.close_all().await;
     closer.abort();
     res.map_err(Into::into)
+}
+
+/// Agents reach their roots and homes by path (bubblewrap runs as the agent and resolves its
+/// bind sources on the host), so the agent uid needs search (`x`, never listing) on the state
+/// directory and the two directories below it that hold roots and homes. The store, which is
+/// created with the default umask, is closed to everyone else first. A directory above the
+/// state directory that the agent cannot search is the operator's to open: start-up refuses,
+/// naming it.
+fn open_path_to_agents(
+    state: &std::path::Path,
+    sandboxes: &std::path::Path,
+    homes: &std::path::Path,
+    who: warden_sandbox::AgentIdentity,
+) -> Result<(), StartupError> {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &std::path::Path, f: &dyn Fn(u32) -> u32| -> Result<(), StartupError> {
+        let mode = std::fs::metadata(p)
+            .map_err(|source| StartupError::StateDir {
+                path: p.to_path_buf(),
+                source,
+            })?
+            .permissions()
+            .mode();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(f(mode) & 0o7777)).map_err(
+            |source| StartupError::StateDir {
+                path: p.to_path_buf(),
+                source,
+            },
+        )
+    };
+    set(&state.join("store"), &|_| 0o700)?;
+    for d in [state, sandboxes, homes] {
+        set(d, &|m| m | 0o001)?;
+    }
+    for d in [sandboxes, homes] {
+        if let Some(blocked) = warden_sandbox::first_unsearchable(d, who) {
+            return Err(StartupError::Sandbox(
+                warden_sandbox::SandboxError::InvalidInput(format!(
+                    "agents run as uid {} but cannot search {}; give it search permission \
+                     (chmod o+x, or an ACL for that uid) or move daemon.state_dir",
+                    who.uid,
+                    blocked.display()
+                )),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The cgroup base of this supervisor: one per state directory, so two supervisors on one host

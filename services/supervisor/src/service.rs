@@ -35,6 +35,8 @@ pub struct Shared {
     pub workspaces: warden_sandbox::WorkspacePolicy,
     pub spawner: warden_sandbox::Spawner,
     pub depth: warden_sandbox::DepthGuard,
+    /// Per-conversation agent homes (fresh copies of each agent's template).
+    pub homes: warden_sandbox::AgentHomes,
 }
 
 pub type Spawned = (
@@ -45,11 +47,12 @@ pub type Spawned = (
 );
 
 impl Shared {
-    /// Spawns `cfg` contained in the conversation's root.
+    /// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
     pub async fn spawn_agent(
         &self,
         core: &ConvCore,
         cfg: &AgentConfig,
+        home: Option<&std::path::Path>,
     ) -> Result<Spawned, StartError> {
         let program = self
             .settings
@@ -83,7 +86,8 @@ impl Shared {
             self.depth,
         );
         spec.args = cfg.args.iter().map(Into::into).collect();
-        spec.home = cfg.home.clone();
+        // The conversation's copy, never the operator's template (`cfg.home`).
+        spec.home = home.map(std::path::Path::to_path_buf);
         spec.extra_ro_binds = cfg.read_only_paths.clone();
         spec.network = match cfg.network {
             Network::None => warden_sandbox::Network::None,
@@ -231,7 +235,12 @@ impl Supervisor {
                     made_root = true;
                     self.shared
                         .roots
-                        .create(&req.context_id, false, sprof)
+                        .create(
+                            &req.context_id,
+                            false,
+                            sprof,
+                            self.shared.spawner.agent_identity(),
+                        )
                         .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
                 }
             }
@@ -281,7 +290,21 @@ impl Supervisor {
             file_owner: None,
             fs_read_bytes: s.limits().fs_read_bytes,
         });
-        let conv = match Conversation::open(core, agent_cfg, self.shared.clone()).await {
+        let home = match self
+            .shared
+            .homes
+            .create(&req.context_id, agent_cfg.home.as_deref())
+        {
+            Ok(h) => h,
+            Err(e) => {
+                if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
+                    tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
+                }
+                return Err(Status::internal(format!("cannot make the agent home: {e}")));
+            }
+        };
+        // A failed open drops the home with the conversation (removed on drop).
+        let conv = match Conversation::open(core, agent_cfg, self.shared.clone(), home).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, error = %e, "conversation failed to start");
@@ -406,6 +429,14 @@ impl Supervisor {
         details.insert(
             "cgroup".to_string(),
             self.shared.spawner.cgroups().is_some().to_string(),
+        );
+        // The uid agents run as: switched, or the supervisor's own ("self").
+        details.insert(
+            "agent_uid".to_string(),
+            match self.shared.spawner.agent_identity() {
+                Some(i) => i.uid.to_string(),
+                None => "self".to_string(),
+            },
         );
         pb::StatusResponse {
             daemon: "warden-supervisor".into(),

@@ -1,0 +1,349 @@
+//! Agent-control paths: the files through which an agent (or a shell it runs) could change its
+//! own rules or hooks. Under bubblewrap each is bound read-only, so a shell cannot do what the
+//! tool call may not (the policy's floor denies the tool call).
+//!
+//! The root and the agent home are writable by the agent, so an earlier run may have planted a
+//! symlink at one of these names, pointing at a file the agent could otherwise not reach. Every
+//! entry is inspected and created relative to a directory fd, never following a symlink
+//! (`fstatat(AT_SYMLINK_NOFOLLOW)`, `mkdirat`, `openat(O_CREAT|O_EXCL|O_NOFOLLOW)`), and a
+//! symlink at any of them refuses the spawn: replacing it would delete something of the agent's,
+//! binding it would bind whatever it points to.
+//!
+//! A read-only bind of a file does not stop a rename of the directory holding it (the mount
+//! moves along, and a fresh directory with a fresh file takes the old name), so the directories
+//! holding bound entries (`.git`, `~/.claude`, `~/.codex`, `~/.gemini`) are bound onto
+//! themselves read-write first: a mount point cannot be renamed or removed (EBUSY).
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, SFlag, fstatat, mkdirat};
+use nix::unistd::{Gid, Uid, fchownat};
+
+use crate::SandboxError;
+use crate::identity::AgentIdentity;
+
+/// One bind over the root or home, in the order bubblewrap must apply them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlBind {
+    pub path: PathBuf,
+    /// `true`: bound onto itself read-write, only to pin it (a directory holding read-only
+    /// entries); `false`: bound read-only.
+    pub pin_only: bool,
+}
+
+impl ControlBind {
+    fn ro(path: PathBuf) -> Self {
+        ControlBind {
+            path,
+            pin_only: false,
+        }
+    }
+    fn pin(path: PathBuf) -> Self {
+        ControlBind {
+            path,
+            pin_only: true,
+        }
+    }
+}
+
+/// What an absent control path is created as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlKind {
+    Dir,
+    /// A file with this content (`{}` for JSON: an empty file is not valid JSON, and an adapter
+    /// that fails to parse it may fall back to defaults or refuse to start).
+    File(&'static str),
+}
+
+/// Control paths in a conversation's root, bound read-only. Directories are bound whole: the
+/// agent has no business writing project settings, rules or MCP servers.
+pub const ROOT_CONTROL: &[(&str, ControlKind)] = &[
+    (".claude", ControlKind::Dir),
+    (".codex", ControlKind::Dir),
+    (".gemini", ControlKind::Dir),
+    (".mcp.json", ControlKind::File("{}\n")),
+];
+
+/// Control paths inside `<root>/.git`, only when `.git` is a real directory: making a `.git`
+/// where there is none would turn a plain directory into a (broken) repository for every git
+/// command run in it, and a `.git` file (worktree, submodule) points outside the root, where the
+/// sandbox cannot see anyway.
+pub const GIT_CONTROL: &[(&str, ControlKind)] = &[
+    ("hooks", ControlKind::Dir),
+    ("config", ControlKind::File("")),
+];
+
+/// The adapters' configuration files in the agent home, bound read-only; the directories that
+/// hold them stay the agent's (Claude keeps sessions and caches in `~/.claude`).
+pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
+    (".claude", "settings.json", ControlKind::File("{}\n")),
+    (".claude", "settings.local.json", ControlKind::File("{}\n")),
+    (".codex", "config.toml", ControlKind::File("")),
+    (".codex", "rules", ControlKind::Dir),
+    (".gemini", "settings.json", ControlKind::File("{}\n")),
+];
+
+fn refuse_symlink(path: &Path) -> SandboxError {
+    SandboxError::InvalidInput(format!(
+        "{} is a symbolic link: an agent-control path must be a real file or directory; \
+         refusing to start (remove the link)",
+        path.display()
+    ))
+}
+
+fn os(what: &'static str, path: &Path, e: Errno) -> SandboxError {
+    SandboxError::io(what, path, std::io::Error::from(e))
+}
+
+fn open_dir(path: &Path) -> Result<OwnedFd, SandboxError> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(|e| os("open directory", path, e))
+}
+
+/// What is at `name` below `dir` without following a symlink.
+enum Found {
+    Absent,
+    Symlink,
+    Dir,
+    Other,
+}
+
+fn look(dir: &OwnedFd, name: &str, shown: &Path) -> Result<Found, SandboxError> {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => {
+            let t = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+            Ok(if t == SFlag::S_IFLNK {
+                Found::Symlink
+            } else if t == SFlag::S_IFDIR {
+                Found::Dir
+            } else {
+                Found::Other
+            })
+        }
+        Err(Errno::ENOENT) => Ok(Found::Absent),
+        Err(e) => Err(os("inspect", shown, e)),
+    }
+}
+
+/// Makes sure `name` exists below `dir` as a real entry (creating it as `kind` when absent,
+/// owned by the caller, mode 0755/0644) and returns its path for a read-only bind.
+fn ensure(
+    dir: &OwnedFd,
+    base: &Path,
+    name: &str,
+    kind: ControlKind,
+) -> Result<PathBuf, SandboxError> {
+    let path = base.join(name);
+    match look(dir, name, &path)? {
+        Found::Symlink => return Err(refuse_symlink(&path)),
+        Found::Dir | Found::Other => return Ok(path),
+        Found::Absent => {}
+    }
+    match kind {
+        ControlKind::Dir => match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(os("create", &path, e)),
+        },
+        ControlKind::File(content) => {
+            match openat(
+                dir,
+                name,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_WRONLY
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            ) {
+                Ok(fd) => std::fs::File::from(fd)
+                    .write_all(content.as_bytes())
+                    .map_err(|e| SandboxError::io("write", &path, e))?,
+                Err(Errno::EEXIST) => {}
+                Err(e) => return Err(os("create", &path, e)),
+            }
+        }
+    }
+    // Lost a race with the agent (EEXIST above): whatever is there now must not be a link.
+    match look(dir, name, &path)? {
+        Found::Symlink => Err(refuse_symlink(&path)),
+        Found::Absent => Err(SandboxError::InvalidInput(format!(
+            "{} vanished while it was being created",
+            path.display()
+        ))),
+        _ => Ok(path),
+    }
+}
+
+/// The root's control paths, created where absent, in bind order.
+pub fn prepare_root(root: &Path) -> Result<Vec<ControlBind>, SandboxError> {
+    let dir = open_dir(root)?;
+    let mut out = Vec::new();
+    for (name, kind) in ROOT_CONTROL {
+        out.push(ControlBind::ro(ensure(&dir, root, name, *kind)?));
+    }
+    let git = root.join(".git");
+    match look(&dir, ".git", &git)? {
+        Found::Symlink => return Err(refuse_symlink(&git)),
+        Found::Dir => {
+            let gdir = nix::fcntl::openat(
+                &dir,
+                ".git",
+                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+                Mode::empty(),
+            )
+            .map_err(|e| os("open", &git, e))?;
+            out.push(ControlBind::pin(git.clone()));
+            for (name, kind) in GIT_CONTROL {
+                out.push(ControlBind::ro(ensure(&gdir, &git, name, *kind)?));
+            }
+        }
+        Found::Absent | Found::Other => {}
+    }
+    Ok(out)
+}
+
+/// The home's adapter configuration files, created where absent. Their parent directories are
+/// created for (and owned by) the agent; the files themselves stay the supervisor's, so even
+/// without bubblewrap the agent cannot rewrite them in place.
+pub fn prepare_home(
+    home: &Path,
+    owner: Option<AgentIdentity>,
+) -> Result<Vec<ControlBind>, SandboxError> {
+    let dir = open_dir(home)?;
+    let mut out: Vec<ControlBind> = Vec::new();
+    for (parent, name, kind) in HOME_CONTROL {
+        let ppath = home.join(parent);
+        match look(&dir, parent, &ppath)? {
+            Found::Symlink => return Err(refuse_symlink(&ppath)),
+            Found::Other => {
+                return Err(SandboxError::InvalidInput(format!(
+                    "{} is not a directory",
+                    ppath.display()
+                )));
+            }
+            Found::Dir => {}
+            Found::Absent => {
+                match mkdirat(&dir, *parent, Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(os("create", &ppath, e)),
+                }
+                if let Some(o) = owner {
+                    fchownat(
+                        &dir,
+                        *parent,
+                        Some(Uid::from_raw(o.uid)),
+                        Some(Gid::from_raw(o.gid)),
+                        AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )
+                    .map_err(|e| os("chown", &ppath, e))?;
+                }
+            }
+        }
+        let pdir = openat(
+            &dir,
+            *parent,
+            OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+            Mode::empty(),
+        )
+        .map_err(|e| os("open", &ppath, e))?;
+        if !out.iter().any(|b| b.path == ppath) {
+            out.push(ControlBind::pin(ppath.clone()));
+        }
+        out.push(ControlBind::ro(ensure(&pdir, &ppath, name, *kind)?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_control_paths_are_created_and_present_ones_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        std::fs::create_dir(root.join(".claude")).unwrap();
+        std::fs::write(root.join(".claude/settings.json"), "{\"x\":1}").unwrap();
+        let binds = prepare_root(root).unwrap();
+        assert_eq!(binds.len(), ROOT_CONTROL.len(), "no .git, no git entries");
+        assert!(binds.iter().all(|b| !b.pin_only));
+        assert!(root.join(".codex").is_dir() && root.join(".gemini").is_dir());
+        assert_eq!(
+            std::fs::read_to_string(root.join(".mcp.json")).unwrap(),
+            "{}\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(root.join(".claude/settings.json")).unwrap(),
+            "{\"x\":1}"
+        );
+        assert!(!root.join(".git").exists(), "no repository is invented");
+        std::fs::create_dir(root.join(".git")).unwrap();
+        let binds = prepare_root(root).unwrap();
+        let at = |p: &str| binds.iter().position(|b| b.path == root.join(p)).unwrap();
+        assert!(binds[at(".git")].pin_only, ".git is pinned, not read-only");
+        assert!(at(".git") < at(".git/hooks") && at(".git") < at(".git/config"));
+        assert!(!binds[at(".git/hooks")].pin_only && !binds[at(".git/config")].pin_only);
+        assert!(root.join(".git/hooks").is_dir());
+    }
+
+    #[test]
+    fn a_planted_symlink_refuses_the_spawn_and_is_not_followed() {
+        for planted in [".claude", ".mcp.json", ".git"] {
+            let t = tempfile::tempdir().unwrap();
+            let outside = tempfile::tempdir().unwrap();
+            std::os::unix::fs::symlink(outside.path(), t.path().join(planted)).unwrap();
+            let e = prepare_root(t.path()).unwrap_err();
+            assert!(e.to_string().contains("symbolic link"), "{planted}: {e}");
+            assert_eq!(
+                std::fs::read_dir(outside.path()).unwrap().count(),
+                0,
+                "{planted}: nothing created through the link"
+            );
+        }
+        let t = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join(".claude")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("s.json"),
+            t.path().join(".claude/settings.json"),
+        )
+        .unwrap();
+        assert!(prepare_home(t.path(), None).is_err());
+        assert!(!outside.path().join("s.json").exists());
+    }
+
+    #[test]
+    fn home_config_files_are_created_in_agent_owned_directories() {
+        let t = tempfile::tempdir().unwrap();
+        let binds = prepare_home(t.path(), None).unwrap();
+        // Three pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 3);
+        assert_eq!(
+            binds.iter().filter(|b| !b.pin_only).count(),
+            HOME_CONTROL.len()
+        );
+        let pin = binds
+            .iter()
+            .position(|b| b.path == t.path().join(".claude"))
+            .unwrap();
+        let file = binds
+            .iter()
+            .position(|b| b.path == t.path().join(".claude/settings.json"))
+            .unwrap();
+        assert!(binds[pin].pin_only && pin < file);
+        assert_eq!(
+            std::fs::read_to_string(t.path().join(".claude/settings.json")).unwrap(),
+            "{}\n"
+        );
+        assert!(t.path().join(".codex/rules").is_dir());
+        assert!(t.path().join(".codex/config.toml").is_file());
+    }
+}

@@ -1,0 +1,284 @@
+//! The `/etc` an agent sees under bubblewrap: a short list of harmless host files (name
+//! resolution, TLS roots, the dynamic loader, time zone), generated `passwd`/`group` holding only
+//! the agent's own line (plus root and nobody, which tools expect to exist), and the adapters'
+//! admin-level policy written by warden. Never `shadow`, `gshadow`, `sudoers*` or `ssh/`.
+
+use std::path::{Path, PathBuf};
+
+use crate::identity::{AGENT_NAME, AgentIdentity};
+
+/// Host `/etc` entries bound read-only where present. Symlinks are resolved on the host and the
+/// target is bound at the entry's name (`resolv.conf` → `../run/...` would otherwise dangle,
+/// `/run` is not in the sandbox).
+pub const ETC_ENTRIES: &[&str] = &[
+    // Name resolution (glibc, musl, Node's c-ares through getaddrinfo).
+    "resolv.conf",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    // TLS trust roots (Debian/Ubuntu, Fedora/RHEL) for the model API.
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    // Debian's /usr/bin/* → /etc/alternatives/* → /usr/... links (node, editor, awk).
+    "alternatives",
+    // The dynamic loader's cache and search path.
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "os-release",
+];
+
+/// Names that are never bound, whatever an entry above resolves to.
+pub const ETC_FORBIDDEN: &[&str] = &[
+    "shadow",
+    "shadow-",
+    "gshadow",
+    "gshadow-",
+    "sudoers",
+    "sudoers.d",
+    "ssh",
+    "passwd",
+    "passwd-",
+    "group",
+    "group-",
+    "security",
+    "machine-id",
+];
+
+/// Where warden writes Claude Code's managed settings inside the sandbox.
+pub const CLAUDE_MANAGED_SETTINGS: &str = "/etc/claude-code/managed-settings.json";
+/// Where warden writes Codex's admin requirements inside the sandbox.
+pub const CODEX_REQUIREMENTS: &str = "/etc/codex/requirements.toml";
+
+/// Claude Code's managed layer (outranks user, project and local settings):
+/// no `bypassPermissions` mode, permission rules only from this file (so a model-written
+/// `permissions.allow` in `~/.claude/settings.json` or `<root>/.claude/settings.local.json` is
+/// ignored), hooks only from this file (and none here), every call starts in `default` (asks).
+pub const CLAUDE_MANAGED_SETTINGS_JSON: &str = r#"{
+  "permissions": {
+    "defaultMode": "default",
+    "disableBypassPermissionsMode": "disable"
+  },
+  "disableBypassPermissionsMode": "disable",
+  "allowManagedPermissionRulesOnly": true,
+  "allowManagedHooksOnly": true,
+  "disableAllHooks": true
+}
+"#;
+
+/// Codex's admin requirements: approval policies that ask (`untrusted`, `on-request`; never
+/// `never`), sandbox modes without `danger-full-access`. A conflicting user value falls back to
+/// an allowed one.
+pub const CODEX_REQUIREMENTS_TOML: &str = r#"# Written by warden for this conversation; read-only inside the sandbox.
+allowed_approval_policies = ["untrusted", "on-request"]
+allowed_sandbox_modes = ["read-only", "workspace-write"]
+"#;
+
+/// One mount of the sandbox's `/etc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EtcBind {
+    /// Bind the host path `src` read-only at `dest`.
+    Host { src: PathBuf, dest: PathBuf },
+    /// Write `content` to a read-only file at `dest`.
+    Data { dest: PathBuf, content: Vec<u8> },
+}
+
+impl EtcBind {
+    pub fn dest(&self) -> &Path {
+        match self {
+            EtcBind::Host { dest, .. } | EtcBind::Data { dest, .. } => dest,
+        }
+    }
+}
+
+/// The sandbox's `/etc` for an agent running as `who` with home `home`, from the host's `etc`
+/// directory (`/etc` in production; a test passes its own).
+pub fn etc_plan(etc: &Path, who: AgentIdentity, home: Option<&Path>) -> Vec<EtcBind> {
+    let mut out = Vec::new();
+    let etc_real = std::fs::canonicalize(etc).unwrap_or_else(|_| etc.to_path_buf());
+    for name in ETC_ENTRIES {
+        let entry = etc.join(name);
+        if std::fs::symlink_metadata(&entry).is_err() {
+            continue;
+        }
+        let Ok(real) = std::fs::canonicalize(&entry) else {
+            continue; // a dangling link: nothing to bind
+        };
+        if forbidden(&real, &etc_real) {
+            tracing::warn!(entry = %entry.display(), target = %real.display(), "an /etc entry resolves to a forbidden file; not bound");
+            continue;
+        }
+        out.push(EtcBind::Host {
+            src: real,
+            dest: Path::new("/etc").join(name),
+        });
+    }
+    let home = home
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "/".into());
+    let mut passwd = String::from("root:x:0:0:root:/root:/usr/sbin/nologin\n");
+    if who.uid != 0 {
+        passwd.push_str(&format!(
+            "{AGENT_NAME}:x:{}:{}:warden agent:{home}:/bin/sh\n",
+            who.uid, who.gid
+        ));
+    }
+    passwd.push_str("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n");
+    let mut group = String::from("root:x:0:\n");
+    if who.gid != 0 && who.gid != 65534 {
+        group.push_str(&format!("{AGENT_NAME}:x:{}:\n", who.gid));
+    }
+    group.push_str("nogroup:x:65534:\n");
+    for (dest, content) in [
+        ("/etc/passwd", passwd.into_bytes()),
+        ("/etc/group", group.into_bytes()),
+        (
+            CLAUDE_MANAGED_SETTINGS,
+            CLAUDE_MANAGED_SETTINGS_JSON.as_bytes().to_vec(),
+        ),
+        (
+            CODEX_REQUIREMENTS,
+            CODEX_REQUIREMENTS_TOML.as_bytes().to_vec(),
+        ),
+    ] {
+        out.push(EtcBind::Data {
+            dest: PathBuf::from(dest),
+            content,
+        });
+    }
+    out
+}
+
+/// True when `real` (a resolved path) is a forbidden file: its name, or the first component
+/// below the host's `/etc`, is on [`ETC_FORBIDDEN`].
+fn forbidden(real: &Path, etc_real: &Path) -> bool {
+    let named = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| ETC_FORBIDDEN.contains(&n))
+    };
+    if named(real) {
+        return true;
+    }
+    for e in [etc_real, Path::new("/etc")] {
+        if let Ok(rest) = real.strip_prefix(e)
+            && let Some(first) = rest.components().next()
+            && ETC_FORBIDDEN.contains(&first.as_os_str().to_str().unwrap_or(""))
+        {
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who() -> AgentIdentity {
+        AgentIdentity {
+            uid: 61000,
+            gid: 61000,
+        }
+    }
+
+    fn dests(plan: &[EtcBind]) -> Vec<String> {
+        plan.iter()
+            .map(|b| b.dest().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn only_listed_entries_and_generated_files_are_in_the_sandbox_etc() {
+        let t = tempfile::tempdir().unwrap();
+        let etc = t.path().join("etc");
+        std::fs::create_dir_all(etc.join("ssl/certs")).unwrap();
+        std::fs::create_dir_all(etc.join("ssh")).unwrap();
+        std::fs::create_dir_all(etc.join("sudoers.d")).unwrap();
+        for f in [
+            "hosts", "shadow", "gshadow", "sudoers", "passwd", "group", "fstab",
+        ] {
+            std::fs::write(etc.join(f), f).unwrap();
+        }
+        std::fs::write(etc.join("ssh/ssh_host_ed25519_key"), "key").unwrap();
+        // resolv.conf → ../run/...: the target is bound at /etc/resolv.conf.
+        std::fs::create_dir_all(t.path().join("run/resolve")).unwrap();
+        std::fs::write(
+            t.path().join("run/resolve/stub.conf"),
+            "nameserver 127.0.0.53",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../run/resolve/stub.conf", etc.join("resolv.conf")).unwrap();
+        // A listed name that points at a forbidden file is not bound.
+        std::os::unix::fs::symlink("shadow", etc.join("localtime")).unwrap();
+        // A dangling link is skipped.
+        std::os::unix::fs::symlink("/nonexistent/x", etc.join("timezone")).unwrap();
+
+        let plan = etc_plan(&etc, who(), Some(Path::new("/srv/home-1")));
+        let d = dests(&plan);
+        for must in [
+            "/etc/hosts",
+            "/etc/ssl",
+            "/etc/resolv.conf",
+            "/etc/passwd",
+            "/etc/group",
+            CLAUDE_MANAGED_SETTINGS,
+            CODEX_REQUIREMENTS,
+        ] {
+            assert!(d.iter().any(|x| x == must), "{must} missing: {d:?}");
+        }
+        for never in [
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/sudoers",
+            "/etc/sudoers.d",
+            "/etc/ssh",
+            "/etc/fstab",
+            "/etc/localtime",
+            "/etc/timezone",
+        ] {
+            assert!(!d.iter().any(|x| x == never), "{never} bound: {d:?}");
+        }
+        let resolv = plan
+            .iter()
+            .find(|b| b.dest() == Path::new("/etc/resolv.conf"))
+            .unwrap();
+        let EtcBind::Host { src, .. } = resolv else {
+            panic!("resolv.conf is a host bind")
+        };
+        assert!(src.ends_with("run/resolve/stub.conf"), "{src:?}");
+        // The generated passwd has the agent, root and nobody, and nothing of the host's.
+        let passwd = plan
+            .iter()
+            .find_map(|b| match b {
+                EtcBind::Data { dest, content } if dest == Path::new("/etc/passwd") => {
+                    Some(String::from_utf8_lossy(content).into_owned())
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert!(passwd.contains("warden-agent:x:61000:61000:warden agent:/srv/home-1:/bin/sh"));
+        assert_eq!(passwd.lines().count(), 3, "{passwd}");
+        assert!(!passwd.contains("passwd"));
+    }
+
+    #[test]
+    fn the_managed_policies_say_what_the_readme_says() {
+        let v: serde_json::Value = serde_json::from_str(CLAUDE_MANAGED_SETTINGS_JSON).unwrap();
+        assert_eq!(v["permissions"]["disableBypassPermissionsMode"], "disable");
+        assert_eq!(v["permissions"]["defaultMode"], "default");
+        assert_eq!(v["allowManagedPermissionRulesOnly"], true);
+        assert_eq!(v["allowManagedHooksOnly"], true);
+        assert!(!CODEX_REQUIREMENTS_TOML.contains("danger-full-access"));
+        assert!(!CODEX_REQUIREMENTS_TOML.contains("\"never\""));
+    }
+}

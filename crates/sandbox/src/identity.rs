@@ -1,0 +1,276 @@
+//! Who an agent runs as. Never root, never the supervisor's own uid: a root supervisor switches
+//! every child it spawns to the agent identity (in the child, before exec: `setgroups([])`,
+//! `setgid`, `setuid`); a supervisor that is not root cannot switch, and its agents run as its own
+//! uid (`warden doctor` says what that costs).
+
+use std::path::Path;
+
+use crate::SandboxError;
+
+/// The uid (and gid) used when a root supervisor has no `agent_user` configured.
+///
+/// Why a fixed number and not a created `warden-agent` user: creating a user edits the host's
+/// `/etc/passwd` (a different tool on every distribution, not undone when warden goes away),
+/// while the sandbox gets its own generated `/etc/passwd` anyway. 61000 lies outside the ranges
+/// systemd hands out (homed 60001–60513, `DynamicUser=` 61184–65519) and outside regular users
+/// (1000–60000); the supervisor refuses to start when this host's passwd or group file already
+/// uses it, so the number never aliases a real account.
+pub const DEFAULT_AGENT_UID: u32 = 61_000;
+/// The name the agent's own line carries in the sandbox's generated `/etc/passwd`.
+pub const AGENT_NAME: &str = "warden-agent";
+
+/// The uid and gid an agent process runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AgentIdentity {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// How the supervisor's agents are run, decided once at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityPlan {
+    /// The supervisor is root: every child switches to this identity.
+    Switch(AgentIdentity),
+    /// The supervisor is not root and cannot switch: agents run as its own uid/gid.
+    SupervisorUid { uid: u32, gid: u32 },
+}
+
+impl IdentityPlan {
+    /// The identity children are switched to, if any.
+    pub fn switched(&self) -> Option<AgentIdentity> {
+        match self {
+            IdentityPlan::Switch(i) => Some(*i),
+            IdentityPlan::SupervisorUid { .. } => None,
+        }
+    }
+
+    /// The uid/gid an agent ends up with either way.
+    pub fn effective(&self) -> AgentIdentity {
+        match self {
+            IdentityPlan::Switch(i) => *i,
+            IdentityPlan::SupervisorUid { uid, gid } => AgentIdentity {
+                uid: *uid,
+                gid: *gid,
+            },
+        }
+    }
+
+    /// Decides from the configuration (`agent_user`, `agent_group`: names or numbers, empty =
+    /// unset), this process's uid/gid and the host's account files.
+    ///
+    /// A non-root supervisor with an `agent_user` configured is an error (the separation the
+    /// operator asked for cannot be provided), not a silent fallback.
+    pub fn decide(
+        agent_user: &str,
+        agent_group: &str,
+        own_uid: u32,
+        own_gid: u32,
+        passwd: &str,
+        group: &str,
+    ) -> Result<IdentityPlan, SandboxError> {
+        let user = agent_user.trim();
+        let grp = agent_group.trim();
+        if own_uid != 0 {
+            if !user.is_empty() || !grp.is_empty() {
+                return Err(SandboxError::InvalidInput(format!(
+                    "sandbox.agent_user/agent_group are set but the supervisor runs as uid \
+                     {own_uid}, not root, and cannot switch agents to another uid"
+                )));
+            }
+            return Ok(IdentityPlan::SupervisorUid {
+                uid: own_uid,
+                gid: own_gid,
+            });
+        }
+        let (uid, primary_gid) = if user.is_empty() {
+            for (what, file) in [("passwd", passwd), ("group", group)] {
+                if let Some(line) = file
+                    .lines()
+                    .find(|l| field(l, 2) == Some(DEFAULT_AGENT_UID))
+                {
+                    let name = line.split(':').next().unwrap_or("?");
+                    return Err(SandboxError::InvalidInput(format!(
+                        "the default agent id {DEFAULT_AGENT_UID} is already used by {what} \
+                         entry {name:?} on this host; set sandbox.agent_user to a dedicated user"
+                    )));
+                }
+            }
+            (DEFAULT_AGENT_UID, DEFAULT_AGENT_UID)
+        } else if let Ok(n) = user.parse::<u32>() {
+            let gid = passwd
+                .lines()
+                .find(|l| field(l, 2) == Some(n))
+                .and_then(|l| field(l, 3))
+                .unwrap_or(n);
+            (n, gid)
+        } else {
+            let line = passwd
+                .lines()
+                .find(|l| l.split(':').next() == Some(user))
+                .ok_or_else(|| {
+                    SandboxError::InvalidInput(format!(
+                        "sandbox.agent_user {user:?} is not in /etc/passwd"
+                    ))
+                })?;
+            match (field(line, 2), field(line, 3)) {
+                (Some(u), Some(g)) => (u, g),
+                _ => {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "the /etc/passwd entry of {user:?} is malformed"
+                    )));
+                }
+            }
+        };
+        let gid = if grp.is_empty() {
+            primary_gid
+        } else if let Ok(n) = grp.parse::<u32>() {
+            n
+        } else {
+            group
+                .lines()
+                .find(|l| l.split(':').next() == Some(grp))
+                .and_then(|l| field(l, 2))
+                .ok_or_else(|| {
+                    SandboxError::InvalidInput(format!(
+                        "sandbox.agent_group {grp:?} is not in /etc/group"
+                    ))
+                })?
+        };
+        if uid == 0 || uid == own_uid {
+            return Err(SandboxError::InvalidInput(format!(
+                "sandbox.agent_user resolves to uid {uid}: agents never run as root or as the \
+                 supervisor"
+            )));
+        }
+        if gid == 0 || gid == own_gid {
+            return Err(SandboxError::InvalidInput(format!(
+                "the agent group resolves to gid {gid}: agents never run in root's or the \
+                 supervisor's group"
+            )));
+        }
+        Ok(IdentityPlan::Switch(AgentIdentity { uid, gid }))
+    }
+
+    /// [`IdentityPlan::decide`] with this process's ids and the host's `/etc/passwd` and
+    /// `/etc/group`.
+    pub fn for_this_process(
+        agent_user: &str,
+        agent_group: &str,
+    ) -> Result<IdentityPlan, SandboxError> {
+        let read = |p: &str| {
+            std::fs::read_to_string(p).or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(String::new()),
+                _ => Err(SandboxError::io("read", Path::new(p), e)),
+            })
+        };
+        Self::decide(
+            agent_user,
+            agent_group,
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+            &read("/etc/passwd")?,
+            &read("/etc/group")?,
+        )
+    }
+}
+
+/// The numeric field `i` of a colon-separated account line.
+fn field(line: &str, i: usize) -> Option<u32> {
+    line.split(':').nth(i)?.parse().ok()
+}
+
+/// True when `uid`/`gid` may search (`x`) every directory from `/` down to `dir` inclusive,
+/// judged by the mode bits (owner, group, other). Returns the first directory that blocks.
+pub fn first_unsearchable(dir: &Path, who: AgentIdentity) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let mut ancestors: Vec<&Path> = dir.ancestors().collect();
+    ancestors.reverse();
+    for a in ancestors {
+        let Ok(m) = std::fs::metadata(a) else {
+            return Some(a.to_path_buf());
+        };
+        let mode = m.mode();
+        let ok = if m.uid() == who.uid {
+            mode & 0o100 != 0
+        } else if m.gid() == who.gid {
+            mode & 0o010 != 0
+        } else {
+            mode & 0o001 != 0
+        };
+        if !ok {
+            return Some(a.to_path_buf());
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000::/home/alice:/bin/sh\nsvc:x:990:985::/var/lib/svc:/usr/sbin/nologin\n";
+    const GROUP: &str = "root:x:0:\nalice:x:1000:\nagents:x:4242:\n";
+
+    #[test]
+    fn a_root_supervisor_without_configuration_uses_the_fixed_agent_id() {
+        let p = IdentityPlan::decide("", "", 0, 0, PASSWD, GROUP).unwrap();
+        assert_eq!(
+            p.switched(),
+            Some(AgentIdentity {
+                uid: DEFAULT_AGENT_UID,
+                gid: DEFAULT_AGENT_UID
+            })
+        );
+    }
+
+    #[test]
+    fn the_fixed_id_is_refused_when_the_host_uses_it() {
+        let passwd = format!("{PASSWD}taken:x:{DEFAULT_AGENT_UID}:5::/:/bin/sh\n");
+        let e = IdentityPlan::decide("", "", 0, 0, &passwd, GROUP).unwrap_err();
+        assert!(e.to_string().contains("taken"), "{e}");
+        let group = format!("{GROUP}g:x:{DEFAULT_AGENT_UID}:\n");
+        assert!(IdentityPlan::decide("", "", 0, 0, PASSWD, &group).is_err());
+    }
+
+    #[test]
+    fn names_and_numbers_resolve() {
+        let p = IdentityPlan::decide("svc", "", 0, 0, PASSWD, GROUP).unwrap();
+        assert_eq!(p.switched(), Some(AgentIdentity { uid: 990, gid: 985 }));
+        let p = IdentityPlan::decide("svc", "agents", 0, 0, PASSWD, GROUP).unwrap();
+        assert_eq!(
+            p.switched(),
+            Some(AgentIdentity {
+                uid: 990,
+                gid: 4242
+            })
+        );
+        let p = IdentityPlan::decide("5000", "", 0, 0, PASSWD, GROUP).unwrap();
+        assert_eq!(
+            p.switched(),
+            Some(AgentIdentity {
+                uid: 5000,
+                gid: 5000
+            })
+        );
+        assert!(IdentityPlan::decide("ghost", "", 0, 0, PASSWD, GROUP).is_err());
+        assert!(IdentityPlan::decide("svc", "ghosts", 0, 0, PASSWD, GROUP).is_err());
+    }
+
+    #[test]
+    fn root_is_never_an_agent() {
+        for (u, g) in [("root", ""), ("0", ""), ("svc", "0"), ("svc", "root")] {
+            assert!(
+                IdentityPlan::decide(u, g, 0, 0, PASSWD, GROUP).is_err(),
+                "{u}:{g}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_non_root_supervisor_runs_agents_as_itself_and_refuses_a_configured_user() {
+        let p = IdentityPlan::decide("", "", 962, 962, PASSWD, GROUP).unwrap();
+        assert_eq!(p.switched(), None);
+        assert_eq!(p.effective(), AgentIdentity { uid: 962, gid: 962 });
+        assert!(IdentityPlan::decide("svc", "", 962, 962, PASSWD, GROUP).is_err());
+    }
+}
