@@ -50,6 +50,19 @@ async fn client_fs_requests_stay_inside_the_boundary() {
         std::fs::read_to_string(root.join("inside.txt")).unwrap(),
         "pwned"
     );
+    // What the supervisor writes for the agent belongs to the agent (the root's owner: the agent
+    // uid when the supervisor is root), never to the supervisor.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::metadata(&root).unwrap().uid();
+        assert_eq!(
+            std::fs::metadata(root.join("inside.txt")).unwrap().uid(),
+            owner
+        );
+        if nix::unistd::geteuid().is_root() {
+            assert_ne!(owner, 0, "a root supervisor's agent root belongs to root");
+        }
+    }
 
     let abs = outside.join("abs.txt");
     let dotdot = format!(

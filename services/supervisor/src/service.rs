@@ -287,7 +287,13 @@ impl Supervisor {
             terminals: Default::default(),
             files: warden_containment::beneath::RootDir::open(&boundary.root)
                 .map_err(|e| e.to_string()),
-            file_owner: None,
+            // What a client write creates belongs to the agent, not to the supervisor's uid.
+            file_owner: self.shared.spawner.agent_identity().map(|i| {
+                warden_containment::beneath::Owner {
+                    uid: i.uid,
+                    gid: i.gid,
+                }
+            }),
             fs_read_bytes: s.limits().fs_read_bytes,
         });
         let home = match self
