@@ -20,8 +20,8 @@
 
 use serde_json::{Value, json};
 use warden_proto::v1::{
-    Fault, PermissionDecisionEvent, Refusal, ToolCallEvent, TurnEvent, TurnStop, Verdict,
-    turn_event::Event,
+    Fault, FaultClass, PermissionDecisionEvent, Refusal, ToolCallEvent, TurnEvent, TurnStop,
+    Verdict, turn_event::Event,
 };
 
 use crate::a2a::{
@@ -748,11 +748,18 @@ impl TurnMapper {
                 )],
             ),
             _ => match &fault {
-                Some(f) if f.class == "prompt-too-large" || f.class == "rejected" => (
-                    TaskState::Rejected,
-                    vec![format!("rejected: {}", f.message)],
-                ),
-                Some(f) if f.class == "startup" => (
+                Some(f)
+                    if matches!(
+                        f.fault_class(),
+                        FaultClass::PromptTooLarge | FaultClass::Rejected
+                    ) =>
+                {
+                    (
+                        TaskState::Rejected,
+                        vec![format!("rejected: {}", f.message)],
+                    )
+                }
+                Some(f) if f.fault_class() == FaultClass::Startup => (
                     TaskState::Failed,
                     vec![format!("the agent could not start: {}", f.message)],
                 ),
@@ -806,13 +813,13 @@ impl TurnMapper {
         if self.finished {
             return Vec::new();
         }
-        let class = "supervisor";
         let stop = TurnStop {
             stop_reason: "fault".to_string(),
             refusals: Vec::new(),
             fault: Some(Fault {
-                class: class.into(),
+                class: "supervisor".into(),
                 message: reason.to_string(),
+                fault_class: FaultClass::SupervisorUnavailable as i32,
             }),
             transcript_path: String::new(),
             duration_millis: 0,
@@ -1180,33 +1187,38 @@ mod tests {
 
     #[test]
     fn faults_fail_the_task_with_the_fault_and_refusal_fails_it() {
-        for (class, msg, expect_state, expect_text) in [
+        for (class, typed, msg, expect_state, expect_text) in [
             (
                 "crash",
+                FaultClass::Crash,
                 "agent exited with signal 9",
                 TaskState::Failed,
                 "crash: agent exited with signal 9",
             ),
             (
                 "timeout",
+                FaultClass::Timeout,
                 "turn exceeded 30 s",
                 TaskState::Failed,
                 "timeout: turn exceeded 30 s",
             ),
             (
                 "output-limit",
+                FaultClass::OutputLimit,
                 "over 256 KiB",
                 TaskState::Failed,
                 "output-limit: over 256 KiB",
             ),
             (
                 "startup",
+                FaultClass::Startup,
                 "no such binary",
                 TaskState::Failed,
                 "the agent could not start: no such binary",
             ),
             (
                 "prompt-too-large",
+                FaultClass::PromptTooLarge,
                 "text over 16 KiB",
                 TaskState::Rejected,
                 "rejected: text over 16 KiB",
@@ -1216,6 +1228,7 @@ mod tests {
             let f = Fault {
                 class: class.into(),
                 message: msg.into(),
+                fault_class: typed as i32,
             };
             let out = run(&mut m, vec![stop("fault", vec![], Some(f))]);
             let (status, text, meta) = final_status(&out);
@@ -1232,6 +1245,7 @@ mod tests {
                 Event::Fault(Fault {
                     class: "crash".into(),
                     message: "boom".into(),
+                    fault_class: FaultClass::Crash as i32,
                 }),
                 stop("fault", vec![], None),
             ],
@@ -1294,6 +1308,7 @@ mod tests {
             Fault {
                 class: "startup".into(),
                 message: "program not found".into(),
+                fault_class: FaultClass::Startup as i32,
             },
             1,
         );
@@ -1306,6 +1321,7 @@ mod tests {
             Fault {
                 class: "rejected".into(),
                 message: "task text is empty".into(),
+                fault_class: FaultClass::Rejected as i32,
             },
             1,
         );

@@ -863,26 +863,32 @@ impl Core {
     }
 }
 
-/// What a RunTurn refused before its stream began means for the task. The supervisor prefixes
-/// the faults it knows (`startup fault: …`, `prompt-too-large: …`); any other invalid argument is
-/// a refusal of the request (REJECTED); anything else is the supervisor being unavailable.
+/// What a RunTurn refused before its stream began means for the task. A refusal for a fault
+/// carries the typed fault as the status's binary details (startup, prompt-too-large); any other
+/// invalid argument is a refusal of the request (REJECTED); anything else is the supervisor being
+/// unavailable. The message text is shown, never parsed.
 pub fn fault_of_refused_turn(status: &tonic::Status) -> warden_proto::v1::Fault {
+    use prost::Message;
+    use warden_proto::v1::{Fault, FaultClass};
+    if let Ok(f) = Fault::decode(status.details())
+        && f.fault_class() != FaultClass::Unspecified
+    {
+        return f;
+    }
     let msg = status.message();
-    let (class, message) = if let Some(rest) = msg.strip_prefix("startup fault:") {
-        ("startup", rest.trim().to_string())
-    } else if msg.starts_with("prompt-too-large") {
-        ("prompt-too-large", msg.to_string())
-    } else if status.code() == tonic::Code::InvalidArgument {
-        ("rejected", msg.to_string())
+    let (class, name, message) = if status.code() == tonic::Code::InvalidArgument {
+        (FaultClass::Rejected, "rejected", msg.to_string())
     } else {
         (
+            FaultClass::SupervisorUnavailable,
             "supervisor",
             format!("the supervisor could not run the turn: {msg}"),
         )
     };
-    warden_proto::v1::Fault {
-        class: class.to_string(),
+    Fault {
+        class: name.to_string(),
         message,
+        fault_class: class as i32,
     }
 }
 
@@ -912,6 +918,37 @@ fn answer_content(m: &Message) -> (String, String) {
 mod tests {
     use super::*;
     use warden_proto::v1::{TextChunk, TurnEvent, TurnStarted, TurnStop, turn_event::Event};
+
+    #[test]
+    fn a_refused_turn_is_read_from_its_typed_details_not_its_text() {
+        use prost::Message;
+        use warden_proto::v1::{Fault, FaultClass};
+        // The message says nothing a parser could use; the details say startup.
+        let detail = Fault {
+            class: "startup".into(),
+            message: "bwrap: no permission".into(),
+            fault_class: FaultClass::Startup as i32,
+        };
+        let s = tonic::Status::with_details(
+            tonic::Code::Unavailable,
+            "something went wrong",
+            detail.encode_to_vec().into(),
+        );
+        let f = fault_of_refused_turn(&s);
+        assert_eq!(f.fault_class(), FaultClass::Startup);
+        assert_eq!(f.message, "bwrap: no permission");
+        // A message that merely looks like a startup fault, without details, is not one.
+        let s = tonic::Status::unavailable("startup fault: forged");
+        assert_eq!(
+            fault_of_refused_turn(&s).fault_class(),
+            FaultClass::SupervisorUnavailable
+        );
+        let s = tonic::Status::invalid_argument("task text is empty");
+        assert_eq!(
+            fault_of_refused_turn(&s).fault_class(),
+            FaultClass::Rejected
+        );
+    }
 
     fn live(store: &TaskStore) -> LiveTask {
         let task = Task {

@@ -26,8 +26,8 @@ pub enum StartError {
 }
 
 impl StartError {
-    pub fn class(&self) -> &'static str {
-        "startup"
+    pub fn class(&self) -> warden_proto::v1::FaultClass {
+        warden_proto::v1::FaultClass::Startup
     }
 }
 

@@ -291,7 +291,7 @@ impl ConvCore {
                     == Some(pb::EndTurnReason::PermissionPromptUnavailable))
                 .then(|| {
                     (
-                        "permission-prompt-unavailable".to_string(),
+                        pb::FaultClass::PermissionPromptUnavailable,
                         decided.reason.clone(),
                     )
                 });

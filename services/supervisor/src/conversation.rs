@@ -15,6 +15,7 @@ use warden_proto::v1::turn_event::Event;
 use crate::agent::{AgentProc, StartError};
 use crate::bridge::ConvCore;
 use crate::config::AgentConfig;
+use crate::fault;
 use crate::records::{Health, Incident, label, now_ms};
 use crate::service::Shared;
 use crate::turn::{EndRequest, ToolSeen, TurnCtx};
@@ -54,7 +55,7 @@ pub struct Conversation {
 /// How a turn ended.
 struct Stop {
     reason: String,
-    fault: Option<(String, String)>,
+    fault: Option<(pb::FaultClass, String)>,
 }
 
 impl Stop {
@@ -64,10 +65,10 @@ impl Stop {
             fault: None,
         }
     }
-    fn fault(class: &str, msg: impl Into<String>) -> Self {
+    fn fault(class: pb::FaultClass, msg: impl Into<String>) -> Self {
         Stop {
             reason: "fault".into(),
-            fault: Some((class.into(), msg.into())),
+            fault: Some((class, msg.into())),
         }
     }
 }
@@ -503,7 +504,7 @@ impl Conversation {
             }
         }
         let Some(p) = guard.as_mut() else {
-            return Stop::fault("internal", "agent missing");
+            return Stop::fault(pb::FaultClass::Internal, "agent missing");
         };
         let session_id = self.core.live().session_id.clone();
         // Updates that arrived between turns are not this turn's output; a mode change among
@@ -542,7 +543,7 @@ impl Conversation {
             // What the agent said on stderr before it died goes into the (bounded) transcript,
             // never into the incident record.
             if let (Some((class, _)), Some(p)) = (&stop.stop.fault, guard.as_ref())
-                && matches!(class.as_str(), "crash" | "protocol")
+                && matches!(class, pb::FaultClass::Crash | pb::FaultClass::Protocol)
             {
                 let tail = p.stderr.lock().map(|r| r.text()).unwrap_or_default();
                 turn.record("agent_stderr_tail", json!({ "text": tail }));
@@ -627,17 +628,17 @@ impl Conversation {
                         (_, Some(end)) => self.ended(end),
                         (Ok(r), None) => DriveOut::keep(Stop::reason(r.stop_reason.as_str())),
                         (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault(fault_class(&f), format!("the agent connection failed: {f}"))),
-                        (Err(e), None) => DriveOut::keep(Stop::fault("protocol", format!("session/prompt failed: {e}"))),
+                        (Err(e), None) => DriveOut::keep(Stop::fault(pb::FaultClass::Protocol, format!("session/prompt failed: {e}"))),
                     };
                 }
                 _ = turn.end.cancelled(), if cancel_task.is_none() => {
                     match turn.end_reason() {
                         Some(EndRequest::OutputLimit) => {
-                            return DriveOut::kill(Stop::fault("output-limit", format!(
+                            return DriveOut::kill(Stop::fault(pb::FaultClass::OutputLimit, format!(
                                 "retained output passed {} bytes", self.shared.settings.limits().output_bytes)));
                         }
                         Some(EndRequest::ModeEscalation(m)) => {
-                            let mut o = DriveOut::kill(Stop::fault("mode-escalation", m));
+                            let mut o = DriveOut::kill(Stop::fault(pb::FaultClass::ModeEscalation, m));
                             o.fail_conversation = true;
                             return o;
                         }
@@ -678,7 +679,7 @@ impl Conversation {
                     return self.ended(end);
                 }
                 _ = &mut hard => {
-                    return DriveOut::kill(Stop::fault("timeout", format!(
+                    return DriveOut::kill(Stop::fault(pb::FaultClass::Timeout, format!(
                         "no end of turn within the hard cutoff of {} s (1.2 x {timeout_secs} s)", timeout_secs * 12 / 10)));
                 }
             }
@@ -690,11 +691,11 @@ impl Conversation {
             EndRequest::Cancel => Stop::reason("cancelled"),
             EndRequest::Decision {
                 fault: Some((c, m)),
-            } => Stop::fault(&c, m),
+            } => Stop::fault(c, m),
             EndRequest::Decision { fault: None } => Stop::reason("cancelled"),
             EndRequest::OutputLimit => {
                 return DriveOut::kill(Stop::fault(
-                    "output-limit",
+                    pb::FaultClass::OutputLimit,
                     format!(
                         "retained output passed {} bytes",
                         self.shared.settings.limits().output_bytes
@@ -702,7 +703,7 @@ impl Conversation {
                 ));
             }
             EndRequest::ModeEscalation(m) => {
-                let mut o = DriveOut::kill(Stop::fault("mode-escalation", m));
+                let mut o = DriveOut::kill(Stop::fault(pb::FaultClass::ModeEscalation, m));
                 o.fail_conversation = true;
                 return o;
             }
@@ -941,11 +942,16 @@ impl Conversation {
             "the agent switched itself to the elevated mode {mode:?} without an allowing decision"
         );
         tracing::warn!(context_id = %self.core.info.context_id, mode = %mode, "mode escalation");
-        self.incident("mode-escalation", &msg, turn, turn.input.timeout_secs);
-        turn.emit(Event::Fault(pb::Fault {
-            class: "mode-escalation".into(),
-            message: msg.clone(),
-        }));
+        self.incident(
+            pb::FaultClass::ModeEscalation,
+            &msg,
+            turn,
+            turn.input.timeout_secs,
+        );
+        turn.emit(Event::Fault(fault::fault(
+            pb::FaultClass::ModeEscalation,
+            msg.clone(),
+        )));
         let hs = self.shared.settings.limits().handshake();
         let restored = !want.is_empty()
             && matches!(
@@ -968,14 +974,20 @@ impl Conversation {
             return None;
         }
         let mut o = DriveOut::kill(Stop::fault(
-            "mode-escalation",
+            pb::FaultClass::ModeEscalation,
             format!("{msg}; the supervised mode could not be restored, the conversation is ended"),
         ));
         o.fail_conversation = true;
         Some(o)
     }
 
-    fn incident(&self, class: &str, reason: &str, turn: &TurnCtx, budget_secs: u64) -> String {
+    fn incident(
+        &self,
+        class: pb::FaultClass,
+        reason: &str,
+        turn: &TurnCtx,
+        budget_secs: u64,
+    ) -> String {
         let transcript = turn
             .lock()
             .transcript
@@ -983,7 +995,7 @@ impl Conversation {
             .map(|t| t.path().to_string_lossy().into_owned())
             .unwrap_or_default();
         let inc = Incident {
-            class: class.into(),
+            class: fault::name(class).into(),
             reason: reason.into(),
             agent: self.core.info.agent.clone(),
             verb: self.core.info.verb.clone(),
@@ -1006,11 +1018,8 @@ impl Conversation {
     fn finish(&self, turn: &Arc<TurnCtx>, stop: Stop, started: Instant, timeout_secs: u64) {
         let duration = started.elapsed();
         if let Some((class, msg)) = &stop.fault {
-            self.incident(class, msg, turn, timeout_secs);
-            turn.emit(Event::Fault(pb::Fault {
-                class: class.clone(),
-                message: msg.clone(),
-            }));
+            self.incident(*class, msg, turn, timeout_secs);
+            turn.emit(Event::Fault(fault::fault(*class, msg.clone())));
         }
         let (refusals, permissions, usage, transcript_path) = {
             let mut st = turn.lock();
@@ -1020,7 +1029,7 @@ impl Conversation {
                 .map(|t| {
                     t.record(
                         "stop",
-                        &json!({"reason": stop.reason, "fault": stop.fault.as_ref().map(|f| &f.0)}),
+                        &json!({"reason": stop.reason, "fault": stop.fault.as_ref().map(|f| fault::name(f.0))}),
                     );
                     t.finish();
                     t.path().to_string_lossy().into_owned()
@@ -1040,7 +1049,7 @@ impl Conversation {
             profile: profile_name(self.core.info.profile).into(),
             duration_ms: duration.as_millis() as u64,
             stop_reason: stop.reason.clone(),
-            fault: stop.fault.as_ref().map(|f| f.0.clone()),
+            fault: stop.fault.as_ref().map(|f| fault::name(f.0).to_string()),
             refusals: refusals.len(),
             permissions,
             input_tokens: usage.input_tokens,
@@ -1064,7 +1073,7 @@ impl Conversation {
             refusals,
             fault: stop
                 .fault
-                .map(|(class, message)| pb::Fault { class, message }),
+                .map(|(class, message)| fault::fault(class, message)),
             transcript_path,
             duration_millis: duration.as_millis() as u64,
         }));
@@ -1147,10 +1156,12 @@ fn mode_from_config_options(options: &serde_json::Value) -> Option<String> {
 }
 
 /// `protocol` for an agent that broke the framing, `crash` for one that went away.
-fn fault_class(f: &warden_acp::Fault) -> &'static str {
+fn fault_class(f: &warden_acp::Fault) -> pb::FaultClass {
     match f {
-        warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => "protocol",
-        _ => "crash",
+        warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => {
+            pb::FaultClass::Protocol
+        }
+        _ => pb::FaultClass::Crash,
     }
 }
 

@@ -16,6 +16,7 @@ pub mod agent;
 pub mod bridge;
 pub mod config;
 pub mod conversation;
+pub mod fault;
 pub mod policy;
 pub mod records;
 pub mod service;

@@ -315,7 +315,7 @@ impl Supervisor {
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, error = %e, "conversation failed to start");
                 let _ = self.shared.records.incident(&crate::records::Incident {
-                    class: e.class().into(),
+                    class: crate::fault::name(e.class()).into(),
                     reason: e.to_string(),
                     agent: agent_name.to_string(),
                     verb: req.verb.clone(),
@@ -330,7 +330,11 @@ impl Supervisor {
                 if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
                     tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
                 }
-                return Err(Status::unavailable(format!("startup fault: {e}")));
+                return Err(crate::fault::status(
+                    tonic::Code::Unavailable,
+                    e.class(),
+                    format!("startup fault: {e}"),
+                ));
             }
         };
         if let Some(ids) = self
@@ -491,10 +495,14 @@ impl SupervisorService for Api {
         let limit = self.0.shared.settings.limits().task_text_bytes;
         // Refused before anything starts: no conversation is opened, no agent spawned.
         if r.text.len() > limit {
-            return Err(Status::invalid_argument(format!(
-                "prompt-too-large: task text is {} bytes, the limit is {limit}",
-                r.text.len()
-            )));
+            return Err(crate::fault::status(
+                tonic::Code::InvalidArgument,
+                pb::FaultClass::PromptTooLarge,
+                format!(
+                    "prompt-too-large: task text is {} bytes, the limit is {limit}",
+                    r.text.len()
+                ),
+            ));
         }
         if r.text.trim().is_empty() {
             return Err(Status::invalid_argument("task text is empty"));

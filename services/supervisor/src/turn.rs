@@ -21,7 +21,9 @@ pub enum EndRequest {
     Cancel,
     /// A decision with end_turn (or no refusal option offered): the turn is cancelled; with a
     /// fault class when it is a failure (permission-prompt-unavailable).
-    Decision { fault: Option<(String, String)> },
+    Decision {
+        fault: Option<(pb::FaultClass, String)>,
+    },
     /// Retained output passed the bound.
     OutputLimit,
     /// The agent escalated its mode and it could not be set back.
