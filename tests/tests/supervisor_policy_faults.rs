@@ -115,3 +115,116 @@ async fn late_invented_or_reasonless_decisions_fail_closed() {
         h.abort();
     }
 }
+
+/// The long-running-service issue's finding 4: when the policy answers after the deadline, the
+/// supervisor denies, and the audit must say so too. The real warden-policy is paused (SIGSTOP)
+/// and resumed over and over while an agent asks for 80 edits; requests pile up in its socket
+/// while it is stopped. Afterwards every audit record of the conversation must agree with what
+/// the supervisor enforced: 0 records that ALLOW what was denied.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_audit_agrees_with_what_was_enforced_when_the_policy_is_late() {
+    let mut d = deploy(&[
+        ("supervisor", "policy.decide_deadline_ms=100"),
+        ("supervisor", "policy.answer_grace_ms=300"),
+    ])
+    .await;
+    let policy_pid = nix::unistd::Pid::from_raw(
+        d.daemon("policy")
+            .and_then(|p| p.child.id())
+            .expect("policy pid") as i32,
+    );
+    let mut c = client(&d);
+    let steps: Vec<_> = (0..80)
+        .map(|i| {
+            json!({"type": "tool", "kind": "edit", "path": format!("f{i}.txt"), "content": "x",
+                   "ask": true})
+        })
+        .collect();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pauser = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            use nix::sys::signal::{Signal, kill};
+            let mut i = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let _ = kill(policy_pid, Signal::SIGSTOP);
+                // Vary the pause around the deadline + grace so answers land on both sides.
+                tokio::time::sleep(Duration::from_millis(60 + (i * 37) % 400)).await;
+                let _ = kill(policy_pid, Signal::SIGCONT);
+                tokio::time::sleep(Duration::from_millis(40)).await;
+            }
+            let _ = kill(policy_pid, Signal::SIGCONT);
+        })
+    };
+    let mut s = start(
+        &mut c,
+        turn("late", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let evs = collect(&mut s, Duration::from_secs(180)).await;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    pauser.await.unwrap();
+
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 80, "every edit was asked about");
+    // Give requests still queued in the policy's socket time to be recorded.
+    let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
+    let mut audit = Vec::new();
+    for _ in 0..100 {
+        audit = admin
+            .audit_query(pb::AuditQueryRequest {
+                limit: 1000,
+                decision_id: String::new(),
+                context_id: "late".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .records;
+        if audit.len() >= 80 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let enforced: std::collections::HashMap<&str, i32> = perms
+        .iter()
+        .map(|p| (p.decision_id.as_str(), p.verdict))
+        .collect();
+    let mut mismatches = Vec::new();
+    for r in &audit {
+        match enforced.get(r.decision_id.as_str()) {
+            Some(v) if *v == r.verdict => {}
+            // The supervisor gave up on it (its own fail-closed id) or enforced otherwise:
+            // the record must not be an ALLOW.
+            _ if r.verdict == pb::Verdict::Allow as i32 => mismatches.push(r.clone()),
+            _ => {}
+        }
+    }
+    let allowed = perms
+        .iter()
+        .filter(|p| p.verdict == pb::Verdict::Allow as i32)
+        .count();
+    let late = audit
+        .iter()
+        .filter(|r| r.rule == "deadline_exceeded")
+        .count();
+    let failed_closed = perms
+        .iter()
+        .filter(|p| p.rule == "policy_unavailable")
+        .count();
+    eprintln!(
+        "80 permissions: {allowed} allowed; audit: {} records, {late} deadline_exceeded; \
+         {failed_closed} failed closed in the supervisor",
+        audit.len()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "audit records that ALLOW what was not enforced as ALLOW: {mismatches:#?}"
+    );
+    assert!(
+        allowed < 80 && allowed > 0,
+        "the pauses never made a decision late ({allowed} of 80 allowed)"
+    );
+}

@@ -89,13 +89,20 @@ impl Default for KitOptions {
 }
 
 /// Calls Decide under `deadline` and fails closed: a late, failed or unreadable answer is a
-/// DENY with rule `policy_unavailable`. The deadline is sent to the server (`grpc-timeout`) and
-/// also enforced here, so a server that ignores it cannot hold the caller.
+/// DENY with rule `policy_unavailable`. The deadline is sent to the server (as the absolute
+/// `deadline_unix_ms` and as `grpc-timeout`) and also enforced here, so a server that ignores it
+/// cannot hold the caller.
 pub async fn decide_with_deadline(
     client: &mut PolicyServiceClient<Channel>,
     req: pb::DecideRequest,
     deadline: Duration,
 ) -> pb::Decision {
+    let mut req = req;
+    req.deadline_unix_ms = std::time::SystemTime::now()
+        .checked_add(deadline)
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
     let mut r = Request::new(req);
     r.set_timeout(deadline);
     let unavailable = |why: String| pb::Decision {
@@ -186,6 +193,7 @@ fn request(
         }),
         options,
         current_mode: "default".into(),
+        deadline_unix_ms: 0,
     }
 }
 

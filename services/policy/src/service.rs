@@ -139,6 +139,8 @@ impl PolicyState {
         let active = self.active();
         let decision_id = uuid::Uuid::new_v4().to_string();
         let outcome = match convert::to_input(req, &active.decide) {
+            // Past the caller's deadline before it was even read: the caller is already denying.
+            _ if past_deadline(req.deadline_unix_ms) => deadline_exceeded(&decision_id, req),
             Ok(input) => {
                 // The real filesystem, each path looked up once per decision (see `fsview`).
                 let fs = DecisionFs::new(RealFs);
@@ -166,6 +168,12 @@ impl PolicyState {
                 end_turn: false,
                 end_turn_reason: 0,
             },
+        };
+        // Ready, but after the caller's deadline: what is recorded is what the caller enforces.
+        let outcome = if past_deadline(req.deadline_unix_ms) {
+            deadline_exceeded(&decision_id, req)
+        } else {
+            outcome
         };
         // Borrowed, not cloned: the raw input may be up to `max_raw_input_bytes` long.
         let (kind, title, raw) = req
@@ -349,4 +357,32 @@ fn ctx(r: &pb::AuditRecord) -> &str {
         .as_ref()
         .map(|s| s.context_id.as_str())
         .unwrap_or("")
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Whether the caller's absolute deadline (0 = none) has passed.
+fn past_deadline(deadline_unix_ms: u64) -> bool {
+    deadline_unix_ms != 0 && now_unix_ms() >= deadline_unix_ms
+}
+
+/// The DENY for a decision that was not ready by the caller's deadline.
+fn deadline_exceeded(decision_id: &str, req: &pb::DecideRequest) -> pb::Decision {
+    pb::Decision {
+        decision_id: decision_id.to_string(),
+        verdict: pb::Verdict::Deny as i32,
+        option_id: None,
+        reason: format!(
+            "deadline_exceeded: the decision was not ready before the caller's deadline ({} ms late)",
+            now_unix_ms().saturating_sub(req.deadline_unix_ms)
+        ),
+        rule: "deadline_exceeded".to_string(),
+        end_turn: false,
+        end_turn_reason: 0,
+    }
 }

@@ -148,6 +148,7 @@ fn req(root: &Path, owned: bool, kind: &str, locs: &[&str], context: &str) -> pb
             opt("denied", "reject_once"),
         ],
         current_mode: "read-only".into(),
+        deadline_unix_ms: 0,
     }
 }
 
@@ -532,6 +533,46 @@ async fn malformed_requests_are_denied_with_a_reason() {
     // The daemon is still serving, and a good request within the limit is decided on merit.
     let d = decide(&p, req(&root, true, "read", &[], "m")).await;
     assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A request that reaches the policy after its caller's deadline (it waited in a socket while the
+/// policy was paused, say) is not ALLOWed on the record: the audit says DENY deadline_exceeded,
+/// which is what the caller enforced. One still within its deadline is decided on merit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_past_the_callers_deadline_is_recorded_and_answered_as_deny() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let mut late = req(&root, true, "read", &[], "late");
+    late.deadline_unix_ms = unix_ms().saturating_sub(50);
+    let d = decide(&p, late).await;
+    assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{d:?}");
+    assert_eq!(d.rule, "deadline_exceeded");
+    assert!(d.reason.contains("deadline"), "{}", d.reason);
+    let recs = p
+        .admin()
+        .audit_query(pb::AuditQueryRequest {
+            decision_id: d.decision_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].verdict, pb::Verdict::Deny as i32);
+    assert_eq!(recs[0].rule, "deadline_exceeded");
+
+    let mut in_time = req(&root, true, "read", &[], "in-time");
+    in_time.deadline_unix_ms = unix_ms() + 10_000;
+    assert_eq!(decide(&p, in_time).await.verdict, pb::Verdict::Allow as i32);
 }
 
 /// Runs the bench binary's `probe` as uid/gid 65534 against `socket`; returns its output line.

@@ -146,6 +146,7 @@ impl ConvCore {
                 })
                 .collect(),
             current_mode,
+            deadline_unix_ms: 0,
         }
     }
 
@@ -380,6 +381,7 @@ impl ConvCore {
                 })
                 .collect(),
             current_mode,
+            deadline_unix_ms: 0,
         };
         let offered: Vec<OfferedOption> = options
             .iter()

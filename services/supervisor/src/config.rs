@@ -29,8 +29,12 @@ allow_uids = []
 [policy]
 # The PolicyService socket (warden-policy, or warden-approver swapped in).
 socket = "/run/warden/policy.sock"
-# How long one Decide may take before the request is denied (policy_unavailable).
+# When a decision must be made: it travels to the policy as an absolute deadline, and a policy
+# that is not ready by then records and answers DENY deadline_exceeded.
 decide_deadline_ms = 200
+# How much longer its answer may take to arrive (audit write, trip back); past that the policy
+# counts as hung and the request is denied here (policy_unavailable).
+answer_grace_ms = 500
 
 [limits]
 task_text_bytes = 16384
@@ -97,6 +101,12 @@ pub struct PolicySection {
     pub socket: PathBuf,
     #[serde(default = "default_decide_deadline")]
     pub decide_deadline_ms: u64,
+    #[serde(default = "default_answer_grace")]
+    pub answer_grace_ms: u64,
+}
+
+fn default_answer_grace() -> u64 {
+    crate::policy::DEFAULT_ANSWER_GRACE_MS
 }
 
 fn default_decide_deadline() -> u64 {

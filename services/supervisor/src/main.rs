@@ -155,7 +155,9 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         open_path_to_agents(&state, roots.dir(), homes.dir(), i)?;
     }
     let records = Records::new(&state, settings.limits().transcript_bytes)?;
-    let policy = PolicyClient::new(&settings.policy_socket());
+    let policy = PolicyClient::new(&settings.policy_socket()).with_answer_grace(
+        std::time::Duration::from_millis(settings.file.policy.answer_grace_ms),
+    );
     let shared = Shared {
         depth: warden_sandbox::DepthGuard::from_process_env(warden_sandbox::DEFAULT_MAX_DEPTH),
         settings: settings.clone(),

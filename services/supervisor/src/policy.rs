@@ -28,6 +28,9 @@ pub struct Decided {
     pub failed_closed: bool,
 }
 
+/// The default of `policy.answer_grace_ms`.
+pub const DEFAULT_ANSWER_GRACE_MS: u64 = 500;
+
 /// How many recent latencies are kept for the status figures.
 const LATENCY_RING: usize = 10_000;
 
@@ -69,6 +72,8 @@ impl BridgeStats {
 #[derive(Clone)]
 pub struct PolicyClient {
     client: PolicyServiceClient<Channel>,
+    /// How long past the decision deadline an answer may still arrive (see [`PolicyClient::decide`]).
+    grace: Duration,
     failures: std::sync::Arc<AtomicU64>,
     stats: std::sync::Arc<std::sync::Mutex<BridgeStats>>,
 }
@@ -78,9 +83,16 @@ impl PolicyClient {
     pub fn new(path: &std::path::Path) -> Self {
         PolicyClient {
             client: PolicyServiceClient::new(warden_daemon::client::unix_channel(path)),
+            grace: Duration::from_millis(DEFAULT_ANSWER_GRACE_MS),
             failures: Default::default(),
             stats: Default::default(),
         }
+    }
+
+    /// `policy.answer_grace_ms`.
+    pub fn with_answer_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
     }
 
     /// Records one permission: the handler's time and the Decide call's.
@@ -108,18 +120,35 @@ impl PolicyClient {
         self.failures.load(Ordering::Relaxed)
     }
 
-    /// Calls Decide with `deadline`; never fails: a problem is a DENY `policy_unavailable`.
-    pub async fn decide(&self, req: pb::DecideRequest, deadline: Duration) -> Decided {
+    /// Calls Decide; never fails: a problem is a DENY `policy_unavailable`.
+    ///
+    /// `deadline` is when the decision must be *made*: it travels as an absolute time
+    /// (`deadline_unix_ms`) and a policy records and answers DENY `deadline_exceeded` for a
+    /// decision not ready by then, so its audit never holds an ALLOW that was not enforced. The
+    /// answer may take `grace` longer to arrive (the audit write and the trip back); past that the
+    /// policy is treated as hung and this denies on its own (the policy, when it gets to the
+    /// request, finds the deadline passed and records a DENY too).
+    pub async fn decide(&self, mut req: pb::DecideRequest, deadline: Duration) -> Decided {
         let started = Instant::now();
+        req.deadline_unix_ms = std::time::SystemTime::now()
+            .checked_add(deadline)
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let wait = deadline + self.grace;
         let request_id = req.request_id.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
         let mut client = self.client.clone();
         let mut r = tonic::Request::new(req);
-        r.set_timeout(deadline);
-        let res = tokio::time::timeout(deadline, client.decide(r)).await;
+        r.set_timeout(wait);
+        let res = tokio::time::timeout(wait, client.decide(r)).await;
         let latency = started.elapsed();
         let why = match res {
-            Err(_) => format!("no answer within {} ms", deadline.as_millis()),
+            Err(_) => format!(
+                "no answer within {} ms (+{} ms grace)",
+                deadline.as_millis(),
+                self.grace.as_millis()
+            ),
             Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
             Ok(Ok(resp)) => {
                 let d = resp.into_inner();
