@@ -358,6 +358,10 @@ pub struct SandboxSection {
     pub agent_user: String,
     /// The agent's group (name or number). Empty: the user's primary group (or the same number).
     pub agent_group: String,
+    /// `[first, last]`: one uid per open conversation from this range instead of one
+    /// `agent_user` for all (gid = uid unless `agent_group` is set), so agents of two
+    /// conversations cannot touch each other's files even without bubblewrap. Empty: off.
+    pub agent_uid_range: Vec<u32>,
 }
 
 impl Default for SandboxSection {
@@ -368,6 +372,7 @@ impl Default for SandboxSection {
             env_extra: Vec::new(),
             agent_user: String::new(),
             agent_group: String::new(),
+            agent_uid_range: Vec::new(),
         }
     }
 }
