@@ -443,8 +443,11 @@ impl UidPool {
     }
 }
 
-/// Gives `dir` and everything below it (same filesystem, symlinks changed themselves, never
-/// followed) to `who`: a reopened conversation whose root an earlier uid of the range owned.
+/// Gives `dir` and what the previous owner of `dir` owned below it to `who`: a reopened
+/// conversation whose root an earlier uid owned. Same filesystem only, symlinks changed
+/// themselves and never followed, and a file with more than one link stays as it is: the
+/// earlier agent may have hard-linked a file it does not own into its root (under the old
+/// root-run supervisor, anything), and a chown must not hand that file over.
 pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
     use std::os::unix::fs::MetadataExt;
     let top = std::fs::symlink_metadata(dir).map_err(|e| SandboxError::io("inspect", dir, e))?;
@@ -455,6 +458,7 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
         )));
     }
     let dev = top.dev();
+    let previous = top.uid();
     let mut stack = vec![dir.to_path_buf()];
     let own = |p: &Path| {
         std::os::unix::fs::lchown(p, Some(who.uid), Some(who.gid))
@@ -468,7 +472,7 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
             let Ok(m) = std::fs::symlink_metadata(&p) else {
                 continue;
             };
-            if m.dev() != dev {
+            if m.dev() != dev || m.uid() != previous || (!m.is_dir() && m.nlink() > 1) {
                 continue;
             }
             own(&p)?;
@@ -483,6 +487,40 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
 #[cfg(test)]
 mod range_tests {
     use super::*;
+
+    #[test]
+    fn a_handed_over_root_keeps_foreign_and_multiply_linked_files() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIP: chown needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/mine"), "m").unwrap();
+        std::fs::write(t.path().join("outside"), "o").unwrap();
+        std::fs::hard_link(t.path().join("outside"), root.join("linked")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("outside"), root.join("sym")).unwrap();
+        std::fs::write(root.join("foreign"), "f").unwrap();
+        std::os::unix::fs::lchown(root.join("foreign"), Some(4321), None).unwrap();
+        let who = AgentIdentity {
+            uid: 200_123,
+            gid: 200_123,
+        };
+        chown_tree(&root, who).unwrap();
+        let uid = |p: &Path| std::fs::symlink_metadata(p).unwrap().uid();
+        assert_eq!(uid(&root), who.uid);
+        assert_eq!(uid(&root.join("sub")), who.uid);
+        assert_eq!(uid(&root.join("sub/mine")), who.uid);
+        assert_eq!(uid(&root.join("sym")), who.uid, "the link itself");
+        assert_eq!(
+            uid(&t.path().join("outside")),
+            0,
+            "not through a link, hard or soft"
+        );
+        assert_eq!(uid(&root.join("foreign")), 4321, "not the previous owner's");
+    }
 
     const PASSWD: &str = "root:x:0:0::/root:/bin/sh\nsvc:x:990:985::/:/bin/sh\n";
     const GROUP: &str = "root:x:0:\nagents:x:4242:\nsvc:x:985:\n";
