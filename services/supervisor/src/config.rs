@@ -535,6 +535,15 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             format!("no agent named {:?}", cfg.agents.default),
         ));
     }
+    for (name, a) in &agents {
+        if a.home.as_ref().is_some_and(|h| !h.is_absolute()) {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}.home"),
+                "must be an absolute path (the template of the agent's home)",
+            ));
+        }
+    }
     for (name, w) in &cfg.workspaces {
         if !w.path.is_absolute() {
             return Err(ConfigError::invalid(
@@ -609,6 +618,12 @@ mod tests {
         assert!(e.to_string().contains("agents.default"), "{e}");
         let e = load(None, &["agents.x.command=\"\"".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.x.command"), "{e}");
+        let e = load(None, &["agents.scripted.home=\"rel/home\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.scripted.home"), "{e}");
+        let e = load(None, &["sandbox.agent_uid_ragne=[1, 2]".into()]).unwrap_err();
+        assert!(e.to_string().contains("agent_uid_ragne"), "{e}");
+        let s = load(None, &["sandbox.agent_uid_range=[200000, 200009]".into()]).unwrap();
+        assert_eq!(s.file.sandbox.agent_uid_range, vec![200_000, 200_009]);
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
     }
