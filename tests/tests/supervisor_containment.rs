@@ -207,3 +207,53 @@ async fn each_conversation_has_its_own_home_removed_when_it_closes() {
     assert!(home_b.is_dir(), "the other conversation's home stays");
     std::fs::remove_dir_all(&template).ok();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_uid_range_each_open_conversation_has_its_own_uid() {
+    if !runs_contained() {
+        return;
+    }
+    let d = deploy(&[("supervisor", "sandbox.agent_uid_range=[200000, 200009]")]).await;
+    let mut c = client(&d);
+    let whoami = |ctx: &str, id: &str| {
+        turn(
+            ctx,
+            id,
+            &shell("echo uid=$(id -u); echo more >> work.txt && echo appended=yes"),
+        )
+    };
+    let uid_in = |evs: &[pb::TurnEvent]| -> u32 { field(&output(evs), "uid").parse().unwrap_or(0) };
+    let a1 = run(&mut c, whoami("range-a", "a1")).await;
+    let b1 = run(&mut c, whoami("range-b", "b1")).await;
+    let (ua, ub) = (uid_in(&a1), uid_in(&b1));
+    assert!((200_000..=200_009).contains(&ua), "{a1:#?}");
+    assert!((200_000..=200_009).contains(&ub), "{b1:#?}");
+    assert_ne!(ua, ub, "two open conversations share a uid");
+    let root_a = PathBuf::from(
+        c.open_conversation(open("range-a", pb::Profile::WorkspaceWrite))
+            .await
+            .unwrap()
+            .into_inner()
+            .root,
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&root_a).unwrap().uid(), ua);
+
+    // A closed conversation's uid serves the next one; reopened, A gets a free uid and its
+    // root (with what the old uid wrote) is handed over, so it can go on working.
+    c.close_conversation(pb::CloseConversationRequest {
+        context_id: "range-a".into(),
+    })
+    .await
+    .unwrap();
+    let c1 = run(&mut c, whoami("range-c", "c1")).await;
+    assert_eq!(uid_in(&c1), ua, "the released uid is reused");
+    let a2 = run(&mut c, whoami("range-a", "a2")).await;
+    let ua2 = uid_in(&a2);
+    assert!(ua2 != ua && ua2 != ub, "{a2:#?}");
+    assert_eq!(field(&output(&a2), "appended"), "yes", "{}", output(&a2));
+    assert_eq!(
+        std::fs::metadata(root_a.join("work.txt")).unwrap().uid(),
+        ua2
+    );
+}

@@ -63,12 +63,14 @@ pub const CODEX_REQUIREMENTS: &str = "/etc/codex/requirements.toml";
 /// no `bypassPermissions` mode, permission rules only from this file (so a model-written
 /// `permissions.allow` in `~/.claude/settings.json` or `<root>/.claude/settings.local.json` is
 /// ignored), hooks only from this file (and none here), every call starts in `default` (asks).
+/// The key layout follows Anthropic's own strict example (`disableBypassPermissionsMode` inside
+/// `permissions`); nothing else is added, so that a key a pinned version does not know cannot
+/// put the whole managed file in doubt.
 pub const CLAUDE_MANAGED_SETTINGS_JSON: &str = r#"{
   "permissions": {
     "defaultMode": "default",
     "disableBypassPermissionsMode": "disable"
   },
-  "disableBypassPermissionsMode": "disable",
   "allowManagedPermissionRulesOnly": true,
   "allowManagedHooksOnly": true,
   "disableAllHooks": true

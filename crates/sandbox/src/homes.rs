@@ -18,7 +18,6 @@ use crate::roots::sanitize_label;
 #[derive(Debug, Clone)]
 pub struct AgentHomes {
     dir: PathBuf,
-    owner: Option<AgentIdentity>,
 }
 
 /// One conversation's home; removed by [`AgentHome::remove`] or, failing that, on drop.
@@ -29,9 +28,9 @@ pub struct AgentHome {
 
 impl AgentHomes {
     /// Uses `<state_dir>/homes` (created if missing, never a symlink) and removes every home a
-    /// previous run left. `owner`: the identity agents run as (homes are chowned to it); `None`
-    /// when agents run as the supervisor's uid.
-    pub fn open(state_dir: &Path, owner: Option<AgentIdentity>) -> Result<Self, SandboxError> {
+    /// previous run left. `switching`: agents run as their own uid(s), which then need search
+    /// on this directory.
+    pub fn open(state_dir: &Path, switching: bool) -> Result<Self, SandboxError> {
         let dir = state_dir.join("homes");
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -48,10 +47,10 @@ impl AgentHomes {
         }
         // The agent must be able to reach its home by path (bubblewrap, running as the agent,
         // resolves bind sources on the host): search, never listing.
-        let mode = if owner.is_some() { 0o711 } else { 0o700 };
+        let mode = if switching { 0o711 } else { 0o700 };
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
             .map_err(|e| SandboxError::io("set homes directory mode", &dir, e))?;
-        let me = Self { dir, owner };
+        let me = Self { dir };
         me.reap()?;
         Ok(me)
     }
@@ -85,11 +84,13 @@ impl AgentHomes {
     }
 
     /// A fresh home for `conversation_id`: a copy of `template` when given (which must be a
-    /// real directory), else empty; owned by the agent, mode 0700.
+    /// real directory), else empty; owned by `owner` (the conversation's agent identity; `None`:
+    /// the supervisor's own uid), mode 0700.
     pub fn create(
         &self,
         conversation_id: &str,
         template: Option<&Path>,
+        owner: Option<AgentIdentity>,
     ) -> Result<AgentHome, SandboxError> {
         let name = format!(
             "{}-{}",
@@ -114,9 +115,9 @@ impl AgentHomes {
                     t.display()
                 )));
             }
-            copy_tree(t, &path, self.owner)?;
+            copy_tree(t, &path, owner)?;
         }
-        if let Some(o) = self.owner {
+        if let Some(o) = owner {
             chown(&path, o)?;
         }
         tracing::info!(context_id = %conversation_id, home = %path.display(), "created agent home");
@@ -238,9 +239,9 @@ mod tests {
         std::fs::write(outside.path().join("secret"), "s").unwrap();
         std::os::unix::fs::symlink(outside.path(), tpl.path().join("link")).unwrap();
 
-        let homes = AgentHomes::open(state.path(), None).unwrap();
-        let a = homes.create("ctx-a", Some(tpl.path())).unwrap();
-        let b = homes.create("ctx-b", Some(tpl.path())).unwrap();
+        let homes = AgentHomes::open(state.path(), false).unwrap();
+        let a = homes.create("ctx-a", Some(tpl.path()), None).unwrap();
+        let b = homes.create("ctx-b", Some(tpl.path()), None).unwrap();
         assert_ne!(a.path(), b.path());
         assert_eq!(
             std::fs::read_to_string(a.path().join(".claude/settings.json")).unwrap(),
@@ -266,7 +267,7 @@ mod tests {
         let b_path = b.path().to_path_buf();
         std::mem::forget(b);
         assert!(b_path.exists());
-        let _again = AgentHomes::open(state.path(), None).unwrap();
+        let _again = AgentHomes::open(state.path(), false).unwrap();
         assert!(!b_path.exists());
         assert!(
             tpl.path().join(".claude/settings.json").exists(),

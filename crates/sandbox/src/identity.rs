@@ -274,3 +274,301 @@ mod tests {
         assert!(IdentityPlan::decide("svc", "", 962, 962, PASSWD, GROUP).is_err());
     }
 }
+
+/// One uid per open conversation, from an operator-given range (`[sandbox] agent_uid_range`):
+/// agents of two conversations then cannot touch each other's files even where bubblewrap is
+/// missing. The gid is the uid's own number unless a shared agent group is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    pub first: u32,
+    pub last: u32,
+    /// A shared group for every conversation's agent; `None`: gid = uid.
+    pub group: Option<u32>,
+}
+
+/// The widest range accepted: enough for any conversation limit, small enough to check.
+const UID_RANGE_MAX: u32 = 1 << 20;
+
+impl UidRange {
+    /// Validates `[first, last]` (empty = no range). The range may not contain 0, the
+    /// supervisor's uid, or any uid (gid, when gid = uid) this host's account files use, and
+    /// needs a root supervisor.
+    pub fn decide(
+        range: &[u32],
+        agent_group: &str,
+        own_uid: u32,
+        passwd: &str,
+        group: &str,
+    ) -> Result<Option<UidRange>, SandboxError> {
+        let (first, last) = match range {
+            [] => return Ok(None),
+            [f, l] => (*f, *l),
+            _ => {
+                return Err(SandboxError::InvalidInput(
+                    "sandbox.agent_uid_range must be [first, last]".into(),
+                ));
+            }
+        };
+        if own_uid != 0 {
+            return Err(SandboxError::InvalidInput(format!(
+                "sandbox.agent_uid_range is set but the supervisor runs as uid {own_uid}, not \
+                 root, and cannot switch agents to other uids"
+            )));
+        }
+        if first == 0 || first > last || last - first >= UID_RANGE_MAX || last == u32::MAX {
+            return Err(SandboxError::InvalidInput(format!(
+                "sandbox.agent_uid_range [{first}, {last}] must be non-empty, above 0 and at most \
+                 {UID_RANGE_MAX} ids wide"
+            )));
+        }
+        let grp = agent_group.trim();
+        let shared_group = if grp.is_empty() {
+            None
+        } else if let Ok(n) = grp.parse::<u32>() {
+            Some(n)
+        } else {
+            Some(
+                group
+                    .lines()
+                    .find(|l| l.split(':').next() == Some(grp))
+                    .and_then(|l| field(l, 2))
+                    .ok_or_else(|| {
+                        SandboxError::InvalidInput(format!(
+                            "sandbox.agent_group {grp:?} is not in /etc/group"
+                        ))
+                    })?,
+            )
+        };
+        if shared_group == Some(0) {
+            return Err(SandboxError::InvalidInput(
+                "the agent group resolves to gid 0".into(),
+            ));
+        }
+        let inside = |n: u32| (first..=last).contains(&n);
+        let mut files = vec![("passwd", passwd)];
+        if shared_group.is_none() {
+            files.push(("group", group));
+        }
+        for (what, file) in files {
+            if let Some(line) = file.lines().find(|l| field(l, 2).is_some_and(inside)) {
+                let name = line.split(':').next().unwrap_or("?");
+                return Err(SandboxError::InvalidInput(format!(
+                    "sandbox.agent_uid_range [{first}, {last}] contains the id of {what} entry \
+                     {name:?}; pick ids no account on this host uses"
+                )));
+            }
+        }
+        Ok(Some(UidRange {
+            first,
+            last,
+            group: shared_group,
+        }))
+    }
+
+    /// [`UidRange::decide`] with this process's uid and the host's account files.
+    pub fn for_this_process(
+        range: &[u32],
+        agent_group: &str,
+    ) -> Result<Option<UidRange>, SandboxError> {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        Self::decide(
+            range,
+            agent_group,
+            nix::unistd::geteuid().as_raw(),
+            &read("/etc/passwd"),
+            &read("/etc/group"),
+        )
+    }
+
+    fn identity(&self, uid: u32) -> AgentIdentity {
+        AgentIdentity {
+            uid,
+            gid: self.group.unwrap_or(uid),
+        }
+    }
+}
+
+/// Which conversation holds which uid of a [`UidRange`].
+#[derive(Debug)]
+pub(crate) struct UidPool {
+    range: UidRange,
+    held: std::sync::Mutex<std::collections::BTreeMap<String, u32>>,
+}
+
+impl UidPool {
+    pub(crate) fn new(range: UidRange) -> Self {
+        Self {
+            range,
+            held: Default::default(),
+        }
+    }
+
+    /// The conversation's identity, assigning the lowest free uid on first use.
+    pub(crate) fn assign(&self, conversation_id: &str) -> Result<AgentIdentity, SandboxError> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(uid) = held.get(conversation_id) {
+            return Ok(self.range.identity(*uid));
+        }
+        let used: std::collections::BTreeSet<u32> = held.values().copied().collect();
+        let uid = (self.range.first..=self.range.last)
+            .find(|u| !used.contains(u))
+            .ok_or_else(|| {
+                SandboxError::InvalidInput(format!(
+                    "every uid of sandbox.agent_uid_range [{}, {}] is held by an open conversation",
+                    self.range.first, self.range.last
+                ))
+            })?;
+        held.insert(conversation_id.to_string(), uid);
+        Ok(self.range.identity(uid))
+    }
+
+    pub(crate) fn release(&self, conversation_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(conversation_id);
+    }
+
+    /// The identity held by `spawn_id`: a conversation id, or an ACP terminal's
+    /// `<conversation id>~<terminal id>` (terminal ids never contain `~`).
+    pub(crate) fn held_by(&self, spawn_id: &str) -> Option<AgentIdentity> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(spawn_id)
+            .or_else(|| {
+                spawn_id
+                    .rsplit_once('~')
+                    .and_then(|(conv, _)| held.get(conv))
+            })
+            .map(|u| self.range.identity(*u))
+    }
+}
+
+/// Gives `dir` and what the previous owner of `dir` owned below it to `who`: a reopened
+/// conversation whose root an earlier uid owned. Same filesystem only, symlinks changed
+/// themselves and never followed, and a file with more than one link stays as it is: the
+/// earlier agent may have hard-linked a file it does not own into its root (under the old
+/// root-run supervisor, anything), and a chown must not hand that file over.
+pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    let top = std::fs::symlink_metadata(dir).map_err(|e| SandboxError::io("inspect", dir, e))?;
+    if !top.is_dir() {
+        return Err(SandboxError::InvalidInput(format!(
+            "{} is not a directory",
+            dir.display()
+        )));
+    }
+    let dev = top.dev();
+    let previous = top.uid();
+    let mut stack = vec![dir.to_path_buf()];
+    let own = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(who.uid), Some(who.gid))
+            .map_err(|e| SandboxError::io("chown", p, e))
+    };
+    own(dir)?;
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|e| SandboxError::io("list", &d, e))?;
+        for e in entries.flatten() {
+            let p = e.path();
+            let Ok(m) = std::fs::symlink_metadata(&p) else {
+                continue;
+            };
+            if m.dev() != dev || m.uid() != previous || (!m.is_dir() && m.nlink() > 1) {
+                continue;
+            }
+            own(&p)?;
+            if m.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    #[test]
+    fn a_handed_over_root_keeps_foreign_and_multiply_linked_files() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIP: chown needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/mine"), "m").unwrap();
+        std::fs::write(t.path().join("outside"), "o").unwrap();
+        std::fs::hard_link(t.path().join("outside"), root.join("linked")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("outside"), root.join("sym")).unwrap();
+        std::fs::write(root.join("foreign"), "f").unwrap();
+        std::os::unix::fs::lchown(root.join("foreign"), Some(4321), None).unwrap();
+        let who = AgentIdentity {
+            uid: 200_123,
+            gid: 200_123,
+        };
+        chown_tree(&root, who).unwrap();
+        let uid = |p: &Path| std::fs::symlink_metadata(p).unwrap().uid();
+        assert_eq!(uid(&root), who.uid);
+        assert_eq!(uid(&root.join("sub")), who.uid);
+        assert_eq!(uid(&root.join("sub/mine")), who.uid);
+        assert_eq!(uid(&root.join("sym")), who.uid, "the link itself");
+        assert_eq!(
+            uid(&t.path().join("outside")),
+            0,
+            "not through a link, hard or soft"
+        );
+        assert_eq!(uid(&root.join("foreign")), 4321, "not the previous owner's");
+    }
+
+    const PASSWD: &str = "root:x:0:0::/root:/bin/sh\nsvc:x:990:985::/:/bin/sh\n";
+    const GROUP: &str = "root:x:0:\nagents:x:4242:\nsvc:x:985:\n";
+
+    #[test]
+    fn ranges_are_validated() {
+        assert_eq!(UidRange::decide(&[], "", 0, PASSWD, GROUP).unwrap(), None);
+        let r = UidRange::decide(&[200_000, 200_009], "", 0, PASSWD, GROUP)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.first, r.last, r.group), (200_000, 200_009, None));
+        let r = UidRange::decide(&[200_000, 200_009], "agents", 0, PASSWD, GROUP)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.group, Some(4242));
+        for bad in [&[0, 10][..], &[10, 5], &[5], &[1, 2, 3], &[900, 1000]] {
+            assert!(
+                UidRange::decide(bad, "", 0, PASSWD, GROUP).is_err(),
+                "{bad:?}"
+            );
+        }
+        // gid = uid: a group id inside the range is refused too.
+        assert!(UidRange::decide(&[980, 989], "", 0, PASSWD, GROUP).is_err());
+        assert!(UidRange::decide(&[200_000, 200_009], "", 962, PASSWD, GROUP).is_err());
+    }
+
+    #[test]
+    fn each_open_conversation_holds_its_own_uid_and_terminals_share_it() {
+        let pool = UidPool::new(UidRange {
+            first: 100,
+            last: 101,
+            group: None,
+        });
+        let a = pool.assign("a~x").unwrap();
+        let b = pool.assign("b").unwrap();
+        assert_ne!(a.uid, b.uid);
+        assert_eq!(pool.assign("a~x").unwrap(), a, "stable while held");
+        assert_eq!(a.gid, a.uid);
+        assert!(pool.assign("c").is_err(), "exhausted");
+        assert_eq!(pool.held_by("a~x~term-1"), Some(a));
+        assert_eq!(pool.held_by("b~term-3"), Some(b));
+        assert_eq!(pool.held_by("zzz~term-1"), None);
+        pool.release("a~x");
+        assert_eq!(pool.held_by("a~x~term-1"), None);
+        assert_eq!(
+            pool.assign("c").unwrap().uid,
+            a.uid,
+            "released ids are reused"
+        );
+    }
+}

@@ -31,7 +31,7 @@ use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
 use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
 use crate::etc::{EtcBind, etc_plan};
-use crate::identity::{AGENT_NAME, AgentIdentity, first_unsearchable};
+use crate::identity::{AGENT_NAME, AgentIdentity, UidPool, UidRange, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
 use crate::procfs::ProcessIdentity;
@@ -121,6 +121,7 @@ pub struct Spawner {
     cgroups: Option<CgroupBase>,
     bwrap: Option<PathBuf>,
     identity: Option<AgentIdentity>,
+    pool: Option<std::sync::Arc<UidPool>>,
 }
 
 impl Spawner {
@@ -134,6 +135,7 @@ impl Spawner {
             cgroups,
             bwrap,
             identity: None,
+            pool: None,
         })
     }
 
@@ -145,10 +147,61 @@ impl Spawner {
         self
     }
 
-    /// The uid/gid children run as when they are switched; `None` when they run as the
-    /// supervisor's own uid. Files the supervisor creates on an agent's behalf are chowned to it.
+    /// One uid per open conversation from `range` (see [`Spawner::assign_identity`]); it
+    /// takes the place of [`Spawner::with_identity`]'s single identity.
+    pub fn with_uid_range(mut self, range: Option<UidRange>) -> Self {
+        self.pool = range.map(|r| std::sync::Arc::new(UidPool::new(r)));
+        self
+    }
+
+    /// The single uid/gid children run as when they are switched; `None` when they run as the
+    /// supervisor's own uid, or when a uid range gives each conversation its own (then use
+    /// [`Spawner::agent_identity_for`]).
     pub fn agent_identity(&self) -> Option<AgentIdentity> {
         self.identity
+    }
+
+    /// The identity `conversation_id`'s agent and terminals run as (what files made on their
+    /// behalf are chowned to); `None` when they run as the supervisor's own uid. With a uid
+    /// range, only while the conversation holds one ([`Spawner::assign_identity`]).
+    pub fn agent_identity_for(&self, conversation_id: &str) -> Option<AgentIdentity> {
+        match &self.pool {
+            Some(p) => p.held_by(conversation_id),
+            None => self.identity,
+        }
+    }
+
+    /// Gives `conversation_id` its identity before its root, home or agent are made: with a
+    /// uid range the lowest free uid (the same one while it stays held), else the single one.
+    /// Fails when every uid of the range is held.
+    pub fn assign_identity(
+        &self,
+        conversation_id: &str,
+    ) -> Result<Option<AgentIdentity>, SandboxError> {
+        match &self.pool {
+            Some(p) => p.assign(conversation_id).map(Some),
+            None => Ok(self.identity),
+        }
+    }
+
+    /// Returns a conversation's uid to the range (at close).
+    pub fn release_identity(&self, conversation_id: &str) {
+        if let Some(p) = &self.pool {
+            p.release(conversation_id);
+        }
+    }
+
+    /// What this spawn switches to. With a range, a spawn whose conversation holds no uid is
+    /// refused rather than run as anybody else's.
+    fn identity_for_spawn(&self, spawn_id: &str) -> Result<Option<AgentIdentity>, SandboxError> {
+        match &self.pool {
+            Some(p) => p.held_by(spawn_id).map(Some).ok_or_else(|| {
+                SandboxError::InvalidInput(format!(
+                    "no agent uid is assigned to conversation {spawn_id:?}"
+                ))
+            }),
+            None => Ok(self.identity),
+        }
     }
 
     /// Detects a writable cgroup v2 hierarchy (base `<own cgroup>/<cgroup_base_name>`) and a
@@ -175,6 +228,7 @@ impl Spawner {
     /// limit, when the working directory is outside the root, or when the program is missing.
     pub fn spawn(&self, spec: SpawnSpec) -> Result<SpawnedAgent, SandboxError> {
         let child_depth = spec.depth.child_depth()?;
+        let identity = self.identity_for_spawn(&spec.conversation_id)?;
         let root = &spec.boundary.root;
         let cwd = match &spec.cwd {
             None => root.clone(),
@@ -214,7 +268,7 @@ impl Spawner {
         // A switched child (and bubblewrap, resolving its binds as the child) reaches every
         // path it needs by its own rights: say which one blocks rather than let bubblewrap fail
         // with a bare EACCES after the spawn.
-        if let Some(who) = self.identity {
+        if let Some(who) = identity {
             let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
                 .into_iter()
                 .flatten()
@@ -242,7 +296,7 @@ impl Spawner {
         if let Some(h) = &home {
             env.set_home(h);
         }
-        if self.identity.is_some() {
+        if identity.is_some() {
             env.set_user(AGENT_NAME);
         }
         // What bubblewrap binds read-only over the writable root and home: checked and created
@@ -253,10 +307,10 @@ impl Spawner {
                 control.extend(prepare_root(root)?);
             }
             if let Some(h) = &home {
-                control.extend(prepare_home(h, self.identity)?);
+                control.extend(prepare_home(h, identity)?);
             }
         }
-        let who = self.identity.unwrap_or(AgentIdentity {
+        let who = identity.unwrap_or(AgentIdentity {
             uid: nix::unistd::geteuid().as_raw(),
             gid: nix::unistd::getegid().as_raw(),
         });
@@ -356,7 +410,6 @@ impl Spawner {
         let parent = std::process::id() as libc::pid_t;
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
-        let identity = self.identity;
         let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
         // system calls (write, setgroups, setgid, setuid, prctl, getppid, close, dup2, fcntl);

@@ -36,8 +36,8 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
         .create("ident", true, Profile::WorkspaceWrite, Some(AGENT))
         .unwrap();
     assert_eq!(std::fs::metadata(&boundary.root).unwrap().uid(), AGENT.uid);
-    let homes = AgentHomes::open(&state, Some(AGENT)).unwrap();
-    let home = homes.create("ident", None).unwrap();
+    let homes = AgentHomes::open(&state, true).unwrap();
+    let home = homes.create("ident", None, Some(AGENT)).unwrap();
     assert_eq!(std::fs::metadata(home.path()).unwrap().uid(), AGENT.uid);
 
     let spawner = fx.spawner(true).with_identity(Some(AGENT));

@@ -373,6 +373,10 @@ pub struct SandboxSection {
     pub agent_user: String,
     /// The agent's group (name or number). Empty: the user's primary group (or the same number).
     pub agent_group: String,
+    /// `[first, last]`: one uid per open conversation from this range instead of one
+    /// `agent_user` for all (gid = uid unless `agent_group` is set), so agents of two
+    /// conversations cannot touch each other's files even without bubblewrap. Empty: off.
+    pub agent_uid_range: Vec<u32>,
 }
 
 impl Default for SandboxSection {
@@ -383,6 +387,7 @@ impl Default for SandboxSection {
             env_extra: Vec::new(),
             agent_user: String::new(),
             agent_group: String::new(),
+            agent_uid_range: Vec::new(),
         }
     }
 }
@@ -545,6 +550,15 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             format!("no agent named {:?}", cfg.agents.default),
         ));
     }
+    for (name, a) in &agents {
+        if a.home.as_ref().is_some_and(|h| !h.is_absolute()) {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}.home"),
+                "must be an absolute path (the template of the agent's home)",
+            ));
+        }
+    }
     for (name, w) in &cfg.workspaces {
         if !w.path.is_absolute() {
             return Err(ConfigError::invalid(
@@ -619,6 +633,12 @@ mod tests {
         assert!(e.to_string().contains("agents.default"), "{e}");
         let e = load(None, &["agents.x.command=\"\"".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.x.command"), "{e}");
+        let e = load(None, &["agents.scripted.home=\"rel/home\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.scripted.home"), "{e}");
+        let e = load(None, &["sandbox.agent_uid_ragne=[1, 2]".into()]).unwrap_err();
+        assert!(e.to_string().contains("agent_uid_ragne"), "{e}");
+        let s = load(None, &["sandbox.agent_uid_range=[200000, 200009]".into()]).unwrap();
+        assert_eq!(s.file.sandbox.agent_uid_range, vec![200_000, 200_009]);
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
     }

@@ -407,6 +407,10 @@ impl Conversation {
         {
             tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
         }
+        // Its processes are gone: its uid (with a range) may serve another conversation.
+        self.shared
+            .spawner
+            .release_identity(&self.core.info.context_id);
         report
     }
 

@@ -138,7 +138,23 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         &settings.file.sandbox.agent_user,
         &settings.file.sandbox.agent_group,
     )?;
-    let identity = plan.switched();
+    let sb = &settings.file.sandbox;
+    let range = warden_sandbox::UidRange::for_this_process(&sb.agent_uid_range, &sb.agent_group)?;
+    if range.is_some() && !sb.agent_user.trim().is_empty() {
+        return Err(StartupError::Sandbox(
+            warden_sandbox::SandboxError::InvalidInput(
+                "sandbox.agent_user and sandbox.agent_uid_range are exclusive: one user for all \
+                 agents, or one uid per conversation"
+                    .into(),
+            ),
+        ));
+    }
+    // With a range, each conversation's identity comes from it; the single one is unused.
+    let identity = if range.is_some() {
+        None
+    } else {
+        plan.switched()
+    };
     match plan {
         warden_sandbox::IdentityPlan::Switch(i) => {
             tracing::info!(uid = i.uid, gid = i.gid, "agents run as their own uid")
@@ -148,10 +164,23 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
             "the supervisor is not root: agents run as its own uid and can reach whatever it can (see `warden doctor`)"
         ),
     }
-    let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?.with_identity(identity);
+    let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?
+        .with_identity(identity)
+        .with_uid_range(range);
     let roots = warden_sandbox::OwnedRoots::open(&state, &store)?;
-    let homes = warden_sandbox::AgentHomes::open(&state, identity)?;
-    if let Some(i) = identity {
+    let some_agent = identity.or(range.map(|r| warden_sandbox::AgentIdentity {
+        uid: r.first,
+        gid: r.group.unwrap_or(r.first),
+    }));
+    if let Some(r) = range {
+        tracing::info!(
+            first = r.first,
+            last = r.last,
+            "agents run as one uid per conversation"
+        );
+    }
+    let homes = warden_sandbox::AgentHomes::open(&state, some_agent.is_some())?;
+    if let Some(i) = some_agent {
         open_path_to_agents(&state, roots.dir(), homes.dir(), i)?;
     }
     let records = Records::new(&state, settings.limits().transcript_bytes)?;

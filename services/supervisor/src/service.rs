@@ -222,6 +222,36 @@ impl Supervisor {
                 s.limits().max_conversations
             )));
         }
+        // The conversation's identity (its own uid when a range is configured) before its root
+        // and home are made for it; given back at close or when this open fails.
+        let ident = self
+            .shared
+            .spawner
+            .assign_identity(&req.context_id)
+            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        let res = self
+            .start_with_identity(req, guard, agent_name, agent_cfg, profile, sprof, ident)
+            .await;
+        if res.is_err() {
+            self.shared.spawner.release_identity(&req.context_id);
+        }
+        res
+    }
+
+    /// The rest of [`Supervisor::start_locked`] once the conversation holds its identity, split
+    /// off so that every way it fails gives the identity back in one place.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_with_identity(
+        &self,
+        req: &pb::OpenConversationRequest,
+        guard: &mut Option<Arc<Conversation>>,
+        agent_name: &str,
+        agent_cfg: AgentConfig,
+        profile: pb::Profile,
+        sprof: warden_sandbox::Profile,
+        ident: Option<warden_sandbox::AgentIdentity>,
+    ) -> Result<Arc<Conversation>, Status> {
+        let s = &self.shared.settings;
         let mut made_root = false;
         let boundary = if req.workspace.is_empty() {
             let existing = self
@@ -230,17 +260,25 @@ impl Supervisor {
                 .get(&req.context_id)
                 .map_err(|e| Status::internal(format!("sandbox registry: {e}")))?;
             match existing {
-                Some(b) => b,
+                // A root an earlier uid of the range owned (before a close or a restart) is
+                // given to this conversation's uid; only ever an owned root.
+                Some(b) => {
+                    if let Some(i) = ident
+                        && std::fs::symlink_metadata(&b.root)
+                            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) != i.uid)
+                            .unwrap_or(true)
+                    {
+                        warden_sandbox::chown_tree(&b.root, i).map_err(|e| {
+                            Status::internal(format!("cannot give the sandbox to the agent: {e}"))
+                        })?;
+                    }
+                    b
+                }
                 None => {
                     made_root = true;
                     self.shared
                         .roots
-                        .create(
-                            &req.context_id,
-                            false,
-                            sprof,
-                            self.shared.spawner.agent_identity(),
-                        )
+                        .create(&req.context_id, false, sprof, ident)
                         .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
                 }
             }
@@ -299,7 +337,7 @@ impl Supervisor {
         let home = match self
             .shared
             .homes
-            .create(&req.context_id, agent_cfg.home.as_deref())
+            .create(&req.context_id, agent_cfg.home.as_deref(), ident)
         {
             Ok(h) => h,
             Err(e) => {
@@ -445,6 +483,9 @@ impl Supervisor {
             "agent_uid".to_string(),
             match self.shared.spawner.agent_identity() {
                 Some(i) => i.uid.to_string(),
+                None if !self.shared.settings.file.sandbox.agent_uid_range.is_empty() => {
+                    "per-conversation".to_string()
+                }
                 None => "self".to_string(),
             },
         );
