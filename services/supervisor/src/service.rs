@@ -326,11 +326,9 @@ impl Supervisor {
             files: warden_containment::beneath::RootDir::open(&boundary.root)
                 .map_err(|e| e.to_string()),
             // What a client write creates belongs to the agent, not to the supervisor's uid.
-            file_owner: self.shared.spawner.agent_identity().map(|i| {
-                warden_containment::beneath::Owner {
-                    uid: i.uid,
-                    gid: i.gid,
-                }
+            file_owner: ident.map(|i| warden_containment::beneath::Owner {
+                uid: i.uid,
+                gid: i.gid,
             }),
             fs_read_bytes: s.limits().fs_read_bytes,
         });
