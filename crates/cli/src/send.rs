@@ -11,8 +11,14 @@ use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
+use futures::StreamExt;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use sse_stream::SseStream;
 use tokio::net::TcpStream;
 
 use warden_cli::layout::Layout;
@@ -51,9 +57,19 @@ pub enum SendError {
     },
     #[error("the gateway refused the request (HTTP {status}): {message}")]
     Refused { status: u16, message: String },
+    /// The token or address cannot be put in a request (e.g. a control character in the file).
+    #[error("cannot build the request to the gateway: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("the connection to the gateway failed: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("the gateway's event stream broke: {0}")]
+    Stream(#[from] sse_stream::Error),
     #[error("the connection to the gateway failed: {0}")]
     Io(#[from] std::io::Error),
 }
+
+/// At most this much of an error answer is read: it is shown to the user, never streamed.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// One line of the live view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,27 +176,61 @@ fn read(path: &Path) -> Result<String, std::io::Error> {
     std::fs::read_to_string(path).map(|s| s.trim().to_string())
 }
 
-async fn open(
+/// Sends one request on a fresh HTTP/1.1 connection and returns the response head; its body is
+/// read by the caller. One connection per request: `send` makes two at most (the stream and a
+/// cancel), so a pool would buy nothing.
+async fn request(
     addr: &str,
-    method: &str,
+    method: Method,
     path: &str,
     token: &str,
     body: Option<&Value>,
-) -> Result<TcpStream, SendError> {
-    let mut sock = TcpStream::connect(addr)
+) -> Result<Response<Incoming>, SendError> {
+    let tcp = TcpStream::connect(addr)
         .await
         .map_err(|source| SendError::Connect {
             addr: addr.to_string(),
             source,
         })?;
-    let body = body.map(Value::to_string).unwrap_or_default();
-    // HTTP/1.0: the response is delimited by the connection closing, so no chunked decoding.
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nA2A-Version: 1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    sock.write_all(req.as_bytes()).await?;
-    Ok(sock)
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    // The connection is driven on its own task until the response body is read or dropped; its
+    // errors also surface through `send_request` or the body, where they are reported.
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(HOST, addr)
+        .header(AUTHORIZATION, format!("Bearer {token}"))
+        .header("A2A-Version", "1.0")
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(Value::to_string).unwrap_or_default(),
+        )))?;
+    Ok(sender.send_request(req).await?)
+}
+
+/// The refusal in a non-200 answer: the A2A error's message, else the body as text.
+async fn refusal(resp: Response<Incoming>) -> SendError {
+    let status = resp.status().as_u16();
+    let body = match Limited::new(resp.into_body(), ERROR_BODY_LIMIT)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return SendError::Refused {
+                status,
+                message: format!("(the answer could not be read: {e})"),
+            };
+        }
+    };
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let message = v["error"]["message"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or(text);
+    SendError::Refused { status, message }
 }
 
 struct View {
@@ -216,46 +266,24 @@ async fn stream(
     message: Value,
     view: &mut View,
 ) -> Result<(Option<String>, String), SendError> {
-    let mut sock = open(
+    let resp = request(
         addr,
-        "POST",
+        Method::POST,
         "/a2a/rest/message:stream",
         token,
         Some(&json!({"message": message})),
     )
     .await?;
-    let mut reader = BufReader::new(&mut sock);
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line).await?;
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await? == 0 || line.trim().is_empty() {
-            break;
-        }
+    if resp.status() != StatusCode::OK {
+        return Err(refusal(resp).await);
     }
-    if status != 200 {
-        let mut body = String::new();
-        reader.read_to_string(&mut body).await?;
-        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-        let message = v["error"]["message"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or(body);
-        return Err(SendError::Refused { status, message });
-    }
+    let mut events = SseStream::new(resp.into_body());
     let mut task_id: Option<String> = None;
     let mut state = String::new();
-    let mut data = String::new();
     let mut cancel_sent = false;
     loop {
-        let mut line = String::new();
-        let n = tokio::select! {
-            n = reader.read_line(&mut line) => n?,
+        let sse = tokio::select! {
+            sse = events.next() => sse,
             _ = tokio::signal::ctrl_c(), if !cancel_sent && task_id.is_some() => {
                 cancel_sent = true;
                 if let Some(id) = &task_id {
@@ -263,27 +291,22 @@ async fn stream(
                     // The answer is read in the background; the stream shows how the task ends.
                     let (addr, token, id) = (addr.to_string(), token.to_string(), id.clone());
                     tokio::spawn(async move {
-                        if let Ok(mut s) = open(&addr, "POST", &format!("/a2a/rest/tasks/{id}:cancel"), &token, None).await {
-                            let mut sink = Vec::new();
-                            let _ = s.read_to_end(&mut sink).await;
+                        if let Ok(r) = request(&addr, Method::POST, &format!("/a2a/rest/tasks/{id}:cancel"), &token, None).await {
+                            let _ = r.into_body().collect().await;
                         }
                     });
                 }
                 continue;
             }
         };
-        if n == 0 {
+        let Some(sse) = sse else {
             break;
-        }
-        let line = line.trim_end_matches(['\r', '\n']);
-        if let Some(d) = line.strip_prefix("data:") {
-            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        };
+        // Comments, keep-alives and blocks without data carry no event.
+        let Some(data) = sse?.data.filter(|d| !d.is_empty()) else {
             continue;
-        }
-        if !line.is_empty() || data.is_empty() {
-            continue;
-        }
-        let ev: Value = serde_json::from_str(&std::mem::take(&mut data)).unwrap_or(Value::Null);
+        };
+        let ev: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
         if ev.get("error").is_some() {
             view.show(&[Shown::Line(format!(
                 "[error] {}",
