@@ -1,27 +1,49 @@
 //! `warden send [--agent NAME] [--context ID] "text"`: one task through a running `warden up`,
 //! streamed live (agent text, tool calls, every permission decision with its verdict and reason,
-//! the final state). Exit status: 0 when the task COMPLETED, 1 when it ended otherwise, 2 when it
-//! could not be sent, 3 when it waits for input that stdin could not give.
+//! the final state). The exit status says how it ended ([`EXIT_CODES`], also in `--help`).
 //!
 //! It speaks A2A 1.0 HTTP+JSON to the gateway's loopback URL (from the state directory's
-//! `run/gateway.url`) with the caller token `warden up` generated (`gateway/token`). Ctrl-C asks
-//! the gateway to cancel the task and shows how it ends; closing the stream alone would not cancel.
+//! `run/gateway.url`) with the caller token `warden up` generated (`gateway/token`), through
+//! [`warden_cli::client`]. Ctrl-C or SIGTERM asks the gateway to cancel the task (CancelTask) and
+//! shows how it ends: closing the stream alone would not cancel, and a caller that was told
+//! "interrupted" must not leave an agent working behind it.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use futures::StreamExt;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HOST};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use sse_stream::SseStream;
-use tokio::net::TcpStream;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
 
+use warden_cli::client::{self, ClientError};
 use warden_cli::layout::Layout;
+
+/// How long an interrupted `send` waits for the cancelled task to reach its end. The gateway
+/// forces CANCELED itself after its own grace (`cancel_grace_ms`, 10 s by default).
+pub const CANCEL_WAIT: Duration = Duration::from_secs(12);
+
+/// The exit status of `warden send`, for `--help` and the README.
+pub const EXIT_CODES: &str = "\
+Ctrl-C or SIGTERM cancels the task: warden send asks the gateway to cancel it (A2A CancelTask),
+shows how it ends (waiting up to 12 s), then exits non-zero. A second Ctrl-C stops waiting.
+
+Exit status:
+  0    the task COMPLETED and the policy allowed every permission it asked for
+  1    the task FAILED (or ended in a state not listed here)
+  2    the task could not be sent or followed: warden is not running, the gateway refused
+       the request, or the connection broke before the task ended
+  3    the task waits for input that stdin did not give
+  4    the task COMPLETED, but the policy refused at least one permission (deny, or an
+       escalation nobody approved)
+  5    the task was CANCELED (by Ctrl-C/SIGTERM here, or by anyone else)
+  6    the task was REJECTED by the agent
+  130  interrupted by Ctrl-C (143: SIGTERM), and the task was not seen to end within the wait
+       or COMPLETED before the cancel reached it";
 
 /// What `warden send` was asked to do.
 #[derive(Debug, Clone)]
@@ -47,29 +69,17 @@ pub enum SendError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the gateway URL {0:?} is not a local http:// URL")]
-    Url(String),
-    #[error("cannot reach the gateway at {addr}: {source}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
     #[error("the gateway refused the request (HTTP {status}): {message}")]
     Refused { status: u16, message: String },
-    /// The token or address cannot be put in a request (e.g. a control character in the file).
-    #[error("cannot build the request to the gateway: {0}")]
-    Request(#[from] hyper::http::Error),
-    #[error("the connection to the gateway failed: {0}")]
-    Http(#[from] hyper::Error),
     #[error("the gateway's event stream broke: {0}")]
     Stream(#[from] sse_stream::Error),
-    #[error("the connection to the gateway failed: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("cannot handle Ctrl-C/SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("cannot read the answer from stdin: {0}")]
+    Stdin(#[source] std::io::Error),
 }
-
-/// At most this much of an error answer is read: it is shown to the user, never streamed.
-const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 /// One line of the live view.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,6 +98,8 @@ pub struct Rendered {
     pub task_id: Option<String>,
     /// The task's state after this event, when it carried one.
     pub state: Option<String>,
+    /// A permission decision that was not an ALLOW (deny, or an unresolved escalation).
+    pub refused: bool,
 }
 
 fn short_state(s: &str) -> String {
@@ -118,6 +130,10 @@ pub fn render(ev: &Value) -> Rendered {
         let msg = &s["status"]["message"];
         let text = msg["parts"][0]["text"].as_str().unwrap_or("");
         let w = &msg["metadata"]["warden"];
+        if w["kind"] == "permission" {
+            // Anything but an explicit allow is a refusal, as the policy contract reads it.
+            r.refused = w["verdict"].as_str() != Some("allow");
+        }
         match w["kind"].as_str() {
             Some("permission") => r.shown.push(Shown::Line(format!(
                 "[policy] {} {} ({}): {} [rule {}]",
@@ -148,89 +164,144 @@ pub fn render(ev: &Value) -> Rendered {
 }
 
 fn is_final(state: &str) -> bool {
+    is_terminal(state)
+        || matches!(
+            state,
+            "TASK_STATE_INPUT_REQUIRED" | "TASK_STATE_AUTH_REQUIRED"
+        )
+}
+
+/// The states a task never leaves.
+fn is_terminal(state: &str) -> bool {
     matches!(
         state,
         "TASK_STATE_COMPLETED"
             | "TASK_STATE_FAILED"
             | "TASK_STATE_CANCELED"
             | "TASK_STATE_REJECTED"
-            | "TASK_STATE_INPUT_REQUIRED"
-            | "TASK_STATE_AUTH_REQUIRED"
     )
 }
 
-/// `host:port` of a local `http://` gateway URL.
-pub fn gateway_addr(url: &str) -> Result<String, SendError> {
-    let rest = url
-        .trim()
-        .strip_prefix("http://")
-        .ok_or_else(|| SendError::Url(url.trim().to_string()))?;
-    let addr = rest.split('/').next().unwrap_or("");
-    if addr.is_empty() || addr.contains('@') {
-        return Err(SendError::Url(url.trim().to_string()));
+/// Which signal interrupted `send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    Int,
+    Term,
+}
+
+impl Interrupt {
+    /// The shell's convention: 128 + the signal number.
+    fn code(self) -> u8 {
+        match self {
+            Interrupt::Int => 130,
+            Interrupt::Term => 143,
+        }
     }
-    Ok(addr.to_string())
+}
+
+/// The exit status for how the task ended ([`EXIT_CODES`]).
+pub fn exit_code(state: &str, refused: bool, interrupt: Option<Interrupt>) -> u8 {
+    match state {
+        "TASK_STATE_CANCELED" => 5,
+        "TASK_STATE_REJECTED" => 6,
+        "TASK_STATE_FAILED" => 1,
+        // An interrupted send never reports success, even if the task won the race.
+        _ if interrupt.is_some() => interrupt.map_or(1, Interrupt::code),
+        "TASK_STATE_COMPLETED" if refused => 4,
+        "TASK_STATE_COMPLETED" => 0,
+        "TASK_STATE_INPUT_REQUIRED" => 3,
+        // The stream ended while the task was still going (or before it was named).
+        s if !is_final(s) => 2,
+        _ => 1,
+    }
+}
+
+/// SIGINT and SIGTERM, caught for the whole of `send` so neither kills it before the cancel.
+struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, SendError> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).map_err(SendError::Signal)?,
+            term: signal(SignalKind::terminate()).map_err(SendError::Signal)?,
+        })
+    }
+
+    async fn recv(&mut self) -> Interrupt {
+        tokio::select! {
+            Some(()) = self.int.recv() => Interrupt::Int,
+            Some(()) = self.term.recv() => Interrupt::Term,
+            // Both streams closed: no signal will come any more.
+            else => std::future::pending().await,
+        }
+    }
 }
 
 fn read(path: &Path) -> Result<String, std::io::Error> {
     std::fs::read_to_string(path).map(|s| s.trim().to_string())
 }
 
-/// Sends one request on a fresh HTTP/1.1 connection and returns the response head; its body is
-/// read by the caller. One connection per request: `send` makes two at most (the stream and a
-/// cancel), so a pool would buy nothing.
-async fn request(
-    addr: &str,
-    method: Method,
-    path: &str,
-    token: &str,
-    body: Option<&Value>,
-) -> Result<Response<Incoming>, SendError> {
-    let tcp = TcpStream::connect(addr)
+/// Asks the gateway to cancel the task; the state in its answer (the gateway answers once the
+/// task has ended, or after forcing CANCELED), if any.
+async fn cancel_task(addr: String, token: String, id: String) -> Option<String> {
+    let path = format!("/a2a/rest/tasks/{id}:cancel");
+    let resp = client::request(&addr, Method::POST, &path, &token, None)
         .await
-        .map_err(|source| SendError::Connect {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-    // The connection is driven on its own task until the response body is read or dropped; its
-    // errors also surface through `send_request` or the body, where they are reported.
-    tokio::spawn(conn);
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(HOST, addr)
-        .header(AUTHORIZATION, format!("Bearer {token}"))
-        .header("A2A-Version", "1.0")
-        .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(
-            body.map(Value::to_string).unwrap_or_default(),
-        )))?;
-    Ok(sender.send_request(req).await?)
+        .ok()?;
+    let ok = resp.status() == StatusCode::OK;
+    let (v, _) = client::read_answer(resp).await.ok()?;
+    ok.then(|| v["status"]["state"].as_str().map(str::to_string))
+        .flatten()
 }
 
-/// The refusal in a non-200 answer: the A2A error's message, else the body as text.
-async fn refusal(resp: Response<Incoming>) -> SendError {
-    let status = resp.status().as_u16();
-    let body = match Limited::new(resp.into_body(), ERROR_BODY_LIMIT)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return SendError::Refused {
-                status,
-                message: format!("(the answer could not be read: {e})"),
-            };
+/// How one stream (one message) ended.
+struct Ended {
+    task_id: Option<String>,
+    /// The last state seen ("" if none).
+    state: String,
+    /// Whether the policy refused any permission on the way.
+    refused: bool,
+    interrupt: Option<Interrupt>,
+}
+
+/// The cancel asked for after an interrupt: sent once the task has an id.
+struct Cancel {
+    deadline: Instant,
+    sent: Option<tokio::task::JoinHandle<Option<String>>>,
+}
+
+impl Cancel {
+    fn new() -> Self {
+        Cancel {
+            deadline: Instant::now() + CANCEL_WAIT,
+            sent: None,
         }
-    };
-    let text = String::from_utf8_lossy(&body).into_owned();
-    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-    let message = v["error"]["message"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or(text);
-    SendError::Refused { status, message }
+    }
+
+    fn send(&mut self, addr: &str, token: &str, id: &str, view: &mut View) {
+        if self.sent.is_none() {
+            view.show(&[Shown::Line(format!(
+                "[cancel] asking the gateway to cancel {id}"
+            ))]);
+            self.sent = Some(tokio::spawn(cancel_task(
+                addr.to_string(),
+                token.to_string(),
+                id.to_string(),
+            )));
+        }
+    }
+
+    /// The state the gateway's cancel answer reported, waiting until the deadline.
+    async fn answer(self) -> Option<String> {
+        let handle = self.sent?;
+        tokio::time::timeout_at(self.deadline, handle)
+            .await
+            .ok()?
+            .ok()?
+    }
 }
 
 struct View {
@@ -259,14 +330,16 @@ impl View {
     }
 }
 
-/// Streams one message; returns the task id and the state the stream ended in.
+/// Streams one message until the task reaches a final state, the stream ends, or (after an
+/// interrupt) the cancel wait runs out.
 async fn stream(
     addr: &str,
     token: &str,
     message: Value,
     view: &mut View,
-) -> Result<(Option<String>, String), SendError> {
-    let resp = request(
+    signals: &mut Signals,
+) -> Result<Ended, SendError> {
+    let resp = client::request(
         addr,
         Method::POST,
         "/a2a/rest/message:stream",
@@ -275,28 +348,46 @@ async fn stream(
     )
     .await?;
     if resp.status() != StatusCode::OK {
-        return Err(refusal(resp).await);
+        let status = resp.status().as_u16();
+        let (v, text) = client::read_answer(resp).await?;
+        let message = v["error"]["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or(text);
+        return Err(SendError::Refused { status, message });
     }
     let mut events = SseStream::new(resp.into_body());
-    let mut task_id: Option<String> = None;
-    let mut state = String::new();
-    let mut cancel_sent = false;
+    let mut end = Ended {
+        task_id: None,
+        state: String::new(),
+        refused: false,
+        interrupt: None,
+    };
+    let mut cancel: Option<Cancel> = None;
     loop {
+        if let (Some(c), Some(id)) = (cancel.as_mut(), end.task_id.as_deref()) {
+            c.send(addr, token, id, view);
+        }
+        let deadline = cancel.as_ref().map(|c| c.deadline);
         let sse = tokio::select! {
             sse = events.next() => sse,
-            _ = tokio::signal::ctrl_c(), if !cancel_sent && task_id.is_some() => {
-                cancel_sent = true;
-                if let Some(id) = &task_id {
-                    view.show(&[Shown::Line(format!("[cancel] asking the gateway to cancel {id}"))]);
-                    // The answer is read in the background; the stream shows how the task ends.
-                    let (addr, token, id) = (addr.to_string(), token.to_string(), id.clone());
-                    tokio::spawn(async move {
-                        if let Ok(r) = request(&addr, Method::POST, &format!("/a2a/rest/tasks/{id}:cancel"), &token, None).await {
-                            let _ = r.into_body().collect().await;
-                        }
-                    });
+            sig = signals.recv() => {
+                if cancel.is_some() {
+                    view.show(&[Shown::Line("[cancel] not waiting any longer".into())]);
+                    break;
                 }
+                if end.task_id.is_none() {
+                    view.show(&[Shown::Line(
+                        "[cancel] the task is cancelled as soon as the gateway names it".into(),
+                    )]);
+                }
+                end.interrupt = Some(sig);
+                cancel = Some(Cancel::new());
                 continue;
+            }
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                view.show(&[Shown::Line("[cancel] the task was not seen to end in time".into())]);
+                break;
             }
         };
         let Some(sse) = sse else {
@@ -315,24 +406,37 @@ async fn stream(
             continue;
         }
         let r = render(&ev);
-        if task_id.is_none() {
-            task_id = r.task_id.clone();
+        if end.task_id.is_none() {
+            end.task_id = r.task_id.clone();
         }
+        end.refused |= r.refused;
         view.show(&r.shown);
         if let Some(s) = r.state {
-            state = s;
-            if is_final(&state) {
+            end.state = s;
+            if is_final(&end.state) {
                 break;
             }
         }
     }
-    Ok((task_id, state))
+    // Interrupted and the stream did not show the end (it closed, or the task stopped to wait
+    // for input): the cancel's own answer says how the task ended.
+    if let Some(c) = cancel
+        && !is_terminal(&end.state)
+        && let Some(state) = c.answer().await
+    {
+        view.show(&[Shown::Line(format!(
+            "[{}] (the gateway's answer to the cancel)",
+            short_state(&state)
+        ))]);
+        end.state = state;
+    }
+    Ok(end)
 }
 
 /// Runs `warden send`.
 pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
     match send(layout, args).await {
-        Ok(code) => code,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("warden send: {e}");
             ExitCode::from(2)
@@ -340,7 +444,21 @@ pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
     }
 }
 
-async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
+/// One line from stdin, read on its own thread: the answer comes from the person at the
+/// terminal, and a plain thread (unlike a runtime blocking task) does not hold up the exit when
+/// a signal ends `send` while the read is still waiting.
+fn read_answer_line() -> tokio::sync::oneshot::Receiver<std::io::Result<(usize, String)>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut answer = String::new();
+        let r = std::io::stdin().read_line(&mut answer).map(|n| (n, answer));
+        let _ = tx.send(r);
+    });
+    rx
+}
+
+async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
+    let mut signals = Signals::install()?;
     let url_file = layout.url_file();
     let url = read(&url_file).map_err(|source| SendError::NotRunning {
         path: url_file.display().to_string(),
@@ -351,7 +469,7 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
         path: token_file.display().to_string(),
         source,
     })?;
-    let addr = gateway_addr(&url)?;
+    let addr = client::gateway_addr(&url)?;
     let mut message = json!({
         "messageId": uuid::Uuid::new_v4().to_string(),
         "role": "ROLE_USER",
@@ -366,41 +484,47 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
     let mut view = View {
         at_line_start: true,
     };
+    let mut refused = false;
     loop {
-        let (task_id, state) = stream(&addr, &token, message, &mut view).await?;
-        match state.as_str() {
-            "TASK_STATE_COMPLETED" => return Ok(ExitCode::SUCCESS),
-            "TASK_STATE_INPUT_REQUIRED" => {
-                let Some(task_id) = task_id else {
-                    return Ok(ExitCode::from(3));
-                };
-                view.show(&[Shown::Line(
-                    "[answer] type the answer and press Enter (EOF gives up):".into(),
-                )]);
-                // Blocking read on a thread: the answer comes from the person at the terminal.
-                let (n, answer) = tokio::task::spawn_blocking(|| {
-                    let mut answer = String::new();
-                    std::io::stdin().read_line(&mut answer).map(|n| (n, answer))
-                })
-                .await
-                .map_err(|e| SendError::Io(std::io::Error::other(e)))??;
-                if n == 0 {
-                    eprintln!("warden send: task {task_id} waits for input; none was given");
-                    return Ok(ExitCode::from(3));
-                }
-                message = json!({
-                    "messageId": uuid::Uuid::new_v4().to_string(),
-                    "role": "ROLE_USER",
-                    "taskId": task_id,
-                    "parts": [{"text": answer.trim_end_matches(['\r', '\n'])}],
-                });
-            }
-            "" => {
-                eprintln!("warden send: the stream ended before the task did");
-                return Ok(ExitCode::from(2));
-            }
-            _ => return Ok(ExitCode::from(1)),
+        let end = stream(&addr, &token, message, &mut view, &mut signals).await?;
+        refused |= end.refused;
+        if !is_final(&end.state) && end.interrupt.is_none() {
+            eprintln!("warden send: the stream ended before the task did");
         }
+        if end.state != "TASK_STATE_INPUT_REQUIRED" || end.interrupt.is_some() {
+            return Ok(exit_code(&end.state, refused, end.interrupt));
+        }
+        let Some(task_id) = end.task_id else {
+            return Ok(3);
+        };
+        view.show(&[Shown::Line(
+            "[answer] type the answer and press Enter (EOF gives up):".into(),
+        )]);
+        let line = tokio::select! {
+            line = read_answer_line() => line,
+            sig = signals.recv() => {
+                let mut c = Cancel::new();
+                c.send(&addr, &token, &task_id, &mut view);
+                let state = c.answer().await.unwrap_or_default();
+                if !state.is_empty() {
+                    view.show(&[Shown::Line(format!("[{}]", short_state(&state)))]);
+                }
+                return Ok(exit_code(&state, refused, Some(sig)));
+            }
+        };
+        let (n, answer) = line
+            .map_err(|_| SendError::Stdin(std::io::Error::other("the reader thread ended")))?
+            .map_err(SendError::Stdin)?;
+        if n == 0 {
+            eprintln!("warden send: task {task_id} waits for input; none was given");
+            return Ok(3);
+        }
+        message = json!({
+            "messageId": uuid::Uuid::new_v4().to_string(),
+            "role": "ROLE_USER",
+            "taskId": task_id,
+            "parts": [{"text": answer.trim_end_matches(['\r', '\n'])}],
+        });
     }
 }
 
@@ -459,17 +583,39 @@ mod tests {
     }
 
     #[test]
-    fn only_local_http_urls_are_used() {
-        assert_eq!(
-            gateway_addr("http://127.0.0.1:7420\n").unwrap(),
-            "127.0.0.1:7420"
-        );
-        assert_eq!(
-            gateway_addr("http://127.0.0.1:7420/").unwrap(),
-            "127.0.0.1:7420"
-        );
-        assert!(gateway_addr("https://gw.example").is_err());
-        assert!(gateway_addr("http://user@host").is_err());
-        assert!(gateway_addr("").is_err());
+    fn refusals_are_counted_and_only_an_allow_is_not_one() {
+        let perm = |verdict: &str| {
+            render(
+                &json!({"statusUpdate": {"status": {"state": "TASK_STATE_WORKING", "message": {
+                "parts": [{"text": "permission"}],
+                "metadata": {"warden": {"kind": "permission", "verdict": verdict}}}}}}),
+            )
+        };
+        assert!(!perm("allow").refused);
+        assert!(perm("deny").refused);
+        assert!(perm("escalate").refused);
+        assert!(perm("").refused);
+    }
+
+    #[test]
+    fn the_exit_status_tells_each_ending_apart() {
+        let c = |s: &str, refused, i| exit_code(s, refused, i);
+        assert_eq!(c("TASK_STATE_COMPLETED", false, None), 0);
+        assert_eq!(c("TASK_STATE_FAILED", false, None), 1);
+        assert_eq!(c("TASK_STATE_AUTH_REQUIRED", false, None), 1);
+        assert_eq!(c("", false, None), 2);
+        assert_eq!(c("TASK_STATE_WORKING", false, None), 2);
+        assert_eq!(c("TASK_STATE_INPUT_REQUIRED", false, None), 3);
+        assert_eq!(c("TASK_STATE_COMPLETED", true, None), 4);
+        assert_eq!(c("TASK_STATE_CANCELED", false, None), 5);
+        assert_eq!(c("TASK_STATE_CANCELED", true, Some(Interrupt::Int)), 5);
+        assert_eq!(c("TASK_STATE_REJECTED", false, None), 6);
+        assert_eq!(c("TASK_STATE_WORKING", false, Some(Interrupt::Int)), 130);
+        assert_eq!(c("TASK_STATE_COMPLETED", false, Some(Interrupt::Term)), 143);
+        assert!(EXIT_CODES.contains(&format!("up to {} s", CANCEL_WAIT.as_secs())));
+        // Every code is documented in --help.
+        for code in [0, 1, 2, 3, 4, 5, 6, 130, 143] {
+            assert!(EXIT_CODES.contains(&format!("{code}")), "{code}");
+        }
     }
 }
