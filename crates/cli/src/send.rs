@@ -364,6 +364,8 @@ async fn stream(
         interrupt: None,
     };
     let mut cancel: Option<Cancel> = None;
+    // A second signal: stop waiting for the end, including for the cancel's answer.
+    let mut gave_up = false;
     loop {
         if let (Some(c), Some(id)) = (cancel.as_mut(), end.task_id.as_deref()) {
             c.send(addr, token, id, view);
@@ -374,6 +376,7 @@ async fn stream(
             sig = signals.recv() => {
                 if cancel.is_some() {
                     view.show(&[Shown::Line("[cancel] not waiting any longer".into())]);
+                    gave_up = true;
                     break;
                 }
                 if end.task_id.is_none() {
@@ -390,11 +393,14 @@ async fn stream(
                 break;
             }
         };
-        let Some(sse) = sse else {
-            break;
+        let sse = match sse {
+            None => break,
+            // Once cancelling, a broken stream is not the end: the cancel's answer still is.
+            Some(Err(_)) if cancel.is_some() => break,
+            Some(r) => r?,
         };
         // Comments, keep-alives and blocks without data carry no event.
-        let Some(data) = sse?.data.filter(|d| !d.is_empty()) else {
+        let Some(data) = sse.data.filter(|d| !d.is_empty()) else {
             continue;
         };
         let ev: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
@@ -421,6 +427,7 @@ async fn stream(
     // Interrupted and the stream did not show the end (it closed, or the task stopped to wait
     // for input): the cancel's own answer says how the task ended.
     if let Some(c) = cancel
+        && !gave_up
         && !is_terminal(&end.state)
         && let Some(state) = c.answer().await
     {
