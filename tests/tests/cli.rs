@@ -140,3 +140,141 @@ async fn warden_doctor_reports_containment_features_and_binaries() {
     }
     assert!(!out.contains("MISSING"), "{out}");
 }
+
+/// A running deployment that `warden send` can find: the three daemons, and the URL file
+/// `warden up` would write for it.
+async fn deployment_for_send() -> Deployment {
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    d
+}
+
+fn send_command(d: &Deployment, text: &str) -> tokio::process::Command {
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut c = tokio::process::Command::new(binary("warden"));
+    c.args(["--state-dir", &state, "send", text])
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+/// The task id from `warden send`'s `[task] ID (context …)` line.
+fn task_id_of(shown: &str) -> Option<String> {
+    shown
+        .lines()
+        .find_map(|l| l.strip_prefix("[task] "))
+        .and_then(|l| l.split_whitespace().next())
+        .map(str::to_string)
+}
+
+#[tokio::test]
+async fn warden_send_exits_4_when_the_task_completed_with_a_refused_permission_and_0_when_clean() {
+    let d = deployment_for_send().await;
+
+    let out = run_with_deadline(
+        &mut send_command(&d, "write hello.txt"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("[policy] ALLOW"), "{shown}");
+
+    // A write outside the root is denied; the agent goes on and the task still COMPLETES.
+    let scenario = r#"{"steps":[
+        {"type":"tool","kind":"edit","path":"/etc/warden-e2e-refused","content":"x"},
+        {"type":"message","text":"done"}]}"#;
+    let out = run_with_deadline(&mut send_command(&d, scenario), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(shown.contains("[policy] DENY"), "{shown}");
+    assert_eq!(out.status.code(), Some(4), "{shown}");
+    assert!(!std::path::Path::new("/etc/warden-e2e-refused").exists());
+}
+
+#[tokio::test]
+async fn warden_send_without_a_running_gateway_exits_2_and_says_so() {
+    let d = Deployment::new(Options::default());
+    let out = run_with_deadline(&mut send_command(&d, "hello"), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("warden up"), "{err}");
+}
+
+/// Starts a task that sleeps 20 s, signals `warden send` once the agent is seen working, and
+/// checks that the task was cancelled at the gateway and how `send` exited.
+async fn a_signal_cancels_the_task(sig: nix::sys::signal::Signal) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+
+    let d = deployment_for_send().await;
+    let scenario =
+        r#"{"steps":[{"type":"message","text":"sleeping now\n"},{"type":"sleep","ms":20000}]}"#;
+    let mut child = send_command(&d, scenario)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut shown = String::new();
+    // The agent's text is streamed only while the task is WORKING.
+    let working = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            shown.push_str(&l);
+            shown.push('\n');
+            if l.contains("sleeping now") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(working, Ok(true), "{shown}");
+    let task_id = task_id_of(&shown).expect("warden send names the task");
+    let started = std::time::Instant::now();
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, sig).unwrap();
+
+    let rest = tokio::time::timeout(Duration::from_secs(30), async {
+        let mut rest = String::new();
+        while let Ok(Some(l)) = lines.next_line().await {
+            rest.push_str(&l);
+            rest.push('\n');
+        }
+        rest
+    })
+    .await
+    .expect("warden send finishes after the signal");
+    shown.push_str(&rest);
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("warden send exits")
+        .unwrap();
+    assert_eq!(status.code(), Some(5), "{shown}");
+    assert!(
+        shown.contains(&format!("[cancel] asking the gateway to cancel {task_id}")),
+        "{shown}"
+    );
+    assert!(shown.contains("[CANCELED]"), "{shown}");
+    // Well before the agent's 20 s sleep would have ended.
+    assert!(started.elapsed() < Duration::from_secs(15), "{shown}");
+
+    let task =
+        warden_cli::client::get_json(&d.http, &format!("/a2a/rest/tasks/{task_id}"), &d.token())
+            .await
+            .unwrap();
+    assert_eq!(task["status"]["state"], "TASK_STATE_CANCELED", "{task}");
+}
+
+#[tokio::test]
+async fn ctrl_c_cancels_the_task_being_streamed_and_exits_5() {
+    a_signal_cancels_the_task(nix::sys::signal::Signal::SIGINT).await;
+}
+
+#[tokio::test]
+async fn sigterm_cancels_the_task_being_streamed_and_exits_5() {
+    a_signal_cancels_the_task(nix::sys::signal::Signal::SIGTERM).await;
+}

@@ -1,10 +1,11 @@
-//! The `warden` command's library half: the local deployment's layout and the `up`/`status`
-//! logic, shared with the end-to-end test harness so tests start daemons exactly as `warden up` does.
+//! The `warden` command's library half: the local deployment's layout, the `up`/`status` logic
+//! and the gateway client of `send`, shared with the end-to-end test harness so tests start daemons exactly as `warden up` does.
 //!
 //! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
 //! everything goes through the daemons' public interfaces.
 
 pub mod audit;
+pub mod client;
 pub mod layout;
 pub mod status;
 pub mod up;

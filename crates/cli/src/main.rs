@@ -45,7 +45,9 @@ enum Command {
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
-    /// Send one task to the running gateway and watch it live; exits 0 when it COMPLETED.
+    /// Send one task to the running gateway and watch it live; Ctrl-C/SIGTERM cancels it. Exits 0
+    /// when it COMPLETED with every permission allowed, 4 when a permission was refused.
+    #[command(after_help = send::EXIT_CODES)]
     Send {
         /// The configured agent to run (default: the gateway's default agent).
         #[arg(long)]

@@ -1,21 +1,49 @@
 //! `warden send [--agent NAME] [--context ID] "text"`: one task through a running `warden up`,
 //! streamed live (agent text, tool calls, every permission decision with its verdict and reason,
-//! the final state). Exit status: 0 when the task COMPLETED, 1 when it ended otherwise, 2 when it
-//! could not be sent, 3 when it waits for input that stdin could not give.
+//! the final state). The exit status says how it ended ([`EXIT_CODES`], also in `--help`).
 //!
 //! It speaks A2A 1.0 HTTP+JSON to the gateway's loopback URL (from the state directory's
-//! `run/gateway.url`) with the caller token `warden up` generated (`gateway/token`). Ctrl-C asks
-//! the gateway to cancel the task and shows how it ends; closing the stream alone would not cancel.
+//! `run/gateway.url`) with the caller token `warden up` generated (`gateway/token`), through
+//! [`warden_cli::client`]. Ctrl-C or SIGTERM asks the gateway to cancel the task (CancelTask) and
+//! shows how it ends: closing the stream alone would not cancel, and a caller that was told
+//! "interrupted" must not leave an agent working behind it.
 
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use futures::StreamExt;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use sse_stream::SseStream;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::time::Instant;
 
+use warden_cli::client::{self, ClientError};
 use warden_cli::layout::Layout;
+
+/// How long an interrupted `send` waits for the cancelled task to reach its end. The gateway
+/// forces CANCELED itself after its own grace (`cancel_grace_ms`, 10 s by default).
+pub const CANCEL_WAIT: Duration = Duration::from_secs(12);
+
+/// The exit status of `warden send`, for `--help` and the README.
+pub const EXIT_CODES: &str = "\
+Ctrl-C or SIGTERM cancels the task: warden send asks the gateway to cancel it (A2A CancelTask),
+shows how it ends (waiting up to 12 s), then exits non-zero. A second Ctrl-C stops waiting.
+
+Exit status:
+  0    the task COMPLETED and the policy allowed every permission it asked for
+  1    the task FAILED (or ended in a state not listed here)
+  2    the task could not be sent or followed: warden is not running, the gateway refused
+       the request, or the connection broke before the task ended
+  3    the task waits for input that stdin did not give
+  4    the task COMPLETED, but the policy refused at least one permission (deny, or an
+       escalation nobody approved)
+  5    the task was CANCELED (by Ctrl-C/SIGTERM here, or by anyone else)
+  6    the task was REJECTED by the agent
+  130  interrupted by Ctrl-C (143: SIGTERM), and the task was not seen to end within the wait
+       or COMPLETED before the cancel reached it";
 
 /// What `warden send` was asked to do.
 #[derive(Debug, Clone)]
@@ -41,18 +69,16 @@ pub enum SendError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the gateway URL {0:?} is not a local http:// URL")]
-    Url(String),
-    #[error("cannot reach the gateway at {addr}: {source}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
     #[error("the gateway refused the request (HTTP {status}): {message}")]
     Refused { status: u16, message: String },
-    #[error("the connection to the gateway failed: {0}")]
-    Io(#[from] std::io::Error),
+    #[error("the gateway's event stream broke: {0}")]
+    Stream(#[from] sse_stream::Error),
+    #[error("cannot handle Ctrl-C/SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("cannot read the answer from stdin: {0}")]
+    Stdin(#[source] std::io::Error),
 }
 
 /// One line of the live view.
@@ -72,6 +98,8 @@ pub struct Rendered {
     pub task_id: Option<String>,
     /// The task's state after this event, when it carried one.
     pub state: Option<String>,
+    /// A permission decision that was not an ALLOW (deny, or an unresolved escalation).
+    pub refused: bool,
 }
 
 fn short_state(s: &str) -> String {
@@ -102,6 +130,10 @@ pub fn render(ev: &Value) -> Rendered {
         let msg = &s["status"]["message"];
         let text = msg["parts"][0]["text"].as_str().unwrap_or("");
         let w = &msg["metadata"]["warden"];
+        if w["kind"] == "permission" {
+            // Anything but an explicit allow is a refusal, as the policy contract reads it.
+            r.refused = w["verdict"].as_str() != Some("allow");
+        }
         match w["kind"].as_str() {
             Some("permission") => r.shown.push(Shown::Line(format!(
                 "[policy] {} {} ({}): {} [rule {}]",
@@ -132,55 +164,144 @@ pub fn render(ev: &Value) -> Rendered {
 }
 
 fn is_final(state: &str) -> bool {
+    is_terminal(state)
+        || matches!(
+            state,
+            "TASK_STATE_INPUT_REQUIRED" | "TASK_STATE_AUTH_REQUIRED"
+        )
+}
+
+/// The states a task never leaves.
+fn is_terminal(state: &str) -> bool {
     matches!(
         state,
         "TASK_STATE_COMPLETED"
             | "TASK_STATE_FAILED"
             | "TASK_STATE_CANCELED"
             | "TASK_STATE_REJECTED"
-            | "TASK_STATE_INPUT_REQUIRED"
-            | "TASK_STATE_AUTH_REQUIRED"
     )
 }
 
-/// `host:port` of a local `http://` gateway URL.
-pub fn gateway_addr(url: &str) -> Result<String, SendError> {
-    let rest = url
-        .trim()
-        .strip_prefix("http://")
-        .ok_or_else(|| SendError::Url(url.trim().to_string()))?;
-    let addr = rest.split('/').next().unwrap_or("");
-    if addr.is_empty() || addr.contains('@') {
-        return Err(SendError::Url(url.trim().to_string()));
+/// Which signal interrupted `send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interrupt {
+    Int,
+    Term,
+}
+
+impl Interrupt {
+    /// The shell's convention: 128 + the signal number.
+    fn code(self) -> u8 {
+        match self {
+            Interrupt::Int => 130,
+            Interrupt::Term => 143,
+        }
     }
-    Ok(addr.to_string())
+}
+
+/// The exit status for how the task ended ([`EXIT_CODES`]).
+pub fn exit_code(state: &str, refused: bool, interrupt: Option<Interrupt>) -> u8 {
+    match state {
+        "TASK_STATE_CANCELED" => 5,
+        "TASK_STATE_REJECTED" => 6,
+        "TASK_STATE_FAILED" => 1,
+        // An interrupted send never reports success, even if the task won the race.
+        _ if interrupt.is_some() => interrupt.map_or(1, Interrupt::code),
+        "TASK_STATE_COMPLETED" if refused => 4,
+        "TASK_STATE_COMPLETED" => 0,
+        "TASK_STATE_INPUT_REQUIRED" => 3,
+        // The stream ended while the task was still going (or before it was named).
+        s if !is_final(s) => 2,
+        _ => 1,
+    }
+}
+
+/// SIGINT and SIGTERM, caught for the whole of `send` so neither kills it before the cancel.
+struct Signals {
+    int: Signal,
+    term: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, SendError> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt()).map_err(SendError::Signal)?,
+            term: signal(SignalKind::terminate()).map_err(SendError::Signal)?,
+        })
+    }
+
+    async fn recv(&mut self) -> Interrupt {
+        tokio::select! {
+            Some(()) = self.int.recv() => Interrupt::Int,
+            Some(()) = self.term.recv() => Interrupt::Term,
+            // Both streams closed: no signal will come any more.
+            else => std::future::pending().await,
+        }
+    }
 }
 
 fn read(path: &Path) -> Result<String, std::io::Error> {
     std::fs::read_to_string(path).map(|s| s.trim().to_string())
 }
 
-async fn open(
-    addr: &str,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: Option<&Value>,
-) -> Result<TcpStream, SendError> {
-    let mut sock = TcpStream::connect(addr)
+/// Asks the gateway to cancel the task; the state in its answer (the gateway answers once the
+/// task has ended, or after forcing CANCELED), if any.
+async fn cancel_task(addr: String, token: String, id: String) -> Option<String> {
+    let path = format!("/a2a/rest/tasks/{id}:cancel");
+    let resp = client::request(&addr, Method::POST, &path, &token, None)
         .await
-        .map_err(|source| SendError::Connect {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let body = body.map(Value::to_string).unwrap_or_default();
-    // HTTP/1.0: the response is delimited by the connection closing, so no chunked decoding.
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nA2A-Version: 1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    sock.write_all(req.as_bytes()).await?;
-    Ok(sock)
+        .ok()?;
+    let ok = resp.status() == StatusCode::OK;
+    let (v, _) = client::read_answer(resp).await.ok()?;
+    ok.then(|| v["status"]["state"].as_str().map(str::to_string))
+        .flatten()
+}
+
+/// How one stream (one message) ended.
+struct Ended {
+    task_id: Option<String>,
+    /// The last state seen ("" if none).
+    state: String,
+    /// Whether the policy refused any permission on the way.
+    refused: bool,
+    interrupt: Option<Interrupt>,
+}
+
+/// The cancel asked for after an interrupt: sent once the task has an id.
+struct Cancel {
+    deadline: Instant,
+    sent: Option<tokio::task::JoinHandle<Option<String>>>,
+}
+
+impl Cancel {
+    fn new() -> Self {
+        Cancel {
+            deadline: Instant::now() + CANCEL_WAIT,
+            sent: None,
+        }
+    }
+
+    fn send(&mut self, addr: &str, token: &str, id: &str, view: &mut View) {
+        if self.sent.is_none() {
+            view.show(&[Shown::Line(format!(
+                "[cancel] asking the gateway to cancel {id}"
+            ))]);
+            self.sent = Some(tokio::spawn(cancel_task(
+                addr.to_string(),
+                token.to_string(),
+                id.to_string(),
+            )));
+        }
+    }
+
+    /// The state the gateway's cancel answer reported, waiting until the deadline.
+    async fn answer(self) -> Option<String> {
+        let handle = self.sent?;
+        tokio::time::timeout_at(self.deadline, handle)
+            .await
+            .ok()?
+            .ok()?
+    }
 }
 
 struct View {
@@ -209,81 +330,80 @@ impl View {
     }
 }
 
-/// Streams one message; returns the task id and the state the stream ended in.
+/// Streams one message until the task reaches a final state, the stream ends, or (after an
+/// interrupt) the cancel wait runs out.
 async fn stream(
     addr: &str,
     token: &str,
     message: Value,
     view: &mut View,
-) -> Result<(Option<String>, String), SendError> {
-    let mut sock = open(
+    signals: &mut Signals,
+) -> Result<Ended, SendError> {
+    let resp = client::request(
         addr,
-        "POST",
+        Method::POST,
         "/a2a/rest/message:stream",
         token,
         Some(&json!({"message": message})),
     )
     .await?;
-    let mut reader = BufReader::new(&mut sock);
-    let mut status_line = String::new();
-    reader.read_line(&mut status_line).await?;
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).await? == 0 || line.trim().is_empty() {
-            break;
-        }
-    }
-    if status != 200 {
-        let mut body = String::new();
-        reader.read_to_string(&mut body).await?;
-        let v: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    if resp.status() != StatusCode::OK {
+        let status = resp.status().as_u16();
+        let (v, text) = client::read_answer(resp).await?;
         let message = v["error"]["message"]
             .as_str()
             .map(str::to_string)
-            .unwrap_or(body);
+            .unwrap_or(text);
         return Err(SendError::Refused { status, message });
     }
-    let mut task_id: Option<String> = None;
-    let mut state = String::new();
-    let mut data = String::new();
-    let mut cancel_sent = false;
+    let mut events = SseStream::new(resp.into_body());
+    let mut end = Ended {
+        task_id: None,
+        state: String::new(),
+        refused: false,
+        interrupt: None,
+    };
+    let mut cancel: Option<Cancel> = None;
+    // A second signal: stop waiting for the end, including for the cancel's answer.
+    let mut gave_up = false;
     loop {
-        let mut line = String::new();
-        let n = tokio::select! {
-            n = reader.read_line(&mut line) => n?,
-            _ = tokio::signal::ctrl_c(), if !cancel_sent && task_id.is_some() => {
-                cancel_sent = true;
-                if let Some(id) = &task_id {
-                    view.show(&[Shown::Line(format!("[cancel] asking the gateway to cancel {id}"))]);
-                    // The answer is read in the background; the stream shows how the task ends.
-                    let (addr, token, id) = (addr.to_string(), token.to_string(), id.clone());
-                    tokio::spawn(async move {
-                        if let Ok(mut s) = open(&addr, "POST", &format!("/a2a/rest/tasks/{id}:cancel"), &token, None).await {
-                            let mut sink = Vec::new();
-                            let _ = s.read_to_end(&mut sink).await;
-                        }
-                    });
+        if let (Some(c), Some(id)) = (cancel.as_mut(), end.task_id.as_deref()) {
+            c.send(addr, token, id, view);
+        }
+        let deadline = cancel.as_ref().map(|c| c.deadline);
+        let sse = tokio::select! {
+            sse = events.next() => sse,
+            sig = signals.recv() => {
+                if cancel.is_some() {
+                    view.show(&[Shown::Line("[cancel] not waiting any longer".into())]);
+                    gave_up = true;
+                    break;
                 }
+                if end.task_id.is_none() {
+                    view.show(&[Shown::Line(
+                        "[cancel] the task is cancelled as soon as the gateway names it".into(),
+                    )]);
+                }
+                end.interrupt = Some(sig);
+                cancel = Some(Cancel::new());
                 continue;
             }
+            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                view.show(&[Shown::Line("[cancel] the task was not seen to end in time".into())]);
+                break;
+            }
         };
-        if n == 0 {
-            break;
-        }
-        let line = line.trim_end_matches(['\r', '\n']);
-        if let Some(d) = line.strip_prefix("data:") {
-            data.push_str(d.strip_prefix(' ').unwrap_or(d));
+        let sse = match sse {
+            None => break,
+            // Once cancelling, a broken stream is not the end: the cancel's answer still is.
+            Some(Err(_)) if cancel.is_some() => break,
+            Some(r) => r?,
+        };
+        // Comments, keep-alives and blocks without data carry no event.
+        let Some(data) = sse.data.filter(|d| !d.is_empty()) else {
             continue;
-        }
-        if !line.is_empty() || data.is_empty() {
-            continue;
-        }
-        let ev: Value = serde_json::from_str(&std::mem::take(&mut data)).unwrap_or(Value::Null);
+        };
+        let ev: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
         if ev.get("error").is_some() {
             view.show(&[Shown::Line(format!(
                 "[error] {}",
@@ -292,24 +412,38 @@ async fn stream(
             continue;
         }
         let r = render(&ev);
-        if task_id.is_none() {
-            task_id = r.task_id.clone();
+        if end.task_id.is_none() {
+            end.task_id = r.task_id.clone();
         }
+        end.refused |= r.refused;
         view.show(&r.shown);
         if let Some(s) = r.state {
-            state = s;
-            if is_final(&state) {
+            end.state = s;
+            if is_final(&end.state) {
                 break;
             }
         }
     }
-    Ok((task_id, state))
+    // Interrupted and the stream did not show the end (it closed, or the task stopped to wait
+    // for input): the cancel's own answer says how the task ended.
+    if let Some(c) = cancel
+        && !gave_up
+        && !is_terminal(&end.state)
+        && let Some(state) = c.answer().await
+    {
+        view.show(&[Shown::Line(format!(
+            "[{}] (the gateway's answer to the cancel)",
+            short_state(&state)
+        ))]);
+        end.state = state;
+    }
+    Ok(end)
 }
 
 /// Runs `warden send`.
 pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
     match send(layout, args).await {
-        Ok(code) => code,
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("warden send: {e}");
             ExitCode::from(2)
@@ -317,7 +451,21 @@ pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
     }
 }
 
-async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
+/// One line from stdin, read on its own thread: the answer comes from the person at the
+/// terminal, and a plain thread (unlike a runtime blocking task) does not hold up the exit when
+/// a signal ends `send` while the read is still waiting.
+fn read_answer_line() -> tokio::sync::oneshot::Receiver<std::io::Result<(usize, String)>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let mut answer = String::new();
+        let r = std::io::stdin().read_line(&mut answer).map(|n| (n, answer));
+        let _ = tx.send(r);
+    });
+    rx
+}
+
+async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
+    let mut signals = Signals::install()?;
     let url_file = layout.url_file();
     let url = read(&url_file).map_err(|source| SendError::NotRunning {
         path: url_file.display().to_string(),
@@ -328,7 +476,7 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
         path: token_file.display().to_string(),
         source,
     })?;
-    let addr = gateway_addr(&url)?;
+    let addr = client::gateway_addr(&url)?;
     let mut message = json!({
         "messageId": uuid::Uuid::new_v4().to_string(),
         "role": "ROLE_USER",
@@ -343,41 +491,47 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<ExitCode, SendError> {
     let mut view = View {
         at_line_start: true,
     };
+    let mut refused = false;
     loop {
-        let (task_id, state) = stream(&addr, &token, message, &mut view).await?;
-        match state.as_str() {
-            "TASK_STATE_COMPLETED" => return Ok(ExitCode::SUCCESS),
-            "TASK_STATE_INPUT_REQUIRED" => {
-                let Some(task_id) = task_id else {
-                    return Ok(ExitCode::from(3));
-                };
-                view.show(&[Shown::Line(
-                    "[answer] type the answer and press Enter (EOF gives up):".into(),
-                )]);
-                // Blocking read on a thread: the answer comes from the person at the terminal.
-                let (n, answer) = tokio::task::spawn_blocking(|| {
-                    let mut answer = String::new();
-                    std::io::stdin().read_line(&mut answer).map(|n| (n, answer))
-                })
-                .await
-                .map_err(|e| SendError::Io(std::io::Error::other(e)))??;
-                if n == 0 {
-                    eprintln!("warden send: task {task_id} waits for input; none was given");
-                    return Ok(ExitCode::from(3));
-                }
-                message = json!({
-                    "messageId": uuid::Uuid::new_v4().to_string(),
-                    "role": "ROLE_USER",
-                    "taskId": task_id,
-                    "parts": [{"text": answer.trim_end_matches(['\r', '\n'])}],
-                });
-            }
-            "" => {
-                eprintln!("warden send: the stream ended before the task did");
-                return Ok(ExitCode::from(2));
-            }
-            _ => return Ok(ExitCode::from(1)),
+        let end = stream(&addr, &token, message, &mut view, &mut signals).await?;
+        refused |= end.refused;
+        if !is_final(&end.state) && end.interrupt.is_none() {
+            eprintln!("warden send: the stream ended before the task did");
         }
+        if end.state != "TASK_STATE_INPUT_REQUIRED" || end.interrupt.is_some() {
+            return Ok(exit_code(&end.state, refused, end.interrupt));
+        }
+        let Some(task_id) = end.task_id else {
+            return Ok(3);
+        };
+        view.show(&[Shown::Line(
+            "[answer] type the answer and press Enter (EOF gives up):".into(),
+        )]);
+        let line = tokio::select! {
+            line = read_answer_line() => line,
+            sig = signals.recv() => {
+                let mut c = Cancel::new();
+                c.send(&addr, &token, &task_id, &mut view);
+                let state = c.answer().await.unwrap_or_default();
+                if !state.is_empty() {
+                    view.show(&[Shown::Line(format!("[{}]", short_state(&state)))]);
+                }
+                return Ok(exit_code(&state, refused, Some(sig)));
+            }
+        };
+        let (n, answer) = line
+            .map_err(|_| SendError::Stdin(std::io::Error::other("the reader thread ended")))?
+            .map_err(SendError::Stdin)?;
+        if n == 0 {
+            eprintln!("warden send: task {task_id} waits for input; none was given");
+            return Ok(3);
+        }
+        message = json!({
+            "messageId": uuid::Uuid::new_v4().to_string(),
+            "role": "ROLE_USER",
+            "taskId": task_id,
+            "parts": [{"text": answer.trim_end_matches(['\r', '\n'])}],
+        });
     }
 }
 
@@ -436,17 +590,39 @@ mod tests {
     }
 
     #[test]
-    fn only_local_http_urls_are_used() {
-        assert_eq!(
-            gateway_addr("http://127.0.0.1:7420\n").unwrap(),
-            "127.0.0.1:7420"
-        );
-        assert_eq!(
-            gateway_addr("http://127.0.0.1:7420/").unwrap(),
-            "127.0.0.1:7420"
-        );
-        assert!(gateway_addr("https://gw.example").is_err());
-        assert!(gateway_addr("http://user@host").is_err());
-        assert!(gateway_addr("").is_err());
+    fn refusals_are_counted_and_only_an_allow_is_not_one() {
+        let perm = |verdict: &str| {
+            render(
+                &json!({"statusUpdate": {"status": {"state": "TASK_STATE_WORKING", "message": {
+                "parts": [{"text": "permission"}],
+                "metadata": {"warden": {"kind": "permission", "verdict": verdict}}}}}}),
+            )
+        };
+        assert!(!perm("allow").refused);
+        assert!(perm("deny").refused);
+        assert!(perm("escalate").refused);
+        assert!(perm("").refused);
+    }
+
+    #[test]
+    fn the_exit_status_tells_each_ending_apart() {
+        let c = |s: &str, refused, i| exit_code(s, refused, i);
+        assert_eq!(c("TASK_STATE_COMPLETED", false, None), 0);
+        assert_eq!(c("TASK_STATE_FAILED", false, None), 1);
+        assert_eq!(c("TASK_STATE_AUTH_REQUIRED", false, None), 1);
+        assert_eq!(c("", false, None), 2);
+        assert_eq!(c("TASK_STATE_WORKING", false, None), 2);
+        assert_eq!(c("TASK_STATE_INPUT_REQUIRED", false, None), 3);
+        assert_eq!(c("TASK_STATE_COMPLETED", true, None), 4);
+        assert_eq!(c("TASK_STATE_CANCELED", false, None), 5);
+        assert_eq!(c("TASK_STATE_CANCELED", true, Some(Interrupt::Int)), 5);
+        assert_eq!(c("TASK_STATE_REJECTED", false, None), 6);
+        assert_eq!(c("TASK_STATE_WORKING", false, Some(Interrupt::Int)), 130);
+        assert_eq!(c("TASK_STATE_COMPLETED", false, Some(Interrupt::Term)), 143);
+        assert!(EXIT_CODES.contains(&format!("up to {} s", CANCEL_WAIT.as_secs())));
+        // Every code is documented in --help.
+        for code in [0, 1, 2, 3, 4, 5, 6, 130, 143] {
+            assert!(EXIT_CODES.contains(&format!("{code}")), "{code}");
+        }
     }
 }

@@ -597,7 +597,7 @@ fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aE
     let Some(q) = query else {
         return Ok(map);
     };
-    let pairs: Vec<(String, String)> = serde_urlencoded_pairs(q)?;
+    let pairs = query_pairs(q)?;
     for (k, v) in pairs {
         if k.eq_ignore_ascii_case("A2A-Version") || k.eq_ignore_ascii_case("A2A-Extensions") {
             continue;
@@ -646,37 +646,39 @@ fn camel_case(name: &str) -> String {
     out
 }
 
-fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, A2aError> {
-    let mut out = Vec::new();
-    for kv in q.split('&').filter(|s| !s.is_empty()) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        out.push((percent_decode(k)?, percent_decode(v)?));
-    }
-    Ok(out)
-}
-
-fn percent_decode(s: &str) -> Result<String, A2aError> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let hex = s
+/// The query's name/value pairs, decoded as `application/x-www-form-urlencoded` (`+` is a space)
+/// by `form_urlencoded`.
+///
+/// That decoder follows the WHATWG URL standard, which never fails: a `%` not followed by two hex
+/// digits is kept as it is, and bytes that are not UTF-8 become U+FFFD. Either would make the
+/// gateway look up an id or filter the caller did not write (and answer "not found" or an empty
+/// list, hiding the caller's bug), so both are refused first as InvalidParams, naming the piece.
+fn query_pairs(q: &str) -> Result<Vec<(String, String)>, A2aError> {
+    for piece in q.split('&') {
+        let bytes = piece.as_bytes();
+        let escapes_ok = bytes.iter().enumerate().all(|(i, b)| {
+            *b != b'%'
+                || bytes
                     .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| {
-                        A2aError::InvalidParams(format!("bad percent-encoding in {s:?}"))
-                    })?;
-                out.push(hex);
-                i += 2;
-            }
-            b => out.push(b),
+                    .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+        });
+        if !escapes_ok {
+            return Err(A2aError::InvalidParams(format!(
+                "bad percent-encoding in {piece:?}"
+            )));
         }
-        i += 1;
+        // `+` and the `=`/`&` separators are ASCII, so whether the escapes decode to UTF-8 does not
+        // depend on how the piece is split or whether `+` has become a space yet.
+        if percent_encoding::percent_decode_str(piece)
+            .decode_utf8()
+            .is_err()
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "query is not UTF-8 once decoded: {piece:?}"
+            )));
+        }
     }
-    String::from_utf8(out).map_err(|_| A2aError::InvalidParams("query is not UTF-8".into()))
+    Ok(form_urlencoded::parse(q.as_bytes()).into_owned().collect())
 }
 
 async fn rest_list(

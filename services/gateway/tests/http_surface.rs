@@ -496,6 +496,24 @@ async fn rest_bad_input_table() {
             None,
         ),
         (
+            "percent-encoding cut short",
+            "GET",
+            "/a2a/rest/tasks?contextId=ab%4",
+            vec![a, v],
+            String::new(),
+            400,
+            None,
+        ),
+        (
+            "percent-encoding that is not UTF-8",
+            "GET",
+            "/a2a/rest/tasks?contextId=%C3%28",
+            vec![a, v],
+            String::new(),
+            400,
+            None,
+        ),
+        (
             "unknown status",
             "GET",
             "/a2a/rest/tasks?status=done",
@@ -548,6 +566,35 @@ async fn rest_bad_input_table() {
     assert_eq!(
         ok.json(),
         json!({"tasks": [], "nextPageToken": "", "pageSize": 5, "totalSize": 0})
+    );
+    // Names and values are percent-decoded (`%5F` is `_`) before they are read, and a proto field
+    // name means its ProtoJSON one.
+    let encoded = call(
+        &f.app,
+        "GET",
+        "/a2a/rest/tasks?page%5Fsize=7&status=TASK%5FSTATE%5FFAILED&contextId=a+b%2Fc",
+        &[a, v],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(encoded.status, StatusCode::OK, "{}", encoded.text);
+    assert_eq!(encoded.json()["pageSize"], 7, "{}", encoded.text);
+    // A malformed escape is refused in the binding's shape, naming what was wrong.
+    let bad = call(
+        &f.app,
+        "GET",
+        "/a2a/rest/tasks?contextId=%zz",
+        &[a, v],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST, "{}", bad.text);
+    assert!(
+        bad.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bad percent-encoding") && m.contains("%zz")),
+        "{}",
+        bad.text
     );
 }
 
