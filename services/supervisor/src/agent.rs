@@ -8,9 +8,11 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
 
-use crate::bridge::ConvCore;
-use crate::config::AgentConfig;
-use crate::service::Shared;
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+
+use crate::config::{AgentConfig, Network};
+use crate::core::{ConvCore, ConvInfo};
+use crate::shared::Shared;
 
 /// Why an agent could not be started. Every variant is a `startup` fault.
 #[derive(Debug, thiserror::Error)]
@@ -70,7 +72,7 @@ impl AgentProc {
         cfg: &AgentConfig,
         home: Option<&std::path::Path>,
     ) -> Result<AgentProc, StartError> {
-        let (mut tree, stdin, stdout, stderr) = shared.spawn_agent(core, cfg, home).await?;
+        let (mut tree, stdin, stdout, stderr) = spawn(shared, &core.info, cfg, home)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
@@ -154,4 +156,65 @@ async fn kill_tree(shared: &Shared, tree: &mut warden_sandbox::ProcessTree) -> (
             (false, 0)
         }
     }
+}
+
+pub type Spawned = (
+    warden_sandbox::ProcessTree,
+    ChildStdin,
+    ChildStdout,
+    Option<ChildStderr>,
+);
+
+/// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
+fn spawn(
+    shared: &Shared,
+    info: &ConvInfo,
+    cfg: &AgentConfig,
+    home: Option<&std::path::Path>,
+) -> Result<Spawned, StartError> {
+    let program = shared
+        .settings
+        .agent_program(cfg)
+        .map_err(StartError::Spawn)?;
+    let keys: Vec<String> = cfg
+        .env
+        .iter()
+        .cloned()
+        .chain(cfg.set_env.keys().cloned())
+        .collect();
+    let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings.file.sandbox.env_extra)
+        .map_err(|e| StartError::Spawn(e.to_string()))?;
+    let env = policy.build_from(
+        std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
+    );
+    let boundary = info.sandbox_boundary();
+    let mut spec = warden_sandbox::SpawnSpec::new(
+        info.context_id.clone(),
+        program,
+        boundary,
+        env,
+        shared.depth,
+    );
+    spec.args = cfg.args.iter().map(Into::into).collect();
+    // The conversation's copy, never the operator's template (`cfg.home`).
+    spec.home = home.map(std::path::Path::to_path_buf);
+    spec.extra_ro_binds = cfg.read_only_paths.clone();
+    spec.network = match cfg.network {
+        Network::None => warden_sandbox::Network::None,
+        Network::Host => warden_sandbox::Network::Host,
+    };
+    spec.limits = warden_sandbox::Limits {
+        memory_max: cfg.memory_max_bytes,
+        pids_max: cfg.max_processes,
+        cpu_max: None,
+    };
+    let spawned = shared
+        .spawner
+        .spawn(spec)
+        .map_err(|e| StartError::Spawn(e.to_string()))?;
+    let mut tree = spawned.tree;
+    let stdin = tree
+        .take_stdin()
+        .ok_or_else(|| StartError::Spawn("the agent has no stdin".into()))?;
+    Ok((tree, stdin, spawned.stdout, Some(spawned.stderr)))
 }

@@ -5,61 +5,20 @@
 //! supervisor asks `Decide` for it like for an edit.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use warden_acp::{
     ClientHandler, ElicitationRequest, ElicitationResponse, PermissionOutcome, PermissionRequest,
     ReadTextFileRequest, RpcError, WriteTextFileRequest,
 };
-use warden_containment::beneath::{BeneathError, Owner, ReadSpec, RootDir};
+use warden_containment::beneath::{BeneathError, ReadSpec};
 use warden_proto::v1 as pb;
 use warden_proto::v1::turn_event::Event;
 use warden_rules::{OfferedOption, Outcome, choose_option};
 
-use crate::policy::{PolicyClient, rules_verdict};
-use crate::turn::{CoveredWrite, EndRequest, ToolSeen, TurnCtx};
-
-/// What never changes in a conversation.
-#[derive(Debug, Clone)]
-pub struct ConvInfo {
-    pub context_id: String,
-    pub agent: String,
-    pub principal: String,
-    pub verb: String,
-    pub root: PathBuf,
-    pub owned: bool,
-    pub allow_execute: bool,
-    pub profile: pb::Profile,
-}
-
-#[derive(Default)]
-pub struct Live {
-    pub session_id: String,
-    pub current_mode: String,
-    /// The last mode the agent itself reported (mode update or mode config option), so one
-    /// change announced both ways is handled once.
-    pub agent_mode: String,
-    pub turn: Option<Arc<TurnCtx>>,
-}
-
-/// Shared by the conversation and the ACP client's handler.
-pub struct ConvCore {
-    pub info: ConvInfo,
-    pub live: Mutex<Live>,
-    pub policy: PolicyClient,
-    pub deadline: Duration,
-    /// `Some` when the agent is configured with terminals.
-    pub terminal: Option<crate::terminal::TerminalCtx>,
-    pub terminals: crate::terminal::Terminals,
-    /// The root, held open since the conversation opened: the only way to the agent's files
-    /// (an error here, e.g. a kernel without openat2, refuses every `fs/*` request).
-    pub files: Result<RootDir, String>,
-    /// Who owns what a client write creates (the agent's uid when the supervisor is root).
-    pub file_owner: Option<Owner>,
-    /// `limits.fs_read_bytes`.
-    pub fs_read_bytes: u64,
-}
+use crate::core::ConvCore;
+use crate::policy::rules_verdict;
+use crate::turn::{CoveredWrite, EndRequest, TurnCtx};
 
 /// The options the supervisor offers the policy for a client write it asks about itself.
 const WRITE_OPTION: &str = "write";
@@ -73,108 +32,6 @@ struct Enforced {
 }
 
 impl ConvCore {
-    pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn turn(&self) -> Option<Arc<TurnCtx>> {
-        self.live().turn.clone()
-    }
-
-    /// Builds the DecideRequest: the request's tool call, with kind/title/locations/raw input
-    /// filled from the earlier `tool_call` of the same id when the request omits them.
-    pub fn decide_request(
-        &self,
-        req: &PermissionRequest,
-        turn: Option<&TurnCtx>,
-        request_id: String,
-    ) -> pb::DecideRequest {
-        let tc = &req.tool_call;
-        let seen: ToolSeen = turn
-            .and_then(|t| t.lock().tools.get(&tc.tool_call_id).cloned())
-            .unwrap_or_default();
-        let kind = tc
-            .kind
-            .as_ref()
-            .map(|k| k.as_str().to_string())
-            .unwrap_or(seen.kind);
-        let title = tc.title.clone().unwrap_or(seen.title);
-        let locations = match &tc.locations {
-            Some(l) if !l.is_empty() => l
-                .iter()
-                .map(|l| pb::Location {
-                    path: l.path.clone(),
-                    line: l.line.map(|n| n.min(u32::MAX as u64) as u32),
-                })
-                .collect(),
-            _ => seen.locations,
-        };
-        let raw_input_json = tc
-            .raw_input
-            .as_ref()
-            .map(|v| v.to_string())
-            .unwrap_or(seen.raw_input_json);
-        let (session_id, current_mode) = {
-            let l = self.live();
-            (l.session_id.clone(), l.current_mode.clone())
-        };
-        pb::DecideRequest {
-            request_id,
-            subject: Some(pb::Subject {
-                principal: self.info.principal.clone(),
-                context_id: self.info.context_id.clone(),
-                task_id: turn.map(|t| t.input.task_id.clone()).unwrap_or_default(),
-                session_id,
-                agent: self.info.agent.clone(),
-                verb: self.info.verb.clone(),
-            }),
-            boundary: Some(self.boundary()),
-            tool_call: Some(pb::ToolCall {
-                id: tc.tool_call_id.clone(),
-                kind,
-                title,
-                raw_input_json,
-                locations,
-            }),
-            options: req
-                .options
-                .iter()
-                .map(|o| pb::PermissionOption {
-                    id: o.option_id.clone(),
-                    name: o.name.clone(),
-                    kind: o.kind.as_str().to_string(),
-                })
-                .collect(),
-            current_mode,
-            deadline_unix_ms: 0,
-        }
-    }
-
-    /// The kill grace when terminals are served; `-32601` otherwise.
-    fn terminal_enabled(&self, method: &str) -> Result<Duration, RpcError> {
-        match &self.terminal {
-            Some(t) => Ok(t.shared.settings.limits().kill_grace()),
-            None => Err(RpcError::method_not_found(method)),
-        }
-    }
-
-    /// The root's fd for a request naming `path`, which ACP requires to be absolute.
-    fn files(&self, path: &str) -> Result<&RootDir, RpcError> {
-        if !Path::new(path).is_absolute() {
-            return Err(RpcError::invalid_params("path must be absolute"));
-        }
-        self.files
-            .as_ref()
-            .map_err(|e| RpcError::internal(format!("agent files are not served: {e}")))
-    }
-
-    /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW
-    /// covered: resolved against the root as far as it exists (the write itself is walked again by
-    /// the kernel beneath the root's fd, so this is only a lookup key, never a licence).
-    fn covered_key(&self, path: impl AsRef<Path>) -> Option<PathBuf> {
-        warden_containment::resolve(path, &self.info.root, &warden_containment::RealFs).ok()
-    }
-
     /// Asks the policy about one permission, enforces the answer (option chosen from what was
     /// offered, refusals recorded, the caller told) and reports what was enforced.
     async fn enforce(
@@ -360,8 +217,8 @@ impl ConvCore {
         };
         let dreq = pb::DecideRequest {
             request_id: request_id.clone(),
-            subject: Some(self.subject(Some(turn), session_id)),
-            boundary: Some(self.boundary()),
+            subject: Some(self.info.subject(Some(turn), session_id)),
+            boundary: Some(self.info.wire_boundary()),
             tool_call: Some(pb::ToolCall {
                 id: tool_call_id.clone(),
                 kind: "edit".into(),
@@ -403,26 +260,6 @@ impl ConvCore {
         // Only the write option is an ALLOW; anything else (a cancel included) refuses.
         e.allowed &= matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == WRITE_OPTION);
         e
-    }
-
-    fn subject(&self, turn: Option<&Arc<TurnCtx>>, session_id: String) -> pb::Subject {
-        pb::Subject {
-            principal: self.info.principal.clone(),
-            context_id: self.info.context_id.clone(),
-            task_id: turn.map(|t| t.input.task_id.clone()).unwrap_or_default(),
-            session_id,
-            agent: self.info.agent.clone(),
-            verb: self.info.verb.clone(),
-        }
-    }
-
-    fn boundary(&self) -> pb::Boundary {
-        pb::Boundary {
-            root: self.info.root.to_string_lossy().into_owned(),
-            owned: self.info.owned,
-            allow_execute: self.info.allow_execute,
-            profile: self.info.profile as i32,
-        }
     }
 }
 
@@ -595,7 +432,14 @@ impl ClientHandler for ConvCore {
         &self,
         req: warden_acp::CreateTerminalRequest,
     ) -> Result<String, RpcError> {
-        self.terminals.create(self, req).await
+        let target = crate::terminal::Target {
+            context_id: &self.info.context_id,
+            boundary: self.info.sandbox_boundary(),
+            files: self.files.as_ref().ok(),
+        };
+        self.terminals
+            .create(self.terminal.as_ref(), self.turn(), target, req)
+            .await
     }
 
     async fn terminal_output(
@@ -655,8 +499,15 @@ impl ClientHandler for ConvCore {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use warden_containment::beneath::RootDir;
+
     use super::*;
-    use crate::turn::{TurnCtx, TurnInput};
+    use crate::core::{ConvInfo, Live};
+    use crate::policy::PolicyClient;
+    use crate::turn::{ToolSeen, TurnCtx, TurnInput};
 
     fn core(root: &Path) -> ConvCore {
         ConvCore {

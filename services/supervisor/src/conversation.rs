@@ -8,16 +8,18 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use warden_acp::{AcpError, AcpEvent, CancelOutcome, PromptEnd, SessionEvent, ToolCallContent};
+use warden_acp::{AcpError, AcpEvent, CancelOutcome, PromptEnd, SessionEvent};
 use warden_proto::v1 as pb;
 use warden_proto::v1::turn_event::Event;
 
 use crate::agent::{AgentProc, StartError};
-use crate::bridge::ConvCore;
 use crate::config::AgentConfig;
+use crate::core::ConvCore;
 use crate::fault;
+use crate::mode::{self, ModeJudgement};
 use crate::records::{Health, Incident, label, now_ms};
-use crate::service::Shared;
+use crate::shared::Shared;
+use crate::translate;
 use crate::turn::{EndRequest, ToolSeen, TurnCtx};
 
 /// What a finished turn's id is remembered as (bounded).
@@ -631,7 +633,7 @@ impl Conversation {
                     return match (res, cancelled) {
                         (_, Some(end)) => self.ended(end),
                         (Ok(r), None) => DriveOut::keep(Stop::reason(r.stop_reason.as_str())),
-                        (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault(fault_class(&f), format!("the agent connection failed: {f}"))),
+                        (Err(AcpError::Fault(f)), None) => DriveOut::kill(Stop::fault(translate::fault_class(&f), format!("the agent connection failed: {f}"))),
                         (Err(e), None) => DriveOut::keep(Stop::fault(pb::FaultClass::Protocol, format!("session/prompt failed: {e}"))),
                     };
                 }
@@ -741,7 +743,7 @@ impl Conversation {
                     return Some(self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel)));
                 }
                 return Some(DriveOut::kill(Stop::fault(
-                    fault_class(&f),
+                    translate::fault_class(&f),
                     format!("the agent connection failed: {f}"),
                 )));
             }
@@ -756,124 +758,64 @@ impl Conversation {
                 let text = c.content.as_text().unwrap_or_default().to_string();
                 // The chunk's `_meta` travels as JSON text for the gateway (artifact and A2A
                 // hints); it is agent output, so it counts against the output limit too.
-                let meta_json = chunk_meta_json(&c);
+                let meta_json = translate::chunk_meta_json(&c);
                 turn.add_output(text.len() + meta_json.len());
                 turn.record("message", json!({"text": text}));
                 turn.emit(Event::MessageChunk(pb::TextChunk { text, meta_json }));
             }
             SessionEvent::AgentThoughtChunk(c) => {
                 let text = c.content.as_text().unwrap_or_default().to_string();
-                let meta_json = chunk_meta_json(&c);
+                let meta_json = translate::chunk_meta_json(&c);
                 turn.add_output(text.len() + meta_json.len());
                 turn.record("thought", json!({"text": text}));
                 turn.emit(Event::ThoughtChunk(pb::TextChunk { text, meta_json }));
             }
             SessionEvent::ToolCall(tc) => {
-                let locations: Vec<pb::Location> = tc
-                    .locations
-                    .iter()
-                    .map(|l| pb::Location {
-                        path: l.path.clone(),
-                        line: l.line.map(|x| x.min(u32::MAX as u64) as u32),
-                    })
-                    .collect();
-                let raw = tc
-                    .raw_input
-                    .as_ref()
-                    .map(|v| v.to_string())
-                    .unwrap_or_default();
-                let content_text = content_text(&tc.content);
-                turn.add_output(content_text.len() + raw.len());
+                let ev = translate::tool_call(tc);
+                turn.add_output(ev.content_text.len() + ev.raw_input_json.len());
                 turn.lock().tools.insert(
-                    tc.tool_call_id.clone(),
+                    ev.tool_call_id.clone(),
                     ToolSeen {
-                        kind: tc.kind.as_str().to_string(),
-                        title: tc.title.clone(),
-                        locations: locations.clone(),
-                        raw_input_json: raw.clone(),
+                        kind: ev.kind.clone(),
+                        title: ev.title.clone(),
+                        locations: ev.locations.clone(),
+                        raw_input_json: ev.raw_input_json.clone(),
                     },
                 );
                 turn.record(
                     "tool_call",
-                    json!({"id": tc.tool_call_id, "kind": tc.kind.as_str(), "title": tc.title}),
+                    json!({"id": ev.tool_call_id, "kind": ev.kind, "title": ev.title}),
                 );
-                turn.emit(Event::ToolCall(pb::ToolCallEvent {
-                    tool_call_id: tc.tool_call_id,
-                    kind: tc.kind.as_str().to_string(),
-                    title: tc.title,
-                    status: tc
-                        .status
-                        .map(|s| s.as_str().to_string())
-                        .unwrap_or_default(),
-                    raw_input_json: raw,
-                    locations,
-                    content_text,
-                    update: false,
-                }));
+                turn.emit(Event::ToolCall(ev));
             }
             SessionEvent::ToolCallUpdate(u) => {
-                let locations: Vec<pb::Location> = u
-                    .locations
-                    .as_ref()
-                    .map(|ls| {
-                        ls.iter()
-                            .map(|l| pb::Location {
-                                path: l.path.clone(),
-                                line: l.line.map(|x| x.min(u32::MAX as u64) as u32),
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let raw = u
-                    .raw_input
-                    .as_ref()
-                    .map(|v| v.to_string())
-                    .unwrap_or_default();
-                let content_text = u
-                    .content
-                    .as_ref()
-                    .map(|c| content_text(c))
-                    .unwrap_or_default();
-                turn.add_output(content_text.len() + raw.len());
+                let ev = translate::tool_call_update(u);
+                turn.add_output(ev.content_text.len() + ev.raw_input_json.len());
                 {
+                    // What the update sent replaces what was seen; what it left out stays.
                     let mut st = turn.lock();
-                    let seen = st.tools.entry(u.tool_call_id.clone()).or_default();
-                    if let Some(k) = &u.kind {
-                        seen.kind = k.as_str().to_string();
+                    let seen = st.tools.entry(ev.tool_call_id.clone()).or_default();
+                    if !ev.kind.is_empty() {
+                        seen.kind = ev.kind.clone();
                     }
-                    if let Some(t) = &u.title {
-                        seen.title = t.clone();
+                    if !ev.title.is_empty() {
+                        seen.title = ev.title.clone();
                     }
-                    if !locations.is_empty() {
-                        seen.locations = locations.clone();
+                    if !ev.locations.is_empty() {
+                        seen.locations = ev.locations.clone();
                     }
-                    if !raw.is_empty() {
-                        seen.raw_input_json = raw.clone();
+                    if !ev.raw_input_json.is_empty() {
+                        seen.raw_input_json = ev.raw_input_json.clone();
                     }
                 }
-                turn.record("tool_call_update", json!({"id": u.tool_call_id, "status": u.status.as_ref().map(|s| s.as_str().to_string())}));
-                turn.emit(Event::ToolCall(pb::ToolCallEvent {
-                    tool_call_id: u.tool_call_id,
-                    kind: u.kind.map(|k| k.as_str().to_string()).unwrap_or_default(),
-                    title: u.title.unwrap_or_default(),
-                    status: u.status.map(|s| s.as_str().to_string()).unwrap_or_default(),
-                    raw_input_json: raw,
-                    locations,
-                    content_text,
-                    update: true,
-                }));
+                turn.record(
+                    "tool_call_update",
+                    json!({"id": ev.tool_call_id, "status": (!ev.status.is_empty()).then_some(&ev.status)}),
+                );
+                turn.emit(Event::ToolCall(ev));
             }
             SessionEvent::Plan(entries) => {
-                turn.emit(Event::Plan(pb::PlanEvent {
-                    entries: entries
-                        .into_iter()
-                        .map(|e| pb::PlanEntry {
-                            content: e.content,
-                            priority: e.priority,
-                            status: e.status,
-                        })
-                        .collect(),
-                }));
+                turn.emit(Event::Plan(translate::plan(entries)));
             }
             SessionEvent::UsageUpdate(u) => {
                 let usage = {
@@ -890,7 +832,7 @@ impl Conversation {
             // Adapters also publish the mode as a config option; a change seen only there is
             // still a mode change.
             SessionEvent::ConfigOptionUpdate(options) => {
-                if let Some(mode) = mode_from_config_options(&options) {
+                if let Some(mode) = translate::mode_from_config_options(&options) {
                     return self.on_mode(p, turn, session_id, mode).await;
                 }
             }
@@ -908,38 +850,38 @@ impl Conversation {
         session_id: &str,
         mode: String,
     ) -> Option<DriveOut> {
-        {
+        let judged = {
             let mut l = self.core.live();
-            if l.agent_mode == mode {
-                return None;
+            let switches = turn.lock().allowed_switches.clone();
+            let j = mode::judge(
+                &l.agent_mode,
+                &mode,
+                |m| self.agent_cfg.is_supervised_mode(m),
+                &switches,
+            );
+            if j != ModeJudgement::Unchanged {
+                l.agent_mode = mode.clone();
+                l.current_mode = mode.clone();
             }
-            l.agent_mode = mode.clone();
-            l.current_mode = mode.clone();
+            j
+        };
+        if judged == ModeJudgement::Unchanged {
+            return None;
         }
-        let supervised = self.agent_cfg.is_supervised_mode(&mode);
+        let supervised = judged == ModeJudgement::Supervised;
         turn.record("mode", json!({"mode": mode, "supervised": supervised}));
         turn.emit(Event::ModeChange(pb::ModeChange {
             mode_id: mode.clone(),
             supervised,
             by_supervisor: false,
         }));
-        if supervised {
-            return None;
-        }
-        // An ALLOWed switch_mode whose option id names this mode (older adapters use mode ids
-        // as option ids) is the one way to an elevated mode that is not an escalation.
-        let allowed = {
-            let mut st = turn.lock();
-            match st.allowed_switches.iter().position(|o| o == &mode) {
-                Some(i) => {
-                    st.allowed_switches.remove(i);
-                    true
-                }
-                None => false,
+        match judged {
+            ModeJudgement::Unchanged | ModeJudgement::Supervised => return None,
+            ModeJudgement::Allowed(i) => {
+                turn.lock().allowed_switches.remove(i);
+                return None;
             }
-        };
-        if allowed {
-            return None;
+            ModeJudgement::Escalation => {}
         }
         let want = self.agent_cfg.supervised_mode.clone();
         let msg = format!(
@@ -1115,88 +1057,9 @@ async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
     }
 }
 
-/// A chunk's `_meta` as JSON text for `TextChunk.meta_json` ("" when absent or null).
-fn chunk_meta_json(c: &warden_acp::ContentChunk) -> String {
-    match &c.meta {
-        None | Some(serde_json::Value::Null) => String::new(),
-        Some(m) => m.to_string(),
-    }
-}
-
-fn content_text(c: &[ToolCallContent]) -> String {
-    let mut out = String::new();
-    for item in c {
-        match item {
-            ToolCallContent::Content(content) => {
-                if let Some(t) = content.as_text() {
-                    out.push_str(t);
-                }
-            }
-            ToolCallContent::Diff { path, .. } => {
-                out.push_str("diff ");
-                out.push_str(path);
-            }
-            _ => {}
-        }
-        out.push('\n');
-    }
-    out.truncate(out.trim_end().len());
-    out
-}
-
-/// The `currentValue` of the config option that is the session mode (category or id `mode`).
-fn mode_from_config_options(options: &serde_json::Value) -> Option<String> {
-    options.as_array()?.iter().find_map(|o| {
-        let is_mode = o.get("category").and_then(|c| c.as_str()) == Some("mode")
-            || o.get("id").and_then(|c| c.as_str()) == Some("mode");
-        if is_mode {
-            o.get("currentValue")
-                .and_then(|v| v.as_str())
-                .map(str::to_string)
-        } else {
-            None
-        }
-    })
-}
-
-/// `protocol` for an agent that broke the framing, `crash` for one that went away.
-fn fault_class(f: &warden_acp::Fault) -> pb::FaultClass {
-    match f {
-        warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => {
-            pb::FaultClass::Protocol
-        }
-        _ => pb::FaultClass::Crash,
-    }
-}
-
 pub fn profile_name(p: pb::Profile) -> &'static str {
     match p {
         pb::Profile::ReadOnly => "read-only",
         pb::Profile::WorkspaceWrite => "workspace-write",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_mode_is_read_from_config_options() {
-        let v = serde_json::json!([
-            {"id": "model", "category": "model", "currentValue": "opus"},
-            {"id": "mode", "category": "mode", "currentValue": "bypassPermissions"}
-        ]);
-        assert_eq!(
-            mode_from_config_options(&v).as_deref(),
-            Some("bypassPermissions")
-        );
-        assert_eq!(
-            mode_from_config_options(&serde_json::json!([{"id": "x"}])),
-            None
-        );
-        assert_eq!(
-            mode_from_config_options(&serde_json::json!({"id": "mode"})),
-            None
-        );
     }
 }

@@ -12,13 +12,27 @@
 //! (leases are reaped at start-up), or write argv/environment into any record.
 #![forbid(unsafe_code)]
 
+// Layers, each importing only those below it (ARCHITECTURE.md draws them):
+//   config, records, fault, policy, translate, mode    leaves
+//   turn                                               a turn's state and event stream
+//   shared                                             the daemon-wide context
+//   terminal                                           ACP terminals (a narrow context)
+//   core                                               one conversation's shared state
+//   bridge                                             the ACP handler (agent -> supervisor)
+//   agent                                              spawn + handshake of one agent
+//   conversation                                       the turn queue and drive loop
+//   service                                            the gRPC services and the registry
 pub mod agent;
 pub mod bridge;
 pub mod config;
 pub mod conversation;
+pub mod core;
 pub mod fault;
+pub mod mode;
 pub mod policy;
 pub mod records;
 pub mod service;
+pub mod shared;
 pub mod terminal;
+pub mod translate;
 pub mod turn;

@@ -8,7 +8,8 @@ use clap::Parser;
 use warden_daemon::args::{DaemonArgs, fail};
 use warden_proto::v1::admin_service_server::AdminServiceServer;
 use warden_proto::v1::supervisor_service_server::SupervisorServiceServer;
-use warden_supervisor::service::{Api, Shared, Supervisor};
+use warden_supervisor::service::{Api, Supervisor};
+use warden_supervisor::shared::Shared;
 use warden_supervisor::{config, policy::PolicyClient, records::Records};
 
 const NAME: &str = "warden-supervisor";

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures::Stream;
-use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use warden_proto::v1 as pb;
@@ -15,100 +14,14 @@ use warden_proto::v1::admin_service_server::AdminService;
 use warden_proto::v1::supervisor_service_server::SupervisorService;
 use warden_proto::v1::turn_event::Event;
 
-use crate::agent::StartError;
-use crate::bridge::{ConvCore, ConvInfo, Live};
-use crate::config::{AgentConfig, Network, Settings};
+use crate::config::{AgentConfig, Network};
 use crate::conversation::Conversation;
-use crate::policy::PolicyClient;
-use crate::records::Records;
+use crate::core::{ConvCore, ConvInfo, Live};
+use crate::shared::Shared;
 use crate::turn::{TurnCtx, TurnInput};
 
 /// Longest accepted context id / turn id (bytes).
 const MAX_ID: usize = 256;
-
-/// What every conversation shares.
-pub struct Shared {
-    pub settings: Settings,
-    pub policy: PolicyClient,
-    pub records: Records,
-    pub roots: warden_sandbox::OwnedRoots,
-    pub workspaces: warden_sandbox::WorkspacePolicy,
-    pub spawner: warden_sandbox::Spawner,
-    pub depth: warden_sandbox::DepthGuard,
-    /// Per-conversation agent homes (fresh copies of each agent's template).
-    pub homes: warden_sandbox::AgentHomes,
-}
-
-pub type Spawned = (
-    warden_sandbox::ProcessTree,
-    ChildStdin,
-    ChildStdout,
-    Option<ChildStderr>,
-);
-
-impl Shared {
-    /// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
-    pub async fn spawn_agent(
-        &self,
-        core: &ConvCore,
-        cfg: &AgentConfig,
-        home: Option<&std::path::Path>,
-    ) -> Result<Spawned, StartError> {
-        let program = self
-            .settings
-            .agent_program(cfg)
-            .map_err(StartError::Spawn)?;
-        let keys: Vec<String> = cfg
-            .env
-            .iter()
-            .cloned()
-            .chain(cfg.set_env.keys().cloned())
-            .collect();
-        let policy = warden_sandbox::EnvPolicy::new(keys, &self.settings.file.sandbox.env_extra)
-            .map_err(|e| StartError::Spawn(e.to_string()))?;
-        let env = policy.build_from(
-            std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
-        );
-        let boundary = warden_sandbox::Boundary {
-            root: core.info.root.clone(),
-            owned: core.info.owned,
-            allow_execute: core.info.allow_execute,
-            profile: match core.info.profile {
-                pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
-                pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
-            },
-        };
-        let mut spec = warden_sandbox::SpawnSpec::new(
-            core.info.context_id.clone(),
-            program,
-            boundary,
-            env,
-            self.depth,
-        );
-        spec.args = cfg.args.iter().map(Into::into).collect();
-        // The conversation's copy, never the operator's template (`cfg.home`).
-        spec.home = home.map(std::path::Path::to_path_buf);
-        spec.extra_ro_binds = cfg.read_only_paths.clone();
-        spec.network = match cfg.network {
-            Network::None => warden_sandbox::Network::None,
-            Network::Host => warden_sandbox::Network::Host,
-        };
-        spec.limits = warden_sandbox::Limits {
-            memory_max: cfg.memory_max_bytes,
-            pids_max: cfg.max_processes,
-            cpu_max: None,
-        };
-        let spawned = self
-            .spawner
-            .spawn(spec)
-            .map_err(|e| StartError::Spawn(e.to_string()))?;
-        let mut tree = spawned.tree;
-        let stdin = tree
-            .take_stdin()
-            .ok_or_else(|| StartError::Spawn("the agent has no stdin".into()))?;
-        Ok((tree, stdin, spawned.stdout, Some(spawned.stderr)))
-    }
-}
 
 struct Slot {
     conv: tokio::sync::Mutex<Option<Arc<Conversation>>>,

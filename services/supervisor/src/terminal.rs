@@ -18,8 +18,18 @@ use warden_acp::{
     CreateTerminalRequest, RpcError, TerminalExitStatus, TerminalOutputResponse, TerminalRequest,
 };
 
-use crate::bridge::ConvCore;
-use crate::service::Shared;
+use warden_containment::beneath::RootDir;
+
+use crate::shared::Shared;
+use crate::turn::TurnCtx;
+
+/// Where one conversation's terminals run: its id (the spawn label), its boundary as the sandbox
+/// enforces it, and its root's directory fd (the only way a `cwd` is checked).
+pub struct Target<'a> {
+    pub context_id: &'a str,
+    pub boundary: warden_sandbox::Boundary,
+    pub files: Option<&'a RootDir>,
+}
 
 /// What serving terminals needs from the supervisor (present only when the agent is configured
 /// with `terminal = true`).
@@ -103,10 +113,12 @@ impl Terminals {
     /// `terminal/create`.
     pub async fn create(
         &self,
-        core: &ConvCore,
+        ctx: Option<&TerminalCtx>,
+        turn: Option<Arc<TurnCtx>>,
+        target: Target<'_>,
         req: CreateTerminalRequest,
     ) -> Result<String, RpcError> {
-        let Some(turn) = core.live().turn.clone() else {
+        let Some(turn) = turn else {
             return Err(RpcError::invalid_params("no turn is running"));
         };
         // One ALLOWed execute tool call opens one terminal.
@@ -124,18 +136,17 @@ impl Terminals {
                 "a terminal runs only after an allowed execute tool call",
             ));
         }
-        let Some(ctx) = core.terminal.as_ref() else {
+        let Some(ctx) = ctx else {
             return Err(RpcError::method_not_found("terminal/create"));
         };
         let shared = &ctx.shared;
-        let root = &core.info.root;
+        let root = &target.boundary.root;
         let cwd = match &req.cwd {
             Some(c) => {
                 let p = Path::new(c);
                 // The kernel walks it beneath the root's fd: a directory there now, reached
                 // without leaving the root (the spawn resolves it again and refuses an escape).
-                let inside =
-                    p.is_absolute() && core.files.as_ref().is_ok_and(|f| f.open_dir(p).is_ok());
+                let inside = p.is_absolute() && target.files.is_some_and(|f| f.open_dir(p).is_ok());
                 if !inside {
                     return Err(RpcError::invalid_params(
                         "cwd is outside the session boundary (or not a directory there)",
@@ -160,19 +171,9 @@ impl Terminals {
         );
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let id = format!("term-{n}");
-        let boundary = warden_sandbox::Boundary {
-            root: root.clone(),
-            owned: core.info.owned,
-            allow_execute: core.info.allow_execute,
-            profile: match core.info.profile {
-                warden_proto::v1::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
-                warden_proto::v1::Profile::WorkspaceWrite => {
-                    warden_sandbox::Profile::WorkspaceWrite
-                }
-            },
-        };
+        let boundary = target.boundary.clone();
         let mut spec = warden_sandbox::SpawnSpec::new(
-            format!("{}~{id}", core.info.context_id),
+            format!("{}~{id}", target.context_id),
             req.command.clone(),
             boundary,
             env,
@@ -247,7 +248,7 @@ impl Terminals {
                 t.exit.send_replace(Some(exit_status(status)));
             }
         });
-        tracing::info!(context_id = %core.info.context_id, terminal_id = %id, "terminal started");
+        tracing::info!(context_id = %target.context_id, terminal_id = %id, "terminal started");
         self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,0 +1,193 @@
+//! The state one conversation's handlers share: what never changes (`ConvInfo`, including the
+//! one conversion of its boundary to the wire and to the sandbox), what the agent last reported
+//! (`Live`), and `ConvCore` — the policy client, terminals and the root's directory fd that the
+//! ACP handler (`bridge.rs`) and the turn driver (`conversation.rs`) both use.
+//!
+//! Must never: decide anything, or reach an agent's file other than through `files`.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use warden_acp::{PermissionRequest, RpcError};
+use warden_containment::beneath::{Owner, RootDir};
+use warden_proto::v1 as pb;
+
+use crate::policy::PolicyClient;
+use crate::terminal::{TerminalCtx, Terminals};
+use crate::translate;
+use crate::turn::{ToolSeen, TurnCtx};
+
+/// What never changes in a conversation.
+#[derive(Debug, Clone)]
+pub struct ConvInfo {
+    pub context_id: String,
+    pub agent: String,
+    pub principal: String,
+    pub verb: String,
+    pub root: PathBuf,
+    pub owned: bool,
+    pub allow_execute: bool,
+    pub profile: pb::Profile,
+}
+
+#[derive(Default)]
+pub struct Live {
+    pub session_id: String,
+    pub current_mode: String,
+    /// The last mode the agent itself reported (mode update or mode config option), so one
+    /// change announced both ways is handled once.
+    pub agent_mode: String,
+    pub turn: Option<Arc<TurnCtx>>,
+}
+
+/// Shared by the conversation and the ACP client's handler.
+pub struct ConvCore {
+    pub info: ConvInfo,
+    pub live: Mutex<Live>,
+    pub policy: PolicyClient,
+    pub deadline: Duration,
+    /// `Some` when the agent is configured with terminals.
+    pub terminal: Option<TerminalCtx>,
+    pub terminals: Terminals,
+    /// The root, held open since the conversation opened: the only way to the agent's files
+    /// (an error here, e.g. a kernel without openat2, refuses every `fs/*` request).
+    pub files: Result<RootDir, String>,
+    /// Who owns what a client write creates (the agent's uid when the supervisor is root).
+    pub file_owner: Option<Owner>,
+    /// `limits.fs_read_bytes`.
+    pub fs_read_bytes: u64,
+}
+
+impl ConvInfo {
+    /// The boundary as the policy contract carries it.
+    pub fn wire_boundary(&self) -> pb::Boundary {
+        pb::Boundary {
+            root: self.root.to_string_lossy().into_owned(),
+            owned: self.owned,
+            allow_execute: self.allow_execute,
+            profile: self.profile as i32,
+        }
+    }
+
+    /// The boundary as the sandbox enforces it (agents and their terminals).
+    pub fn sandbox_boundary(&self) -> warden_sandbox::Boundary {
+        warden_sandbox::Boundary {
+            root: self.root.clone(),
+            owned: self.owned,
+            allow_execute: self.allow_execute,
+            profile: sandbox_profile(self.profile),
+        }
+    }
+
+    /// Who asks, for a Decide of `turn` in `session_id`.
+    pub fn subject(&self, turn: Option<&TurnCtx>, session_id: String) -> pb::Subject {
+        pb::Subject {
+            principal: self.principal.clone(),
+            context_id: self.context_id.clone(),
+            task_id: turn.map(|t| t.input.task_id.clone()).unwrap_or_default(),
+            session_id,
+            agent: self.agent.clone(),
+            verb: self.verb.clone(),
+        }
+    }
+}
+
+/// The sandbox's profile for a wire profile (the one place the supervisor converts it).
+pub fn sandbox_profile(p: pb::Profile) -> warden_sandbox::Profile {
+    match p {
+        pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
+        pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
+    }
+}
+
+impl ConvCore {
+    pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn turn(&self) -> Option<Arc<TurnCtx>> {
+        self.live().turn.clone()
+    }
+
+    /// Builds the DecideRequest: the request's tool call, with kind/title/locations/raw input
+    /// filled from the earlier `tool_call` of the same id when the request omits them.
+    pub fn decide_request(
+        &self,
+        req: &PermissionRequest,
+        turn: Option<&TurnCtx>,
+        request_id: String,
+    ) -> pb::DecideRequest {
+        let tc = &req.tool_call;
+        let seen: ToolSeen = turn
+            .and_then(|t| t.lock().tools.get(&tc.tool_call_id).cloned())
+            .unwrap_or_default();
+        let kind = tc
+            .kind
+            .as_ref()
+            .map(|k| k.as_str().to_string())
+            .unwrap_or(seen.kind);
+        let title = tc.title.clone().unwrap_or(seen.title);
+        let locations = match &tc.locations {
+            Some(l) if !l.is_empty() => translate::locations(l),
+            _ => seen.locations,
+        };
+        let raw_input_json = tc
+            .raw_input
+            .as_ref()
+            .map(|v| v.to_string())
+            .unwrap_or(seen.raw_input_json);
+        let (session_id, current_mode) = {
+            let l = self.live();
+            (l.session_id.clone(), l.current_mode.clone())
+        };
+        pb::DecideRequest {
+            request_id,
+            subject: Some(self.info.subject(turn, session_id)),
+            boundary: Some(self.info.wire_boundary()),
+            tool_call: Some(pb::ToolCall {
+                id: tc.tool_call_id.clone(),
+                kind,
+                title,
+                raw_input_json,
+                locations,
+            }),
+            options: req
+                .options
+                .iter()
+                .map(|o| pb::PermissionOption {
+                    id: o.option_id.clone(),
+                    name: o.name.clone(),
+                    kind: o.kind.as_str().to_string(),
+                })
+                .collect(),
+            current_mode,
+            deadline_unix_ms: 0,
+        }
+    }
+
+    /// The kill grace when terminals are served; `-32601` otherwise.
+    pub fn terminal_enabled(&self, method: &str) -> Result<Duration, RpcError> {
+        match &self.terminal {
+            Some(t) => Ok(t.shared.settings.limits().kill_grace()),
+            None => Err(RpcError::method_not_found(method)),
+        }
+    }
+
+    /// The root's fd for a request naming `path`, which ACP requires to be absolute.
+    pub fn files(&self, path: &str) -> Result<&RootDir, RpcError> {
+        if !Path::new(path).is_absolute() {
+            return Err(RpcError::invalid_params("path must be absolute"));
+        }
+        self.files
+            .as_ref()
+            .map_err(|e| RpcError::internal(format!("agent files are not served: {e}")))
+    }
+
+    /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW
+    /// covered: resolved against the root as far as it exists (the write itself is walked again by
+    /// the kernel beneath the root's fd, so this is only a lookup key, never a licence).
+    pub fn covered_key(&self, path: impl AsRef<Path>) -> Option<PathBuf> {
+        warden_containment::resolve(path, &self.info.root, &warden_containment::RealFs).ok()
+    }
+}

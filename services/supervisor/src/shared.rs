@@ -1,0 +1,22 @@
+//! The daemon-wide context every conversation shares: the settings, the policy client, the
+//! records, the sandbox's allocators (owned roots, workspaces, agent homes) and the spawner.
+//!
+//! Must never: hold per-conversation state, or know about conversations at all (it sits below
+//! them in the crate's layers).
+
+use crate::config::Settings;
+use crate::policy::PolicyClient;
+use crate::records::Records;
+
+/// What every conversation shares.
+pub struct Shared {
+    pub settings: Settings,
+    pub policy: PolicyClient,
+    pub records: Records,
+    pub roots: warden_sandbox::OwnedRoots,
+    pub workspaces: warden_sandbox::WorkspacePolicy,
+    pub spawner: warden_sandbox::Spawner,
+    pub depth: warden_sandbox::DepthGuard,
+    /// Per-conversation agent homes (fresh copies of each agent's template).
+    pub homes: warden_sandbox::AgentHomes,
+}
