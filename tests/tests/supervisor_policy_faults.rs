@@ -55,6 +55,13 @@ impl PolicyService for BadPolicy {
             },
         }))
     }
+
+    async fn withdraw(
+        &self,
+        _req: Request<pb::WithdrawRequest>,
+    ) -> Result<Response<pb::WithdrawResponse>, Status> {
+        Err(Status::unimplemented("a bad policy keeps no audit"))
+    }
 }
 
 async fn serve_bad(bad: Bad, name: &str) -> (PathBuf, tokio::task::JoinHandle<()>) {
@@ -168,11 +175,19 @@ async fn the_audit_agrees_with_what_was_enforced_when_the_policy_is_late() {
 
     let perms = permissions(&evs);
     assert_eq!(perms.len(), 80, "every edit was asked about");
-    // Give requests still queued in the policy's socket time to be recorded.
+    // Requests still queued in the policy's socket, and the supervisor's withdrawals of the
+    // decisions it gave up on, land shortly after the turn: poll until the record agrees (or
+    // the deadline shows it never will).
+    let enforced: std::collections::HashMap<&str, i32> = perms
+        .iter()
+        .map(|p| (p.decision_id.as_str(), p.verdict))
+        .collect();
     let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
     let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
     let mut audit = Vec::new();
-    for _ in 0..100 {
+    let mut mismatches = Vec::new();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < Duration::from_secs(20) {
         audit = admin
             .audit_query(pb::AuditQueryRequest {
                 limit: 1000,
@@ -183,24 +198,24 @@ async fn the_audit_agrees_with_what_was_enforced_when_the_policy_is_late() {
             .unwrap()
             .into_inner()
             .records;
-        if audit.len() >= 80 {
+        let superseded: std::collections::HashSet<&str> = audit
+            .iter()
+            .filter(|r| !r.supersedes_decision_id.is_empty())
+            .map(|r| r.supersedes_decision_id.as_str())
+            .collect();
+        // An ALLOW on the record that the supervisor did not enforce as ALLOW, and that no
+        // later record of the same request supersedes.
+        mismatches = audit
+            .iter()
+            .filter(|r| r.verdict == pb::Verdict::Allow as i32)
+            .filter(|r| enforced.get(r.decision_id.as_str()) != Some(&(pb::Verdict::Allow as i32)))
+            .filter(|r| !superseded.contains(r.decision_id.as_str()))
+            .cloned()
+            .collect();
+        if mismatches.is_empty() && audit.len() >= 80 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let enforced: std::collections::HashMap<&str, i32> = perms
-        .iter()
-        .map(|p| (p.decision_id.as_str(), p.verdict))
-        .collect();
-    let mut mismatches = Vec::new();
-    for r in &audit {
-        match enforced.get(r.decision_id.as_str()) {
-            Some(v) if *v == r.verdict => {}
-            // The supervisor gave up on it (its own fail-closed id) or enforced otherwise:
-            // the record must not be an ALLOW.
-            _ if r.verdict == pb::Verdict::Allow as i32 => mismatches.push(r.clone()),
-            _ => {}
-        }
     }
     let allowed = perms
         .iter()
@@ -214,9 +229,10 @@ async fn the_audit_agrees_with_what_was_enforced_when_the_policy_is_late() {
         .iter()
         .filter(|p| p.rule == "policy_unavailable")
         .count();
+    let withdrawn = audit.iter().filter(|r| r.rule == "withdrawn").count();
     eprintln!(
-        "80 permissions: {allowed} allowed; audit: {} records, {late} deadline_exceeded; \
-         {failed_closed} failed closed in the supervisor",
+        "80 permissions: {allowed} allowed; audit: {} records, {late} deadline_exceeded, \
+         {withdrawn} withdrawn; {failed_closed} failed closed in the supervisor",
         audit.len()
     );
     assert!(

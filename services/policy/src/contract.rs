@@ -622,6 +622,14 @@ impl PolicyService for SlowPolicy {
             end_turn_reason: 0,
         }))
     }
+
+    /// A deliberately incomplete implementation: it keeps no record to correct.
+    async fn withdraw(
+        &self,
+        _request: Request<pb::WithdrawRequest>,
+    ) -> Result<Response<pb::WithdrawResponse>, Status> {
+        Err(Status::unimplemented("SlowPolicy keeps no audit"))
+    }
 }
 
 /// Serves `svc` on a Unix socket at `path` until the returned handle is aborted.

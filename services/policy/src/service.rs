@@ -43,6 +43,9 @@ pub struct PolicyState {
     /// a test) can see that a reload happened even when it changed nothing.
     reload_attempts: AtomicU64,
     last_reload_error: Mutex<String>,
+    /// What `Withdraw` needs: recent requests' decisions and requests withdrawn before they
+    /// were decided (bounded; see [`Ledger`]).
+    ledger: Mutex<Ledger>,
     listeners: RwLock<Vec<String>>,
     /// The boundary validator with this host's homes, read and resolved once at start (the
     /// same `AgentHomes::from_host` the supervisor's workspace check uses) and handed to every
@@ -71,6 +74,7 @@ impl PolicyState {
             decisions: AtomicU64::new(0),
             reload_attempts: AtomicU64::new(0),
             last_reload_error: Mutex::new(String::new()),
+            ledger: Mutex::new(Ledger::default()),
             listeners: RwLock::new(Vec::new()),
             root_check,
         })
@@ -175,6 +179,18 @@ impl PolicyState {
         } else {
             outcome
         };
+        // Withdrawn before it was decided: the caller has already refused it. Otherwise the
+        // decision is in the ledger before it is written, so a Withdraw racing the write finds it.
+        let outcome = {
+            let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            match ledger.take_withdrawn(&req.request_id) {
+                Some(why) => withdrawn(&decision_id, &why),
+                None => {
+                    ledger.decided(&req.request_id, &decision_id, outcome.verdict);
+                    outcome
+                }
+            }
+        };
         // Borrowed, not cloned: the raw input may be up to `max_raw_input_bytes` long.
         let (kind, title, raw) = req
             .tool_call
@@ -199,6 +215,7 @@ impl PolicyState {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
             end_turn: outcome.end_turn,
+            supersedes_decision_id: String::new(),
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
         let written = if active.audit.sync {
@@ -238,6 +255,143 @@ impl PolicyState {
     }
 }
 
+impl PolicyState {
+    /// Records that the caller did not act on `req.request_id`'s decision (see the contract's
+    /// `Withdraw`): a recorded ALLOW gets a superseding DENY record; an undecided request is
+    /// remembered and decided DENY when it arrives.
+    pub async fn withdraw(
+        &self,
+        req: &pb::WithdrawRequest,
+    ) -> Result<pb::WithdrawResponse, Status> {
+        if req.request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id is required"));
+        }
+        let found = {
+            let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            ledger.withdraw(&req.request_id, &req.reason)
+        };
+        let (earlier, verdict) = match found {
+            None => {
+                tracing::info!(request_id = %req.request_id, "withdrawn before it was decided");
+                return Ok(pb::WithdrawResponse::default());
+            }
+            Some(f) => f,
+        };
+        if verdict != pb::Verdict::Allow as i32 {
+            return Ok(pb::WithdrawResponse {
+                decision_id: earlier,
+                superseded: false,
+            });
+        }
+        let active = self.active();
+        let decision_id = uuid::Uuid::new_v4().to_string();
+        let d = withdrawn(&decision_id, &req.reason);
+        let record = pb::AuditRecord {
+            decision_id: decision_id.clone(),
+            request_id: req.request_id.clone(),
+            subject: req.subject.clone(),
+            verdict: d.verdict,
+            rule: d.rule.clone(),
+            reason: format!("{} (supersedes the ALLOW of decision {earlier})", d.reason),
+            policy_version: active.version,
+            decided_at_unix_ms: now_unix_ms(),
+            supersedes_decision_id: earlier.clone(),
+            ..Default::default()
+        };
+        let written = if active.audit.sync {
+            self.audit.append_durable(&record).await
+        } else {
+            self.audit.append(&record)
+        };
+        written
+            .map_err(|e| Status::unavailable(format!("the audit log cannot be written: {e}")))?;
+        tracing::warn!(
+            request_id = %req.request_id,
+            decision_id = %decision_id,
+            supersedes = %earlier,
+            reason = %req.reason,
+            "an ALLOW was not enforced: superseded"
+        );
+        Ok(pb::WithdrawResponse {
+            decision_id: earlier,
+            superseded: true,
+        })
+    }
+}
+
+/// Recent requests (request id → the decision recorded for it) and requests withdrawn before
+/// they were decided, each bounded to the newest [`LEDGER_CAP`]: a caller withdraws within its
+/// deadline plus grace, long before that many decisions.
+#[derive(Default)]
+pub struct Ledger {
+    decided: std::collections::HashMap<String, (String, i32)>,
+    decided_order: std::collections::VecDeque<String>,
+    withdrawn: std::collections::HashMap<String, String>,
+    withdrawn_order: std::collections::VecDeque<String>,
+}
+
+const LEDGER_CAP: usize = 65_536;
+
+impl Ledger {
+    fn decided(&mut self, request_id: &str, decision_id: &str, verdict: i32) {
+        if request_id.is_empty() {
+            return;
+        }
+        if self
+            .decided
+            .insert(request_id.to_string(), (decision_id.to_string(), verdict))
+            .is_none()
+        {
+            self.decided_order.push_back(request_id.to_string());
+        }
+        while self.decided_order.len() > LEDGER_CAP {
+            if let Some(old) = self.decided_order.pop_front() {
+                self.decided.remove(&old);
+            }
+        }
+    }
+
+    fn take_withdrawn(&mut self, request_id: &str) -> Option<String> {
+        self.withdrawn.remove(request_id)
+    }
+
+    /// The decision `request_id` had (its verdict then; an ALLOW is now marked withdrawn so a
+    /// second Withdraw supersedes nothing), or `None` after remembering the withdrawal.
+    fn withdraw(&mut self, request_id: &str, reason: &str) -> Option<(String, i32)> {
+        if let Some((decision, verdict)) = self.decided.get_mut(request_id) {
+            let was = (decision.clone(), *verdict);
+            *verdict = pb::Verdict::Deny as i32;
+            return Some(was);
+        }
+        if self
+            .withdrawn
+            .insert(request_id.to_string(), reason.to_string())
+            .is_none()
+        {
+            self.withdrawn_order.push_back(request_id.to_string());
+        }
+        while self.withdrawn_order.len() > LEDGER_CAP {
+            if let Some(old) = self.withdrawn_order.pop_front() {
+                self.withdrawn.remove(&old);
+            }
+        }
+        None
+    }
+}
+
+/// The DENY recorded for a decision the caller did not act on.
+fn withdrawn(decision_id: &str, why: &str) -> pb::Decision {
+    pb::Decision {
+        decision_id: decision_id.to_string(),
+        verdict: pb::Verdict::Deny as i32,
+        option_id: None,
+        reason: format!("withdrawn: the caller did not act on this request ({why})"),
+        rule: "withdrawn".to_string(),
+        end_turn: false,
+        end_turn_reason: 0,
+    }
+}
+
 /// `PolicyService` over the shared state.
 #[derive(Clone)]
 pub struct PolicyApi(pub Arc<PolicyState>);
@@ -250,6 +404,14 @@ impl PolicyService for PolicyApi {
     ) -> Result<Response<pb::Decision>, Status> {
         let req = request.into_inner();
         Ok(Response::new(self.0.decide(&req).await))
+    }
+
+    async fn withdraw(
+        &self,
+        request: Request<pb::WithdrawRequest>,
+    ) -> Result<Response<pb::WithdrawResponse>, Status> {
+        let req = request.into_inner();
+        self.0.withdraw(&req).await.map(Response::new)
     }
 }
 

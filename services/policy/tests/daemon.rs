@@ -575,6 +575,79 @@ async fn a_decision_past_the_callers_deadline_is_recorded_and_answered_as_deny()
     assert_eq!(decide(&p, in_time).await.verdict, pb::Verdict::Allow as i32);
 }
 
+/// `Withdraw`: a caller that did not act on a decision says so, and the audit follows what was
+/// enforced — a recorded ALLOW is superseded by a DENY "withdrawn" record (once), and a request
+/// withdrawn before it arrived is decided DENY "withdrawn".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_withdrawn_decision_is_superseded_on_the_record() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let allowed = req(&root, true, "read", &[], "w1");
+    let d = decide(&p, allowed.clone()).await;
+    assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+    let w = |request_id: &str| pb::WithdrawRequest {
+        request_id: request_id.into(),
+        reason: "no answer within 200 ms".into(),
+        subject: allowed.subject.clone(),
+    };
+    let r = p
+        .policy()
+        .withdraw(w(&allowed.request_id))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(r.superseded);
+    assert_eq!(r.decision_id, d.decision_id);
+    // Idempotent: nothing left to supersede.
+    let again = p
+        .policy()
+        .withdraw(w(&allowed.request_id))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner();
+    assert!(!again.superseded);
+    let ctx = allowed
+        .subject
+        .as_ref()
+        .map(|s| s.context_id.clone())
+        .unwrap_or_default();
+    let recs = p
+        .admin()
+        .audit_query(pb::AuditQueryRequest {
+            context_id: ctx,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    let superseding: Vec<_> = recs
+        .iter()
+        .filter(|r| r.supersedes_decision_id == d.decision_id)
+        .collect();
+    assert_eq!(superseding.len(), 1, "{recs:#?}");
+    assert_eq!(superseding[0].verdict, pb::Verdict::Deny as i32);
+    assert_eq!(superseding[0].rule, "withdrawn");
+
+    // Withdrawn before it arrived: decided DENY when it does.
+    let mut early = req(&root, true, "read", &[], "w2");
+    early.request_id = "withdrawn-early".into();
+    p.policy()
+        .withdraw(w("withdrawn-early"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let d = decide(&p, early).await;
+    assert_eq!(d.verdict, pb::Verdict::Deny as i32);
+    assert_eq!(d.rule, "withdrawn");
+    // A withdrawal names its request.
+    let bad = p.policy().withdraw(w("")).await;
+    assert_eq!(
+        bad.map(|_| ()).unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
+}
+
 /// Runs the bench binary's `probe` as uid/gid 65534 against `socket`; returns its output line.
 fn probe_as_nobody(socket: &Path) -> String {
     use std::os::unix::process::CommandExt;

@@ -42,6 +42,7 @@ impl ConvCore {
         entered: std::time::Instant,
     ) -> Enforced {
         let request_id = dreq.request_id.clone();
+        let subject = dreq.subject.clone();
         let session_id = dreq
             .subject
             .as_ref()
@@ -62,6 +63,8 @@ impl ConvCore {
                 tokio::select! {
                     d = self.policy.decide(dreq, self.deadline) => d,
                     _ = t.cancel.cancelled() => {
+                        // The Decide in flight is dropped; whatever it decides is not enforced.
+                        self.policy.withdraw_later(request_id, subject, "the turn was cancelled".into());
                         t.emit(cancelled_event(&tc_id, &kind, &title));
                         return cancelled_now();
                     }

@@ -137,6 +137,7 @@ impl PolicyClient {
             .unwrap_or(0);
         let wait = deadline + self.grace;
         let request_id = req.request_id.clone();
+        let subject = req.subject.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
         let mut client = self.client.clone();
         let mut r = tonic::Request::new(req);
@@ -174,6 +175,8 @@ impl PolicyClient {
         };
         self.failures.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(request_id = %request_id, reason = %why, "policy unavailable: denying");
+        // The policy may have recorded (or may yet record) a decision nobody acts on.
+        self.withdraw_later(request_id, subject, why.clone());
         Decided {
             decision_id: format!("local-{}", uuid::Uuid::new_v4().simple()),
             verdict: pb::Verdict::Deny,
@@ -186,6 +189,37 @@ impl PolicyClient {
         }
     }
 }
+
+impl PolicyClient {
+    /// Tells the policy, in the background, that `request_id`'s decision was not acted on, so
+    /// its audit can say what was enforced. Best effort and bounded: a policy that is down
+    /// still has the deadline in the request and records a late decision as DENY by itself.
+    pub fn withdraw_later(&self, request_id: String, subject: Option<pb::Subject>, reason: String) {
+        let mut client = self.client.clone();
+        tokio::spawn(async move {
+            let req = pb::WithdrawRequest {
+                request_id: request_id.clone(),
+                reason,
+                subject,
+            };
+            match tokio::time::timeout(WITHDRAW_PATIENCE, client.withdraw(req)).await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    tracing::info!(request_id = %request_id, decision_id = %r.decision_id, superseded = r.superseded, "decision withdrawn");
+                }
+                Ok(Err(status)) => {
+                    tracing::warn!(request_id = %request_id, error = %status, "the policy did not take the withdrawal")
+                }
+                Err(_) => {
+                    tracing::warn!(request_id = %request_id, "no answer to the withdrawal")
+                }
+            }
+        });
+    }
+}
+
+/// How long a withdrawal waits for a paused or busy policy.
+const WITHDRAW_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Checks a decision against the contract; the verdict when it holds.
 fn validate(d: &pb::Decision, offered: &[String]) -> Result<pb::Verdict, String> {
