@@ -24,6 +24,9 @@
 #![forbid(unsafe_code)]
 
 pub mod beneath;
+mod boundary;
+
+pub use boundary::{Boundary, Profile};
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;

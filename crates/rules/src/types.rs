@@ -71,27 +71,7 @@ impl fmt::Display for ToolKind {
     }
 }
 
-/// The profile a boundary is held to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Profile {
-    /// advise / review: no edit, delete, move, execute, fetch (or other).
-    #[default]
-    ReadOnly,
-    /// implement: may change files inside the root.
-    WorkspaceWrite,
-}
-
-/// Seed 000's boundary.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Boundary {
-    /// Absolute root, symlinks resolved once when the conversation opened.
-    pub root: PathBuf,
-    /// True when warden created the root itself.
-    pub owned: bool,
-    /// Operator allows execute/fetch/other in a root warden does not own.
-    pub allow_execute: bool,
-    pub profile: Profile,
-}
+pub use warden_containment::{Boundary, Profile};
 
 /// Who asks; only `principal`, `agent` and `verb` influence the decision, the rest is carried
 /// for the record.

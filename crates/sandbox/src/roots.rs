@@ -22,34 +22,7 @@ use crate::SandboxError;
 const REGISTRY_TREE: &str = "sandbox-roots";
 const LABEL_MAX: usize = 32;
 
-/// What the agent may do to its root.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-pub enum Profile {
-    /// The root is bound read-only.
-    ReadOnly,
-    /// The root is bound read-write.
-    #[default]
-    WorkspaceWrite,
-}
-
-/// A conversation's root directory and the one bit saying where it came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Boundary {
-    /// Absolute, symlinks resolved once.
-    pub root: PathBuf,
-    /// True only when this crate created the directory itself.
-    pub owned: bool,
-    pub allow_execute: bool,
-    pub profile: Profile,
-}
-
-impl Boundary {
-    /// Whether `path` (relative paths are taken from the root) resolves inside the root.
-    /// Anything that cannot be resolved counts as outside.
-    pub fn contains(&self, path: impl AsRef<Path>) -> bool {
-        is_inside(&self.root, path, &RealFs).unwrap_or(false)
-    }
-}
+pub use warden_containment::{Boundary, Profile};
 
 /// The label a conversation id leaves on its sandbox's name: ASCII letters, digits, `-` and `_`
 /// only (everything else becomes `_`), no leading `.`/`-`, at most 32 characters, never empty.

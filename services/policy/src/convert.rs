@@ -40,15 +40,11 @@ pub fn to_input(
             "the request carries no session boundary",
         ));
     };
-    let profile = match pb::Profile::try_from(b.profile) {
-        Ok(pb::Profile::ReadOnly) => Profile::ReadOnly,
-        Ok(pb::Profile::WorkspaceWrite) => Profile::WorkspaceWrite,
-        Err(_) => {
-            return Err(bad(
-                "request.malformed.profile",
-                format!("unknown boundary profile value {}", b.profile),
-            ));
-        }
+    let Some(profile) = Profile::from_wire(b.profile) else {
+        return Err(bad(
+            "request.malformed.profile",
+            format!("unknown boundary profile value {}", b.profile),
+        ));
     };
     if tool.raw_input_json.len() > limits.max_raw_input_bytes {
         return Err(bad(

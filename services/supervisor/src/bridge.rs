@@ -364,7 +364,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
-        if self.info.profile == pb::Profile::ReadOnly {
+        if self.info.profile == warden_sandbox::Profile::ReadOnly {
             return Err(RpcError::invalid_params(
                 "this conversation is read-only: writes are refused",
             ));
@@ -522,7 +522,7 @@ mod tests {
                 root: root.to_path_buf(),
                 owned: true,
                 allow_execute: false,
-                profile: pb::Profile::WorkspaceWrite,
+                profile: warden_sandbox::Profile::WorkspaceWrite,
             },
             live: Mutex::new(Live {
                 session_id: "s1".into(),

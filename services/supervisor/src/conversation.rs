@@ -290,7 +290,7 @@ impl Conversation {
             at_unix_ms: now_ms(),
             agent: self.core.info.agent.clone(),
             verb: self.core.info.verb.clone(),
-            profile: profile_name(self.core.info.profile).into(),
+            profile: self.core.info.profile.as_str().into(),
             duration_ms: 0,
             stop_reason: "cancelled".into(),
             fault: None,
@@ -356,7 +356,7 @@ impl Conversation {
             agent: self.core.info.agent.clone(),
             root: self.core.info.root.to_string_lossy().into_owned(),
             owned: self.core.info.owned,
-            profile: self.core.info.profile as i32,
+            profile: self.core.info.profile.wire(),
             session_id: if running {
                 live.session_id.clone()
             } else {
@@ -945,7 +945,7 @@ impl Conversation {
             reason: reason.into(),
             agent: self.core.info.agent.clone(),
             verb: self.core.info.verb.clone(),
-            profile: profile_name(self.core.info.profile).into(),
+            profile: self.core.info.profile.as_str().into(),
             budget_secs,
             transcript_path: transcript,
             context_label: label(&self.core.info.context_id),
@@ -992,7 +992,7 @@ impl Conversation {
             at_unix_ms: now_ms(),
             agent: self.core.info.agent.clone(),
             verb: self.core.info.verb.clone(),
-            profile: profile_name(self.core.info.profile).into(),
+            profile: self.core.info.profile.as_str().into(),
             duration_ms: duration.as_millis() as u64,
             stop_reason: stop.reason.clone(),
             fault: stop.fault.as_ref().map(|f| fault::name(f.0).to_string()),
@@ -1054,12 +1054,5 @@ async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
     match idle {
         Some(d) => tokio::time::sleep_until((since + d).into()).await,
         None => std::future::pending().await,
-    }
-}
-
-pub fn profile_name(p: pb::Profile) -> &'static str {
-    match p {
-        pb::Profile::ReadOnly => "read-only",
-        pb::Profile::WorkspaceWrite => "workspace-write",
     }
 }

@@ -28,7 +28,8 @@ pub struct ConvInfo {
     pub root: PathBuf,
     pub owned: bool,
     pub allow_execute: bool,
-    pub profile: pb::Profile,
+    /// One profile type for wire, rules and sandbox (`warden_containment::Profile`).
+    pub profile: warden_sandbox::Profile,
 }
 
 #[derive(Default)]
@@ -66,7 +67,7 @@ impl ConvInfo {
             root: self.root.to_string_lossy().into_owned(),
             owned: self.owned,
             allow_execute: self.allow_execute,
-            profile: self.profile as i32,
+            profile: self.profile.wire(),
         }
     }
 
@@ -76,7 +77,7 @@ impl ConvInfo {
             root: self.root.clone(),
             owned: self.owned,
             allow_execute: self.allow_execute,
-            profile: sandbox_profile(self.profile),
+            profile: self.profile,
         }
     }
 
@@ -90,14 +91,6 @@ impl ConvInfo {
             agent: self.agent.clone(),
             verb: self.verb.clone(),
         }
-    }
-}
-
-/// The sandbox's profile for a wire profile (the one place the supervisor converts it).
-pub fn sandbox_profile(p: pb::Profile) -> warden_sandbox::Profile {
-    match p {
-        pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
-        pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
     }
 }
 

@@ -122,12 +122,9 @@ impl Supervisor {
             Status::invalid_argument(format!("no configured agent {:?}", req.agent))
         })?;
         let agent_cfg = agent_cfg.clone();
-        let profile = pb::Profile::try_from(req.profile)
-            .map_err(|_| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
-        let sprof = match profile {
-            pb::Profile::ReadOnly => warden_sandbox::Profile::ReadOnly,
-            pb::Profile::WorkspaceWrite => warden_sandbox::Profile::WorkspaceWrite,
-        };
+        // The one conversion of the wire's profile number (zero = read-only).
+        let profile = warden_sandbox::Profile::from_wire(req.profile)
+            .ok_or_else(|| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
         let open_now = self.conversations().await.len();
         if open_now >= s.limits().max_conversations {
             return Err(Status::resource_exhausted(format!(
@@ -143,7 +140,7 @@ impl Supervisor {
             .assign_identity(&req.context_id)
             .map_err(|e| Status::resource_exhausted(e.to_string()))?;
         let res = self
-            .start_with_identity(req, guard, agent_name, agent_cfg, profile, sprof, ident)
+            .start_with_identity(req, guard, agent_name, agent_cfg, profile, ident)
             .await;
         if res.is_err() {
             self.shared.spawner.release_identity(&req.context_id);
@@ -160,8 +157,7 @@ impl Supervisor {
         guard: &mut Option<Arc<Conversation>>,
         agent_name: &str,
         agent_cfg: AgentConfig,
-        profile: pb::Profile,
-        sprof: warden_sandbox::Profile,
+        profile: warden_sandbox::Profile,
         ident: Option<warden_sandbox::AgentIdentity>,
     ) -> Result<Arc<Conversation>, Status> {
         let s = &self.shared.settings;
@@ -191,7 +187,7 @@ impl Supervisor {
                     made_root = true;
                     self.shared
                         .roots
-                        .create(&req.context_id, false, sprof, ident)
+                        .create(&req.context_id, false, profile, ident)
                         .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
                 }
             }
@@ -201,7 +197,7 @@ impl Supervisor {
             })?;
             self.shared
                 .workspaces
-                .validate(&w.path, w.allow_execute, sprof)
+                .validate(&w.path, w.allow_execute, profile)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?
         };
         let core = Arc::new(ConvCore {
@@ -268,7 +264,7 @@ impl Supervisor {
                     reason: e.to_string(),
                     agent: agent_name.to_string(),
                     verb: req.verb.clone(),
-                    profile: crate::conversation::profile_name(profile).into(),
+                    profile: profile.as_str().into(),
                     budget_secs: 0,
                     transcript_path: String::new(),
                     context_label: crate::records::label(&req.context_id),
