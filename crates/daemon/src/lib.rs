@@ -3,8 +3,8 @@
 //! Owns: configuration loading (TOML file, then `WARDEN_<DAEMON>__KEY` environment overrides, then
 //! `--set key=value` flags, validated with errors that name the key and the file), tracing setup
 //! (human or JSON), gRPC listeners on Unix sockets (mode, group, stale-socket handling) or TCP, the
-//! peer-credential allowlist that guards every listener, gRPC health, systemd readiness, and a
-//! bounded graceful shutdown on SIGTERM/SIGINT.
+//! peer-credential allowlist that guards every listener, gRPC health, systemd readiness, a
+//! bounded graceful shutdown on SIGTERM/SIGINT, and the start-up sequence itself ([`start`]).
 //!
 //! Must never: hold service logic (decisions, processes, tasks), or let a request through a Unix
 //! listener without first checking the peer's uid/gid against that listener's allowlist.
@@ -17,9 +17,11 @@ pub mod logging;
 pub mod notify;
 pub mod peer;
 pub mod server;
+pub mod start;
 
 pub use args::DaemonArgs;
 pub use config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig};
 pub use listener::{BoundListener, ListenerError};
 pub use peer::{Peer, PeerGuard, PeerInfo, PeerStream};
 pub use server::{ServeError, Server};
+pub use start::{Daemon, start};

@@ -93,20 +93,36 @@ impl AdminService for AdminApi {
     }
 }
 
-/// Runs the gateway until SIGTERM/SIGINT.
-pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
-    let loaded = load_config(&args)?;
-    let cfg = loaded.value;
-    if args.check_config {
-        println!("{}: configuration OK", loaded.origin);
-        return Ok(());
-    }
-    let format = args
-        .log_format
-        .clone()
-        .unwrap_or_else(|| cfg.daemon.log_format.clone());
-    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+/// warden-gateway as a daemon: its validated configuration and where it came from.
+pub struct GatewayDaemon {
+    loaded: warden_daemon::LoadedConfig<GatewayConfig>,
+}
 
+impl warden_daemon::Daemon for GatewayDaemon {
+    const NAME: &'static str = "warden-gateway";
+    type Error = RunError;
+
+    fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>> {
+        Ok(GatewayDaemon {
+            loaded: load_config(args)?,
+        })
+    }
+
+    fn daemon_section(&self) -> &warden_daemon::DaemonSection {
+        &self.loaded.value.daemon
+    }
+
+    fn summary(&self) -> String {
+        self.loaded.origin.to_string()
+    }
+
+    fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
+        run(self.loaded.value)
+    }
+}
+
+/// Serves until SIGTERM/SIGINT.
+async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let store = TaskStore::open(&cfg.daemon.state_dir.join("store"))?;
     let auth = Authenticator::from_config(&cfg)?;
     let settings = CoreSettings {

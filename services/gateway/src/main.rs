@@ -1,5 +1,5 @@
 //! The `warden-gateway` binary: parses the shared daemon flags and runs
-//! [`warden_gateway::daemon::run`]. It holds no logic of its own; it never spawns agents and never
+//! [`warden_gateway::daemon::GatewayDaemon`]. It holds no logic of its own; it never spawns agents and never
 //! decides permissions.
 
 use clap::Parser;
@@ -12,10 +12,6 @@ struct Cli {
     daemon: warden_daemon::DaemonArgs,
 }
 
-#[tokio::main]
-async fn main() {
-    let cli = Cli::parse();
-    if let Err(e) = warden_gateway::daemon::run(cli.daemon).await {
-        warden_daemon::args::fail("warden-gateway", &e);
-    }
+fn main() {
+    warden_daemon::start::<warden_gateway::daemon::GatewayDaemon>(Cli::parse().daemon);
 }

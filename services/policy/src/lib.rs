@@ -50,24 +50,41 @@ pub enum RunError {
     Signal(#[source] std::io::Error),
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
-    let sources = Sources {
-        file: args.config.clone(),
-        sets: args.set.clone(),
-    };
-    let loaded = sources.load()?;
-    let cfg = loaded.value;
-    if args.check_config {
-        println!("{}: configuration OK", loaded.origin);
-        return Ok(());
-    }
-    let format = args
-        .log_format
-        .clone()
-        .unwrap_or_else(|| cfg.daemon.log_format.clone());
-    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+/// warden-policy as a daemon: its loaded configuration and where it came from (reloads read
+/// the same sources again).
+pub struct PolicyDaemon {
+    sources: Sources,
+    loaded: warden_daemon::LoadedConfig<config::Config>,
+}
 
+impl warden_daemon::Daemon for PolicyDaemon {
+    const NAME: &'static str = "warden-policy";
+    type Error = RunError;
+
+    fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>> {
+        let sources = Sources {
+            file: args.config.clone(),
+            sets: args.set.clone(),
+        };
+        let loaded = sources.load()?;
+        Ok(PolicyDaemon { sources, loaded })
+    }
+
+    fn daemon_section(&self) -> &warden_daemon::DaemonSection {
+        &self.loaded.value.daemon
+    }
+
+    fn summary(&self) -> String {
+        self.loaded.origin.to_string()
+    }
+
+    fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
+        run(self.sources, self.loaded.value)
+    }
+}
+
+/// Serves until SIGTERM/SIGINT.
+async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
     let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
     let audit = AuditLog::open(store)?;
     let state = Arc::new(PolicyState::new(&cfg, sources, audit)?);

@@ -1,4 +1,5 @@
-//! The `warden-policy` binary: parses the shared daemon flags and runs [`warden_policy::run`].
+//! The `warden-policy` binary: parses the shared daemon flags and starts
+//! [`warden_policy::PolicyDaemon`].
 //! It must never decide anything itself; all logic lives in the library.
 
 use clap::Parser;
@@ -11,10 +12,6 @@ struct Cli {
     daemon: warden_daemon::DaemonArgs,
 }
 
-#[tokio::main]
-async fn main() {
-    let cli = Cli::parse();
-    if let Err(e) = warden_policy::run(cli.daemon).await {
-        warden_daemon::args::fail("warden-policy", &e);
-    }
+fn main() {
+    warden_daemon::start::<warden_policy::PolicyDaemon>(Cli::parse().daemon);
 }

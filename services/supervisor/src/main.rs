@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use warden_daemon::args::{DaemonArgs, fail};
+use warden_daemon::args::DaemonArgs;
 use warden_proto::v1::admin_service_server::AdminServiceServer;
 use warden_proto::v1::supervisor_service_server::SupervisorServiceServer;
 use warden_supervisor::service::{Api, Supervisor};
@@ -41,48 +41,43 @@ enum StartupError {
     Serve(#[from] warden_daemon::ServeError),
 }
 
+/// The supervisor's start-up, through the sequence every daemon shares.
+struct SupervisorDaemon(config::Settings);
+
+impl warden_daemon::Daemon for SupervisorDaemon {
+    const NAME: &'static str = NAME;
+    type Error = StartupError;
+
+    fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>> {
+        Ok(SupervisorDaemon(config::load(
+            args.config.as_deref(),
+            &args.set,
+        )?))
+    }
+
+    fn daemon_section(&self) -> &warden_daemon::DaemonSection {
+        &self.0.file.daemon
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "{}; agents: {}",
+            self.0.origin,
+            self.0.agents.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    }
+
+    fn worker_threads(&self) -> usize {
+        self.0.file.runtime.worker_threads
+    }
+
+    fn run(self) -> impl std::future::Future<Output = Result<(), StartupError>> {
+        run(self.0)
+    }
+}
+
 fn main() {
-    let args = Args::parse();
-    let settings = match config::load(args.daemon.config.as_deref(), &args.daemon.set) {
-        Ok(s) => s,
-        Err(e) => fail(NAME, &e),
-    };
-    if args.daemon.check_config {
-        println!(
-            "{NAME}: configuration OK ({}); agents: {}",
-            settings.origin,
-            settings
-                .agents
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        return;
-    }
-    let format = args
-        .daemon
-        .log_format
-        .clone()
-        .unwrap_or_else(|| settings.file.daemon.log_format.clone());
-    warden_daemon::logging::init(&format, &settings.file.daemon.log_level);
-    let workers = settings.file.runtime.worker_threads;
-    let mut builder = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        if workers > 1 {
-            b.worker_threads(workers);
-        }
-        b
-    };
-    let rt = match builder.enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => fail(NAME, &e),
-    };
-    if let Err(e) = rt.block_on(run(settings)) {
-        fail(NAME, &e);
-    }
+    warden_daemon::start::<SupervisorDaemon>(Args::parse().daemon);
 }
 
 async fn run(settings: config::Settings) -> Result<(), StartupError> {

@@ -1,0 +1,72 @@
+//! A daemon's start-up sequence, written once: load and validate the configuration from the
+//! shared flags, answer `--check-config`, set up logging, build the runtime, run the service,
+//! and report a fatal error as one clear line (exit status 2). Listeners, health, readiness and
+//! the bounded shutdown are [`crate::Server`]'s; a service supplies only what differs.
+
+use std::future::Future;
+
+use crate::args::{DaemonArgs, fail};
+use crate::config::DaemonSection;
+
+/// What differs between the daemons' start-ups.
+pub trait Daemon: Sized {
+    /// The binary's name, for messages.
+    const NAME: &'static str;
+    /// Why the service stopped with an error.
+    type Error: std::error::Error;
+
+    /// Loads and validates the configuration the shared flags name (file, environment,
+    /// `--set`), before logging exists: errors are printed by [`start`].
+    fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>>;
+
+    /// The `[daemon]` section: log format and level (a `--log-format` flag wins).
+    fn daemon_section(&self) -> &DaemonSection;
+
+    /// What `--check-config` reports after "NAME: configuration OK" (where the configuration
+    /// came from, and anything worth confirming).
+    fn summary(&self) -> String;
+
+    /// Runtime worker threads: 0 = one per core, 1 = a single thread, n = n threads.
+    fn worker_threads(&self) -> usize {
+        0
+    }
+
+    /// Serves until SIGTERM/SIGINT (via [`crate::Server::run`]) or a fatal error.
+    fn run(self) -> impl Future<Output = Result<(), Self::Error>>;
+}
+
+/// Runs daemon `D` with the parsed shared flags; returns only after a clean shutdown or a
+/// successful `--check-config`, and exits with status 2 on any fatal error.
+pub fn start<D: Daemon>(args: DaemonArgs) {
+    let daemon = match D::load(&args) {
+        Ok(d) => d,
+        Err(e) => fail(D::NAME, &*e),
+    };
+    if args.check_config {
+        println!("{}: configuration OK ({})", D::NAME, daemon.summary());
+        return;
+    }
+    let section = daemon.daemon_section();
+    let format = args
+        .log_format
+        .clone()
+        .unwrap_or_else(|| section.log_format.clone());
+    crate::logging::init(&format, &section.log_level);
+    let workers = daemon.worker_threads();
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if workers > 1 {
+            b.worker_threads(workers);
+        }
+        b
+    };
+    let rt = match builder.enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => fail(D::NAME, &e),
+    };
+    if let Err(e) = rt.block_on(daemon.run()) {
+        fail(D::NAME, &e);
+    }
+}
