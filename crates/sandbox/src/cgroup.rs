@@ -35,13 +35,9 @@ pub struct CgroupBase {
 
 /// True when `path` is on a cgroup2 filesystem.
 pub(crate) fn is_cgroup2(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
-        return false;
-    };
-    // SAFETY: statfs writes into the zeroed struct we pass; c is a valid NUL-terminated path.
-    let mut buf: libc::statfs = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::statfs(c.as_ptr(), &mut buf) };
-    rc == 0 && buf.f_type as i64 == CGROUP2_SUPER_MAGIC
+    // `f_type` is i64 here but narrower on other architectures: the cast is for them.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::statfs(path).is_ok_and(|s| s.f_type as i64 == CGROUP2_SUPER_MAGIC)
 }
 
 /// The cgroup2 mount point, from `/proc/self/mountinfo`.

@@ -171,15 +171,9 @@ fn landlock_abi() -> Option<u32> {
 }
 
 fn pidfd_works() -> bool {
-    // SAFETY: pidfd_open on our own pid; the fd is closed right away.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, std::process::id() as i32, 0) } as i32;
-    if fd >= 0 {
-        // SAFETY: closing the fd opened above.
-        unsafe { libc::close(fd) };
-        true
-    } else {
-        false
-    }
+    rustix::process::Pid::from_raw(std::process::id() as i32).is_some_and(|me| {
+        rustix::process::pidfd_open(me, rustix::process::PidfdFlags::empty()).is_ok()
+    })
 }
 
 fn yn(b: bool) -> &'static str {

@@ -76,15 +76,11 @@ pub struct KillReport {
 /// re-parented here instead of to PID 1, so they stay visible to the `/proc` walk and their
 /// zombies are collected by the kill ladder instead of lingering under a slow init.
 pub fn set_child_subreaper() -> Result<(), SandboxError> {
-    // SAFETY: prctl with integer arguments only.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) };
-    if rc != 0 {
-        return Err(SandboxError::Os {
+    rustix::process::set_child_subreaper(rustix::process::Pid::from_raw(std::process::id() as i32))
+        .map_err(|e| SandboxError::Os {
             what: "prctl(PR_SET_CHILD_SUBREAPER)",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
+            source: e.into(),
+        })
 }
 
 /// A handle on one spawned process tree.
@@ -352,8 +348,10 @@ impl ProcessTree {
 
     fn killpg(&self, signal: i32) {
         if self.group_pinned() {
-            // SAFETY: killpg on a group whose leader we hold un-reaped.
-            unsafe { libc::killpg(self.pgid, signal) };
+            // The group's leader is held un-reaped, so its pgid cannot have been reused.
+            if let Ok(sig) = nix::sys::signal::Signal::try_from(signal) {
+                let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(self.pgid), sig);
+            }
         }
     }
 
@@ -364,9 +362,11 @@ impl ProcessTree {
         for s in members {
             if s.state == b'Z' && s.ppid == me && (self.child.is_none() || s.pid != self.leader.pid)
             {
-                let mut status = 0;
-                // SAFETY: waitpid on a specific zombie child of ours, non-blocking.
-                unsafe { libc::waitpid(s.pid, &mut status, libc::WNOHANG) };
+                // A specific zombie child of ours, non-blocking.
+                let _ = nix::sys::wait::waitpid(
+                    nix::unistd::Pid::from_raw(s.pid),
+                    Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+                );
             }
         }
     }

@@ -128,36 +128,34 @@ pub(crate) fn signal_identity(id: ProcessIdentity, signal: i32) -> bool {
     if id.pid <= 0 {
         return false;
     }
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; no memory is shared.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, id.pid, 0) } as i32;
-    if fd < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ENOSYS) {
+    let Some(pid) = rustix::process::Pid::from_raw(id.pid) else {
+        return false;
+    };
+    // Signal 0 only asks whether the process is there: the pinned, re-checked pidfd answers it.
+    let sig = match signal {
+        0 => None,
+        n => match rustix::process::Signal::from_named_raw(n) {
+            Some(s) => Some(s),
+            None => return false,
+        },
+    };
+    let fd = match rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOSYS) => {
             // Kernels older than 5.3: check then kill; the window is a few microseconds.
             if !id.still_exists() {
                 return false;
             }
-            // SAFETY: plain kill(2) on a positive pid.
-            return unsafe { libc::kill(id.pid, signal) } == 0;
-        }
-        return false;
-    }
-    // The fd now pins the process; re-check that it is the one we mean.
-    let same = id.still_exists();
-    let sent = same
-        // SAFETY: fd is a pidfd we own; a null siginfo means "as kill(2)".
-        && unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                fd,
-                signal,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
+            return nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(id.pid),
+                nix::sys::signal::Signal::try_from(signal).ok(),
             )
-        } == 0;
-    // SAFETY: closing the fd we opened above.
-    unsafe { libc::close(fd) };
-    sent
+            .is_ok();
+        }
+        Err(_) => return false,
+    };
+    // The fd now pins the process; re-check that it is the one we mean.
+    id.still_exists() && sig.is_none_or(|sig| rustix::process::pidfd_send_signal(&fd, sig).is_ok())
 }
 
 /// Lists the pids in a cgroup v2 directory (`cgroup.procs`).

@@ -7,8 +7,6 @@
 //! validated: an existing directory, not `/`, not a home directory or anything above one, not an
 //! agent configuration home or anything inside one — by spelling and by (device, inode).
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -251,21 +249,9 @@ fn birth_ns(meta: &std::fs::Metadata) -> Option<u128> {
 }
 
 fn mkdtemp(template: &Path) -> Result<PathBuf, SandboxError> {
-    let c = CString::new(template.as_os_str().as_bytes())
-        .map_err(|_| SandboxError::InvalidInput("sandbox template contains NUL".into()))?;
-    let mut buf = c.into_bytes_with_nul();
-    // SAFETY: buf is a writable NUL-terminated template ending in XXXXXX; mkdtemp rewrites the
-    // X's in place and creates the directory with mode 0700, failing if it exists.
-    let p = unsafe { libc::mkdtemp(buf.as_mut_ptr().cast()) };
-    if p.is_null() {
-        return Err(SandboxError::io(
-            "mkdtemp",
-            template,
-            std::io::Error::last_os_error(),
-        ));
-    }
-    buf.pop();
-    Ok(PathBuf::from(std::ffi::OsStr::from_bytes(&buf)))
+    // Creates the directory with mode 0700 under a fresh name, failing if it exists.
+    nix::unistd::mkdtemp(template)
+        .map_err(|e| SandboxError::io("mkdtemp", template, std::io::Error::from(e)))
 }
 
 /// The homes and agent configuration homes a workspace may not be. The rule itself is

@@ -18,7 +18,7 @@
 use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -522,16 +522,10 @@ impl Spawner {
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe2 fills the two-element array on success.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(SandboxError::Os {
-            what: "pipe2",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: both fds were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| SandboxError::Os {
+        what: "pipe2",
+        source: e.into(),
+    })
 }
 
 fn release(gate_w: OwnedFd) -> Result<(), SandboxError> {
@@ -600,10 +594,12 @@ fn data_fds(etc: &[EtcBind]) -> Result<Vec<OwnedFd>, SandboxError> {
         let fd = OwnedFd::from(f);
         // bubblewrap reads from the current offset.
         nix::unistd::lseek(&fd, 0, nix::unistd::Whence::SeekSet).map_err(os("lseek"))?;
-        let high = nix::fcntl::fcntl(&fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(DATA_FD_MIN))
-            .map_err(os("dup generated /etc file"))?;
-        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
-        out.push(unsafe { OwnedFd::from_raw_fd(high) });
+        let high =
+            rustix::io::fcntl_dupfd_cloexec(&fd, DATA_FD_MIN).map_err(|e| SandboxError::Os {
+                what: "dup generated /etc file",
+                source: e.into(),
+            })?;
+        out.push(high);
     }
     Ok(out)
 }
