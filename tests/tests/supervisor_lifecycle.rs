@@ -187,6 +187,9 @@ async fn operator_workspaces_are_named_never_pathed() {
     assert_eq!(st.details["conversations"], "3");
 }
 
+/// Limits refuse instead of growing — once nothing can make room: idle agents are stopped to
+/// make room for new conversations (see supervisor_capacity.rs), so the conversation limit
+/// refuses only while every live agent is busy.
 #[tokio::test(flavor = "multi_thread")]
 async fn conversation_and_queue_limits_refuse_instead_of_growing() {
     let d = deploy(&[
@@ -195,11 +198,12 @@ async fn conversation_and_queue_limits_refuse_instead_of_growing() {
     ])
     .await;
     let mut c = client(&d);
-    for ctx in ["a", "b"] {
-        c.open_conversation(open(ctx, pb::Profile::ReadOnly))
-            .await
-            .unwrap();
-    }
+    // Both conversations busy (one active turn each).
+    let hang = r#"{"steps": [{"type": "sleep", "ms": 3000}]}"#;
+    let mut active = start(&mut c, turn("a", "t1", hang)).await;
+    let _ = active.message().await;
+    let mut other = start(&mut c, turn("b", "t1", hang)).await;
+    let _ = other.message().await;
     let err = c
         .open_conversation(open("c", pb::Profile::ReadOnly))
         .await
@@ -218,9 +222,6 @@ async fn conversation_and_queue_limits_refuse_instead_of_growing() {
         .into_inner();
     assert_eq!(list.conversations.len(), 2, "{list:?}");
     // One active, one queued, the next refused.
-    let hang = r#"{"steps": [{"type": "sleep", "ms": 3000}]}"#;
-    let mut active = start(&mut c, turn("a", "t1", hang)).await;
-    let _ = active.message().await;
     let _queued = start(&mut c, turn("a", "t2", hang)).await;
     let err = c.run_turn(turn("a", "t3", hang)).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");

@@ -14,9 +14,12 @@ use crate::config::{AgentConfig, Network};
 use crate::core::{ConvCore, ConvInfo};
 use crate::shared::Shared;
 
-/// Why an agent could not be started. Every variant is a `startup` fault.
+/// Why an agent could not be started. Every variant but `Capacity` is a `startup` fault.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// No live-agent slot: every live agent is busy (not the agent's fault, nothing started).
+    #[error(transparent)]
+    Capacity(#[from] crate::live::Full),
     #[error("cannot start the agent: {0}")]
     Spawn(String),
     #[error("the agent did not answer {0} within the handshake deadline")]
@@ -29,7 +32,10 @@ pub enum StartError {
 
 impl StartError {
     pub fn class(&self) -> warden_proto::v1::FaultClass {
-        warden_proto::v1::FaultClass::Startup
+        match self {
+            StartError::Capacity(_) => warden_proto::v1::FaultClass::Capacity,
+            _ => warden_proto::v1::FaultClass::Startup,
+        }
     }
 }
 
@@ -56,6 +62,8 @@ impl StderrRing {
 }
 
 pub struct AgentProc {
+    /// This agent's live-agent slot, given back when the agent is dropped (killed, stopped).
+    pub slot: crate::live::LiveSlot,
     pub client: AcpClient,
     pub events: mpsc::UnboundedReceiver<AcpEvent>,
     pub tree: Option<warden_sandbox::ProcessTree>,
@@ -72,6 +80,10 @@ impl AgentProc {
         cfg: &AgentConfig,
         home: Option<&std::path::Path>,
     ) -> Result<AgentProc, StartError> {
+        // A live-agent slot first: at the limit an idle agent is stopped to make room (its kill
+        // takes up to the kill grace).
+        let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
+        let slot = shared.live.acquire(&core.info.context_id, wait).await?;
         let (mut tree, stdin, stdout, stderr) = spawn(shared, &core.info, cfg, home)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
@@ -120,6 +132,7 @@ impl AgentProc {
             }
         };
         Ok(AgentProc {
+            slot,
             client,
             events,
             tree: Some(tree),

@@ -47,6 +47,9 @@ handshake_deadline_ms = 10000
 cancel_grace_ms = 2000
 kill_grace_ms = 2000
 max_conversations = 512
+# Agents alive at once (0 = from the host's memory at ~300 MiB per agent, at most
+# max_conversations). At the limit the least recently used idle agent is stopped first.
+max_live_agents = 0
 max_queued_turns = 64
 fs_read_bytes = 2097152
 
@@ -135,8 +138,13 @@ pub struct Limits {
     pub cancel_grace_ms: u64,
     /// SIGTERM → SIGKILL grace when a tree is killed.
     pub kill_grace_ms: u64,
-    /// Open conversations (each one an agent tree) at most; more are refused.
+    /// Conversations with a live agent at most (idle-stopped ones do not count): the upper
+    /// bound of `max_live_agents`.
     pub max_conversations: usize,
+    /// Agents alive at once; 0 = derived from the host's memory (see `live::default_cap`). At
+    /// the limit the least recently used idle agent is stopped; with every one busy a start is
+    /// refused (RESOURCE_EXHAUSTED / fault `capacity`).
+    pub max_live_agents: usize,
     /// Turns waiting in one conversation's queue at most; more are refused.
     pub max_queued_turns: usize,
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
@@ -157,6 +165,7 @@ impl Default for Limits {
             cancel_grace_ms: 2000,
             kill_grace_ms: 2000,
             max_conversations: 512,
+            max_live_agents: 0,
             max_queued_turns: 64,
             fs_read_bytes: 2 * 1024 * 1024,
         }
@@ -417,6 +426,18 @@ impl Settings {
 
     pub fn limits(&self) -> &Limits {
         &self.file.limits
+    }
+
+    /// The live-agent cap in force: the configured one, or derived from memory, never above
+    /// `max_conversations`.
+    pub fn max_live_agents(&self) -> usize {
+        let l = &self.file.limits;
+        let cap = if l.max_live_agents == 0 {
+            crate::live::default_cap(l.max_conversations)
+        } else {
+            l.max_live_agents
+        };
+        cap.min(l.max_conversations).max(1)
     }
 
     /// The deadline for one Decide for `agent`.

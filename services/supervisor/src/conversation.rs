@@ -105,6 +105,8 @@ impl Conversation {
         });
         let (p, _reset) = conv.start_agent(false).await?;
         *conv.proc_.lock().await = Some(p);
+        // Started, and idle until its first turn.
+        conv.shared.live.set_busy(&conv.core.info.context_id, false);
         let worker = conv.clone();
         tokio::spawn(async move { worker.worker().await });
         Ok(conv)
@@ -440,18 +442,36 @@ impl Conversation {
                     (st.last_activity, st.status == pb::ConversationState::Ready)
                 };
                 let idle = self.shared.settings.limits().idle().filter(|_| running);
+                // At the live-agent limit, another conversation's start may ask this idle agent
+                // to make room.
+                let evict = self
+                    .shared
+                    .live
+                    .evict_token(&self.core.info.context_id)
+                    .filter(|_| running);
                 tokio::select! {
                     _ = self.wake.notified() => {}
                     _ = self.closed.cancelled() => return,
                     _ = sleep_until_idle(idle, since) => self.idle_stop().await,
+                    _ = async {
+                        match &evict {
+                            Some(t) => t.cancelled().await,
+                            None => std::future::pending().await,
+                        }
+                    } => self.idle_stop().await,
                 }
                 continue;
             };
+            // A busy agent is never stopped to make room; an idle one is, least recently used first.
+            self.shared.live.set_busy(&self.core.info.context_id, true);
             self.run_turn(turn.clone()).await;
             {
                 let mut st = self.st();
                 st.active = None;
                 st.last_activity = Instant::now();
+                if st.queue.is_empty() {
+                    self.shared.live.set_busy(&self.core.info.context_id, false);
+                }
             }
             self.remember_finished(turn.id());
         }

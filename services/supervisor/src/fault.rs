@@ -21,6 +21,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::Internal => "internal",
         pb::FaultClass::Rejected => "rejected",
         pb::FaultClass::SupervisorUnavailable => "supervisor",
+        pb::FaultClass::Capacity => "capacity",
     }
 }
 
@@ -73,6 +74,7 @@ mod tests {
             pb::FaultClass::Internal,
             pb::FaultClass::Rejected,
             pb::FaultClass::SupervisorUnavailable,
+            pb::FaultClass::Capacity,
         ];
         let mut names: Vec<&str> = all.iter().map(|c| name(*c)).collect();
         names.sort();

@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, records, fault, policy, translate, mode    leaves
+//   config, records, fault, policy, translate, mode, live   leaves
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
@@ -28,6 +28,7 @@ pub mod config;
 pub mod conversation;
 pub mod core;
 pub mod fault;
+pub mod live;
 pub mod mode;
 pub mod policy;
 pub mod records;

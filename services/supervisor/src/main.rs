@@ -192,6 +192,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         workspaces: warden_sandbox::WorkspacePolicy::from_host(),
         spawner,
         homes,
+        live: warden_supervisor::live::LiveAgents::new(settings.max_live_agents()),
     };
     let sup = Supervisor::new(shared);
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);

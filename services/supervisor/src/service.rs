@@ -125,13 +125,6 @@ impl Supervisor {
         // The one conversion of the wire's profile number (zero = read-only).
         let profile = warden_sandbox::Profile::from_wire(req.profile)
             .ok_or_else(|| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
-        let open_now = self.conversations().await.len();
-        if open_now >= s.limits().max_conversations {
-            return Err(Status::resource_exhausted(format!(
-                "{open_now} conversations are open; the limit is {}",
-                s.limits().max_conversations
-            )));
-        }
         // The conversation's identity (its own uid when a range is configured) before its root
         // and home are made for it; given back at close or when this open fails.
         let ident = self
@@ -259,27 +252,35 @@ impl Supervisor {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, error = %e, "conversation failed to start");
-                let _ = self.shared.records.incident(&crate::records::Incident {
-                    class: crate::fault::name(e.class()).into(),
-                    reason: e.to_string(),
-                    agent: agent_name.to_string(),
-                    verb: req.verb.clone(),
-                    profile: profile.as_str().into(),
-                    budget_secs: 0,
-                    transcript_path: String::new(),
-                    context_label: crate::records::label(&req.context_id),
-                    turn_label: String::new(),
-                    at_unix_ms: crate::records::now_ms(),
+                let capacity = matches!(e, crate::agent::StartError::Capacity(_));
+                // No room is not the agent's fault: no incident, nothing was started.
+                let _ = (!capacity).then(|| {
+                    self.shared.records.incident(&crate::records::Incident {
+                        class: crate::fault::name(e.class()).into(),
+                        reason: e.to_string(),
+                        agent: agent_name.to_string(),
+                        verb: req.verb.clone(),
+                        profile: profile.as_str().into(),
+                        budget_secs: 0,
+                        transcript_path: String::new(),
+                        context_label: crate::records::label(&req.context_id),
+                        turn_label: String::new(),
+                        at_unix_ms: crate::records::now_ms(),
+                    })
                 });
                 // A failed start disposes of what it made: the new, still empty sandbox too.
                 if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
                     tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
                 }
-                return Err(crate::fault::status(
-                    tonic::Code::Unavailable,
-                    e.class(),
-                    format!("startup fault: {e}"),
-                ));
+                return Err(if capacity {
+                    crate::fault::status(tonic::Code::ResourceExhausted, e.class(), e.to_string())
+                } else {
+                    crate::fault::status(
+                        tonic::Code::Unavailable,
+                        e.class(),
+                        format!("startup fault: {e}"),
+                    )
+                });
             }
         };
         if let Some(ids) = self
@@ -367,6 +368,14 @@ impl Supervisor {
     fn status(&self, count: usize) -> pb::StatusResponse {
         let mut details = HashMap::new();
         details.insert("conversations".to_string(), count.to_string());
+        details.insert(
+            "live_agents".to_string(),
+            self.shared.live.live().to_string(),
+        );
+        details.insert(
+            "max_live_agents".to_string(),
+            self.shared.live.cap().to_string(),
+        );
         details.insert(
             "policy_failures".to_string(),
             self.shared.policy.failures().to_string(),

@@ -5,6 +5,7 @@
 //! them in the crate's layers).
 
 use crate::config::Settings;
+use crate::live::LiveAgents;
 use crate::policy::PolicyClient;
 use crate::records::Records;
 
@@ -19,4 +20,6 @@ pub struct Shared {
     pub depth: warden_sandbox::DepthGuard,
     /// Per-conversation agent homes (fresh copies of each agent's template).
     pub homes: warden_sandbox::AgentHomes,
+    /// The live-agent slots (limits.max_live_agents).
+    pub live: LiveAgents,
 }
