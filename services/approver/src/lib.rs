@@ -15,6 +15,7 @@
 pub mod config;
 pub mod queue;
 pub mod service;
+pub mod web;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,8 @@ pub enum RunError {
     Rules(String),
     #[error("listener: {0}")]
     Listener(#[from] ListenerError),
+    #[error("web page: {0}")]
+    Web(#[from] web::WebError),
     #[error(transparent)]
     Serve(#[from] ServeError),
 }
@@ -65,6 +68,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
     let admin = warden_daemon::listener::bind("admin", &cfg.admin, &cfg.daemon.state_dir).await?;
+    let web_listener = if cfg.web.bind.is_empty() {
+        None
+    } else {
+        Some(web::bind(&cfg).await?)
+    };
     let mut server = Server::new(
         "warden-approver",
         Duration::from_millis(cfg.daemon.shutdown_grace_ms),
@@ -81,7 +89,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         Routes::new(ApprovalServiceServer::new(ApprovalApi(state.clone())))
             .add_service(AdminServiceServer::new(AdminApi(state.clone()))),
     );
-    state.set_listeners(server.listeners());
+    let mut listeners = server.listeners();
+    if let Some(l) = web_listener {
+        listeners.push(l.describe());
+        l.serve(state.clone(), server.shutdown_token());
+    }
+    state.set_listeners(listeners);
     tracing::info!(
         upstream = %state.config.upstream_socket().map(|p| p.display().to_string()).unwrap_or_default(),
         approval_deadline_ms = state.config.approval.deadline_ms,
