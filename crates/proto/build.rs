@@ -6,8 +6,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: build scripts are single-threaded; setting PROTOC before codegen is the documented way.
     unsafe { std::env::set_var("PROTOC", protoc) };
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
-    let files =
-        ["policy.proto", "admin.proto", "supervisor.proto"].map(|f| root.join("warden/v1").join(f));
+    let files = [
+        "policy.proto",
+        "admin.proto",
+        "supervisor.proto",
+        "approver.proto",
+    ]
+    .map(|f| root.join("warden/v1").join(f));
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }

@@ -113,6 +113,11 @@ pub struct Options {
     pub sets: Vec<(String, String)>,
     /// Inherit the daemons' stderr into the test output (noisy; default off unless WARDEN_TEST_LOGS=1).
     pub show_logs: bool,
+    /// Flags as `warden up --approver` gives them: the supervisor asks warden-approver, which
+    /// chains to the policy (started with `decide.return_escalations = true`).
+    pub approver: bool,
+    /// The approver's web page address (`--approver-http`); empty = no page.
+    pub approver_http: String,
 }
 
 /// A state directory and the daemons started on it.
@@ -170,7 +175,7 @@ impl Deployment {
                 .unwrap_or_else(|e| panic!("chmod {}: {e}", dir.path().display()));
         }
         let layout = Layout::new(dir.path());
-        for d in ["run", "policy", "supervisor", "gateway"] {
+        for d in ["run", "policy", "approver", "supervisor", "gateway"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap_or_else(|e| panic!("mkdir: {e}"));
         }
         let http = format!("127.0.0.1:{}", free_port());
@@ -183,13 +188,26 @@ impl Deployment {
         }
     }
 
-    /// Starts all three daemons in order and waits until each is healthy.
+    /// Starts all daemons in order (four with `Options::approver`) and waits until each is healthy.
     pub async fn up(opts: Options) -> Self {
         let mut d = Self::new(opts);
-        for name in ["policy", "supervisor", "gateway"] {
+        for name in d.plan().daemons() {
             d.start(name).await;
         }
         d
+    }
+
+    /// What `warden up` would be given for this deployment.
+    pub fn plan(&self) -> warden_cli::up::UpOptions {
+        warden_cli::up::UpOptions {
+            layout: self.layout.clone(),
+            bin_dir: bin_dir(),
+            http: self.http.clone(),
+            log_format: "human".into(),
+            start_timeout: Duration::from_secs(10),
+            approver: self.opts.approver,
+            approver_http: self.opts.approver_http.clone(),
+        }
     }
 
     /// Starts one daemon (as `warden up` would) and waits for its health (10 s).
@@ -208,14 +226,7 @@ impl Deployment {
 
     /// Spawns a daemon with the deployment's flags plus `extra` arguments, without waiting.
     pub fn spawn(&self, name: &str, extra: &[&str]) -> Child {
-        let plan = warden_cli::up::UpOptions {
-            layout: self.layout.clone(),
-            bin_dir: bin_dir(),
-            http: self.http.clone(),
-            log_format: "human".into(),
-            start_timeout: Duration::from_secs(10),
-        };
-        let mut args = warden_cli::up::daemon_args(name, &plan);
+        let mut args = warden_cli::up::daemon_args(name, &self.plan());
         for (d, kv) in &self.opts.sets {
             if d == name {
                 args.push("--set".into());

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::Value;
 use warden_e2e::{binary, test_root};
 
-const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
+const DAEMONS: [&str; 4] = ["policy", "supervisor", "gateway", "approver"];
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -107,6 +107,7 @@ fn a_misspelt_key_in_an_example_fails_naming_the_key() {
         ("policy", "max_locations = ", "max_locatoins = "),
         ("supervisor", "output_bytes = ", "output_bytse = "),
         ("gateway", "max_body_bytes = ", "max_body_byets = "),
+        ("approver", "max_pending = ", "max_pendnig = "),
     ];
     let dir = tempfile::Builder::new()
         .prefix("deploy-configs-")
@@ -254,11 +255,13 @@ fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
     let policy = parsed(&example("policy"));
     let supervisor = parsed(&example("supervisor"));
     let gateway = parsed(&example("gateway"));
+    let approver = parsed(&example("approver"));
 
     for (daemon, cfg) in [
         ("policy", &policy),
         ("supervisor", &supervisor),
         ("gateway", &gateway),
+        ("approver", &approver),
     ] {
         let state = s(cfg, "/daemon/state_dir");
         assert_eq!(state, format!("/var/lib/warden/{daemon}"));
@@ -284,10 +287,43 @@ fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
         }
     }
 
-    // Only the supervisor may call Decide: by uid, through a group it is a member of.
+    // Only the supervisor may call Decide (and the approver, asking on its behalf once swapped
+    // in): by uid, through a group it is a member of.
     assert_eq!(
         ids(&policy, "/listen/allow_uids"),
+        vec![uid("warden-supervisor"), uid("warden-approver")]
+    );
+    assert!(
+        users
+            .members
+            .contains(&("warden-approver".into(), "warden-policy-clients".into()))
+    );
+    assert_eq!(
+        s(&approver, "/upstream/socket"),
+        s(&policy, "/listen/socket")
+    );
+    // The approver's Decide: the supervisor only; its answers: the operators only.
+    assert_eq!(
+        ids(&approver, "/listen/allow_uids"),
         vec![uid("warden-supervisor")]
+    );
+    assert!(ids(&approver, "/listen/allow_gids").is_empty());
+    assert_eq!(s(&approver, "/listen/group"), "warden-approver-clients");
+    assert_eq!(
+        dirs["/run/warden/approver"].group,
+        "warden-approver-clients"
+    );
+    assert!(
+        users
+            .members
+            .contains(&("warden-supervisor".into(), "warden-approver-clients".into()))
+    );
+    assert!(
+        acls.contains(&(
+            "/run/warden/approver".into(),
+            "group:warden-operators:--x".into()
+        )),
+        "{acls:?}"
     );
     assert!(ids(&policy, "/listen/allow_gids").is_empty());
     assert_eq!(s(&policy, "/listen/group"), "warden-policy-clients");
@@ -324,14 +360,23 @@ fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
     );
 
     // Operators on the admin sockets, and nobody's daemon uid sneaks onto them.
-    for (cfg, l) in [(&policy, "/admin"), (&gateway, "/listen")] {
+    for (cfg, l) in [
+        (&policy, "/admin"),
+        (&gateway, "/listen"),
+        (&approver, "/admin"),
+    ] {
         assert_eq!(s(cfg, &format!("{l}/group")), "warden-operators");
         assert_eq!(
             ids(cfg, &format!("{l}/allow_gids")),
             vec![gid("warden-operators")]
         );
         let uids = ids(cfg, &format!("{l}/allow_uids"));
-        for daemon_user in ["warden-policy", "warden-supervisor", "warden-gateway"] {
+        for daemon_user in [
+            "warden-policy",
+            "warden-supervisor",
+            "warden-gateway",
+            "warden-approver",
+        ] {
             assert!(!uids.contains(&uid(daemon_user)), "{daemon_user} on {l}");
         }
     }

@@ -326,3 +326,94 @@ async fn one_task_id_follows_a_request_through_all_three_daemons_json_logs() {
         );
     }
 }
+
+#[tokio::test]
+async fn warden_up_with_approver_runs_four_daemons_and_a_write_waits_for_a_person() {
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().to_string_lossy().to_string();
+    let args: Vec<String> = [
+        "--state-dir",
+        &state,
+        "up",
+        "--approver",
+        "--approver-http",
+        "",
+        "--http",
+        &d.http,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut up = spawn_group(&binary("warden"), &args, false);
+    assert!(
+        wait_until_status_healthy(&state, &mut up, Duration::from_secs(20)).await,
+        "warden status never reported all healthy"
+    );
+    let mut st = tokio::process::Command::new(binary("warden"));
+    st.args(["--state-dir", &state, "status"]);
+    let out = run_with_deadline(&mut st, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("warden-approver") && shown.contains("healthy"),
+        "{shown}"
+    );
+    assert_eq!(pids_with_arg(&state).len(), 4, "four daemon processes");
+
+    // The demo policy under --approver lets reads pass and puts the write in front of a person.
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "write hello.txt"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let send = send.spawn().unwrap();
+    let id = {
+        let start = Instant::now();
+        loop {
+            let mut ls = tokio::process::Command::new(binary("warden"));
+            ls.args(["--state-dir", &state, "approvals", "list"]);
+            let out = run_with_deadline(&mut ls, Duration::from_secs(10))
+                .await
+                .unwrap();
+            let listed = String::from_utf8_lossy(&out.stdout).to_string();
+            if let Some(l) = listed.lines().find(|l| l.contains("PENDING")) {
+                break l.split_whitespace().next().unwrap_or_default().to_string();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "nothing pending: {listed}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let mut ok = tokio::process::Command::new(binary("warden"));
+    ok.args(["--state-dir", &state, "approvals", "approve", &id]);
+    let out = run_with_deadline(&mut ok, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = tokio::time::timeout(Duration::from_secs(60), send.wait_with_output())
+        .await
+        .expect("warden send finishes")
+        .unwrap();
+    let shown = String::from_utf8_lossy(&sent.stdout).to_string();
+    assert_eq!(sent.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("approval.approved"), "{shown}");
+
+    let pid = nix::unistd::Pid::from_raw(up.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait())
+        .await
+        .expect("warden up exits after Ctrl-C")
+        .unwrap();
+    assert!(status.success(), "warden up exited with {status}");
+    assert!(
+        pids_with_arg(&state).is_empty(),
+        "daemon processes left behind"
+    );
+}

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 /// The three daemons, in start order.
 pub const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
 
+/// The four daemons of `warden up --approver`, in start order (the approver chains to the
+/// policy, the supervisor asks the approver).
+pub const DAEMONS_WITH_APPROVER: [&str; 4] = ["policy", "approver", "supervisor", "gateway"];
+
 /// Paths of one state directory.
 #[derive(Debug, Clone)]
 pub struct Layout {
@@ -50,6 +54,16 @@ impl Layout {
     /// The policy service's admin (audit, reload) socket.
     pub fn policy_admin_socket(&self) -> PathBuf {
         self.run_dir().join("policy-admin.sock")
+    }
+
+    /// The approver's admin socket (`warden approvals`).
+    pub fn approver_admin_socket(&self) -> PathBuf {
+        self.run_dir().join("approver-admin.sock")
+    }
+
+    /// The operator token `warden up --approver` generates for the web page (`operator TOKEN`).
+    pub fn operator_token_file(&self) -> PathBuf {
+        self.state_of("approver").join("operator-tokens")
     }
 
     /// The caller token `warden up` generates when none is configured.

@@ -4,6 +4,7 @@
 //! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
 //! everything goes through the daemons' public interfaces.
 
+pub mod approvals;
 pub mod audit;
 pub mod client;
 pub mod layout;

@@ -2,7 +2,7 @@
 //!
 //! Owns: argument parsing and exit codes; the work lives in the `warden_cli` library.
 
-use warden_cli::{audit, layout, status, up};
+use warden_cli::{approvals, audit, layout, status, up};
 
 mod send;
 
@@ -28,8 +28,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Start warden-policy, warden-supervisor and warden-gateway as separate processes.
+    /// Start warden-policy, warden-supervisor and warden-gateway as separate processes (and
+    /// warden-approver between the supervisor and the policy with --approver).
     Up {
+        /// Also run warden-approver: what the policy escalates waits for a person
+        /// (`warden approvals`, or the web page).
+        #[arg(long)]
+        approver: bool,
+        /// Where the approver serves its web page (with --approver; "" = no page).
+        #[arg(long, default_value = "127.0.0.1:7421")]
+        approver_http: String,
         /// Where the gateway serves A2A over HTTP.
         #[arg(long, default_value = "127.0.0.1:7420")]
         http: String,
@@ -61,11 +69,48 @@ enum Command {
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
     /// landlock) and what warden falls back to where one is missing.
     Doctor,
+    /// Answer what the policy escalated (warden-approver's admin socket; your uid is recorded).
+    #[command(
+        after_help = "Exit codes: 0 done, 1 error, 3 no such request, 4 someone answered first."
+    )]
+    Approvals {
+        #[command(subcommand)]
+        what: ApprovalsCommand,
+    },
     /// Read the policy service's audit log.
     Audit {
         #[command(subcommand)]
         what: AuditCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ApprovalsCommand {
+    /// Pending requests, newest first.
+    List,
+    /// One request in full: tool, locations, boundary, why it escalated, the raw input.
+    Show { id: String },
+    /// Allow the request once (never "always").
+    Approve {
+        id: String,
+        /// Why (recorded, and shown to the caller).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Refuse the request; the reason travels back to the caller.
+    Deny {
+        id: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Recently decided requests, newest first (who answered, how long it took, why).
+    History {
+        #[arg(short = 'n', long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Stream requests as they arrive; on a terminal, answer with a key: a = approve the
+    /// selected one, d = deny it (asks for a reason), n = select the next, q = quit.
+    Watch,
 }
 
 #[derive(Debug, Subcommand)]
@@ -96,6 +141,8 @@ async fn main() -> ExitCode {
     let layout = layout::resolve(cli.state_dir.as_deref());
     match cli.command {
         Command::Up {
+            approver,
+            approver_http,
             http,
             bin_dir,
             log_format,
@@ -107,12 +154,40 @@ async fn main() -> ExitCode {
                 http,
                 log_format,
                 start_timeout: Duration::from_secs(start_timeout),
+                approver,
+                approver_http,
             };
             match up::run(opts).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warden up: {e}");
                     ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Approvals { what } => {
+            let socket = layout.approver_admin_socket();
+            let result = match what {
+                ApprovalsCommand::List => approvals::list(&socket, false, 0).await,
+                ApprovalsCommand::History { limit } => approvals::list(&socket, true, limit).await,
+                ApprovalsCommand::Show { id } => approvals::show(&socket, &id).await,
+                ApprovalsCommand::Approve { id, reason } => {
+                    approvals::answer(&socket, &id, warden_proto::v1::Verdict::Allow, &reason)
+                        .await
+                        .map(|a| println!("{}", approvals::line(&a)))
+                }
+                ApprovalsCommand::Deny { id, reason } => {
+                    approvals::answer(&socket, &id, warden_proto::v1::Verdict::Deny, &reason)
+                        .await
+                        .map(|a| println!("{}", approvals::line(&a)))
+                }
+                ApprovalsCommand::Watch => approvals::watch(&socket).await,
+            };
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("warden approvals: {e}");
+                    ExitCode::from(e.exit_code())
                 }
             }
         }
@@ -171,6 +246,7 @@ async fn main() -> ExitCode {
             println!("binaries in {}:", bins.display());
             for b in [
                 "warden-policy",
+                "warden-approver",
                 "warden-supervisor",
                 "warden-gateway",
                 "warden-scripted-agent",

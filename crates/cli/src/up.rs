@@ -1,7 +1,8 @@
-//! `warden up`: the three daemons as separate child processes on one state directory.
+//! `warden up`: the three daemons (four with `--approver`) as separate child processes on one
+//! state directory.
 //!
 //! Each daemon gets its own process group, so a Ctrl-C reaches only `up`, which then stops them in
-//! reverse start order (gateway, supervisor, policy). `PR_SET_PDEATHSIG` makes the kernel kill them
+//! reverse start order (gateway, supervisor, [approver,] policy). `PR_SET_PDEATHSIG` makes the kernel kill them
 //! if `up` itself is killed, so no daemon outlives it.
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::layout::{DAEMONS, Layout};
+use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -58,6 +59,25 @@ pub struct UpOptions {
     pub http: String,
     pub log_format: String,
     pub start_timeout: Duration,
+    /// Run warden-approver between the supervisor and the policy (`warden up --approver`).
+    pub approver: bool,
+    /// Where the approver serves its web page (`--approver-http`); empty = no page.
+    pub approver_http: String,
+}
+
+/// How long a person has under `warden up --approver` (the approver's `approval.deadline_ms` and
+/// the supervisor's `policy.decide_deadline_ms`, which must be at least as long).
+pub const APPROVAL_DEADLINE_MS: u64 = 300_000;
+
+impl UpOptions {
+    /// The daemons this deployment runs, in start order.
+    pub fn daemons(&self) -> &'static [&'static str] {
+        if self.approver {
+            &DAEMONS_WITH_APPROVER
+        } else {
+            &DAEMONS
+        }
+    }
 }
 
 struct Running {
@@ -74,14 +94,44 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
         format!("listen.socket={}", toml_str(&l.socket_of(name))),
     ];
     match name {
-        "policy" => sets.push(format!(
-            "admin.socket={}",
-            toml_str(&l.policy_admin_socket())
-        )),
-        "supervisor" => sets.push(format!(
-            "policy.socket={}",
-            toml_str(&l.socket_of("policy"))
-        )),
+        "policy" => {
+            sets.push(format!(
+                "admin.socket={}",
+                toml_str(&l.policy_admin_socket())
+            ));
+            if o.approver {
+                // The approver asks first and holds what this escalates; the local demo lets
+                // reads pass and puts every other call the floor allows in front of a person.
+                sets.push("decide.return_escalations=true".into());
+                sets.push("policy.global.mode=\"approve-reads\"".into());
+            }
+        }
+        "approver" => {
+            sets.push(format!(
+                "admin.socket={}",
+                toml_str(&l.approver_admin_socket())
+            ));
+            sets.push(format!(
+                "upstream.socket={}",
+                toml_str(&l.socket_of("policy"))
+            ));
+            sets.push(format!("approval.deadline_ms={APPROVAL_DEADLINE_MS}"));
+            sets.push(format!(
+                "web.bind={}",
+                toml_str(Path::new(&o.approver_http))
+            ));
+            sets.push(format!(
+                "web.token_file={}",
+                toml_str(&l.operator_token_file())
+            ));
+        }
+        "supervisor" => {
+            let to = if o.approver { "approver" } else { "policy" };
+            sets.push(format!("policy.socket={}", toml_str(&l.socket_of(to))));
+            if o.approver {
+                sets.push(format!("policy.decide_deadline_ms={APPROVAL_DEADLINE_MS}"));
+            }
+        }
         "gateway" => {
             sets.push(format!(
                 "supervisor.socket={}",
@@ -131,6 +181,16 @@ fn make_dir(path: &Path) -> Result<(), UpError> {
 
 /// Writes a fresh random token (mode 0600) unless one exists.
 fn ensure_token(path: &Path) -> Result<bool, UpError> {
+    write_secret(path, "")
+}
+
+/// Writes `operator <random token>` (mode 0600) unless the file exists: the web page's login.
+fn ensure_operator_token(path: &Path) -> Result<bool, UpError> {
+    write_secret(path, "operator ")
+}
+
+/// Writes `<prefix><32 random bytes in hex>` to a new file of mode 0600; false when it exists.
+fn write_secret(path: &Path, prefix: &str) -> Result<bool, UpError> {
     if path.exists() {
         return Ok(false);
     }
@@ -150,7 +210,8 @@ fn ensure_token(path: &Path) -> Result<bool, UpError> {
         .mode(0o600)
         .open(path)
         .map_err(err)?;
-    f.write_all(format!("{token}\n").as_bytes()).map_err(err)?;
+    f.write_all(format!("{prefix}{token}\n").as_bytes())
+        .map_err(err)?;
     Ok(true)
 }
 
@@ -282,13 +343,16 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         )?;
     }
     make_dir(&l.run_dir())?;
-    for d in DAEMONS {
+    for d in o.daemons() {
         make_dir(&l.state_of(d))?;
         if warden_daemon::client::healthy(&l.socket_of(d)).await {
             return Err(UpError::AlreadyRunning(l.root.clone()));
         }
     }
     let new_token = ensure_token(&l.token_file())?;
+    if o.approver && !o.approver_http.is_empty() {
+        ensure_operator_token(&l.operator_token_file())?;
+    }
     // Written before the daemons start, so that once `warden status` reports all healthy,
     // `warden send` can already find the gateway.
     let _ = std::fs::write(l.url_file(), format!("http://{}\n", o.http));
@@ -296,7 +360,7 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     let mut term = signal(SignalKind::terminate()).map_err(UpError::Signal)?;
 
     let mut running: Vec<Running> = Vec::new();
-    for name in DAEMONS {
+    for name in o.daemons().iter().copied() {
         let started = spawn(name, &o).map(|r| running.push(r));
         let health = match started {
             Ok(()) => match running.last_mut() {
@@ -329,6 +393,18 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         l.token_file().display(),
         if new_token { " (new)" } else { "" }
     );
+    if o.approver {
+        println!(
+            "  approvals           warden approvals watch   (or list / approve ID / deny ID --reason ...)"
+        );
+        if !o.approver_http.is_empty() {
+            println!(
+                "  approval page       http://{}/  (operator token: last word of {})",
+                o.approver_http,
+                l.operator_token_file().display()
+            );
+        }
+    }
     println!("Try: warden send \"write hello.txt\"    Stop: Ctrl-C");
 
     let died = loop {

@@ -5,7 +5,7 @@
 //! that the services share at the wire level.
 #![forbid(unsafe_code)]
 
-/// `warden.v1`: PolicyService, SupervisorService, AdminService and their messages.
+/// `warden.v1`: PolicyService, SupervisorService, AdminService, ApprovalService and their messages.
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("warden.v1");

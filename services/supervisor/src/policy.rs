@@ -31,6 +31,9 @@ pub struct Decided {
 /// The default of `policy.answer_grace_ms`.
 pub const DEFAULT_ANSWER_GRACE_MS: u64 = 500;
 
+/// The pause between attempts while the policy service is unavailable.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// How many recent latencies are kept for the status figures.
 const LATENCY_RING: usize = 10_000;
 
@@ -140,9 +143,27 @@ impl PolicyClient {
         let subject = req.subject.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
         let mut client = self.client.clone();
-        let mut r = tonic::Request::new(req);
-        r.set_timeout(wait);
-        let res = tokio::time::timeout(wait, client.decide(r)).await;
+        // UNAVAILABLE (nothing listening, a broken connection, an approver restarting) is retried
+        // with the same request id until the deadline: an approver that restarts while a person
+        // has not answered yet finds the held request again by its id. Anything else, and the
+        // deadline itself, end the call.
+        let res = tokio::time::timeout(wait, async {
+            loop {
+                let mut r = tonic::Request::new(req.clone());
+                r.set_timeout(wait.saturating_sub(started.elapsed()));
+                match client.decide(r).await {
+                    Err(status)
+                        if status.code() == tonic::Code::Unavailable
+                            && started.elapsed() + RETRY_PAUSE < deadline =>
+                    {
+                        tracing::debug!(request_id = %request_id, error = %status.message(), "policy unavailable; retrying");
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                    other => return other,
+                }
+            }
+        })
+        .await;
         let latency = started.elapsed();
         let why = match res {
             Err(_) => format!(

@@ -26,7 +26,7 @@ async fn deploy_daemons(sets: &[(&str, &str)], daemons: &[&str]) -> Deployment {
             .iter()
             .map(|(d, kv)| (d.to_string(), kv.to_string()))
             .collect(),
-        show_logs: false,
+        ..Default::default()
     };
     let mut d = Deployment::new(opts);
     for name in daemons {

@@ -1,0 +1,245 @@
+//! warden-approver's configuration: the shared `[daemon]` section, the Decide listener (the
+//! supervisor), the admin listener (operators), the upstream policy, the approval deadlines and the
+//! web page.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use warden_daemon::config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig, Origin};
+use warden_policy::config::DecideSection;
+
+/// The embedded default: chained to a warden-policy next to it, five minutes for a person.
+pub const EMBEDDED: &str = r#"
+[daemon]
+state_dir = "/var/lib/warden/approver"
+
+# PolicyService.Decide: only the supervisor's uid/gid (empty = this daemon's own uid).
+[listen]
+socket = "approver.sock"
+
+# ApprovalService (list, show, answer, watch, history) and AdminService.Status: operators.
+[admin]
+socket = "approver-admin.sock"
+
+[upstream]
+socket = "/run/warden/policy.sock"
+deadline_ms = 2000
+
+[approval]
+deadline_ms = 300000
+max_pending = 1024
+history = 1000
+
+[web]
+bind = ""
+token_file = "operator-tokens"
+session_ttl_secs = 43200
+"#;
+
+/// The environment prefix for overrides (`WARDEN_APPROVER__APPROVAL__DEADLINE_MS=60000`).
+pub const ENV_PREFIX: &str = "WARDEN_APPROVER";
+
+/// The policy asked first. Its ALLOW and DENY pass through; only its ESCALATE waits for a person.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// warden-policy's Decide socket (configured with `decide.return_escalations = true`).
+    /// Empty: no upstream; the approver applies the boundary floor itself and every mutating
+    /// call the floor does not refuse waits for a person.
+    #[serde(default)]
+    pub socket: PathBuf,
+    /// How long the upstream may take (cut to the caller's own deadline when that is sooner).
+    #[serde(default = "default_upstream_deadline")]
+    pub deadline_ms: u64,
+}
+
+fn default_upstream_deadline() -> u64 {
+    2000
+}
+
+/// One agent's approval settings.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentApproval {
+    pub deadline_ms: u64,
+}
+
+/// How long people have, and how much is kept.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSection {
+    /// A request nobody answers within this is denied (`approval.no-response`). The caller's own
+    /// deadline (`decide_deadline_ms` of the supervisor) ends it sooner when it is shorter.
+    pub deadline_ms: u64,
+    /// Per agent name (`[approval.agents.claude] deadline_ms = 600000`).
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentApproval>,
+    /// Most requests held at once; beyond it a new escalation is denied (`approval.queue-full`).
+    #[serde(default = "default_max_pending")]
+    pub max_pending: usize,
+    /// Decided requests kept for `history` (older ones are dropped).
+    #[serde(default = "default_history")]
+    pub history: usize,
+}
+
+fn default_max_pending() -> usize {
+    1024
+}
+fn default_history() -> usize {
+    1000
+}
+
+impl ApprovalSection {
+    /// The deadline for requests of `agent`.
+    pub fn deadline_for(&self, agent: &str) -> u64 {
+        self.agents
+            .get(agent)
+            .map(|a| a.deadline_ms)
+            .unwrap_or(self.deadline_ms)
+    }
+}
+
+/// The operators' web page.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WebSection {
+    /// `127.0.0.1:7421`; empty = no web page. TLS is left to a reverse proxy.
+    #[serde(default)]
+    pub bind: String,
+    /// Operator tokens, one `principal token` pair per line (relative to the state directory).
+    #[serde(default = "default_token_file")]
+    pub token_file: PathBuf,
+    /// A login lasts this long.
+    #[serde(default = "default_session_ttl")]
+    pub session_ttl_secs: u64,
+}
+
+fn default_token_file() -> PathBuf {
+    PathBuf::from("operator-tokens")
+}
+fn default_session_ttl() -> u64 {
+    12 * 3600
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub daemon: DaemonSection,
+    pub listen: ListenerConfig,
+    pub admin: ListenerConfig,
+    pub upstream: UpstreamSection,
+    pub approval: ApprovalSection,
+    /// Request limits of the approver's own floor check (used without an upstream).
+    #[serde(default)]
+    pub decide: DecideSection,
+    pub web: WebSection,
+}
+
+impl Config {
+    /// The upstream socket, relative paths resolved against the state directory; `None` when unset.
+    pub fn upstream_socket(&self) -> Option<PathBuf> {
+        let p = &self.upstream.socket;
+        if p.as_os_str().is_empty() {
+            None
+        } else if p.is_absolute() {
+            Some(p.clone())
+        } else {
+            Some(self.daemon.state_dir.join(p))
+        }
+    }
+
+    /// The token file, relative paths resolved against the state directory.
+    pub fn token_file(&self) -> PathBuf {
+        if self.web.token_file.is_absolute() {
+            self.web.token_file.clone()
+        } else {
+            self.daemon.state_dir.join(&self.web.token_file)
+        }
+    }
+}
+
+/// Loads and validates (file → environment → `--set`).
+pub fn load(file: Option<&Path>, sets: &[String]) -> Result<LoadedConfig<Config>, ConfigError> {
+    let loaded: LoadedConfig<Config> =
+        warden_daemon::config::load(file, EMBEDDED, ENV_PREFIX, sets)?;
+    validate(&loaded.value, &loaded.origin)?;
+    Ok(loaded)
+}
+
+fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
+    c.daemon.validate(origin)?;
+    c.listen.validate(origin, "listen")?;
+    c.admin.validate(origin, "admin")?;
+    if c.listen.socket.is_some() && c.listen.socket == c.admin.socket {
+        return Err(ConfigError::invalid(
+            origin,
+            "admin.socket",
+            "must differ from listen.socket: people answer on the admin socket, the supervisor asks on listen",
+        ));
+    }
+    // Zero values deny: a zero deadline would deny everything at once, which is never meant.
+    let mut positive: Vec<(String, u64)> = vec![
+        ("approval.deadline_ms".into(), c.approval.deadline_ms),
+        ("upstream.deadline_ms".into(), c.upstream.deadline_ms),
+        ("approval.max_pending".into(), c.approval.max_pending as u64),
+        ("approval.history".into(), c.approval.history as u64),
+        ("web.session_ttl_secs".into(), c.web.session_ttl_secs),
+    ];
+    for (name, a) in &c.approval.agents {
+        positive.push((format!("approval.agents.{name}.deadline_ms"), a.deadline_ms));
+    }
+    for (key, v) in positive {
+        if v == 0 {
+            return Err(ConfigError::invalid(origin, &key, "must be at least 1"));
+        }
+    }
+    if !c.web.bind.is_empty() && c.web.bind.parse::<std::net::SocketAddr>().is_err() {
+        return Err(ConfigError::invalid(
+            origin,
+            "web.bind",
+            format!("{:?} is not an address like 127.0.0.1:7421", c.web.bind),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_sets(sets: &[&str]) -> Result<Config, ConfigError> {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        load(None, &sets).map(|l| l.value)
+    }
+
+    #[test]
+    fn per_agent_deadlines_and_zero_values_name_their_key() {
+        let c = match load_sets(&["approval.agents.claude.deadline_ms=600000"]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(c.approval.deadline_for("claude"), 600_000);
+        assert_eq!(c.approval.deadline_for("codex"), 300_000);
+        for (set, key) in [
+            ("approval.deadline_ms=0", "approval.deadline_ms"),
+            (
+                "approval.agents.codex.deadline_ms=0",
+                "approval.agents.codex.deadline_ms",
+            ),
+            ("web.bind=\"localhost\"", "web.bind"),
+            ("approval.deadlin_ms=5", "approval"),
+        ] {
+            match load_sets(&[set]) {
+                Ok(_) => panic!("{set} was accepted"),
+                Err(e) => assert!(e.to_string().contains(key), "{set}: {e}"),
+            }
+        }
+        let none = match load_sets(&["upstream.socket=\"\""]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(none.upstream_socket(), None);
+    }
+}

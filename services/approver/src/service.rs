@@ -1,0 +1,630 @@
+//! The services over one shared state: `PolicyService.Decide` for the supervisor (chain to the
+//! upstream, hold what it escalates), `ApprovalService` and `AdminService.Status` for operators.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use warden_containment::RealFs;
+use warden_proto::v1 as pb;
+use warden_proto::v1::admin_service_server::AdminService;
+use warden_proto::v1::approval_service_server::ApprovalService;
+use warden_proto::v1::policy_service_client::PolicyServiceClient;
+use warden_proto::v1::policy_service_server::PolicyService;
+use warden_rules::{AgentHomes, Engine, Mode, PolicyConfig, RootCheck, ScopePolicy};
+
+use crate::config::Config;
+use crate::queue::{Queue, QueueError, Resolution, ResolveError, now_ms};
+
+/// Rules the approver answers with.
+pub mod rule {
+    pub const APPROVED: &str = "approval.approved";
+    pub const DENIED: &str = "approval.denied";
+    pub const NO_RESPONSE: &str = "approval.no-response";
+    pub const REVOKED: &str = "approval.revoked";
+    pub const EXPIRED: &str = "approval.expired";
+    pub const QUEUE_FULL: &str = "approval.queue-full";
+    pub const REQUEST_MISMATCH: &str = "approval.request-mismatch";
+    pub const UNAVAILABLE: &str = "approval.unavailable";
+}
+
+/// Where decisions come from before a person is asked.
+enum First {
+    /// warden-policy with `return_escalations = true`.
+    Upstream(PolicyServiceClient<Channel>),
+    /// No upstream: the boundary floor here, then every mutating call escalates
+    /// (`approve-reads`: read, search and think pass).
+    Local(Box<Engine>),
+}
+
+/// State shared by every service.
+pub struct ApproverState {
+    pub config: Config,
+    pub queue: Queue,
+    first: First,
+    started: Instant,
+    shutdown: CancellationToken,
+    listeners: std::sync::RwLock<Vec<String>>,
+}
+
+impl ApproverState {
+    pub fn new(config: Config, queue: Queue, shutdown: CancellationToken) -> Result<Self, String> {
+        let first = match config.upstream_socket() {
+            Some(p) => First::Upstream(PolicyServiceClient::new(
+                warden_daemon::client::unix_channel(&p),
+            )),
+            None => {
+                let policy = PolicyConfig {
+                    global: ScopePolicy {
+                        mode: Some(Mode::ApproveReads),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                };
+                let engine = Engine::new(policy)
+                    .map_err(|e| e.to_string())?
+                    .with_root_check(RootCheck::new(&AgentHomes::from_host(), &RealFs));
+                First::Local(Box::new(engine))
+            }
+        };
+        Ok(Self {
+            config,
+            queue,
+            first,
+            started: Instant::now(),
+            shutdown,
+            listeners: Default::default(),
+        })
+    }
+
+    pub fn set_listeners(&self, l: Vec<String>) {
+        if let Ok(mut g) = self.listeners.write() {
+            *g = l;
+        }
+    }
+
+    /// Marks a request found pending at start-up: expired when its deadline is gone, otherwise
+    /// held until its deadline (its caller may come back with the same request id).
+    pub fn recover(self: &Arc<Self>, pending: Vec<pb::Approval>) {
+        for a in pending {
+            if a.deadline_unix_ms <= now_ms() {
+                let r = self.queue.resolve(
+                    &a.id,
+                    Resolution {
+                        state: pb::ApprovalState::Expired,
+                        by: "warden-approver".into(),
+                        reason: "the approver restarted after the request's deadline; nobody answered it".into(),
+                        rule: rule::EXPIRED,
+                    },
+                );
+                if let Err(e) = r {
+                    tracing::warn!(decision_id = %a.id, error = %e, "cannot expire a stale request");
+                }
+            } else {
+                tracing::info!(decision_id = %a.id, "pending request kept across the restart");
+                self.arm_deadline(&a);
+            }
+        }
+    }
+
+    /// At the request's deadline, nobody having answered: DENY `approval.no-response`.
+    fn arm_deadline(self: &Arc<Self>, a: &pb::Approval) {
+        let me = self.clone();
+        let id = a.id.clone();
+        let wait = Duration::from_millis(a.deadline_unix_ms.saturating_sub(now_ms()));
+        let secs = a.deadline_unix_ms.saturating_sub(a.created_unix_ms) as f64 / 1000.0;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = me.shutdown.cancelled() => return,
+            }
+            match me.queue.resolve(
+                &id,
+                Resolution {
+                    state: pb::ApprovalState::NoResponse,
+                    by: "warden-approver".into(),
+                    reason: format!("approval.no-response: nobody answered within {secs:.1} s"),
+                    rule: rule::NO_RESPONSE,
+                },
+            ) {
+                Ok(_) | Err(ResolveError::AlreadyDecided(_)) | Err(ResolveError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::error!(decision_id = %id, error = %e, "cannot record the missed deadline")
+                }
+            }
+        });
+    }
+
+    /// The first opinion: the upstream's, or the floor's here.
+    async fn first(&self, req: &pb::DecideRequest) -> pb::Decision {
+        match &self.first {
+            First::Upstream(client) => {
+                let mut client = client.clone();
+                let mut budget = Duration::from_millis(self.config.upstream.deadline_ms);
+                if req.deadline_unix_ms != 0 {
+                    budget = budget.min(Duration::from_millis(
+                        req.deadline_unix_ms.saturating_sub(now_ms()),
+                    ));
+                }
+                let mut d =
+                    warden_policy::contract::decide_with_deadline(&mut client, req.clone(), budget)
+                        .await;
+                if d.decision_id.is_empty() {
+                    // The caller-side helper's own fail-closed DENY: give it an id to be found by.
+                    d.decision_id = format!("approver-{}", uuid::Uuid::new_v4());
+                    tracing::warn!(decision_id = %d.decision_id, reason = %d.reason, "upstream policy unavailable: denying");
+                }
+                d
+            }
+            First::Local(engine) => {
+                let decision_id = uuid::Uuid::new_v4().to_string();
+                match warden_policy::convert::to_input(req, &self.config.decide) {
+                    Ok(input) => {
+                        let fs = warden_policy::fsview::DecisionFs::new(RealFs);
+                        let d = engine.decide_with_approver(&input, &fs);
+                        pb::Decision {
+                            decision_id,
+                            verdict: warden_policy::convert::verdict(d.verdict) as i32,
+                            option_id: d.option_id,
+                            reason: d.reason,
+                            rule: d.rule,
+                            end_turn: d.end_turn.is_some(),
+                            end_turn_reason: warden_policy::convert::end_turn_reason(d.end_turn)
+                                as i32,
+                        }
+                    }
+                    Err(m) => deny(
+                        decision_id,
+                        m.rule,
+                        format!("malformed request: {}", m.reason),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Decides one request: the upstream's ALLOW/DENY as is, its ESCALATE held for a person.
+    /// `Err` only while shutting down (UNAVAILABLE: the caller retries and finds it again).
+    pub async fn decide(self: &Arc<Self>, req: pb::DecideRequest) -> Result<pb::Decision, Status> {
+        // A retried call (after a restart, or a broken connection) finds its request again.
+        match self.queue.by_request(&req.request_id) {
+            Ok(Some(a)) => {
+                if a.request.as_ref() != Some(&req) {
+                    tracing::warn!(request_id = %req.request_id, decision_id = %a.id, "request id reused with different content");
+                    return Ok(deny(
+                        uuid::Uuid::new_v4().to_string(),
+                        rule::REQUEST_MISMATCH,
+                        "a different request is already held under this request id".into(),
+                    ));
+                }
+                tracing::info!(request_id = %req.request_id, decision_id = %a.id, "caller came back for a held request");
+                return self.wait(a).await;
+            }
+            Ok(None) => {}
+            Err(e) => return Ok(unavailable(&e)),
+        }
+        let first = self.first(&req).await;
+        if first.verdict != pb::Verdict::Escalate as i32 {
+            return Ok(first);
+        }
+        if self.queue.pending_count() >= self.config.approval.max_pending {
+            return Ok(deny(
+                first.decision_id,
+                rule::QUEUE_FULL,
+                format!(
+                    "escalated ({}: {}) but {} requests already wait for a person",
+                    first.rule, first.reason, self.config.approval.max_pending
+                ),
+            ));
+        }
+        let subject = req.subject.clone().unwrap_or_default();
+        let now = now_ms();
+        let own = now + self.config.approval.deadline_for(&subject.agent);
+        let deadline = match req.deadline_unix_ms {
+            0 => own,
+            caller if caller < own => {
+                tracing::warn!(
+                    request_id = %req.request_id,
+                    context_id = %subject.context_id,
+                    caller_ms = caller.saturating_sub(now),
+                    approver_ms = own.saturating_sub(now),
+                    "the supervisor's decide_deadline_ms is shorter than the approval deadline; people get the shorter one"
+                );
+                caller
+            }
+            _ => own,
+        };
+        let upstream = matches!(self.first, First::Upstream(_));
+        let a = pb::Approval {
+            id: uuid::Uuid::new_v4().to_string(),
+            request: Some(req),
+            escalated_rule: first.rule,
+            escalated_reason: first.reason,
+            upstream_decision_id: if upstream {
+                first.decision_id
+            } else {
+                String::new()
+            },
+            created_unix_ms: now,
+            deadline_unix_ms: deadline,
+            escalated_option_id: first.option_id,
+            ..Default::default()
+        };
+        if let Err(e) = self.queue.hold(a.clone()) {
+            return Ok(unavailable(&e));
+        }
+        tracing::info!(
+            decision_id = %a.id,
+            request_id = %a.request.as_ref().map(|r| r.request_id.as_str()).unwrap_or(""),
+            context_id = %subject.context_id,
+            task_id = %subject.task_id,
+            rule = %a.escalated_rule,
+            deadline_ms = deadline.saturating_sub(now),
+            "waiting for a person"
+        );
+        self.arm_deadline(&a);
+        self.wait(a).await
+    }
+
+    /// Waits for the held request's decision. Dropped before it (the caller cancelled: its
+    /// turn was cancelled, or it gave up), the request is revoked at once.
+    async fn wait(self: &Arc<Self>, a: pb::Approval) -> Result<pb::Decision, Status> {
+        let Some(mut rx) = self.queue.watch(&a.id) else {
+            // Decided already (e.g. answered while the caller was reconnecting).
+            return Ok(match self.queue.get(&a.id) {
+                Ok(Some(done)) => to_decision(&done),
+                Ok(None) => deny(
+                    a.id.clone(),
+                    rule::UNAVAILABLE,
+                    "the held request is gone".into(),
+                ),
+                Err(e) => unavailable(&e),
+            });
+        };
+        let mut guard = RevokeOnDrop {
+            state: Some(self.clone()),
+            id: a.id.clone(),
+        };
+        let outcome = tokio::select! {
+            r = rx.wait_for(|x| x.state() != pb::ApprovalState::Pending) => {
+                r.map(|x| x.clone()).ok()
+            }
+            _ = self.shutdown.cancelled() => {
+                // Not revoked: the request stays pending in the store for the next run, and the
+                // caller's retry (UNAVAILABLE) finds it there.
+                guard.state = None;
+                return Err(Status::unavailable("warden-approver is restarting; retry"));
+            }
+        };
+        guard.state = None;
+        let done = match outcome {
+            Some(x) => x,
+            None => match self.queue.get(&a.id) {
+                Ok(Some(x)) => x,
+                Ok(None) => {
+                    return Ok(deny(
+                        a.id,
+                        rule::UNAVAILABLE,
+                        "the held request is gone".into(),
+                    ));
+                }
+                Err(e) => return Ok(unavailable(&e)),
+            },
+        };
+        Ok(to_decision(&done))
+    }
+
+    /// A person's answer. `by` is who, as recorded.
+    pub fn answer(
+        &self,
+        id: &str,
+        verdict: i32,
+        reason: &str,
+        by: String,
+    ) -> Result<pb::Approval, Status> {
+        let reason = reason.trim();
+        let (state, rule) = match pb::Verdict::try_from(verdict) {
+            Ok(pb::Verdict::Allow) => (pb::ApprovalState::Approved, rule::APPROVED),
+            Ok(pb::Verdict::Deny) => {
+                if reason.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "a denial needs a reason: it travels back to the caller",
+                    ));
+                }
+                (pb::ApprovalState::Denied, rule::DENIED)
+            }
+            _ => {
+                return Err(Status::invalid_argument(
+                    "answer with ALLOW (approve once) or DENY",
+                ));
+            }
+        };
+        if reason.chars().count() > 2000 {
+            return Err(Status::invalid_argument(
+                "the reason is longer than 2000 characters",
+            ));
+        }
+        match self.queue.resolve(
+            id,
+            Resolution {
+                state,
+                by,
+                reason: reason.to_string(),
+                rule,
+            },
+        ) {
+            Ok(a) => Ok(a),
+            Err(ResolveError::NotFound(id)) => Err(Status::not_found(format!(
+                "no approval request {id:?} in this deployment"
+            ))),
+            Err(ResolveError::AlreadyDecided(a)) => Err(Status::failed_precondition(format!(
+                "already decided: {}",
+                crate::queue::describe(&a)
+            ))),
+            Err(ResolveError::Queue(e)) => Err(Status::internal(e.to_string())),
+        }
+    }
+}
+
+/// Revokes a held request when the waiting Decide call is dropped before its decision: hyper
+/// drops the handler when the supervisor resets the stream (its turn was cancelled).
+struct RevokeOnDrop {
+    state: Option<Arc<ApproverState>>,
+    id: String,
+}
+
+impl Drop for RevokeOnDrop {
+    fn drop(&mut self) {
+        let Some(s) = self.state.take() else { return };
+        match s.queue.resolve(
+            &self.id,
+            Resolution {
+                state: pb::ApprovalState::Revoked,
+                by: "caller".into(),
+                reason: "the caller withdrew the request (its turn was cancelled)".into(),
+                rule: rule::REVOKED,
+            },
+        ) {
+            Ok(_) | Err(ResolveError::AlreadyDecided(_)) | Err(ResolveError::NotFound(_)) => {}
+            Err(e) => {
+                tracing::error!(decision_id = %self.id, error = %e, "cannot record the revocation")
+            }
+        }
+    }
+}
+
+fn deny(decision_id: String, rule: &str, reason: String) -> pb::Decision {
+    pb::Decision {
+        decision_id,
+        verdict: pb::Verdict::Deny as i32,
+        option_id: None,
+        reason,
+        rule: rule.to_string(),
+        end_turn: false,
+        end_turn_reason: 0,
+    }
+}
+
+fn unavailable(e: &QueueError) -> pb::Decision {
+    tracing::error!(error = %e, "the approval store failed; denying");
+    deny(
+        uuid::Uuid::new_v4().to_string(),
+        rule::UNAVAILABLE,
+        format!("the approval store cannot be used ({e}); denying"),
+    )
+}
+
+/// What the supervisor is told about a decided request.
+pub fn to_decision(a: &pb::Approval) -> pb::Decision {
+    let who = &a.answered_by;
+    match a.state() {
+        pb::ApprovalState::Approved => pb::Decision {
+            decision_id: a.id.clone(),
+            verdict: pb::Verdict::Allow as i32,
+            // Only the option the escalating rule chose, and only a once-option: a person's
+            // approval never widens to "always".
+            option_id: a.escalated_option_id.clone().filter(|id| {
+                a.request.as_ref().is_some_and(|r| {
+                    r.options
+                        .iter()
+                        .any(|o| &o.id == id && o.kind == "allow_once")
+                })
+            }),
+            reason: if a.reason.is_empty() {
+                format!("approved once by {who}")
+            } else {
+                format!("approved once by {who}: {}", a.reason)
+            },
+            rule: rule::APPROVED.into(),
+            end_turn: false,
+            end_turn_reason: 0,
+        },
+        pb::ApprovalState::Denied => deny(
+            a.id.clone(),
+            rule::DENIED,
+            format!("denied by {who}: {}", a.reason),
+        ),
+        pb::ApprovalState::Pending => deny(
+            a.id.clone(),
+            rule::UNAVAILABLE,
+            "still pending; denying".into(),
+        ),
+        _ => deny(a.id.clone(), &a.rule, a.reason.clone()),
+    }
+}
+
+/// `PolicyService` for the supervisor.
+#[derive(Clone)]
+pub struct PolicyApi(pub Arc<ApproverState>);
+
+#[tonic::async_trait]
+impl PolicyService for PolicyApi {
+    async fn decide(
+        &self,
+        request: Request<pb::DecideRequest>,
+    ) -> Result<Response<pb::Decision>, Status> {
+        self.0.decide(request.into_inner()).await.map(Response::new)
+    }
+}
+
+/// Who called on the admin socket: "uid:1000 (alice)".
+pub fn operator_of<T>(req: &Request<T>) -> String {
+    match warden_daemon::Peer::of(req) {
+        Some(p) => {
+            match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(p.uid))
+                .ok()
+                .flatten()
+            {
+                Some(u) => format!("uid:{} ({})", p.uid, u.name),
+                None => format!("uid:{}", p.uid),
+            }
+        }
+        None => "unknown peer".into(),
+    }
+}
+
+const MAX_LIST: usize = 1000;
+
+fn limit(n: u32) -> usize {
+    match n {
+        0 => 100,
+        n => (n as usize).min(MAX_LIST),
+    }
+}
+
+fn internal(e: QueueError) -> Status {
+    Status::internal(e.to_string())
+}
+
+/// `ApprovalService` for operators on the admin socket.
+#[derive(Clone)]
+pub struct ApprovalApi(pub Arc<ApproverState>);
+
+type EventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::ApprovalEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ApprovalService for ApprovalApi {
+    async fn list(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let approvals = self
+            .0
+            .queue
+            .pending(limit(request.get_ref().limit))
+            .map_err(internal)?;
+        Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetApprovalRequest>,
+    ) -> Result<Response<pb::Approval>, Status> {
+        let id = &request.get_ref().id;
+        match self.0.queue.get(id).map_err(internal)? {
+            Some(a) => Ok(Response::new(a)),
+            None => Err(Status::not_found(format!(
+                "no approval request {id:?} in this deployment"
+            ))),
+        }
+    }
+
+    async fn answer(
+        &self,
+        request: Request<pb::AnswerRequest>,
+    ) -> Result<Response<pb::Approval>, Status> {
+        let by = operator_of(&request);
+        let r = request.into_inner();
+        self.0
+            .answer(&r.id, r.verdict, &r.reason, by)
+            .map(Response::new)
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(
+        &self,
+        _request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        use futures::StreamExt;
+        // Subscribed before the snapshot, so nothing falls between the two.
+        let rx = self.0.queue.subscribe();
+        let now = self.0.queue.pending(MAX_LIST).map_err(internal)?;
+        let snapshot = futures::stream::iter(
+            now.into_iter()
+                .rev()
+                .map(|a| Ok(pb::ApprovalEvent { approval: Some(a) })),
+        );
+        let live = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|r| async move {
+            // A watcher that fell behind skips what it missed; the next List shows the truth.
+            r.ok().map(|a| Ok(pb::ApprovalEvent { approval: Some(a) }))
+        });
+        Ok(Response::new(Box::pin(snapshot.chain(live))))
+    }
+
+    async fn history(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let approvals = self
+            .0
+            .queue
+            .history(limit(request.get_ref().limit))
+            .map_err(internal)?;
+        Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+    }
+}
+
+/// `AdminService` (Status) on the admin socket.
+#[derive(Clone)]
+pub struct AdminApi(pub Arc<ApproverState>);
+
+#[tonic::async_trait]
+impl AdminService for AdminApi {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let s = &self.0;
+        let mut details = std::collections::HashMap::new();
+        details.insert("pending".to_string(), s.queue.pending_count().to_string());
+        details.insert(
+            "upstream".to_string(),
+            s.config
+                .upstream_socket()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "none (floor here, every mutating call escalates)".into()),
+        );
+        details.insert(
+            "approval_deadline_ms".to_string(),
+            s.config.approval.deadline_ms.to_string(),
+        );
+        Ok(Response::new(pb::StatusResponse {
+            daemon: "warden-approver".to_string(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            uptime_seconds: s.started.elapsed().as_secs(),
+            listeners: s.listeners.read().map(|l| l.clone()).unwrap_or_default(),
+            details,
+        }))
+    }
+
+    async fn audit_query(
+        &self,
+        _request: Request<pb::AuditQueryRequest>,
+    ) -> Result<Response<pb::AuditQueryResponse>, Status> {
+        Err(Status::unimplemented(
+            "warden-approver's decisions are in ApprovalService.History (`warden approvals history`)",
+        ))
+    }
+
+    async fn reload(
+        &self,
+        _request: Request<pb::ReloadRequest>,
+    ) -> Result<Response<pb::ReloadResponse>, Status> {
+        Err(Status::unimplemented("warden-approver reloads at restart"))
+    }
+}

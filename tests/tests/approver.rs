@@ -1,0 +1,385 @@
+//! warden-approver between the real supervisor and the real policy, with the scripted agent:
+//! people answer escalated permissions with `warden approvals`, the deadline denies with
+//! `approval.no-response`, a cancelled task revokes its request, a restart keeps a pending
+//! request, the first of two answers wins, and bad input is refused.
+
+mod supervisor_support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use supervisor_support::*;
+use tonic::transport::Channel;
+use warden_e2e::{Deployment, Options, binary, run_with_deadline};
+use warden_proto::v1 as pb;
+use warden_proto::v1::approval_service_client::ApprovalServiceClient;
+
+/// policy (escalating edits) → approver → supervisor [→ gateway], as `warden up --approver`
+/// starts them.
+async fn deploy_approver(extra: &[(&str, &str)], with_gateway: bool) -> Deployment {
+    let mut sets = vec![("policy", r#"policy.global.escalate=["edit"]"#)];
+    sets.extend_from_slice(extra);
+    let opts = Options {
+        sets: sets
+            .iter()
+            .map(|(d, kv)| (d.to_string(), kv.to_string()))
+            .collect(),
+        approver: true,
+        ..Default::default()
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    let mut names = vec!["policy", "approver", "supervisor"];
+    if with_gateway {
+        names.push("gateway");
+    }
+    for n in names {
+        d.start(n).await;
+    }
+    if with_gateway {
+        std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http))
+            .unwrap_or_else(|e| panic!("url file: {e}"));
+    }
+    d
+}
+
+fn approvals_client(d: &Deployment) -> ApprovalServiceClient<Channel> {
+    ApprovalServiceClient::new(warden_daemon::client::unix_channel(
+        &d.layout.approver_admin_socket(),
+    ))
+}
+
+/// `warden --state-dir D ARGS...`: (exit code, stdout, stderr).
+async fn warden(d: &Deployment, args: &[&str]) -> (Option<i32>, String, String) {
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut c = tokio::process::Command::new(binary("warden"));
+    c.args(["--state-dir", &state]).args(args);
+    let out = run_with_deadline(&mut c, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("warden {args:?}: {e}"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Polls the approver until `n` requests are pending (15 s).
+async fn pending(d: &Deployment, n: usize) -> Vec<pb::Approval> {
+    let mut c = approvals_client(d);
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c.list(pb::ListApprovalsRequest { limit: 0 }).await {
+            let got = r.into_inner().approvals;
+            if got.len() >= n {
+                return got;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{n} pending request(s) did not appear"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Polls one approval until it leaves PENDING (15 s).
+async fn decided(d: &Deployment, id: &str) -> pb::Approval {
+    let mut c = approvals_client(d);
+    let start = Instant::now();
+    loop {
+        if let Ok(r) = c.get(pb::GetApprovalRequest { id: id.into() }).await {
+            let a = r.into_inner();
+            if a.state() != pb::ApprovalState::Pending {
+                return a;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{id} was not decided"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn edit(path: &str, content: &str) -> String {
+    scenario(json!({"vocabulary": "claude-0.101", "steps": [
+        {"type": "tool", "kind": "edit", "path": path, "content": content, "ask": true},
+        {"type": "message", "text": "done"}]}))
+}
+
+fn root_of(evs: &[pb::TurnEvent]) -> std::path::PathBuf {
+    evs.iter()
+        .find_map(|e| match &e.event {
+            Some(pb::turn_event::Event::Started(s)) => Some(std::path::PathBuf::from(&s.root)),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no Started event: {evs:#?}"))
+}
+
+#[tokio::test]
+async fn an_escalated_edit_approved_with_the_cli_lands_and_is_audited_with_who_answered() {
+    let d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap1", "t1", &edit("hello.txt", "hi"))).await;
+    let p = pending(&d, 1).await;
+    let id = p[0].id.clone();
+    assert_eq!(p[0].escalated_rule, "tool.escalate", "{:?}", p[0]);
+
+    let (code, shown, err) = warden(&d, &["approvals", "show", &id]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(shown.contains("hello.txt"), "{shown}");
+    assert!(shown.contains("tool.escalate"), "{shown}");
+    let (code, listed, _) = warden(&d, &["approvals", "list"]).await;
+    assert_eq!(code, Some(0));
+    assert!(listed.contains(&id), "{listed}");
+
+    let (code, out, err) = warden(&d, &["approvals", "approve", &id, "--reason", "fine"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("APPROVED"), "{out}");
+
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 1, "{perms:#?}");
+    assert_eq!(perms[0].verdict, pb::Verdict::Allow as i32, "{perms:#?}");
+    assert_eq!(perms[0].rule, "approval.approved");
+    assert_eq!(perms[0].decision_id, id);
+    assert_eq!(
+        std::fs::read_to_string(root_of(&evs).join("hello.txt")).unwrap_or_default(),
+        "hi"
+    );
+
+    let (code, hist, _) = warden(&d, &["approvals", "history"]).await;
+    assert_eq!(code, Some(0));
+    let me = nix::unistd::getuid().as_raw();
+    assert!(
+        hist.contains(&id) && hist.contains(&format!("uid:{me}")),
+        "{hist}"
+    );
+    let (_, full, _) = warden(&d, &["approvals", "show", &id]).await;
+    assert!(full.contains("time to decide"), "{full}");
+    assert!(full.contains("reason          fine"), "{full}");
+}
+
+#[tokio::test]
+async fn a_denial_with_a_reason_reaches_the_a2a_caller() {
+    let d = deploy_approver(&[], true).await;
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", &edit("nope.txt", "x")])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = send.spawn().unwrap_or_else(|e| panic!("warden send: {e}"));
+    let p = pending(&d, 1).await;
+    let (code, _, err) = warden(
+        &d,
+        &["approvals", "deny", &p[0].id, "--reason", "not on a Friday"],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("warden send did not finish"))
+        .unwrap_or_else(|e| panic!("warden send: {e}"));
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(shown.contains("not on a Friday"), "{shown}");
+    assert!(shown.contains("approval.denied"), "{shown}");
+    assert_eq!(out.status.code(), Some(4), "{shown}");
+}
+
+#[tokio::test]
+async fn no_answer_is_denied_at_the_deadline_as_no_response() {
+    let d = deploy_approver(&[("approver", "approval.deadline_ms=1500")], false).await;
+    let mut c = client(&d);
+    let t0 = Instant::now();
+    let evs = run(&mut c, turn("ap3", "t1", &edit("late.txt", "x"))).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 1, "{perms:#?}");
+    assert_eq!(perms[0].verdict, pb::Verdict::Deny as i32);
+    assert_eq!(perms[0].rule, "approval.no-response", "{perms:#?}");
+    assert!(t0.elapsed() >= Duration::from_millis(1500));
+    assert!(!root_of(&evs).join("late.txt").exists());
+    let refusals = stop(&evs).refusals;
+    assert!(
+        refusals.iter().any(|r| r.rule == "approval.no-response"),
+        "{refusals:#?}"
+    );
+    let a = decided(&d, &perms[0].decision_id).await;
+    assert_eq!(a.state(), pb::ApprovalState::NoResponse);
+}
+
+#[tokio::test]
+async fn cancelling_the_task_revokes_its_pending_request_at_once() {
+    let d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap4", "t1", &edit("never.txt", "x"))).await;
+    let p = pending(&d, 1).await;
+    let out = c
+        .cancel_turn(pb::CancelTurnRequest {
+            context_id: "ap4".into(),
+            turn_id: "t1".into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("CancelTurn: {e}"))
+        .into_inner();
+    assert_eq!(out.outcome, "active");
+    let a = decided(&d, &p[0].id).await;
+    assert_eq!(a.state(), pb::ApprovalState::Revoked, "{a:?}");
+    assert_eq!(a.rule, "approval.revoked");
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    assert_eq!(stop(&evs).stop_reason, "cancelled");
+    // Too late now: an answer to a revoked request is refused and names what happened.
+    let (code, _, err) = warden(&d, &["approvals", "approve", &p[0].id]).await;
+    assert_eq!(code, Some(4), "{err}");
+    assert!(err.contains("revoked"), "{err}");
+}
+
+#[tokio::test]
+async fn a_pending_request_survives_an_approver_restart() {
+    let mut d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap5", "t1", &edit("kept.txt", "kept"))).await;
+    let before = pending(&d, 1).await;
+    let approver = d.take("approver").unwrap_or_else(|| panic!("no approver"));
+    let status = approver.terminate().await;
+    assert!(status.success(), "{status}");
+    d.start("approver").await;
+    let after = pending(&d, 1).await;
+    assert_eq!(after[0].id, before[0].id, "the same request, found again");
+    let (code, _, err) = warden(&d, &["approvals", "approve", &after[0].id]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms[0].verdict, pb::Verdict::Allow as i32, "{perms:#?}");
+    assert_eq!(
+        std::fs::read_to_string(root_of(&evs).join("kept.txt")).unwrap_or_default(),
+        "kept"
+    );
+}
+
+#[tokio::test]
+async fn a_restart_after_the_caller_gave_up_marks_the_request_expired() {
+    let mut d = deploy_approver(
+        &[
+            ("approver", "approval.deadline_ms=1000"),
+            ("supervisor", "policy.decide_deadline_ms=1000"),
+        ],
+        false,
+    )
+    .await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap6", "t1", &edit("gone.txt", "x"))).await;
+    let p = pending(&d, 1).await;
+    // A crash: nothing marks the request on the way down.
+    d.take("approver")
+        .unwrap_or_else(|| panic!("no approver"))
+        .crash()
+        .await;
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    assert_eq!(permissions(&evs)[0].verdict, pb::Verdict::Deny as i32);
+    // Restarted only once the request's deadline is gone (restarted sooner, it would be held
+    // until then and end as no-response).
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    };
+    let waited = Instant::now();
+    while now_ms() <= p[0].deadline_unix_ms {
+        assert!(
+            waited.elapsed() < Duration::from_secs(10),
+            "the clock stands still"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.start("approver").await;
+    let a = decided(&d, &p[0].id).await;
+    assert_eq!(a.state(), pb::ApprovalState::Expired, "{a:?}");
+    assert_eq!(a.rule, "approval.expired");
+}
+
+#[tokio::test]
+async fn of_two_operators_answering_at_once_the_first_wins_and_the_other_sees_who() {
+    let d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap7", "t1", &edit("race.txt", "x"))).await;
+    let id = pending(&d, 1).await[0].id.clone();
+    let approve = ["approvals", "approve", id.as_str()];
+    let deny = ["approvals", "deny", id.as_str(), "--reason", "race"];
+    let (a, b) = tokio::join!(warden(&d, &approve), warden(&d, &deny));
+    let codes = [a.0, b.0];
+    assert!(
+        codes.contains(&Some(0)) && codes.contains(&Some(4)),
+        "exactly one answer wins: {a:?} {b:?}"
+    );
+    let loser = if a.0 == Some(4) { &a.2 } else { &b.2 };
+    let me = nix::unistd::getuid().as_raw();
+    assert!(
+        loser.contains("already decided") && loser.contains(&format!("uid:{me}")),
+        "{loser}"
+    );
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let won = decided(&d, &id).await;
+    let perm = &permissions(&evs)[0];
+    let want = if won.state() == pb::ApprovalState::Approved {
+        pb::Verdict::Allow
+    } else {
+        pb::Verdict::Deny
+    };
+    assert_eq!(perm.verdict, want as i32, "{won:?} {perm:?}");
+}
+
+#[tokio::test]
+async fn unknown_ids_foreign_ids_and_bad_answers_are_refused() {
+    let d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("ap8", "t1", &edit("x.txt", "x"))).await;
+    let id = pending(&d, 1).await[0].id.clone();
+
+    let (code, _, err) = warden(&d, &["approvals", "approve", "no-such-id"]).await;
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("no-such-id"), "{err}");
+    // A denial without a reason is refused before anything changes (clap requires --reason; the
+    // API requires it too).
+    let mut api = approvals_client(&d);
+    let e = api
+        .answer(pb::AnswerRequest {
+            id: id.clone(),
+            verdict: pb::Verdict::Deny as i32,
+            reason: "  ".into(),
+        })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("a reasonless denial was accepted"));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    let e = api
+        .answer(pb::AnswerRequest {
+            id: id.clone(),
+            verdict: pb::Verdict::Escalate as i32,
+            reason: String::new(),
+        })
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("ESCALATE was accepted as an answer"));
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+    // The id belongs to this deployment; another deployment's approver does not know it.
+    let mut other = Deployment::new_in(
+        &parent(),
+        Options {
+            approver: true,
+            sets: vec![("approver".into(), "upstream.socket=\"\"".into())],
+            ..Default::default()
+        },
+    );
+    other.start("approver").await;
+    let (code, _, err) = warden(&other, &["approvals", "approve", &id]).await;
+    assert_eq!(code, Some(3), "{err}");
+
+    let (code, _, _) = warden(&d, &["approvals", "approve", &id]).await;
+    assert_eq!(code, Some(0));
+    let (code, _, err) = warden(&d, &["approvals", "approve", &id]).await;
+    assert_eq!(code, Some(4), "a second answer: {err}");
+    collect(&mut s, Duration::from_secs(30)).await;
+}
