@@ -455,6 +455,56 @@ pub fn to_decision(a: &pb::Approval) -> pb::Decision {
     }
 }
 
+impl ApproverState {
+    /// The caller did not act on `req.request_id`'s decision (`PolicyService.Withdraw`): a
+    /// request still waiting for a person is revoked, and the withdrawal goes on to the upstream
+    /// policy, whose audit then supersedes an ALLOW it recorded.
+    pub async fn withdraw(&self, req: pb::WithdrawRequest) -> Result<pb::WithdrawResponse, Status> {
+        if req.request_id.is_empty() {
+            return Err(Status::invalid_argument("request_id is required"));
+        }
+        let mut out = pb::WithdrawResponse::default();
+        if let Some(a) = self.queue.by_request(&req.request_id).map_err(internal)? {
+            out.decision_id = a.id.clone();
+            let r = self.queue.resolve(
+                &a.id,
+                Resolution {
+                    state: pb::ApprovalState::Revoked,
+                    by: "caller".into(),
+                    reason: format!("the caller withdrew the request ({})", req.reason),
+                    rule: rule::REVOKED,
+                },
+            );
+            match r {
+                Ok(_) => tracing::info!(decision_id = %a.id, "withdrawn: revoked while pending"),
+                Err(ResolveError::AlreadyDecided(done)) => {
+                    if done.state == pb::ApprovalState::Approved as i32 {
+                        tracing::warn!(decision_id = %a.id, reason = %req.reason, "an approval was not acted on by the caller");
+                    }
+                }
+                Err(ResolveError::NotFound(_)) => {}
+                Err(ResolveError::Queue(e)) => return Err(Status::internal(e.to_string())),
+            }
+        }
+        if let First::Upstream(client) = &self.first {
+            let mut client = client.clone();
+            match client.withdraw(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    if out.decision_id.is_empty() {
+                        out.decision_id = r.decision_id;
+                    }
+                    out.superseded |= r.superseded;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the upstream policy did not take the withdrawal")
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// `PolicyService` for the supervisor.
 #[derive(Clone)]
 pub struct PolicyApi(pub Arc<ApproverState>);
@@ -466,6 +516,16 @@ impl PolicyService for PolicyApi {
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
         self.0.decide(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn withdraw(
+        &self,
+        request: Request<pb::WithdrawRequest>,
+    ) -> Result<Response<pb::WithdrawResponse>, Status> {
+        self.0
+            .withdraw(request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 
