@@ -96,6 +96,9 @@ impl Leases {
     }
 }
 
+/// Leftover trees killed at once at start-up.
+const REAP_CONCURRENCY: usize = 128;
+
 /// What `reap_leftovers` found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReapReport {
@@ -128,6 +131,7 @@ pub async fn reap_leftovers(
     let leases = Leases::open(store)?;
     let mut report = ReapReport::default();
     let mut leased_cgroups: Vec<PathBuf> = Vec::new();
+    let mut trees = Vec::new();
     for entry in leases.list()? {
         report.leases += 1;
         let lease = match entry {
@@ -156,8 +160,33 @@ pub async fn reap_leftovers(
         if let Some(cg) = &cgroup {
             leased_cgroups.push(cg.path().to_path_buf());
         }
-        let mut tree = ProcessTree::from_lease(&lease, cgroup, Some(leases.clone()));
-        let kr = tree.kill(KillOptions::with_grace(grace)).await?;
+        let tree = ProcessTree::from_lease(&lease, cgroup, Some(leases.clone()));
+        trees.push((lease.conversation_id, tree));
+    }
+    // Every tree gets the one grace at the same time: 500 trees that ignore SIGTERM take one
+    // grace, not 500 (bounded concurrency keeps the /proc walks from swamping a small host).
+    let mut pending = trees.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < REAP_CONCURRENCY {
+            let Some((id, mut tree)) = pending.next() else {
+                break;
+            };
+            running.spawn(async move {
+                let r = tree.kill(KillOptions::with_grace(grace)).await;
+                (id, r)
+            });
+        }
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        let (conversation_id, kr) = match done {
+            Ok((id, r)) => (id, r?),
+            Err(e) => {
+                tracing::error!(error = %e, "a reaping task failed");
+                continue;
+            }
+        };
         if kr.processes > 0 {
             report.trees_killed += 1;
             report.processes += kr.processes;
@@ -166,7 +195,7 @@ pub async fn reap_leftovers(
             report.cgroups_removed += 1;
         }
         tracing::info!(
-            conversation_id = %lease.conversation_id,
+            conversation_id = %conversation_id,
             processes = kr.processes,
             forced = kr.forced,
             "reaped leftover process tree"

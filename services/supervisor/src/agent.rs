@@ -82,6 +82,9 @@ impl AgentProc {
     ) -> Result<AgentProc, StartError> {
         // A live-agent slot first: at the limit an idle agent is stopped to make room (its kill
         // takes up to the kill grace).
+        // Not before a predecessor's leftovers are gone (start-up reaps them in the background).
+        let mut reaped = shared.reaped.clone();
+        let _ = reaped.wait_for(|done| *done).await;
         let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
         let slot = shared.live.acquire(&core.info.context_id, wait).await?;
         let (mut tree, stdin, stdout, stderr) = spawn(shared, &core.info, cfg, home)?;

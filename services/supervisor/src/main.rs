@@ -106,17 +106,28 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     } else {
         None
     };
-    // A crashed predecessor's agents: kill whatever is left of every leased tree.
-    match warden_sandbox::reap_leftovers(&store, cgroups.as_ref(), settings.limits().kill_grace())
-        .await
+    // A crashed predecessor's agents: whatever is left of every leased tree is killed in the
+    // background, so the daemon serves (and reports healthy) at once; agent starts wait for it
+    // (a new conversation must not meet a lease or cgroup the reaper is about to remove).
+    let (reaped_tx, reaped) = tokio::sync::watch::channel(false);
     {
-        Ok(r) => tracing::info!(
-            leases = r.leases,
-            trees_killed = r.trees_killed,
-            processes = r.processes,
-            "reaped leftovers of a previous run"
-        ),
-        Err(e) => tracing::error!(error = %e, "reaping leftovers failed"),
+        let store = store.clone();
+        let cgroups = cgroups.clone();
+        let grace = settings.limits().kill_grace();
+        tokio::spawn(async move {
+            let t0 = std::time::Instant::now();
+            match warden_sandbox::reap_leftovers(&store, cgroups.as_ref(), grace).await {
+                Ok(r) => tracing::info!(
+                    leases = r.leases,
+                    trees_killed = r.trees_killed,
+                    processes = r.processes,
+                    elapsed_ms = t0.elapsed().as_millis() as u64,
+                    "reaped leftovers of a previous run"
+                ),
+                Err(e) => tracing::error!(error = %e, "reaping leftovers failed"),
+            }
+            let _ = reaped_tx.send(true);
+        });
     }
     let bwrap = if settings.file.sandbox.bubblewrap {
         let b = warden_sandbox::find_bwrap().filter(|b| warden_sandbox::bwrap_works(b));
@@ -193,6 +204,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         spawner,
         homes,
         live: warden_supervisor::live::LiveAgents::new(settings.max_live_agents()),
+        reaped,
     };
     let sup = Supervisor::new(shared);
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
@@ -214,9 +226,12 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         })
     };
     let res = server.run().await;
-    // Every agent tree goes before the daemon does.
+    // Every agent tree goes before the daemon does: the closer started on the shutdown signal
+    // is waited for (a close it has under way takes the conversation out of its slot, so a
+    // second close_all would not see it and the daemon would exit mid-kill, leaving the tree's
+    // lease behind), then anything opened meanwhile is closed too.
+    let _ = closer.await;
     sup.close_all().await;
-    closer.abort();
     res.map_err(Into::into)
 }
 
