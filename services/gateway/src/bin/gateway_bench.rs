@@ -280,6 +280,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             turn_timeout_seconds: 0,
             cancel_grace: Duration::from_secs(5),
             coalesce_bytes: warden_gateway::mapping::DEFAULT_COALESCE_BYTES,
+            retention: warden_gateway::tasks::Retention::default(),
         },
     );
     let digest = token_digest_hex(TOKEN);
@@ -288,6 +289,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         auth: Authenticator::from_digests([("bench", digest.as_str())]),
         hosts: HostAllowlist::off(),
         max_body: 1 << 20,
+        body_timeout: Duration::from_secs(30),
         card: CardResponse::new(&agent_card(&cfg), 60),
     }));
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
