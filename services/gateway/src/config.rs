@@ -308,11 +308,12 @@ impl GatewayConfig {
                 ));
             }
         }
-        if self.http.max_connections == 0 {
+        // The cap is a semaphore's permit count; far beyond any file limit is a typo.
+        if !(1..=1_000_000).contains(&self.http.max_connections) {
             return Err(ConfigError::invalid(
                 origin,
                 "http.max_connections",
-                "must be at least 1",
+                "must be between 1 and 1000000",
             ));
         }
         if self.store.max_tasks == 0 {
@@ -444,6 +445,7 @@ mod tests {
                 "http.header_read_timeout_ms",
             ),
             ("http.max_connections=0", "http.max_connections"),
+            ("http.max_connections=99999999999", "http.max_connections"),
             ("store.max_tasks=0", "store.max_tasks"),
             ("store.sweep_interval_ms=5", "store.sweep_interval_ms"),
             ("http.listn=1", "listn"),
