@@ -1,8 +1,9 @@
 //! One daemon's durable key-value store: a sled database under the daemon's state directory,
 //! behind a small type so that storage stays one module.
 //!
-//! Owns: opening the database (refusing a path that is a symlink), named trees, get/put/delete,
-//! prefix scans, atomic batches, and explicit flushes at durability points.
+//! Owns: opening the database (refusing a path that is a symlink) with a bounded page cache,
+//! named trees, get/put/delete, prefix scans and prefix deletion, atomic batches, explicit flushes
+//! at durability points, and the size on disk.
 //! Must never: be shared between daemons (each daemon has its own directory and system user),
 //! or interpret the bytes it stores — callers own their encodings.
 #![forbid(unsafe_code)]
@@ -74,10 +75,31 @@ impl Batch {
     }
 }
 
+/// How a [`Store`] is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The page cache's capacity. sled's default (1 GiB) lets a daemon's RSS grow with its data
+    /// for as long as it runs.
+    pub cache_capacity_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            cache_capacity_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
 impl Store {
+    /// Opens (creating if needed) the database in `dir` with the default options.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_with(dir, StoreOptions::default())
+    }
+
     /// Opens (creating if needed) the database in `dir`. A `dir` that is a symlink is refused, so
     /// a planted link cannot redirect a daemon's state.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+    pub fn open_with(dir: &Path, options: StoreOptions) -> Result<Self, StoreError> {
         if let Ok(meta) = std::fs::symlink_metadata(dir)
             && meta.file_type().is_symlink()
         {
@@ -89,6 +111,7 @@ impl Store {
         })?;
         let db = sled::Config::new()
             .path(dir)
+            .cache_capacity(options.cache_capacity_bytes)
             .open()
             .map_err(|source| StoreError::Open {
                 path: dir.to_path_buf(),
@@ -121,6 +144,11 @@ impl Store {
     /// request must survive a crash).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map(|_| ()).map_err(StoreError::Flush)
+    }
+
+    /// The database's size on disk in bytes, as sled accounts it.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        self.db.size_on_disk().map_err(StoreError::Flush)
     }
 }
 
@@ -170,6 +198,18 @@ impl Tree {
             .map_err(|e| self.err(e))
     }
 
+    /// Deletes every entry whose key starts with `prefix` (atomically); returns how many.
+    pub fn delete_prefix(&self, prefix: impl AsRef<[u8]>) -> Result<usize, StoreError> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for k in self.tree.scan_prefix(prefix).keys() {
+            batch.remove(k.map_err(|e| self.err(e))?);
+            n += 1;
+        }
+        self.tree.apply_batch(batch).map_err(|e| self.err(e))?;
+        Ok(n)
+    }
+
     /// Applies all writes of `batch` atomically.
     pub fn apply(&self, batch: Batch) -> Result<(), StoreError> {
         self.tree.apply_batch(batch.inner).map_err(|e| self.err(e))
@@ -206,10 +246,20 @@ mod tests {
             b.put("other/1", "c");
             t.apply(b)?;
             t.delete("task/2")?;
+            t.put("gone/1", "x")?;
+            t.put("gone/2", "y")?;
+            assert_eq!(t.delete_prefix("gone/")?, 2);
             store.flush()?;
         }
-        let store = Store::open(&path)?;
+        let store = Store::open_with(
+            &path,
+            StoreOptions {
+                cache_capacity_bytes: 1024 * 1024,
+            },
+        )?;
+        assert!(store.size_on_disk()? > 0);
         let t = store.tree("tasks")?;
+        assert!(t.scan_prefix("gone/")?.is_empty());
         assert_eq!(t.get("task/1")?, Some(b"a".to_vec()));
         assert_eq!(t.get("task/2")?, None);
         let scanned = t.scan_prefix("task/")?;

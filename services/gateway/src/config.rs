@@ -53,6 +53,23 @@ pub struct HttpSection {
     /// `Cache-Control: max-age` of the agent card.
     #[serde(default = "default_card_max_age")]
     pub card_max_age_seconds: u64,
+    /// How long a client has, from connecting or from the first byte of a later request on a
+    /// kept-alive connection, to send the whole request head. A connection that has not is
+    /// closed: a slow or stalled header never holds a connection slot longer than this.
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout_ms: u64,
+    /// How long a handler waits for the whole request body before answering 408.
+    #[serde(default = "default_body_read_timeout")]
+    pub body_read_timeout_ms: u64,
+    /// A kept-alive connection with no request in flight is closed after this long. A
+    /// connection carrying an SSE stream has a request in flight and is never idle.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_ms: u64,
+    /// Connections served at once. Beyond it a new connection is answered 503 at once and
+    /// closed; the connections already served (and their SSE streams) are not affected. Keep it
+    /// well below the process's file limit (`LimitNOFILE=` in the unit).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 fn default_bind() -> String {
@@ -63,6 +80,71 @@ fn default_max_body() -> usize {
 }
 fn default_card_max_age() -> u64 {
     300
+}
+fn default_header_read_timeout() -> u64 {
+    10_000
+}
+fn default_body_read_timeout() -> u64 {
+    30_000
+}
+fn default_idle_timeout() -> u64 {
+    60_000
+}
+fn default_max_connections() -> usize {
+    4096
+}
+
+/// `[store]`: the task store and what it keeps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// sled's page cache. sled's own default is 1 GiB, which a long-running gateway fills with
+    /// pages of old tasks; the store is read mostly for recent tasks.
+    #[serde(default = "default_cache_capacity")]
+    pub cache_capacity_bytes: u64,
+    /// A task that reached a terminal state is deleted this long after its last status change.
+    #[serde(default = "default_task_retention")]
+    pub task_retention_seconds: u64,
+    /// At most this many stored tasks per principal; beyond it the oldest terminal tasks are
+    /// deleted first (a task that is still running is never deleted).
+    #[serde(default = "default_max_tasks")]
+    pub max_tasks: usize,
+    /// A context whose last task is terminal and that has been idle this long is closed at the
+    /// supervisor (its agent stops and its slot is freed); a later task in it starts a new
+    /// conversation. 0 = never close.
+    #[serde(default = "default_conversation_ttl")]
+    pub conversation_ttl_seconds: u64,
+    /// How often the background sweep (task pruning, conversation TTL) runs.
+    #[serde(default = "default_sweep_interval")]
+    pub sweep_interval_ms: u64,
+}
+
+fn default_cache_capacity() -> u64 {
+    64 * 1024 * 1024
+}
+fn default_task_retention() -> u64 {
+    7 * 24 * 3600
+}
+fn default_max_tasks() -> usize {
+    10_000
+}
+fn default_conversation_ttl() -> u64 {
+    3600
+}
+fn default_sweep_interval() -> u64 {
+    60_000
+}
+
+impl Default for StoreSection {
+    fn default() -> Self {
+        Self {
+            cache_capacity_bytes: default_cache_capacity(),
+            task_retention_seconds: default_task_retention(),
+            max_tasks: default_max_tasks(),
+            conversation_ttl_seconds: default_conversation_ttl(),
+            sweep_interval_ms: default_sweep_interval(),
+        }
+    }
 }
 
 /// One accepted bearer token, stored as the hex SHA-256 of the token text.
@@ -177,6 +259,8 @@ pub struct GatewayConfig {
     pub agents: AgentsSection,
     #[serde(default)]
     pub card: CardSection,
+    #[serde(default)]
+    pub store: StoreSection,
 }
 
 impl GatewayConfig {
@@ -204,6 +288,46 @@ impl GatewayConfig {
                 origin,
                 "http.max_body_bytes",
                 "must be at least 1024",
+            ));
+        }
+        for (key, value) in [
+            (
+                "http.header_read_timeout_ms",
+                self.http.header_read_timeout_ms,
+            ),
+            ("http.body_read_timeout_ms", self.http.body_read_timeout_ms),
+            ("http.idle_timeout_ms", self.http.idle_timeout_ms),
+            ("store.sweep_interval_ms", self.store.sweep_interval_ms),
+        ] {
+            // Zero would close every connection at once (or sweep in a busy loop).
+            if value < 100 {
+                return Err(ConfigError::invalid(
+                    origin,
+                    key,
+                    "must be at least 100 (milliseconds)",
+                ));
+            }
+        }
+        // The cap is a semaphore's permit count; far beyond any file limit is a typo.
+        if !(1..=1_000_000).contains(&self.http.max_connections) {
+            return Err(ConfigError::invalid(
+                origin,
+                "http.max_connections",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if self.store.max_tasks == 0 {
+            return Err(ConfigError::invalid(
+                origin,
+                "store.max_tasks",
+                "must be at least 1",
+            ));
+        }
+        if self.store.cache_capacity_bytes < 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                origin,
+                "store.cache_capacity_bytes",
+                "must be at least 1048576 (1 MiB)",
             ));
         }
         for (i, t) in self.auth.tokens.iter().enumerate() {
@@ -299,6 +423,10 @@ mod tests {
         c.value.validate(&c.origin).unwrap();
         assert!(c.value.is_loopback());
         assert_eq!(c.value.http.max_body_bytes, 1024 * 1024);
+        assert_eq!(c.value.http.header_read_timeout_ms, 10_000);
+        assert_eq!(c.value.http.max_connections, 4096);
+        assert_eq!(c.value.store.task_retention_seconds, 7 * 24 * 3600);
+        assert_eq!(c.value.store.conversation_ttl_seconds, 3600);
         assert_eq!(
             c.value.token_file_path().unwrap(),
             PathBuf::from("/var/lib/warden/gateway/gateway.token")
@@ -312,6 +440,14 @@ mod tests {
             ("http.public_url=ftp://x", "http.public_url"),
             ("agents.default=ghost", "agents.default"),
             ("http.max_body_bytes=10", "http.max_body_bytes"),
+            (
+                "http.header_read_timeout_ms=0",
+                "http.header_read_timeout_ms",
+            ),
+            ("http.max_connections=0", "http.max_connections"),
+            ("http.max_connections=99999999999", "http.max_connections"),
+            ("store.max_tasks=0", "store.max_tasks"),
+            ("store.sweep_interval_ms=5", "store.sweep_interval_ms"),
             ("http.listn=1", "listn"),
         ] {
             let err = load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_B", &[set.into()])

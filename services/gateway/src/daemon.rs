@@ -16,8 +16,9 @@ use warden_proto::v1::{
 use crate::auth::{AuthConfigError, Authenticator, HostAllowlist};
 use crate::config::{EMBEDDED, GatewayConfig};
 use crate::http::{CardResponse, HttpState, agent_card, router};
+use crate::serve::EdgeLimits;
 use crate::store::{TaskStore, TaskStoreError};
-use crate::tasks::{Core, CoreSettings};
+use crate::tasks::{Core, CoreSettings, Retention};
 
 /// Why the gateway could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +66,11 @@ impl AdminService for AdminApi {
     async fn status(&self, _: Request<StatusRequest>) -> Result<Response<StatusResponse>, Status> {
         let mut details = std::collections::HashMap::new();
         details.insert("tasks_live".to_string(), self.core.live_count().to_string());
-        let stored = self.core.store().heads().map(|h| h.len()).unwrap_or(0);
-        details.insert("tasks_stored".to_string(), stored.to_string());
+        let store = self.core.store();
+        details.insert("tasks_stored".to_string(), store.task_count().to_string());
+        if let Ok(bytes) = store.size_on_disk() {
+            details.insert("store_bytes".to_string(), bytes.to_string());
+        }
         Ok(Response::new(StatusResponse {
             daemon: "warden-gateway".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -123,7 +127,12 @@ impl warden_daemon::Daemon for GatewayDaemon {
 
 /// Serves until SIGTERM/SIGINT.
 async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
-    let store = TaskStore::open(&cfg.daemon.state_dir.join("store"))?;
+    let store = TaskStore::open_with(
+        &cfg.daemon.state_dir.join("store"),
+        warden_store::StoreOptions {
+            cache_capacity_bytes: cfg.store.cache_capacity_bytes,
+        },
+    )?;
     let auth = Authenticator::from_config(&cfg)?;
     let settings = CoreSettings {
         agents: cfg.agents.list.iter().map(|a| a.name.clone()).collect(),
@@ -131,6 +140,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         turn_timeout_seconds: cfg.supervisor.turn_timeout_seconds,
         cancel_grace: Duration::from_millis(cfg.supervisor.cancel_grace_ms),
         coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
+        retention: Retention::from_config(&cfg.store),
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
     let core = Core::new(store, channel, settings);
@@ -170,21 +180,25 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         *l = server.listeners();
         l.push(format!("tcp:{bound}"));
     }
+    // Pruning and conversation TTL in the background, until shutdown.
+    let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
     let state = Arc::new(HttpState {
         core,
         auth,
         hosts: HostAllowlist::from_config(&cfg),
         max_body: cfg.http.max_body_bytes,
+        body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
         card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
     });
     let token = server.shutdown_token();
     let app = router(state);
     tracing::info!(bind = %bound, public_url = %cfg.http.public_url, "A2A listening");
-    let mut http_task = tokio::spawn(async move {
-        axum::serve(http, app)
-            .with_graceful_shutdown(token.cancelled_owned())
-            .await
-    });
+    let limits = EdgeLimits {
+        header_read_timeout: Duration::from_millis(cfg.http.header_read_timeout_ms),
+        idle_timeout: Duration::from_millis(cfg.http.idle_timeout_ms),
+        max_connections: cfg.http.max_connections,
+    };
+    let mut http_task = tokio::spawn(crate::serve::serve(http, app, limits, token));
     let shutdown = server.shutdown_token();
     let run = server.run();
     tokio::pin!(run);
@@ -207,6 +221,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     if tokio::time::timeout(grace, &mut http_task).await.is_err() {
         http_task.abort();
     }
+    sweeper.abort();
     result?;
     Ok(())
 }

@@ -43,6 +43,9 @@ pub enum A2aError {
     /// The body is larger than the configured limit.
     #[error("request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
+    /// The body did not arrive within `http.body_read_timeout_ms` (the value, in ms).
+    #[error("the request body did not arrive within {0} ms")]
+    RequestTimeout(u64),
 }
 
 impl A2aError {
@@ -50,7 +53,7 @@ impl A2aError {
     pub fn code(&self) -> i64 {
         match self {
             Self::ParseError(_) => -32700,
-            Self::InvalidRequest(_) | Self::PayloadTooLarge(_) => -32600,
+            Self::InvalidRequest(_) | Self::PayloadTooLarge(_) | Self::RequestTimeout(_) => -32600,
             Self::MethodNotFound(_) => -32601,
             Self::InvalidParams(_) => -32602,
             Self::Internal(_) => -32603,
@@ -89,6 +92,7 @@ impl A2aError {
             Self::TaskNotFound(_) | Self::MethodNotFound(_) => S::NOT_FOUND,
             Self::Internal(_) | Self::InvalidAgentResponse(_) => S::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge(_) => S::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout(_) => S::REQUEST_TIMEOUT,
             _ => S::BAD_REQUEST,
         }
     }
@@ -103,6 +107,7 @@ impl A2aError {
             | Self::ContentTypeNotSupported(_)
             | Self::PayloadTooLarge(_) => "INVALID_ARGUMENT",
             Self::Internal(_) | Self::InvalidAgentResponse(_) => "INTERNAL",
+            Self::RequestTimeout(_) => "DEADLINE_EXCEEDED",
             _ => "FAILED_PRECONDITION",
         }
     }

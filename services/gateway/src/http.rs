@@ -140,6 +140,8 @@ pub struct HttpState {
     pub auth: Authenticator,
     pub hosts: HostAllowlist,
     pub max_body: usize,
+    /// How long a handler waits for a request body (`http.body_read_timeout_ms`).
+    pub body_timeout: std::time::Duration,
     pub card: CardResponse,
 }
 
@@ -165,6 +167,7 @@ fn error_response(binding: &Binding, err: &A2aError) -> Response {
         Binding::JsonRpc(id) => {
             let status = match err {
                 A2aError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                A2aError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
                 _ => StatusCode::OK,
             };
             json_response(status, &err.jsonrpc_response(id.clone()))
@@ -255,7 +258,15 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
     }
 }
 
-async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, A2aError> {
+/// Reads the whole body within `limit` bytes and `within`: a client that trickles its body (or
+/// sends a Content-Length and stops) is answered 408 instead of holding its handler open. Only
+/// request bodies are timed; a response stream (SSE) is not.
+async fn read_body(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    within: std::time::Duration,
+) -> Result<Bytes, A2aError> {
     if let Some(len) = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -264,9 +275,10 @@ async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Byte
     {
         return Err(A2aError::PayloadTooLarge(limit));
     }
-    axum::body::to_bytes(body, limit)
-        .await
-        .map_err(|_| A2aError::PayloadTooLarge(limit))
+    match tokio::time::timeout(within, axum::body::to_bytes(body, limit)).await {
+        Ok(read) => read.map_err(|_| A2aError::PayloadTooLarge(limit)),
+        Err(_) => Err(A2aError::RequestTimeout(within.as_millis() as u64)),
+    }
 }
 
 fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
@@ -422,7 +434,7 @@ async fn jsonrpc(
     if let Err(e) = check_content_type(headers) {
         return error_response(&null, &e);
     }
-    let bytes = match read_body(body, headers, state.max_body).await {
+    let bytes = match read_body(body, headers, state.max_body, state.body_timeout).await {
         Ok(b) => b,
         Err(e) => return error_response(&null, &e),
     };
@@ -565,7 +577,7 @@ async fn rest_send(
     };
     let run = async {
         check_content_type(&parts.headers)?;
-        let bytes = read_body(body, &parts.headers, state.max_body).await?;
+        let bytes = read_body(body, &parts.headers, state.max_body, state.body_timeout).await?;
         let value: Value = serde_json::from_slice(&bytes)
             .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;
         if !value.is_object() {
@@ -759,7 +771,7 @@ async fn rest_task_post(
             || parts.headers.contains_key(header::TRANSFER_ENCODING);
         if has_body {
             check_content_type(&parts.headers)?;
-            let bytes = read_body(body, &parts.headers, state.max_body).await?;
+            let bytes = read_body(body, &parts.headers, state.max_body, state.body_timeout).await?;
             if !bytes.is_empty() {
                 let v: Value = serde_json::from_slice(&bytes)
                     .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;

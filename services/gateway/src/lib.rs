@@ -22,6 +22,7 @@ pub mod daemon;
 pub mod error;
 pub mod http;
 pub mod mapping;
+pub mod serve;
 pub mod store;
 pub mod tasks;
 pub mod time;

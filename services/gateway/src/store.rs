@@ -29,6 +29,8 @@ pub enum TaskStoreError {
     },
     #[error("cannot encode record: {0}")]
     Encode(#[source] serde_json::Error),
+    #[error("the store's background work stopped: {0}")]
+    Background(String),
 }
 
 /// The stored head of a task: everything but its history and artifacts.
@@ -45,12 +47,20 @@ pub struct TaskRecord {
     pub status_micros: i64,
 }
 
-/// Who owns a conversation (A2A context).
+/// Who owns a conversation (A2A context), and where its lifecycle stands.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContextRecord {
     pub principal: String,
     pub agent: String,
     pub created_micros: i64,
+    /// When the context's latest task was submitted (records written before this field read as
+    /// 0: their tasks' own timestamps decide).
+    #[serde(default)]
+    pub last_task_micros: i64,
+    /// Set when the gateway closed the context's conversation at the supervisor; cleared by the
+    /// next task, which opens a new one.
+    #[serde(default)]
+    pub closed_micros: Option<i64>,
 }
 
 /// One stored artifact update.
@@ -105,7 +115,15 @@ fn push_merged(parts: &mut Vec<Part>, part: Part) {
 impl TaskStore {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, TaskStoreError> {
-        let store = Store::open(dir)?;
+        Self::open_with(dir, warden_store::StoreOptions::default())
+    }
+
+    /// Opens (creating) the store in `dir` with `options` (the page cache's capacity).
+    pub fn open_with(
+        dir: &Path,
+        options: warden_store::StoreOptions,
+    ) -> Result<Self, TaskStoreError> {
+        let store = Store::open_with(dir, options)?;
         Ok(Self {
             tasks: store.tree("tasks")?,
             history: store.tree("history")?,
@@ -237,6 +255,39 @@ impl TaskStore {
     pub fn put_context(&self, context_id: &str, rec: &ContextRecord) -> Result<(), TaskStoreError> {
         self.contexts.put(context_id.as_bytes(), encode(rec)?)?;
         Ok(())
+    }
+
+    /// Every context record, in key order.
+    pub fn contexts(&self) -> Result<Vec<(String, ContextRecord)>, TaskStoreError> {
+        self.contexts
+            .scan_prefix([])?
+            .iter()
+            .map(|(k, v)| Ok((String::from_utf8_lossy(k).into_owned(), decode(k, v)?)))
+            .collect()
+    }
+
+    pub fn delete_context(&self, context_id: &str) -> Result<(), TaskStoreError> {
+        self.contexts.delete(context_id.as_bytes())?;
+        Ok(())
+    }
+
+    /// Deletes a task: its head, history and artifacts. The head goes first, so a task whose
+    /// deletion is interrupted is already invisible (nothing reads history without a head).
+    pub fn delete_task(&self, task_id: &str) -> Result<(), TaskStoreError> {
+        self.tasks.delete(task_id.as_bytes())?;
+        self.history.delete_prefix(format!("{task_id}/"))?;
+        self.artifacts.delete_prefix(format!("{task_id}/"))?;
+        Ok(())
+    }
+
+    /// How many task heads are stored.
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// The database's size on disk in bytes.
+    pub fn size_on_disk(&self) -> Result<u64, TaskStoreError> {
+        Ok(self.store.size_on_disk()?)
     }
 
     /// Flushes everything to disk (called at terminal and interrupted states).
@@ -381,6 +432,27 @@ mod tests {
             TaskState::Completed
         );
         assert!(s.recover()?.is_empty(), "recovery is idempotent");
+        Ok(())
+    }
+
+    #[test]
+    fn a_deleted_task_leaves_nothing_behind_and_spares_its_neighbours()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let s = TaskStore::open(dir.path())?;
+        // "t1" is a prefix of "t10": deleting t1 must not touch t10's history.
+        for id in ["t1", "t10"] {
+            s.put_head(&record(id, TaskState::Completed))?;
+            s.put_history(id, 0, &Message::agent_text(id, "ctx", "hi", None))?;
+            s.put_artifact_chunk(id, 0, 0, &chunk("a", "x", false))?;
+        }
+        s.delete_task("t1")?;
+        assert!(s.load("t1")?.is_none());
+        assert!(s.history("t1")?.is_empty());
+        assert!(s.artifacts("t1")?.is_empty());
+        let (t10, _) = s.load("t10")?.ok_or("t10 missing")?;
+        assert_eq!((t10.history.len(), t10.artifacts.len()), (1, 1));
+        assert_eq!(s.task_count(), 1);
         Ok(())
     }
 

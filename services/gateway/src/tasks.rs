@@ -5,6 +5,12 @@
 //! Every update is applied under the task's lock in one place ([`LiveTask::apply`]): it changes
 //! the in-memory task, writes the change to the store, and broadcasts it, so every subscriber sees
 //! the same events in the same order after a consistent snapshot.
+//!
+//! A background sweep ([`Core::sweep`]) keeps the store bounded and ends conversations: terminal
+//! tasks older than the retention, or beyond a principal's `max_tasks`, are deleted (oldest
+//! first; a running task never), and a context idle for the conversation TTL after its last
+//! task ended is closed at the supervisor. A task started while its context is being closed
+//! waits for the close, then opens a new conversation.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,10 +18,12 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
 use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use warden_proto::v1::supervisor_service_client::SupervisorServiceClient;
 use warden_proto::v1::{
-    AnswerQuestionRequest, CancelTurnRequest, OpenConversationRequest, Profile, RunTurnRequest,
+    AnswerQuestionRequest, CancelTurnRequest, CloseConversationRequest, OpenConversationRequest,
+    Profile, RunTurnRequest,
 };
 
 use crate::a2a::{
@@ -47,6 +55,104 @@ pub struct CoreSettings {
     pub turn_timeout_seconds: u32,
     pub cancel_grace: Duration,
     pub coalesce_bytes: usize,
+    pub retention: Retention,
+}
+
+/// What the store keeps and when conversations end (`[store]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// Terminal tasks older than this (since their last status) are deleted.
+    pub task_retention: Duration,
+    /// Stored tasks per principal; beyond it the oldest terminal ones are deleted.
+    pub max_tasks: usize,
+    /// A context idle this long after its last task ended is closed at the supervisor.
+    pub conversation_ttl: Option<Duration>,
+    pub sweep_interval: Duration,
+}
+
+impl Retention {
+    pub fn from_config(s: &crate::config::StoreSection) -> Self {
+        Self {
+            task_retention: Duration::from_secs(s.task_retention_seconds),
+            max_tasks: s.max_tasks,
+            conversation_ttl: (s.conversation_ttl_seconds > 0)
+                .then(|| Duration::from_secs(s.conversation_ttl_seconds)),
+            sweep_interval: Duration::from_millis(s.sweep_interval_ms),
+        }
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self::from_config(&crate::config::StoreSection::default())
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub tasks_deleted: usize,
+    pub conversations_closed: usize,
+    pub contexts_forgotten: usize,
+}
+
+/// What the sweep knows of one context's remaining tasks.
+#[derive(Debug, Default, Clone, Copy)]
+struct ContextTasks {
+    count: usize,
+    busy: bool,
+    last_status_micros: i64,
+}
+
+/// How long the sweep waits for the supervisor to close one conversation.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// Deletes what the retention rules say must go and returns, per context, what remains. Pure
+/// store work (no supervisor): run off the async threads.
+fn prune(
+    store: &TaskStore,
+    heads: Vec<TaskRecord>,
+    now: i64,
+    retention: &Retention,
+) -> Result<(usize, HashMap<String, ContextTasks>), TaskStoreError> {
+    let cutoff = now.saturating_sub(micros(retention.task_retention));
+    let mut by_principal: HashMap<String, Vec<TaskRecord>> = HashMap::new();
+    for h in heads {
+        by_principal.entry(h.principal.clone()).or_default().push(h);
+    }
+    let mut deleted = 0;
+    let mut contexts: HashMap<String, ContextTasks> = HashMap::new();
+    for (_, mut tasks) in by_principal {
+        // Oldest status first: the order in which terminal tasks are given up.
+        tasks.sort_by(|a, b| {
+            a.status_micros
+                .cmp(&b.status_micros)
+                .then_with(|| a.task.id.cmp(&b.task.id))
+        });
+        let mut remaining = tasks.len();
+        for t in tasks {
+            let terminal = t.task.status.state.is_terminal();
+            let expired = t.status_micros < cutoff;
+            if terminal && (expired || remaining > retention.max_tasks) {
+                store.delete_task(&t.task.id)?;
+                deleted += 1;
+                remaining -= 1;
+                continue;
+            }
+            let c = contexts.entry(t.task.context_id.clone()).or_default();
+            c.count += 1;
+            c.busy |= !terminal;
+            c.last_status_micros = c.last_status_micros.max(t.status_micros);
+        }
+    }
+    if deleted > 0 {
+        store.flush()?;
+    }
+    Ok((deleted, contexts))
 }
 
 /// One event as delivered to subscribers.
@@ -258,6 +364,13 @@ pub struct Core {
     supervisor: SupervisorServiceClient<Channel>,
     live: Mutex<HashMap<String, Arc<LiveTask>>>,
     settings: CoreSettings,
+    /// Held for every read-modify-write of a context record, and by the sweep when it forgets
+    /// one, so ownership is decided once: two principals cannot both create a context, and a
+    /// context is never forgotten between a task's ownership check and its write.
+    contexts_guard: Mutex<()>,
+    /// Contexts whose conversation the sweep is closing right now; a task starting in one waits
+    /// on its gate before RunTurn, so the close never ends the new task's conversation.
+    closing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Core {
@@ -267,7 +380,174 @@ impl Core {
             supervisor: SupervisorServiceClient::new(channel),
             live: Mutex::new(HashMap::new()),
             settings,
+            contexts_guard: Mutex::new(()),
+            closing: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Runs [`Core::sweep`] every sweep interval until `stop`.
+    pub async fn sweep_forever(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.settings.retention.sweep_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            match self.sweep(now_micros()).await {
+                Ok(r) if r != SweepReport::default() => tracing::info!(
+                    tasks_deleted = r.tasks_deleted,
+                    conversations_closed = r.conversations_closed,
+                    contexts_forgotten = r.contexts_forgotten,
+                    "store swept"
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the store sweep failed; retrying at the next interval")
+                }
+            }
+        }
+    }
+
+    /// One sweep at time `now` (µs): prunes tasks, closes conversations idle past the TTL at the
+    /// supervisor, and forgets contexts with no task left whose conversation is closed.
+    pub async fn sweep(&self, now: i64) -> Result<SweepReport, TaskStoreError> {
+        let retention = self.settings.retention;
+        let store = self.store.clone();
+        let (tasks_deleted, remaining) = tokio::task::spawn_blocking(move || {
+            let heads = store.heads()?;
+            prune(&store, heads, now, &retention)
+        })
+        .await
+        .map_err(|e| TaskStoreError::Background(e.to_string()))??;
+        let mut report = SweepReport {
+            tasks_deleted,
+            ..SweepReport::default()
+        };
+        let retention_micros = micros(retention.task_retention);
+        for (cid, rec) in self.store.contexts()? {
+            let tasks = remaining.get(&cid).copied().unwrap_or_default();
+            if tasks.busy {
+                continue;
+            }
+            let last = tasks
+                .last_status_micros
+                .max(rec.last_task_micros)
+                .max(rec.created_micros);
+            match rec.closed_micros {
+                None => {
+                    let ttl_passed = retention
+                        .conversation_ttl
+                        .is_some_and(|ttl| last.saturating_add(micros(ttl)) <= now);
+                    // A context with nothing left to show is closed before it is forgotten,
+                    // even with the TTL off.
+                    let abandoned =
+                        tasks.count == 0 && last.saturating_add(retention_micros) <= now;
+                    if (ttl_passed || abandoned) && self.close_idle(&cid, &rec, now).await? {
+                        report.conversations_closed += 1;
+                    }
+                }
+                Some(_) if tasks.count == 0 && last.saturating_add(retention_micros) <= now => {
+                    if self.forget_context(&cid, &rec)? {
+                        report.contexts_forgotten += 1;
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(report)
+    }
+
+    /// True when a task of `context_id` is being followed by this process.
+    fn context_busy(&self, context_id: &str) -> bool {
+        let live: Vec<Arc<LiveTask>> = match self.live.lock() {
+            Ok(m) => m.values().cloned().collect(),
+            Err(_) => return true,
+        };
+        live.iter()
+            .any(|l| lock(&l.inner).task.context_id == context_id)
+    }
+
+    /// Closes one idle context's conversation at the supervisor, unless a task started in it
+    /// since `seen` was read. Returns whether it was closed (and marked so).
+    async fn close_idle(
+        &self,
+        context_id: &str,
+        seen: &ContextRecord,
+        now: i64,
+    ) -> Result<bool, TaskStoreError> {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let _held = gate.clone().lock_owned().await;
+        match self.closing.lock() {
+            Ok(mut m) => {
+                if m.contains_key(context_id) {
+                    return Ok(false);
+                }
+                m.insert(context_id.to_string(), gate);
+            }
+            Err(_) => return Ok(false),
+        }
+        // Registered first, checked second: a task that started before the registration is
+        // live (or has moved the record on) now; one that starts after it waits on the gate.
+        let unchanged = self
+            .store
+            .context(context_id)?
+            .is_some_and(|r| r.last_task_micros == seen.last_task_micros);
+        let mut closed = false;
+        if unchanged && !self.context_busy(context_id) {
+            let mut client = self.supervisor.clone();
+            let req = CloseConversationRequest {
+                context_id: context_id.to_string(),
+            };
+            match tokio::time::timeout(CLOSE_TIMEOUT, client.close_conversation(req)).await {
+                Ok(Ok(r)) => {
+                    let r = r.into_inner();
+                    tracing::info!(
+                        context_id,
+                        found = r.closed,
+                        forced = r.forced,
+                        processes = r.processes,
+                        "closed an idle conversation"
+                    );
+                    let _g = self.contexts_guard.lock();
+                    if let Some(mut rec) = self.store.context(context_id)?
+                        && rec.last_task_micros == seen.last_task_micros
+                    {
+                        rec.closed_micros = Some(now);
+                        self.store.put_context(context_id, &rec)?;
+                        closed = true;
+                    }
+                }
+                Ok(Err(status)) => {
+                    tracing::warn!(context_id, error = %status, "the supervisor did not close an idle conversation; retrying at the next sweep");
+                }
+                Err(_) => {
+                    tracing::warn!(
+                        context_id,
+                        "CloseConversation timed out; retrying at the next sweep"
+                    );
+                }
+            }
+        }
+        if let Ok(mut m) = self.closing.lock() {
+            m.remove(context_id);
+        }
+        Ok(closed)
+    }
+
+    /// Deletes a closed context with no task left, unless it changed since `seen` was read. Its
+    /// id may then be used again, by anyone, as a new context: nothing of the old one remains.
+    fn forget_context(
+        &self,
+        context_id: &str,
+        seen: &ContextRecord,
+    ) -> Result<bool, TaskStoreError> {
+        let _g = self.contexts_guard.lock();
+        if self.store.context(context_id)?.as_ref() != Some(seen) || self.context_busy(context_id) {
+            return Ok(false);
+        }
+        self.store.delete_context(context_id)?;
+        Ok(true)
     }
 
     pub fn store(&self) -> &TaskStore {
@@ -672,35 +952,50 @@ impl Core {
             None => uuid::Uuid::new_v4().to_string(),
         };
         let now = now_micros();
-        let agent = match self.store.context(&context_id).map_err(store_err)? {
-            Some(ctx) if ctx.principal != principal => {
-                // Another principal's conversation does not exist for this caller.
-                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
-            }
-            Some(ctx) => {
-                if let Some(a) = &agent_asked
-                    && *a != ctx.agent
-                {
-                    return Err(A2aError::InvalidParams(format!(
-                        "context {context_id} runs agent {:?}; start a new context for {a:?}",
-                        ctx.agent
-                    )));
+        let agent = {
+            let _g = self
+                .contexts_guard
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match self.store.context(&context_id).map_err(store_err)? {
+                Some(ctx) if ctx.principal != principal => {
+                    // Another principal's conversation does not exist for this caller.
+                    return Err(A2aError::TaskNotFound(format!("context {context_id}")));
                 }
-                ctx.agent
-            }
-            None => {
-                let agent = agent_asked.unwrap_or_else(|| self.settings.default_agent.clone());
-                self.store
-                    .put_context(
-                        &context_id,
-                        &ContextRecord {
-                            principal: principal.to_string(),
-                            agent: agent.clone(),
-                            created_micros: now,
-                        },
-                    )
-                    .map_err(store_err)?;
-                agent
+                Some(mut ctx) => {
+                    if let Some(a) = &agent_asked
+                        && *a != ctx.agent
+                    {
+                        return Err(A2aError::InvalidParams(format!(
+                            "context {context_id} runs agent {:?}; start a new context for {a:?}",
+                            ctx.agent
+                        )));
+                    }
+                    // The context is in use again: the sweep measures idleness from here, and a
+                    // closed conversation is reopened by this task's RunTurn.
+                    ctx.last_task_micros = now;
+                    ctx.closed_micros = None;
+                    self.store
+                        .put_context(&context_id, &ctx)
+                        .map_err(store_err)?;
+                    ctx.agent
+                }
+                None => {
+                    let agent = agent_asked.unwrap_or_else(|| self.settings.default_agent.clone());
+                    self.store
+                        .put_context(
+                            &context_id,
+                            &ContextRecord {
+                                principal: principal.to_string(),
+                                agent: agent.clone(),
+                                created_micros: now,
+                                last_task_micros: now,
+                                closed_micros: None,
+                            },
+                        )
+                        .map_err(store_err)?;
+                    agent
+                }
             }
         };
         let task_id = uuid::Uuid::new_v4().to_string();
@@ -783,6 +1078,16 @@ impl Core {
     /// Follows one turn to its end.
     async fn drive(self: Arc<Self>, live: Arc<LiveTask>, run: RunTurnRequest) {
         let task_id = run.task_id.clone();
+        // The sweep may be closing this context's idle conversation; RunTurn after it has, so the
+        // close cannot end this task's new conversation.
+        let gate = self
+            .closing
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&run.context_id).cloned());
+        if let Some(gate) = gate {
+            let _ = gate.lock().await;
+        }
         let mut client = self.supervisor.clone();
         let ended = |live: &LiveTask, reason: String| {
             let mut inner = lock(&live.inner);

@@ -69,6 +69,7 @@ fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router
             turn_timeout_seconds: 0,
             cancel_grace: Duration::from_millis(500),
             coalesce_bytes: 1024,
+            retention: warden_gateway::tasks::Retention::default(),
         },
     );
     let da = token_digest_hex(ALICE);
@@ -78,6 +79,7 @@ fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router
         auth: Authenticator::from_digests([("alice", da.as_str()), ("bob", db.as_str())]),
         hosts,
         max_body,
+        body_timeout: Duration::from_secs(30),
         card: CardResponse::new(&agent_card(&cfg), 300),
     }))
 }

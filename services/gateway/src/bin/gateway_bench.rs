@@ -13,7 +13,13 @@
 //!    chunk to its stream to the SSE client reading it (p50/p99): the gateway's added latency,
 //!    including its gRPC and HTTP hops.
 //!
-//! Usage: `cargo run --release -p warden-gateway --bin gateway-bench -- [CHUNKS] [PACED_RATE]`
+//! 3. waves: WAVES waves of PER_WAVE blocking SendMessage calls (50 at a time, 20 chunks per
+//!    turn, a new context each), with `max_tasks` = 2 × PER_WAVE, each wave followed by one sweep
+//!    → tasks stored, store size on disk and this process's RSS and open fds after each wave (the
+//!    RSS includes the load generator and the client, which hold nothing per task).
+//!
+//! Usage: `cargo run --release -p warden-gateway --bin gateway-bench -- [CHUNKS] [PACED_RATE]
+//! [WAVES] [PER_WAVE]`
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -42,7 +48,7 @@ enum Pace {
 /// The load generator (see the module comment): RunTurn streams chunks; nothing else works.
 struct LoadGenerator {
     epoch: Instant,
-    chunks: usize,
+    chunks: Arc<std::sync::atomic::AtomicUsize>,
     pace: Arc<std::sync::Mutex<Pace>>,
 }
 
@@ -67,7 +73,7 @@ impl SupervisorService for LoadGenerator {
         let turn_id = req.into_inner().turn_id;
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         let epoch = self.epoch;
-        let n = self.chunks;
+        let n = self.chunks.load(std::sync::atomic::Ordering::Relaxed);
         let pace = *self.pace.lock().map_err(|_| Status::internal("pace"))?;
         // A thread, so pacing can spin on the clock instead of relying on timer granularity.
         std::thread::spawn(move || {
@@ -232,6 +238,45 @@ async fn stream_once(
     Ok(run)
 }
 
+/// One blocking SendMessage (HTTP/1.0); the final state.
+async fn send_once(addr: &str, id: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let body = serde_json::json!({"message": {"messageId": id, "role": "ROLE_USER", "parts": [{"text": "wave"}]}}).to_string();
+    let req = format!(
+        "POST /a2a/rest/message:send HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {TOKEN}\r\nA2A-Version: 1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut sock = tokio::net::TcpStream::connect(addr).await?;
+    sock.write_all(req.as_bytes()).await?;
+    let mut buf = Vec::new();
+    sock.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    let (_, body) = text.split_once("\r\n\r\n").ok_or("no response body")?;
+    let v: serde_json::Value = serde_json::from_str(body)?;
+    Ok(v["task"]["status"]["state"]
+        .as_str()
+        .unwrap_or("?")
+        .to_string())
+}
+
+/// A line of /proc/self/status, in kB.
+fn proc_status_kb(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
 fn pct(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -249,6 +294,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(10_000);
     let rate: u64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5_000);
+    let waves: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10);
+    let per_wave: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(100);
+    let chunk_count = Arc::new(std::sync::atomic::AtomicUsize::new(chunks));
     let dir = tempfile::tempdir()?;
     let epoch = Instant::now();
     let pace = Arc::new(std::sync::Mutex::new(Pace::Burst));
@@ -257,7 +305,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::UnixListener::bind(&sock)?;
     let generator = LoadGenerator {
         epoch,
-        chunks,
+        chunks: chunk_count.clone(),
         pace: pace.clone(),
     };
     tokio::spawn(async move {
@@ -280,21 +328,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             turn_timeout_seconds: 0,
             cancel_grace: Duration::from_secs(5),
             coalesce_bytes: warden_gateway::mapping::DEFAULT_COALESCE_BYTES,
+            retention: warden_gateway::tasks::Retention {
+                max_tasks: 2 * per_wave.max(1),
+                ..warden_gateway::tasks::Retention::default()
+            },
         },
     );
     let digest = token_digest_hex(TOKEN);
     let app = router(Arc::new(HttpState {
-        core,
+        core: core.clone(),
         auth: Authenticator::from_digests([("bench", digest.as_str())]),
         hosts: HostAllowlist::off(),
         max_body: 1 << 20,
+        body_timeout: Duration::from_secs(30),
         card: CardResponse::new(&agent_card(&cfg), 60),
     }));
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = http.local_addr()?.to_string();
-    tokio::spawn(async move {
-        let _ = axum::serve(http, app).await;
-    });
+    let limits = warden_gateway::serve::EdgeLimits {
+        header_read_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 4096,
+    };
+    tokio::spawn(warden_gateway::serve::serve(
+        http,
+        app,
+        limits,
+        tokio_util::sync::CancellationToken::new(),
+    ));
 
     println!(
         "gateway-bench: {chunks} chunks per turn; supervisor side is a LOAD GENERATOR (see source)"
@@ -329,6 +390,44 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         pct(&lat, 1.0),
         paced.final_state
     );
+
+    chunk_count.store(20, std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "waves:  {waves} x {per_wave} tasks (20 chunks each, 50 concurrent), max_tasks {}, one sweep after each wave",
+        2 * per_wave
+    );
+    println!("        wave  tasks/s  stored  store_bytes  rss_kB  fds");
+    for wave in 0..waves {
+        let t0 = Instant::now();
+        let sem = Arc::new(tokio::sync::Semaphore::new(50));
+        let mut handles = Vec::new();
+        for i in 0..per_wave {
+            let permit = sem.clone().acquire_owned().await?;
+            let addr = addr.clone();
+            handles.push(tokio::spawn(async move {
+                let r = send_once(&addr, &format!("wave-{wave}-{i}")).await;
+                drop(permit);
+                r.map_err(|e| e.to_string())
+            }));
+        }
+        for h in handles {
+            let state = h.await??;
+            if state != "TASK_STATE_COMPLETED" {
+                return Err(format!("a wave task ended {state}").into());
+            }
+        }
+        let rate = per_wave as f64 / t0.elapsed().as_secs_f64();
+        core.sweep(warden_gateway::time::now_micros()).await?;
+        println!(
+            "        {:>4}  {:>7.0}  {:>6}  {:>11}  {:>6}  {:>3}",
+            wave + 1,
+            rate,
+            core.store().task_count(),
+            core.store().size_on_disk()?,
+            proc_status_kb("VmRSS:"),
+            open_fds()
+        );
+    }
     if burst.chunks != chunks || paced.chunks != chunks {
         return Err(format!(
             "lost chunks: burst {} paced {} of {chunks}",

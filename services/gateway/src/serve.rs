@@ -1,0 +1,369 @@
+//! The HTTP edge: the accept loop that serves the router over HTTP/1.1 with limits.
+//!
+//! `axum::serve` has no connection cap and no timeouts, so 1,100 connections that each sent half
+//! a header held 1,100 file descriptors for ever (finding 3 of issue 13). Here:
+//! - at most `max_connections` connections are served; one over the cap is answered a fixed 503
+//!   at once and closed, without reading its request, so refusing costs almost nothing and the
+//!   connections already served (their tasks, their SSE streams) are untouched;
+//! - a connection must deliver a complete request head within `header_read_timeout` of being
+//!   accepted, and later heads within the same time of their first byte;
+//! - a kept-alive connection with no request in flight is closed after `idle_timeout`. A request
+//!   is in flight until its response body has been written to the end, so an SSE stream keeps
+//!   its connection however quiet it is;
+//! - request bodies are timed by the handlers (`http.body_read_timeout_ms`), never responses.
+//!
+//! hyper's own `header_read_timeout` is not used: it is armed whenever hyper waits for a head,
+//! including on an idle kept-alive connection, so it would also be the idle timeout.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+/// The limits of the HTTP edge (from `[http]`).
+#[derive(Debug, Clone, Copy)]
+pub struct EdgeLimits {
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+}
+
+/// Refusals being written at once; beyond it an over-the-cap connection is closed without a 503
+/// so that refusing cannot itself hold an unbounded number of descriptors.
+const MAX_REFUSING: usize = 64;
+/// How long a refused connection is given to read its 503 before it is closed.
+const REFUSAL_LINGER: Duration = Duration::from_millis(500);
+
+const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Content-Type: application/json\r\n\
+Retry-After: 1\r\n\
+Connection: close\r\n\
+Content-Length: 114\r\n\r\n\
+{\"error\":{\"code\":503,\"status\":\"UNAVAILABLE\",\"message\":\"the gateway is serving its maximum number of connections\"}}";
+
+/// What a connection is doing, shared by its IO, its requests and its watchdog (all on the
+/// connection's own task; atomics only because hyper requires `Send`).
+struct Activity {
+    epoch: Instant,
+    in_flight: AtomicUsize,
+    /// ms since `epoch` at which the connection became idle (no request in flight).
+    idle_since: AtomicU64,
+    /// ms since `epoch` + 1 at which the current head began (accept, or a byte read while idle);
+    /// 0 while no head is being read.
+    head_since: AtomicU64,
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// When this connection must be closed if nothing changes, or `None` if a request is in
+    /// flight (then it is never closed for time here).
+    fn deadline(&self, limits: &EdgeLimits) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let at = match self.head_since.load(Ordering::Relaxed) {
+            0 => self.idle_since.load(Ordering::Relaxed) + limits.idle_timeout.as_millis() as u64,
+            h => h - 1 + limits.header_read_timeout.as_millis() as u64,
+        };
+        Some(self.epoch + Duration::from_millis(at))
+    }
+}
+
+/// The connection's socket, noting when a new request head starts arriving.
+struct TrackedIo {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for TrackedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let a = &self.activity;
+            if a.in_flight.load(Ordering::Relaxed) == 0 && a.head_since.load(Ordering::Relaxed) == 0
+            {
+                a.head_since.store(a.now_ms() + 1, Ordering::Relaxed);
+            }
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for TrackedIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Held by a response body: the request is in flight until the body is dropped (written out or
+/// abandoned).
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn begin(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.head_since.store(0, Ordering::Relaxed);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.idle_since.store(self.0.now_ms(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// A response body that keeps its request in flight while it is being written.
+struct TrackedBody {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Serves `app` on `listener` within `limits` until `shutdown`; then stops accepting, lets each
+/// connection finish its current request (hyper's graceful shutdown) and returns once every
+/// connection is gone. The caller bounds that wait (open SSE streams last as long as their task).
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: EdgeLimits,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let mut accept_errors = 0u32;
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.cancelled() => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                accept_errors = 0;
+                stream
+            }
+            Err(e) => {
+                // EMFILE/ENFILE and aborted handshakes: back off briefly instead of spinning;
+                // served connections keep working meanwhile.
+                accept_errors = accept_errors.saturating_add(1);
+                if accept_errors == 1 || accept_errors.is_power_of_two() {
+                    tracing::warn!(error = %e, consecutive = accept_errors, "cannot accept an HTTP connection");
+                }
+                tokio::time::sleep(Duration::from_millis(10 * u64::from(accept_errors.min(50))))
+                    .await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                let app = app.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    connection(stream, app, limits, shutdown).await;
+                    drop(slot);
+                });
+            }
+            Err(_) => match refusing.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    tokio::spawn(async move {
+                        refuse(stream).await;
+                        drop(permit);
+                    });
+                }
+                Err(_) => drop(stream),
+            },
+        }
+    }
+    // Every slot back = every connection closed.
+    let _ = slots.acquire_many(limits.max_connections as u32).await;
+}
+
+/// Answers 503 without reading the request, then lingers briefly so the client reads the answer
+/// (closing with unread input would reset the connection and lose it).
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        stream.write_all(REFUSAL).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        loop {
+            use tokio::io::AsyncReadExt;
+            if stream.read(&mut sink).await? == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+        }
+    })
+    .await;
+}
+
+async fn connection(
+    stream: TcpStream,
+    app: Router,
+    limits: EdgeLimits,
+    shutdown: CancellationToken,
+) {
+    let activity = Arc::new(Activity {
+        epoch: Instant::now(),
+        in_flight: AtomicUsize::new(0),
+        idle_since: AtomicU64::new(0),
+        // The first head is timed from the accept: a client that connects and sends nothing is
+        // as slow as one that sends half a header.
+        head_since: AtomicU64::new(1),
+    });
+    let io = TrackedIo {
+        inner: stream,
+        activity: activity.clone(),
+    };
+    let service_activity = activity.clone();
+    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let in_flight = InFlight::begin(&service_activity);
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(req.map(Body::new)).await?;
+            Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
+                inner,
+                _in_flight: in_flight,
+            }))
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        // hyper's header timer would also time idle keep-alive waits (see the module comment);
+        // the watchdog below times heads and idleness separately.
+        .header_read_timeout(None)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        let deadline = activity.deadline(&limits);
+        // While a request is in flight nothing is timed here; look again after the shorter
+        // timeout in case it has finished by then.
+        let wake = deadline.unwrap_or_else(|| {
+            Instant::now() + limits.header_read_timeout.min(limits.idle_timeout)
+        });
+        tokio::select! {
+            r = conn.as_mut() => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {
+                if let Some(d) = activity.deadline(&limits)
+                    && Instant::now() >= d
+                {
+                    // Dropping the connection closes the socket: a head that did not arrive in
+                    // time, or an idle keep-alive, gets no answer.
+                    return;
+                }
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_a_well_formed_response_with_a_json_error() {
+        let text = std::str::from_utf8(REFUSAL).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{head}"
+        );
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["error"]["status"], "UNAVAILABLE");
+    }
+
+    #[test]
+    fn heads_are_timed_from_their_start_and_idleness_from_the_last_response() {
+        let limits = EdgeLimits {
+            header_read_timeout: Duration::from_millis(100),
+            idle_timeout: Duration::from_millis(1000),
+            max_connections: 1,
+        };
+        let a = Arc::new(Activity {
+            epoch: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(1),
+        });
+        assert_eq!(
+            a.deadline(&limits),
+            Some(a.epoch + Duration::from_millis(100))
+        );
+        let req = InFlight::begin(&a);
+        assert_eq!(
+            a.deadline(&limits),
+            None,
+            "nothing is timed while a request is in flight"
+        );
+        drop(req);
+        let idle = a.deadline(&limits).unwrap();
+        assert!(idle >= a.epoch + Duration::from_millis(1000), "{idle:?}");
+    }
+}
