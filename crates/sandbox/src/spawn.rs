@@ -244,12 +244,14 @@ impl Spawner {
                 r
             }
         };
-        if !cwd.is_dir() {
-            return Err(SandboxError::InvalidInput(format!(
-                "working directory {} is not a directory",
-                cwd.display()
-            )));
-        }
+        // The working directory is opened beneath the root's fd and entered by that fd
+        // (fchdir in the child), never by name: a component swapped for a symlink after the
+        // check above cannot move the agent out of its root.
+        let cwd_fd = warden_containment::beneath::RootDir::open(root)
+            .and_then(|r| r.open_dir(&cwd))
+            .map_err(|e| {
+                SandboxError::InvalidInput(format!("working directory {}: {e}", cwd.display()))
+            })?;
         let program = resolve_program(&spec.program, &spec.env)?;
         let home = match &spec.home {
             None => None,
@@ -387,8 +389,7 @@ impl Spawner {
         }
         cmd.env(DEPTH_ENV, child_depth.to_string());
         cmd.env(TREE_MARKER_ENV, &marker);
-        cmd.current_dir(&cwd)
-            .process_group(0)
+        cmd.process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -411,11 +412,18 @@ impl Spawner {
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
         let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let cwd_raw = cwd_fd.as_raw_fd();
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (write, setgroups, setgid, setuid, prctl, getppid, close, dup2, fcntl);
-        // it allocates nothing (`keep` was built before the fork).
+        // system calls (fchdir, write, setgroups, setgid, setuid, prctl, getppid, close, dup2,
+        // fcntl); it allocates nothing (`keep` was built before the fork). `cwd_fd` outlives the
+        // spawn (it is dropped after `cmd.spawn()`).
         unsafe {
             cmd.pre_exec(move || {
+                // Into the working directory by its fd (opened beneath the root), before the
+                // switch of identity: the directory is already resolved, no lookup remains.
+                if libc::fchdir(cwd_raw) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 // Entering the cgroup needs the supervisor's rights: before the switch.
                 if let Some(fd) = procs_fd
                     && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
@@ -461,7 +469,9 @@ impl Spawner {
             });
         }
 
-        let mut child = match cmd.spawn() {
+        let spawned = cmd.spawn();
+        drop(cwd_fd);
+        let mut child = match spawned {
             Ok(c) => c,
             Err(source) => {
                 cleanup_cgroup(&cgroup);

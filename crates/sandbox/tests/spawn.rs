@@ -235,3 +235,39 @@ async fn the_agent_runs_inside_its_cgroup_with_limits_where_controllers_exist() 
     let report = agent.tree.kill(KillOptions::default()).await.expect("kill");
     assert!(report.cgroup_removed);
 }
+
+/// The working directory is opened beneath the root and entered by its fd: inside it works
+/// (also through a symlink that stays inside), a symlink to a host directory or `..` is refused
+/// before anything starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_working_directory_is_entered_beneath_the_root_only() {
+    let fx = Fixture::new("cwd");
+    let spawner = warden_sandbox::Spawner::new(&fx.store, None, None).expect("spawner");
+    let b = fx.owned_root("cwd", Profile::WorkspaceWrite);
+    let root = b.root.clone();
+    std::fs::create_dir_all(root.join("sub/dir")).unwrap();
+    std::os::unix::fs::symlink("sub", root.join("inner")).unwrap();
+    let outside = fx.state_dir().join("outside-cwd");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("out")).unwrap();
+    for (cwd, expect) in [("sub/dir", "sub/dir"), ("inner/dir", "sub/dir")] {
+        let mut spec = fx.spec("cwd", b.clone(), "pwd -P");
+        spec.cwd = Some(cwd.into());
+        let (code, out, err) = run(&spawner, spec).await;
+        assert_eq!(code, Some(0), "{cwd}: {err}");
+        assert_eq!(
+            std::path::Path::new(out.trim()),
+            std::fs::canonicalize(root.join(expect)).unwrap(),
+            "{cwd}"
+        );
+    }
+    for cwd in ["out", "..", "sub/../.."] {
+        let mut spec = fx.spec("cwd", b.clone(), "pwd -P");
+        spec.cwd = Some(cwd.into());
+        match spawner.spawn(spec) {
+            Err(SandboxError::InvalidInput(m)) => assert!(m.contains("working directory"), "{m}"),
+            Err(e) => panic!("{cwd}: unexpected error {e}"),
+            Ok(_) => panic!("{cwd}: a working directory outside the root was entered"),
+        }
+    }
+}
