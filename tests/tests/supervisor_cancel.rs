@@ -94,7 +94,10 @@ async fn cancelling_a_queued_turn_leaves_the_active_one_alone() {
     assert!(
         matches!(
             first.event,
-            Some(Event::Queued(pb::TurnQueued { position: 1 }))
+            Some(Event::Queued(pb::TurnQueued {
+                position: 1,
+                admission: false
+            }))
         ),
         "{first:?}"
     );

@@ -93,3 +93,56 @@ async fn with_every_live_agent_busy_a_new_one_is_refused_as_capacity() {
     assert!(incidents(&d).iter().all(|i| i["class"] != "capacity"));
     assert_eq!(agents_alive(&d), 2);
 }
+
+/// Admission (finding 5): with `max_active_turns = 1`, a second conversation's turn waits for
+/// the running one, is told its place in the admission queue, and then runs — it is neither
+/// refused nor started alongside.
+#[tokio::test(flavor = "multi_thread")]
+async fn turns_beyond_the_active_limit_wait_their_turn_in_order() {
+    let d = deploy(&[("supervisor", "limits.max_active_turns=1")]).await;
+    let mut c = client(&d);
+    let slow = scenario(serde_json::json!({"steps": [
+        {"type": "sleep", "ms": 800}, {"type": "message", "text": "A done"}]}));
+    let mut a = start(&mut c, turn("adm-a", "t1", &slow)).await;
+    let first = tokio::time::timeout(Duration::from_secs(20), a.message())
+        .await
+        .expect("A started")
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        first.event,
+        Some(pb::turn_event::Event::Started(_))
+    ));
+    let mut b = start(&mut c, turn("adm-b", "t1", "write b.txt")).await;
+    let eb = collect(&mut b, Duration::from_secs(30)).await;
+    let ea = collect(&mut a, Duration::from_secs(30)).await;
+    assert_eq!(stop(&ea).stop_reason, "end_turn");
+    assert_eq!(stop(&eb).stop_reason, "end_turn", "{eb:#?}");
+    let queued: Vec<_> = eb
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(pb::turn_event::Event::Queued(q)) => Some(*q),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        queued,
+        vec![pb::TurnQueued {
+            position: 1,
+            admission: true
+        }],
+        "{eb:#?}"
+    );
+    // B started only after A had finished: its TurnStarted follows its queued event, and A's
+    // answer text arrived before B's stream ended.
+    let started_at = eb
+        .iter()
+        .position(|e| matches!(e.event, Some(pb::turn_event::Event::Started(_))))
+        .expect("B started");
+    let queued_at = eb
+        .iter()
+        .position(|e| matches!(e.event, Some(pb::turn_event::Event::Queued(_))))
+        .unwrap();
+    assert!(queued_at < started_at);
+    assert!(text(&ea).contains("A done"));
+}

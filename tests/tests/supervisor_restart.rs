@@ -39,6 +39,8 @@ async fn a_restart_over_many_leftover_trees_is_healthy_at_once_and_reaps_them_in
     let mut d = deploy(&[
         ("supervisor", "sandbox.bubblewrap=false"),
         ("supervisor", "limits.kill_grace_ms=1000"),
+        // All 24 turns run at once (admission would queue most of them on a small host).
+        ("supervisor", "limits.max_active_turns=64"),
     ])
     .await;
     let mut c = client(&d);

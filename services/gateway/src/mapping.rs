@@ -485,6 +485,19 @@ impl TurnMapper {
             out.extend(self.flush(now));
         }
         match event {
+            Event::Queued(q) if q.admission => {
+                // Accepted and about to run once a turn slot frees: working, with its place.
+                let text = format!(
+                    "queued, position {}: waiting for one of the supervisor's turn slots",
+                    q.position
+                );
+                out.push(self.status(
+                    TaskState::Working,
+                    Some(text),
+                    Some(json!({"kind": "admission", "position": q.position})),
+                    now,
+                ));
+            }
             Event::Queued(q) => {
                 let text = format!(
                     "queued behind other turns of this conversation (position {})",
@@ -1349,7 +1362,10 @@ mod tests {
         let out = run(
             &mut m,
             vec![
-                Event::Queued(TurnQueued { position: 2 }),
+                Event::Queued(TurnQueued {
+                    position: 2,
+                    admission: false,
+                }),
                 started(),
                 Event::ThoughtChunk(TextChunk {
                     text: "thinking".into(),

@@ -42,7 +42,7 @@ turn_timeout_secs = 600
 output_bytes = 262144
 stderr_ring_bytes = 65536
 transcript_bytes = 262144
-idle_timeout_secs = 900
+idle_timeout_secs = 120
 handshake_deadline_ms = 10000
 cancel_grace_ms = 2000
 kill_grace_ms = 2000
@@ -50,6 +50,9 @@ max_conversations = 512
 # Agents alive at once (0 = from the host's memory at ~300 MiB per agent, at most
 # max_conversations). At the limit the least recently used idle agent is stopped first.
 max_live_agents = 0
+# Turns running at once across all conversations (0 = sixteen per core); more wait in one FIFO,
+# told their place, instead of competing for the CPU their permissions need.
+max_active_turns = 0
 max_queued_turns = 64
 fs_read_bytes = 2097152
 
@@ -145,6 +148,8 @@ pub struct Limits {
     /// the limit the least recently used idle agent is stopped; with every one busy a start is
     /// refused (RESOURCE_EXHAUSTED / fault `capacity`).
     pub max_live_agents: usize,
+    /// Turns running at once across all conversations; 0 = sixteen per core. More wait, in order.
+    pub max_active_turns: usize,
     /// Turns waiting in one conversation's queue at most; more are refused.
     pub max_queued_turns: usize,
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
@@ -160,12 +165,13 @@ impl Default for Limits {
             output_bytes: 256 * 1024,
             stderr_ring_bytes: 64 * 1024,
             transcript_bytes: 256 * 1024,
-            idle_timeout_secs: 900,
+            idle_timeout_secs: 120,
             handshake_deadline_ms: 10_000,
             cancel_grace_ms: 2000,
             kill_grace_ms: 2000,
             max_conversations: 512,
             max_live_agents: 0,
+            max_active_turns: 0,
             max_queued_turns: 64,
             fs_read_bytes: 2 * 1024 * 1024,
         }
@@ -426,6 +432,14 @@ impl Settings {
 
     pub fn limits(&self) -> &Limits {
         &self.file.limits
+    }
+
+    /// The turn-slot cap in force.
+    pub fn max_active_turns(&self) -> usize {
+        match self.file.limits.max_active_turns {
+            0 => crate::admission::default_cap(),
+            n => n,
+        }
     }
 
     /// The live-agent cap in force: the configured one, or derived from memory, never above

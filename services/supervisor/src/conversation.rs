@@ -507,12 +507,27 @@ impl Conversation {
             Ok(t) => turn.lock().transcript = Some(t),
             Err(e) => tracing::warn!(error = %e, "cannot open transcript"),
         }
-        let stop = if turn.cancel.is_cancelled() {
-            Stop::reason("cancelled")
+        // A turn slot first (admission across all conversations), in order, telling the caller
+        // its place while it waits; a cancel while waiting ends the turn without running it.
+        let permit = if turn.cancel.is_cancelled() {
+            None
         } else {
-            self.drive(&turn, timeout_secs).await
+            self.shared
+                .admission
+                .admit(&turn.end, |position| {
+                    turn.emit(Event::Queued(pb::TurnQueued {
+                        position: position as u32,
+                        admission: true,
+                    }))
+                })
+                .await
+        };
+        let stop = match &permit {
+            Some(_) if !turn.cancel.is_cancelled() => self.drive(&turn, timeout_secs).await,
+            _ => Stop::reason("cancelled"),
         };
         self.finish(&turn, stop, started, timeout_secs);
+        drop(permit);
     }
 
     async fn drive(&self, turn: &Arc<TurnCtx>, timeout_secs: u64) -> Stop {

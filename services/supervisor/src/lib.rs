@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, records, fault, policy, translate, mode, live   leaves
+//   config, records, fault, policy, translate, mode, live, admission   leaves
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
@@ -22,6 +22,7 @@
 //   agent                                              spawn + handshake of one agent
 //   conversation                                       the turn queue and drive loop
 //   service                                            the gRPC services and the registry
+pub mod admission;
 pub mod agent;
 pub mod bridge;
 pub mod config;

@@ -204,6 +204,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         spawner,
         homes,
         live: warden_supervisor::live::LiveAgents::new(settings.max_live_agents()),
+        admission: warden_supervisor::admission::Admission::new(settings.max_active_turns()),
         reaped,
     };
     let sup = Supervisor::new(shared);

@@ -376,6 +376,10 @@ impl Supervisor {
             "max_live_agents".to_string(),
             self.shared.live.cap().to_string(),
         );
+        let (running, waiting, cap) = self.shared.admission.figures();
+        details.insert("turns_running".to_string(), running.to_string());
+        details.insert("turns_waiting_admission".to_string(), waiting.to_string());
+        details.insert("max_active_turns".to_string(), cap.to_string());
         details.insert(
             "policy_failures".to_string(),
             self.shared.policy.failures().to_string(),
@@ -500,6 +504,7 @@ impl SupervisorService for Api {
         if pos > 0 {
             turn.emit(Event::Queued(pb::TurnQueued {
                 position: pos as u32,
+                admission: false,
             }));
         }
         Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))

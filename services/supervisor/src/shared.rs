@@ -22,6 +22,8 @@ pub struct Shared {
     pub homes: warden_sandbox::AgentHomes,
     /// The live-agent slots (limits.max_live_agents).
     pub live: LiveAgents,
+    /// The turn slots (limits.max_active_turns).
+    pub admission: crate::admission::Admission,
     /// True once a predecessor's leftover trees are reaped (start-up reaps in the background;
     /// agent starts wait for it).
     pub reaped: tokio::sync::watch::Receiver<bool>,
