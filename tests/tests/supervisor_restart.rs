@@ -117,3 +117,51 @@ async fn a_graceful_stop_releases_every_lease() {
         "leases left by a graceful stop: {leases:?}"
     );
 }
+
+/// Zombie children of the supervisor (it is the subreaper: bubblewrap's namespace init, after a
+/// probe or an agent's exit, is re-parented to it and nobody else waits for it).
+fn zombie_children(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let mut rest = stat.rsplit(')').next().unwrap_or("").split_whitespace();
+        let (state, ppid) = (rest.next(), rest.next().and_then(|x| x.parse::<i32>().ok()));
+        if state == Some("Z") && ppid == Some(pid) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The long-running-service issue's finding 6: a `[bwrap] <defunct>` lived as long as the
+/// supervisor. Orphaned zombies are collected while it runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_zombie_outlives_a_moment_under_the_supervisor() {
+    let mut d = deploy(&[]).await;
+    let pid = d.daemon("supervisor").and_then(|s| s.child.id()).unwrap() as i32;
+    let mut c = client(&d);
+    for i in 0..3 {
+        let evs = run(&mut c, turn(&format!("z-{i}"), "t1", "write a.txt")).await;
+        assert_eq!(stop(&evs).stop_reason, "end_turn");
+        c.close_conversation(pb::CloseConversationRequest {
+            context_id: format!("z-{i}"),
+        })
+        .await
+        .unwrap();
+    }
+    let t0 = Instant::now();
+    let mut left = zombie_children(pid);
+    while !left.is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = zombie_children(pid);
+    }
+    assert!(
+        left.is_empty(),
+        "zombie children of the supervisor: {left:?}"
+    );
+}

@@ -83,6 +83,28 @@ pub fn set_child_subreaper() -> Result<(), SandboxError> {
         })
 }
 
+/// Reaps zombie children of this (subreaper) process that no tree owns: orphans re-parented
+/// here whose own parent exited without waiting for them (bubblewrap's namespace init after a
+/// probe or an agent's exit is one). Without this they stay `<defunct>` as long as the daemon
+/// lives. `owned` are the pids whose exit status somebody else collects (the leaders of live
+/// trees, waited for by tokio): they are never touched. Returns how many were reaped.
+pub fn reap_orphan_zombies(owned: &std::collections::HashSet<i32>) -> usize {
+    let me = std::process::id() as i32;
+    let mut reaped = 0;
+    for s in procfs::all_stats().values() {
+        if s.state == b'Z' && s.ppid == me && !owned.contains(&s.pid) {
+            let done = nix::sys::wait::waitpid(
+                nix::unistd::Pid::from_raw(s.pid),
+                Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+            );
+            if matches!(done, Ok(st) if st != nix::sys::wait::WaitStatus::StillAlive) {
+                reaped += 1;
+            }
+        }
+    }
+    reaped
+}
+
 /// A handle on one spawned process tree.
 #[derive(Debug)]
 pub struct ProcessTree {

@@ -44,7 +44,8 @@ pub use identity::{
     first_unsearchable,
 };
 pub use kill::{
-    DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, set_child_subreaper,
+    DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, reap_orphan_zombies,
+    set_child_subreaper,
 };
 pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;

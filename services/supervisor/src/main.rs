@@ -208,6 +208,30 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         reaped,
     };
     let sup = Supervisor::new(shared);
+    // As the child subreaper, orphans whose parent never waited for them come here (bubblewrap's
+    // namespace init, for one): collect their zombies, leaving alone the leaders of live trees,
+    // whose status tokio collects. Started after the start-up probes, which wait for their own.
+    {
+        let sup = sup.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(2));
+            loop {
+                tick.tick().await;
+                let owned: std::collections::HashSet<i32> = match sup.shared.spawner.leases().list()
+                {
+                    Ok(l) => l.into_iter().flatten().map(|l| l.leader.pid).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot list leases; not reaping orphans");
+                        continue;
+                    }
+                };
+                let n = warden_sandbox::reap_orphan_zombies(&owned);
+                if n > 0 {
+                    tracing::debug!(reaped = n, "collected orphaned zombies");
+                }
+            }
+        });
+    }
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
     let mut server = warden_daemon::Server::new(NAME, grace);
     let listener = warden_daemon::listener::bind("listen", &settings.file.listen, &state).await?;
