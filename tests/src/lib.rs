@@ -118,6 +118,8 @@ pub struct Options {
     pub approver: bool,
     /// The approver's web page address (`--approver-http`); empty = no page.
     pub approver_http: String,
+    /// `warden up --config DIR`: the daemons read `DIR/<daemon>.toml` where present.
+    pub config_dir: Option<PathBuf>,
     /// Write each daemon's stderr (its log) to `<state>/<daemon>.log`, for tests that assert on
     /// what an operator reads there (ignored with `show_logs`).
     pub log_files: bool,
@@ -210,6 +212,7 @@ impl Deployment {
             start_timeout: Duration::from_secs(10),
             approver: self.opts.approver,
             approver_http: self.opts.approver_http.clone(),
+            config_dir: self.opts.config_dir.clone(),
         }
     }
 

@@ -28,10 +28,6 @@ fn boom_options() -> Options {
                 "supervisor".into(),
                 format!("agents.boom.set_env={{ BOOM_API_TOKEN = \"{SECRET}\" }}"),
             ),
-            (
-                "gateway".into(),
-                "agents.list=[{name = \"scripted\"}, {name = \"boom\"}]".into(),
-            ),
         ],
         log_files: true,
         ..Default::default()

@@ -586,6 +586,26 @@ impl SupervisorService for Api {
         }))
     }
 
+    async fn list_agents(
+        &self,
+        _req: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let s = &self.0.shared.settings;
+        let agents = s
+            .agents
+            .iter()
+            .filter(|(_, a)| a.enabled)
+            .map(|(name, a)| pb::AgentInfo {
+                name: name.clone(),
+                description: a.description.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents,
+            default_agent: s.file.agents.default.clone(),
+        }))
+    }
+
     async fn status(
         &self,
         _req: Request<pb::StatusRequest>,
