@@ -118,6 +118,11 @@ pub struct Options {
     pub approver: bool,
     /// The approver's web page address (`--approver-http`); empty = no page.
     pub approver_http: String,
+    /// `warden up --config DIR`: the daemons read `DIR/<daemon>.toml` where present.
+    pub config_dir: Option<PathBuf>,
+    /// Write each daemon's stderr (its log) to `<state>/<daemon>.log`, for tests that assert on
+    /// what an operator reads there (ignored with `show_logs`).
+    pub log_files: bool,
 }
 
 /// A state directory and the daemons started on it.
@@ -207,6 +212,7 @@ impl Deployment {
             start_timeout: Duration::from_secs(10),
             approver: self.opts.approver,
             approver_http: self.opts.approver_http.clone(),
+            config_dir: self.opts.config_dir.clone(),
         }
     }
 
@@ -234,11 +240,16 @@ impl Deployment {
             }
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        spawn_group(
-            &binary(&format!("warden-{name}")),
-            &args,
-            self.opts.show_logs,
-        )
+        let bin = binary(&format!("warden-{name}"));
+        if self.opts.log_files && !self.opts.show_logs {
+            return spawn_group_logging(&bin, &args, Some(&self.log_file(name)));
+        }
+        spawn_group(&bin, &args, self.opts.show_logs)
+    }
+
+    /// Where a daemon's log goes with [`Options::log_files`].
+    pub fn log_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
     }
 
     /// The running daemon called `name`.
@@ -268,7 +279,26 @@ impl Deployment {
 /// Spawns `bin` with `args` in its own process group with PR_SET_PDEATHSIG(SIGKILL).
 pub fn spawn_group(bin: &Path, args: &[String], show_logs: bool) -> Child {
     let logs = show_logs || std::env::var_os("WARDEN_TEST_LOGS").is_some();
+    spawn_group_with(bin, args, logs, None)
+}
+
+/// Like [`spawn_group`], with stderr appended to `log` when given.
+pub fn spawn_group_logging(bin: &Path, args: &[String], log: Option<&Path>) -> Child {
+    spawn_group_with(bin, args, false, log)
+}
+
+fn spawn_group_with(bin: &Path, args: &[String], logs: bool, log: Option<&Path>) -> Child {
     let mut cmd = Command::new(bin);
+    let stderr = match log {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .map(Stdio::from)
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", p.display())),
+        None if logs => Stdio::inherit(),
+        None => Stdio::null(),
+    };
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(if logs {
@@ -276,11 +306,7 @@ pub fn spawn_group(bin: &Path, args: &[String], show_logs: bool) -> Child {
         } else {
             Stdio::null()
         })
-        .stderr(if logs {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        })
+        .stderr(stderr)
         .process_group(0)
         .kill_on_drop(true);
     // SAFETY: prctl is async-signal-safe.

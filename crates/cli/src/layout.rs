@@ -37,6 +37,11 @@ impl Layout {
         home.join(".local/state/warden")
     }
 
+    /// Where `warden init` writes and `warden up` reads configuration by default.
+    pub fn config_dir(&self) -> PathBuf {
+        self.root.join("config")
+    }
+
     pub fn run_dir(&self) -> PathBuf {
         self.root.join("run")
     }

@@ -50,6 +50,18 @@ enum Command {
         /// Seconds each daemon has to report healthy.
         #[arg(long, default_value_t = 10)]
         start_timeout: u64,
+        /// Configuration directory: policy.toml, supervisor.toml, gateway.toml, approver.toml,
+        /// each optional, in the format of deploy/config/ (default: <state>/config when it
+        /// exists; `warden init` writes a starter set). The state directory's paths, --http and
+        /// --log-format are set over the files.
+        #[arg(long, value_name = "DIR")]
+        config: Option<PathBuf>,
+    },
+    /// Write a commented starter configuration for `warden up --config DIR`, one file per
+    /// daemon (default DIR: <state>/config). Never overwrites a file.
+    Init {
+        /// Where to write (default: <state>/config).
+        dir: Option<PathBuf>,
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
@@ -147,8 +159,22 @@ async fn main() -> ExitCode {
             bin_dir,
             log_format,
             start_timeout,
+            config,
         } => {
+            let config_dir = match config {
+                Some(dir) if !dir.is_dir() => {
+                    eprintln!(
+                        "warden up: --config {}: not a directory (`warden init {}` writes one)",
+                        dir.display(),
+                        dir.display()
+                    );
+                    return ExitCode::FAILURE;
+                }
+                Some(dir) => Some(dir),
+                None => Some(layout.config_dir()).filter(|d| d.is_dir()),
+            };
             let opts = up::UpOptions {
+                config_dir,
                 layout,
                 bin_dir: bin_dir.unwrap_or_else(exe_dir),
                 http,
@@ -161,6 +187,22 @@ async fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warden up: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Init { dir } => {
+            let dir = dir.unwrap_or_else(|| layout.config_dir());
+            match warden_cli::init::write(&dir, &layout) {
+                Ok(files) => {
+                    for f in files {
+                        println!("wrote {}", f.display());
+                    }
+                    println!("start with: warden up --config {}", dir.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("warden init: {e}");
                     ExitCode::FAILURE
                 }
             }

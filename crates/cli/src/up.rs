@@ -63,6 +63,9 @@ pub struct UpOptions {
     pub approver: bool,
     /// Where the approver serves its web page (`--approver-http`); empty = no page.
     pub approver_http: String,
+    /// `warden up --config DIR`: each daemon reads `DIR/<daemon>.toml` when it exists (the
+    /// layout's own keys are still set over it).
+    pub config_dir: Option<PathBuf>,
 }
 
 /// How long a person has under `warden up --approver` (the approver's `approval.deadline_ms` and
@@ -146,13 +149,20 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
         }
         _ => {}
     }
-    sets.into_iter()
-        .flat_map(|s| ["--set".to_string(), s])
-        .collect()
+    let mut args = Vec::new();
+    if let Some(dir) = &o.config_dir {
+        let file = crate::init::file_of(dir, name);
+        if file.is_file() {
+            args.push("--config".to_string());
+            args.push(file.to_string_lossy().into_owned());
+        }
+    }
+    args.extend(sets.into_iter().flat_map(|s| ["--set".to_string(), s]));
+    args
 }
 
 /// A TOML string literal (so paths with spaces or quotes survive `--set`).
-fn toml_str(p: &Path) -> String {
+pub(crate) fn toml_str(p: &Path) -> String {
     let s = p.to_string_lossy();
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');

@@ -24,13 +24,6 @@ public_url = "http://127.0.0.1:8080"
 
 [auth]
 token_file = "gateway.token"
-
-[agents]
-default = "scripted"
-
-[[agents.list]]
-name = "scripted"
-description = "warden's scripted demo agent"
 "#;
 
 /// `[http]`: the caller-facing A2A listener.
@@ -207,12 +200,17 @@ pub struct AgentEntry {
     pub tags: Vec<String>,
 }
 
-/// `[agents]`.
-#[derive(Debug, Clone, Deserialize)]
+/// `[agents]`: optional. The agent names callers may use come from the supervisor
+/// (`ListAgents`, fetched at start and whenever a request names an agent not yet known).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentsSection {
-    /// The agent used when a message names none.
+    /// The agent used when a message names none ("" = the supervisor's default).
+    #[serde(default)]
     pub default: String,
+    /// How the card describes agents (description, tags), by name; also the names accepted
+    /// while the supervisor has not answered yet.
+    #[serde(default)]
     pub list: Vec<AgentEntry>,
 }
 
@@ -256,6 +254,7 @@ pub struct GatewayConfig {
     pub supervisor: SupervisorSection,
     pub http: HttpSection,
     pub auth: AuthSection,
+    #[serde(default)]
     pub agents: AgentsSection,
     #[serde(default)]
     pub card: CardSection,
@@ -354,25 +353,6 @@ impl GatewayConfig {
                 "no tokens configured and no auth.token_file: every request would be refused",
             ));
         }
-        if self.agents.list.is_empty() {
-            return Err(ConfigError::invalid(
-                origin,
-                "agents.list",
-                "at least one agent is needed",
-            ));
-        }
-        if !self
-            .agents
-            .list
-            .iter()
-            .any(|a| a.name == self.agents.default)
-        {
-            return Err(ConfigError::invalid(
-                origin,
-                "agents.default",
-                format!("{:?} is not in agents.list", self.agents.default),
-            ));
-        }
         Ok(())
     }
 
@@ -438,7 +418,6 @@ mod tests {
         for (set, key) in [
             ("http.bind=nowhere", "http.bind"),
             ("http.public_url=ftp://x", "http.public_url"),
-            ("agents.default=ghost", "agents.default"),
             ("http.max_body_bytes=10", "http.max_body_bytes"),
             (
                 "http.header_read_timeout_ms=0",

@@ -144,6 +144,11 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
     let core = Core::new(store, channel, settings);
+    // The supervisor's registry is the one source of agent names; until it answers, the
+    // configured list stands (an unknown name asks again).
+    if let Err(e) = core.refresh_agents().await {
+        tracing::warn!(error = %e, "cannot list the supervisor's agents yet; using agents.list");
+    }
     let recovered = core.recover().await?;
     if recovered > 0 {
         tracing::warn!(

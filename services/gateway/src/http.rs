@@ -39,29 +39,7 @@ pub const REST_PATH: &str = "/a2a/rest";
 /// The agent card's well-known path.
 pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 
-/// The prepared agent card response.
-#[derive(Debug, Clone)]
-pub struct CardResponse {
-    pub body: Bytes,
-    pub etag: String,
-    pub last_modified: String,
-    pub max_age: u64,
-}
-
-impl CardResponse {
-    pub fn new(card: &AgentCard, max_age: u64) -> Self {
-        use sha2::{Digest, Sha256};
-        let body = serde_json::to_vec(card).unwrap_or_default();
-        let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
-        let secs = crate::time::now_micros() / 1_000_000;
-        Self {
-            body: Bytes::from(body),
-            etag,
-            last_modified: crate::time::format_http_date(secs),
-            max_age,
-        }
-    }
-}
+pub use crate::card::{CardBody, CardResponse};
 
 /// Builds the agent card from the configuration (URLs from `http.public_url`, never the bind
 /// address; one skill per configured agent).
@@ -386,7 +364,7 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     if !host_ok(&state, &headers) {
         return host_refused();
     }
-    let c = &state.card;
+    let c = state.card.current(&state.core);
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())

@@ -17,6 +17,7 @@
 
 pub mod a2a;
 pub mod auth;
+pub mod card;
 pub mod config;
 pub mod daemon;
 pub mod error;

@@ -155,6 +155,30 @@ fn prune(
     Ok((deleted, contexts))
 }
 
+/// One agent a caller may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownAgent {
+    pub name: String,
+    pub description: String,
+}
+
+/// The agents callers may name: the configured list until the supervisor has answered
+/// `ListAgents`, then the supervisor's (its registry is the one source of names).
+#[derive(Debug, Clone, Default)]
+pub struct AgentList {
+    pub agents: Vec<KnownAgent>,
+    /// Used when a message names no agent ("" = the supervisor's own default).
+    pub default: String,
+    /// Changes whenever the list does (0 = the configured list), so the card is rebuilt then.
+    pub generation: u64,
+}
+
+impl AgentList {
+    pub fn contains(&self, name: &str) -> bool {
+        self.agents.iter().any(|a| a.name == name)
+    }
+}
+
 /// One event as delivered to subscribers.
 pub type SharedEvent = Arc<StreamResponse>;
 
@@ -371,10 +395,25 @@ pub struct Core {
     /// Contexts whose conversation the sweep is closing right now; a task starting in one waits
     /// on its gate before RunTurn, so the close never ends the new task's conversation.
     closing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    agents: std::sync::RwLock<AgentList>,
+    /// One `ListAgents` at a time: callers naming unknown agents at once share one refresh.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 impl Core {
     pub fn new(store: TaskStore, channel: Channel, settings: CoreSettings) -> Arc<Self> {
+        let agents = AgentList {
+            agents: settings
+                .agents
+                .iter()
+                .map(|n| KnownAgent {
+                    name: n.clone(),
+                    description: String::new(),
+                })
+                .collect(),
+            default: settings.default_agent.clone(),
+            generation: 0,
+        };
         Arc::new(Self {
             store,
             supervisor: SupervisorServiceClient::new(channel),
@@ -382,6 +421,8 @@ impl Core {
             settings,
             contexts_guard: Mutex::new(()),
             closing: Mutex::new(HashMap::new()),
+            agents: std::sync::RwLock::new(agents),
+            refreshing: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -548,6 +589,50 @@ impl Core {
         }
         self.store.delete_context(context_id)?;
         Ok(true)
+    }
+
+    /// The agents callers may name now.
+    pub fn agents(&self) -> AgentList {
+        self.agents
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    /// Asks the supervisor which agents it has (`ListAgents`) and takes its list. The
+    /// gateway's own `agents.default`, when set, still chooses the default.
+    pub async fn refresh_agents(&self) -> Result<(), tonic::Status> {
+        let _one = self.refreshing.lock().await;
+        let resp = self
+            .supervisor
+            .clone()
+            .list_agents(warden_proto::v1::ListAgentsRequest {})
+            .await?
+            .into_inner();
+        let agents: Vec<KnownAgent> = resp
+            .agents
+            .into_iter()
+            .map(|a| KnownAgent {
+                name: a.name,
+                description: a.description,
+            })
+            .collect();
+        let default = if self.settings.default_agent.is_empty() {
+            resp.default_agent
+        } else {
+            self.settings.default_agent.clone()
+        };
+        let mut list = self.agents.write().unwrap_or_else(|p| p.into_inner());
+        if list.generation == 0 || list.agents != agents || list.default != default {
+            if !agents.iter().any(|a| a.name == default) {
+                tracing::warn!(default = %default, "the default agent is not one the supervisor lists");
+            }
+            tracing::info!(agents = agents.len(), default = %default, "agent list from the supervisor");
+            list.agents = agents;
+            list.default = default;
+            list.generation += 1;
+        }
+        Ok(())
     }
 
     pub fn store(&self) -> &TaskStore {
@@ -765,7 +850,7 @@ impl Core {
         Ok(snapshot)
     }
 
-    fn choose_agent(&self, req: &SendMessageRequest) -> Result<Option<String>, A2aError> {
+    async fn choose_agent(&self, req: &SendMessageRequest) -> Result<Option<String>, A2aError> {
         let from = |m: &Option<crate::a2a::Metadata>| -> Option<String> {
             let m = m.as_ref()?;
             m.get(META_KEY)
@@ -776,13 +861,23 @@ impl Core {
                 .map(str::to_string)
         };
         let asked = from(&req.message.metadata).or_else(|| from(&req.metadata));
-        match asked {
-            Some(a) if !self.settings.agents.contains(&a) => Err(A2aError::InvalidParams(format!(
-                "unknown agent {a:?}; configured agents: {}",
-                self.settings.agents.join(", ")
-            ))),
-            other => Ok(other),
+        let Some(a) = asked else { return Ok(None) };
+        if self.agents().contains(&a) {
+            return Ok(Some(a));
         }
+        // The supervisor may have been configured with it since the list was fetched.
+        if let Err(e) = self.refresh_agents().await {
+            tracing::warn!(error = %e, "cannot list the supervisor's agents");
+        }
+        let list = self.agents();
+        if list.contains(&a) {
+            return Ok(Some(a));
+        }
+        let names: Vec<&str> = list.agents.iter().map(|k| k.name.as_str()).collect();
+        Err(A2aError::InvalidParams(format!(
+            "unknown agent {a:?}; configured agents: {}",
+            names.join(", ")
+        )))
     }
 
     /// SendMessage / SendStreamingMessage.
@@ -827,7 +922,7 @@ impl Core {
                 "historyLength must not be negative".into(),
             ));
         }
-        let agent_asked = self.choose_agent(&req)?;
+        let agent_asked = self.choose_agent(&req).await?;
 
         let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
             Some(task_id) => self.answer(principal, task_id, &req).await?,
@@ -981,7 +1076,7 @@ impl Core {
                     ctx.agent
                 }
                 None => {
-                    let agent = agent_asked.unwrap_or_else(|| self.settings.default_agent.clone());
+                    let agent = agent_asked.unwrap_or_else(|| self.agents().default);
                     self.store
                         .put_context(
                             &context_id,

@@ -510,7 +510,8 @@ async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
     let task = &r["result"]["task"];
     assert_eq!(state(task), "TASK_STATE_REJECTED", "{r}");
     assert!(status_text(task).contains("prompt-too-large"), "{task}");
-    // The card lists both agents as skills; an agent the gateway does not know is refused.
+    // The card lists the supervisor's agents (its built-ins and `broken`) as skills; an agent
+    // neither knows is refused.
     let card = gw
         .request("GET", "/.well-known/agent-card.json", None, None)
         .await
@@ -521,7 +522,7 @@ async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
         .iter()
         .filter_map(|s| s["id"].as_str())
         .collect();
-    assert_eq!(skills, vec!["scripted", "broken"]);
+    assert_eq!(skills, vec!["broken", "claude", "codex", "scripted"]);
     let r = gw
         .rpc("SendMessage", json!({"message": message("m-ghost", "hello", json!({"metadata": {"agent": "ghost"}}))}))
         .await;

@@ -28,22 +28,63 @@ pub enum StartError {
     Protocol(String),
     #[error("supervised mode unavailable: {0}")]
     Mode(String),
+    /// A start-up failure after the agent ran, with what it said on stderr (secrets masked):
+    /// the only clue an operator gets to a wrong path, a missing package or a refused login.
+    #[error(
+        "{error}\nthe agent's stderr (last {STDERR_TAIL_BYTES} bytes, secrets masked):\n{tail}"
+    )]
+    WithStderr {
+        error: Box<StartError>,
+        tail: String,
+    },
+}
+
+/// How much of the agent's stderr a start-up fault carries (incident, log, the caller's message).
+pub const STDERR_TAIL_BYTES: usize = 4096;
+
+/// Environment names whose values are masked wherever the agent's stderr is shown.
+const SECRET_WORDS: [&str; 4] = ["KEY", "TOKEN", "SECRET", "PASSWORD"];
+
+/// Whether an environment variable's name says its value is a secret.
+pub fn is_secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    SECRET_WORDS.iter().any(|w| upper.contains(w))
 }
 
 impl StartError {
     pub fn class(&self) -> warden_proto::v1::FaultClass {
         match self {
             StartError::Capacity(_) => warden_proto::v1::FaultClass::Capacity,
+            StartError::WithStderr { error, .. } => error.class(),
             _ => warden_proto::v1::FaultClass::Startup,
+        }
+    }
+
+    /// The agent's stderr tail this error carries (empty when it has none).
+    pub fn stderr_tail(&self) -> &str {
+        match self {
+            StartError::WithStderr { tail, .. } => tail,
+            _ => "",
+        }
+    }
+
+    /// The error without the stderr tail (short enough for a gRPC status header).
+    pub fn headline(&self) -> String {
+        match self {
+            StartError::WithStderr { error, .. } => error.to_string(),
+            e => e.to_string(),
         }
     }
 }
 
-/// The last bytes an agent wrote to stderr.
+/// The last bytes an agent wrote to stderr, and the secret values it must never show.
 #[derive(Default)]
 pub struct StderrRing {
     buf: VecDeque<u8>,
     cap: usize,
+    /// Values of the agent's environment variables with secret-looking names, longest first (so
+    /// a secret containing another is masked whole).
+    secrets: Vec<String>,
 }
 
 impl StderrRing {
@@ -55,10 +96,44 @@ impl StderrRing {
             self.buf.push_back(*b);
         }
     }
+    /// Everything retained, secrets masked.
     pub fn text(&self) -> String {
         let v: Vec<u8> = self.buf.iter().copied().collect();
-        String::from_utf8_lossy(&v).into_owned()
+        mask(&String::from_utf8_lossy(&v), &self.secrets)
     }
+
+    /// The last `max` bytes (at a character boundary), secrets masked. Masking comes first so
+    /// the cut can never leave a recognisable part of a secret behind.
+    pub fn tail(&self, max: usize) -> String {
+        let text = self.text();
+        let mut start = text.len().saturating_sub(max);
+        while !text.is_char_boundary(start) {
+            start += 1;
+        }
+        text[start..].to_string()
+    }
+}
+
+/// `text` with every occurrence of each secret replaced.
+fn mask(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_string();
+    for s in secrets {
+        out = out.replace(s.as_str(), "[masked]");
+    }
+    out
+}
+
+/// The values to mask for an agent environment: those of secret-looking names, longest first.
+fn secret_values(env: &warden_sandbox::ChildEnv) -> Vec<String> {
+    let mut v: Vec<String> = env
+        .iter()
+        .filter(|(k, _)| is_secret_name(&k.to_string_lossy()))
+        .map(|(_, v)| v.to_string_lossy().into_owned())
+        .filter(|v| !v.is_empty())
+        .collect();
+    v.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    v.dedup();
+    v
 }
 
 pub struct AgentProc {
@@ -68,6 +143,8 @@ pub struct AgentProc {
     pub events: mpsc::UnboundedReceiver<AcpEvent>,
     pub tree: Option<warden_sandbox::ProcessTree>,
     pub stderr: Arc<Mutex<StderrRing>>,
+    /// The task copying the agent's stderr into the ring; it ends at EOF (the tree is dead).
+    stderr_reader: Option<tokio::task::JoinHandle<()>>,
     pub load_session: bool,
 }
 
@@ -87,12 +164,13 @@ impl AgentProc {
         let _ = reaped.wait_for(|done| *done).await;
         let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
         let slot = shared.live.acquire(&core.info.context_id, wait).await?;
-        let (mut tree, stdin, stdout, stderr) = spawn(shared, &core.info, cfg, home)?;
+        let (tree, stdin, stdout, stderr, secrets) = spawn(shared, &core.info, cfg, home)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
+            secrets,
         }));
-        if let Some(mut err) = stderr {
+        let stderr_reader = stderr.map(|mut err| {
             let ring = ring.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 4096];
@@ -104,8 +182,8 @@ impl AgentProc {
                         r.push(&buf[..n]);
                     }
                 }
-            });
-        }
+            })
+        });
         let config = ClientConfig {
             request_timeout: Some(shared.settings.limits().handshake()),
             cancel_deadline: shared.settings.limits().cancel_grace(),
@@ -123,25 +201,52 @@ impl AgentProc {
         };
         let hs = shared.settings.limits().handshake();
         let init = tokio::time::timeout(hs, client.initialize(caps)).await;
-        let init = match init {
-            Ok(Ok(i)) => i,
-            Ok(Err(e)) => {
-                kill_tree(shared, &mut tree).await;
-                return Err(StartError::Protocol(format!("initialize: {e}")));
-            }
-            Err(_) => {
-                kill_tree(shared, &mut tree).await;
-                return Err(StartError::Handshake("initialize".into()));
-            }
-        };
-        Ok(AgentProc {
+        let mut p = AgentProc {
             slot,
             client,
             events,
             tree: Some(tree),
             stderr: ring,
-            load_session: init.agent_capabilities.load_session,
-        })
+            stderr_reader,
+            load_session: false,
+        };
+        match init {
+            Ok(Ok(i)) => {
+                p.load_session = i.agent_capabilities.load_session;
+                Ok(p)
+            }
+            Ok(Err(e)) => Err(p
+                .fail(shared, StartError::Protocol(format!("initialize: {e}")))
+                .await),
+            Err(_) => Err(p
+                .fail(shared, StartError::Handshake("initialize".into()))
+                .await),
+        }
+    }
+
+    /// Kills the tree of an agent whose start failed and returns `error` with the tail of what
+    /// the agent wrote to stderr (masked), once the reader has seen the end of it.
+    pub async fn fail(mut self, shared: &Shared, error: StartError) -> StartError {
+        self.kill(shared).await;
+        if let Some(reader) = self.stderr_reader.take() {
+            // The tree is dead, so EOF is near; a descendant that escaped the kill and still
+            // holds the pipe must not hold the failure up.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), reader).await;
+        }
+        let tail = self
+            .stderr
+            .lock()
+            .map(|r| r.tail(STDERR_TAIL_BYTES))
+            .unwrap_or_default();
+        let tail = tail.trim_end();
+        if tail.is_empty() {
+            error
+        } else {
+            StartError::WithStderr {
+                error: Box::new(error),
+                tail: tail.to_string(),
+            }
+        }
     }
 
     /// Kills the whole tree (SIGTERM, grace, SIGKILL). Returns (forced, processes).
@@ -179,6 +284,7 @@ pub type Spawned = (
     ChildStdin,
     ChildStdout,
     Option<ChildStderr>,
+    Vec<String>,
 );
 
 /// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
@@ -203,6 +309,7 @@ fn spawn(
     let env = policy.build_from(
         std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
     );
+    let secrets = secret_values(&env);
     let boundary = info.sandbox_boundary();
     let mut spec = warden_sandbox::SpawnSpec::new(
         info.context_id.clone(),
@@ -232,5 +339,53 @@ fn spawn(
     let stdin = tree
         .take_stdin()
         .ok_or_else(|| StartError::Spawn("the agent has no stdin".into()))?;
-    Ok((tree, stdin, spawned.stdout, Some(spawned.stderr)))
+    Ok((tree, stdin, spawned.stdout, Some(spawned.stderr), secrets))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(cap: usize, secrets: &[&str]) -> StderrRing {
+        StderrRing {
+            buf: VecDeque::new(),
+            cap,
+            secrets: secrets.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn secret_names_are_recognised_by_their_words() {
+        for n in [
+            "ANTHROPIC_API_KEY",
+            "gh_token",
+            "MY_SECRET",
+            "DB_PASSWORD",
+            "KEYRING",
+        ] {
+            assert!(is_secret_name(n), "{n}");
+        }
+        for n in ["HOME", "PATH", "ANTHROPIC_BASE_URL", "IS_SANDBOX"] {
+            assert!(!is_secret_name(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn the_tail_masks_secrets_before_it_cuts() {
+        let mut r = ring(64, &["sk-long-secret-value", "sk-long"]);
+        r.push(b"start sk-long-secret-value and sk-long end");
+        assert_eq!(r.tail(4096), "start [masked] and [masked] end");
+        // A cut inside a secret's place shows only the mask's end, never the secret's.
+        let t = r.tail(20);
+        assert!(!t.contains("sk-long"), "{t}");
+        assert!(t.ends_with("[masked] end"), "{t}");
+    }
+
+    #[test]
+    fn the_tail_is_bounded_at_a_character_boundary() {
+        let mut r = ring(1024, &[]);
+        r.push("ééééé".as_bytes());
+        let t = r.tail(3);
+        assert_eq!(t, "é");
+    }
 }

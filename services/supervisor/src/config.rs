@@ -232,6 +232,9 @@ pub enum Network {
 #[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
+    /// For people: the agent card's skill description at the gateway ("" = a generic one).
+    #[serde(default)]
+    pub description: String,
     /// The program. Empty for `scripted` = `warden-scripted-agent` next to this executable.
     #[serde(default)]
     pub command: String,
@@ -291,6 +294,7 @@ fn yes() -> bool {
 impl AgentConfig {
     fn builtin(command: &str, args: &[&str], mode: &str, modes: &[&str], env: &[&str]) -> Self {
         AgentConfig {
+            description: String::new(),
             command: command.into(),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|s| s.to_string()).collect(),
@@ -334,6 +338,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         ],
     );
     scripted.budget_in_prompt = false;
+    scripted.description = "warden's scripted demo agent".into();
     m.insert("scripted".into(), scripted);
     let mut claude = AgentConfig::builtin(
         "npx",
@@ -347,6 +352,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         ],
     );
     claude.network = Network::Host;
+    claude.description = "Claude Code through its ACP adapter, supervised by warden".into();
     m.insert("claude".into(), claude);
     let mut codex = AgentConfig::builtin(
         "npx",
@@ -356,6 +362,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         &["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"],
     );
     codex.network = Network::Host;
+    codex.description = "Codex through its ACP adapter, supervised by warden".into();
     m.insert("codex".into(), codex);
     m
 }

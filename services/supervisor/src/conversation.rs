@@ -147,8 +147,9 @@ impl Conversation {
                     tracing::warn!(context_id = %self.core.info.context_id, error = %e, "session/load failed; starting a new session")
                 }
                 Err(_) => {
-                    p.kill(&self.shared).await;
-                    return Err(StartError::Handshake("session/load".into()));
+                    return Err(p
+                        .fail(&self.shared, StartError::Handshake("session/load".into()))
+                        .await);
                 }
             }
             // The replayed history is not this turn's output.
@@ -161,12 +162,17 @@ impl Conversation {
                     modes = r.modes;
                 }
                 Ok(Err(e)) => {
-                    p.kill(&self.shared).await;
-                    return Err(StartError::Protocol(format!("session/new: {e}")));
+                    return Err(p
+                        .fail(
+                            &self.shared,
+                            StartError::Protocol(format!("session/new: {e}")),
+                        )
+                        .await);
                 }
                 Err(_) => {
-                    p.kill(&self.shared).await;
-                    return Err(StartError::Handshake("session/new".into()));
+                    return Err(p
+                        .fail(&self.shared, StartError::Handshake("session/new".into()))
+                        .await);
                 }
             }
         }
@@ -180,21 +186,33 @@ impl Conversation {
                 .as_ref()
                 .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
             if !offered {
-                p.kill(&self.shared).await;
-                return Err(StartError::Mode(format!(
-                    "the agent does not offer the supervised mode {want:?}"
-                )));
+                return Err(p
+                    .fail(
+                        &self.shared,
+                        StartError::Mode(format!(
+                            "the agent does not offer the supervised mode {want:?}"
+                        )),
+                    )
+                    .await);
             }
             if current != want {
                 match tokio::time::timeout(hs, p.client.set_mode(&session_id, &want)).await {
                     Ok(Ok(())) => current = want,
                     Ok(Err(e)) => {
-                        p.kill(&self.shared).await;
-                        return Err(StartError::Mode(format!("set_mode {want:?}: {e}")));
+                        return Err(p
+                            .fail(
+                                &self.shared,
+                                StartError::Mode(format!("set_mode {want:?}: {e}")),
+                            )
+                            .await);
                     }
                     Err(_) => {
-                        p.kill(&self.shared).await;
-                        return Err(StartError::Handshake("session/set_mode".into()));
+                        return Err(p
+                            .fail(
+                                &self.shared,
+                                StartError::Handshake("session/set_mode".into()),
+                            )
+                            .await);
                     }
                 }
             }
@@ -978,6 +996,7 @@ impl Conversation {
         let inc = Incident {
             class: fault::name(class).into(),
             reason: reason.into(),
+            stderr_tail: String::new(),
             agent: self.core.info.agent.clone(),
             verb: self.core.info.verb.clone(),
             profile: self.core.info.profile.as_str().into(),

@@ -41,6 +41,18 @@ pub fn status(code: tonic::Code, class: pb::FaultClass, message: String) -> toni
     tonic::Status::with_details(code, message, detail.into())
 }
 
+/// Like [`status`], for a message too long for a header (a start-up fault with the agent's
+/// stderr): the status line says `headline`, the typed fault carries the whole `message`.
+pub fn status_long(
+    code: tonic::Code,
+    class: pb::FaultClass,
+    headline: String,
+    message: String,
+) -> tonic::Status {
+    let detail = fault(class, message).encode_to_vec();
+    tonic::Status::with_details(code, headline, detail.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

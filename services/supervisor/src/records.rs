@@ -294,6 +294,10 @@ impl Drop for Transcript {
 pub struct Incident {
     pub class: String,
     pub reason: String,
+    /// A start-up failure's last 4 KiB of the agent's stderr, values of secret-looking
+    /// environment variables masked (why the agent would not start, in its own words).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub stderr_tail: String,
     pub agent: String,
     pub verb: String,
     pub profile: String,
@@ -414,6 +418,7 @@ mod tests {
             .incident(&Incident {
                 class: "timeout".into(),
                 reason: "hard cutoff".into(),
+                stderr_tail: String::new(),
                 agent: "scripted".into(),
                 verb: "task".into(),
                 profile: "read-only".into(),

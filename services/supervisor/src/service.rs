@@ -251,13 +251,14 @@ impl Supervisor {
         let conv = match Conversation::open(core, agent_cfg, self.shared.clone(), home).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(context_id = %req.context_id, error = %e, "conversation failed to start");
+                tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
                 let capacity = matches!(e, crate::agent::StartError::Capacity(_));
                 // No room is not the agent's fault: no incident, nothing was started.
                 let _ = (!capacity).then(|| {
                     self.shared.records.incident(&crate::records::Incident {
                         class: crate::fault::name(e.class()).into(),
-                        reason: e.to_string(),
+                        reason: e.headline(),
+                        stderr_tail: e.stderr_tail().to_string(),
                         agent: agent_name.to_string(),
                         verb: req.verb.clone(),
                         profile: profile.as_str().into(),
@@ -275,9 +276,10 @@ impl Supervisor {
                 return Err(if capacity {
                     crate::fault::status(tonic::Code::ResourceExhausted, e.class(), e.to_string())
                 } else {
-                    crate::fault::status(
+                    crate::fault::status_long(
                         tonic::Code::Unavailable,
                         e.class(),
+                        format!("startup fault: {}", e.headline()),
                         format!("startup fault: {e}"),
                     )
                 });
@@ -586,6 +588,26 @@ impl SupervisorService for Api {
             .collect();
         Ok(Response::new(pb::ListConversationsResponse {
             conversations,
+        }))
+    }
+
+    async fn list_agents(
+        &self,
+        _req: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        let s = &self.0.shared.settings;
+        let agents = s
+            .agents
+            .iter()
+            .filter(|(_, a)| a.enabled)
+            .map(|(name, a)| pb::AgentInfo {
+                name: name.clone(),
+                description: a.description.clone(),
+            })
+            .collect();
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents,
+            default_agent: s.file.agents.default.clone(),
         }))
     }
 

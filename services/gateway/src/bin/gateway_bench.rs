@@ -144,6 +144,18 @@ impl SupervisorService for LoadGenerator {
     ) -> Result<Response<pb::ListConversationsResponse>, Status> {
         Err(Status::unimplemented("load generator"))
     }
+    async fn list_agents(
+        &self,
+        _: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, Status> {
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: vec![pb::AgentInfo {
+                name: "scripted".into(),
+                description: "the load generator".into(),
+            }],
+            default_agent: "scripted".into(),
+        }))
+    }
     async fn status(
         &self,
         _: Request<pb::StatusRequest>,

@@ -1,0 +1,90 @@
+//! The agent card as served: built from the configuration, with one skill per agent the
+//! supervisor lists (the supervisor's registry is the one source of agent names), rebuilt only
+//! when that list changes so its ETag stays stable between changes.
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+
+use crate::a2a::{AgentCard, AgentSkill};
+use crate::tasks::Core;
+
+/// One prepared card body with its caching headers.
+#[derive(Debug, Clone)]
+pub struct CardBody {
+    pub body: Bytes,
+    pub etag: String,
+    pub last_modified: String,
+    pub max_age: u64,
+}
+
+impl CardBody {
+    fn new(card: &AgentCard, max_age: u64) -> Self {
+        use sha2::{Digest, Sha256};
+        let body = serde_json::to_vec(card).unwrap_or_default();
+        let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
+        let secs = crate::time::now_micros() / 1_000_000;
+        Self {
+            body: Bytes::from(body),
+            etag,
+            last_modified: crate::time::format_http_date(secs),
+            max_age,
+        }
+    }
+}
+
+/// The card response: the configured card with one skill per agent the gateway accepts now
+/// (the supervisor's list once it has answered). A configured skill of the same name (the
+/// gateway's `agents.list`) still gives its description and tags.
+#[derive(Debug)]
+pub struct CardResponse {
+    base: AgentCard,
+    max_age: u64,
+    /// The agent list generation the cached body was built from (None: not built yet).
+    built: Mutex<Option<(u64, Arc<CardBody>)>>,
+}
+
+impl CardResponse {
+    pub fn new(card: &AgentCard, max_age: u64) -> Self {
+        Self {
+            base: card.clone(),
+            max_age,
+            built: Mutex::new(None),
+        }
+    }
+
+    /// The body for the agent list `core` holds now.
+    pub fn current(&self, core: &Core) -> Arc<CardBody> {
+        let list = core.agents();
+        let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((generation, body)) = built.as_ref()
+            && *generation == list.generation
+        {
+            return body.clone();
+        }
+        let mut card = self.base.clone();
+        card.skills = list
+            .agents
+            .iter()
+            .map(|a| {
+                let configured = self.base.skills.iter().find(|s| s.id == a.name);
+                AgentSkill {
+                    id: a.name.clone(),
+                    name: a.name.clone(),
+                    description: match configured {
+                        Some(s) if !s.description.is_empty() => s.description.clone(),
+                        _ if !a.description.is_empty() => a.description.clone(),
+                        _ => format!("the {} coding agent, supervised by warden", a.name),
+                    },
+                    tags: configured
+                        .map(|s| s.tags.clone())
+                        .unwrap_or_else(|| vec!["coding-agent".into()]),
+                    examples: vec![],
+                }
+            })
+            .collect();
+        let body = Arc::new(CardBody::new(&card, self.max_age));
+        *built = Some((list.generation, body.clone()));
+        body
+    }
+}

@@ -1,0 +1,189 @@
+//! A real adapter under warden, offline: `@zed-industries/claude-code-acp` 0.16.2 (installed by
+//! `.ci/run` under `<target>/npm/`) driven through the real daemons by the scripted fake
+//! Anthropic Messages server in `tests/fake_models/`. A Write inside the root is asked, allowed
+//! by the policy and lands; a Write to /etc is denied and nothing is written.
+//!
+//! Skipped, saying so, when node or the installed adapter is missing (run `.ci/run`, or set
+//! `WARDEN_CLAUDE_CODE_ACP` to the package's directory).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use warden_e2e::{Deployment, Options, bin_dir, binary, run_with_deadline};
+
+/// Where `.ci/run` installs the pinned adapter (`WARDEN_CLAUDE_CODE_ACP` names the package
+/// directory itself, inside a `node_modules`).
+const INSTALL: &str = "npm/claude-code-acp-0.16.2";
+const PACKAGE: &str = "node_modules/@zed-industries/claude-code-acp";
+
+/// The adapter's entry point, or why the test cannot run here.
+fn adapter() -> Result<(PathBuf, PathBuf), String> {
+    let node = ["/usr/bin/node", "/usr/local/bin/node"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or("node is not installed")?;
+    let package = match std::env::var_os("WARDEN_CLAUDE_CODE_ACP") {
+        Some(p) => PathBuf::from(p),
+        None => bin_dir()
+            .parent()
+            .map(|t| t.join(INSTALL).join(PACKAGE))
+            .ok_or("no target directory")?,
+    };
+    let entry = package.join("dist/index.js");
+    if !entry.is_file() {
+        return Err(format!(
+            "{} is missing (`.ci/run` installs @zed-industries/claude-code-acp@0.16.2 there)",
+            entry.display()
+        ));
+    }
+    Ok((node, entry))
+}
+
+/// The fake model server, killed when dropped.
+struct FakeModel {
+    _child: tokio::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+async fn fake_anthropic(dir: &Path) -> FakeModel {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake_models/fake_anthropic.py");
+    let log = dir.join("fake-anthropic.jsonl");
+    let mut child = tokio::process::Command::new("python3")
+        .arg(&script)
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 runs the fake model server");
+    let out = child.stdout.take().expect("its stdout");
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        BufReader::new(out).read_line(&mut line),
+    )
+    .await
+    .expect("the fake model server says its port within 10 s")
+    .expect("read its port");
+    let port = line.trim().parse().expect("a port number");
+    FakeModel {
+        _child: child,
+        port,
+        log,
+    }
+}
+
+/// Files named `name` anywhere under `dir`.
+fn find(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            find(&p, name, out);
+        } else if p.file_name().is_some_and(|n| n == name) {
+            out.push(p);
+        }
+    }
+}
+
+#[tokio::test]
+async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside_when_denied() {
+    let (node, entry) = match adapter() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!("SKIPPED claude_code_acp test: {why}");
+            return;
+        }
+    };
+    let mut d = Deployment::new(Options::default());
+    let model = fake_anthropic(d.dir.path()).await;
+    // node_modules: the adapter and the Claude Code it runs, read-only inside the sandbox.
+    let modules = entry
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let set_env = format!(
+        "{{ ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ANTHROPIC_API_KEY = \"sk-ant-fake-key\", \
+         IS_SANDBOX = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
+         DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\" }}",
+        model.port
+    );
+    let sup = |kv: String| ("supervisor".to_string(), kv);
+    d.opts.sets = vec![
+        sup(format!(
+            "agents.claude-test.command={:?}",
+            node.to_string_lossy()
+        )),
+        sup(format!(
+            "agents.claude-test.args=[{:?}]",
+            entry.to_string_lossy()
+        )),
+        // For now: the agent shares the host's network to reach the fake model on loopback.
+        sup("agents.claude-test.network=\"host\"".into()),
+        sup(format!("agents.claude-test.set_env={set_env}")),
+        sup(format!(
+            "agents.claude-test.read_only_paths=[{:?}]",
+            modules.to_string_lossy()
+        )),
+        sup("agents.claude-test.supervised_mode=\"default\"".into()),
+        sup("agents.claude-test.supervised_modes=[\"plan\"]".into()),
+        sup("limits.handshake_deadline_ms=30000".into()),
+    ];
+    for name in ["policy", "supervisor", "gateway"] {
+        d.start(name).await;
+    }
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+
+    let script = r#"SCRIPT {"steps": [
+        {"tool": ["mcp__acp__Write", "Write"], "input": {"file_path": "{CWD}/hello.txt", "content": "hello from the fake model\n"}},
+        {"tool": ["mcp__acp__Write", "Write"], "input": {"file_path": "/etc/warden-claude-denied", "content": "x\n"}}
+    ], "final": "done"}"#;
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args([
+        "--state-dir",
+        &state,
+        "send",
+        "--agent",
+        "claude-test",
+        script,
+    ])
+    .stdin(Stdio::null());
+    let out = run_with_deadline(&mut send, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let model_log = std::fs::read_to_string(&model.log).unwrap_or_default();
+    let ctx = format!("{shown}\n-- fake model log --\n{model_log}");
+
+    assert!(shown.contains("[policy] ALLOW"), "{ctx}");
+    assert!(shown.contains("[policy] DENY"), "{ctx}");
+    assert!(shown.contains("/etc/warden-claude-denied"), "{ctx}");
+    // Completed, with a refused permission.
+    assert_eq!(out.status.code(), Some(4), "{ctx}");
+
+    let mut written = Vec::new();
+    find(&d.dir.path().join("supervisor"), "hello.txt", &mut written);
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert!(!Path::new("/etc/warden-claude-denied").exists());
+    // Both writes were the model's, through the adapter.
+    assert!(model_log.contains("hello.txt"), "{ctx}");
+    assert!(model_log.contains("/etc/warden-claude-denied"), "{ctx}");
+}
