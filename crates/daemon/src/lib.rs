@@ -18,6 +18,7 @@ pub mod notify;
 pub mod peer;
 pub mod server;
 pub mod start;
+pub mod status;
 
 pub use args::DaemonArgs;
 pub use config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig};

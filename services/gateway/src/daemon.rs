@@ -71,14 +71,12 @@ impl AdminService for AdminApi {
         if let Ok(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
         }
-        Ok(Response::new(StatusResponse {
-            daemon: "warden-gateway".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            pid: std::process::id(),
-            uptime_seconds: self.started.elapsed().as_secs(),
-            listeners: self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
+        Ok(Response::new(warden_daemon::status::response(
+            "warden-gateway",
+            self.started,
+            self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
             details,
-        }))
+        )))
     }
 
     async fn audit_query(

@@ -448,14 +448,12 @@ impl AdminService for AdminApi {
                 .map(|e| e.clone())
                 .unwrap_or_default(),
         );
-        Ok(Response::new(pb::StatusResponse {
-            daemon: "warden-policy".to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            pid: std::process::id(),
-            uptime_seconds: s.started.elapsed().as_secs(),
-            listeners: s.listeners.read().map(|l| l.clone()).unwrap_or_default(),
+        Ok(Response::new(warden_daemon::status::response(
+            "warden-policy",
+            s.started,
+            s.listeners.read().map(|l| l.clone()).unwrap_or_default(),
             details,
-        }))
+        )))
     }
 
     async fn audit_query(

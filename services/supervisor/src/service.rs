@@ -411,14 +411,12 @@ impl Supervisor {
                 None => "self".to_string(),
             },
         );
-        pb::StatusResponse {
-            daemon: "warden-supervisor".into(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            pid: std::process::id(),
-            uptime_seconds: self.started.elapsed().as_secs(),
-            listeners: self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
+        warden_daemon::status::response(
+            "warden-supervisor",
+            self.started,
+            self.listeners.lock().map(|l| l.clone()).unwrap_or_default(),
             details,
-        }
+        )
     }
 }
 
