@@ -1357,6 +1357,30 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_waiting_for_admission_is_working_with_its_place() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![Event::Queued(TurnQueued {
+                position: 3,
+                admission: true,
+            })],
+        );
+        let s = out
+            .iter()
+            .find_map(|e| match e {
+                StreamResponse::StatusUpdate(s) => Some(s),
+                _ => None,
+            })
+            .expect("a status update");
+        assert_eq!(s.status.state, TaskState::Working);
+        let msg = s.status.message.as_ref().expect("a status message");
+        let md = msg.metadata.as_ref().expect("metadata");
+        assert_eq!(md[META_KEY]["kind"], "admission");
+        assert_eq!(md[META_KEY]["position"], 3);
+    }
+
+    #[test]
     fn queue_plan_mode_and_thoughts_are_reported() {
         let mut m = TurnMapper::new("t1", "c1");
         let out = run(
