@@ -624,3 +624,325 @@ async fn a_token_made_with_the_documented_commands_authenticates_at_the_real_gat
     );
     child.kill().await.ok();
 }
+
+// ---- the systemd units -------------------------------------------------------------------
+
+/// The exposure `systemd-analyze security --offline=true` may give each unit at most (issue 16).
+/// The supervisor's is higher because bubblewrap and its agents inherit its restrictions: see
+/// the comments in its unit and deploy/README.md.
+const EXPOSURE_TARGETS: [(&str, f64); 4] = [
+    ("warden-policy.service", 2.0),
+    ("warden-gateway.service", 2.0),
+    ("warden-approver.service", 2.0),
+    ("warden-supervisor.service", 4.5),
+];
+
+fn units() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(deploy_dir().join("systemd"))
+        .expect("deploy/systemd")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "service"))
+        .collect();
+    v.sort();
+    assert_eq!(v.len(), DAEMONS.len(), "one unit per daemon: {v:?}");
+    v
+}
+
+fn unit_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// `(section, key, value)` of every assignment in a unit file, in order.
+fn unit_entries(p: &Path) -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(p).expect("readable unit");
+    let mut section = String::new();
+    let mut out = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = s.to_string();
+        } else if let Some((k, v)) = line.split_once('=') {
+            out.push((section.clone(), k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
+/// `systemd-analyze`, or `None` (with the reason printed) when this machine has none.
+fn systemd_analyze() -> Option<PathBuf> {
+    let found = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file());
+    if found.is_none() {
+        eprintln!(
+            "SKIP: systemd-analyze is not installed, so the units are not verified or scored \
+             (apt-get install systemd; .ci/run does)"
+        );
+    }
+    found
+}
+
+/// A value set twice in [Service] is a unit that says two things (the supervisor's once had
+/// `ProtectHome=read-only` and `ProtectHome=no`; the last wins, silently). Only list-valued
+/// settings may repeat.
+#[test]
+fn no_unit_sets_a_single_valued_setting_twice() {
+    const LISTS: [&str; 5] = [
+        "SystemCallFilter",
+        "ReadWritePaths",
+        "Environment",
+        "After",
+        "Wants",
+    ];
+    for unit in units() {
+        let mut seen = BTreeSet::new();
+        for (section, key, _) in unit_entries(&unit) {
+            if LISTS.contains(&key.as_str()) {
+                continue;
+            }
+            assert!(
+                seen.insert((section.clone(), key.clone())),
+                "{}: [{section}] {key}= is set more than once",
+                unit_name(&unit)
+            );
+        }
+    }
+}
+
+/// The units agree with sysusers.d, tmpfiles.d and the example configs: each runs as its own
+/// user, gets its state directory with the mode tmpfiles.d gives it, and may write the
+/// directory its sockets are in.
+#[test]
+fn the_units_agree_with_sysusers_tmpfiles_and_the_configs() {
+    let users = sysusers();
+    let (dirs, _) = tmpfiles();
+    for daemon in DAEMONS {
+        let path = deploy_dir()
+            .join("systemd")
+            .join(format!("warden-{daemon}.service"));
+        let entries = unit_entries(&path);
+        let get = |k: &str| {
+            entries
+                .iter()
+                .filter(|(s, key, _)| s == "Service" && key == k)
+                .map(|(_, _, v)| v.as_str())
+                .collect::<Vec<_>>()
+        };
+        let user = format!("warden-{daemon}");
+        assert_eq!(get("User"), [user.as_str()], "{daemon}");
+        assert!(users.uids.contains_key(&user), "{user} not in sysusers.d");
+        let cfg = parsed(&example(daemon));
+        let state = s(&cfg, "/daemon/state_dir");
+        assert_eq!(
+            get("StateDirectory"),
+            [state.trim_start_matches("/var/lib/")],
+            "{daemon}: StateDirectory= is the config's state_dir"
+        );
+        let mode = u32::from_str_radix(get("StateDirectoryMode")[0], 8).expect("octal mode");
+        assert_eq!(
+            mode, dirs[state].mode,
+            "{daemon}: {state} mode as in tmpfiles.d"
+        );
+        let writable: Vec<&str> = get("ReadWritePaths")
+            .iter()
+            .flat_map(|v| v.split_whitespace())
+            .collect();
+        for l in ["/listen", "/admin"] {
+            if let Some(sock) = cfg.pointer(&format!("{l}/socket")).and_then(Value::as_str) {
+                assert!(
+                    writable.contains(&parent(sock)),
+                    "{daemon}: the unit does not let it create {sock}"
+                );
+            }
+        }
+        assert!(
+            !get("WatchdogSec").is_empty(),
+            "{daemon}: no WatchdogSec= (the daemons ping it)"
+        );
+    }
+}
+
+/// `systemd-analyze verify` on every unit, with nothing installed: it runs against a temporary
+/// root holding the units, the host's own systemd units (for network.target and friends) and,
+/// at each path an `Exec*=` names, an executable file. verify only checks that such a path is
+/// executable, so a one-line script stands in for the binary the package would install. Any
+/// complaint fails the test, not only the exit status: verify exits 0 on an unknown key.
+#[test]
+fn every_unit_passes_systemd_analyze_verify() {
+    let Some(analyze) = systemd_analyze() else {
+        return;
+    };
+    let root = tempfile::tempdir().expect("temp root");
+    let r = root.path();
+    let sys = r.join("etc/systemd/system");
+    std::fs::create_dir_all(&sys).unwrap();
+    std::fs::create_dir_all(r.join("usr/lib/systemd")).unwrap();
+    let host_units = Path::new("/usr/lib/systemd/system");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(host_units)
+        .arg(r.join("usr/lib/systemd/"))
+        .status()
+        .expect("run cp");
+    assert!(cp.success(), "cannot copy {}", host_units.display());
+    let mut names = Vec::new();
+    for unit in units() {
+        std::fs::copy(&unit, sys.join(unit_name(&unit))).unwrap();
+        names.push(unit_name(&unit));
+        for (_, key, value) in unit_entries(&unit) {
+            if !key.starts_with("Exec") {
+                continue;
+            }
+            let program = value
+                .trim_start_matches(['-', '@', ':', '+', '!'])
+                .split_whitespace()
+                .next()
+                .expect("a command");
+            assert!(
+                program.starts_with('/'),
+                "{key}={value}: not an absolute path"
+            );
+            let stand_in = r.join(program.trim_start_matches('/'));
+            std::fs::create_dir_all(stand_in.parent().unwrap()).unwrap();
+            std::fs::write(&stand_in, "#!/bin/sh\n").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&stand_in, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    let out = Command::new(&analyze)
+        .args(["verify", "--man=no", "--generators=no"])
+        .arg(format!("--root={}", r.display()))
+        .args(&names)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run systemd-analyze verify");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "systemd-analyze verify {names:?} ({}):\n{said}",
+        out.status
+    );
+}
+
+/// The overall exposure figure from `systemd-analyze security` output.
+fn exposure(report: &str) -> Option<f64> {
+    let line = report
+        .lines()
+        .find(|l| l.contains("Overall exposure level for"))?;
+    line.rsplit_once(": ")?
+        .1
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn every_unit_meets_its_exposure_target() {
+    let Some(analyze) = systemd_analyze() else {
+        return;
+    };
+    let mut over = Vec::new();
+    for unit in units() {
+        let name = unit_name(&unit);
+        let target = EXPOSURE_TARGETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name} has no exposure target"))
+            .1;
+        let out = Command::new(&analyze)
+            .args(["security", "--offline=true", "--no-pager"])
+            .arg(&unit)
+            .env("SYSTEMD_COLORS", "0")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run systemd-analyze security");
+        let report = String::from_utf8_lossy(&out.stdout);
+        let figure = exposure(&report).unwrap_or_else(|| {
+            panic!(
+                "no exposure figure for {name}: {report}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        eprintln!("{name}: exposure {figure} (target <= {target})");
+        if figure > target {
+            over.push(format!("{name}: {figure} > {target}\n{report}"));
+        }
+    }
+    assert!(over.is_empty(), "above target:\n{}", over.join("\n"));
+}
+
+#[test]
+fn the_exposure_figure_is_read_from_systemd_analyze_output() {
+    let report = "✗ PrivateNetwork=   Service has access to the host's network   0.5\n\n\
+                  → Overall exposure level for warden-gateway.service: 1.2 OK 🙂\n";
+    assert_eq!(exposure(report), Some(1.2));
+    assert_eq!(exposure("no summary line"), None);
+}
+
+/// Under `WatchdogSec=` systemd sets `WATCHDOG_USEC`; a daemon that does not ping within it is
+/// killed. The real warden-policy reports ready and then keeps pinging at half the period.
+#[tokio::test]
+async fn a_daemon_under_a_watchdog_keeps_pinging_it() {
+    let root = test_root();
+    std::fs::create_dir_all(&root).expect("test root");
+    let dir = tempfile::Builder::new()
+        .prefix("deploy-watchdog-")
+        .tempdir_in(&root)
+        .expect("temp dir");
+    let notify = dir.path().join("notify");
+    let sock = tokio::net::UnixDatagram::bind(&notify).expect("bind notify socket");
+    let q = |p: &str| format!("{:?}", dir.path().join(p).display().to_string());
+    let mut cmd = tokio::process::Command::new(binary("warden-policy"));
+    for (k, v) in [
+        ("daemon.state_dir", q("state")),
+        ("listen.socket", q("policy.sock")),
+        ("admin.socket", q("admin.sock")),
+    ] {
+        cmd.arg("--set").arg(format!("{k}={v}"));
+    }
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("WARDEN_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
+        .env("NOTIFY_SOCKET", &notify)
+        // 400 ms: pings every 200 ms.
+        .env("WATCHDOG_USEC", "400000")
+        .env_remove("WATCHDOG_PID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start warden-policy");
+    let mut buf = [0u8; 128];
+    let mut recv = async || {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(30), sock.recv(&mut buf))
+            .await
+            .expect("a notification within 30 s")
+            .expect("recv");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(recv().await, "READY=1");
+    let start = std::time::Instant::now();
+    for _ in 0..3 {
+        assert_eq!(recv().await, "WATCHDOG=1");
+    }
+    // Three pings at 200 ms intervals, the first at once: about 400 ms. Fewer would mean the
+    // period is not what systemd asked for.
+    let took = start.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(350),
+        "pinged too often: 3 in {took:?}"
+    );
+    child.kill().await.ok();
+}

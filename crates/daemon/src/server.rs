@@ -115,6 +115,9 @@ impl Server {
         let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
         let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
         crate::notify::ready();
+        // Pings until run returns (the guard is dropped), through the drain as well: a drain
+        // that hangs past WatchdogSec= is as dead as a hung runtime.
+        let _watchdog = crate::notify::start_watchdog();
         tracing::info!(daemon = self.daemon, "ready");
         let mut failure = None;
         tokio::select! {
