@@ -147,6 +147,22 @@ pub fn test_root() -> PathBuf {
 
 /// A free loopback TCP port for the gateway.
 pub fn free_port() -> u16 {
+    // Below the kernel's ephemeral range (32768-60999 by default), so no outgoing connection of
+    // a parallel test (one opens hundreds) can take the port between this check and the
+    // daemon's bind; a per-process counter keeps the tests of one binary apart, and the pid
+    // spreads binaries. A port that is busy is skipped.
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id().wrapping_mul(397) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
