@@ -8,7 +8,7 @@
 //! `WARDEN_SOAK_LEVELS=50,200,500` chooses the concurrencies, `WARDEN_SOAK_EDITS=5` the
 //! permissions per turn, `WARDEN_SOAK_WAVES=2` the waves per level.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use warden_e2e::{Deployment, Options};
@@ -47,33 +47,13 @@ fn pct(sorted: &[u128], p: f64) -> u128 {
     sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
 }
 
-/// Builds the release binaries when the bench itself runs in release, so the daemons are too.
+/// The release daemons for a release run of this bench.
 fn binaries() {
-    if std::env::var_os("WARDEN_BIN_DIR").is_some() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let profile_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
-    if let Some(dir) = profile_dir.filter(|p| p.ends_with("release")) {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = std::process::Command::new(cargo)
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(&manifest)
-            .args([
-                "-p",
-                "warden-policy",
-                "-p",
-                "warden-supervisor",
-                "-p",
-                "warden-scripted-agent",
-            ])
-            .status()
-            .expect("cargo build");
-        assert!(st.success(), "release build failed");
-        // SAFETY: single-threaded at this point.
-        unsafe { std::env::set_var("WARDEN_BIN_DIR", dir) };
-    }
+    warden_e2e::use_release_binaries_in_benches(&[
+        "warden-policy",
+        "warden-supervisor",
+        "warden-scripted-agent",
+    ]);
 }
 
 struct Sample {

@@ -73,35 +73,14 @@ fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// Builds the release binaries when the bench itself runs in release, so the daemons are too.
+/// The release daemons for a release run of this bench.
 fn binaries() {
-    if std::env::var_os("WARDEN_BIN_DIR").is_some() {
-        return;
-    }
-    let exe = std::env::current_exe().unwrap_or_default();
-    let profile_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
-    if profile_dir.as_ref().is_some_and(|p| p.ends_with("release")) {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let st = std::process::Command::new(cargo)
-            .args(["build", "--release", "--quiet", "--manifest-path"])
-            .arg(&manifest)
-            .args([
-                "-p",
-                "warden-policy",
-                "-p",
-                "warden-supervisor",
-                "-p",
-                "warden-scripted-agent",
-                "-p",
-                "warden-gateway",
-            ])
-            .status()
-            .expect("cargo build");
-        assert!(st.success(), "release build failed");
-        // SAFETY: single-threaded at this point.
-        unsafe { std::env::set_var("WARDEN_BIN_DIR", profile_dir.unwrap()) };
-    }
+    warden_e2e::use_release_binaries_in_benches(&[
+        "warden-policy",
+        "warden-supervisor",
+        "warden-scripted-agent",
+        "warden-gateway",
+    ]);
 }
 
 #[tokio::main(flavor = "multi_thread")]

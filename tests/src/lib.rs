@@ -369,3 +369,30 @@ pub async fn run_with_deadline(
         )),
     }
 }
+
+/// For benches: when the bench itself runs in release, builds the release binaries of
+/// `packages` and points the harness at them (`WARDEN_BIN_DIR`), so the daemons are optimised
+/// too. A debug run (`cargo test --bench …`) keeps the debug binaries. Panics (it is a bench's
+/// set-up) when the build fails.
+pub fn use_release_binaries_in_benches(packages: &[&str]) {
+    if std::env::var_os("WARDEN_BIN_DIR").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe.parent().and_then(Path::parent).map(Path::to_path_buf);
+    let Some(dir) = profile_dir.filter(|p| p.ends_with("release")) else {
+        return;
+    };
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(&manifest);
+    for p in packages {
+        cmd.args(["-p", p]);
+    }
+    let st = cmd.status().expect("cargo build");
+    assert!(st.success(), "release build failed");
+    // SAFETY: benches call this first, before any other thread exists.
+    unsafe { std::env::set_var("WARDEN_BIN_DIR", dir) };
+}
