@@ -146,3 +146,37 @@ async fn turns_beyond_the_active_limit_wait_their_turn_in_order() {
     assert!(queued_at < started_at);
     assert!(text(&ea).contains("A done"));
 }
+
+/// Finding 1's last part: a task sent to a context whose conversation ended starts a new
+/// conversation and is told so (ContextReset), as after an idle restart; a new context is not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_in_an_ended_context_says_the_context_was_reset() {
+    let d = deploy(&[]).await;
+    let mut c = client(&d);
+    let resets = |evs: &[pb::TurnEvent]| -> Vec<String> {
+        evs.iter()
+            .filter_map(|e| match &e.event {
+                Some(pb::turn_event::Event::ContextReset(r)) => Some(r.reason.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let evs = run(&mut c, turn("ended", "t1", "write a.txt")).await;
+    assert!(resets(&evs).is_empty(), "a new context is not a reset");
+    let closed = c
+        .close_conversation(pb::CloseConversationRequest {
+            context_id: "ended".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(closed.closed);
+    let evs = run(&mut c, turn("ended", "t2", "write b.txt")).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
+    let r = resets(&evs);
+    assert_eq!(r.len(), 1, "{evs:#?}");
+    assert!(r[0].contains("ended"), "{r:?}");
+    // Said once: the next turn of the new conversation is not a reset.
+    let evs = run(&mut c, turn("ended", "t3", "write c.txt")).await;
+    assert!(resets(&evs).is_empty(), "{evs:#?}");
+}

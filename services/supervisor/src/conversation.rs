@@ -52,6 +52,9 @@ pub struct Conversation {
     /// This conversation's agent home: kept across idle restarts (the adapter's session state
     /// lives there), removed at close (or when the conversation is dropped).
     home: Mutex<Option<warden_sandbox::AgentHome>>,
+    /// Set when this conversation continues a context whose earlier conversation ended (closed
+    /// by its owner or after being idle): its first turn says that the context was reset.
+    pub ended_before: std::sync::atomic::AtomicBool,
 }
 
 /// How a turn ended.
@@ -102,6 +105,7 @@ impl Conversation {
             last_session: Mutex::new(String::new()),
             last_kill: Mutex::new((false, 0)),
             home: Mutex::new(Some(home)),
+            ended_before: std::sync::atomic::AtomicBool::new(false),
         });
         let (p, _reset) = conv.start_agent(false).await?;
         *conv.proc_.lock().await = Some(p);
@@ -581,7 +585,14 @@ impl Conversation {
             session_id: session_id.clone(),
             root: self.core.info.root.to_string_lossy().into_owned(),
         }));
-        if context_reset {
+        if self
+            .ended_before
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            turn.emit(Event::ContextReset(pb::ContextReset {
+                reason: "this context's earlier conversation ended (closed by its owner, or after being idle); this turn starts a new agent session without the earlier context".into(),
+            }));
+        } else if context_reset {
             turn.emit(Event::ContextReset(pb::ContextReset {
                 reason: "the agent was restarted and could not load its previous session; this turn starts a new session without the earlier context".into(),
             }));

@@ -20,6 +20,9 @@ use crate::core::{ConvCore, ConvInfo, Live};
 use crate::shared::Shared;
 use crate::turn::{TurnCtx, TurnInput};
 
+/// How many ended contexts are remembered for their ContextReset (a bounded record).
+const ENDED_MEMORY: usize = 4096;
+
 /// Longest accepted context id / turn id (bytes).
 const MAX_ID: usize = 256;
 
@@ -33,6 +36,9 @@ pub struct Supervisor {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Cancels for turns of conversations that are not open yet.
     early_cancels: Mutex<HashMap<String, Vec<String>>>,
+    /// Contexts whose conversation was closed, newest last (bounded): a new conversation in one
+    /// tells its first turn that the context was reset.
+    ended: Mutex<std::collections::VecDeque<String>>,
     started: Instant,
     pub listeners: Mutex<Vec<String>>,
 }
@@ -60,6 +66,7 @@ impl Supervisor {
             shared: Arc::new(shared),
             slots: Mutex::new(HashMap::new()),
             early_cancels: Mutex::new(HashMap::new()),
+            ended: Mutex::new(std::collections::VecDeque::new()),
             started: Instant::now(),
             listeners: Mutex::new(Vec::new()),
         })
@@ -249,7 +256,15 @@ impl Supervisor {
         };
         // A failed open drops the home with the conversation (removed on drop).
         let conv = match Conversation::open(core, agent_cfg, self.shared.clone(), home).await {
-            Ok(c) => c,
+            Ok(c) => {
+                let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = ended.iter().position(|e| e == &req.context_id) {
+                    ended.remove(i);
+                    c.ended_before
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+                c
+            }
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
                 let capacity = matches!(e, crate::agent::StartError::Capacity(_));
@@ -320,6 +335,13 @@ impl Supervisor {
         self.forget(context_id, &slot);
         match conv {
             Some(c) => {
+                {
+                    let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+                    ended.push_back(context_id.to_string());
+                    while ended.len() > ENDED_MEMORY {
+                        ended.pop_front();
+                    }
+                }
                 let (forced, processes) = c.close().await;
                 pb::CloseConversationResponse {
                     closed: true,
