@@ -216,6 +216,26 @@ fn default_mode() -> String {
 }
 
 impl ListenerConfig {
+    /// Checks the `listen` and `admin` listeners of a daemon with two APIs, and that they are
+    /// not one socket (each has its own allowlist; `why` says whose API is whose).
+    pub fn validate_listen_and_admin(
+        listen: &ListenerConfig,
+        admin: &ListenerConfig,
+        origin: &Origin,
+        why: &str,
+    ) -> Result<(), ConfigError> {
+        listen.validate(origin, "listen")?;
+        admin.validate(origin, "admin")?;
+        if listen.socket.is_some() && listen.socket == admin.socket {
+            return Err(ConfigError::invalid(
+                origin,
+                "admin.socket",
+                format!("must differ from listen.socket: {why}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// A Unix listener at `path` allowing only the current uid.
     pub fn unix(path: impl Into<PathBuf>) -> Self {
         ListenerConfig {

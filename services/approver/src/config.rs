@@ -170,15 +170,14 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<LoadedConfig<Config>
 
 fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
     c.daemon.validate(origin)?;
-    c.listen.validate(origin, "listen")?;
-    c.admin.validate(origin, "admin")?;
-    if c.listen.socket.is_some() && c.listen.socket == c.admin.socket {
-        return Err(ConfigError::invalid(
-            origin,
-            "admin.socket",
-            "must differ from listen.socket: people answer on the admin socket, the supervisor asks on listen",
-        ));
-    }
+    ListenerConfig::validate_listen_and_admin(
+        &c.listen,
+        &c.admin,
+        origin,
+        "people answer on the admin socket, the supervisor asks on listen",
+    )?;
+    // The approver's own floor check uses warden-policy's limits: a zero there denies all.
+    c.decide.validate(origin)?;
     // Zero values deny: a zero deadline would deny everything at once, which is never meant.
     let mut positive: Vec<(String, u64)> = vec![
         ("approval.deadline_ms".into(), c.approval.deadline_ms),
@@ -229,6 +228,8 @@ mod tests {
                 "approval.agents.codex.deadline_ms",
             ),
             ("web.bind=\"localhost\"", "web.bind"),
+            // Shared with warden-policy's check: a zero limit would deny everything.
+            ("decide.max_options=0", "decide.max_options"),
             ("approval.deadlin_ms=5", "approval"),
         ] {
             match load_sets(&[set]) {

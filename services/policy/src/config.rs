@@ -138,26 +138,32 @@ impl Sources {
     }
 }
 
+impl DecideSection {
+    /// Every limit at least 1: a zero would deny every request, which is never meant (used by
+    /// warden-policy and by warden-approver, which shares this section).
+    pub fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("decide.max_raw_input_bytes", self.max_raw_input_bytes),
+            ("decide.max_locations", self.max_locations),
+            ("decide.max_options", self.max_options),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::invalid(origin, key, "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
+}
+
 fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
     c.daemon.validate(origin)?;
-    c.listen.validate(origin, "listen")?;
-    c.admin.validate(origin, "admin")?;
-    if c.listen.socket.is_some() && c.listen.socket == c.admin.socket {
-        return Err(ConfigError::invalid(
-            origin,
-            "admin.socket",
-            "must differ from listen.socket: the admin API is for operators, Decide for the supervisor",
-        ));
-    }
-    for (key, v) in [
-        ("decide.max_raw_input_bytes", c.decide.max_raw_input_bytes),
-        ("decide.max_locations", c.decide.max_locations),
-        ("decide.max_options", c.decide.max_options),
-    ] {
-        if v == 0 {
-            return Err(ConfigError::invalid(origin, key, "must be at least 1"));
-        }
-    }
+    ListenerConfig::validate_listen_and_admin(
+        &c.listen,
+        &c.admin,
+        origin,
+        "the admin API is for operators, Decide for the supervisor",
+    )?;
+    c.decide.validate(origin)?;
     c.policy.validate().map_err(|e| match e {
         PolicyError::EmptyMatcher { key, index } => ConfigError::invalid(
             origin,

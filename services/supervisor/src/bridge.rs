@@ -370,25 +370,21 @@ impl ClientHandler for ConvCore {
             ));
         }
         let files = self.files(&req.path)?;
-        // Where it would land, before anyone is asked: a path that leads outside now is refused
-        // outright. This is a filter, not a licence: the write is walked again beneath the fd.
-        files.relative(Path::new(&req.path)).map_err(fs_error)?;
-        if !warden_containment::is_inside(&self.info.root, &req.path, &warden_containment::RealFs)
-            .unwrap_or(false)
-        {
-            return Err(RpcError::invalid_params(format!(
-                "{} is outside the session boundary",
-                req.path
-            )));
-        }
+        // Where it would land, resolved once, before anyone is asked: a path that leads outside
+        // now is refused outright, and the same resolution is the key an ALLOW covers. A filter,
+        // not a licence: the write is walked again by the kernel beneath the root's fd.
+        let key = self
+            .covered_key(&req.path)
+            .filter(|k| k.starts_with(&self.info.root))
+            .ok_or_else(|| {
+                RpcError::invalid_params(format!("{} is outside the session boundary", req.path))
+            })?;
         let Some(turn) = self.turn() else {
             return Err(RpcError::invalid_params(
                 "no turn is running: a write is served only within a turn",
             ));
         };
-        let covering = self
-            .covered_key(&req.path)
-            .and_then(|key| self.take_covering(&turn, &key));
+        let covering = self.take_covering(&turn, &key);
         let decision_id =
             match covering {
                 Some(c) => {
