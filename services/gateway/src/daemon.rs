@@ -155,6 +155,14 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         );
     }
 
+    // The A2A port is bound before the admin socket serves health: a caller that sees the
+    // gateway healthy can connect (until the accept loop runs, the kernel queues it).
+    let http = tokio::net::TcpListener::bind(&cfg.http.bind)
+        .await
+        .map_err(|source| RunError::HttpBind {
+            addr: cfg.http.bind.clone(),
+            source,
+        })?;
     let grace = Duration::from_millis(cfg.daemon.shutdown_grace_ms);
     let mut server = Server::new("warden-gateway", grace);
     let listeners = Arc::new(Mutex::new(Vec::new()));
@@ -169,12 +177,6 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         })),
     );
 
-    let http = tokio::net::TcpListener::bind(&cfg.http.bind)
-        .await
-        .map_err(|source| RunError::HttpBind {
-            addr: cfg.http.bind.clone(),
-            source,
-        })?;
     let bound = http
         .local_addr()
         .map(|a| a.to_string())
