@@ -96,13 +96,17 @@ async fn a_restart_over_many_leftover_trees_is_healthy_at_once_and_reaps_them_in
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_graceful_stop_releases_every_lease() {
+async fn a_graceful_stop_releases_every_lease_and_keeps_the_roots() {
     let mut d = deploy(&[]).await;
     let mut c = client(&d);
+    let mut roots = Vec::new();
     for i in 0..3 {
-        c.open_conversation(open(&format!("lease-{i}"), pb::Profile::WorkspaceWrite))
+        let info = c
+            .open_conversation(open(&format!("lease-{i}"), pb::Profile::WorkspaceWrite))
             .await
-            .unwrap();
+            .unwrap()
+            .into_inner();
+        roots.push(PathBuf::from(info.root));
     }
     let store_dir = state(&d).join("store");
     let sup = d.take("supervisor").unwrap();
@@ -116,6 +120,10 @@ async fn a_graceful_stop_releases_every_lease() {
         leases.is_empty(),
         "leases left by a graceful stop: {leases:?}"
     );
+    // A stop is not the end of a conversation: the context's files wait for its next task.
+    for r in &roots {
+        assert!(r.is_dir(), "a graceful stop removed {}", r.display());
+    }
 }
 
 /// Zombie children of the supervisor (it is the subreaper: bubblewrap's namespace init, after a

@@ -278,7 +278,10 @@ async fn an_idle_context_is_closed_at_the_supervisor_and_its_next_task_opens_a_n
     };
     let ctx = "ctx-ttl";
     completed_task(&alice, "m-ttl-1", json!({"contextId": ctx})).await;
-    assert!(is_open(&conversation(&d, ctx).await), "opened by the task");
+    let first = conversation(&d, ctx).await;
+    assert!(is_open(&first), "opened by the task");
+    let first_root = std::path::PathBuf::from(first.map(|c| c.root).unwrap_or_default());
+    assert!(first_root.is_dir(), "{}", first_root.display());
 
     let deadline = Instant::now() + Duration::from_secs(15);
     while is_open(&conversation(&d, ctx).await) {
@@ -289,6 +292,16 @@ async fn an_idle_context_is_closed_at_the_supervisor_and_its_next_task_opens_a_n
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Ended: its owned sandbox goes with it (the listing drops it as the close begins).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first_root.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !first_root.exists(),
+        "{} outlived its conversation",
+        first_root.display()
+    );
 
     // The context is still alice's: bob cannot take it over now that its conversation ended…
     let bob = Gw {

@@ -26,6 +26,15 @@ const ENDED_MEMORY: usize = 4096;
 /// Longest accepted context id / turn id (bytes).
 const MAX_ID: usize = 256;
 
+/// Why a conversation is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Its owner closed it or its context expired: everything of it goes.
+    Ended,
+    /// The supervisor stops: the tree goes, the owned root stays for the next start.
+    Shutdown,
+}
+
 struct Slot {
     conv: tokio::sync::Mutex<Option<Arc<Conversation>>>,
 }
@@ -327,7 +336,15 @@ impl Supervisor {
         g.clone()
     }
 
+    /// Ends a conversation (its owner closed it, or the gateway's `conversation_ttl` passed):
+    /// the tree is killed, the home removed, and an owned root removed after its turns'
+    /// transcripts are closed (they live in the state directory, not in the root). An operator
+    /// workspace is never removed.
     pub async fn close(&self, context_id: &str) -> pb::CloseConversationResponse {
+        self.close_as(context_id, Ending::Ended).await
+    }
+
+    async fn close_as(&self, context_id: &str, ending: Ending) -> pb::CloseConversationResponse {
         let Some(slot) = self.existing(context_id) else {
             return pb::CloseConversationResponse::default();
         };
@@ -343,6 +360,23 @@ impl Supervisor {
                     }
                 }
                 let (forced, processes) = c.close().await;
+                if ending == Ending::Ended && c.core.info.owned {
+                    // The tree is dead and every turn ended (close waited for the active one),
+                    // so nothing writes into the root any more.
+                    // A root may be large: removed off the runtime thread, before the close is
+                    // answered (a caller that reopens the context finds a fresh root).
+                    let roots = self.shared.roots.clone();
+                    let id = context_id.to_string();
+                    match tokio::task::spawn_blocking(move || roots.remove(&id)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox")
+                        }
+                        Err(e) => {
+                            tracing::warn!(context_id, error = %e, "sandbox removal did not finish")
+                        }
+                    }
+                }
                 pb::CloseConversationResponse {
                     closed: true,
                     forced,
@@ -353,7 +387,7 @@ impl Supervisor {
         }
     }
 
-    /// Closes everything (shutdown).
+    /// Closes everything (shutdown); owned roots stay.
     pub async fn close_all(self: &Arc<Self>) {
         let ids: Vec<String> = self
             .slots
@@ -365,7 +399,9 @@ impl Supervisor {
         let mut set = tokio::task::JoinSet::new();
         for id in ids {
             let me = self.clone();
-            set.spawn(async move { me.close(&id).await });
+            // A stop of the supervisor is not the end of the conversation: its root stays for
+            // the context's next task after the restart.
+            set.spawn(async move { me.close_as(&id, Ending::Shutdown).await });
         }
         while set.join_next().await.is_some() {}
     }
