@@ -173,3 +173,139 @@ async fn no_zombie_outlives_a_moment_under_the_supervisor() {
         "zombie children of the supervisor: {left:?}"
     );
 }
+
+/// Starts `n` hanging turns, each leaving a SIGTERM-ignoring child and a `setsid` grandchild,
+/// `at_once` at a time; returns the streams (to keep the turns open) and every helper pid.
+async fn many_hanging_trees(
+    d: &warden_e2e::Deployment,
+    n: usize,
+    at_once: usize,
+) -> (Vec<tonic::Streaming<pb::TurnEvent>>, Vec<i32>) {
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(at_once));
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let mut c = client(d);
+        let sem = sem.clone();
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await.ok();
+            let ctx = format!("many-{i}");
+            let s = start(&mut c, turn(&ctx, "t1", &spawn_and_hang())).await;
+            let root = PathBuf::from(
+                c.open_conversation(open(&ctx, pb::Profile::WorkspaceWrite))
+                    .await
+                    .unwrap()
+                    .into_inner()
+                    .root,
+            );
+            (s, wait_pids(&root.join("pids"), 2).await)
+        });
+    }
+    let (mut streams, mut pids) = (Vec::new(), Vec::new());
+    while let Some(r) = set.join_next().await {
+        let (s, p) = r.expect("a tree starter panicked");
+        streams.push(s);
+        pids.extend(p);
+    }
+    (streams, pids)
+}
+
+/// SIGKILLs what a failed test would leave behind (the helpers ignore SIGTERM and, without
+/// bubblewrap, outlive the deployment for their 10 minutes).
+struct KillOnDrop(Vec<i32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+const MANY: usize = 500;
+
+/// The two 500-tree tests run one after the other (1,000 trees at once would measure the
+/// host, not the supervisor).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+const GRACE_MS: u64 = 1000;
+
+fn many_settings() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("supervisor", "sandbox.bubblewrap=false"),
+        ("supervisor", "limits.kill_grace_ms=1000"),
+        ("supervisor", "limits.max_active_turns=600"),
+        ("supervisor", "limits.max_live_agents=600"),
+        ("supervisor", "limits.max_conversations=600"),
+    ]
+}
+
+/// The figure: 500 leftover trees at start (a crash left them, all ignoring SIGTERM):
+/// healthy within 1 s, every one gone within one kill grace (+ 1 s), new work runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_hundred_leftover_trees_healthy_within_a_second_and_reaped_in_one_grace() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut d = deploy(&many_settings()).await;
+    let (streams, pids) = many_hanging_trees(&d, MANY, 32).await;
+    let _cleanup = KillOnDrop(pids.clone());
+    let sup = d.take("supervisor").unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(sup.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    sup.crash().await;
+    drop(streams);
+    let survivors: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    assert!(survivors.len() >= MANY, "{} survivors", survivors.len());
+
+    let t0 = Instant::now();
+    d.start("supervisor").await;
+    let healthy = t0.elapsed();
+    let gone = all_gone(&survivors, Duration::from_millis(GRACE_MS + 1000)).await;
+    let reaped = t0.elapsed();
+    eprintln!(
+        "{} leftover processes in {MANY} trees: healthy after {healthy:?}, reaped after {reaped:?}",
+        survivors.len()
+    );
+    assert!(
+        gone,
+        "{} leftovers survive one kill grace + 1 s",
+        survivors.iter().filter(|p| alive(**p)).count()
+    );
+    assert!(
+        healthy < Duration::from_secs(1),
+        "healthy only after {healthy:?}"
+    );
+    let mut c = client(&d);
+    let evs = run(&mut c, turn("after-many", "t1", "write after.txt")).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
+}
+
+/// A graceful stop with 500 live trees that ignore SIGTERM: the supervisor exits within one
+/// kill grace + 1 s and no process of any tree is left.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_hundred_live_trees_stop_within_one_grace() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut d = deploy(&many_settings()).await;
+    let (_streams, pids) = many_hanging_trees(&d, MANY, 32).await;
+    let _cleanup = KillOnDrop(pids.clone());
+    let sup = d.take("supervisor").unwrap();
+    let t0 = Instant::now();
+    assert!(sup.terminate().await.success());
+    let stopped = t0.elapsed();
+    let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    eprintln!(
+        "{} processes in {MANY} trees: stopped after {stopped:?}",
+        pids.len()
+    );
+    assert!(
+        left.is_empty(),
+        "{} processes outlived the stop",
+        left.len()
+    );
+    assert!(
+        stopped < Duration::from_millis(GRACE_MS + 1000),
+        "the stop took {stopped:?}"
+    );
+}

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, ChildStdin};
@@ -27,6 +28,9 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(2);
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_POLL: Duration = Duration::from_millis(10);
+
+/// How old a shared process-table reading may be for the first look at a tree being killed.
+const SHARED_STALENESS: Duration = Duration::from_millis(20);
 
 /// Parameters of one kill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -279,8 +283,32 @@ impl ProcessTree {
         self.child.is_some() && self.pgid == self.leader.pid && self.pgid > 1
     }
 
+    /// A reading of the process table taken after `after`, shared with concurrent kills: the
+    /// newest one when it is recent enough, else a new one read off the runtime thread by one
+    /// kill while the others wait for it.
+    async fn snapshot(&self, after: Instant) -> Arc<procfs::Snapshot> {
+        static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        if let Some(s) = procfs::latest_after(after) {
+            return s;
+        }
+        let _one_reader = REFRESH.lock().await;
+        if let Some(s) = procfs::latest_after(after) {
+            return s;
+        }
+        match tokio::task::spawn_blocking(procfs::refresh).await {
+            Ok(s) => s,
+            // No blocking pool (a runtime shutting down): read in place.
+            Err(_) => procfs::refresh(),
+        }
+    }
+
     fn scan(&mut self) -> Vec<Stat> {
-        let stats = procfs::all_stats();
+        let snap = procfs::snapshot_after(Instant::now());
+        self.scan_in(&snap)
+    }
+
+    fn scan_in(&mut self, snap: &procfs::Snapshot) -> Vec<Stat> {
+        let stats = &snap.stats;
         let me = std::process::id() as i32;
         let mut set: HashSet<i32> = HashSet::new();
         if stats
@@ -295,37 +323,21 @@ impl ProcessTree {
             }
         }
         if self.group_pinned() {
-            set.extend(
-                stats
-                    .values()
-                    .filter(|s| s.pgrp == self.pgid)
-                    .map(|s| s.pid),
-            );
+            set.extend(snap.group(self.pgid).iter().copied());
         }
         if let Some(cg) = &self.cgroup {
             set.extend(cg.procs().into_iter().filter(|p| stats.contains_key(p)));
         }
         if let Some(marker) = &self.marker {
-            let needle = format!("{}={marker}", crate::env::TREE_MARKER_ENV);
-            for s in stats.values() {
-                if !set.contains(&s.pid)
-                    && s.is_live()
-                    && procfs::environ_contains(s.pid, needle.as_bytes())
-                {
-                    set.insert(s.pid);
-                }
-            }
+            set.extend(snap.marked(marker).iter().copied());
         }
-        // Descendants by parent pid, to a fixed point.
-        loop {
-            let before = set.len();
-            for s in stats.values() {
-                if !set.contains(&s.pid) && set.contains(&s.ppid) {
-                    set.insert(s.pid);
+        // Descendants by parent pid (a walk down from every member found so far).
+        let mut todo: Vec<i32> = set.iter().copied().collect();
+        while let Some(p) = todo.pop() {
+            for c in snap.children_of(p) {
+                if set.insert(*c) {
+                    todo.push(*c);
                 }
-            }
-            if set.len() == before {
-                break;
             }
         }
         // Never this process or anything above it.
@@ -342,6 +354,25 @@ impl ProcessTree {
             self.known.insert(s.pid, s.start_time);
         }
         members
+    }
+
+    /// SIGTERM (then SIGCONT: a stopped process cannot act on SIGTERM until it is continued) to
+    /// the live members not signalled yet; true when any was.
+    fn term(&self, members: &[Stat], termed: &mut HashSet<(i32, u64)>) -> bool {
+        let new: Vec<Stat> = members
+            .iter()
+            .filter(|s| s.is_live() && termed.insert((s.pid, s.start_time)))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return false;
+        }
+        self.signal_members(&new, libc::SIGTERM, true);
+        if !self.bwrap {
+            self.killpg(libc::SIGCONT);
+        }
+        self.signal_members(&new, libc::SIGCONT, true);
+        true
     }
 
     fn signal_members(&self, members: &[Stat], signal: i32, spare_bwrap: bool) {
@@ -410,26 +441,38 @@ impl ProcessTree {
             }
         };
 
-        let members = self.scan();
+        // The first reading may be a little older than now (shared with the kills that start
+        // with this one): whatever it missed is found by the next, fresh readings and signalled
+        // then, and the tree is only ever declared empty by a reading taken after the last
+        // signal.
+        let first = self
+            .snapshot(start.checked_sub(SHARED_STALENESS).unwrap_or(start))
+            .await;
+        let mut last_read = first.taken;
+        let members = self.scan_in(&first);
         note(&members);
+        let mut termed: HashSet<(i32, u64)> = HashSet::new();
         if !self.bwrap {
             self.killpg(libc::SIGTERM);
         }
-        self.signal_members(&members, libc::SIGTERM, true);
-        // A stopped process cannot act on SIGTERM until it is continued.
-        if !self.bwrap {
-            self.killpg(libc::SIGCONT);
-        }
-        self.signal_members(&members, libc::SIGCONT, true);
+        self.term(&members, &mut termed);
         self.stdin = None;
+        let mut signalled = Instant::now();
 
         let deadline = start + opts.grace;
         let mut poll = Duration::from_millis(1);
         let mut forced = false;
         loop {
-            let m = self.scan();
+            let snap = self.snapshot(last_read.max(signalled)).await;
+            last_read = snap.taken;
+            let m = self.scan_in(&snap);
             note(&m);
             self.reap_zombies(&m);
+            // Members that appeared since the first signal (forked, or found by a later
+            // reading) get the same SIGTERM.
+            if self.term(&m, &mut termed) {
+                signalled = Instant::now();
+            }
             let live = m.iter().filter(|s| s.is_live()).count();
             if live == 0 && !self.cgroup_populated() {
                 break;
@@ -450,11 +493,15 @@ impl ProcessTree {
                 used_cgroup_kill = cg.kill();
             }
             self.killpg(libc::SIGKILL);
-            let kill_deadline = Instant::now() + opts.kill_timeout;
+            signalled = Instant::now();
+            let kill_deadline = signalled + opts.kill_timeout;
             loop {
-                let m = self.scan();
+                let snap = self.snapshot(last_read.max(signalled)).await;
+                last_read = snap.taken;
+                let m = self.scan_in(&snap);
                 note(&m);
                 self.signal_members(&m, libc::SIGKILL, false);
+                signalled = Instant::now();
                 self.reap_zombies(&m);
                 let live = m.iter().filter(|s| s.is_live()).count();
                 if live == 0 && !self.cgroup_populated() {
@@ -484,14 +531,15 @@ impl ProcessTree {
             _ => None,
         };
         // One last pass for zombies of members that exited while we waited on the leader.
-        let m = self.scan();
+        let snap = self.snapshot(last_read.max(signalled)).await;
+        let m = self.scan_in(&snap);
         self.reap_zombies(&m);
 
         let mut cgroup_removed = false;
         if let Some(cg) = &self.cgroup
             && remaining == 0
         {
-            match cg.remove(Duration::from_millis(200)) {
+            match cg.remove(Duration::from_millis(200)).await {
                 Ok(()) => cgroup_removed = true,
                 Err(e) => tracing::warn!(
                     conversation_id = %self.conversation_id,

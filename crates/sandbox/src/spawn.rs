@@ -332,7 +332,7 @@ impl Spawner {
                 match cg.apply_limits(&spec.limits) {
                     Ok(l) => limits = l,
                     Err(e) => {
-                        let _ = cg.remove(std::time::Duration::ZERO);
+                        let _ = cg.remove_blocking(std::time::Duration::ZERO);
                         return Err(e);
                     }
                 }
@@ -354,7 +354,8 @@ impl Spawner {
         let cleanup_cgroup = |cg: &Option<crate::cgroup::ConvCgroup>| {
             if let Some(cg) = cg {
                 cg.kill();
-                let _ = cg.remove(std::time::Duration::from_millis(200));
+                // A failed spawn (rare): a short blocking wait for the killed gate to leave.
+                let _ = cg.remove_blocking(std::time::Duration::from_millis(200));
             }
         };
         if !limits.unavailable.is_empty() {

@@ -359,7 +359,7 @@ impl Supervisor {
                         ended.pop_front();
                     }
                 }
-                let (forced, processes) = c.close().await;
+                let (forced, processes) = c.close(ending == Ending::Shutdown).await;
                 if ending == Ending::Ended && c.core.info.owned {
                     // The tree is dead and every turn ended (close waited for the active one),
                     // so nothing writes into the root any more.
