@@ -29,9 +29,6 @@ pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_POLL: Duration = Duration::from_millis(10);
 
-/// How old a shared process-table reading may be for the first look at a tree being killed.
-const SHARED_STALENESS: Duration = Duration::from_millis(20);
-
 /// Parameters of one kill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KillOptions {
@@ -95,7 +92,11 @@ pub fn set_child_subreaper() -> Result<(), SandboxError> {
 pub fn reap_orphan_zombies(owned: &std::collections::HashSet<i32>) -> usize {
     let me = std::process::id() as i32;
     let mut reaped = 0;
-    for s in procfs::all_stats().values() {
+    // A reading a kill took in the last moment will do: a zombie missed now is there next time.
+    let recent = Instant::now()
+        .checked_sub(Duration::from_millis(500))
+        .unwrap_or_else(Instant::now);
+    for s in procfs::snapshot_after(recent).stats.values() {
         if s.state == b'Z' && s.ppid == me && !owned.contains(&s.pid) {
             let done = nix::sys::wait::waitpid(
                 nix::unistd::Pid::from_raw(s.pid),
@@ -295,10 +296,18 @@ impl ProcessTree {
         if let Some(s) = procfs::latest_after(after) {
             return s;
         }
-        match tokio::task::spawn_blocking(procfs::refresh).await {
+        let needs_markers = self.marker.is_some() && !self.bwrap && self.cgroup.is_none();
+        let read = move || {
+            let s = procfs::refresh();
+            if needs_markers {
+                let _ = s.marked("");
+            }
+            s
+        };
+        match tokio::task::spawn_blocking(read).await {
             Ok(s) => s,
             // No blocking pool (a runtime shutting down): read in place.
-            Err(_) => procfs::refresh(),
+            Err(_) => read(),
         }
     }
 
@@ -328,7 +337,13 @@ impl ProcessTree {
         if let Some(cg) = &self.cgroup {
             set.extend(cg.procs().into_iter().filter(|p| stats.contains_key(p)));
         }
-        if let Some(marker) = &self.marker {
+        // A process that called setsid and was re-parented out of the tree: under bubblewrap it
+        // stays in the tree's pid namespace (its init is a descendant of the leader), in a
+        // cgroup it stays in the cgroup; otherwise only its environment marker finds it.
+        if let Some(marker) = &self.marker
+            && !self.bwrap
+            && self.cgroup.is_none()
+        {
             set.extend(snap.marked(marker).iter().copied());
         }
         // Descendants by parent pid (a walk down from every member found so far).
@@ -441,13 +456,11 @@ impl ProcessTree {
             }
         };
 
-        // The first reading may be a little older than now (shared with the kills that start
-        // with this one): whatever it missed is found by the next, fresh readings and signalled
-        // then, and the tree is only ever declared empty by a reading taken after the last
-        // signal.
-        let first = self
-            .snapshot(start.checked_sub(SHARED_STALENESS).unwrap_or(start))
-            .await;
+        // Every reading is taken after the kill began (never an older one: a descendant that
+        // an old reading missed could be re-parented away before the next), shared with the
+        // kills that began before it; the tree is only declared empty by a reading taken after
+        // the last signal.
+        let first = self.snapshot(start).await;
         let mut last_read = first.taken;
         let members = self.scan_in(&first);
         note(&members);
@@ -530,10 +543,13 @@ impl ProcessTree {
             }
             _ => None,
         };
-        // One last pass for zombies of members that exited while we waited on the leader.
-        let snap = self.snapshot(last_read.max(signalled)).await;
-        let m = self.scan_in(&snap);
-        self.reap_zombies(&m);
+        // One last pass for zombies of members that exited while we waited on the leader, when
+        // a newer reading is at hand (no new one is taken for it: the periodic orphan reaper
+        // collects what this misses, and a stop of hundreds must not wait for readings).
+        if let Some(snap) = procfs::latest_after(last_read) {
+            let m = self.scan_in(&snap);
+            self.reap_zombies(&m);
+        }
 
         let mut cgroup_removed = false;
         if let Some(cg) = &self.cgroup

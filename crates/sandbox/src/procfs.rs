@@ -181,13 +181,14 @@ impl Snapshot {
             .unwrap_or(&[])
     }
 
-    /// Builds the indexes (by whoever took the reading, off the runtime thread). The marker
-    /// index reads the environment of each process once in its life (remembered in
-    /// [`MARKS`]).
+    /// Builds the parent and group indexes (by whoever took the reading, off the runtime
+    /// thread). The marker index is built on first use only: it reads the environment of each
+    /// process once in its life (remembered in [`MARKS`]), which only trees without a cgroup
+    /// and without bubblewrap need (elsewhere an escaped process is still in the cgroup or in
+    /// the tree's pid namespace).
     fn index(&self) {
         let _ = self.children_of(0);
         let _ = self.group(0);
-        let _ = self.marked("");
     }
     /// The live pids whose initial environment carries `WARDEN_TREE=<marker>`.
     pub fn marked(&self, marker: &str) -> &[i32] {

@@ -437,10 +437,12 @@ impl Conversation {
         self.st().status = pb::ConversationState::Closed;
         // Nothing of this conversation's home may reach a later one.
         let home = self.home.lock().ok().and_then(|mut h| h.take());
-        if let Some(h) = home
-            && let Err(e) = h.remove()
-        {
-            tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
+        if let Some(h) = home {
+            // Off the runtime thread: a stop removes hundreds of homes at once.
+            let removed = tokio::task::spawn_blocking(move || h.remove()).await;
+            if let Ok(Err(e)) = removed {
+                tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
+            }
         }
         // Its processes are gone: its uid (with a range) may serve another conversation.
         self.shared

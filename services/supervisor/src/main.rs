@@ -225,7 +225,12 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
                         continue;
                     }
                 };
-                let n = warden_sandbox::reap_orphan_zombies(&owned);
+                // A walk of /proc: off the runtime thread (thousands of processes take a while).
+                let n = tokio::task::spawn_blocking(move || {
+                    warden_sandbox::reap_orphan_zombies(&owned)
+                })
+                .await
+                .unwrap_or(0);
                 if n > 0 {
                     tracing::debug!(reaped = n, "collected orphaned zombies");
                 }
