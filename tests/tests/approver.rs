@@ -506,7 +506,7 @@ async fn approvals_watch_on_a_terminal_answers_live_requests_with_a_key_press() 
         .await
         .unwrap_or_else(|_| panic!("watch did not quit on q:\n{}", term.text()))
         .unwrap_or_else(|e| panic!("watch: {e}"));
-    assert!(status.success(), "{status}: {}", term.text()[at..].to_string());
+    assert!(status.success(), "{status}: {}", &term.text()[at..]);
     let mode = nix::sys::termios::tcgetattr(&slave).unwrap_or_else(|e| panic!("tcgetattr: {e}"));
     assert!(
         mode.local_flags
@@ -523,7 +523,10 @@ async fn warden_doctor_checks_that_the_supervisor_waits_as_long_as_the_approver_
     let mut d = deploy_approver(&[], false).await;
     let (code, out, err) = warden(&d, &["doctor"]).await;
     assert_eq!(code, Some(0), "{out}{err}");
-    assert!(out.contains("warden-approver      needs 302000 ms"), "{out}");
+    assert!(
+        out.contains("warden-approver      needs 302000 ms"),
+        "{out}"
+    );
     assert!(
         out.contains("waits 302000 ms (own setting 200 ms; described by warden-approver"),
         "the supervisor's own setting is untouched, the approver's adopted: {out}"

@@ -297,7 +297,12 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     let (code, _, body) = answer("no-such-id".into(), alice.clone(), true).await;
     assert_eq!(code, 404, "{body}");
     // An id of another deployment is unknown here just the same.
-    let (code, _, body) = answer("3f2c1b9e-5d4a-4c1b-8e0f-6a7b8c9d0e1f".into(), alice.clone(), true).await;
+    let (code, _, body) = answer(
+        "3f2c1b9e-5d4a-4c1b-8e0f-6a7b8c9d0e1f".into(),
+        alice.clone(),
+        true,
+    )
+    .await;
     assert_eq!(code, 404, "{body}");
     let (code, _, body) = http(
         &http_addr,
@@ -313,16 +318,32 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     assert!(body.contains("web:alice"), "{body}");
     let (code, _, body) = answer(id.clone(), alice.clone(), true).await;
     assert_eq!(code, 409, "a second answer: {body}");
-    assert!(body.contains("already decided") && body.contains("web:alice"), "{body}");
+    assert!(
+        body.contains("already decided") && body.contains("web:alice"),
+        "{body}"
+    );
     let evs = collect(&mut s, Duration::from_secs(30)).await;
     assert_eq!(permissions(&evs)[0].verdict, pb::Verdict::Allow as i32);
 
     // The session ends with its lifetime (2 s here): the cookie is refused afterwards.
-    let (code, _, _) = http(&http_addr, "GET", "/api/pending", &[("cookie", alice.as_str())], "").await;
+    let (code, _, _) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[("cookie", alice.as_str())],
+        "",
+    )
+    .await;
     assert_eq!(code, 200);
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (code, _, body) =
-        http(&http_addr, "GET", "/api/pending", &[("cookie", alice.as_str())], "").await;
+    let (code, _, body) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[("cookie", alice.as_str())],
+        "",
+    )
+    .await;
     assert_eq!(code, 401, "an expired session: {body}");
     let (code, _, _) = answer(id, alice, true).await;
     assert_eq!(code, 401);
