@@ -76,35 +76,65 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
     let evs = collect(&mut s, Duration::from_secs(90)).await;
     expect_word("APPROVED").await;
 
-    // A second request; another operator (this test, on the admin socket) answers it first.
-    let second = scenario(json!({"vocabulary": "claude-0.101", "steps": [
-        {"type": "tool", "kind": "edit", "path": "second.txt", "content": "x", "ask": true},
-        {"type": "message", "text": "done"}]}));
-    let mut s2 = start(&mut c, turn("web2", "t1", &second)).await;
-    expect_word("SHOWN").await;
+    // Two more (second.txt, then third.txt); another operator (this test, on the admin socket)
+    // answers second.txt first, the page's operator denies third.txt with the keyboard.
     let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
         &d.layout.approver_admin_socket(),
     ));
-    let pending = api
-        .list(pb::ListApprovalsRequest { limit: 0 })
+    let mut pending_now = async |n: usize| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let got = api
+                .list(pb::ListApprovalsRequest { limit: 0 })
+                .await
+                .unwrap_or_else(|e| panic!("List: {e}"))
+                .into_inner()
+                .approvals;
+            if got.len() >= n {
+                return got;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "{n} not pending");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    };
+    let edit_of = |path: &str| {
+        scenario(json!({"vocabulary": "claude-0.101", "steps": [
+            {"type": "tool", "kind": "edit", "path": path, "content": "x", "ask": true},
+            {"type": "message", "text": "done"}]}))
+    };
+    let mut s2 = start(&mut c, turn("web2", "t1", &edit_of("second.txt"))).await;
+    pending_now(1).await;
+    let mut s3 = start(&mut c, turn("web3", "t1", &edit_of("third.txt"))).await;
+    let both = pending_now(2).await;
+    expect_word("SHOWN").await;
+    let second_id = both
+        .iter()
+        .find(|a| {
+            a.request
+                .as_ref()
+                .and_then(|r| r.tool_call.as_ref())
+                .is_some_and(|t| t.title.contains("second.txt"))
+        })
+        .map(|a| a.id.clone())
+        .unwrap_or_else(|| panic!("second.txt not pending: {both:#?}"));
+    let mut other = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
+        &d.layout.approver_admin_socket(),
+    ));
+    other
+        .answer(pb::AnswerRequest {
+            id: second_id,
+            verdict: pb::Verdict::Deny as i32,
+            reason: "answered elsewhere".into(),
+        })
         .await
-        .unwrap_or_else(|e| panic!("List: {e}"))
-        .into_inner()
-        .approvals;
-    assert_eq!(pending.len(), 1, "{pending:#?}");
-    api.answer(pb::AnswerRequest {
-        id: pending[0].id.clone(),
-        verdict: pb::Verdict::Deny as i32,
-        reason: "answered elsewhere".into(),
-    })
-    .await
-    .unwrap_or_else(|e| panic!("Answer: {e}"));
+        .unwrap_or_else(|e| panic!("Answer: {e}"));
     to_script
         .write_all(b"ANSWERED\n")
         .await
         .unwrap_or_else(|e| panic!("to the page script: {e}"));
     let evs2 = collect(&mut s2, Duration::from_secs(60)).await;
     expect_word("DONE").await;
+    let evs3 = collect(&mut s3, Duration::from_secs(60)).await;
     let status = tokio::time::timeout(Duration::from_secs(60), browser.wait())
         .await
         .unwrap_or_else(|_| panic!("the page script did not finish"))
@@ -132,11 +162,20 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
         refused[0].reason.contains("answered elsewhere"),
         "{refused:#?}"
     );
+    let denied = permissions(&evs3);
+    assert_eq!(denied[0].verdict, pb::Verdict::Deny as i32, "{denied:#?}");
+    assert_eq!(denied[0].rule, "approval.denied");
+    assert!(
+        denied[0].reason.contains("web:operator")
+            && denied[0].reason.contains("typed in the browser"),
+        "{denied:#?}"
+    );
     for shot in [
         "1-logged-in.png",
         "2-request.png",
         "3-approved.png",
         "4-answered-elsewhere.png",
+        "5-denied.png",
         "approver-page.png",
     ] {
         assert!(artifacts.join(shot).is_file(), "screenshot {shot} missing");

@@ -1,16 +1,19 @@
 """Drives warden-approver's web page in Debian's Chromium (never a downloaded browser) with
 Playwright: log in with the operator token, see a request arrive live (SSE), read its diff,
-approve it with the keyboard, see the outcome; then see a second request answered by another
-operator (the page shows who, and an answer sent anyway is refused with who answered). At a
+approve it with the keyboard, see the outcome; then two more: move between them with j/k, see one
+answered by another operator (the page shows who, and an answer sent anyway is refused with who
+answered), deny the other with d, a typed reason and Enter. Edits (Claude Edit/MultiEdit/Write,
+Codex changes and apply_patch) render as diffs and commands with their cwd. At a
 phone's width and at a desktop's it checks what a person using a keyboard or a screen reader
 needs: every control has a label, Tab follows the reading order, text contrast is at least
 WCAG AA, nothing overflows sideways. Screenshots go to the artifacts directory.
 
 Usage: approver_page.py URL TOKEN_FILE ARTIFACT_DIR EXPECTED_TEXT
 Talks with the test over stdout/stdin, one word a line: prints READY once logged in (the test
-then starts the first task), APPROVED after approving it (the test starts a second one), SHOWN
-once the second is on screen (the test answers it as another operator, then writes ANSWERED),
-and DONE at the end; exits non-zero with a reason on any failure.
+then starts the first task), APPROVED after approving it (the test starts two more, second.txt
+then third.txt), SHOWN once second.txt is on screen (the test answers it as another operator,
+then writes ANSWERED), and DONE after denying third.txt; exits non-zero with a reason on any
+failure. Nothing but the approver's own address may be loaded (no CDN).
 """
 import os
 import sys
@@ -64,6 +67,40 @@ LOW_CONTRAST = """() => {
 OVERFLOW = """() => document.documentElement.scrollWidth - window.innerWidth"""
 
 
+# The detail's rendering of each kind of raw input, as text.
+RENDERINGS = """() => {
+  const base = { root: '/r', locations: [], kind: 'edit', title: 't' };
+  const text = (nodes) => nodes.map((n) => n.textContent).join('\\n');
+  const of = (raw, extra) => text(rendered({ ...base, ...(extra || {}), raw_input: raw }));
+  return {
+    multi: of({ file_path: '/r/src/a.rs', edits: [{ old_string: 'let a = 1;', new_string: 'let a = 2;' },
+                                                 { old_string: 'x', new_string: 'y' }] }),
+    edit: of({ file_path: '/r/b.txt', old_string: 'old line\\nsame', new_string: 'new line\\nsame' }),
+    write: of({ file_path: '/r/new.txt', content: 'first\\nsecond\\n' }),
+    codex: of({ changes: { '/r/d.txt': { add: { content: 'hi\\n' } },
+                           '/r/e.txt': { update: { unified_diff: '@@ -1 +1 @@\\n-old\\n+new' } } } }),
+    patch: of({ command: ['apply_patch', '*** Begin Patch\\n*** Update File: c.py\\n-print(1)\\n+print(2)\\n*** End Patch'], cwd: '/r' }),
+    command: of({ command: ['cargo', 'test', '--all'], cwd: '/r/sub' }, { kind: 'execute' }),
+  };
+}"""
+
+
+def check_renderings(page):
+    r = page.evaluate(RENDERINGS)
+    want = {
+        "multi": ["Edit 1 of src/a.rs", "- let a = 1;", "+ let a = 2;", "Edit 2 of src/a.rs", "- x", "+ y"],
+        "edit": ["Edit b.txt", "- old line", "+ new line", "  same"],
+        "write": ["Write new.txt (new content)", "+ first", "+ second"],
+        "codex": ["Add d.txt", "+ hi", "Update e.txt", "- old", "+ new"],
+        "patch": ["apply_patch", "*** Update File: c.py", "- print(1)", "+ print(2)", "cwd: /r"],
+        "command": ["Command", "cargo test --all", "cwd: /r/sub"],
+    }
+    for kind, needles in want.items():
+        for n in needles:
+            assert n in r[kind], f"{kind} rendering lacks {n!r}:\n{r[kind]}"
+    assert "- \n" not in r["write"], f"a new file has no removed line:\n{r['write']}"
+
+
 def tab_order(page, n):
     """The first n elements Tab reaches from the top of the page: (tag, id or text)."""
     page.evaluate("() => { document.activeElement && document.activeElement.blur(); window.scrollTo(0, 0); }")
@@ -108,6 +145,8 @@ with sync_playwright() as p:
     )
     page = ctx.new_page()
     page.set_default_timeout(20000)
+    loaded = []
+    page.on("request", lambda r: loaded.append(r.url))
     page.goto(url)
     # The login form: labelled, the token field first in Tab order, then its button.
     expect(page.get_by_label("Operator token")).to_be_focused()
@@ -135,6 +174,7 @@ with sync_playwright() as p:
     expect(page.locator("#detail")).to_contain_text("tool.escalate")
     # Readable: the diff is labelled, the path relative to the root.
     expect(page.get_by_role("heading", name="Write page.txt (new content)")).to_be_visible()
+    check_renderings(page)
     accessible(page, "request at phone width")
     # Reading order for a keyboard: the list, then the detail's controls, reason before answers.
     order = tab_order(page, 5)
@@ -161,11 +201,22 @@ with sync_playwright() as p:
     page.screenshot(path=os.path.join(artifacts, "3-approved.png"), full_page=True)
     say("APPROVED")
 
-    # A second request, answered first by another operator: the page shows who and how.
-    expect(page.locator("#pending button.item").first).to_contain_text("second.txt", timeout=30000)
-    page.locator("#pending button.item").first.click()
-    second = page.locator("#pending button.item").first.get_attribute("data-id")
+    # Two more, newest first; j and k move the selection between them.
+    items = page.locator("#pending button.item")
+    expect(items).to_have_count(2, timeout=30000)
+    expect(items.nth(0)).to_contain_text("third.txt")
+    expect(items.nth(1)).to_contain_text("second.txt")
+    page.locator("h1").click()
+    page.keyboard.press("k")
+    expect(items.nth(0)).to_have_attribute("aria-current", "true")
+    expect(page.locator("#detail-h")).to_contain_text("third.txt")
+    page.keyboard.press("j")
+    expect(items.nth(1)).to_have_attribute("aria-current", "true")
+    expect(items.nth(0)).to_have_attribute("aria-current", "false")
+    expect(page.locator("#detail-h")).to_contain_text("second.txt")
+    second = items.nth(1).get_attribute("data-id")
     say("SHOWN")
+    # Another operator answers second.txt first: the page shows who and how, live.
     wait_for("ANSWERED")
     expect(page.locator("#outcome")).to_contain_text("denied by uid:")
     expect(page.locator("#outcome")).to_contain_text("answered elsewhere")
@@ -181,5 +232,20 @@ with sync_playwright() as p:
     assert late[1]["approval"]["state"] == "denied", late
     accessible(page, "answered elsewhere")
     page.screenshot(path=os.path.join(artifacts, "4-answered-elsewhere.png"), full_page=True)
+
+    # third.txt is left: select it, d focuses the reason, Enter sends the denial.
+    expect(items).to_have_count(1)
+    page.locator("h1").click()
+    page.keyboard.press("k")
+    expect(page.locator("#detail-h")).to_contain_text("third.txt")
+    page.keyboard.press("d")
+    expect(page.locator("#reason")).to_be_focused()
+    page.keyboard.type("typed in the browser")
+    page.keyboard.press("Enter")
+    expect(page.locator("#status")).to_contain_text("denied by web:operator: typed in the browser")
+    expect(page.locator("#history")).to_contain_text("typed in the browser")
+    page.screenshot(path=os.path.join(artifacts, "5-denied.png"), full_page=True)
+    foreign = [u for u in loaded if not u.startswith(url.rstrip("/") + "/")]
+    assert not foreign, f"the page loaded something from elsewhere: {foreign}"
     ctx.close()
 say("DONE")

@@ -728,3 +728,58 @@ impl AdminService for AdminApi {
         Err(Status::unimplemented("warden-approver reloads at restart"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn approved(escalated_option: Option<&str>) -> pb::Approval {
+        let opt = |id: &str, kind: &str| pb::PermissionOption {
+            id: id.into(),
+            name: id.into(),
+            kind: kind.into(),
+        };
+        pb::Approval {
+            id: "a1".into(),
+            request: Some(pb::DecideRequest {
+                options: vec![
+                    opt("allow-once", "allow_once"),
+                    opt("allow-always", "allow_always"),
+                    opt("reject", "reject_once"),
+                ],
+                ..Default::default()
+            }),
+            state: pb::ApprovalState::Approved as i32,
+            answered_by: "uid:1000 (alice)".into(),
+            escalated_option_id: escalated_option.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// A person's approval narrows to "once" and never widens to "always": the only option it
+    /// ever names is the escalating rule's, and only when that is a one-time allow.
+    #[test]
+    fn an_approval_never_names_an_always_option() {
+        let d = to_decision(&approved(Some("allow-always")));
+        assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+        assert_eq!(d.option_id, None, "{d:?}");
+        let d = to_decision(&approved(Some("not-offered")));
+        assert_eq!(d.option_id, None, "{d:?}");
+        let d = to_decision(&approved(Some("allow-once")));
+        assert_eq!(d.option_id.as_deref(), Some("allow-once"));
+        let d = to_decision(&approved(None));
+        assert_eq!(d.option_id, None);
+        assert!(
+            d.reason.contains("approved once by uid:1000 (alice)"),
+            "{d:?}"
+        );
+        // Withdrawn after the approval: what a retry is told is the refusal that was enforced.
+        let mut w = approved(Some("allow-once"));
+        w.state = pb::ApprovalState::Withdrawn as i32;
+        w.withdrawn_reason = "the turn was cancelled".into();
+        let d = to_decision(&w);
+        assert_eq!(d.verdict, pb::Verdict::Deny as i32);
+        assert_eq!(d.rule, rule::WITHDRAWN);
+        assert!(d.reason.contains("the turn was cancelled"), "{d:?}");
+    }
+}
