@@ -392,7 +392,7 @@ impl Drop for RevokeOnDrop {
             Resolution {
                 state: pb::ApprovalState::Revoked,
                 by: "caller".into(),
-                reason: "the caller withdrew the request (its turn was cancelled)".into(),
+                reason: "the caller stopped waiting (its turn was cancelled, or it gave up)".into(),
                 rule: rule::REVOKED,
             },
         ) {
