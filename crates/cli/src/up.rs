@@ -444,3 +444,43 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(approver: bool) -> UpOptions {
+        UpOptions {
+            layout: Layout::new("/tmp/warden-up-test"),
+            bin_dir: PathBuf::from("/nonexistent"),
+            http: "127.0.0.1:7420".into(),
+            log_format: "human".into(),
+            start_timeout: Duration::from_secs(10),
+            approver,
+            approver_http: String::new(),
+            config_dir: None,
+        }
+    }
+
+    /// `warden up --approver` swaps the approver in the way an operator does: the supervisor's
+    /// flags differ by the policy socket alone, and nothing of the policy's is about the swap.
+    #[test]
+    fn the_swap_is_the_supervisors_socket_alone() {
+        let with = daemon_args("supervisor", &options(true));
+        let without = daemon_args("supervisor", &options(false));
+        let differ: Vec<(&String, &String)> = with
+            .iter()
+            .zip(without.iter())
+            .filter(|(a, b)| a != b)
+            .collect();
+        assert_eq!(with.len(), without.len(), "{with:?} / {without:?}");
+        assert_eq!(differ.len(), 1, "{differ:?}");
+        assert!(
+            differ[0].0.starts_with("policy.socket=") && differ[0].0.contains("approver.sock"),
+            "{differ:?}"
+        );
+        let policy = daemon_args("policy", &options(true)).join(" ");
+        assert!(!policy.contains("return_escalations"), "{policy}");
+        assert!(!with.join(" ").contains("decide_deadline_ms"), "{with:?}");
+    }
+}
