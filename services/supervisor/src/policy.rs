@@ -113,7 +113,9 @@ pub struct PolicyClient {
     grace: Duration,
     failures: std::sync::Arc<AtomicU64>,
     stats: std::sync::Arc<std::sync::Mutex<BridgeStats>>,
-    described: std::sync::Arc<tokio::sync::Mutex<Option<Described>>>,
+    /// The last description (read on every Decide; written by one refresh at a time).
+    described: std::sync::Arc<std::sync::RwLock<Option<Described>>>,
+    refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PolicyClient {
@@ -125,22 +127,32 @@ impl PolicyClient {
             failures: Default::default(),
             stats: Default::default(),
             described: Default::default(),
+            refreshing: Default::default(),
         }
+    }
+
+    /// The cached description while it is fresh: `Some(desc)` (which may itself be `None`).
+    fn fresh_description(&self) -> Option<Option<pb::PolicyDescription>> {
+        let g = self.described.read().unwrap_or_else(|p| p.into_inner());
+        let d = g.as_ref()?;
+        let ttl = if d.desc.is_some() {
+            DESCRIBE_TTL
+        } else {
+            DESCRIBE_RETRY
+        };
+        (d.asked.elapsed() < ttl).then(|| d.desc.clone())
     }
 
     /// The service's description, asked again once it is older than [`DESCRIBE_TTL`] (or
     /// [`DESCRIBE_RETRY`] after a failure; a failure keeps the last good answer).
     pub async fn description(&self) -> Option<pb::PolicyDescription> {
-        let mut cached = self.described.lock().await;
-        if let Some(d) = cached.as_ref() {
-            let ttl = if d.desc.is_some() {
-                DESCRIBE_TTL
-            } else {
-                DESCRIBE_RETRY
-            };
-            if d.asked.elapsed() < ttl {
-                return d.desc.clone();
-            }
+        if let Some(d) = self.fresh_description() {
+            return d;
+        }
+        // One refresh at a time; the others find its answer.
+        let _one = self.refreshing.lock().await;
+        if let Some(d) = self.fresh_description() {
+            return d;
         }
         let mut client = self.client.clone();
         let mut r = tonic::Request::new(pb::DescribeRequest {});
@@ -163,7 +175,13 @@ impl PolicyClient {
                 None
             }
         };
-        let desc = match (got, cached.as_ref().and_then(|d| d.desc.clone())) {
+        let old = self
+            .described
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|d| d.desc.clone());
+        let desc = match (got, old) {
             (Some(new), old) => {
                 if old.as_ref() != Some(&new) {
                     tracing::info!(
@@ -177,7 +195,7 @@ impl PolicyClient {
             }
             (None, old) => old,
         };
-        *cached = Some(Described {
+        *self.described.write().unwrap_or_else(|p| p.into_inner()) = Some(Described {
             asked: Instant::now(),
             desc: desc.clone(),
         });
