@@ -70,6 +70,7 @@ async fn warden_audit_shows_each_decision_the_policy_made() {
         ],
         current_mode: "default".into(),
         deadline_unix_ms: 0,
+        return_escalations: false,
     };
     let inside = client
         .decide(ask(&root.join("hello.txt").to_string_lossy(), "ctx-in"))

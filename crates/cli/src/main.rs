@@ -79,8 +79,19 @@ enum Command {
         text: String,
     },
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
-    /// landlock) and what warden falls back to where one is missing.
-    Doctor,
+    /// landlock) and what warden falls back to where one is missing; with an approver running,
+    /// compare the supervisor's Decide deadlines with what the approver needs (exit 1 when the
+    /// supervisor would wait less).
+    Doctor {
+        /// The supervisor's socket (default: the local deployment's; on a deploy/ host
+        /// /run/warden/supervisor/supervisor.sock).
+        #[arg(long)]
+        supervisor_socket: Option<PathBuf>,
+        /// The approver's admin socket (default: the local deployment's; on a deploy/ host
+        /// /run/warden/approver/approver-admin.sock).
+        #[arg(long)]
+        approver_admin: Option<PathBuf>,
+    },
     /// Answer what the policy escalated (warden-approver's admin socket; your uid is recorded).
     #[command(
         after_help = "Exit codes: 0 done, 1 error, 3 no such request, 4 someone answered first."
@@ -262,7 +273,10 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor => {
+        Command::Doctor {
+            supervisor_socket,
+            approver_admin,
+        } => {
             let features = warden_sandbox::host_features();
             println!("{features}");
             if let Ok(warden_sandbox::IdentityPlan::Switch(who)) = &features.agent_identity {
@@ -296,7 +310,20 @@ async fn main() -> ExitCode {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
             }
-            ExitCode::SUCCESS
+            println!("Decide deadlines:");
+            let report = warden_cli::doctor::deadlines(
+                &supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor")),
+                &approver_admin.unwrap_or_else(|| layout.approver_admin_socket()),
+            )
+            .await;
+            for l in &report.lines {
+                println!("{l}");
+            }
+            if report.mismatch {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Command::Send {
             agent,

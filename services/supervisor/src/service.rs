@@ -425,6 +425,44 @@ impl Supervisor {
         out
     }
 
+    /// The Decide deadlines this supervisor uses now (`warden doctor` compares them with the
+    /// approver's): `decide_deadline_ms.own` (the setting), `decide_deadline_ms.described` (what
+    /// the policy service asks for; `none` when it did not say), `decide_deadline_ms.effective`,
+    /// and `decide_deadline_ms.effective.<agent>` for each configured agent.
+    async fn deadline_details(&self) -> HashMap<String, String> {
+        let s = &self.shared.settings;
+        let policy = &self.shared.policy;
+        let mut out = HashMap::new();
+        let own = std::time::Duration::from_millis(s.file.policy.decide_deadline_ms);
+        let d = policy.effective_deadline(own, "").await;
+        out.insert("decide_deadline_ms.own".into(), ms(d.own));
+        out.insert(
+            "decide_deadline_ms.described".into(),
+            d.described.map(ms).unwrap_or_else(|| "none".into()),
+        );
+        out.insert("decide_deadline_ms.effective".into(), ms(d.effective));
+        if let Some(desc) = policy.description().await {
+            out.insert(
+                "policy_implementation".into(),
+                if desc.implementation.is_empty() {
+                    "unnamed".into()
+                } else {
+                    desc.implementation
+                },
+            );
+        }
+        for (name, cfg) in &s.agents {
+            let d = policy
+                .effective_deadline(s.decide_deadline(cfg), name)
+                .await;
+            out.insert(
+                format!("decide_deadline_ms.effective.{name}"),
+                ms(d.effective),
+            );
+        }
+        out
+    }
+
     fn status(&self, count: usize) -> pb::StatusResponse {
         let mut details = HashMap::new();
         details.insert("conversations".to_string(), count.to_string());
@@ -672,7 +710,9 @@ impl SupervisorService for Api {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let n = self.0.conversations().await.len();
-        Ok(Response::new(self.0.status(n)))
+        let mut st = self.0.status(n);
+        st.details.extend(self.0.deadline_details().await);
+        Ok(Response::new(st))
     }
 }
 
@@ -683,7 +723,9 @@ impl AdminService for Api {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let n = self.0.conversations().await.len();
-        Ok(Response::new(self.0.status(n)))
+        let mut st = self.0.status(n);
+        st.details.extend(self.0.deadline_details().await);
+        Ok(Response::new(st))
     }
 
     async fn audit_query(
@@ -701,4 +743,8 @@ impl AdminService for Api {
             "the supervisor does not reload configuration",
         ))
     }
+}
+
+fn ms(d: std::time::Duration) -> String {
+    d.as_millis().to_string()
 }
