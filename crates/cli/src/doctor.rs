@@ -170,9 +170,49 @@ pub async fn deadlines(supervisor_socket: &Path, approver_admin: &Path) -> Deadl
     compare(supervisor.as_ref(), approver.as_ref())
 }
 
+/// The running supervisor's capacity (its `Status`): the live-agent cap (from memory, ~300 MiB
+/// per agent tree, unless configured), the active-turn cap (from cores), and how much of each
+/// is in use. Lines to print; a supervisor that does not answer is said so.
+pub async fn capacity(supervisor_socket: &Path) -> Vec<String> {
+    let Some(d) = details(supervisor_socket).await else {
+        return vec![format!(
+            "  supervisor not reachable at {} (its caps are derived at start:              limits.max_live_agents from memory, ~300 MiB per agent tree;              limits.max_active_turns from cores)",
+            supervisor_socket.display()
+        )];
+    };
+    capacity_lines(&d)
+}
+
+fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
+    let get = |k: &str| d.get(k).map(String::as_str).unwrap_or("?");
+    vec![
+        format!(
+            "  live agents:        {} of max_live_agents {} (beyond it the least recently used idle agent stops)",
+            get("live_agents"),
+            get("max_live_agents")
+        ),
+        format!(
+            "  active turns:       max_active_turns {} (beyond it turns wait in order, \"queued, position N\")",
+            get("max_active_turns")
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capacity_lines_name_the_caps_and_their_use() {
+        let d = map(&[
+            ("live_agents", "3"),
+            ("max_live_agents", "78"),
+            ("max_active_turns", "32"),
+        ]);
+        let l = capacity_lines(&d);
+        assert!(l[0].contains("3 of max_live_agents 78"), "{l:?}");
+        assert!(l[1].contains("max_active_turns 32"), "{l:?}");
+    }
 
     fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
         kv.iter()

@@ -310,9 +310,15 @@ async fn main() -> ExitCode {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
             }
+            let supervisor_socket =
+                supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor"));
+            println!("capacity:");
+            for l in warden_cli::doctor::capacity(&supervisor_socket).await {
+                println!("{l}");
+            }
             println!("Decide deadlines:");
             let report = warden_cli::doctor::deadlines(
-                &supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor")),
+                &supervisor_socket,
                 &approver_admin.unwrap_or_else(|| layout.approver_admin_socket()),
             )
             .await;
