@@ -450,6 +450,20 @@ impl ProcessTree {
     pub async fn kill(&mut self, opts: KillOptions) -> Result<KillReport, SandboxError> {
         let start = Instant::now();
         let mut seen: HashSet<(i32, u64)> = HashSet::new();
+        // What is known alive right now counts as the tree's (a cooperative agent may exit on
+        // the closed stdin before the first reading arrives): one stat read each.
+        for (pid, st) in std::iter::once((self.leader.pid, self.leader.start_time))
+            .chain(self.known.iter().map(|(p, s)| (*p, *s)))
+        {
+            if (ProcessIdentity {
+                pid,
+                start_time: st,
+            })
+            .is_alive()
+            {
+                seen.insert((pid, st));
+            }
+        }
         let mut note = |members: &[Stat]| {
             for s in members.iter().filter(|s| s.is_live()) {
                 seen.insert((s.pid, s.start_time));
