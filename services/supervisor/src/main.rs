@@ -173,7 +173,8 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     }
     let spawner = warden_sandbox::Spawner::new(&store, cgroups, bwrap)?
         .with_identity(identity)
-        .with_uid_range(range);
+        .with_uid_range(range)
+        .with_nice(settings.file.sandbox.agent_nice);
     let roots = warden_sandbox::OwnedRoots::open(&state, &store)?;
     let some_agent = identity.or(range.map(|r| warden_sandbox::AgentIdentity {
         uid: r.first,
