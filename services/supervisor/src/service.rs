@@ -611,6 +611,36 @@ impl SupervisorService for Api {
         }))
     }
 
+    async fn list_workspaces(
+        &self,
+        _req: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::ListWorkspacesResponse>, Status> {
+        use std::os::unix::fs::MetadataExt;
+        let s = &self.0.shared.settings;
+        let mut workspaces = Vec::new();
+        for (name, w) in &s.file.workspaces {
+            // The same rule an open applies: a workspace it would refuse is not offered.
+            let Ok(b) = self.0.shared.workspaces.validate(
+                &w.path,
+                w.allow_execute,
+                warden_sandbox::Profile::ReadOnly,
+            ) else {
+                tracing::warn!(workspace = %name, path = %w.path.display(), "configured workspace refused; not listed");
+                continue;
+            };
+            let identity = std::fs::metadata(&b.root)
+                .map(|m| format!("{}:{}", m.dev(), m.ino()))
+                .unwrap_or_default();
+            workspaces.push(pb::WorkspaceInfo {
+                name: name.clone(),
+                path: b.root.to_string_lossy().into_owned(),
+                allow_execute: w.allow_execute,
+                identity,
+            });
+        }
+        Ok(Response::new(pb::ListWorkspacesResponse { workspaces }))
+    }
+
     async fn list_agents(
         &self,
         _req: Request<pb::ListAgentsRequest>,
