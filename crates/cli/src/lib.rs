@@ -9,5 +9,6 @@ pub mod audit;
 pub mod client;
 pub mod init;
 pub mod layout;
+pub mod mcp;
 pub mod status;
 pub mod up;

@@ -1206,6 +1206,7 @@ impl Core {
             message_id: msg.message_id.clone(),
             task_id: task_id.clone(),
             timeout_seconds: self.settings.turn_timeout_seconds,
+            instructions: String::new(),
             open: Some(OpenConversationRequest {
                 context_id,
                 agent,

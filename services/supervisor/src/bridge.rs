@@ -545,6 +545,7 @@ mod tests {
             TurnInput {
                 id: "t".into(),
                 text: "x".into(),
+                instructions: String::new(),
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,
@@ -682,6 +683,7 @@ mod tests {
             TurnInput {
                 id: "t".into(),
                 text: "x".into(),
+                instructions: String::new(),
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,

@@ -654,6 +654,9 @@ impl Conversation {
             timeout_secs * 12 / 10
         );
         let mut blocks = vec![json!({"type": "text", "text": turn.input.text})];
+        if !turn.input.instructions.is_empty() {
+            blocks.push(json!({"type": "text", "text": turn.input.instructions}));
+        }
         if self.agent_cfg.budget_in_prompt {
             blocks.push(json!({"type": "text", "text": budget_note}));
         }
@@ -661,7 +664,8 @@ impl Conversation {
         // records never do.
         turn.record(
             "prompt",
-            json!({"text": turn.input.text, "message_id": turn.input.message_id,
+            json!({"text": turn.input.text, "instructions": turn.input.instructions,
+                   "message_id": turn.input.message_id,
                    "task_id": turn.input.task_id, "budget_secs": timeout_secs}),
         );
         let client = p.client.clone();

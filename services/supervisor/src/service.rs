@@ -20,6 +20,9 @@ use crate::core::{ConvCore, ConvInfo, Live};
 use crate::shared::Shared;
 use crate::turn::{TurnCtx, TurnInput};
 
+/// Longest accepted RunTurnRequest.instructions (a front's scaffolding, not the task).
+pub const MAX_INSTRUCTIONS: usize = 4096;
+
 /// How many ended contexts are remembered for their ContextReset (a bounded record).
 const ENDED_MEMORY: usize = 4096;
 
@@ -490,6 +493,12 @@ impl SupervisorService for Api {
         if r.text.trim().is_empty() {
             return Err(Status::invalid_argument("task text is empty"));
         }
+        if r.instructions.len() > MAX_INSTRUCTIONS {
+            return Err(Status::invalid_argument(format!(
+                "instructions are {} bytes, the limit is {MAX_INSTRUCTIONS}",
+                r.instructions.len()
+            )));
+        }
         let conv = match self.0.get(&r.context_id).await {
             Some(c)
                 if !matches!(
@@ -516,6 +525,7 @@ impl SupervisorService for Api {
             TurnInput {
                 id: r.turn_id.clone(),
                 text: r.text,
+                instructions: r.instructions,
                 message_id: r.message_id,
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,

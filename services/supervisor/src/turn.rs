@@ -35,6 +35,8 @@ pub enum EndRequest {
 pub struct TurnInput {
     pub id: String,
     pub text: String,
+    /// The front's instructions (RunTurnRequest.instructions), a second text block.
+    pub instructions: String,
     pub message_id: String,
     pub task_id: String,
     pub timeout_secs: u64,

@@ -288,7 +288,7 @@ impl McpFront {
             return refused(h, "mcp.context", e.to_string());
         }
         on_context(&context_id);
-        let text = prompt(verb, &args);
+        let instructions = instructions(verb, &args);
         let timeout_seconds = args
             .timeout_seconds
             .unwrap_or(self.cfg.default_timeout_seconds);
@@ -312,7 +312,8 @@ impl McpFront {
             let req = RunTurnRequest {
                 context_id: context_id.clone(),
                 turn_id: format!("{run_id}-{attempt}"),
-                text: text.clone(),
+                text: args.task.clone(),
+                instructions: instructions.clone(),
                 message_id: run_id.clone(),
                 task_id: format!("{run_id}-{attempt}"),
                 timeout_seconds,
@@ -368,10 +369,10 @@ impl McpFront {
     }
 }
 
-/// The prompt: the task, then what warden asks of every agent for this verb.
-pub fn prompt(verb: Verb, a: &VerbArgs) -> String {
-    let mut p = a.task.clone();
-    p.push_str("\n\n[warden] ");
+/// What warden asks of every agent for this verb, sent as the turn's instructions (a second text
+/// block after the task, outside the task's size limit).
+pub fn instructions(verb: Verb, a: &VerbArgs) -> String {
+    let mut p = String::from("[warden] ");
     p.push_str(match verb {
         Verb::Advise => "Verb: advise. Read-only: give advice; do not edit, delete, move, run or fetch anything.",
         Verb::Review => "Verb: review. Read-only: review and report findings; do not edit, delete, move, run or fetch anything.",
