@@ -279,7 +279,7 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         principal: principal.clone(),
         depth,
     });
-    let resp = next.run(Request::from_parts(parts, body)).await;
+    let mut resp = next.run(Request::from_parts(parts, body)).await;
     if session.is_none()
         && let Some(sid) = resp
             .headers()
@@ -293,6 +293,10 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         && let Some(sid) = &session
     {
         edge.front.session_closed(sid);
+        // The spec's DELETE answer is 200 or 204; rmcp says 202, which clients warn about.
+        if resp.status() == StatusCode::ACCEPTED {
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+        }
     }
     resp
 }

@@ -444,13 +444,17 @@ fn schema(v: Value) -> Option<ElicitationSchema> {
 }
 
 /// Progress as notifications on the request's stream, in order, when the caller asked for them.
-fn progress_sender(ctx: &RequestContext<RoleServer>) -> Arc<Progress> {
+/// The handle finishes once the last line is sent (after the sender is dropped): the result is
+/// sent after it, so no notification is lost behind a stateless stream that closes.
+fn progress_sender(
+    ctx: &RequestContext<RoleServer>,
+) -> (Arc<Progress>, Option<tokio::task::JoinHandle<()>>) {
     let Some(token) = ctx.meta.get_progress_token() else {
-        return Arc::new(|_| {});
+        return (Arc::new(|_| {}), None);
     };
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let peer = ctx.peer.clone();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let mut n = 0u64;
         while let Some(line) = rx.recv().await {
             n += 1;
@@ -460,9 +464,12 @@ fn progress_sender(ctx: &RequestContext<RoleServer>) -> Arc<Progress> {
             }
         }
     });
-    Arc::new(move |line| {
-        let _ = tx.send(line);
-    })
+    (
+        Arc::new(move |line| {
+            let _ = tx.send(line);
+        }),
+        Some(task),
+    )
 }
 
 /// The agent's questions as form elicitation to the caller (2025-11-25 sessions).
@@ -923,7 +930,7 @@ impl ServerHandler for Handler {
             };
             let scope = front.scope(&scope_key);
             let ask = asker(&ctx);
-            let progress = progress_sender(&ctx);
+            let (progress, sent) = progress_sender(&ctx);
             let e = front
                 .run_verb(
                     verb,
@@ -937,6 +944,10 @@ impl ServerHandler for Handler {
                     &|_| {},
                 )
                 .await;
+            drop(progress);
+            if let Some(sent) = sent {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sent).await;
+            }
             return Ok(envelope_result(&e).into());
         }
         Ok(match request.name.as_ref() {
