@@ -615,3 +615,93 @@ async fn a_2025_11_25_session_is_bound_to_its_principal_and_ended_by_delete() {
         "the session's conversation was closed"
     );
 }
+
+/// Waits until a conversation has a live process tree of at least `n` processes; its root.
+async fn tree_of_running_turn(d: &Deployment, n: usize) -> (std::path::PathBuf, Vec<i32>) {
+    for _ in 0..200 {
+        for c in conversations(d).await {
+            if c.root.is_empty() || c.active_turn_id.is_empty() {
+                continue;
+            }
+            let root = std::path::PathBuf::from(&c.root);
+            let tree = processes_in(&root, None);
+            if pids_in(&root.join("pids")).len() >= 2 && tree.len() >= n {
+                return (root, tree);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "no running turn with {n} processes: {:?}",
+        conversations(d).await
+    );
+}
+
+const SPAWN_AND_HANG: &str = r#"{"on_cancel": "never", "steps": [
+    {"type": "spawn", "ignore_term": true, "grandchild_setsid": true, "pid_file": "pids"},
+    {"type": "hang"}]}"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancelling_the_mcp_request_cancels_the_turn_in_both_eras() {
+    let (d, m) = deploy(&[]).await;
+    let task = scenario(serde_json::from_str(SPAWN_AND_HANG).unwrap());
+
+    // 2025-11-25: notifications/cancelled for the request id.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "0"}}});
+    let r = m.raw("POST", &[m.auth()], Some(&init)).await;
+    let sid = r.header("mcp-session-id").unwrap();
+    let h = vec![
+        m.auth(),
+        ("Mcp-Session-Id", sid.clone()),
+        ("MCP-Protocol-Version", "2025-11-25".to_string()),
+    ];
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    assert_eq!(m.raw("POST", &h, Some(&note)).await.status, 202);
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
+        "name": "implement", "arguments": {"task": task}}});
+    let m2 = Mcp {
+        addr: m.addr.clone(),
+        token: m.token.clone(),
+    };
+    let h2 = h.clone();
+    let pending = tokio::spawn(async move { m2.raw("POST", &h2, Some(&call)).await });
+    let (_, tree) = tree_of_running_turn(&d, 3).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 5, "reason": "user"}});
+    assert_eq!(m.raw("POST", &h, Some(&cancel)).await.status, 202);
+    assert!(
+        all_gone(&tree, Duration::from_secs(15)).await,
+        "left: {tree:?}"
+    );
+    pending.abort();
+    for _ in 0..100 {
+        if conversations(&d)
+            .await
+            .iter()
+            .all(|c| c.active_turn_id.is_empty())
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        conversations(&d)
+            .await
+            .iter()
+            .all(|c| c.active_turn_id.is_empty())
+    );
+
+    // 2026-07-28: closing the request's stream is the cancellation.
+    let m3 = Mcp {
+        addr: m.addr.clone(),
+        token: m.token.clone(),
+    };
+    let t = task.clone();
+    let pending = tokio::spawn(async move { m3.call("implement", json!({"task": t})).await });
+    let (_, tree) = tree_of_running_turn(&d, 3).await;
+    pending.abort(); // drops the connection
+    assert!(
+        all_gone(&tree, Duration::from_secs(15)).await,
+        "left: {tree:?}"
+    );
+}
