@@ -336,11 +336,19 @@ pub async fn run(layout: &Layout) -> Result<(), RelayError> {
                 continue;
             }
         }
+        // Requests run concurrently (a long tool call must not hold up a cancel or an answer
+        // to an elicitation); everything else, and `initialize` (its answer carries the
+        // session id every later message needs), is relayed in order before the next line.
         let key = if msg.get("method").is_some() {
             id_key(&msg)
         } else {
             None
         };
+        let initialize = msg.get("method").and_then(Value::as_str) == Some("initialize");
+        if key.is_none() || initialize {
+            relay.clone().relay(msg).await;
+            continue;
+        }
         let r = relay.clone();
         let handle = tasks.spawn(r.relay(msg));
         if let Some(key) = key {
