@@ -242,6 +242,7 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     let e = envelope(&r);
     assert_eq!(e["status"], "complete", "{e}");
     assert_eq!(e["files_touched"], json!(["notes.txt"]), "{e}");
+    assert_eq!(e["files_touched_from"], "root", "{e}");
     assert!(e["blockers"].as_array().unwrap().is_empty(), "{e}");
     let convs = conversations(&d).await;
     let w = convs
@@ -252,6 +253,19 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
         std::fs::read_to_string(std::path::Path::new(&w.root).join("notes.txt")).unwrap(),
         "hi"
     );
+
+    // A file a shell command writes is no tool call's location; the root walk still sees it.
+    let r = m
+        .call(
+            "implement",
+            json!({"task": scenario(json!({"steps": [
+                {"type": "tool", "kind": "execute", "command": "mkdir -p out && echo hi > out/shell.txt"},
+                decision("complete", "ran it")]}))}),
+        )
+        .await;
+    let e = envelope(&r);
+    assert_eq!(e["files_touched"], json!(["out", "out/shell.txt"]), "{e}");
+    assert_eq!(e["files_touched_from"], "root");
 
     // Without the decision fields the envelope still comes, partial, from what warden saw.
     let r = m.call("advise", json!({"task": "hello"})).await;

@@ -125,8 +125,10 @@ pub struct Observed {
     pub unanswered: Vec<String>,
     /// The caller cancelled the call while it ran.
     pub cancelled: bool,
-    /// Files the supervisor saw change under the root (when it reports them).
+    /// Files the supervisor saw change under the root, walking it before and after the turn.
     pub changed_files: Vec<String>,
+    /// False when the supervisor could not walk the root (too large, unreadable).
+    pub changed_files_known: bool,
 }
 
 impl Observed {
@@ -146,28 +148,32 @@ impl Observed {
         self.faults.iter().any(|f| f.timeout)
     }
 
-    /// Files touched, observed: edits/deletes/moves that completed, made relative to the root,
-    /// plus what the supervisor saw change. Never what the model claims.
-    pub fn files_touched(&self) -> Vec<String> {
+    /// Files touched, observed, and where the observation comes from: what the supervisor saw
+    /// change walking the root before and after the turn ("root"); when it could not walk it,
+    /// the edits/deletes/moves the turn's events show completed and allowed ("tool-calls").
+    /// Never what the model claims.
+    pub fn files_touched(&self) -> (Vec<String>, &'static str) {
+        if self.changed_files_known {
+            return (self.changed_files.clone(), "root");
+        }
         let mut out: Vec<String> = Vec::new();
-        let mut add = |p: &str| {
-            let rel = relative_to(p, &self.root);
-            if !rel.is_empty() && !out.contains(&rel) {
-                out.push(rel);
-            }
-        };
         for t in self.tools.values() {
             let writes = matches!(t.kind.as_str(), "edit" | "delete" | "move");
             if writes && t.status == "completed" && t.allowed != Some(false) {
                 for l in &t.locations {
-                    add(l);
+                    let rel = relative_to(l, &self.root);
+                    if !rel.is_empty() && !out.contains(&rel) {
+                        out.push(rel);
+                    }
                 }
             }
         }
         for f in &self.changed_files {
-            add(f);
+            if !out.contains(f) {
+                out.push(f.clone());
+            }
         }
-        out
+        (out, "tool-calls")
     }
 }
 
@@ -278,6 +284,10 @@ pub struct Envelope {
     pub verdict: String,
     pub findings: Vec<String>,
     pub files_touched: Vec<String>,
+    /// Where `files_touched` was observed: "root" (the supervisor's walk of the root before and
+    /// after), "tool-calls" (the turn's completed edits, when the root could not be walked), or
+    /// "none" (nothing ran).
+    pub files_touched_from: &'static str,
     pub remaining: Vec<String>,
     pub blockers: Vec<Blocker>,
     pub run_id: String,
@@ -311,6 +321,7 @@ impl Envelope {
             verdict,
             findings: vec![],
             files_touched: vec![],
+            files_touched_from: "none",
             remaining: vec![],
             blockers: vec![blocker],
             run_id: h.run_id,
@@ -407,11 +418,13 @@ impl Envelope {
                 },
             ),
         };
+        let (files_touched, files_touched_from) = o.files_touched();
         Self::bounded(Self {
             status,
             verdict,
             findings,
-            files_touched: o.files_touched(),
+            files_touched,
+            files_touched_from,
             remaining,
             blockers,
             run_id: h.run_id,
@@ -470,7 +483,7 @@ pub fn output_schema() -> Value {
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["status", "verdict", "findings", "files_touched", "remaining", "blockers",
+        "required": ["status", "verdict", "findings", "files_touched", "files_touched_from", "remaining", "blockers",
                      "run_id", "duration_ms", "depth", "transcript_path", "incident",
                      "verb", "agent", "attempts", "truncated"],
         "properties": {
@@ -480,6 +493,8 @@ pub fn output_schema() -> Value {
             "findings": strings,
             "files_touched": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_ITEMS,
                               "description": "files warden saw change under the root (relative to it), not what the model claims"},
+            "files_touched_from": {"type": "string", "enum": ["root", "tool-calls", "none"],
+                                   "description": "root: the supervisor walked the root before and after the turn; tool-calls: the root could not be walked, so the turn's completed edits are listed"},
             "remaining": strings,
             "blockers": {"type": "array", "maxItems": MAX_ITEMS, "items": {
                 "type": "object", "additionalProperties": false, "required": ["kind", "reason"],
@@ -579,7 +594,14 @@ mod tests {
         assert_eq!(e.status, Status::Partial);
         assert_eq!(e.verdict, "did some things");
         assert_eq!(e.files_touched, vec!["src/a.rs"]);
+        assert_eq!(e.files_touched_from, "tool-calls");
         assert!(!e.status.is_error());
+        // When the root was walked, the walk is the observation (a shell write included).
+        o.changed_files = vec!["made-by-shell.txt".into()];
+        o.changed_files_known = true;
+        let e = Envelope::from_observed(h(), &o);
+        assert_eq!(e.files_touched, vec!["made-by-shell.txt"]);
+        assert_eq!(e.files_touched_from, "root");
     }
 
     #[test]

@@ -239,6 +239,8 @@ pub async fn run(
                         o.faults.push(seen);
                     }
                 }
+                o.changed_files = s.files_changed;
+                o.changed_files_known = !s.files_changed_unknown;
                 o.stop_reason = s.stop_reason;
                 o.transcript_path = s.transcript_path;
                 o.duration_ms = s.duration_millis;
