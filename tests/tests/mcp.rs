@@ -267,6 +267,29 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     assert_eq!(e["files_touched"], json!(["out", "out/shell.txt"]), "{e}");
     assert_eq!(e["files_touched_from"], "root");
 
+    // A client that cannot be asked (no elicitation capability): the agent's question is
+    // declined, and the envelope says so.
+    let r = m
+        .call(
+            "advise",
+            json!({"task": scenario(json!({"steps": [
+                {"type": "question", "message": "Which file?"},
+                {"type": "message", "text": "no answer then"}]}))}),
+        )
+        .await;
+    let e = envelope(&r);
+    let q: Vec<&Value> = e["blockers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["kind"] == "question")
+        .collect();
+    assert_eq!(q.len(), 1, "{e}");
+    assert!(
+        q[0]["reason"].as_str().unwrap().contains("Which file?"),
+        "{e}"
+    );
+
     // Without the decision fields the envelope still comes, partial, from what warden saw.
     let r = m.call("advise", json!({"task": "hello"})).await;
     let e = envelope(&r);

@@ -60,6 +60,22 @@ struct Scope {
     contexts: Mutex<HashMap<(i32, String, String), String>>,
 }
 
+/// A question of the agent as the stateless (2026-07-28) request loop hands it over: the
+/// request answers input-required and the retry carries the answer.
+type Asked = (Question, tokio::sync::oneshot::Sender<Option<Answer>>);
+
+/// A stateless verb call whose turn runs on while the caller answers the agent's question
+/// (MRTR): the turn, its next question, and the reply to the question asked.
+struct PendingRun {
+    principal: String,
+    questions: tokio::sync::mpsc::Receiver<Asked>,
+    done: tokio::sync::oneshot::Receiver<Envelope>,
+    cancel: CancellationToken,
+    reply: tokio::sync::oneshot::Sender<Option<Answer>>,
+    plain: bool,
+    at: Instant,
+}
+
 /// A stateless bind waiting for its elicitation answer (MRTR, 2026-07-28).
 struct PendingBind {
     principal: String,
@@ -110,6 +126,7 @@ pub struct McpFront {
     /// MCP session id → the principal that opened it.
     sessions: Mutex<HashMap<String, String>>,
     pending: Mutex<HashMap<String, PendingBind>>,
+    runs: Mutex<HashMap<String, PendingRun>>,
     jobs: Mutex<HashMap<String, Arc<Job>>>,
 }
 
@@ -122,6 +139,7 @@ impl McpFront {
             scopes: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
             jobs: Mutex::new(HashMap::new()),
         })
     }
@@ -472,6 +490,29 @@ fn progress_sender(
     )
 }
 
+/// The elicitation form for an agent's question, and whether it is warden's plain one-string
+/// form (the agent sent no usable schema: its answer is then sent as a JSON string).
+fn question_form(q: &Question) -> Option<(ElicitRequestParams, bool)> {
+    let given: Option<ElicitationSchema> = serde_json::from_str::<Value>(&q.schema_json)
+        .ok()
+        .and_then(schema);
+    let plain = given.is_none();
+    let requested_schema = match given {
+        Some(s) => s,
+        None => schema(
+            json!({"type": "object", "properties": {"answer": {"type": "string", "title": "Your answer"}}, "required": ["answer"]}),
+        )?,
+    };
+    Some((
+        ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: format!("The supervised agent asks: {}", q.message),
+            requested_schema,
+        },
+        plain,
+    ))
+}
+
 /// The agent's questions as form elicitation to the caller (2025-11-25 sessions).
 fn asker(ctx: &RequestContext<RoleServer>) -> Arc<Ask> {
     if stateless(ctx) || !can_elicit(ctx) {
@@ -481,22 +522,8 @@ fn asker(ctx: &RequestContext<RoleServer>) -> Arc<Ask> {
     Arc::new(move |q: Question| {
         let peer = peer.clone();
         async move {
-            let given: Option<ElicitationSchema> = serde_json::from_str::<Value>(&q.schema_json)
-                .ok()
-                .and_then(schema);
-            let plain = given.is_none();
-            let requested_schema = match given {
-                Some(s) => s,
-                None => schema(json!({"type": "object", "properties": {"answer": {"type": "string", "title": "Your answer"}}, "required": ["answer"]}))?,
-            };
-            let r = peer
-                .create_elicitation(ElicitRequestParams::FormElicitationParams {
-                    meta: None,
-                    message: format!("The supervised agent asks: {}", q.message),
-                    requested_schema,
-                })
-                .await
-                .ok()?;
+            let (params, plain) = question_form(&q)?;
+            let r = peer.create_elicitation(params).await.ok()?;
             Some(answer_of(&r, plain))
         }
         .boxed()
@@ -746,6 +773,162 @@ impl McpFront {
         )
     }
 
+    // ------------------------------------------------------------------ stateless questions
+
+    /// Runs a stateless verb call whose client can answer questions: the turn runs on its own
+    /// task, and each question the agent asks ends this request with an input-required result
+    /// (the retry answers it and waits on, see [`McpFront::wait_run`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn start_stateless_run(
+        self: &Arc<Self>,
+        verb: Verb,
+        args: VerbArgs,
+        caller: Caller,
+        scope_key: String,
+        run_id: String,
+        (progress, sent): (Arc<Progress>, Option<tokio::task::JoinHandle<()>>),
+        ct: CancellationToken,
+    ) -> CallToolResponse {
+        let (qtx, questions) = tokio::sync::mpsc::channel::<Asked>(1);
+        let (dtx, done) = tokio::sync::oneshot::channel();
+        let cancel = CancellationToken::new();
+        let front = self.clone();
+        let run_cancel = cancel.clone();
+        let principal = caller.principal.clone();
+        tokio::spawn(async move {
+            let scope = front.scope(&scope_key);
+            let ask: Arc<Ask> = Arc::new(move |q: Question| {
+                let qtx = qtx.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    qtx.send((q, tx)).await.ok()?;
+                    // Unanswered within the retry window (or the pending call dropped): declined.
+                    tokio::time::timeout(PENDING_BIND_TTL, rx)
+                        .await
+                        .ok()?
+                        .ok()?
+                }
+                .boxed()
+            });
+            let e = front
+                .run_verb(
+                    verb,
+                    args,
+                    &caller,
+                    &scope,
+                    run_id,
+                    &*ask,
+                    &*progress,
+                    run_cancel,
+                    &|_| {},
+                )
+                .await;
+            // The progress notifications go out before the result (see progress_sender).
+            drop(progress);
+            if let Some(sent) = sent {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sent).await;
+            }
+            let _ = dtx.send(e);
+        });
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let run = PendingRun {
+            principal,
+            questions,
+            done,
+            cancel,
+            reply,
+            plain: true,
+            at: Instant::now(),
+        };
+        self.wait_run(run, ct).await
+    }
+
+    /// Waits for the turn's end (its envelope) or its next question (input-required, the run
+    /// kept under a fresh requestState handle). The request's own cancellation cancels the turn.
+    async fn wait_run(&self, mut run: PendingRun, ct: CancellationToken) -> CallToolResponse {
+        tokio::select! {
+            e = &mut run.done => match e {
+                Ok(e) => envelope_result(&e).into(),
+                Err(_) => json_result(json!({"error": "the run ended without a result"}), true).into(),
+            },
+            q = run.questions.recv() => {
+                let Some((q, reply)) = q else {
+                    return match run.done.await {
+                        Ok(e) => envelope_result(&e).into(),
+                        Err(_) => json_result(json!({"error": "the run ended without a result"}), true).into(),
+                    };
+                };
+                let Some((params, plain)) = question_form(&q) else {
+                    let _ = reply.send(None);
+                    return Box::pin(self.wait_run(run, ct)).await;
+                };
+                run.reply = reply;
+                run.plain = plain;
+                run.at = Instant::now();
+                let handle = uuid::Uuid::new_v4().to_string();
+                {
+                    let mut runs = lock(&self.runs);
+                    runs.retain(|_, r| r.at.elapsed() < PENDING_BIND_TTL);
+                    runs.insert(handle.clone(), run);
+                }
+                let mut asks = std::collections::BTreeMap::new();
+                asks.insert("question".to_string(), InputRequest::Elicitation(ElicitRequest::new(params)));
+                CallToolResponse::InputRequired(InputRequiredResult::new(Some(asks), Some(handle)))
+            }
+            _ = ct.cancelled() => {
+                run.cancel.cancel();
+                match tokio::time::timeout(self.cancel_grace + Duration::from_secs(5), run.done).await {
+                    Ok(Ok(e)) => envelope_result(&e).into(),
+                    _ => json_result(json!({"error": "cancelled"}), true).into(),
+                }
+            }
+        }
+    }
+
+    /// A stateless retry: the answer to the agent's question, then the wait goes on.
+    async fn resume_run(
+        &self,
+        state: &str,
+        responses: Option<&rmcp::model::InputResponses>,
+        principal: &str,
+        ct: CancellationToken,
+    ) -> CallToolResponse {
+        let run = lock(&self.runs).remove(state);
+        let Some(run) =
+            run.filter(|r| r.principal == principal && r.at.elapsed() < PENDING_BIND_TTL)
+        else {
+            return json_result(json!({"error": "this call's requestState is unknown or expired; call the tool again"}), true).into();
+        };
+        let answer = responses
+            .and_then(|r| r.get("question"))
+            .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())
+            .map(|r| answer_of(&r, run.plain));
+        let PendingRun {
+            principal,
+            questions,
+            done,
+            cancel,
+            reply,
+            plain,
+            at,
+        } = run;
+        let _ = reply.send(answer);
+        let (reply, _) = tokio::sync::oneshot::channel();
+        self.wait_run(
+            PendingRun {
+                principal,
+                questions,
+                done,
+                cancel,
+                reply,
+                plain,
+                at,
+            },
+            ct,
+        )
+        .await
+    }
+
     // ------------------------------------------------------------------ background jobs
 
     fn job_view(j: &Job) -> Value {
@@ -911,6 +1094,17 @@ impl ServerHandler for Handler {
             _ => None,
         };
         if let Some(verb) = verb {
+            if let Some(state) = &request.request_state {
+                let r = front
+                    .resume_run(
+                        state,
+                        request.input_responses.as_ref(),
+                        &caller.principal,
+                        ctx.ct.clone(),
+                    )
+                    .await;
+                return Ok(r);
+            }
             let run_id = uuid::Uuid::new_v4().to_string();
             let parsed = match tools::verb_args(&args, cfg.task_max_bytes, cfg.max_timeout_seconds)
             {
@@ -928,6 +1122,19 @@ impl ServerHandler for Handler {
                     );
                 }
             };
+            if stateless(&ctx) && can_elicit(&ctx) {
+                return Ok(front
+                    .start_stateless_run(
+                        verb,
+                        parsed,
+                        caller,
+                        scope_key,
+                        run_id,
+                        progress_sender(&ctx),
+                        ctx.ct.clone(),
+                    )
+                    .await);
+            }
             let scope = front.scope(&scope_key);
             let ask = asker(&ctx);
             let (progress, sent) = progress_sender(&ctx);
