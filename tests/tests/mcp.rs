@@ -322,7 +322,7 @@ async fn a_refused_edit_is_a_policy_blocker_with_rule_and_reason() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_read_verb_is_retried_once_on_timeout_and_implement_never() {
-    let (_d, m) = deploy(&[]).await;
+    let (d, m) = deploy(&[]).await;
     let hang = scenario(json!({"steps": [{"type": "hang"}]}));
     let t = Instant::now();
     let r = m
@@ -348,12 +348,38 @@ async fn a_read_verb_is_retried_once_on_timeout_and_implement_never() {
     );
 
     let t = Instant::now();
+    let tree_and_hang = scenario(serde_json::from_str(SPAWN_AND_HANG).unwrap());
     let r = m
-        .call("implement", json!({"task": hang, "timeout_seconds": 1}))
+        .call(
+            "implement",
+            json!({"task": tree_and_hang, "timeout_seconds": 1}),
+        )
         .await;
     let e = envelope(&r);
     assert_eq!(e["status"], "timeout", "{e}");
     assert_eq!(e["attempts"], 1, "implement is never retried: {e}");
+    // The hard cutoff killed the whole tree: agent, SIGTERM-ignoring child, setsid grandchild.
+    let convs = conversations(&d).await;
+    let w = convs
+        .iter()
+        .find(|c| c.profile == pb::Profile::WorkspaceWrite as i32)
+        .unwrap();
+    let root = std::path::PathBuf::from(&w.root);
+    assert!(
+        pids_in(&root.join("pids")).len() >= 2,
+        "the tree had started"
+    );
+    for _ in 0..100 {
+        if processes_in(&root, None).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        processes_in(&root, None).is_empty(),
+        "{:?}",
+        processes_in(&root, None)
+    );
     assert!(t.elapsed() >= Duration::from_millis(1200));
     assert!(
         t.elapsed() < Duration::from_millis(2400 + 1500),
@@ -651,6 +677,31 @@ async fn a_2025_11_25_session_is_bound_to_its_principal_and_ended_by_delete() {
         conversations(&d).await.is_empty(),
         "the session's conversation was closed"
     );
+
+    // Background jobs are their principal's: Bob can neither see nor cancel Alice's.
+    let r = m
+        .call(
+            "implement_background",
+            json!({"task": scenario(json!({"steps": [{"type": "hang"}]}))}),
+        )
+        .await;
+    let job = r["structuredContent"]["job_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let bob = Mcp {
+        addr: m.addr.clone(),
+        token: BOB.into(),
+    };
+    for tool in ["job_status", "job_result", "job_cancel"] {
+        let r = bob.call(tool, json!({"job_id": job})).await;
+        assert!(is_error(&r), "{tool}: {r}");
+        assert!(r["structuredContent"]["result"].is_null(), "{r}");
+    }
+    let r = m.call("job_status", json!({"job_id": job})).await;
+    assert_eq!(r["structuredContent"]["state"], "running", "{r}");
+    let r = m.call("job_cancel", json!({"job_id": job})).await;
+    assert_eq!(r["structuredContent"]["state"], "cancelled", "{r}");
 }
 
 /// Waits until a conversation has a live process tree of at least `n` processes; its root.

@@ -45,14 +45,19 @@ pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/
 /// The header `warden mcp` sets from the inherited `WARDEN_DEPTH`.
 pub const DEPTH_HEADER: &str = "warden-depth";
 
-/// What the edge checks before rmcp sees a request.
-pub struct Edge {
-    pub front: Arc<McpFront>,
-    pub auth: Authenticator,
+/// The DNS-rebinding checks: which `Host` and `Origin` values `/mcp` serves.
+pub struct Gate {
     hosts: HostAllowlist,
     loopback: bool,
     public_host: Option<String>,
     origins: Vec<String>,
+}
+
+/// What the edge checks before rmcp sees a request.
+pub struct Edge {
+    pub front: Arc<McpFront>,
+    pub auth: Authenticator,
+    gate: Gate,
     resource: String,
     metadata_url: String,
     max_body: usize,
@@ -75,11 +80,8 @@ fn is_loopback_name(h: &str) -> bool {
     matches!(h, "localhost" | "127.0.0.1" | "::1")
 }
 
-impl Edge {
-    pub fn new(
-        front: Arc<McpFront>,
-        cfg: &GatewayConfig,
-    ) -> Result<Self, crate::auth::AuthConfigError> {
+impl Gate {
+    pub fn from_config(cfg: &GatewayConfig) -> Self {
         let base = cfg.http.public_url.trim_end_matches('/').to_string();
         let public_host = base
             .split_once("://")
@@ -98,23 +100,17 @@ impl Edge {
                 rest.split('/').next().unwrap_or(rest).to_ascii_lowercase()
             ));
         }
-        Ok(Self {
-            front,
-            auth: Authenticator::from_config(cfg)?,
+        Self {
             hosts: HostAllowlist::from_config(cfg),
             loopback: cfg.is_loopback(),
             public_host,
             origins,
-            resource: format!("{base}{MCP_PATH}"),
-            metadata_url: format!("{base}{RESOURCE_METADATA_PATH}"),
-            max_body: cfg.http.max_body_bytes,
-            body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
-        })
+        }
     }
 
-    /// DNS rebinding: on a loopback bind only loopback names (and the public URL's host) are
-    /// served, whatever the port; bound wide, the gateway's Host allowlist decides.
-    fn host_ok(&self, headers: &HeaderMap) -> bool {
+    /// On a loopback bind only loopback names (and the public URL's host) are served, whatever
+    /// the port; bound wide, the gateway's Host allowlist decides.
+    pub fn host_ok(&self, headers: &HeaderMap) -> bool {
         let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
             return false;
         };
@@ -130,7 +126,7 @@ impl Edge {
 
     /// A request without `Origin` is not from a browser page and passes; one with it must name
     /// the public URL's origin, a configured one, or (on a loopback bind) a loopback origin.
-    fn origin_ok(&self, headers: &HeaderMap) -> bool {
+    pub fn origin_ok(&self, headers: &HeaderMap) -> bool {
         let Some(origin) = headers.get(header::ORIGIN) else {
             return true;
         };
@@ -144,10 +140,30 @@ impl Edge {
         if self.loopback
             && let Some((scheme, rest)) = origin.split_once("://")
             && matches!(scheme, "http" | "https")
+            && !rest.contains('/')
+            && !rest.contains('@')
         {
             return is_loopback_name(strip_port(rest));
         }
         false
+    }
+}
+
+impl Edge {
+    pub fn new(
+        front: Arc<McpFront>,
+        cfg: &GatewayConfig,
+    ) -> Result<Self, crate::auth::AuthConfigError> {
+        let base = cfg.http.public_url.trim_end_matches('/').to_string();
+        Ok(Self {
+            front,
+            auth: Authenticator::from_config(cfg)?,
+            gate: Gate::from_config(cfg),
+            resource: format!("{base}{MCP_PATH}"),
+            metadata_url: format!("{base}{RESOURCE_METADATA_PATH}"),
+            max_body: cfg.http.max_body_bytes,
+            body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
+        })
     }
 }
 
@@ -205,14 +221,14 @@ pub fn depth_of(headers: &HeaderMap) -> u32 {
 /// Host, Origin, bearer token, session owner, body limit and timeout, then rmcp.
 async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
-    if !edge.host_ok(headers) {
+    if !edge.gate.host_ok(headers) {
         return jsonrpc_error(
             StatusCode::FORBIDDEN,
             -32600,
             "Forbidden: Host header is not allowed",
         );
     }
-    if !edge.origin_ok(headers) {
+    if !edge.gate.origin_ok(headers) {
         return jsonrpc_error(
             StatusCode::FORBIDDEN,
             -32600,
@@ -302,7 +318,7 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
 }
 
 async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
-    if !edge.host_ok(&headers) {
+    if !edge.gate.host_ok(&headers) {
         return jsonrpc_error(
             StatusCode::FORBIDDEN,
             -32600,
@@ -354,4 +370,109 @@ pub fn routes(edge: Arc<Edge>, shutdown: CancellationToken) -> Router {
             get(resource_metadata),
         )
         .with_state(edge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(bind: &str, public: &str, extra: &str) -> Gate {
+        let toml = format!(
+            "[daemon]\nstate_dir = \"/nonexistent\"\n[listen]\nsocket = \"g.sock\"\n[supervisor]\nsocket = \"/s.sock\"\n[http]\nbind = \"{bind}\"\npublic_url = \"{public}\"\n{extra}\n[auth]\ntoken_file = \"t\"\n"
+        );
+        let cfg: GatewayConfig = toml::from_str(&toml).unwrap();
+        Gate::from_config(&cfg)
+    }
+
+    fn with(name: header::HeaderName, v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn loopback_hosts_pass_and_lookalikes_do_not() {
+        let g = gate("127.0.0.1:7420", "http://127.0.0.1:7420", "");
+        for ok in [
+            "127.0.0.1:7420",
+            "localhost:9",
+            "LOCALHOST",
+            "[::1]:7420",
+            "127.0.0.1",
+        ] {
+            assert!(g.host_ok(&with(header::HOST, ok)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:7420",
+            "evil.example:7420",
+            "127.0.0.2",
+            "[::2]:7420",
+            "",
+        ] {
+            assert!(!g.host_ok(&with(header::HOST, bad)), "{bad}");
+        }
+        assert!(!g.host_ok(&HeaderMap::new()), "no Host at all");
+    }
+
+    #[test]
+    fn origins_must_be_loopback_public_or_configured() {
+        let g = gate(
+            "127.0.0.1:7420",
+            "http://127.0.0.1:7420",
+            "[mcp]\nallowed_origins = [\"https://app.example:8443\"]",
+        );
+        assert!(
+            g.origin_ok(&HeaderMap::new()),
+            "no Origin: not a browser page"
+        );
+        for ok in [
+            "http://localhost:5173",
+            "http://127.0.0.1:7420",
+            "https://[::1]:1",
+            "https://app.example:8443",
+        ] {
+            assert!(g.origin_ok(&with(header::ORIGIN, ok)), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://localhost@evil.example",
+            "https://app.example",
+            "null",
+            "file://localhost",
+            "http://127.0.0.1.nip.io",
+        ] {
+            assert!(!g.origin_ok(&with(header::ORIGIN, bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bound_wide_only_the_allowlist_and_public_host_pass() {
+        let g = gate(
+            "0.0.0.0:7420",
+            "https://gw.example",
+            "allowed_hosts = [\"gw.internal:7420\"]",
+        );
+        assert!(g.host_ok(&with(header::HOST, "gw.example")));
+        assert!(g.host_ok(&with(header::HOST, "gw.internal:7420")));
+        assert!(
+            !g.host_ok(&with(header::HOST, "localhost:7420")),
+            "loopback names are not special when bound wide"
+        );
+        assert!(!g.origin_ok(&with(header::ORIGIN, "http://localhost:3000")));
+        assert!(g.origin_ok(&with(header::ORIGIN, "https://gw.example")));
+    }
+
+    #[test]
+    fn a_mangled_depth_marker_counts_as_deep() {
+        assert_eq!(depth_of(&HeaderMap::new()), 0);
+        let h = |v: &str| with(header::HeaderName::from_static(DEPTH_HEADER), v);
+        assert_eq!(depth_of(&h("0")), 0);
+        assert_eq!(depth_of(&h("1")), 1);
+        for v in ["-1", "one", "", " 1", "1.0", "99999999999999999999"] {
+            assert_eq!(depth_of(&h(v)), u32::MAX, "{v:?}");
+        }
+    }
 }
