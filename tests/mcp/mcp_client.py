@@ -133,6 +133,20 @@ async def binding(c, label, human, workspace):
           f"{label} a proposed / is refused without asking", s)
     r = await c.call_tool("bind_workspace", {"proposed_path": os.path.expanduser("~")})
     check(structured(r)["bound"] is False, f"{label} a home directory is refused", structured(r))
+    r = await c.call_tool("bind_workspace", {"proposed_path": os.path.expanduser("~/.claude")})
+    check(structured(r)["bound"] is False, f"{label} an agent configuration home is refused", structured(r))
+    r = await c.call_tool("bind_workspace", {"proposed_path": "/etc/../" + workspace.lstrip("/") + "x"})
+    check(structured(r)["bound"] is False and "not a workspace the operator allowed" in structured(r)["message"],
+          f"{label} a path the operator did not allow is refused", structured(r))
+    # No proposal: the human chooses among the operator's workspaces, then confirms.
+    human.bind_answer = "accept"
+    r = await c.call_tool("bind_workspace", {})
+    s = structured(r)
+    check(s["bound"] is True and s["binding"]["path"] == os.path.realpath(workspace) and "PROPOSED" not in human.asked[-1],
+          f"{label} bind by choosing among the allowed workspaces", s)
+    r = await c.call_tool("bind_workspace", {"proposed_path": workspace, "workspace": "/"})
+    check(structured(r)["bound"] is False and structured(await c.call_tool("status", {}))["binding"] is None,
+          f"{label} a bind with a forbidden argument is refused and clears the binding", structured(r))
 
 
 async def http(url, token, mode, workspace):

@@ -793,3 +793,113 @@ async fn cancelling_the_mcp_request_cancels_the_turn_in_both_eras() {
         "left: {tree:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateless_bind_is_confirmed_by_the_retry_and_a_stale_confirmation_never_binds() {
+    let ws = tempfile::Builder::new()
+        .prefix("ws")
+        .tempdir_in(warden_e2e::test_root())
+        .unwrap();
+    let path = std::fs::canonicalize(ws.path())
+        .unwrap()
+        .display()
+        .to_string();
+    let (_d, m) = deploy(&[(
+        "supervisor",
+        format!("workspaces.proj.path={:?}", ws.path().display().to_string()),
+    )])
+    .await;
+    let m = &m;
+    let post = |params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params});
+        let h = vec![
+            m.auth(),
+            ("MCP-Protocol-Version", ERA.to_string()),
+            ("Mcp-Method", "tools/call".to_string()),
+            ("Mcp-Name", "bind_workspace".to_string()),
+        ];
+        async move {
+            let r = m.raw("POST", &h, Some(&body)).await;
+            r.messages()
+                .into_iter()
+                .find(|v| v["id"] == 9)
+                .unwrap_or_else(|| panic!("{}", r.body))["result"]
+                .clone()
+        }
+    };
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": ERA,
+                      "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "0"},
+                      "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}});
+    let first = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta}),
+    )
+    .await;
+    assert_eq!(first["resultType"], "input_required", "{first}");
+    let ask = &first["inputRequests"]["confirm"];
+    assert_eq!(ask["method"], "elicitation/create", "{first}");
+    let message = ask["params"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&path) && message.contains("PROPOSED"),
+        "{message}"
+    );
+    let stale = first["requestState"].as_str().unwrap().to_string();
+    // A second bind call: the first confirmation is now stale.
+    let second = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta}),
+    )
+    .await;
+    let fresh = second["requestState"].as_str().unwrap().to_string();
+    let accept = json!({"confirm": {"action": "accept", "content": {"confirm": true}}});
+    let r = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta,
+                        "inputResponses": accept, "requestState": stale}),
+    )
+    .await;
+    assert_eq!(r["structuredContent"]["bound"], false, "{r}");
+    // Declined: nothing is bound, and the handle is used up.
+    let decline = json!({"confirm": {"action": "decline"}});
+    let r = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta,
+                        "inputResponses": decline, "requestState": fresh}),
+    )
+    .await;
+    assert_eq!(r["structuredContent"]["bound"], false, "{r}");
+    let r = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta,
+                        "inputResponses": accept, "requestState": fresh}),
+    )
+    .await;
+    assert_eq!(
+        r["structuredContent"]["bound"], false,
+        "a used handle never binds: {r}"
+    );
+    // A real round: ask, accept, bound.
+    let third = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta}),
+    )
+    .await;
+    let state = third["requestState"].as_str().unwrap().to_string();
+    let r = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": meta,
+                        "inputResponses": accept, "requestState": state}),
+    )
+    .await;
+    assert_eq!(r["structuredContent"]["bound"], true, "{r}");
+    assert_eq!(r["structuredContent"]["binding"]["path"], path.as_str());
+    // A client that cannot elicit cannot bind.
+    let no_elicit = json!({"io.modelcontextprotocol/protocolVersion": ERA,
+                           "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "0"},
+                           "io.modelcontextprotocol/clientCapabilities": {}});
+    let r = post(
+        json!({"name": "bind_workspace", "arguments": {"proposed_path": path}, "_meta": no_elicit}),
+    )
+    .await;
+    assert_eq!(r["structuredContent"]["bound"], false, "{r}");
+    assert!(
+        r["structuredContent"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("elicitation"),
+        "{r}"
+    );
+}

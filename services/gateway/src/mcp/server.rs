@@ -657,11 +657,13 @@ impl McpFront {
                 Err(e) => bind_result(None, e).into(),
             };
         }
+        // Rebinding clears the previous binding at once, whatever comes of this call, and a
+        // confirmation still pending from an earlier call can no longer bind.
+        *lock(&scope.binding) = None;
+        lock(&self.pending).retain(|_, p| p.scope != scope_key);
         if let Err((_, why)) = tools::check_names(args, &["proposed_path"]) {
             return bind_result(None, why).into();
         }
-        // Rebinding clears the previous binding at once, whatever the answer will be.
-        *lock(&scope.binding) = None;
         let allowed = match self.workspaces().await {
             Ok(w) => w,
             Err(e) => return bind_result(None, e).into(),
