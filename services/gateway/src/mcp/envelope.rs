@@ -23,6 +23,8 @@ pub const MAX_ITEMS: usize = 64;
 pub const MAX_TEXT: usize = 4096;
 /// The envelope's JSON at most.
 pub const MAX_ENVELOPE_BYTES: usize = 64 * 1024;
+/// `{` positions (from the end) tried as the start of the decision object.
+pub const DECISION_CANDIDATES: usize = 256;
 /// The answer text retained per attempt for the decision fields (the tail is kept).
 pub const ANSWER_TAIL_BYTES: usize = 128 * 1024;
 
@@ -239,12 +241,17 @@ fn decision_of(obj: &serde_json::Map<String, Value>) -> Option<Decision> {
 /// bare object. None when there is none (the envelope is then built from observation alone).
 pub fn parse_decision(answer: &str) -> Option<Decision> {
     // Every '{' is a candidate start, from the end: the agent was asked to *end* with it.
+    // At most DECISION_CANDIDATES starts are tried (each parse reads at most the tail after
+    // it), so an answer full of braces costs bounded work.
     let bytes = answer.as_bytes();
     let mut found = None;
-    for (i, b) in bytes.iter().enumerate().rev() {
-        if *b != b'{' {
-            continue;
-        }
+    let starts = bytes
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'{')
+        .take(DECISION_CANDIDATES);
+    for (i, _) in starts {
         let mut de = serde_json::Deserializer::from_str(&answer[i..]).into_iter::<Value>();
         if let Some(Ok(Value::Object(obj))) = de.next()
             && let Some(d) = decision_of(&obj)
@@ -543,6 +550,13 @@ mod tests {
         let t = "{\"status\":\"blocked\"} then {\"x\":1} and finally {\"status\":\"partial\",\"verdict\":\"v\"}";
         assert_eq!(parse_decision(t).unwrap().verdict, "v");
         assert!(parse_decision("no json {here").is_none());
+        // Braces everywhere: bounded work, and a decision after them is still found.
+        let noisy = format!("{}{{\"status\":\"complete\"}}", "{\"a\":".repeat(20_000));
+        assert_eq!(
+            parse_decision(&noisy).unwrap().status,
+            Some(Status::Complete)
+        );
+        assert!(parse_decision(&"{".repeat(100_000)).is_none());
         assert!(parse_decision("{\"verdict\":\"no status\"}").is_none());
     }
 
