@@ -365,3 +365,52 @@ pub async fn run(layout: &Layout) -> Result<(), RelayError> {
     let _ = writer.await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay(depth: Option<&str>) -> Relay {
+        let (out, _) = mpsc::unbounded_channel();
+        Relay {
+            addr: "127.0.0.1:1".into(),
+            token: "t".into(),
+            depth: depth.map(str::to_string),
+            session: Mutex::new(Session::default()),
+            inflight: Mutex::new(HashMap::new()),
+            out,
+        }
+    }
+
+    fn get<'a>(h: &'a [(&'static str, String)], k: &str) -> Option<&'a str> {
+        h.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_streamable_http_headers_come_from_the_message_and_the_session() {
+        let r = relay(Some("1"));
+        let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "advise", "arguments": {},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}});
+        let h = r.headers_for(&call);
+        assert_eq!(get(&h, "mcp-method"), Some("tools/call"));
+        assert_eq!(get(&h, "mcp-name"), Some("advise"));
+        assert_eq!(get(&h, "mcp-protocol-version"), Some("2026-07-28"));
+        assert_eq!(
+            get(&h, "warden-depth"),
+            Some("1"),
+            "the marker is forwarded as inherited"
+        );
+        assert_eq!(get(&h, "mcp-session-id"), None);
+        // After a 2025-11-25 initialize: the session and its version ride on every message.
+        r.observe(&json!({"jsonrpc": "2.0", "id": 0, "result": {"protocolVersion": "2025-11-25"}}));
+        r.session.lock().unwrap().id = Some("s1".into());
+        let h = r.headers_for(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        assert_eq!(get(&h, "mcp-session-id"), Some("s1"));
+        assert_eq!(get(&h, "mcp-protocol-version"), Some("2025-11-25"));
+        assert_eq!(get(&h, "mcp-name"), None);
+        let h = relay(None).headers_for(&json!({"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "x://y"}}));
+        assert_eq!(get(&h, "mcp-name"), Some("x://y"));
+        assert_eq!(get(&h, "warden-depth"), None);
+    }
+}
