@@ -125,6 +125,7 @@ async fn main() {
                     let ctx = format!("soak-{wave}-{i}");
                     let t0 = Instant::now();
                     let req = pb::RunTurnRequest {
+                        instructions: String::new(),
                         context_id: ctx.clone(),
                         turn_id: "t1".into(),
                         text,

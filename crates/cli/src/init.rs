@@ -129,6 +129,16 @@ token_file = {token}
 
 [card]
 name = "warden"
+
+# The MCP front at /mcp (and `warden mcp`); every key has a default:
+# [mcp]
+# enabled = true
+# allowed_origins = []          # browser origins beyond the public URL's (and loopback ones)
+# task_max_bytes = 16384        # a longer task is refused before anything starts
+# default_timeout_seconds = 600
+# max_timeout_seconds = 3600
+# job_retention_seconds = 3600  # a finished background job's result is kept this long
+# max_jobs = 16                 # background jobs per caller
 "#,
         state = q(layout.state_of("gateway")),
         socket = q(layout.socket_of("gateway")),

@@ -10,5 +10,6 @@ pub mod client;
 pub mod doctor;
 pub mod init;
 pub mod layout;
+pub mod mcp;
 pub mod status;
 pub mod up;

@@ -65,6 +65,10 @@ enum Command {
     },
     /// Report each daemon's health; exits non-zero if any is down.
     Status,
+    /// A stdio MCP server for hosts that launch tools as processes (`claude mcp add warden --
+    /// warden mcp`): relays to the running gateway's /mcp with the caller token from the state
+    /// directory. Never talks to the supervisor.
+    Mcp,
     /// Send one task to the running gateway and watch it live; Ctrl-C/SIGTERM cancels it. Exits 0
     /// when it COMPLETED with every permission allowed, 4 when a permission was refused.
     #[command(after_help = send::EXIT_CODES)]
@@ -346,6 +350,13 @@ async fn main() -> ExitCode {
             )
             .await
         }
+        Command::Mcp => match warden_cli::mcp::run(&layout).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("warden mcp: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Status => {
             if status::run(&layout).await {
                 ExitCode::SUCCESS

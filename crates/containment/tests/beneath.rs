@@ -328,3 +328,33 @@ fn a_component_flipped_to_a_symlink_never_leads_outside() {
     outside_is_untouched(&f);
     eprintln!("{i} attempts, {flips} flips; {written} writes and {read} reads served inside");
 }
+
+#[test]
+fn a_snapshot_sees_what_changed_and_never_follows_a_link_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), "s").unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("src/deep")).unwrap();
+    std::fs::create_dir_all(root.join(".git/objects")).unwrap();
+    std::fs::write(root.join("src/a.rs"), "a").unwrap();
+    std::fs::write(root.join("keep.txt"), "k").unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("out")).unwrap();
+    let r = warden_containment::beneath::RootDir::open(&root).unwrap();
+    let before = r.snapshot(1000).unwrap();
+    assert_eq!(before.len(), 5, "{before:?}"); // src, src/deep, src/a.rs, keep.txt, out (.git skipped)
+    std::fs::write(root.join("src/a.rs"), "changed").unwrap();
+    std::fs::write(root.join("src/deep/new.rs"), "n").unwrap();
+    std::fs::remove_file(root.join("keep.txt")).unwrap();
+    std::fs::write(root.join(".git/objects/x"), "x").unwrap();
+    std::fs::write(outside.path().join("secret"), "changed outside").unwrap();
+    let after = r.snapshot(1000).unwrap();
+    let changed: Vec<String> = before
+        .changed(&after)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(changed, vec!["keep.txt", "src/a.rs", "src/deep/new.rs"]);
+    // Over the bound there is no picture at all (never a partial one).
+    assert!(r.snapshot(3).is_none());
+}

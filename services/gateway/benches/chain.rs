@@ -24,6 +24,7 @@ async fn direct(d: &Deployment, n: usize) -> Result<(usize, Duration), Box<dyn s
     let mut client = SupervisorServiceClient::new(d.channel("supervisor"));
     let ctx = format!("bench-direct-{}", uuid::Uuid::new_v4());
     let req = RunTurnRequest {
+        instructions: String::new(),
         context_id: ctx.clone(),
         turn_id: "turn-1".into(),
         text: "stream".into(),

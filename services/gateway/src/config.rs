@@ -260,6 +260,9 @@ pub struct GatewayConfig {
     pub card: CardSection,
     #[serde(default)]
     pub store: StoreSection,
+    /// The MCP front (`/mcp`); every key has a default.
+    #[serde(default)]
+    pub mcp: crate::mcp::config::McpSection,
 }
 
 impl GatewayConfig {
@@ -267,6 +270,7 @@ impl GatewayConfig {
     pub fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
         self.daemon.validate(origin)?;
         self.listen.validate(origin, "listen")?;
+        self.mcp.validate(origin)?;
         if self.http.bind.parse::<SocketAddr>().is_err() {
             return Err(ConfigError::invalid(
                 origin,

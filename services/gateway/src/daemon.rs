@@ -187,6 +187,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     }
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
+    let core_for_mcp = core.clone();
     let state = Arc::new(HttpState {
         core,
         auth,
@@ -196,7 +197,17 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
     });
     let token = server.shutdown_token();
-    let app = router(state);
+    let mut app = router(state);
+    if cfg.mcp.enabled {
+        let front = crate::mcp::McpFront::new(
+            core_for_mcp,
+            cfg.mcp.clone(),
+            Duration::from_millis(cfg.supervisor.cancel_grace_ms),
+        );
+        let edge = Arc::new(crate::mcp::Edge::new(front, &cfg)?);
+        app = app.merge(crate::mcp::routes(edge, server.shutdown_token()));
+        tracing::info!(path = crate::mcp::MCP_PATH, "MCP listening");
+    }
     tracing::info!(bind = %bound, public_url = %cfg.http.public_url, "A2A listening");
     let limits = EdgeLimits {
         header_read_timeout: Duration::from_millis(cfg.http.header_read_timeout_ms),

@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod error;
 pub mod http;
 pub mod mapping;
+pub mod mcp;
 pub mod serve;
 pub mod store;
 pub mod tasks;

@@ -836,6 +836,7 @@ impl TurnMapper {
             }),
             transcript_path: String::new(),
             duration_millis: 0,
+            ..Default::default()
         };
         self.stop(&stop, now)
     }
@@ -903,6 +904,7 @@ mod tests {
             fault,
             transcript_path: String::new(),
             duration_millis: 5,
+            ..Default::default()
         })
     }
 

@@ -606,6 +606,59 @@ impl Core {
         Ok(true)
     }
 
+    /// The supervisor client: the MCP front runs its turns over the same contract.
+    pub fn supervisor(&self) -> SupervisorServiceClient<Channel> {
+        self.supervisor.clone()
+    }
+
+    /// Claims `context_id` for `principal` for a turn that is not an A2A task (the MCP front):
+    /// recorded as an A2A context is, so no other principal can reach its conversation through
+    /// either front, the sweep closes it after the conversation TTL, and a close the sweep has
+    /// under way is waited for. TaskNotFound (as for A2A) when another principal owns it.
+    pub async fn claim_context(
+        &self,
+        principal: &str,
+        context_id: &str,
+        agent: &str,
+    ) -> Result<(), A2aError> {
+        let now = now_micros();
+        {
+            let _g = self
+                .contexts_guard
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let rec = match self.store.context(context_id).map_err(store_err)? {
+                Some(ctx) if ctx.principal != principal => {
+                    return Err(A2aError::TaskNotFound(format!("context {context_id}")));
+                }
+                Some(mut ctx) => {
+                    ctx.last_task_micros = now;
+                    ctx.closed_micros = None;
+                    ctx
+                }
+                None => ContextRecord {
+                    principal: principal.to_string(),
+                    agent: agent.to_string(),
+                    created_micros: now,
+                    last_task_micros: now,
+                    closed_micros: None,
+                },
+            };
+            self.store
+                .put_context(context_id, &rec)
+                .map_err(store_err)?;
+        }
+        let gate = self
+            .closing
+            .lock()
+            .ok()
+            .and_then(|m| m.get(context_id).cloned());
+        if let Some(gate) = gate {
+            let _ = gate.lock().await;
+        }
+        Ok(())
+    }
+
     /// The agents callers may name now.
     pub fn agents(&self) -> AgentList {
         self.agents
@@ -1168,6 +1221,7 @@ impl Core {
             message_id: msg.message_id.clone(),
             task_id: task_id.clone(),
             timeout_seconds: self.settings.turn_timeout_seconds,
+            instructions: String::new(),
             open: Some(OpenConversationRequest {
                 context_id,
                 agent,

@@ -547,6 +547,7 @@ mod tests {
             TurnInput {
                 id: "t".into(),
                 text: "x".into(),
+                instructions: String::new(),
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,
@@ -684,6 +685,7 @@ mod tests {
             TurnInput {
                 id: "t".into(),
                 text: "x".into(),
+                instructions: String::new(),
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,

@@ -338,6 +338,8 @@ impl Conversation {
             fault: None,
             transcript_path: String::new(),
             duration_millis: 0,
+            files_changed: vec![],
+            files_changed_unknown: true,
         }));
     }
 
@@ -613,6 +615,7 @@ impl Conversation {
             Some(m) => self.on_mode(p, turn, &session_id, m).await,
             None => None,
         };
+        let before = self.root_snapshot().await;
         let stop = match early {
             Some(out) => out,
             None => self.drive_inner(p, turn, &session_id, timeout_secs).await,
@@ -644,7 +647,36 @@ impl Conversation {
                 st.status = pb::ConversationState::IdleStopped;
             }
         }
+        // After the kill, if there was one: nothing of the tree writes any more.
+        let after = self.root_snapshot().await;
+        turn.lock().files_changed = match (before, after) {
+            (Some(b), Some(a)) => {
+                let mut changed: Vec<String> = b
+                    .changed(&a)
+                    .into_iter()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .collect();
+                let over = changed.len() > FILES_CHANGED_MAX;
+                changed.truncate(FILES_CHANGED_MAX);
+                (changed, over)
+            }
+            _ => (Vec::new(), true),
+        };
         stop.stop
+    }
+
+    /// The root as it is now (off the runtime threads), or None when it cannot be walked.
+    async fn root_snapshot(&self) -> Option<warden_containment::beneath::Snapshot> {
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || {
+            core.files
+                .as_ref()
+                .ok()
+                .and_then(|r| r.snapshot(ROOT_SNAPSHOT_ENTRIES))
+        })
+        .await
+        .ok()
+        .flatten()
     }
 
     async fn drive_inner(
@@ -665,6 +697,9 @@ impl Conversation {
             timeout_secs * 12 / 10
         );
         let mut blocks = vec![json!({"type": "text", "text": turn.input.text})];
+        if !turn.input.instructions.is_empty() {
+            blocks.push(json!({"type": "text", "text": turn.input.instructions}));
+        }
         if self.agent_cfg.budget_in_prompt {
             blocks.push(json!({"type": "text", "text": budget_note}));
         }
@@ -672,7 +707,8 @@ impl Conversation {
         // records never do.
         turn.record(
             "prompt",
-            json!({"text": turn.input.text, "message_id": turn.input.message_id,
+            json!({"text": turn.input.text, "instructions": turn.input.instructions,
+                   "message_id": turn.input.message_id,
                    "task_id": turn.input.task_id, "budget_secs": timeout_secs}),
         );
         let client = p.client.clone();
@@ -1050,7 +1086,7 @@ impl Conversation {
             self.incident(*class, msg, turn, timeout_secs);
             turn.emit(Event::Fault(fault::fault(*class, msg.clone())));
         }
-        let (refusals, permissions, usage, transcript_path) = {
+        let (refusals, permissions, usage, transcript_path, (files_changed, files_changed_unknown)) = {
             let mut st = turn.lock();
             let path = st
                 .transcript
@@ -1069,6 +1105,7 @@ impl Conversation {
                 st.permissions,
                 st.usage,
                 path,
+                std::mem::take(&mut st.files_changed),
             )
         };
         let health = Health {
@@ -1105,9 +1142,17 @@ impl Conversation {
                 .map(|(class, message)| fault::fault(class, message)),
             transcript_path,
             duration_millis: duration.as_millis() as u64,
+            files_changed,
+            files_changed_unknown,
         }));
     }
 }
+
+/// Entries of a root the supervisor walks before and after a turn to see what changed; a larger
+/// root reports `files_changed_unknown`.
+pub const ROOT_SNAPSHOT_ENTRIES: usize = 50_000;
+/// Changed paths reported per turn at most.
+pub const FILES_CHANGED_MAX: usize = 256;
 
 /// What the drive loop decided.
 struct DriveOut {

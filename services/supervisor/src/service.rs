@@ -20,6 +20,9 @@ use crate::core::{ConvCore, ConvInfo, Live};
 use crate::shared::Shared;
 use crate::turn::{TurnCtx, TurnInput};
 
+/// Longest accepted RunTurnRequest.instructions (a front's scaffolding, not the task).
+pub const MAX_INSTRUCTIONS: usize = 4096;
+
 /// How many ended contexts are remembered for their ContextReset (a bounded record).
 const ENDED_MEMORY: usize = 4096;
 
@@ -564,6 +567,12 @@ impl SupervisorService for Api {
         if r.text.trim().is_empty() {
             return Err(Status::invalid_argument("task text is empty"));
         }
+        if r.instructions.len() > MAX_INSTRUCTIONS {
+            return Err(Status::invalid_argument(format!(
+                "instructions are {} bytes, the limit is {MAX_INSTRUCTIONS}",
+                r.instructions.len()
+            )));
+        }
         let conv = match self.0.get(&r.context_id).await {
             Some(c)
                 if !matches!(
@@ -590,6 +599,7 @@ impl SupervisorService for Api {
             TurnInput {
                 id: r.turn_id.clone(),
                 text: r.text,
+                instructions: r.instructions,
                 message_id: r.message_id,
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,
@@ -683,6 +693,36 @@ impl SupervisorService for Api {
         Ok(Response::new(pb::ListConversationsResponse {
             conversations,
         }))
+    }
+
+    async fn list_workspaces(
+        &self,
+        _req: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::ListWorkspacesResponse>, Status> {
+        use std::os::unix::fs::MetadataExt;
+        let s = &self.0.shared.settings;
+        let mut workspaces = Vec::new();
+        for (name, w) in &s.file.workspaces {
+            // The same rule an open applies: a workspace it would refuse is not offered.
+            let Ok(b) = self.0.shared.workspaces.validate(
+                &w.path,
+                w.allow_execute,
+                warden_sandbox::Profile::ReadOnly,
+            ) else {
+                tracing::warn!(workspace = %name, path = %w.path.display(), "configured workspace refused; not listed");
+                continue;
+            };
+            let identity = std::fs::metadata(&b.root)
+                .map(|m| format!("{}:{}", m.dev(), m.ino()))
+                .unwrap_or_default();
+            workspaces.push(pb::WorkspaceInfo {
+                name: name.clone(),
+                path: b.root.to_string_lossy().into_owned(),
+                allow_execute: w.allow_execute,
+                identity,
+            });
+        }
+        Ok(Response::new(pb::ListWorkspacesResponse { workspaces }))
     }
 
     async fn list_agents(

@@ -35,6 +35,8 @@ pub enum EndRequest {
 pub struct TurnInput {
     pub id: String,
     pub text: String,
+    /// The front's instructions (RunTurnRequest.instructions), a second text block.
+    pub instructions: String,
     pub message_id: String,
     pub task_id: String,
     pub timeout_secs: u64,
@@ -42,6 +44,8 @@ pub struct TurnInput {
 
 #[derive(Default)]
 pub struct TurnMut {
+    /// What the root walk saw change during the turn: (paths, unknown).
+    pub files_changed: (Vec<String>, bool),
     pub refusals: Vec<pb::Refusal>,
     pub questions: HashMap<String, oneshot::Sender<ElicitationResponse>>,
     /// Locations, kind and title of tool calls seen in this session's updates, by id.

@@ -85,6 +85,7 @@ pub fn open(ctx: &str, profile: pb::Profile) -> pb::OpenConversationRequest {
 
 pub fn turn(ctx: &str, id: &str, text: &str) -> pb::RunTurnRequest {
     pb::RunTurnRequest {
+        instructions: String::new(),
         context_id: ctx.into(),
         turn_id: id.into(),
         text: text.into(),

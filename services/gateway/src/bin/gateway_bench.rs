@@ -156,6 +156,12 @@ impl SupervisorService for LoadGenerator {
             default_agent: "scripted".into(),
         }))
     }
+    async fn list_workspaces(
+        &self,
+        _: Request<pb::ListWorkspacesRequest>,
+    ) -> Result<Response<pb::ListWorkspacesResponse>, Status> {
+        Ok(Response::new(pb::ListWorkspacesResponse::default()))
+    }
     async fn status(
         &self,
         _: Request<pb::StatusRequest>,

@@ -1,0 +1,478 @@
+//! The MCP front: `/mcp` on the gateway's HTTP listener (streamable HTTP, both protocol eras on
+//! one endpoint: 2025-11-25 with sessions, `Mcp-Session-Id` and DELETE; 2026-07-28 stateless),
+//! served by the official Rust SDK (`rmcp`) behind warden's own edge: Host and Origin
+//! allowlists (DNS rebinding), the same bearer tokens and principals as A2A (401 with
+//! `WWW-Authenticate` naming the RFC 9728 protected-resource metadata), a session bound to the
+//! principal that opened it, the body limit and body timeout of the A2A routes, and the
+//! inherited recursion depth (`Warden-Depth`).
+//!
+//! Owns: the MCP verbs as a second mapping onto the same supervisor conversations and turns the
+//! A2A front uses (it holds no agent, no process, no permission of its own).
+//! Must never: spawn a process, decide a permission, send a permission request to the MCP
+//! caller (only an agent's *question* becomes an elicitation), take a workspace path from a
+//! model, or let one principal reach another's session, job or conversation.
+
+pub mod config;
+pub mod envelope;
+pub mod server;
+pub mod tools;
+pub mod turn;
+pub mod workspace;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
+use crate::config::GatewayConfig;
+pub use server::{Caller, Handler, McpFront};
+
+/// The MCP endpoint.
+pub const MCP_PATH: &str = "/mcp";
+/// RFC 9728 metadata for the MCP resource (also served at the root well-known path).
+pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/mcp";
+/// The header `warden mcp` sets from the inherited `WARDEN_DEPTH`.
+pub const DEPTH_HEADER: &str = "warden-depth";
+
+/// The DNS-rebinding checks: which `Host` and `Origin` values `/mcp` serves.
+pub struct Gate {
+    hosts: HostAllowlist,
+    loopback: bool,
+    public_host: Option<String>,
+    origins: Vec<String>,
+}
+
+/// What the edge checks before rmcp sees a request.
+pub struct Edge {
+    pub front: Arc<McpFront>,
+    pub auth: Authenticator,
+    gate: Gate,
+    resource: String,
+    metadata_url: String,
+    max_body: usize,
+    body_timeout: Duration,
+}
+
+fn strip_port(h: &str) -> &str {
+    if let Some(rest) = h.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match h.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !host.contains(':') => {
+            host
+        }
+        _ => h,
+    }
+}
+
+fn is_loopback_name(h: &str) -> bool {
+    matches!(h, "localhost" | "127.0.0.1" | "::1")
+}
+
+impl Gate {
+    pub fn from_config(cfg: &GatewayConfig) -> Self {
+        let base = cfg.http.public_url.trim_end_matches('/').to_string();
+        let public_host = base
+            .split_once("://")
+            .map(|(_, rest)| rest.split('/').next().unwrap_or(rest))
+            .map(|h| strip_port(&h.to_ascii_lowercase()).to_string());
+        let mut origins: Vec<String> = cfg
+            .mcp
+            .allowed_origins
+            .iter()
+            .map(|o| o.to_ascii_lowercase())
+            .collect();
+        if let Some((scheme, rest)) = base.split_once("://") {
+            origins.push(format!(
+                "{}://{}",
+                scheme.to_ascii_lowercase(),
+                rest.split('/').next().unwrap_or(rest).to_ascii_lowercase()
+            ));
+        }
+        Self {
+            hosts: HostAllowlist::from_config(cfg),
+            loopback: cfg.is_loopback(),
+            public_host,
+            origins,
+        }
+    }
+
+    /// On a loopback bind only loopback names (and the public URL's host) are served, whatever
+    /// the port; bound wide, the gateway's Host allowlist decides.
+    pub fn host_ok(&self, headers: &HeaderMap) -> bool {
+        let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+            return false;
+        };
+        let bare = strip_port(&host.trim().to_ascii_lowercase()).to_string();
+        if self.public_host.as_deref() == Some(bare.as_str()) {
+            return true;
+        }
+        if self.loopback {
+            return is_loopback_name(&bare);
+        }
+        self.hosts.allows(Some(host))
+    }
+
+    /// A request without `Origin` is not from a browser page and passes; one with it must name
+    /// the public URL's origin, a configured one, or (on a loopback bind) a loopback origin.
+    pub fn origin_ok(&self, headers: &HeaderMap) -> bool {
+        let Some(origin) = headers.get(header::ORIGIN) else {
+            return true;
+        };
+        let Ok(origin) = origin.to_str() else {
+            return false;
+        };
+        let origin = origin.trim().to_ascii_lowercase();
+        if self.origins.contains(&origin) {
+            return true;
+        }
+        if self.loopback
+            && let Some((scheme, rest)) = origin.split_once("://")
+            && matches!(scheme, "http" | "https")
+            && !rest.contains('/')
+            && !rest.contains('@')
+        {
+            return is_loopback_name(strip_port(rest));
+        }
+        false
+    }
+}
+
+impl Edge {
+    pub fn new(
+        front: Arc<McpFront>,
+        cfg: &GatewayConfig,
+    ) -> Result<Self, crate::auth::AuthConfigError> {
+        let base = cfg.http.public_url.trim_end_matches('/').to_string();
+        Ok(Self {
+            front,
+            auth: Authenticator::from_config(cfg)?,
+            gate: Gate::from_config(cfg),
+            resource: format!("{base}{MCP_PATH}"),
+            metadata_url: format!("{base}{RESOURCE_METADATA_PATH}"),
+            max_body: cfg.http.max_body_bytes,
+            body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
+        })
+    }
+}
+
+fn jsonrpc_error(status: StatusCode, code: i64, message: &str) -> Response {
+    let mut r = (
+        status,
+        json!({"jsonrpc": "2.0", "id": null, "error": {"code": code, "message": message}})
+            .to_string(),
+    )
+        .into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn unauthorized(edge: &Edge, failure: AuthFailure) -> Response {
+    let (challenge, message) = match failure {
+        AuthFailure::Missing => (
+            format!(
+                "Bearer realm=\"warden\", resource_metadata=\"{}\"",
+                edge.metadata_url
+            ),
+            "authentication required: send Authorization: Bearer <token>",
+        ),
+        AuthFailure::Invalid => (
+            format!(
+                "Bearer realm=\"warden\", error=\"invalid_token\", resource_metadata=\"{}\"",
+                edge.metadata_url
+            ),
+            "the bearer token is not valid",
+        ),
+    };
+    let mut r = jsonrpc_error(StatusCode::UNAUTHORIZED, -32001, message);
+    if let Ok(v) = HeaderValue::from_str(&challenge) {
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+    }
+    r
+}
+
+/// The inherited depth from `Warden-Depth`: absent = 0; anything but a plain number counts as
+/// infinitely deep (the same rule as the sandbox's `DepthGuard`: a mangled marker only refuses).
+pub fn depth_of(headers: &HeaderMap) -> u32 {
+    match headers.get(DEPTH_HEADER) {
+        None => 0,
+        Some(v) => warden_sandbox::DepthGuard::from_marker(
+            Some(std::ffi::OsStr::new(v.to_str().unwrap_or("x"))),
+            1,
+        )
+        .inherited(),
+    }
+}
+
+/// Host, Origin, bearer token, session owner, body limit and timeout, then rmcp.
+async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    if !edge.gate.host_ok(headers) {
+        return jsonrpc_error(
+            StatusCode::FORBIDDEN,
+            -32600,
+            "Forbidden: Host header is not allowed",
+        );
+    }
+    if !edge.gate.origin_ok(headers) {
+        return jsonrpc_error(
+            StatusCode::FORBIDDEN,
+            -32600,
+            "Forbidden: Origin header is not allowed",
+        );
+    }
+    let principal = match edge.auth.authenticate(headers) {
+        Ok(p) => p,
+        Err(f) => return unauthorized(&edge, f),
+    };
+    let session = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(sid) = &session
+        && edge
+            .front
+            .session_owner(sid)
+            .is_some_and(|owner| owner != principal)
+    {
+        // Another principal's session does not exist for this caller.
+        return jsonrpc_error(StatusCode::NOT_FOUND, -32600, "Session not found");
+    }
+    let depth = depth_of(headers);
+    let method = req.method().clone();
+    let (mut parts, body) = req.into_parts();
+    let body = if method == Method::POST {
+        if let Some(len) = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            && len > edge.max_body as u64
+        {
+            return jsonrpc_error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                -32600,
+                &format!("request body over {} bytes", edge.max_body),
+            );
+        }
+        match tokio::time::timeout(edge.body_timeout, axum::body::to_bytes(body, edge.max_body))
+            .await
+        {
+            Ok(Ok(b)) => Body::from(b),
+            Ok(Err(_)) => {
+                return jsonrpc_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    -32600,
+                    &format!("request body over {} bytes", edge.max_body),
+                );
+            }
+            Err(_) => {
+                return jsonrpc_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    -32600,
+                    "the request body did not arrive in time",
+                );
+            }
+        }
+    } else {
+        body
+    };
+    parts.extensions.insert(Caller {
+        principal: principal.clone(),
+        depth,
+    });
+    let mut resp = next.run(Request::from_parts(parts, body)).await;
+    if session.is_none()
+        && let Some(sid) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+    {
+        edge.front.session_opened(sid, &principal);
+    }
+    if method == Method::DELETE
+        && resp.status().is_success()
+        && let Some(sid) = &session
+    {
+        edge.front.session_closed(sid);
+        // The spec's DELETE answer is 200 or 204; rmcp says 202, which clients warn about.
+        if resp.status() == StatusCode::ACCEPTED {
+            *resp.status_mut() = StatusCode::NO_CONTENT;
+        }
+    }
+    resp
+}
+
+async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
+    if !edge.gate.host_ok(&headers) {
+        return jsonrpc_error(
+            StatusCode::FORBIDDEN,
+            -32600,
+            "Forbidden: Host header is not allowed",
+        );
+    }
+    let mut r = (
+        StatusCode::OK,
+        json!({
+            "resource": edge.resource,
+            "authorization_servers": [],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "warden (supervised coding agents over MCP)",
+            "resource_documentation": "The bearer token is configured on the gateway; `warden up` writes one to <state>/gateway/token. Tokens are static: there is no authorization server to obtain one from.",
+        })
+        .to_string(),
+    )
+        .into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// The `/mcp` routes (and the RFC 9728 metadata), to be merged into the gateway's router.
+pub fn routes(edge: Arc<Edge>, shutdown: CancellationToken) -> Router {
+    let front = edge.front.clone();
+    let service = StreamableHttpService::new(
+        move || {
+            Ok(Handler {
+                front: front.clone(),
+            })
+        },
+        LocalSessionManager::default().into(),
+        StreamableHttpServerConfig::default()
+            .with_cancellation_token(shutdown)
+            // The edge (above) checks Host and Origin with the gateway's own rules.
+            .disable_allowed_hosts()
+            .disable_allowed_origins()
+            .with_max_request_body_bytes(edge.max_body),
+    );
+    Router::new()
+        .route_service(MCP_PATH, service)
+        .layer(axum::middleware::from_fn_with_state(edge.clone(), guard))
+        .route(RESOURCE_METADATA_PATH, get(resource_metadata))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(resource_metadata),
+        )
+        .with_state(edge)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gate(bind: &str, public: &str, extra: &str) -> Gate {
+        let toml = format!(
+            "[daemon]\nstate_dir = \"/nonexistent\"\n[listen]\nsocket = \"g.sock\"\n[supervisor]\nsocket = \"/s.sock\"\n[http]\nbind = \"{bind}\"\npublic_url = \"{public}\"\n{extra}\n[auth]\ntoken_file = \"t\"\n"
+        );
+        let cfg: GatewayConfig = toml::from_str(&toml).unwrap();
+        Gate::from_config(&cfg)
+    }
+
+    fn with(name: header::HeaderName, v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(name, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn loopback_hosts_pass_and_lookalikes_do_not() {
+        let g = gate("127.0.0.1:7420", "http://127.0.0.1:7420", "");
+        for ok in [
+            "127.0.0.1:7420",
+            "localhost:9",
+            "LOCALHOST",
+            "[::1]:7420",
+            "127.0.0.1",
+        ] {
+            assert!(g.host_ok(&with(header::HOST, ok)), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:7420",
+            "evil.example:7420",
+            "127.0.0.2",
+            "[::2]:7420",
+            "",
+        ] {
+            assert!(!g.host_ok(&with(header::HOST, bad)), "{bad}");
+        }
+        assert!(!g.host_ok(&HeaderMap::new()), "no Host at all");
+    }
+
+    #[test]
+    fn origins_must_be_loopback_public_or_configured() {
+        let g = gate(
+            "127.0.0.1:7420",
+            "http://127.0.0.1:7420",
+            "[mcp]\nallowed_origins = [\"https://app.example:8443\"]",
+        );
+        assert!(
+            g.origin_ok(&HeaderMap::new()),
+            "no Origin: not a browser page"
+        );
+        for ok in [
+            "http://localhost:5173",
+            "http://127.0.0.1:7420",
+            "https://[::1]:1",
+            "https://app.example:8443",
+        ] {
+            assert!(g.origin_ok(&with(header::ORIGIN, ok)), "{ok}");
+        }
+        for bad in [
+            "http://evil.example",
+            "http://localhost.evil.example",
+            "http://localhost@evil.example",
+            "https://app.example",
+            "null",
+            "file://localhost",
+            "http://127.0.0.1.nip.io",
+        ] {
+            assert!(!g.origin_ok(&with(header::ORIGIN, bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn bound_wide_only_the_allowlist_and_public_host_pass() {
+        let g = gate(
+            "0.0.0.0:7420",
+            "https://gw.example",
+            "allowed_hosts = [\"gw.internal:7420\"]",
+        );
+        assert!(g.host_ok(&with(header::HOST, "gw.example")));
+        assert!(g.host_ok(&with(header::HOST, "gw.internal:7420")));
+        assert!(
+            !g.host_ok(&with(header::HOST, "localhost:7420")),
+            "loopback names are not special when bound wide"
+        );
+        assert!(!g.origin_ok(&with(header::ORIGIN, "http://localhost:3000")));
+        assert!(g.origin_ok(&with(header::ORIGIN, "https://gw.example")));
+    }
+
+    #[test]
+    fn a_mangled_depth_marker_counts_as_deep() {
+        assert_eq!(depth_of(&HeaderMap::new()), 0);
+        let h = |v: &str| with(header::HeaderName::from_static(DEPTH_HEADER), v);
+        assert_eq!(depth_of(&h("0")), 0);
+        assert_eq!(depth_of(&h("1")), 1);
+        for v in ["-1", "one", "", " 1", "1.0", "99999999999999999999"] {
+            assert_eq!(depth_of(&h(v)), u32::MAX, "{v:?}");
+        }
+    }
+}

@@ -1,0 +1,1226 @@
+//! The MCP server proper (an rmcp `ServerHandler`): the tool inventory, the verbs over
+//! supervisor turns, `bind_workspace` with elicitation, `status`, and background jobs.
+//!
+//! Conversations: one per (scope, profile, workspace, agent), where the scope is the MCP session
+//! (2025-11-25) or, statelessly (2026-07-28), the principal. Each is claimed in the gateway's
+//! context store for its principal exactly as an A2A context is, so the two fronts share one
+//! ownership rule and the conversation TTL closes idle ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema, Implementation,
+    InputRequest, InputRequiredResult, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+use warden_proto::v1::{
+    CloseConversationRequest, ListWorkspacesRequest, OpenConversationRequest, RunTurnRequest,
+    WorkspaceInfo,
+};
+
+use super::config::McpSection;
+use super::envelope::{Blocker, Envelope, Harness};
+use super::tools::{self, Verb, VerbArgs};
+use super::turn::{self, Answer, Ask, NotStarted, Progress, Question};
+use super::workspace;
+use crate::tasks::Core;
+
+/// Who is calling, as the HTTP edge authenticated it (put in the request's extensions).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub principal: String,
+    /// The inherited recursion depth (`Warden-Depth`, set by `warden mcp` from `WARDEN_DEPTH`).
+    pub depth: u32,
+}
+
+/// A confirmed binding.
+#[derive(Debug, Clone, Serialize)]
+pub struct Binding {
+    pub workspace: String,
+    pub path: String,
+    #[serde(skip)]
+    pub identity: String,
+    pub fingerprint: String,
+    pub bound_at: String,
+}
+
+#[derive(Default)]
+struct Scope {
+    binding: Mutex<Option<Binding>>,
+    /// (profile, workspace, agent) → context id.
+    contexts: Mutex<HashMap<(i32, String, String), String>>,
+}
+
+/// A question of the agent as the stateless (2026-07-28) request loop hands it over: the
+/// request answers input-required and the retry carries the answer.
+type Asked = (Question, tokio::sync::oneshot::Sender<Option<Answer>>);
+
+/// A stateless verb call whose turn runs on while the caller answers the agent's question
+/// (MRTR): the turn, its next question, and the reply to the question asked.
+struct PendingRun {
+    principal: String,
+    questions: tokio::sync::mpsc::Receiver<Asked>,
+    done: tokio::sync::oneshot::Receiver<Envelope>,
+    cancel: CancellationToken,
+    reply: tokio::sync::oneshot::Sender<Option<Answer>>,
+    plain: bool,
+    at: Instant,
+}
+
+/// A stateless bind waiting for its elicitation answer (MRTR, 2026-07-28).
+struct PendingBind {
+    principal: String,
+    scope: String,
+    candidates: Vec<WorkspaceInfo>,
+    at: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum JobState {
+    Running,
+    Finished,
+    Cancelled,
+}
+
+struct JobInner {
+    state: JobState,
+    progress: VecDeque<String>,
+    result: Option<Value>,
+    finished: Option<Instant>,
+}
+
+struct Job {
+    id: String,
+    principal: String,
+    context_id: Mutex<Option<String>>,
+    cancel: CancellationToken,
+    inner: Mutex<JobInner>,
+    done: tokio::sync::Notify,
+}
+
+/// Progress lines kept per job.
+const JOB_PROGRESS: usize = 32;
+/// A stateless bind answer must come back within this.
+const PENDING_BIND_TTL: Duration = Duration::from_secs(600);
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The state shared by every MCP session and request.
+pub struct McpFront {
+    pub core: Arc<Core>,
+    pub cfg: McpSection,
+    pub cancel_grace: Duration,
+    scopes: Mutex<HashMap<String, Arc<Scope>>>,
+    /// MCP session id → the principal that opened it.
+    sessions: Mutex<HashMap<String, String>>,
+    pending: Mutex<HashMap<String, PendingBind>>,
+    runs: Mutex<HashMap<String, PendingRun>>,
+    jobs: Mutex<HashMap<String, Arc<Job>>>,
+}
+
+impl McpFront {
+    pub fn new(core: Arc<Core>, cfg: McpSection, cancel_grace: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            core,
+            cfg,
+            cancel_grace,
+            scopes: Mutex::new(HashMap::new()),
+            sessions: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
+            jobs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The principal that opened session `sid`, if it is known.
+    pub fn session_owner(&self, sid: &str) -> Option<String> {
+        lock(&self.sessions).get(sid).cloned()
+    }
+
+    pub fn session_opened(&self, sid: &str, principal: &str) {
+        lock(&self.sessions).insert(sid.to_string(), principal.to_string());
+    }
+
+    /// A session ended (DELETE): its binding goes, and its conversations are closed at the
+    /// supervisor unless a background job still runs in one.
+    pub fn session_closed(self: &Arc<Self>, sid: &str) {
+        lock(&self.sessions).remove(sid);
+        let Some(scope) = lock(&self.scopes).remove(&format!("s:{sid}")) else {
+            return;
+        };
+        let contexts: Vec<String> = lock(&scope.contexts).values().cloned().collect();
+        let busy: Vec<String> = lock(&self.jobs)
+            .values()
+            .filter(|j| lock(&j.inner).state == JobState::Running)
+            .filter_map(|j| lock(&j.context_id).clone())
+            .collect();
+        let core = self.core.clone();
+        tokio::spawn(async move {
+            for context_id in contexts.into_iter().filter(|c| !busy.contains(c)) {
+                let r = core
+                    .supervisor()
+                    .close_conversation(CloseConversationRequest {
+                        context_id: context_id.clone(),
+                    })
+                    .await;
+                tracing::info!(context_id = %context_id, ok = r.is_ok(), "MCP session ended; conversation closed");
+            }
+        });
+    }
+
+    fn scope(&self, key: &str) -> Arc<Scope> {
+        lock(&self.scopes)
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
+    async fn workspaces(&self) -> Result<Vec<WorkspaceInfo>, String> {
+        self.core
+            .supervisor()
+            .list_workspaces(ListWorkspacesRequest {})
+            .await
+            .map(|r| r.into_inner().workspaces)
+            .map_err(|s| format!("cannot list the operator's workspaces: {}", s.message()))
+    }
+
+    /// The binding, re-checked against what the supervisor resolves now: a workspace that
+    /// moved, vanished or now names another directory voids it.
+    async fn current_binding(&self, scope: &Scope) -> Result<Option<Binding>, String> {
+        let Some(b) = lock(&scope.binding).clone() else {
+            return Ok(None);
+        };
+        let now = self.workspaces().await?;
+        let same = now
+            .iter()
+            .any(|w| w.name == b.workspace && w.path == b.path && w.identity == b.identity);
+        if !same {
+            *lock(&scope.binding) = None;
+            return Err(format!(
+                "the bound workspace {:?} ({}) changed or is no longer allowed; the binding was cleared: bind again",
+                b.workspace, b.path
+            ));
+        }
+        Ok(Some(b))
+    }
+
+    fn context_for(&self, scope: &Scope, profile: i32, workspace: &str, agent: &str) -> String {
+        lock(&scope.contexts)
+            .entry((profile, workspace.to_string(), agent.to_string()))
+            .or_insert_with(|| format!("mcp-{}", uuid::Uuid::new_v4()))
+            .clone()
+    }
+
+    async fn resolve_agent(&self, asked: Option<&str>) -> Result<String, String> {
+        let Some(a) = asked else {
+            return Ok(self.core.agents().default);
+        };
+        if !self.core.agents().contains(a) {
+            let _ = self.core.refresh_agents().await;
+        }
+        let list = self.core.agents();
+        if list.contains(a) {
+            Ok(a.to_string())
+        } else {
+            Err(format!(
+                "unknown agent {a:?}; configured agents: {}",
+                list.agents
+                    .iter()
+                    .map(|k| k.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+
+    /// One verb call, from its parsed arguments to its envelope.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_verb(
+        &self,
+        verb: Verb,
+        args: VerbArgs,
+        caller: &Caller,
+        scope: &Scope,
+        run_id: String,
+        ask: &Ask,
+        progress: &Progress,
+        cancel: CancellationToken,
+        on_context: &(dyn Fn(&str) + Send + Sync),
+    ) -> Envelope {
+        let started = Instant::now();
+        let mut h = Harness {
+            run_id: run_id.clone(),
+            verb: verb.name().into(),
+            agent: args.agent.clone().unwrap_or_default(),
+            depth: caller.depth,
+            duration_ms: 0,
+            attempts: 0,
+        };
+        let refused = |mut h: Harness, rule: &str, why: String| {
+            h.duration_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(run_id = %h.run_id, verb = %h.verb, rule, reason = %why, "MCP call refused");
+            Envelope::refused(h, Blocker::refused(rule, why))
+        };
+        if caller.depth >= 1 {
+            return refused(
+                h,
+                "mcp.recursion",
+                format!(
+                    "called from inside a warden-run agent (depth {}): a call at depth 1 or more is refused before any agent starts",
+                    caller.depth
+                ),
+            );
+        }
+        let agent = match self.resolve_agent(args.agent.as_deref()).await {
+            Ok(a) => a,
+            Err(e) => return refused(h, "mcp.agent.unknown", e),
+        };
+        h.agent = agent.clone();
+        let binding = match self.current_binding(scope).await {
+            Ok(b) => b,
+            Err(e) => return refused(h, "mcp.binding.void", e),
+        };
+        let workspace = binding
+            .as_ref()
+            .map(|b| b.workspace.clone())
+            .unwrap_or_default();
+        let profile = verb.profile() as i32;
+        let context_id = self.context_for(scope, profile, &workspace, &agent);
+        if let Err(e) = self
+            .core
+            .claim_context(&caller.principal, &context_id, &agent)
+            .await
+        {
+            return refused(h, "mcp.context", e.to_string());
+        }
+        on_context(&context_id);
+        let instructions = instructions(verb, &args);
+        let timeout_seconds = args
+            .timeout_seconds
+            .unwrap_or(self.cfg.default_timeout_seconds);
+        let attempts = if verb.retried_on_timeout() { 2 } else { 1 };
+        // Keep the context fresh for the sweep while a long turn runs.
+        let toucher = {
+            let core = self.core.clone();
+            let (p, c, a) = (caller.principal.clone(), context_id.clone(), agent.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    let _ = core.claim_context(&p, &c, &a).await;
+                }
+            })
+        };
+        let mut last = None;
+        for attempt in 1..=attempts {
+            h.attempts = attempt;
+            let req = RunTurnRequest {
+                context_id: context_id.clone(),
+                turn_id: format!("{run_id}-{attempt}"),
+                text: args.task.clone(),
+                instructions: instructions.clone(),
+                message_id: run_id.clone(),
+                task_id: format!("{run_id}-{attempt}"),
+                timeout_seconds,
+                open: Some(OpenConversationRequest {
+                    context_id: context_id.clone(),
+                    agent: agent.clone(),
+                    workspace: workspace.clone(),
+                    profile,
+                    principal: caller.principal.clone(),
+                    verb: verb.name().into(),
+                }),
+            };
+            tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.principal, "MCP turn");
+            match turn::run(
+                &self.core,
+                req,
+                ask,
+                progress,
+                cancel.clone(),
+                self.cancel_grace,
+            )
+            .await
+            {
+                Ok(o) => {
+                    let retry = o.timed_out() && attempt < attempts && !cancel.is_cancelled();
+                    last = Some(o);
+                    if retry {
+                        progress("the attempt timed out; retrying once (read verb)".into());
+                        continue;
+                    }
+                    break;
+                }
+                Err(NotStarted::Refused(rule, why)) => {
+                    toucher.abort();
+                    return refused(h, rule, why);
+                }
+                Err(NotStarted::Fault(f)) => {
+                    last = Some(super::envelope::Observed {
+                        faults: vec![f],
+                        stop_reason: "fault".into(),
+                        ..Default::default()
+                    });
+                    break;
+                }
+            }
+        }
+        toucher.abort();
+        h.duration_ms = started.elapsed().as_millis() as u64;
+        let o = last.unwrap_or_default();
+        let e = Envelope::from_observed(h, &o);
+        tracing::info!(run_id = %run_id, status = ?e.status, attempts = e.attempts, blockers = e.blockers.len(), "MCP call finished");
+        e
+    }
+}
+
+/// What warden asks of every agent for this verb, sent as the turn's instructions (a second text
+/// block after the task, outside the task's size limit).
+pub fn instructions(verb: Verb, a: &VerbArgs) -> String {
+    let mut p = String::from("[warden] ");
+    p.push_str(match verb {
+        Verb::Advise => "Verb: advise. Read-only: give advice; do not edit, delete, move, run or fetch anything.",
+        Verb::Review => "Verb: review. Read-only: review and report findings; do not edit, delete, move, run or fetch anything.",
+        Verb::Implement => "Verb: implement. Make the change in the workspace. Leave every change unstaged and uncommitted and run no git write (no commit, no push): the caller reviews the diff.",
+    });
+    if let Some(m) = &a.model {
+        p.push_str(&format!("\n[warden] Model preference: {m}."));
+    }
+    if let Some(e) = &a.effort {
+        p.push_str(&format!("\n[warden] Effort: {e}."));
+    }
+    p.push_str("\n[warden] End your answer with one JSON object with exactly these fields: {\"status\": \"complete\"|\"partial\"|\"blocked\", \"verdict\": string, \"findings\": [string], \"files_touched\": [string], \"remaining\": [string], \"blockers\": [string]}.");
+    p
+}
+
+fn caller_of(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), McpError> {
+    let parts = ctx
+        .extensions
+        .get::<http::request::Parts>()
+        .ok_or_else(|| McpError::internal_error("no HTTP request context", None))?;
+    let caller = parts.extensions.get::<Caller>().cloned().ok_or_else(|| {
+        McpError::internal_error("unauthenticated request reached the handler", None)
+    })?;
+    let scope = match parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(sid) if !stateless(ctx) => format!("s:{sid}"),
+        _ => format!("p:{}", caller.principal),
+    };
+    Ok((caller, scope))
+}
+
+fn stateless(ctx: &RequestContext<RoleServer>) -> bool {
+    ctx.protocol_version()
+        .is_some_and(|v| v.as_str() >= "2026-07-28")
+}
+
+fn can_elicit(ctx: &RequestContext<RoleServer>) -> bool {
+    if stateless(ctx) {
+        return ctx
+            .meta
+            .client_capabilities()
+            .is_some_and(|c| c.elicitation.is_some());
+    }
+    ctx.peer
+        .supported_elicitation_modes()
+        .contains(&rmcp::service::ElicitationMode::Form)
+}
+
+fn envelope_result(e: &Envelope) -> CallToolResult {
+    let v = e.to_value();
+    let mut r = CallToolResult::structured(v.clone());
+    r.content = vec![ContentBlock::text(v.to_string())];
+    r.is_error = Some(e.status.is_error());
+    r
+}
+
+fn json_result(v: Value, is_error: bool) -> CallToolResult {
+    let mut r = CallToolResult::structured(v.clone());
+    r.content = vec![ContentBlock::text(v.to_string())];
+    r.is_error = Some(is_error);
+    r
+}
+
+fn schema(v: Value) -> Option<ElicitationSchema> {
+    serde_json::from_value(v).ok()
+}
+
+/// Progress as notifications on the request's stream, in order, when the caller asked for them.
+/// The handle finishes once the last line is sent (after the sender is dropped): the result is
+/// sent after it, so no notification is lost behind a stateless stream that closes.
+fn progress_sender(
+    ctx: &RequestContext<RoleServer>,
+) -> (Arc<Progress>, Option<tokio::task::JoinHandle<()>>) {
+    let Some(token) = ctx.meta.get_progress_token() else {
+        return (Arc::new(|_| {}), None);
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let peer = ctx.peer.clone();
+    let task = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Some(line) = rx.recv().await {
+            n += 1;
+            let p = ProgressNotificationParam::new(token.clone(), n as f64).with_message(line);
+            if peer.notify_progress(p).await.is_err() {
+                break;
+            }
+        }
+    });
+    (
+        Arc::new(move |line| {
+            let _ = tx.send(line);
+        }),
+        Some(task),
+    )
+}
+
+/// The elicitation form for an agent's question, and whether it is warden's plain one-string
+/// form (the agent sent no usable schema: its answer is then sent as a JSON string).
+fn question_form(q: &Question) -> Option<(ElicitRequestParams, bool)> {
+    let given: Option<ElicitationSchema> = serde_json::from_str::<Value>(&q.schema_json)
+        .ok()
+        .and_then(schema);
+    let plain = given.is_none();
+    let requested_schema = match given {
+        Some(s) => s,
+        None => schema(
+            json!({"type": "object", "properties": {"answer": {"type": "string", "title": "Your answer"}}, "required": ["answer"]}),
+        )?,
+    };
+    Some((
+        ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: format!("The supervised agent asks: {}", q.message),
+            requested_schema,
+        },
+        plain,
+    ))
+}
+
+/// The agent's questions as form elicitation to the caller (2025-11-25 sessions).
+fn asker(ctx: &RequestContext<RoleServer>) -> Arc<Ask> {
+    if stateless(ctx) || !can_elicit(ctx) {
+        return Arc::new(|_| futures::future::ready(None).boxed());
+    }
+    let peer = ctx.peer.clone();
+    Arc::new(move |q: Question| {
+        let peer = peer.clone();
+        async move {
+            let (params, plain) = question_form(&q)?;
+            let r = peer.create_elicitation(params).await.ok()?;
+            Some(answer_of(&r, plain))
+        }
+        .boxed()
+    })
+}
+
+fn answer_of(r: &ElicitResult, plain: bool) -> Answer {
+    match r.action {
+        ElicitationAction::Accept => {
+            let content = match (&r.content, plain) {
+                (Some(c), true) => c
+                    .get("answer")
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|| c.to_string()),
+                (Some(c), false) => c.to_string(),
+                (None, _) => "{}".into(),
+            };
+            ("accept".into(), content)
+        }
+        ElicitationAction::Decline => ("decline".into(), String::new()),
+        _ => ("cancel".into(), String::new()),
+    }
+}
+
+fn bind_form(candidates: &[WorkspaceInfo], proposed: bool) -> (String, Value) {
+    if let [one] = candidates {
+        let who = if proposed {
+            "The MCP client (a model) PROPOSED this folder; you did not type it."
+        } else {
+            "This is the only workspace the operator allows."
+        };
+        (
+            format!(
+                "{who}\nBind warden's agents (advise, review, implement) to exactly:\n\n    {}\n\n(operator workspace \"{}\"). Confirm only if this is the folder you want them to work in.",
+                one.path, one.name
+            ),
+            json!({"type": "object", "properties": {"confirm": {"type": "boolean", "title": format!("Bind to {}", one.path), "default": false}}, "required": ["confirm"]}),
+        )
+    } else {
+        let paths: Vec<&str> = candidates.iter().map(|w| w.path.as_str()).collect();
+        (
+            "Choose the workspace warden's agents (advise, review, implement) should work in; these are the ones the operator allows.".into(),
+            json!({"type": "object", "properties": {
+                "path": {"type": "string", "title": "Workspace", "enum": paths},
+                "confirm": {"type": "boolean", "title": "Bind to the chosen path", "default": false}
+            }, "required": ["path", "confirm"]}),
+        )
+    }
+}
+
+/// What the human's answer binds, if anything.
+fn chosen(candidates: &[WorkspaceInfo], r: &ElicitResult) -> Result<WorkspaceInfo, String> {
+    match r.action {
+        ElicitationAction::Accept => {}
+        ElicitationAction::Decline => return Err("the human declined; nothing is bound".into()),
+        _ => return Err("the human cancelled; nothing is bound".into()),
+    }
+    let c = r.content.as_ref().and_then(Value::as_object);
+    if c.and_then(|c| c.get("confirm")).and_then(Value::as_bool) != Some(true) {
+        return Err("the binding was not confirmed; nothing is bound".into());
+    }
+    let picked = match candidates {
+        [one] => Some(one),
+        many => c
+            .and_then(|c| c.get("path"))
+            .and_then(Value::as_str)
+            .and_then(|p| many.iter().find(|w| w.path == p)),
+    };
+    picked
+        .cloned()
+        .ok_or_else(|| "the answer named no offered workspace; nothing is bound".into())
+}
+
+fn bind_result(b: Option<&Binding>, message: String) -> CallToolResult {
+    json_result(
+        json!({"bound": b.is_some(), "binding": b.map(|b| serde_json::to_value(b).unwrap_or(Value::Null)), "message": message}),
+        b.is_none(),
+    )
+}
+
+impl McpFront {
+    fn bind(&self, scope: &Scope, w: &WorkspaceInfo) -> Binding {
+        let b = Binding {
+            workspace: w.name.clone(),
+            path: w.path.clone(),
+            identity: w.identity.clone(),
+            fingerprint: workspace::fingerprint(w),
+            bound_at: crate::time::format_micros(crate::time::now_micros()),
+        };
+        *lock(&scope.binding) = Some(b.clone());
+        b
+    }
+
+    async fn bind_workspace(
+        &self,
+        req: &CallToolRequestParams,
+        args: &Map<String, Value>,
+        caller: &Caller,
+        scope_key: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> CallToolResponse {
+        let scope = self.scope(scope_key);
+        // A stateless retry carrying the human's answer (MRTR).
+        if let (Some(state), Some(responses)) = (&req.request_state, &req.input_responses) {
+            let pending = lock(&self.pending).remove(state);
+            let Some(p) = pending.filter(|p| {
+                p.principal == caller.principal
+                    && p.scope == scope_key
+                    && p.at.elapsed() < PENDING_BIND_TTL
+            }) else {
+                return bind_result(
+                    None,
+                    "this bind request expired or is unknown; call bind_workspace again".into(),
+                )
+                .into();
+            };
+            let answer = responses
+                .get("confirm")
+                .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok());
+            return match answer
+                .ok_or_else(|| {
+                    "no answer to the confirmation was sent; nothing is bound".to_string()
+                })
+                .and_then(|r| chosen(&p.candidates, &r))
+            {
+                Ok(w) => {
+                    let b = self.bind(&scope, &w);
+                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    bind_result(Some(&b), format!("bound to {}", b.path)).into()
+                }
+                Err(e) => bind_result(None, e).into(),
+            };
+        }
+        // Rebinding clears the previous binding at once, whatever comes of this call, and a
+        // confirmation still pending from an earlier call can no longer bind.
+        *lock(&scope.binding) = None;
+        lock(&self.pending).retain(|_, p| p.scope != scope_key);
+        if let Err((_, why)) = tools::check_names(args, &["proposed_path"]) {
+            return bind_result(None, why).into();
+        }
+        let allowed = match self.workspaces().await {
+            Ok(w) => w,
+            Err(e) => return bind_result(None, e).into(),
+        };
+        let proposed = match args.get("proposed_path") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return bind_result(None, "proposed_path must be a string".into()).into(),
+        };
+        let candidates = match &proposed {
+            Some(p) => match workspace::match_proposed(p, &allowed) {
+                Ok(w) => vec![w],
+                Err(e) => {
+                    tracing::info!(principal = %caller.principal, proposed = %p, reason = %e, "MCP bind refused");
+                    return bind_result(None, e).into();
+                }
+            },
+            None if allowed.is_empty() => {
+                return bind_result(
+                    None,
+                    "the operator has allowed no workspace (the supervisor's [workspaces] is empty)"
+                        .into(),
+                )
+                .into();
+            }
+            None => allowed,
+        };
+        if !can_elicit(ctx) {
+            return bind_result(
+                None,
+                "binding needs the human's confirmation through MCP elicitation, and this client did not declare the elicitation capability; nothing is bound".into(),
+            )
+            .into();
+        }
+        let (message, form) = bind_form(&candidates, proposed.is_some());
+        let Some(requested_schema) = schema(form) else {
+            return bind_result(None, "internal: bad confirmation form".into()).into();
+        };
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message,
+            requested_schema,
+        };
+        if stateless(ctx) {
+            let handle = uuid::Uuid::new_v4().to_string();
+            let mut pending = lock(&self.pending);
+            pending.retain(|_, p| p.at.elapsed() < PENDING_BIND_TTL);
+            pending.insert(
+                handle.clone(),
+                PendingBind {
+                    principal: caller.principal.clone(),
+                    scope: scope_key.to_string(),
+                    candidates,
+                    at: Instant::now(),
+                },
+            );
+            let mut asks = std::collections::BTreeMap::new();
+            asks.insert(
+                "confirm".to_string(),
+                InputRequest::Elicitation(ElicitRequest::new(params)),
+            );
+            return CallToolResponse::InputRequired(InputRequiredResult::new(
+                Some(asks),
+                Some(handle),
+            ));
+        }
+        match ctx.peer.create_elicitation(params).await {
+            Ok(r) => match chosen(&candidates, &r) {
+                Ok(w) => {
+                    let b = self.bind(&scope, &w);
+                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    bind_result(Some(&b), format!("bound to {}", b.path)).into()
+                }
+                Err(e) => bind_result(None, e).into(),
+            },
+            Err(e) => bind_result(
+                None,
+                format!("the confirmation could not be asked: {e}; nothing is bound"),
+            )
+            .into(),
+        }
+    }
+
+    fn status(
+        &self,
+        caller: &Caller,
+        scope_key: &str,
+        ctx: &RequestContext<RoleServer>,
+    ) -> CallToolResult {
+        let scope = self.scope(scope_key);
+        let b = lock(&scope.binding).clone();
+        json_result(
+            json!({
+                "server": "warden-gateway",
+                "version": env!("CARGO_PKG_VERSION"),
+                "principal": caller.principal,
+                "protocol": ctx.protocol_version().map(|v| v.as_str().to_string()),
+                "era": if stateless(ctx) { "stateless" } else { "session" },
+                "binding": b.as_ref().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)),
+                "workspace": b.as_ref().map(|b| b.path.clone()),
+                "workspace_fingerprint": b.as_ref().map(|b| b.fingerprint.clone()),
+                "tools": tools::INVENTORY,
+                "depth": caller.depth,
+                "agents": self.core.agents().agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+                "limits": {"task_max_bytes": self.cfg.task_max_bytes, "max_timeout_seconds": self.cfg.max_timeout_seconds,
+                           "default_timeout_seconds": self.cfg.default_timeout_seconds},
+            }),
+            false,
+        )
+    }
+
+    // ------------------------------------------------------------------ stateless questions
+
+    /// Runs a stateless verb call whose client can answer questions: the turn runs on its own
+    /// task, and each question the agent asks ends this request with an input-required result
+    /// (the retry answers it and waits on, see [`McpFront::wait_run`]).
+    #[allow(clippy::too_many_arguments)]
+    async fn start_stateless_run(
+        self: &Arc<Self>,
+        verb: Verb,
+        args: VerbArgs,
+        caller: Caller,
+        scope_key: String,
+        run_id: String,
+        (progress, sent): (Arc<Progress>, Option<tokio::task::JoinHandle<()>>),
+        ct: CancellationToken,
+    ) -> CallToolResponse {
+        let (qtx, questions) = tokio::sync::mpsc::channel::<Asked>(1);
+        let (dtx, done) = tokio::sync::oneshot::channel();
+        let cancel = CancellationToken::new();
+        let front = self.clone();
+        let run_cancel = cancel.clone();
+        let principal = caller.principal.clone();
+        tokio::spawn(async move {
+            let scope = front.scope(&scope_key);
+            let ask: Arc<Ask> = Arc::new(move |q: Question| {
+                let qtx = qtx.clone();
+                async move {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    qtx.send((q, tx)).await.ok()?;
+                    // Unanswered within the retry window (or the pending call dropped): declined.
+                    tokio::time::timeout(PENDING_BIND_TTL, rx)
+                        .await
+                        .ok()?
+                        .ok()?
+                }
+                .boxed()
+            });
+            let e = front
+                .run_verb(
+                    verb,
+                    args,
+                    &caller,
+                    &scope,
+                    run_id,
+                    &*ask,
+                    &*progress,
+                    run_cancel,
+                    &|_| {},
+                )
+                .await;
+            // The progress notifications go out before the result (see progress_sender).
+            drop(progress);
+            if let Some(sent) = sent {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sent).await;
+            }
+            let _ = dtx.send(e);
+        });
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let run = PendingRun {
+            principal,
+            questions,
+            done,
+            cancel,
+            reply,
+            plain: true,
+            at: Instant::now(),
+        };
+        self.wait_run(run, ct).await
+    }
+
+    /// Waits for the turn's end (its envelope) or its next question (input-required, the run
+    /// kept under a fresh requestState handle). The request's own cancellation cancels the turn.
+    async fn wait_run(&self, mut run: PendingRun, ct: CancellationToken) -> CallToolResponse {
+        tokio::select! {
+            e = &mut run.done => match e {
+                Ok(e) => envelope_result(&e).into(),
+                Err(_) => json_result(json!({"error": "the run ended without a result"}), true).into(),
+            },
+            q = run.questions.recv() => {
+                let Some((q, reply)) = q else {
+                    return match run.done.await {
+                        Ok(e) => envelope_result(&e).into(),
+                        Err(_) => json_result(json!({"error": "the run ended without a result"}), true).into(),
+                    };
+                };
+                let Some((params, plain)) = question_form(&q) else {
+                    let _ = reply.send(None);
+                    return Box::pin(self.wait_run(run, ct)).await;
+                };
+                run.reply = reply;
+                run.plain = plain;
+                run.at = Instant::now();
+                let handle = uuid::Uuid::new_v4().to_string();
+                {
+                    let mut runs = lock(&self.runs);
+                    runs.retain(|_, r| r.at.elapsed() < PENDING_BIND_TTL);
+                    runs.insert(handle.clone(), run);
+                }
+                let mut asks = std::collections::BTreeMap::new();
+                asks.insert("question".to_string(), InputRequest::Elicitation(ElicitRequest::new(params)));
+                CallToolResponse::InputRequired(InputRequiredResult::new(Some(asks), Some(handle)))
+            }
+            _ = ct.cancelled() => {
+                run.cancel.cancel();
+                match tokio::time::timeout(self.cancel_grace + Duration::from_secs(5), run.done).await {
+                    Ok(Ok(e)) => envelope_result(&e).into(),
+                    _ => json_result(json!({"error": "cancelled"}), true).into(),
+                }
+            }
+        }
+    }
+
+    /// A stateless retry: the answer to the agent's question, then the wait goes on.
+    async fn resume_run(
+        &self,
+        state: &str,
+        responses: Option<&rmcp::model::InputResponses>,
+        principal: &str,
+        ct: CancellationToken,
+    ) -> CallToolResponse {
+        let run = lock(&self.runs).remove(state);
+        let Some(run) =
+            run.filter(|r| r.principal == principal && r.at.elapsed() < PENDING_BIND_TTL)
+        else {
+            return json_result(json!({"error": "this call's requestState is unknown or expired; call the tool again"}), true).into();
+        };
+        let answer = responses
+            .and_then(|r| r.get("question"))
+            .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())
+            .map(|r| answer_of(&r, run.plain));
+        let PendingRun {
+            principal,
+            questions,
+            done,
+            cancel,
+            reply,
+            plain,
+            at,
+        } = run;
+        let _ = reply.send(answer);
+        let (reply, _) = tokio::sync::oneshot::channel();
+        self.wait_run(
+            PendingRun {
+                principal,
+                questions,
+                done,
+                cancel,
+                reply,
+                plain,
+                at,
+            },
+            ct,
+        )
+        .await
+    }
+
+    // ------------------------------------------------------------------ background jobs
+
+    fn job_view(j: &Job) -> Value {
+        let i = lock(&j.inner);
+        json!({"job_id": j.id, "state": i.state, "progress": i.progress.iter().collect::<Vec<_>>(), "result": i.result})
+    }
+
+    fn prune_jobs(&self) {
+        let keep = Duration::from_secs(self.cfg.job_retention_seconds);
+        lock(&self.jobs).retain(|_, j| lock(&j.inner).finished.is_none_or(|f| f.elapsed() < keep));
+    }
+
+    fn job(&self, principal: &str, args: &Map<String, Value>) -> Result<Arc<Job>, CallToolResult> {
+        if let Err((_, why)) = tools::check_names(args, &["job_id"]) {
+            return Err(json_result(
+                json!({"job_id": "", "state": "finished", "result": null, "error": why}),
+                true,
+            ));
+        }
+        let id = args.get("job_id").and_then(Value::as_str).unwrap_or("");
+        lock(&self.jobs)
+            .get(id)
+            .filter(|j| j.principal == principal)
+            .cloned()
+            .ok_or_else(|| {
+                json_result(
+                    json!({"job_id": id, "state": "finished", "result": null, "error": format!("no job {id:?} of yours")}),
+                    true,
+                )
+            })
+    }
+
+    fn start_job(
+        self: &Arc<Self>,
+        args: VerbArgs,
+        caller: Caller,
+        scope_key: String,
+    ) -> CallToolResult {
+        self.prune_jobs();
+        let mine = lock(&self.jobs)
+            .values()
+            .filter(|j| j.principal == caller.principal)
+            .count();
+        if mine >= self.cfg.max_jobs {
+            return json_result(
+                json!({"job_id": "", "state": "finished", "result": null,
+                       "error": format!("at most {} jobs per caller are kept; wait for one to finish or for its result to expire", self.cfg.max_jobs)}),
+                true,
+            );
+        }
+        let job = Arc::new(Job {
+            id: uuid::Uuid::new_v4().to_string(),
+            principal: caller.principal.clone(),
+            context_id: Mutex::new(None),
+            cancel: CancellationToken::new(),
+            inner: Mutex::new(JobInner {
+                state: JobState::Running,
+                progress: VecDeque::new(),
+                result: None,
+                finished: None,
+            }),
+            done: tokio::sync::Notify::new(),
+        });
+        lock(&self.jobs).insert(job.id.clone(), job.clone());
+        let front = self.clone();
+        let j = job.clone();
+        tokio::spawn(async move {
+            let scope = front.scope(&scope_key);
+            let pj = j.clone();
+            let progress: Arc<Progress> = Arc::new(move |line| {
+                let mut i = lock(&pj.inner);
+                i.progress.push_back(line);
+                while i.progress.len() > JOB_PROGRESS {
+                    i.progress.pop_front();
+                }
+            });
+            // Nobody waits on a background job's request: a question is declined (and reported).
+            let ask: Arc<Ask> = Arc::new(|_| futures::future::ready(None).boxed());
+            let cj = j.clone();
+            let on_context = move |c: &str| *lock(&cj.context_id) = Some(c.to_string());
+            let e = front
+                .run_verb(
+                    Verb::Implement,
+                    args,
+                    &caller,
+                    &scope,
+                    j.id.clone(),
+                    &*ask,
+                    &*progress,
+                    j.cancel.clone(),
+                    &on_context,
+                )
+                .await;
+            {
+                let mut i = lock(&j.inner);
+                i.state = if j.cancel.is_cancelled() {
+                    JobState::Cancelled
+                } else {
+                    JobState::Finished
+                };
+                i.result = Some(e.to_value());
+                i.finished = Some(Instant::now());
+            }
+            j.done.notify_waiters();
+        });
+        json_result(Self::job_view(&job), false)
+    }
+
+    async fn cancel_job(&self, j: Arc<Job>) -> CallToolResult {
+        let done = j.done.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        j.cancel.cancel();
+        if lock(&j.inner).state == JobState::Running {
+            let _ = tokio::time::timeout(self.cancel_grace + Duration::from_secs(5), done).await;
+        }
+        json_result(Self::job_view(&j), false)
+    }
+}
+
+/// The rmcp handler: one per MCP session (or per stateless request), all sharing [`McpFront`].
+#[derive(Clone)]
+pub struct Handler {
+    pub front: Arc<McpFront>,
+}
+
+impl ServerHandler for Handler {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(
+                Implementation::new("warden", env!("CARGO_PKG_VERSION"))
+                    .with_title("warden: supervised coding agents"),
+            )
+            .with_instructions(
+                "Hand work to a coding agent that warden supervises: advise and review are read-only, implement may change the workspace. Every action the agent takes is judged by warden's policy, never by you. Call bind_workspace first to work in an operator workspace (the human confirms it); unbound calls run in a fresh sandbox.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        Ok(ListToolsResult::with_all_items(tools::list(
+            self.front.cfg.task_max_bytes,
+            self.front.cfg.max_timeout_seconds,
+        )))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let (caller, scope_key) = caller_of(&ctx)?;
+        let front = &self.front;
+        let args = request.arguments.clone().unwrap_or_default();
+        let cfg = &front.cfg;
+        let verb = match request.name.as_ref() {
+            tools::ADVISE => Some(Verb::Advise),
+            tools::REVIEW => Some(Verb::Review),
+            tools::IMPLEMENT => Some(Verb::Implement),
+            _ => None,
+        };
+        if let Some(verb) = verb {
+            if let Some(state) = &request.request_state {
+                let r = front
+                    .resume_run(
+                        state,
+                        request.input_responses.as_ref(),
+                        &caller.principal,
+                        ctx.ct.clone(),
+                    )
+                    .await;
+                return Ok(r);
+            }
+            let run_id = uuid::Uuid::new_v4().to_string();
+            let parsed = match tools::verb_args(&args, cfg.task_max_bytes, cfg.max_timeout_seconds)
+            {
+                Ok(a) => a,
+                Err((rule, why)) => {
+                    let h = Harness {
+                        run_id,
+                        verb: verb.name().into(),
+                        depth: caller.depth,
+                        ..Default::default()
+                    };
+                    tracing::info!(verb = verb.name(), rule, reason = %why, "MCP call refused");
+                    return Ok(
+                        envelope_result(&Envelope::refused(h, Blocker::refused(rule, why))).into(),
+                    );
+                }
+            };
+            if stateless(&ctx) && can_elicit(&ctx) {
+                return Ok(front
+                    .start_stateless_run(
+                        verb,
+                        parsed,
+                        caller,
+                        scope_key,
+                        run_id,
+                        progress_sender(&ctx),
+                        ctx.ct.clone(),
+                    )
+                    .await);
+            }
+            let scope = front.scope(&scope_key);
+            let ask = asker(&ctx);
+            let (progress, sent) = progress_sender(&ctx);
+            let e = front
+                .run_verb(
+                    verb,
+                    parsed,
+                    &caller,
+                    &scope,
+                    run_id,
+                    &*ask,
+                    &*progress,
+                    ctx.ct.clone(),
+                    &|_| {},
+                )
+                .await;
+            drop(progress);
+            if let Some(sent) = sent {
+                let _ = tokio::time::timeout(Duration::from_secs(2), sent).await;
+            }
+            return Ok(envelope_result(&e).into());
+        }
+        Ok(match request.name.as_ref() {
+            tools::IMPLEMENT_BACKGROUND => {
+                match tools::verb_args(&args, cfg.task_max_bytes, cfg.max_timeout_seconds) {
+                    Ok(a) if caller.depth == 0 => front.start_job(a, caller, scope_key).into(),
+                    Ok(_) => {
+                        let h = Harness {
+                            verb: "implement".into(),
+                            depth: caller.depth,
+                            ..Default::default()
+                        };
+                        let e = Envelope::refused(
+                            h,
+                            Blocker::refused(
+                                "mcp.recursion",
+                                format!(
+                                    "called from inside a warden-run agent (depth {}): refused before any agent starts",
+                                    caller.depth
+                                ),
+                            ),
+                        );
+                        json_result(json!({"job_id": "", "state": "finished", "progress": [], "result": e.to_value()}), true).into()
+                    }
+                    Err((rule, why)) => {
+                        let h = Harness {
+                            verb: "implement".into(),
+                            depth: caller.depth,
+                            ..Default::default()
+                        };
+                        let e = Envelope::refused(h, Blocker::refused(rule, why));
+                        json_result(json!({"job_id": "", "state": "finished", "progress": [], "result": e.to_value()}), true).into()
+                    }
+                }
+            }
+            tools::JOB_STATUS | tools::JOB_RESULT => match front.job(&caller.principal, &args) {
+                Ok(j) => json_result(McpFront::job_view(&j), false).into(),
+                Err(r) => r.into(),
+            },
+            tools::JOB_CANCEL => match front.job(&caller.principal, &args) {
+                Ok(j) => front.cancel_job(j).await.into(),
+                Err(r) => r.into(),
+            },
+            tools::BIND_WORKSPACE => {
+                front
+                    .bind_workspace(&request, &args, &caller, &scope_key, &ctx)
+                    .await
+            }
+            tools::STATUS => {
+                if let Err((_, why)) = tools::check_names(&args, &[]) {
+                    json_result(json!({"error": why}), true).into()
+                } else {
+                    front.status(&caller, &scope_key, &ctx).into()
+                }
+            }
+            other => {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "unknown tool {other:?}; tools: {}",
+                        tools::INVENTORY.join(", ")
+                    ),
+                    None,
+                ));
+            }
+        })
+    }
+}
