@@ -29,6 +29,32 @@ pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
 const MAX_POLL: Duration = Duration::from_millis(10);
 
+/// Up to this many kills at once, each walks its tree at once through the kernel's children
+/// lists before the first shared reading.
+const WALK_WHEN_AT_MOST: usize = 8;
+
+/// Counts the kills under way in this process.
+struct KillsUnderWay {
+    concurrent: usize,
+}
+
+static KILLS_UNDER_WAY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl KillsUnderWay {
+    fn enter() -> Self {
+        let before = KILLS_UNDER_WAY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self {
+            concurrent: before + 1,
+        }
+    }
+}
+
+impl Drop for KillsUnderWay {
+    fn drop(&mut self) {
+        KILLS_UNDER_WAY.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Parameters of one kill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KillOptions {
@@ -311,6 +337,32 @@ impl ProcessTree {
         }
     }
 
+    /// The leader's and every known member's trees, walked through the kernel's children lists
+    /// (never this process or its ancestors); remembered as known.
+    fn walk_now(&mut self) -> Vec<Stat> {
+        let me = std::process::id() as i32;
+        let mut starts: Vec<(i32, u64)> = vec![(self.leader.pid, self.leader.start_time)];
+        starts.extend(self.known.iter().map(|(p, s)| (*p, *s)));
+        let mut out: HashMap<i32, Stat> = HashMap::new();
+        for (pid, start) in starts {
+            if out.contains_key(&pid) {
+                continue;
+            }
+            let tree = procfs::tree_of(pid);
+            // The root of the walk must still be the process we mean.
+            if tree
+                .first()
+                .is_some_and(|s| s.pid == pid && s.start_time == start)
+            {
+                out.extend(tree.into_iter().filter(|s| s.pid != me).map(|s| (s.pid, s)));
+            }
+        }
+        for s in out.values() {
+            self.known.insert(s.pid, s.start_time);
+        }
+        out.into_values().collect()
+    }
+
     fn scan(&mut self) -> Vec<Stat> {
         let snap = procfs::snapshot_after(Instant::now());
         self.scan_in(&snap)
@@ -450,20 +502,6 @@ impl ProcessTree {
     pub async fn kill(&mut self, opts: KillOptions) -> Result<KillReport, SandboxError> {
         let start = Instant::now();
         let mut seen: HashSet<(i32, u64)> = HashSet::new();
-        // What is known alive right now counts as the tree's (a cooperative agent may exit on
-        // the closed stdin before the first reading arrives): one stat read each.
-        for (pid, st) in std::iter::once((self.leader.pid, self.leader.start_time))
-            .chain(self.known.iter().map(|(p, s)| (*p, *s)))
-        {
-            if (ProcessIdentity {
-                pid,
-                start_time: st,
-            })
-            .is_alive()
-            {
-                seen.insert((pid, st));
-            }
-        }
         let mut note = |members: &[Stat]| {
             for s in members.iter().filter(|s| s.is_live()) {
                 seen.insert((s.pid, s.start_time));
@@ -474,14 +512,27 @@ impl ProcessTree {
         // an old reading missed could be re-parented away before the next), shared with the
         // kills that began before it; the tree is only declared empty by a reading taken after
         // the last signal.
+        // First, at once: the leader's tree as the kernel lists it (a walk of the tree only),
+        // signalled before any shared reading arrives (a cooperative agent exits on its closed
+        // stdin or on SIGTERM before one would).
+        let mut termed: HashSet<(i32, u64)> = HashSet::new();
+        // Only while few kills run at once: hundreds together (a stop, leftovers at start) are
+        // served faster by the shared readings than by hundreds of walks on one thread.
+        let _counted = KillsUnderWay::enter();
+        let now_members = if _counted.concurrent <= WALK_WHEN_AT_MOST {
+            self.walk_now()
+        } else {
+            Vec::new()
+        };
+        note(&now_members);
+        if !self.bwrap {
+            self.killpg(libc::SIGTERM);
+        }
+        self.term(&now_members, &mut termed);
         let first = self.snapshot(start).await;
         let mut last_read = first.taken;
         let members = self.scan_in(&first);
         note(&members);
-        let mut termed: HashSet<(i32, u64)> = HashSet::new();
-        if !self.bwrap {
-            self.killpg(libc::SIGTERM);
-        }
         self.term(&members, &mut termed);
         self.stdin = None;
         let mut signalled = Instant::now();

@@ -239,6 +239,35 @@ fn environ_values(pid: i32, key_eq: &[u8]) -> Vec<Box<str>> {
         .collect()
 }
 
+/// `pid` and its descendants as the kernel lists them right now (`/proc/PID/task/TID/children`
+/// of every thread, breadth first): a walk in time proportional to the tree, not the host.
+/// Where the kernel lacks that file (no `CONFIG_PROC_CHILDREN`) it finds `pid` alone, and the
+/// full readings find the rest.
+pub(crate) fn tree_of(pid: i32) -> Vec<Stat> {
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        if !seen.insert(p) || seen.len() > 100_000 {
+            continue;
+        }
+        let Some(st) = read_stat(p) else { continue };
+        out.push(st);
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            todo.extend(
+                children
+                    .split_ascii_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 /// The short command name (`comm`) of a process.
 pub(crate) fn comm(pid: i32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
