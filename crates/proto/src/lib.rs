@@ -10,3 +10,7 @@ pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("warden.v1");
 }
+
+/// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/warden_descriptor.bin"));
