@@ -211,6 +211,8 @@ struct Host {
     daemons: Vec<(String, Child)>,
     installed: bool,
     created_users: Vec<String>,
+    /// What existed before the test, moved aside: (original, where it is now).
+    moved: Vec<(PathBuf, PathBuf)>,
     _lock: std::fs::File,
 }
 
@@ -276,6 +278,15 @@ impl Drop for Host {
                 .arg(g)
                 .stderr(Stdio::null())
                 .status();
+        }
+        for (original, aside) in &self.moved {
+            if let Err(e) = std::fs::rename(aside, original) {
+                eprintln!(
+                    "cannot put {} back from {}: {e}",
+                    original.display(),
+                    aside.display()
+                );
+            }
         }
     }
 }
@@ -371,12 +382,6 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     if String::from_utf8_lossy(&installed_before.stdout).contains("installed") {
         panic!("the warden package is already installed here; this test would purge it");
     }
-    for p in SYSTEM_PATHS {
-        assert!(
-            !Path::new(p).exists(),
-            "{p} exists without the package (an installation by hand?); this test would remove it"
-        );
-    }
     let scratch = tempfile::Builder::new()
         .prefix("deb-install-")
         .tempdir_in("/tmp")
@@ -400,8 +405,22 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         daemons: Vec::new(),
         installed: false,
         created_users: Vec::new(),
+        moved: Vec::new(),
         _lock: lock,
     };
+    // Left by something else without the package (a daemon run by hand with the example
+    // configuration): moved aside for the test's duration and put back afterwards, never deleted.
+    for p in SYSTEM_PATHS {
+        if Path::new(p).exists() {
+            let aside = PathBuf::from(format!("{p}.deb-install-aside-{}", std::process::id()));
+            std::fs::rename(p, &aside).unwrap_or_else(|e| panic!("cannot move {p} aside: {e}"));
+            eprintln!(
+                "note: {p} existed without the package; moved to {} until the end",
+                aside.display()
+            );
+            host.moved.push((PathBuf::from(p), aside));
+        }
+    }
     // Leftovers of an earlier run that could not clean up (sysusers would keep their ids).
     for u in USERS {
         let _ = Command::new("userdel")

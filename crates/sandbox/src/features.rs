@@ -247,12 +247,13 @@ impl fmt::Display for HostFeatures {
             ),
             Ok(crate::IdentityPlan::SupervisorUid { uid, .. }) => write!(
                 f,
-                "  agent identity:     NOT SEPARATED - this user (uid {uid}) is not root, so a \
-                 supervisor run by it starts agents as its own uid. Cost: an agent can read and \
+                "  agent identity:     NOT SEPARATED - this user (uid {uid}) is not root and holds \
+                 no CAP_SETUID/CAP_SETGID, so a supervisor run by it starts agents as its own uid. Cost: an agent can read and \
                  write everything the supervisor can (its store, records and transcripts, every \
                  other conversation's root and home) wherever bubblewrap does not hide it, and \
-                 without bubblewrap nothing does. Run the supervisor as root (it then switches \
-                 agents to their own uid) or accept that conversations are separated only by \
+                 without bubblewrap nothing does. Run the supervisor as root or with those \
+                 capabilities (deploy/systemd/warden-supervisor.service; it then switches agents \
+                 to their own uid) or accept that conversations are separated only by \
                  bubblewrap and the policy"
             ),
             Err(e) => write!(f, "  agent identity:     UNAVAILABLE - {e}"),

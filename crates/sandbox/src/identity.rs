@@ -1,7 +1,8 @@
-//! Who an agent runs as. Never root, never the supervisor's own uid: a root supervisor switches
-//! every child it spawns to the agent identity (in the child, before exec: `setgroups([])`,
-//! `setgid`, `setuid`); a supervisor that is not root cannot switch, and its agents run as its own
-//! uid (`warden doctor` says what that costs).
+//! Who an agent runs as. Never root, never the supervisor's own uid: a supervisor that can change
+//! ids (root, or holding `CAP_SETUID` and `CAP_SETGID`, as the deployed unit's unprivileged user
+//! does) switches every child it spawns to the agent identity (in the child, before exec:
+//! `setgroups([])`, `setgid`, `setuid`, then every capability dropped); one that cannot switch
+//! runs its agents as its own uid (`warden doctor` says what that costs).
 
 use std::path::Path;
 
