@@ -31,7 +31,22 @@ use warden_e2e::{bin_dir, binary, free_port};
 
 const DAEMONS: [&str; 4] = ["policy", "approver", "supervisor", "gateway"];
 const OPERATOR: &str = "warden-e2e-operator";
-const AGENT_UID: u32 = 61_000;
+/// The agents' uid in this test: not the default 61000, which the root-run supervisors of other
+/// tests on the same machine also use (this test must neither count nor signal their agents). An
+/// operator's edit of `[sandbox] agent_user`, as a host would make it.
+fn pick_agent_uid() -> u32 {
+    let used = |db: &str, id: u32| {
+        Command::new("getent")
+            .args([db, &id.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let start = 61_100 + std::process::id() % 800;
+    (start..start + 800)
+        .find(|id| !used("passwd", *id) && !used("group", *id))
+        .unwrap_or(start)
+}
 /// Users and groups the package (sysusers.d) creates, removed again at the end.
 const USERS: [&str; 4] = [
     "warden-policy",
@@ -211,6 +226,10 @@ struct Host {
     daemons: Vec<(String, Child)>,
     installed: bool,
     created_users: Vec<String>,
+    /// This test's own agent uid (only its processes are ever signalled).
+    agent_uid: u32,
+    /// Processes of the agent uid still there after the daemons stopped (`pgrep -a`).
+    agents_left: String,
     /// What existed before the test, moved aside: (original, where it is now).
     moved: Vec<(PathBuf, PathBuf)>,
     _lock: std::fs::File,
@@ -240,9 +259,12 @@ impl Host {
             }
         }
         self.daemons.clear();
-        // Agents the supervisor left (it kills them at shutdown; this is the safety net).
+        // Agents the supervisor left: it kills every agent tree at shutdown, across the uid
+        // boundary (CAP_KILL), so there must be none; killed here only as a safety net.
+        let left = run(Command::new("pgrep").args(["-a", "-U", &self.agent_uid.to_string()]));
+        self.agents_left = String::from_utf8_lossy(&left.stdout).trim().to_string();
         let _ = Command::new("pkill")
-            .args(["-KILL", "-U", &AGENT_UID.to_string()])
+            .args(["-KILL", "-U", &self.agent_uid.to_string()])
             .status();
     }
 
@@ -330,7 +352,8 @@ fn package(scratch: &Path) -> Option<PathBuf> {
 }
 
 fn wait_serving(probe: &Path, socket: &str, user: &str, log: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // Generous: on a loaded two-core machine a debug daemon's start can take seconds.
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let out = run(&mut as_user(
             user,
@@ -406,8 +429,11 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         installed: false,
         created_users: Vec::new(),
         moved: Vec::new(),
+        agents_left: String::new(),
+        agent_uid: pick_agent_uid(),
         _lock: lock,
     };
+    let agent = host.agent_uid;
     // Left by something else without the package (a daemon run by hand with the example
     // configuration): moved aside for the test's duration and put back afterwards, never deleted.
     for p in SYSTEM_PATHS {
@@ -534,6 +560,25 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         )
         .replace("127.0.0.1:8080", &format!("127.0.0.1:{port}"));
     std::fs::write("/etc/warden/gateway.toml", gw).expect("edit gateway.toml");
+    let sup = std::fs::read_to_string("/etc/warden/supervisor.toml").expect("supervisor.toml");
+    assert!(
+        sup.contains("\n# agent_user = \"\"\n"),
+        "supervisor.toml has no agent_user line"
+    );
+    let sup = sup.replace(
+        "\n# agent_user = \"\"\n",
+        &format!("\nagent_user = \"{agent}\"\n"),
+    );
+    // No systemd here, so nothing delegates a cgroup subtree to the supervisor (Delegate=yes):
+    // as on such a host, no cgroups. (As root-run stand-in the supervisor's CAP_DAC_OVERRIDE
+    // would otherwise let it make cgroups in this machine's root cgroup.) Its agents are then
+    // stopped by signals, across the uid boundary: what CAP_KILL is for.
+    assert!(
+        sup.contains("\ncgroup = true\n"),
+        "supervisor.toml has no cgroup line"
+    );
+    let sup = sup.replace("\ncgroup = true\n", "\ncgroup = false\n");
+    std::fs::write("/etc/warden/supervisor.toml", sup).expect("edit supervisor.toml");
     let token_file = scratch.path().join("token");
     std::fs::write(&token_file, &token).expect("token file");
 
@@ -618,6 +663,9 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     // ---- a task through all three, its agent as uid 61000
     let scenario = serde_json::json!({"steps": [
         {"type": "tool", "kind": "edit", "path": "hello.txt", "content": "hello from the agent\n"},
+        // Served by the supervisor (fs/write_text_file) in the agent's root, handed to the agent.
+        {"type": "tool", "kind": "edit", "path": "client.txt", "content": "written for the agent\n",
+         "via": "client"},
         {"type": "tool", "kind": "execute", "command":
             "id -u > uid.txt; id -G > gids.txt; grep ^Cap /proc/self/status > caps.txt; \
              ls /run/warden/policy > run.txt 2>&1; ls /var/lib/warden/policy > state.txt 2>&1; true"},
@@ -653,16 +701,23 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     let read = |f: &str| std::fs::read_to_string(root.join(f)).unwrap_or_default();
     assert_eq!(read("hello.txt"), "hello from the agent\n");
     assert_eq!(
+        read("client.txt"),
+        "written for the agent\n",
+        "fs/write_text_file"
+    );
+    assert_eq!(
+        std::fs::metadata(root.join("client.txt"))
+            .expect("client.txt")
+            .uid(),
+        agent
+    );
+    assert_eq!(
         std::fs::metadata(root.join("hello.txt"))
             .expect("hello")
             .uid(),
-        AGENT_UID
+        agent
     );
-    assert_eq!(
-        read("uid.txt").trim(),
-        AGENT_UID.to_string(),
-        "the agent's uid"
-    );
+    assert_eq!(read("uid.txt").trim(), agent.to_string(), "the agent's uid");
     let daemon_gids: Vec<u32> = GROUPS.iter().filter_map(|g| id_of("group", g)).collect();
     for g in read("gids.txt").split_whitespace() {
         let g: u32 = g.parse().expect("gid");
@@ -694,7 +749,70 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     }
     for d in DAEMONS {
         let uid = id_of("passwd", &format!("warden-{d}")).expect("uid");
-        assert_ne!(uid, AGENT_UID);
+        assert_ne!(uid, agent);
+    }
+
+    // ---- a cancelled turn whose agent ignores the cancel: the supervisor kills the agent's
+    // tree across the uid boundary (CAP_KILL), while it keeps running
+    let agent_pids = || -> std::collections::BTreeSet<u32> {
+        let out = run(Command::new("pgrep").args(["-U", &agent.to_string()]));
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    };
+    let before = agent_pids();
+    let hang = serde_json::json!({"on_cancel": "never", "ignore_stdin_eof": true,
+        "steps": [{"type": "spawn", "ignore_term": true, "grandchild_setsid": true},
+                  {"type": "hang"}]});
+    let mut send = Command::new("/usr/bin/warden")
+        .args([
+            "send",
+            "--agent",
+            "scripted",
+            "--url",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg(hang.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("warden send");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The agent, its SIGTERM-ignoring child and the grandchild that left the process group.
+    let started = loop {
+        let new: Vec<u32> = agent_pids().difference(&before).copied().collect();
+        if new.len() >= 3 {
+            break new;
+        }
+        assert!(Instant::now() < deadline, "the hanging agent never started");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Let the turn reach its hang, then cancel as Ctrl-C would.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(send.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let _ = send.wait();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let alive: Vec<u32> = started
+            .iter()
+            .copied()
+            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .collect();
+        if alive.is_empty() {
+            break;
+        }
+        if Instant::now() > deadline {
+            show_logs();
+            panic!("the cancelled turn's agent processes {alive:?} (uid {agent}) survived");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     // ---- who may call which socket
@@ -745,16 +863,16 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         // An agent uid: no group at all, then every clients' group (the modes let it connect;
         // the peer allowlist must still refuse it).
         for groups in [&[][..], &clients[..]] {
-            let out = run(&mut as_ids(AGENT_UID, groups, &[&probe_s, socket]));
+            let out = run(&mut as_ids(agent, groups, &[&probe_s, socket]));
             let said = String::from_utf8_lossy(&out.stdout).into_owned();
             assert!(
                 !out.status.success() && !said.starts_with("SERVING"),
-                "uid {AGENT_UID} with groups {groups:?} was served by {socket}: {said}"
+                "uid {agent} with groups {groups:?} was served by {socket}: {said}"
             );
             if !groups.is_empty() && !socket.contains("admin") && !socket.contains("gateway.sock") {
                 assert!(
                     said.starts_with("DENIED"),
-                    "{socket}: past the modes, the allowlist must refuse uid {AGENT_UID}: {said}"
+                    "{socket}: past the modes, the allowlist must refuse uid {agent}: {said}"
                 );
             }
         }
@@ -790,24 +908,24 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     // ---- an agent uid cannot read any daemon's state
     for d in ["policy", "gateway", "approver"] {
         let p = format!("/var/lib/warden/{d}");
-        let out = run(&mut as_ids(AGENT_UID, &[], &["ls", &p]));
-        assert!(!out.status.success(), "uid {AGENT_UID} listed {p}");
+        let out = run(&mut as_ids(agent, &[], &["ls", &p]));
+        assert!(!out.status.success(), "uid {agent} listed {p}");
     }
     let out = run(&mut as_ids(
-        AGENT_UID,
+        agent,
         &[],
         &["ls", "/var/lib/warden/supervisor/store"],
     ));
     assert!(
         !out.status.success(),
-        "uid {AGENT_UID} listed the supervisor's store"
+        "uid {agent} listed the supervisor's store"
     );
     let out = run(&mut as_ids(
-        AGENT_UID,
+        agent,
         &[],
         &["cat", "/etc/warden/gateway.toml"],
     ));
-    assert!(!out.status.success(), "uid {AGENT_UID} read gateway.toml");
+    assert!(!out.status.success(), "uid {agent} read gateway.toml");
 
     // ---- the doctor agrees
     let out = run(Command::new("/usr/bin/warden").args(["doctor", "--deployed"]));
@@ -823,7 +941,16 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     );
 
     // ---- purge, keeping the state when asked
+    let live_agents = run(Command::new("pgrep").args(["-U", &agent.to_string()]));
+    assert!(
+        live_agents.status.success(),
+        "the conversation's agent (uid {agent}) should still be running, idle"
+    );
     host.stop_daemons();
+    assert_eq!(
+        host.agents_left, "",
+        "the supervisor's shutdown left agent processes (uid {agent}) running"
+    );
     std::fs::write("/var/lib/warden/keep-on-purge", "").expect("keep marker");
     ok(Command::new("dpkg").args(["--purge", "warden"]));
     host.installed = false;
