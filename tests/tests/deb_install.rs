@@ -898,6 +898,15 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         audit.contains("ALLOW") && audit.contains("hello.txt"),
         "the operator's audit tail does not show the task's decisions:\n{audit}"
     );
+    let out = run(&mut as_user(
+        OPERATOR,
+        &["/usr/bin/warden", "--deployed", "approvals", "list"],
+    ));
+    assert!(
+        out.status.success(),
+        "warden --deployed approvals list as an operator: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Not an operator: refused.
     let out = run(&mut as_user(
         "warden-gateway",

@@ -589,3 +589,47 @@ pub fn check() -> Report {
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_agent_account_follows_the_supervisor_configuration() {
+        assert_eq!(agent_account(None).uid, warden_sandbox::DEFAULT_AGENT_UID);
+        let by_number = serde_json::json!({"sandbox": {"agent_user": "61234"}});
+        let a = agent_account(Some(&by_number));
+        assert_eq!(
+            (a.uid, a.gid, a.groups.clone()),
+            (61234, 61234, vec![61234])
+        );
+        let range =
+            serde_json::json!({"sandbox": {"agent_user": "", "agent_uid_range": [62000, 62009]}});
+        assert_eq!(agent_account(Some(&range)).uid, 62000);
+    }
+
+    #[test]
+    fn allowlists_read_only_numbers_that_fit_a_uid() {
+        let cfg = serde_json::json!({"listen": {"allow_uids": [962, "x", -1, 4294967296u64, 967]}});
+        assert_eq!(
+            numbers(&cfg, "/listen/allow_uids"),
+            BTreeSet::from([962, 967])
+        );
+        assert!(numbers(&cfg, "/admin/allow_gids").is_empty());
+    }
+
+    #[test]
+    fn a_failed_check_fails_the_report_and_warnings_do_not() {
+        let mut r = Report::default();
+        r.pass("a");
+        r.add(Level::Warn, "b");
+        assert_eq!(r.failed(), 0);
+        r.check(false, "c", || "because".into());
+        assert_eq!(r.failed(), 1);
+        let text = r.to_string();
+        assert!(
+            text.contains("FAIL  c: because") && text.contains("1 passed, 1 failed, 1 warnings"),
+            "{text}"
+        );
+    }
+}
