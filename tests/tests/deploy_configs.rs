@@ -946,3 +946,54 @@ async fn a_daemon_under_a_watchdog_keeps_pinging_it() {
     );
     child.kill().await.ok();
 }
+
+/// The supervisor holds CAP_DAC_OVERRIDE (to reach its agents' roots), which also passes over the
+/// modes that close the other daemons' state and configuration: its unit must hide each of them,
+/// and leave only its own cgroup subtree writable.
+#[test]
+fn the_supervisor_unit_hides_what_its_dac_override_would_open() {
+    let path = deploy_dir().join("systemd/warden-supervisor.service");
+    let entries = unit_entries(&path);
+    let words = |k: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|(s, key, _)| s == "Service" && key == k)
+            .flat_map(|(_, _, v)| {
+                v.split_whitespace()
+                    .map(|w| w.trim_start_matches('-').to_string())
+            })
+            .collect()
+    };
+    let ambient = words("AmbientCapabilities");
+    assert!(
+        ambient.iter().any(|c| c == "CAP_DAC_OVERRIDE"),
+        "{ambient:?}"
+    );
+    let hidden = words("InaccessiblePaths");
+    for daemon in ["policy", "gateway", "approver"] {
+        let cfg = parsed(&example(daemon));
+        let state = s(&cfg, "/daemon/state_dir");
+        assert!(
+            hidden.iter().any(|h| h == state),
+            "{state} is not hidden from the supervisor: {hidden:?}"
+        );
+        let conf = format!("/etc/warden/{daemon}.toml");
+        assert!(
+            hidden.contains(&conf),
+            "{conf} is not hidden from the supervisor: {hidden:?}"
+        );
+    }
+    for secret in ["/etc/shadow", "/etc/gshadow"] {
+        assert!(
+            hidden.iter().any(|h| h == secret),
+            "{secret} not hidden: {hidden:?}"
+        );
+    }
+    assert_eq!(words("ReadOnlyPaths"), ["/sys/fs/cgroup"]);
+    assert!(
+        words("ReadWritePaths")
+            .iter()
+            .any(|p| p == "/sys/fs/cgroup/system.slice/warden-supervisor.service"),
+        "the supervisor's own cgroup is not writable"
+    );
+}
