@@ -64,6 +64,8 @@ const GROUPS: [&str; 8] = [
     "warden-gateway",
     "warden-approver",
 ];
+/// Written right after this test's `dpkg -i`: an installation found with it is a killed run's.
+const MARKER: &str = "/var/lib/warden/.installed-by-deb-install-test";
 /// What this machine must not already have: an operator's own installation would be purged.
 const SYSTEM_PATHS: [&str; 3] = ["/etc/warden", "/var/lib/warden", "/run/warden"];
 
@@ -403,7 +405,15 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     );
     let installed_before = run(Command::new("dpkg-query").args(["-W", "-f=${Status}", "warden"]));
     if String::from_utf8_lossy(&installed_before.stdout).contains("installed") {
-        panic!("the warden package is already installed here; this test would purge it");
+        // Ours, from a run that was killed before it could clean up (the marker says so), is
+        // purged; anyone else's installation is left alone and the test fails.
+        assert!(
+            Path::new(MARKER).exists(),
+            "the warden package is installed here, not by this test; it would purge it"
+        );
+        eprintln!("note: purging what an interrupted earlier run of this test installed");
+        ok(Command::new("dpkg").args(["--purge", "warden"]));
+        let _ = std::fs::remove_dir_all("/var/lib/warden");
     }
     let scratch = tempfile::Builder::new()
         .prefix("deb-install-")
@@ -482,6 +492,7 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     let t = Instant::now();
     ok(Command::new("dpkg").arg("-i").arg(&deb));
     host.installed = true;
+    std::fs::write(MARKER, "").expect("marker");
     eprintln!("dpkg -i took {:?}", t.elapsed());
     let files: Vec<PathBuf> = ok(Command::new("dpkg").args(["-L", "warden"]))
         .lines()
