@@ -223,6 +223,32 @@ fn as_ids(uid: u32, groups: &[u32], argv: &[&str]) -> Command {
     c
 }
 
+/// `pid command` of every process of `uid` that is not a zombie.
+fn live_processes_of(uid: u32) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .map(|v| v.split_whitespace().next().unwrap_or("").to_string())
+            };
+            let owner: u32 = field("Uid:")?.parse().ok()?;
+            (owner == uid && field("State:")? != "Z").then(|| {
+                let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                    .unwrap_or_default()
+                    .replace('\0', " ");
+                format!("{pid} {cmd}")
+            })
+        })
+        .collect()
+}
+
 /// Everything this test did to the machine, undone on drop (also when an assertion fails).
 struct Host {
     daemons: Vec<(String, Child)>,
@@ -263,8 +289,17 @@ impl Host {
         self.daemons.clear();
         // Agents the supervisor left: it kills every agent tree at shutdown, across the uid
         // boundary (CAP_KILL), so there must be none; killed here only as a safety net.
-        let left = run(Command::new("pgrep").args(["-a", "-U", &self.agent_uid.to_string()]));
-        self.agents_left = String::from_utf8_lossy(&left.stdout).trim().to_string();
+        // Zombies are not left running (their parent exited, init reaps them); a dying process
+        // gets a moment.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            let left = live_processes_of(self.agent_uid);
+            if left.is_empty() || Instant::now() > deadline {
+                self.agents_left = left.join("\n");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = Command::new("pkill")
             .args(["-KILL", "-U", &self.agent_uid.to_string()])
             .status();
@@ -811,10 +846,14 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     let _ = send.wait();
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
+        let live = live_processes_of(agent);
         let alive: Vec<u32> = started
             .iter()
             .copied()
-            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .filter(|p| {
+                live.iter()
+                    .any(|l| l.split(' ').next() == Some(&p.to_string()))
+            })
             .collect();
         if alive.is_empty() {
             break;

@@ -172,6 +172,16 @@ fn user_name(uid: u32) -> String {
 /// (modes and ACLs): a `test` child switched to `who`. `None` when this process cannot switch
 /// (not root) or cannot run the child.
 fn may(who: &Account, op: &str, path: &Path) -> Option<bool> {
+    run_as(
+        who,
+        Path::new("test"),
+        &[op.into(), path.as_os_str().to_owned()],
+    )
+}
+
+/// Runs `program args` as `who` (its uid, gid and groups); `Some(success)`, or `None` when this
+/// process cannot switch (not root) or cannot run the child.
+fn run_as(who: &Account, program: &Path, args: &[std::ffi::OsString]) -> Option<bool> {
     if !nix::unistd::geteuid().is_root() {
         return None;
     }
@@ -181,9 +191,8 @@ fn may(who: &Account, op: &str, path: &Path) -> Option<bool> {
         .iter()
         .map(|g| nix::unistd::Gid::from_raw(*g))
         .collect();
-    let mut cmd = Command::new("test");
-    cmd.arg(op)
-        .arg(path)
+    let mut cmd = Command::new(program);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -533,8 +542,32 @@ pub fn check() -> Report {
 
     // The supervisor's sandbox.
     let features = warden_sandbox::host_features();
+    // bubblewrap runs as the agent (the supervisor switches before exec): probe it as the agent.
+    let as_agent = features.bwrap_path.as_deref().and_then(|b| {
+        let args: Vec<std::ffi::OsString> = warden_sandbox::BWRAP_PROBE
+            .iter()
+            .map(std::ffi::OsString::from)
+            .collect();
+        run_as(&agent, b, &args)
+    });
     match (&features.bwrap_path, features.bwrap_works) {
-        (Some(p), true) => r.pass(format!("bubblewrap works ({})", p.display())),
+        (Some(p), true) if as_agent == Some(false) => r.add(
+            Level::Warn,
+            format!(
+                "bubblewrap at {} works for this user but not as an agent (uid {}):                  unprivileged user namespaces? agents run without the OS sandbox",
+                p.display(),
+                agent.uid
+            ),
+        ),
+        (Some(p), true) => r.pass(format!(
+            "bubblewrap works ({}{})",
+            p.display(),
+            if as_agent == Some(true) {
+                format!(", also as an agent, uid {}", agent.uid)
+            } else {
+                String::new()
+            }
+        )),
         (Some(p), false) => r.add(
             Level::Warn,
             format!(

@@ -579,6 +579,20 @@ mod range_tests {
     use super::*;
 
     #[test]
+    fn a_range_needs_a_supervisor_that_can_switch_and_never_covers_it() {
+        let passwd = "root:x:0:0::/root:/bin/sh\nwarden-supervisor:x:962:962::/var/lib/warden/supervisor:/usr/sbin/nologin\n";
+        let group = "root:x:0:\nwarden-supervisor:x:962:\n";
+        let r = UidRange::decide_with(&[62000, 62009], "", 962, true, passwd, group)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.first, r.last, r.group), (62000, 62009, None));
+        let e = UidRange::decide_with(&[62000, 62009], "", 962, false, passwd, group).unwrap_err();
+        assert!(e.to_string().contains("CAP_SETUID"), "{e}");
+        // The supervisor's own id inside the range is an id the host uses.
+        assert!(UidRange::decide_with(&[960, 970], "", 962, true, passwd, group).is_err());
+    }
+
+    #[test]
     fn a_handed_over_root_keeps_foreign_and_multiply_linked_files() {
         use std::os::unix::fs::MetadataExt;
         if !nix::unistd::geteuid().is_root() {
