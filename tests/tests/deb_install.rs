@@ -178,24 +178,21 @@ fn setpriv_caps(caps: &[String]) -> String {
 
 /// A command run as `user` with its groups from /etc/group (setpriv --init-groups).
 fn as_user(user: &str, argv: &[&str]) -> Command {
+    // The user's primary gid: the fourth field of its passwd entry.
+    let gid = Command::new("getent")
+        .args(["passwd", user])
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split(':')
+                .nth(3)
+                .and_then(|g| g.trim().parse::<u32>().ok())
+        })
+        .unwrap_or_else(|| panic!("no user {user}"));
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={user}"))
-        .arg(format!(
-            "--regid={}",
-            id_of("passwd", user)
-                .and_then(|u| {
-                    // The user's primary gid.
-                    let out = Command::new("id")
-                        .args(["-g", &u.to_string()])
-                        .output()
-                        .ok()?;
-                    String::from_utf8_lossy(&out.stdout)
-                        .trim()
-                        .parse::<u32>()
-                        .ok()
-                })
-                .unwrap_or_else(|| panic!("no user {user}"))
-        ))
+        .arg(format!("--regid={gid}"))
         .arg("--init-groups")
         .arg("--")
         .args(argv);
