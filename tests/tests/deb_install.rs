@@ -995,6 +995,30 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         report.contains(&format!("admits warden-operators ({operators_gid})")),
         "{report}"
     );
+    // A stale id in an allowlist (the gateway's uid as it would be on another host): the
+    // doctor names it and fails.
+    let sup_conf = std::fs::read_to_string("/etc/warden/supervisor.toml").expect("read");
+    let gateway_uid = id_of("passwd", "warden-gateway").expect("gateway uid");
+    let stale = sup_conf.replace(
+        &format!("allow_uids = [{gateway_uid}]"),
+        "allow_uids = [4242424]",
+    );
+    assert_ne!(
+        stale, sup_conf,
+        "supervisor.toml has no allow_uids = [{gateway_uid}]"
+    );
+    std::fs::write("/etc/warden/supervisor.toml", &stale).expect("write");
+    let out = run(Command::new("/usr/bin/warden").args(["doctor", "--deployed"]));
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        !out.status.success()
+            && report.contains(&format!(
+                "FAIL  supervisor.toml [listen] allow_uids admits warden-gateway ({gateway_uid})"
+            ))
+            && report.contains("allow_uids has 4242424, which no user on this host has"),
+        "the doctor did not fail on a stale allowlist:\n{report}"
+    );
+    std::fs::write("/etc/warden/supervisor.toml", &sup_conf).expect("restore");
 
     // ---- purge, keeping the state when asked
     let live_agents = run(Command::new("pgrep").args(["-U", &agent.to_string()]));
@@ -1018,10 +1042,33 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         Path::new("/var/lib/warden/policy/store").is_dir(),
         "the audit store went although keep-on-purge asked to keep it"
     );
-    // Again without the marker: everything goes.
+    // Again, without the marker, onto an /etc/warden/policy.toml the operator wrote before
+    // installing (dpkg keeps it, --force-confold): the postinst leaves that file's allowlists
+    // alone (the users, kept by the purge, still have the non-pinned operators' gid) and fills
+    // in the others.
     std::fs::remove_file("/var/lib/warden/keep-on-purge").expect("marker");
-    ok(Command::new("dpkg").arg("-i").arg(&deb));
+    let shipped = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config/policy.toml"),
+    )
+    .expect("deploy/config/policy.toml");
+    let edited = shipped.replace("log_level = \"info\"", "log_level = \"debug\"");
+    assert_ne!(edited, shipped);
+    std::fs::create_dir_all("/etc/warden").expect("mkdir /etc/warden");
+    std::fs::write("/etc/warden/policy.toml", &edited).expect("operator's policy.toml");
+    ok(Command::new("dpkg")
+        .args(["-i", "--force-confold"])
+        .arg(&deb));
     host.installed = true;
+    assert_eq!(
+        std::fs::read_to_string("/etc/warden/policy.toml").expect("policy.toml"),
+        edited,
+        "the package changed a configuration the operator had written"
+    );
+    let gateway = std::fs::read_to_string("/etc/warden/gateway.toml").expect("gateway.toml");
+    assert!(
+        gateway.contains(&format!("allow_gids = [{operators_gid}]")),
+        "the postinst did not fill in the unedited gateway.toml"
+    );
     ok(Command::new("dpkg").args(["--purge", "warden"]));
     host.installed = false;
     assert!(
