@@ -354,7 +354,11 @@ fn package(scratch: &Path) -> Option<PathBuf> {
         return Some(PathBuf::from(p));
     }
     let target = bin_dir().parent()?.to_path_buf();
-    let cargo_deb = target.join("tools/cargo-deb-3.8.0/bin/cargo-deb");
+    // Where .ci/run installs it.
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+    let cargo_deb = cargo_home.join("warden-tools/cargo-deb-3.8.0/bin/cargo-deb");
     let cargo_deb = if cargo_deb.is_file() {
         cargo_deb
     } else if have("cargo-deb") {
