@@ -113,8 +113,9 @@ pub struct Options {
     pub sets: Vec<(String, String)>,
     /// Inherit the daemons' stderr into the test output (noisy; default off unless WARDEN_TEST_LOGS=1).
     pub show_logs: bool,
-    /// Flags as `warden up --approver` gives them: the supervisor asks warden-approver, which
-    /// chains to the policy (started with `decide.return_escalations = true`).
+    /// Flags as `warden up --approver` gives them: the supervisor asks warden-approver (and
+    /// adopts the deadline it describes), which chains to the policy (asking it for escalations
+    /// in each request; the demo policy `approve-reads`).
     pub approver: bool,
     /// The approver's web page address (`--approver-http`); empty = no page.
     pub approver_http: String,

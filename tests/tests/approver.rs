@@ -383,3 +383,316 @@ async fn unknown_ids_foreign_ids_and_bad_answers_are_refused() {
     assert_eq!(code, Some(4), "a second answer: {err}");
     collect(&mut s, Duration::from_secs(30)).await;
 }
+
+/// What a terminal shows: bytes read from a pseudo-terminal's master side, as text.
+struct Terminal {
+    master: std::fs::File,
+    seen: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    /// Opens a pty; returns it and the slave side for the child's stdin/stdout/stderr.
+    fn open() -> (Terminal, std::os::fd::OwnedFd) {
+        let pty = nix::pty::openpty(None, None).unwrap_or_else(|e| panic!("openpty: {e}"));
+        let master = std::fs::File::from(pty.master);
+        let mut reader = master
+            .try_clone()
+            .unwrap_or_else(|e| panic!("pty clone: {e}"));
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let into = seen.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            // EIO once every slave fd is closed (the child exited): the end.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut s) = into.lock() {
+                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        (Terminal { master, seen }, pty.slave)
+    }
+
+    fn text(&self) -> String {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Waits (20 s) until the screen shows `needle` after byte `from`; returns where it ends.
+    async fn expect(&self, from: usize, needle: &str) -> usize {
+        let t0 = Instant::now();
+        loop {
+            let t = self.text();
+            if let Some(i) = t.get(from..).and_then(|rest| rest.find(needle)) {
+                return from + i + needle.len();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the terminal never showed {needle:?}; it shows:\n{t}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn press(&mut self, keys: &str) {
+        use std::io::Write;
+        self.master
+            .write_all(keys.as_bytes())
+            .unwrap_or_else(|e| panic!("typing {keys:?}: {e}"));
+    }
+}
+
+/// `warden approvals watch` on a real pseudo-terminal: a request that arrives while it runs is
+/// shown live and selected; the key `a` approves it and the task's write lands; `d` asks for a
+/// reason, which reaches the task; `q` quits and the terminal is back in line mode.
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_watch_on_a_terminal_answers_live_requests_with_a_key_press() {
+    let d = deploy_approver(&[], false).await;
+    let (mut term, slave) = Terminal::open();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let dup = |fd: &std::os::fd::OwnedFd| {
+        std::process::Stdio::from(fd.try_clone().unwrap_or_else(|e| panic!("dup: {e}")))
+    };
+    let mut watch = tokio::process::Command::new(binary("warden"))
+        .args(["--state-dir", &state, "approvals", "watch"])
+        .stdin(dup(&slave))
+        .stdout(dup(&slave))
+        .stderr(dup(&slave))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("warden approvals watch: {e}"));
+    let mut at = term.expect(0, "keys: a approve").await;
+
+    // Only now does a request exist: the watch shows it as it arrives.
+    let mut c = client(&d);
+    let mut s = start(&mut c, turn("w1", "t1", &edit("watched.txt", "by key"))).await;
+    let p = pending(&d, 1).await;
+    at = term.expect(at, &format!("{}  PENDING", p[0].id)).await;
+    at = term.expect(at, &format!("selected {}", p[0].id)).await;
+    term.press("a");
+    at = term.expect(at, "answered: ").await;
+    at = term.expect(at, "APPROVED").await;
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms[0].verdict, pb::Verdict::Allow as i32, "{perms:#?}");
+    assert_eq!(perms[0].decision_id, p[0].id);
+    assert_eq!(
+        std::fs::read_to_string(root_of(&evs).join("watched.txt")).unwrap_or_default(),
+        "by key"
+    );
+
+    // A second one, refused with `d` and a typed reason.
+    let mut s = start(&mut c, turn("w2", "t1", &edit("refused.txt", "x"))).await;
+    let second = pending(&d, 1).await;
+    at = term.expect(at, &format!("selected {}", second[0].id)).await;
+    term.press("d");
+    at = term.expect(at, "reason for denying").await;
+    term.press("not from the terminal\n");
+    at = term.expect(at, "DENIED").await;
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms[0].verdict, pb::Verdict::Deny as i32, "{perms:#?}");
+    assert_eq!(perms[0].rule, "approval.denied");
+    assert!(
+        perms[0].reason.contains("not from the terminal"),
+        "{perms:#?}"
+    );
+    assert!(!root_of(&evs).join("refused.txt").exists());
+
+    term.press("q");
+    let status = tokio::time::timeout(Duration::from_secs(10), watch.wait())
+        .await
+        .unwrap_or_else(|_| panic!("watch did not quit on q:\n{}", term.text()))
+        .unwrap_or_else(|e| panic!("watch: {e}"));
+    assert!(status.success(), "{status}: {}", &term.text()[at..]);
+    let mode = nix::sys::termios::tcgetattr(&slave).unwrap_or_else(|e| panic!("tcgetattr: {e}"));
+    assert!(
+        mode.local_flags
+            .contains(nix::sys::termios::LocalFlags::ICANON | nix::sys::termios::LocalFlags::ECHO),
+        "the terminal was left in single-key mode"
+    );
+}
+
+/// `warden doctor` compares the supervisor's effective deadlines with the approver's: they agree
+/// under `warden up --approver` (the supervisor adopted the approver's); an approver restarted
+/// with a longer deadline is a mismatch (exit 1) until the supervisor re-reads it.
+#[tokio::test(flavor = "multi_thread")]
+async fn warden_doctor_checks_that_the_supervisor_waits_as_long_as_the_approver_needs() {
+    let mut d = deploy_approver(&[], false).await;
+    let (code, out, err) = warden(&d, &["doctor"]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("warden-approver      needs 302000 ms"),
+        "{out}"
+    );
+    assert!(
+        out.contains("waits 302000 ms (own setting 200 ms; described by warden-approver"),
+        "the supervisor's own setting is untouched, the approver's adopted: {out}"
+    );
+    assert!(out.contains("OK: the supervisor waits"), "{out}");
+
+    // Refresh the supervisor's copy now, then give the approver a longer deadline for claude.
+    let mut sup = client(&d);
+    sup.status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("status: {e}"));
+    let t0 = Instant::now();
+    let approver = d.take("approver").unwrap_or_else(|| panic!("no approver"));
+    assert!(approver.terminate().await.success());
+    d.opts.sets.push((
+        "approver".into(),
+        "approval.agents.claude.deadline_ms=600000".into(),
+    ));
+    d.start("approver").await;
+    let (code, out, _) = warden(&d, &["doctor"]).await;
+    if t0.elapsed() < Duration::from_secs(9) {
+        assert_eq!(code, Some(1), "{out}");
+        assert!(
+            out.contains("MISMATCH agent claude: the supervisor waits 302000 ms, the approver needs 602000 ms"),
+            "{out}"
+        );
+    }
+    // Within the supervisor's re-read interval (10 s) it follows, and doctor agrees again.
+    loop {
+        let (code, out, _) = warden(&d, &["doctor"]).await;
+        if code == Some(0) {
+            assert!(out.contains("OK"), "{out}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(25),
+            "the supervisor never adopted the new deadline: {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let st = sup
+        .status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("status: {e}"))
+        .into_inner();
+    assert_eq!(st.details["decide_deadline_ms.own"], "200");
+    assert_eq!(st.details["decide_deadline_ms.effective"], "302000");
+}
+
+/// A deadline beyond what any supervisor waits (one hour, upstream budget included) is refused
+/// at start, naming the key: people would be shown a time they do not have.
+#[tokio::test]
+async fn the_approver_refuses_to_start_with_a_deadline_beyond_the_cap() {
+    let d = Deployment::new_in(
+        &parent(),
+        Options {
+            approver: true,
+            ..Default::default()
+        },
+    );
+    let mut args = warden_cli::up::daemon_args("approver", &d.plan());
+    args.extend(["--set".into(), "approval.deadline_ms=3599000".into()]);
+    let mut c = tokio::process::Command::new(binary("warden-approver"));
+    c.args(&args);
+    let out = run_with_deadline(&mut c, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("warden-approver: {e}"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "it started: {err}");
+    assert!(
+        err.contains("approval.deadline_ms") && err.contains("3600000"),
+        "{err}"
+    );
+    assert!(!warden_daemon::client::healthy(&d.layout.socket_of("approver")).await);
+}
+
+/// An approval the caller did not act on (it withdrew the request: gave up waiting, or its turn
+/// was cancelled as the answer came) is not "approved" in history: it says what was enforced.
+#[tokio::test]
+async fn history_shows_an_approval_the_caller_withdrew_as_not_enforced() {
+    let d = deploy_approver(&[], false).await;
+    // As the supervisor would: Decide, an operator approves, then Withdraw.
+    let mut policy =
+        warden_proto::v1::policy_service_client::PolicyServiceClient::new(d.channel("approver"));
+    let root = d.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let req = pb::DecideRequest {
+        request_id: "withdrawn-1".into(),
+        subject: Some(pb::Subject {
+            agent: "scripted".into(),
+            context_id: "ctx-w".into(),
+            task_id: "t1".into(),
+            ..Default::default()
+        }),
+        boundary: Some(pb::Boundary {
+            root: root.display().to_string(),
+            owned: true,
+            allow_execute: false,
+            profile: pb::Profile::WorkspaceWrite as i32,
+        }),
+        tool_call: Some(pb::ToolCall {
+            id: "c1".into(),
+            kind: "edit".into(),
+            title: "Write w.txt".into(),
+            locations: vec![pb::Location {
+                path: root.join("w.txt").display().to_string(),
+                line: None,
+            }],
+            ..Default::default()
+        }),
+        options: vec![pb::PermissionOption {
+            id: "allow-once".into(),
+            name: "Yes".into(),
+            kind: "allow_once".into(),
+        }],
+        ..Default::default()
+    };
+    let asked = tokio::spawn({
+        let mut policy = policy.clone();
+        let req = req.clone();
+        async move { policy.decide(req).await }
+    });
+    let id = pending(&d, 1).await[0].id.clone();
+    let (code, _, err) = warden(&d, &["approvals", "approve", &id, "--reason", "ok"]).await;
+    assert_eq!(code, Some(0), "{err}");
+    let got = asked
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("Decide: {e}"))
+        .into_inner();
+    assert_eq!(got.verdict, pb::Verdict::Allow as i32);
+    let w = policy
+        .withdraw(pb::WithdrawRequest {
+            request_id: "withdrawn-1".into(),
+            reason: "no answer within 200 ms (+500 ms grace)".into(),
+            subject: req.subject.clone(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Withdraw: {e}"))
+        .into_inner();
+    assert_eq!(w.decision_id, id);
+    assert!(w.superseded, "{w:?}");
+    let a = approvals_client(&d)
+        .get(pb::GetApprovalRequest { id: id.clone() })
+        .await
+        .unwrap_or_else(|e| panic!("Get: {e}"))
+        .into_inner();
+    assert_eq!(a.state(), pb::ApprovalState::Withdrawn, "{a:?}");
+    assert_eq!(a.reason, "ok", "the person's answer is kept");
+    let (_, hist, _) = warden(&d, &["approvals", "history"]).await;
+    let line = hist
+        .lines()
+        .find(|l| l.contains(&id))
+        .unwrap_or_else(|| panic!("{id} not in history: {hist}"));
+    assert!(
+        line.contains("WITHDRAWN") && line.contains("not enforced"),
+        "{line}"
+    );
+    let (_, shown, _) = warden(&d, &["approvals", "show", &id]).await;
+    assert!(shown.contains("enforced        DENY"), "{shown}");
+    // Asked again under the same id, it is a refusal now.
+    let again = policy
+        .decide(req)
+        .await
+        .unwrap_or_else(|e| panic!("Decide: {e}"))
+        .into_inner();
+    assert_eq!(again.verdict, pb::Verdict::Deny as i32, "{again:?}");
+    assert_eq!(again.rule, "approval.withdrawn");
+}

@@ -70,6 +70,7 @@ async fn warden_audit_shows_each_decision_the_policy_made() {
         ],
         current_mode: "default".into(),
         deadline_unix_ms: 0,
+        return_escalations: false,
     };
     let inside = client
         .decide(ask(&root.join("hello.txt").to_string_lossy(), "ctx-in"))
@@ -139,6 +140,21 @@ async fn warden_doctor_reports_containment_features_and_binaries() {
         assert!(out.contains(needle), "doctor output lacks {needle}: {out}");
     }
     assert!(!out.contains("MISSING"), "{out}");
+    // Nothing running: it says where the caps come from.
+    assert!(out.contains("supervisor not reachable"), "{out}");
+}
+
+#[tokio::test]
+async fn warden_doctor_shows_the_running_supervisors_capacity() {
+    let d = Deployment::up(Options {
+        sets: vec![("supervisor".into(), "limits.max_live_agents=7".into())],
+        ..Default::default()
+    })
+    .await;
+    let (ok, out, err) = warden(&d, &["doctor"]).await;
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains("0 of max_live_agents 7"), "{out}");
+    assert!(out.contains("max_active_turns "), "{out}");
 }
 
 /// A running deployment that `warden send` can find: the three daemons, and the URL file

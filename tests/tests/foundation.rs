@@ -127,7 +127,14 @@ async fn socket_problems_are_refused_cleanly_and_a_stale_socket_is_replaced() {
     let mut d = Deployment::new(Options::default());
     // A socket directory that does not exist.
     let mut c = tokio::process::Command::new(binary("warden-policy"));
-    c.args(["--set", "listen.socket=\"/nonexistent-dir/p.sock\""]);
+    // Its own state directory: never the host's default (a deployed warden may hold it).
+    let state = d.dir.path().join("policy-nosocket");
+    c.args([
+        "--set",
+        "listen.socket=\"/nonexistent-dir/p.sock\"",
+        "--set",
+        &format!("daemon.state_dir={:?}", state.to_string_lossy()),
+    ]);
     let out = run_with_deadline(&mut c, Duration::from_secs(10))
         .await
         .unwrap();

@@ -92,6 +92,7 @@ async fn the_python_admin_client_and_reflection_work_on_the_admin_sockets() {
             }],
             current_mode: "default".into(),
             deadline_unix_ms: 0,
+            return_escalations: false,
         })
         .await
         .expect("decide")

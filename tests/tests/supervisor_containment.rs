@@ -239,21 +239,28 @@ async fn with_a_uid_range_each_open_conversation_has_its_own_uid() {
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(&root_a).unwrap().uid(), ua);
 
-    // A closed conversation's uid serves the next one; reopened, A gets a free uid and its
-    // root (with what the old uid wrote) is handed over, so it can go on working.
+    // A closed conversation's uid serves the next one; the ended conversation's root is gone,
+    // and the context's next task starts afresh under a free uid.
     c.close_conversation(pb::CloseConversationRequest {
         context_id: "range-a".into(),
     })
     .await
     .unwrap();
+    assert!(!root_a.exists(), "the ended conversation's root stays");
     let c1 = run(&mut c, whoami("range-c", "c1")).await;
     assert_eq!(uid_in(&c1), ua, "the released uid is reused");
     let a2 = run(&mut c, whoami("range-a", "a2")).await;
     let ua2 = uid_in(&a2);
     assert!(ua2 != ua && ua2 != ub, "{a2:#?}");
     assert_eq!(field(&output(&a2), "appended"), "yes", "{}", output(&a2));
-    assert_eq!(
-        std::fs::metadata(root_a.join("work.txt")).unwrap().uid(),
-        ua2
+    let root_a2 = PathBuf::from(
+        c.open_conversation(open("range-a", pb::Profile::WorkspaceWrite))
+            .await
+            .unwrap()
+            .into_inner()
+            .root,
     );
+    let work = root_a2.join("work.txt");
+    assert_eq!(std::fs::metadata(&work).unwrap().uid(), ua2);
+    assert_eq!(std::fs::read_to_string(&work).unwrap(), "more\n");
 }

@@ -1,6 +1,8 @@
 //! Supervisor end to end against a misbehaving PolicyService: a policy that answers too late,
 //! names an option that was not offered, or answers without a reason. Each is a DENY with reason
-//! `policy_unavailable` (fail closed), and the agent still gets an id it offered.
+//! `policy_unavailable` (fail closed), and the agent still gets an id it offered. A policy that
+//! answers ESCALATE is refused (the supervisor asks no person); one that describes a longer
+//! deadline is waited for, but never beyond `MAX_DECIDE_DEADLINE_MS`.
 //!
 //! The misbehaving policies are real gRPC servers implementing the contract badly, on a Unix
 //! socket, as an operator's third implementation could.
@@ -21,6 +23,12 @@ enum Bad {
     Slow,
     UnofferedOption,
     NoReason,
+    /// Answers ESCALATE to everything (as warden-policy would to a caller asking for escalations).
+    Escalate,
+    /// Describes 1500 ms and answers ALLOW after 1000 ms: longer than the supervisor's 200 ms.
+    Patient,
+    /// Describes ten hours (and eleven for one agent), far beyond the contract's cap.
+    Greedy,
 }
 
 struct BadPolicy(Bad);
@@ -53,6 +61,32 @@ impl PolicyService for BadPolicy {
                 reason: String::new(),
                 ..ok
             },
+            Bad::Escalate => pb::Decision {
+                verdict: pb::Verdict::Escalate as i32,
+                reason: "a person must decide".into(),
+                ..ok
+            },
+            Bad::Patient => {
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                ok
+            }
+            Bad::Greedy => ok,
+        }))
+    }
+
+    async fn describe(
+        &self,
+        _req: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::PolicyDescription>, Status> {
+        let (ms, agents) = match self.0 {
+            Bad::Patient => (1500, vec![]),
+            Bad::Greedy => (36_000_000, vec![("scripted".to_string(), 39_600_000)]),
+            _ => return Err(Status::unimplemented("describes nothing")),
+        };
+        Ok(Response::new(pb::PolicyDescription {
+            decide_deadline_ms: ms,
+            agent_decide_deadline_ms: agents.into_iter().collect(),
+            implementation: "bad-policy".into(),
         }))
     }
 
@@ -121,6 +155,85 @@ async fn late_invented_or_reasonless_decisions_fail_closed() {
         assert_eq!(st.details["policy_failures"], "1", "{name}: counted");
         h.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalation_the_supervisor_cannot_put_to_a_person_is_a_refusal() {
+    let (sock, h) = serve_bad(Bad::Escalate, "escalate").await;
+    let d = deploy_without_policy(&[(
+        "supervisor",
+        &format!("policy.socket=\"{}\"", sock.display()),
+    )])
+    .await;
+    let mut c = client(&d);
+    let text = scenario(json!({"report": "perm.jsonl",
+        "steps": [{"type": "tool", "kind": "execute", "command": "echo ran > ran.txt"}]}));
+    let evs = run(&mut c, turn("esc", "t1", &text)).await;
+    let p = &permissions(&evs)[0];
+    assert_eq!(
+        p.verdict,
+        pb::Verdict::Escalate as i32,
+        "reported as it was: {p:?}"
+    );
+    assert_eq!(
+        p.option_id_sent, "reject",
+        "but enforced as a refusal: {p:?}"
+    );
+    assert_eq!(stop(&evs).refusals.len(), 1, "{evs:#?}");
+    let info = c
+        .open_conversation(open("esc", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!PathBuf::from(info.root).join("ran.txt").exists(), "ran");
+    h.abort();
+}
+
+/// The swap is one line: pointed at a service that describes a longer deadline (an approver),
+/// the supervisor waits that long without its own `decide_deadline_ms` being raised; a service
+/// asking for more than the contract's cap gets the cap.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_supervisor_waits_as_long_as_the_service_describes_up_to_the_cap() {
+    let (sock, h) = serve_bad(Bad::Patient, "patient").await;
+    let d = deploy_without_policy(&[(
+        "supervisor",
+        &format!("policy.socket=\"{}\"", sock.display()),
+    )])
+    .await;
+    let mut c = client(&d);
+    let text = scenario(json!({"report": "perm.jsonl",
+        "steps": [{"type": "tool", "kind": "execute", "command": "echo ran > ran.txt"}]}));
+    let evs = run(&mut c, turn("patient", "t1", &text)).await;
+    let p = &permissions(&evs)[0];
+    assert_eq!(
+        p.verdict,
+        pb::Verdict::Allow as i32,
+        "waited 1 s > 200 ms: {p:?}"
+    );
+    assert!(p.policy_latency_micros >= 1_000_000, "{p:?}");
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    assert_eq!(st.details["decide_deadline_ms.own"], "200");
+    assert_eq!(st.details["decide_deadline_ms.described"], "1500");
+    assert_eq!(st.details["decide_deadline_ms.effective"], "1500");
+    assert_eq!(st.details["policy_implementation"], "bad-policy");
+    h.abort();
+
+    let (sock, h) = serve_bad(Bad::Greedy, "greedy").await;
+    let d = deploy_without_policy(&[(
+        "supervisor",
+        &format!("policy.socket=\"{}\"", sock.display()),
+    )])
+    .await;
+    let mut c = client(&d);
+    let st = c.status(pb::StatusRequest {}).await.unwrap().into_inner();
+    let cap = warden_proto::limits::MAX_DECIDE_DEADLINE_MS.to_string();
+    assert_eq!(st.details["decide_deadline_ms.described"], cap, "{st:?}");
+    assert_eq!(st.details["decide_deadline_ms.effective"], cap, "{st:?}");
+    assert_eq!(
+        st.details["decide_deadline_ms.effective.scripted"], cap,
+        "{st:?}"
+    );
+    h.abort();
 }
 
 /// The long-running-service issue's finding 4: when the policy answers after the deadline, the

@@ -56,7 +56,24 @@ async fn demo_turn_writes_the_file_after_a_real_policy_allow() {
         .unwrap()
         .into_inner();
     assert!(closed.closed);
-    assert!(root.is_dir(), "an owned sandbox stays on disk after close");
+    // The conversation ended: its owned sandbox goes, its transcript stays.
+    assert!(
+        !root.exists(),
+        "an ended conversation's owned sandbox is removed"
+    );
+    assert!(std::path::Path::new(&s.transcript_path).is_file());
+    // The context's next conversation gets a fresh, empty root.
+    let info = c
+        .open_conversation(open("demo", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = std::path::PathBuf::from(&info.root);
+    assert_ne!(again, root);
+    assert!(
+        !again.join("hello.txt").exists(),
+        "an ended conversation's files reached the next"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

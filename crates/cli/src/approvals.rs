@@ -43,6 +43,8 @@ pub fn state_name(a: &pb::Approval) -> &'static str {
         pb::ApprovalState::NoResponse => "NO-RESPONSE",
         pb::ApprovalState::Revoked => "REVOKED",
         pb::ApprovalState::Expired => "EXPIRED",
+        // Approved by a person, but not enforced: the caller had withdrawn the request.
+        pb::ApprovalState::Withdrawn => "WITHDRAWN",
     }
 }
 
@@ -76,6 +78,8 @@ pub fn line(a: &pb::Approval) -> String {
             "{}s left",
             a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000)
         )
+    } else if a.state() == pb::ApprovalState::Withdrawn {
+        format!("approved by {}, not enforced", a.answered_by)
     } else {
         format!("by {}", a.answered_by)
     };
@@ -140,6 +144,12 @@ pub fn detail(a: &pb::Approval) -> String {
         ));
         out.push(format!("rule            {}", a.rule));
         out.push(format!("reason          {}", a.reason));
+    }
+    if a.state() == pb::ApprovalState::Withdrawn {
+        out.push(format!(
+            "enforced        DENY: the caller withdrew the request after the approval ({}) at {} ms",
+            a.withdrawn_reason, a.withdrawn_unix_ms
+        ));
     }
     out.push("raw input:".into());
     out.push(raw);

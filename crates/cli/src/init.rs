@@ -137,7 +137,9 @@ name = "warden"
     );
     let approver = format!(
         r#"# warden-approver (only with `warden up --approver`): what the policy escalates waits for
-# a person. `warden up --approver` sets the sockets, upstream, deadline and web page itself.
+# a person. `warden up --approver` sets the sockets, upstream and web page itself. The supervisor
+# learns approval.deadline_ms from the approver (plus the upstream's budget): no need to raise
+# its decide_deadline_ms. At most one hour in all, or the approver refuses to start.
 
 [daemon]
 state_dir = {state}

@@ -8,6 +8,7 @@ pub mod approvals;
 pub mod audit;
 pub mod client;
 pub mod deployed;
+pub mod doctor;
 pub mod init;
 pub mod layout;
 pub mod status;

@@ -89,7 +89,9 @@ enum Command {
         text: String,
     },
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
-    /// landlock) and what warden falls back to where one is missing.
+    /// landlock) and what warden falls back to where one is missing; with an approver running,
+    /// compare the supervisor's Decide deadlines with what the approver needs (exit 1 when the
+    /// supervisor would wait less).
     #[command(
         after_help = "With --deployed it checks a host installed from the Debian package (or \
                       deploy/): users, groups, socket and state directories, the allowlists \
@@ -98,7 +100,16 @@ enum Command {
                       nothing failed, 1 otherwise (warnings do not fail). Run it as root for the \
                       full report."
     )]
-    Doctor,
+    Doctor {
+        /// The supervisor's socket (default: the local deployment's; on a deploy/ host
+        /// /run/warden/supervisor/supervisor.sock).
+        #[arg(long)]
+        supervisor_socket: Option<PathBuf>,
+        /// The approver's admin socket (default: the local deployment's; on a deploy/ host
+        /// /run/warden/approver/approver-admin.sock).
+        #[arg(long)]
+        approver_admin: Option<PathBuf>,
+    },
     /// Answer what the policy escalated (warden-approver's admin socket; your uid is recorded).
     #[command(
         after_help = "Exit codes: 0 done, 1 error, 3 no such request, 4 someone answered first."
@@ -284,7 +295,7 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor if layout.deployed => {
+        Command::Doctor { .. } if layout.deployed => {
             let report = warden_cli::deployed::check();
             println!("{report}");
             if report.failed() == 0 {
@@ -293,7 +304,10 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-        Command::Doctor => {
+        Command::Doctor {
+            supervisor_socket,
+            approver_admin,
+        } => {
             let features = warden_sandbox::host_features();
             println!("{features}");
             if let Ok(warden_sandbox::IdentityPlan::Switch(who)) = &features.agent_identity {
@@ -327,7 +341,26 @@ async fn main() -> ExitCode {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
             }
-            ExitCode::SUCCESS
+            let supervisor_socket =
+                supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor"));
+            println!("capacity:");
+            for l in warden_cli::doctor::capacity(&supervisor_socket).await {
+                println!("{l}");
+            }
+            println!("Decide deadlines:");
+            let report = warden_cli::doctor::deadlines(
+                &supervisor_socket,
+                &approver_admin.unwrap_or_else(|| layout.approver_admin_socket()),
+            )
+            .await;
+            for l in &report.lines {
+                println!("{l}");
+            }
+            if report.mismatch {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Command::Send {
             agent,

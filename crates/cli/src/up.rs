@@ -68,10 +68,6 @@ pub struct UpOptions {
     pub config_dir: Option<PathBuf>,
 }
 
-/// How long a person has under `warden up --approver` (the approver's `approval.deadline_ms` and
-/// the supervisor's `policy.decide_deadline_ms`, which must be at least as long).
-pub const APPROVAL_DEADLINE_MS: u64 = 300_000;
-
 impl UpOptions {
     /// The daemons this deployment runs, in start order.
     pub fn daemons(&self) -> &'static [&'static str] {
@@ -103,9 +99,9 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
                 toml_str(&l.policy_admin_socket())
             ));
             if o.approver {
-                // The approver asks first and holds what this escalates; the local demo lets
-                // reads pass and puts every other call the floor allows in front of a person.
-                sets.push("decide.return_escalations=true".into());
+                // Not part of the swap (the approver asks for escalations in each request): what
+                // the local demo escalates. Reads pass; every other call the floor allows waits
+                // for a person, so `warden send "write hello.txt"` shows the approver at work.
                 sets.push("policy.global.mode=\"approve-reads\"".into());
             }
         }
@@ -118,7 +114,6 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
                 "upstream.socket={}",
                 toml_str(&l.socket_of("policy"))
             ));
-            sets.push(format!("approval.deadline_ms={APPROVAL_DEADLINE_MS}"));
             sets.push(format!(
                 "web.bind={}",
                 toml_str(Path::new(&o.approver_http))
@@ -129,11 +124,10 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
             ));
         }
         "supervisor" => {
+            // The one line of the swap: the supervisor learns the approver's deadline from it
+            // (`PolicyService.Describe`).
             let to = if o.approver { "approver" } else { "policy" };
             sets.push(format!("policy.socket={}", toml_str(&l.socket_of(to))));
-            if o.approver {
-                sets.push(format!("policy.decide_deadline_ms={APPROVAL_DEADLINE_MS}"));
-            }
         }
         "gateway" => {
             sets.push(format!(
@@ -448,5 +442,45 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
             status,
         }),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(approver: bool) -> UpOptions {
+        UpOptions {
+            layout: Layout::new("/tmp/warden-up-test"),
+            bin_dir: PathBuf::from("/nonexistent"),
+            http: "127.0.0.1:7420".into(),
+            log_format: "human".into(),
+            start_timeout: Duration::from_secs(10),
+            approver,
+            approver_http: String::new(),
+            config_dir: None,
+        }
+    }
+
+    /// `warden up --approver` swaps the approver in the way an operator does: the supervisor's
+    /// flags differ by the policy socket alone, and nothing of the policy's is about the swap.
+    #[test]
+    fn the_swap_is_the_supervisors_socket_alone() {
+        let with = daemon_args("supervisor", &options(true));
+        let without = daemon_args("supervisor", &options(false));
+        let differ: Vec<(&String, &String)> = with
+            .iter()
+            .zip(without.iter())
+            .filter(|(a, b)| a != b)
+            .collect();
+        assert_eq!(with.len(), without.len(), "{with:?} / {without:?}");
+        assert_eq!(differ.len(), 1, "{differ:?}");
+        assert!(
+            differ[0].0.starts_with("policy.socket=") && differ[0].0.contains("approver.sock"),
+            "{differ:?}"
+        );
+        let policy = daemon_args("policy", &options(true)).join(" ");
+        assert!(!policy.contains("return_escalations"), "{policy}");
+        assert!(!with.join(" ").contains("decide_deadline_ms"), "{with:?}");
     }
 }

@@ -1,4 +1,5 @@
-//! Generated tonic/prost code for warden's contracts (`proto/warden/v1`), and nothing else.
+//! Generated tonic/prost code for warden's contracts (`proto/warden/v1`), and the few numbers the
+//! proto files state in words ([`limits`]), and nothing else.
 //!
 //! This crate must never hold hand-written logic: the proto files are the public contract that
 //! operators implement (e.g. a third `PolicyService`), and what is generated from them is all
@@ -9,6 +10,14 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("warden.v1");
+}
+
+/// Numbers the contracts state in words, so that every implementation and caller uses the same.
+pub mod limits {
+    /// The longest `PolicyDescription.decide_deadline_ms` (policy.proto) may be: one hour. An
+    /// implementation (warden-approver) refuses to start with a longer one; a caller (the
+    /// supervisor) never adopts more than this from a description.
+    pub const MAX_DECIDE_DEADLINE_MS: u64 = 3_600_000;
 }
 
 /// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.

@@ -277,7 +277,25 @@ impl ConvCgroup {
     }
 
     /// Removes the cgroup, waiting up to `wait` for it to empty.
-    pub fn remove(&self, wait: Duration) -> Result<(), SandboxError> {
+    ///
+    /// Async: the wait must not hold the runtime thread (hundreds of trees are killed at once on
+    /// a supervisor stop, each waiting for its cgroup to drain).
+    /// [`ConvCgroup::remove`] for a synchronous caller (a failed spawn's clean-up).
+    pub fn remove_blocking(&self, wait: Duration) -> Result<(), SandboxError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match std::fs::remove_dir(&self.path) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(SandboxError::io("remove cgroup", &self.path, e));
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
+    pub async fn remove(&self, wait: Duration) -> Result<(), SandboxError> {
         let deadline = Instant::now() + wait;
         loop {
             match std::fs::remove_dir(&self.path) {
@@ -287,7 +305,7 @@ impl ConvCgroup {
                     if Instant::now() >= deadline {
                         return Err(SandboxError::io("remove cgroup", &self.path, e));
                     }
-                    std::thread::sleep(Duration::from_millis(5));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             }
         }

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::process::ExitStatus;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, ChildStdin};
@@ -91,7 +92,11 @@ pub fn set_child_subreaper() -> Result<(), SandboxError> {
 pub fn reap_orphan_zombies(owned: &std::collections::HashSet<i32>) -> usize {
     let me = std::process::id() as i32;
     let mut reaped = 0;
-    for s in procfs::all_stats().values() {
+    // A reading a kill took in the last moment will do: a zombie missed now is there next time.
+    let recent = Instant::now()
+        .checked_sub(Duration::from_millis(500))
+        .unwrap_or_else(Instant::now);
+    for s in procfs::snapshot_after(recent).stats.values() {
         if s.state == b'Z' && s.ppid == me && !owned.contains(&s.pid) {
             let done = nix::sys::wait::waitpid(
                 nix::unistd::Pid::from_raw(s.pid),
@@ -279,8 +284,40 @@ impl ProcessTree {
         self.child.is_some() && self.pgid == self.leader.pid && self.pgid > 1
     }
 
+    /// A reading of the process table taken after `after`, shared with concurrent kills: the
+    /// newest one when it is recent enough, else a new one read off the runtime thread by one
+    /// kill while the others wait for it.
+    async fn snapshot(&self, after: Instant) -> Arc<procfs::Snapshot> {
+        static REFRESH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        if let Some(s) = procfs::latest_after(after) {
+            return s;
+        }
+        let _one_reader = REFRESH.lock().await;
+        if let Some(s) = procfs::latest_after(after) {
+            return s;
+        }
+        let needs_markers = self.marker.is_some() && !self.bwrap && self.cgroup.is_none();
+        let read = move || {
+            let s = procfs::refresh();
+            if needs_markers {
+                let _ = s.marked("");
+            }
+            s
+        };
+        match tokio::task::spawn_blocking(read).await {
+            Ok(s) => s,
+            // No blocking pool (a runtime shutting down): read in place.
+            Err(_) => read(),
+        }
+    }
+
     fn scan(&mut self) -> Vec<Stat> {
-        let stats = procfs::all_stats();
+        let snap = procfs::snapshot_after(Instant::now());
+        self.scan_in(&snap)
+    }
+
+    fn scan_in(&mut self, snap: &procfs::Snapshot) -> Vec<Stat> {
+        let stats = &snap.stats;
         let me = std::process::id() as i32;
         let mut set: HashSet<i32> = HashSet::new();
         if stats
@@ -295,37 +332,27 @@ impl ProcessTree {
             }
         }
         if self.group_pinned() {
-            set.extend(
-                stats
-                    .values()
-                    .filter(|s| s.pgrp == self.pgid)
-                    .map(|s| s.pid),
-            );
+            set.extend(snap.group(self.pgid).iter().copied());
         }
         if let Some(cg) = &self.cgroup {
             set.extend(cg.procs().into_iter().filter(|p| stats.contains_key(p)));
         }
-        if let Some(marker) = &self.marker {
-            let needle = format!("{}={marker}", crate::env::TREE_MARKER_ENV);
-            for s in stats.values() {
-                if !set.contains(&s.pid)
-                    && s.is_live()
-                    && procfs::environ_contains(s.pid, needle.as_bytes())
-                {
-                    set.insert(s.pid);
-                }
-            }
+        // A process that called setsid and was re-parented out of the tree: under bubblewrap it
+        // stays in the tree's pid namespace (its init is a descendant of the leader), in a
+        // cgroup it stays in the cgroup; otherwise only its environment marker finds it.
+        if let Some(marker) = &self.marker
+            && !self.bwrap
+            && self.cgroup.is_none()
+        {
+            set.extend(snap.marked(marker).iter().copied());
         }
-        // Descendants by parent pid, to a fixed point.
-        loop {
-            let before = set.len();
-            for s in stats.values() {
-                if !set.contains(&s.pid) && set.contains(&s.ppid) {
-                    set.insert(s.pid);
+        // Descendants by parent pid (a walk down from every member found so far).
+        let mut todo: Vec<i32> = set.iter().copied().collect();
+        while let Some(p) = todo.pop() {
+            for c in snap.children_of(p) {
+                if set.insert(*c) {
+                    todo.push(*c);
                 }
-            }
-            if set.len() == before {
-                break;
             }
         }
         // Never this process or anything above it.
@@ -342,6 +369,25 @@ impl ProcessTree {
             self.known.insert(s.pid, s.start_time);
         }
         members
+    }
+
+    /// SIGTERM (then SIGCONT: a stopped process cannot act on SIGTERM until it is continued) to
+    /// the live members not signalled yet; true when any was.
+    fn term(&self, members: &[Stat], termed: &mut HashSet<(i32, u64)>) -> bool {
+        let new: Vec<Stat> = members
+            .iter()
+            .filter(|s| s.is_live() && termed.insert((s.pid, s.start_time)))
+            .copied()
+            .collect();
+        if new.is_empty() {
+            return false;
+        }
+        self.signal_members(&new, libc::SIGTERM, true);
+        if !self.bwrap {
+            self.killpg(libc::SIGCONT);
+        }
+        self.signal_members(&new, libc::SIGCONT, true);
+        true
     }
 
     fn signal_members(&self, members: &[Stat], signal: i32, spare_bwrap: bool) {
@@ -404,32 +450,56 @@ impl ProcessTree {
     pub async fn kill(&mut self, opts: KillOptions) -> Result<KillReport, SandboxError> {
         let start = Instant::now();
         let mut seen: HashSet<(i32, u64)> = HashSet::new();
+        // What is known alive right now counts as the tree's (a cooperative agent may exit on
+        // the closed stdin before the first reading arrives): one stat read each.
+        for (pid, st) in std::iter::once((self.leader.pid, self.leader.start_time))
+            .chain(self.known.iter().map(|(p, s)| (*p, *s)))
+        {
+            if (ProcessIdentity {
+                pid,
+                start_time: st,
+            })
+            .is_alive()
+            {
+                seen.insert((pid, st));
+            }
+        }
         let mut note = |members: &[Stat]| {
             for s in members.iter().filter(|s| s.is_live()) {
                 seen.insert((s.pid, s.start_time));
             }
         };
 
-        let members = self.scan();
+        // Every reading is taken after the kill began (never an older one: a descendant that
+        // an old reading missed could be re-parented away before the next), shared with the
+        // kills that began before it; the tree is only declared empty by a reading taken after
+        // the last signal.
+        let first = self.snapshot(start).await;
+        let mut last_read = first.taken;
+        let members = self.scan_in(&first);
         note(&members);
+        let mut termed: HashSet<(i32, u64)> = HashSet::new();
         if !self.bwrap {
             self.killpg(libc::SIGTERM);
         }
-        self.signal_members(&members, libc::SIGTERM, true);
-        // A stopped process cannot act on SIGTERM until it is continued.
-        if !self.bwrap {
-            self.killpg(libc::SIGCONT);
-        }
-        self.signal_members(&members, libc::SIGCONT, true);
+        self.term(&members, &mut termed);
         self.stdin = None;
+        let mut signalled = Instant::now();
 
         let deadline = start + opts.grace;
         let mut poll = Duration::from_millis(1);
         let mut forced = false;
         loop {
-            let m = self.scan();
+            let snap = self.snapshot(last_read.max(signalled)).await;
+            last_read = snap.taken;
+            let m = self.scan_in(&snap);
             note(&m);
             self.reap_zombies(&m);
+            // Members that appeared since the first signal (forked, or found by a later
+            // reading) get the same SIGTERM.
+            if self.term(&m, &mut termed) {
+                signalled = Instant::now();
+            }
             let live = m.iter().filter(|s| s.is_live()).count();
             if live == 0 && !self.cgroup_populated() {
                 break;
@@ -450,11 +520,15 @@ impl ProcessTree {
                 used_cgroup_kill = cg.kill();
             }
             self.killpg(libc::SIGKILL);
-            let kill_deadline = Instant::now() + opts.kill_timeout;
+            signalled = Instant::now();
+            let kill_deadline = signalled + opts.kill_timeout;
             loop {
-                let m = self.scan();
+                let snap = self.snapshot(last_read.max(signalled)).await;
+                last_read = snap.taken;
+                let m = self.scan_in(&snap);
                 note(&m);
                 self.signal_members(&m, libc::SIGKILL, false);
+                signalled = Instant::now();
                 self.reap_zombies(&m);
                 let live = m.iter().filter(|s| s.is_live()).count();
                 if live == 0 && !self.cgroup_populated() {
@@ -483,15 +557,19 @@ impl ProcessTree {
             }
             _ => None,
         };
-        // One last pass for zombies of members that exited while we waited on the leader.
-        let m = self.scan();
-        self.reap_zombies(&m);
+        // One last pass for zombies of members that exited while we waited on the leader, when
+        // a newer reading is at hand (no new one is taken for it: the periodic orphan reaper
+        // collects what this misses, and a stop of hundreds must not wait for readings).
+        if let Some(snap) = procfs::latest_after(last_read) {
+            let m = self.scan_in(&snap);
+            self.reap_zombies(&m);
+        }
 
         let mut cgroup_removed = false;
         if let Some(cg) = &self.cgroup
             && remaining == 0
         {
-            match cg.remove(Duration::from_millis(200)) {
+            match cg.remove(Duration::from_millis(200)).await {
                 Ok(()) => cgroup_removed = true,
                 Err(e) => tracing::warn!(
                     conversation_id = %self.conversation_id,

@@ -70,9 +70,12 @@ impl Leases {
         Ok(())
     }
 
+    /// Drops a lease once its tree is gone. Not flushed (sled writes it out within its flush
+    /// interval): a removal lost in a crash leaves a lease whose processes no longer exist,
+    /// which the next start proves by pid and start time and drops without signalling anyone;
+    /// while a flush per tree, on a stop that kills hundreds at once, is hundreds of fsyncs.
     pub fn remove(&self, marker: &str) -> Result<(), SandboxError> {
         self.tree.delete(Self::key(marker))?;
-        self.store.flush()?;
         Ok(())
     }
 
@@ -96,8 +99,9 @@ impl Leases {
     }
 }
 
-/// Leftover trees killed at once at start-up.
-const REAP_CONCURRENCY: usize = 128;
+/// Leftover trees killed at once at start-up. Their kills share each reading of the process
+/// table (`procfs::snapshot_after`), so a large number costs little more than one.
+const REAP_CONCURRENCY: usize = 1024;
 
 /// What `reap_leftovers` found and did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -164,7 +168,7 @@ pub async fn reap_leftovers(
         trees.push((lease.conversation_id, tree));
     }
     // Every tree gets the one grace at the same time: 500 trees that ignore SIGTERM take one
-    // grace, not 500 (bounded concurrency keeps the /proc walks from swamping a small host).
+    // grace, not 500 (the concurrent kills share their /proc readings).
     let mut pending = trees.into_iter();
     let mut running = tokio::task::JoinSet::new();
     loop {
@@ -208,7 +212,7 @@ pub async fn reap_leftovers(
             }
             if let Some(cg) = ConvCgroup::from_stored(&dir, Some(base)) {
                 cg.kill();
-                if wait_empty(&cg).await && cg.remove(Duration::from_millis(200)).is_ok() {
+                if wait_empty(&cg).await && cg.remove(Duration::from_millis(200)).await.is_ok() {
                     report.cgroups_removed += 1;
                 }
             }

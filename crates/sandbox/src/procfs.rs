@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
+use std::time::Instant;
 
 /// A process as identified across time: its pid plus its start time (clock ticks since boot,
 /// field 22 of `/proc/PID/stat`). A pid alone can be reused; the pair cannot, so every pid read
@@ -105,13 +107,136 @@ pub(crate) fn all_stats() -> HashMap<i32, Stat> {
     out
 }
 
-/// True when the process's initial environment contains exactly `needle` (`KEY=value`).
-/// Used to find a tree's members that escaped its group and were re-parented elsewhere.
-pub(crate) fn environ_contains(pid: i32, needle: &[u8]) -> bool {
+/// One reading of the whole process table, shared by every tree that is being killed at the
+/// same time. Reading `/proc` costs one `stat` file per process; 500 trees killed at once, each
+/// reading it on every poll, would be quadratic (500 trees x 1,500 processes x every poll, on
+/// one runtime thread). Instead a kill asks for a reading taken *after* a given instant (its
+/// last signal) and gets the newest one if it is recent enough, so one reading serves every
+/// concurrent kill that is waiting at that moment.
+#[derive(Debug)]
+pub(crate) struct Snapshot {
+    /// Taken before the first file was read: the reading shows the table at or after this.
+    pub taken: Instant,
+    pub stats: HashMap<i32, Stat>,
+    /// Marker value -> pids carrying it, built on first use (one `environ` read per process
+    /// over its whole life, remembered by pid and start time in [`MARKS`]).
+    markers: OnceLock<HashMap<Box<str>, Vec<i32>>>,
+    /// Parent pid -> children, and process group -> members: a tree's membership is then
+    /// found in time proportional to the tree, not to the whole table.
+    children: OnceLock<HashMap<i32, Vec<i32>>>,
+    groups: OnceLock<HashMap<i32, Vec<i32>>>,
+}
+
+static LATEST: Mutex<Option<Arc<Snapshot>>> = Mutex::new(None);
+
+/// The tree markers found in each process's initial environment, by (pid, start time). A
+/// marker seen once stays: a process that later overwrites its environment is still found.
+static MARKS: LazyLock<Mutex<MarkCache>> = LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// (pid, start time) -> the `WARDEN_TREE` values in that process's initial environment.
+type MarkCache = HashMap<(i32, u64), Vec<Box<str>>>;
+
+/// The newest shared reading of the process table, if it was taken strictly after `after`.
+pub(crate) fn latest_after(after: Instant) -> Option<Arc<Snapshot>> {
+    let latest = LATEST.lock().unwrap_or_else(|p| p.into_inner());
+    latest.as_ref().filter(|s| s.taken > after).cloned()
+}
+
+/// Takes a new reading (with its indexes) and makes it the shared one. Blocking: a file per
+/// process.
+pub(crate) fn refresh() -> Arc<Snapshot> {
+    let snap = Arc::new(Snapshot {
+        taken: Instant::now(),
+        stats: all_stats(),
+        markers: OnceLock::new(),
+        children: OnceLock::new(),
+        groups: OnceLock::new(),
+    });
+    snap.index();
+    *LATEST.lock().unwrap_or_else(|p| p.into_inner()) = Some(snap.clone());
+    snap
+}
+
+/// A reading taken strictly after `after`: the shared one when it is, otherwise a new one.
+pub(crate) fn snapshot_after(after: Instant) -> Arc<Snapshot> {
+    latest_after(after).unwrap_or_else(refresh)
+}
+
+impl Snapshot {
+    /// The pids whose parent is `ppid`.
+    pub fn children_of(&self, ppid: i32) -> &[i32] {
+        self.children
+            .get_or_init(|| index_by(&self.stats, |s| s.ppid))
+            .get(&ppid)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// The pids in process group `pgrp`.
+    pub fn group(&self, pgrp: i32) -> &[i32] {
+        self.groups
+            .get_or_init(|| index_by(&self.stats, |s| s.pgrp))
+            .get(&pgrp)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    /// Builds the parent and group indexes (by whoever took the reading, off the runtime
+    /// thread). The marker index is built on first use only: it reads the environment of each
+    /// process once in its life (remembered in [`MARKS`]), which only trees without a cgroup
+    /// and without bubblewrap need (elsewhere an escaped process is still in the cgroup or in
+    /// the tree's pid namespace).
+    fn index(&self) {
+        let _ = self.children_of(0);
+        let _ = self.group(0);
+    }
+    /// The live pids whose initial environment carries `WARDEN_TREE=<marker>`.
+    pub fn marked(&self, marker: &str) -> &[i32] {
+        self.markers
+            .get_or_init(|| self.index_markers())
+            .get(marker)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    fn index_markers(&self) -> HashMap<Box<str>, Vec<i32>> {
+        let key = format!("{}=", crate::env::TREE_MARKER_ENV);
+        let mut marks = MARKS.lock().unwrap_or_else(|p| p.into_inner());
+        // Forget processes that are gone, so the memory follows the table.
+        marks.retain(|(pid, start), _| self.stats.get(pid).is_some_and(|s| s.start_time == *start));
+        let mut out: HashMap<Box<str>, Vec<i32>> = HashMap::new();
+        for s in self.stats.values().filter(|s| s.is_live()) {
+            let values = marks
+                .entry((s.pid, s.start_time))
+                .or_insert_with(|| environ_values(s.pid, key.as_bytes()));
+            for v in values.iter() {
+                out.entry(v.clone()).or_default().push(s.pid);
+            }
+        }
+        out
+    }
+}
+
+fn index_by(stats: &HashMap<i32, Stat>, key: impl Fn(&Stat) -> i32) -> HashMap<i32, Vec<i32>> {
+    let mut out: HashMap<i32, Vec<i32>> = HashMap::new();
+    for s in stats.values() {
+        out.entry(key(s)).or_default().push(s.pid);
+    }
+    out
+}
+
+/// The values of every `KEY=value` entry of the process's initial environment whose prefix is
+/// `key_eq` (`KEY=`).
+fn environ_values(pid: i32, key_eq: &[u8]) -> Vec<Box<str>> {
     let Ok(bytes) = std::fs::read(format!("/proc/{pid}/environ")) else {
-        return false;
+        return Vec::new();
     };
-    bytes.split(|b| *b == 0).any(|entry| entry == needle)
+    bytes
+        .split(|b| *b == 0)
+        .filter_map(|e| e.strip_prefix(key_eq))
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .map(Box::from)
+        .collect()
 }
 
 /// The short command name (`comm`) of a process.

@@ -122,6 +122,7 @@ pub struct Spawner {
     bwrap: Option<PathBuf>,
     identity: Option<AgentIdentity>,
     pool: Option<std::sync::Arc<UidPool>>,
+    nice: i32,
 }
 
 impl Spawner {
@@ -136,7 +137,15 @@ impl Spawner {
             bwrap,
             identity: None,
             pool: None,
+            nice: 0,
         })
+    }
+
+    /// Every child starts at this nice value (0..=19; 0 = the supervisor's own): an agent that
+    /// spins the CPU must not starve the daemons that decide its permissions in time.
+    pub fn with_nice(mut self, nice: i32) -> Self {
+        self.nice = nice.clamp(0, 19);
+        self
     }
 
     /// Every process this spawner starts (agents and their ACP terminals) switches to
@@ -332,7 +341,7 @@ impl Spawner {
                 match cg.apply_limits(&spec.limits) {
                     Ok(l) => limits = l,
                     Err(e) => {
-                        let _ = cg.remove(std::time::Duration::ZERO);
+                        let _ = cg.remove_blocking(std::time::Duration::ZERO);
                         return Err(e);
                     }
                 }
@@ -354,7 +363,8 @@ impl Spawner {
         let cleanup_cgroup = |cg: &Option<crate::cgroup::ConvCgroup>| {
             if let Some(cg) = cg {
                 cg.kill();
-                let _ = cg.remove(std::time::Duration::from_millis(200));
+                // A failed spawn (rare): a short blocking wait for the killed gate to leave.
+                let _ = cg.remove_blocking(std::time::Duration::from_millis(200));
             }
         };
         if !limits.unavailable.is_empty() {
@@ -413,14 +423,19 @@ impl Spawner {
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
         let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
         let cwd_raw = cwd_fd.as_raw_fd();
+        let nice = self.nice;
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (fchdir, write, setgroups, setgid, setuid, prctl, capset, getppid, close,
-        // dup2, fcntl); it allocates nothing (`keep` was built before the fork). `cwd_fd` outlives the
+        // system calls (fchdir, setpriority, write, setgroups, setgid, setuid, prctl, capset,
+        // getppid, close, dup2, fcntl); it allocates nothing (`keep` was built before the fork). `cwd_fd` outlives the
         // spawn (it is dropped after `cmd.spawn()`).
         unsafe {
             cmd.pre_exec(move || {
                 // Into the working directory by its fd (opened beneath the root), before the
                 // switch of identity: the directory is already resolved, no lookup remains.
+                // Lower priority before anything else (raising the nice value needs no right).
+                if nice > 0 && libc::setpriority(libc::PRIO_PROCESS, 0, nice) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if libc::fchdir(cwd_raw) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }

@@ -65,8 +65,10 @@ async fn term_ignoring_grandchild_is_killed_after_the_grace() {
     println!("stubborn tree: {report:?}");
     assert!(report.forced, "a TERM-ignoring member forces the kill");
     assert!(report.elapsed >= grace);
+    // Forced once, right after the grace (not after a second one); the margin is for a loaded
+    // host (the figures are the soak bench's business, not this test's).
     assert!(
-        report.elapsed <= grace + Duration::from_millis(100),
+        report.elapsed < grace + Duration::from_secs(1),
         "took {:?}",
         report.elapsed
     );

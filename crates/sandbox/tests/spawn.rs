@@ -137,6 +137,29 @@ async fn depth_at_the_limit_is_refused_before_any_process_starts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_starts_at_the_configured_nice_value() {
+    let fx = Fixture::new("nice");
+    for with_bwrap in [false, true] {
+        if with_bwrap && fx.bwrap.is_none() {
+            println!("SKIP: bubblewrap missing or not working; nice test without it only");
+            continue;
+        }
+        let spawner = fx.spawner(with_bwrap).with_nice(10);
+        let root = fx.owned_root(&format!("nice-{with_bwrap}"), Profile::WorkspaceWrite);
+        let mut spec = fx.spec("nice", root, "");
+        // Field 19 of /proc/self/stat is the nice value (counted after the command name).
+        spec.program = "/bin/sh".into();
+        spec.args = vec![
+            "-c".into(),
+            "cut -d')' -f2 /proc/self/stat | cut -d' ' -f18".into(),
+        ];
+        let (code, out, err) = run(&spawner, spec).await;
+        assert_eq!(code, Some(0), "stderr: {err}");
+        assert_eq!(out.trim(), "10", "bwrap={with_bwrap}: {out}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_sees_only_allowlisted_environment_and_the_markers() {
     let fx = Fixture::new("env");
     for with_bwrap in [false, true] {

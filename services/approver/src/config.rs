@@ -150,6 +150,36 @@ impl Config {
         }
     }
 
+    /// How long a Decide call of `agent` may take here: the upstream's budget (with an upstream)
+    /// plus the time a person has. What `PolicyService.Describe` tells the supervisor, which then
+    /// waits at least this long, so its `decide_deadline_ms` need not be edited.
+    pub fn decide_deadline_ms(&self, agent: Option<&str>) -> u64 {
+        let person = match agent {
+            Some(a) => self.approval.deadline_for(a),
+            None => self.approval.deadline_ms,
+        };
+        let upstream = if self.upstream_socket().is_some() {
+            self.upstream.deadline_ms
+        } else {
+            0
+        };
+        person.saturating_add(upstream)
+    }
+
+    /// `PolicyService.Describe`'s answer.
+    pub fn description(&self) -> warden_proto::v1::PolicyDescription {
+        warden_proto::v1::PolicyDescription {
+            decide_deadline_ms: self.decide_deadline_ms(None),
+            agent_decide_deadline_ms: self
+                .approval
+                .agents
+                .keys()
+                .map(|a| (a.clone(), self.decide_deadline_ms(Some(a))))
+                .collect(),
+            implementation: "warden-approver".into(),
+        }
+    }
+
     /// The token file, relative paths resolved against the state directory.
     pub fn token_file(&self) -> PathBuf {
         if self.web.token_file.is_absolute() {
@@ -192,6 +222,29 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
     for (key, v) in positive {
         if v == 0 {
             return Err(ConfigError::invalid(origin, &key, "must be at least 1"));
+        }
+    }
+    // The supervisor adopts the deadline this service describes, but never beyond the contract's
+    // cap: a longer one would be cut there and people would be told a time they do not have.
+    let cap = warden_proto::limits::MAX_DECIDE_DEADLINE_MS;
+    let mut agents: Vec<Option<&str>> = vec![None];
+    agents.extend(c.approval.agents.keys().map(|a| Some(a.as_str())));
+    for agent in agents {
+        let total = c.decide_deadline_ms(agent);
+        if total > cap {
+            let key = match agent {
+                Some(a) => format!("approval.agents.{a}.deadline_ms"),
+                None => "approval.deadline_ms".to_string(),
+            };
+            return Err(ConfigError::invalid(
+                origin,
+                &key,
+                format!(
+                    "with upstream.deadline_ms that is {total} ms, more than the {cap} ms \
+                     (one hour) a supervisor waits for any decision (warden_proto::limits::\
+                     MAX_DECIDE_DEADLINE_MS): people would be shown a time they do not have"
+                ),
+            ));
         }
     }
     if !c.web.bind.is_empty() && c.web.bind.parse::<std::net::SocketAddr>().is_err() {
@@ -237,10 +290,48 @@ mod tests {
                 Err(e) => assert!(e.to_string().contains(key), "{set}: {e}"),
             }
         }
+        // Beyond the contract's cap (one hour, upstream budget included) the approver refuses to
+        // start: the supervisor would cut the wait there.
+        for (sets, key) in [
+            (
+                &["approval.deadline_ms=3600000"][..],
+                "approval.deadline_ms",
+            ),
+            (
+                &[
+                    "approval.agents.claude.deadline_ms=3599000",
+                    "upstream.deadline_ms=1001",
+                ][..],
+                "approval.agents.claude.deadline_ms",
+            ),
+        ] {
+            match load_sets(sets) {
+                Ok(_) => panic!("{sets:?} was accepted"),
+                Err(e) => {
+                    assert!(e.to_string().contains(key), "{sets:?}: {e}");
+                    assert!(e.to_string().contains("3600000"), "{sets:?}: {e}");
+                }
+            }
+        }
+        let edge = match load_sets(&["approval.deadline_ms=3598000"]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(edge.decide_deadline_ms(None), 3_600_000);
+        assert_eq!(edge.description().decide_deadline_ms, 3_600_000);
         let none = match load_sets(&["upstream.socket=\"\""]) {
             Ok(c) => c,
             Err(e) => panic!("{e}"),
         };
         assert_eq!(none.upstream_socket(), None);
+        // Without an upstream nothing is asked first: the description is the person's time.
+        assert_eq!(none.decide_deadline_ms(None), 300_000);
+        let per_agent = match load_sets(&["approval.agents.claude.deadline_ms=600000"]) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        let d = per_agent.description();
+        assert_eq!(d.decide_deadline_ms, 302_000);
+        assert_eq!(d.agent_decide_deadline_ms.get("claude"), Some(&602_000));
     }
 }

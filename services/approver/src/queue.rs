@@ -47,11 +47,18 @@ pub fn describe(a: &pb::Approval) -> String {
         pb::ApprovalState::NoResponse => "no response before the deadline",
         pb::ApprovalState::Revoked => "revoked by the caller",
         pb::ApprovalState::Expired => "expired",
+        pb::ApprovalState::Withdrawn => "approved",
     };
     let mut s = format!("{how} by {} at {} ms", a.answered_by, a.answered_unix_ms);
     if !a.reason.is_empty() {
         s.push_str(": ");
         s.push_str(&a.reason);
+    }
+    if a.state() == pb::ApprovalState::Withdrawn {
+        s.push_str(&format!(
+            "; NOT enforced: the caller withdrew it at {} ms ({})",
+            a.withdrawn_unix_ms, a.withdrawn_reason
+        ));
     }
     s
 }
@@ -251,6 +258,36 @@ impl Queue {
         Ok(a)
     }
 
+    /// The caller did not act on an approval (`PolicyService.Withdraw` after the answer): the
+    /// record is changed to WITHDRAWN, keeping who approved, so history says what was enforced.
+    /// `Ok(None)` when the request is not an approval (pending, refused, or unknown): nothing to
+    /// supersede.
+    pub fn supersede(&self, id: &str, reason: &str) -> Result<Option<pb::Approval>, QueueError> {
+        let held = self.lock();
+        let Some(mut a) = self.get(id)? else {
+            return Ok(None);
+        };
+        if a.state() != pb::ApprovalState::Approved {
+            return Ok(None);
+        }
+        a.set_state(pb::ApprovalState::Withdrawn);
+        a.withdrawn_reason = reason.to_string();
+        a.withdrawn_unix_ms = now_ms().max(a.answered_unix_ms);
+        self.approvals.put(a.id.as_bytes(), a.encode_to_vec())?;
+        self.store.flush()?;
+        drop(held);
+        tracing::warn!(
+            decision_id = %a.id,
+            context_id = %subject(&a).context_id,
+            task_id = %subject(&a).task_id,
+            answered_by = %a.answered_by,
+            reason = %reason,
+            "an approval was not acted on by the caller: recorded as withdrawn"
+        );
+        let _ = self.events.send(a.clone());
+        Ok(Some(a))
+    }
+
     /// Drops the oldest decided requests beyond `keep`.
     fn trim(&self) {
         let over = self.history.len().saturating_sub(self.keep);
@@ -344,6 +381,43 @@ mod tests {
         assert_eq!(q.by_request("r2")?.map(|a| a.id), Some("a2".to_string()));
         assert_eq!(q.history(10)?.len(), 1);
         assert!(q.watch("a2").is_some());
+        Ok(())
+    }
+
+    #[test]
+    fn an_approval_the_caller_did_not_act_on_is_recorded_as_withdrawn()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        {
+            let (q, _) = Queue::open(Store::open(dir.path())?, 10)?;
+            q.hold(approval("a1", "r1"))?;
+            // Pending, refused and unknown requests have no approval to supersede.
+            assert_eq!(q.supersede("a1", "gave up")?, None);
+            assert_eq!(q.supersede("nope", "gave up")?, None);
+            q.resolve("a1", res(pb::ApprovalState::Approved, "alice"))?;
+            let w = q
+                .supersede("a1", "turn cancelled")?
+                .ok_or("not superseded")?;
+            assert_eq!(w.state(), pb::ApprovalState::Withdrawn);
+            assert_eq!(w.answered_by, "alice", "who approved is kept");
+            assert_eq!(w.withdrawn_reason, "turn cancelled");
+            assert!(describe(&w).contains("NOT enforced"), "{}", describe(&w));
+            // Idempotent, and a late answer still finds it decided.
+            assert_eq!(q.supersede("a1", "again")?, None);
+            assert!(matches!(
+                q.resolve("a1", res(pb::ApprovalState::Denied, "bob")),
+                Err(ResolveError::AlreadyDecided(_))
+            ));
+            q.hold(approval("a2", "r2"))?;
+            q.resolve("a2", res(pb::ApprovalState::Denied, "bob"))?;
+            assert_eq!(q.supersede("a2", "gave up")?, None);
+        }
+        // History (after a reopen) shows what was enforced.
+        let (q, _) = Queue::open(Store::open(dir.path())?, 10)?;
+        let h = q.history(10)?;
+        let a1 = h.iter().find(|a| a.id == "a1").ok_or("a1 not in history")?;
+        assert_eq!(a1.state(), pb::ApprovalState::Withdrawn);
+        assert_eq!(h.len(), 2);
         Ok(())
     }
 

@@ -28,6 +28,8 @@ pub mod rule {
     pub const QUEUE_FULL: &str = "approval.queue-full";
     pub const REQUEST_MISMATCH: &str = "approval.request-mismatch";
     pub const UNAVAILABLE: &str = "approval.unavailable";
+    /// A person approved, but the caller withdrew the request (did not act on the approval).
+    pub const WITHDRAWN: &str = "approval.withdrawn";
 }
 
 /// Where decisions come from before a person is asked.
@@ -148,9 +150,16 @@ impl ApproverState {
                         req.deadline_unix_ms.saturating_sub(now_ms()),
                     ));
                 }
-                let mut d =
-                    warden_policy::contract::decide_with_deadline(&mut client, req.clone(), budget)
-                        .await;
+                // Asked as a caller that can hold an escalation for a person, so the policy's
+                // configuration need not change when the approver is swapped in.
+                let mut upstream_req = req.clone();
+                upstream_req.return_escalations = true;
+                let mut d = warden_policy::contract::decide_with_deadline(
+                    &mut client,
+                    upstream_req,
+                    budget,
+                )
+                .await;
                 if d.decision_id.is_empty() {
                     // The caller-side helper's own fail-closed DENY: give it an id to be found by.
                     d.decision_id = format!("approver-{}", uuid::Uuid::new_v4());
@@ -230,7 +239,7 @@ impl ApproverState {
                     context_id = %subject.context_id,
                     caller_ms = caller.saturating_sub(now),
                     approver_ms = own.saturating_sub(now),
-                    "the supervisor's decide_deadline_ms is shorter than the approval deadline; people get the shorter one"
+                    "the caller's deadline is shorter than the approval deadline (its own setting, or a supervisor that could not read this approver's description: see `warden doctor`); people get the shorter one"
                 );
                 caller
             }
@@ -383,7 +392,7 @@ impl Drop for RevokeOnDrop {
             Resolution {
                 state: pb::ApprovalState::Revoked,
                 by: "caller".into(),
-                reason: "the caller withdrew the request (its turn was cancelled)".into(),
+                reason: "the caller stopped waiting (its turn was cancelled, or it gave up)".into(),
                 rule: rule::REVOKED,
             },
         ) {
@@ -451,6 +460,14 @@ pub fn to_decision(a: &pb::Approval) -> pb::Decision {
             rule::UNAVAILABLE,
             "still pending; denying".into(),
         ),
+        pb::ApprovalState::Withdrawn => deny(
+            a.id.clone(),
+            rule::WITHDRAWN,
+            format!(
+                "approved by {who}, but the caller withdrew the request ({})",
+                a.withdrawn_reason
+            ),
+        ),
         _ => deny(a.id.clone(), &a.rule, a.reason.clone()),
     }
 }
@@ -477,9 +494,15 @@ impl ApproverState {
             );
             match r {
                 Ok(_) => tracing::info!(decision_id = %a.id, "withdrawn: revoked while pending"),
-                Err(ResolveError::AlreadyDecided(done)) => {
-                    if done.state == pb::ApprovalState::Approved as i32 {
-                        tracing::warn!(decision_id = %a.id, reason = %req.reason, "an approval was not acted on by the caller");
+                Err(ResolveError::AlreadyDecided(_)) => {
+                    // A person's approval the caller did not act on: history says so.
+                    if self
+                        .queue
+                        .supersede(&a.id, &req.reason)
+                        .map_err(internal)?
+                        .is_some()
+                    {
+                        out.superseded = true;
                     }
                 }
                 Err(ResolveError::NotFound(_)) => {}
@@ -526,6 +549,15 @@ impl PolicyService for PolicyApi {
             .withdraw(request.into_inner())
             .await
             .map(Response::new)
+    }
+
+    /// How long a decision may take here (a person's time plus the upstream's): the supervisor
+    /// waits at least this long, so swapping the approver in is one line of its configuration.
+    async fn describe(
+        &self,
+        _request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::PolicyDescription>, Status> {
+        Ok(Response::new(self.0.config.description()))
     }
 }
 
@@ -662,6 +694,16 @@ impl AdminService for AdminApi {
             "approval_deadline_ms".to_string(),
             s.config.approval.deadline_ms.to_string(),
         );
+        // What Describe tells the supervisor (`warden doctor` compares it with the supervisor's
+        // effective deadline): `decide_deadline_ms`, and `decide_deadline_ms.<agent>` per agent.
+        let d = s.config.description();
+        details.insert(
+            "decide_deadline_ms".to_string(),
+            d.decide_deadline_ms.to_string(),
+        );
+        for (agent, ms) in d.agent_decide_deadline_ms {
+            details.insert(format!("decide_deadline_ms.{agent}"), ms.to_string());
+        }
         Ok(Response::new(warden_daemon::status::response(
             "warden-approver",
             s.started,
@@ -684,5 +726,60 @@ impl AdminService for AdminApi {
         _request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadResponse>, Status> {
         Err(Status::unimplemented("warden-approver reloads at restart"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn approved(escalated_option: Option<&str>) -> pb::Approval {
+        let opt = |id: &str, kind: &str| pb::PermissionOption {
+            id: id.into(),
+            name: id.into(),
+            kind: kind.into(),
+        };
+        pb::Approval {
+            id: "a1".into(),
+            request: Some(pb::DecideRequest {
+                options: vec![
+                    opt("allow-once", "allow_once"),
+                    opt("allow-always", "allow_always"),
+                    opt("reject", "reject_once"),
+                ],
+                ..Default::default()
+            }),
+            state: pb::ApprovalState::Approved as i32,
+            answered_by: "uid:1000 (alice)".into(),
+            escalated_option_id: escalated_option.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    /// A person's approval narrows to "once" and never widens to "always": the only option it
+    /// ever names is the escalating rule's, and only when that is a one-time allow.
+    #[test]
+    fn an_approval_never_names_an_always_option() {
+        let d = to_decision(&approved(Some("allow-always")));
+        assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+        assert_eq!(d.option_id, None, "{d:?}");
+        let d = to_decision(&approved(Some("not-offered")));
+        assert_eq!(d.option_id, None, "{d:?}");
+        let d = to_decision(&approved(Some("allow-once")));
+        assert_eq!(d.option_id.as_deref(), Some("allow-once"));
+        let d = to_decision(&approved(None));
+        assert_eq!(d.option_id, None);
+        assert!(
+            d.reason.contains("approved once by uid:1000 (alice)"),
+            "{d:?}"
+        );
+        // Withdrawn after the approval: what a retry is told is the refusal that was enforced.
+        let mut w = approved(Some("allow-once"));
+        w.state = pb::ApprovalState::Withdrawn as i32;
+        w.withdrawn_reason = "the turn was cancelled".into();
+        let d = to_decision(&w);
+        assert_eq!(d.verdict, pb::Verdict::Deny as i32);
+        assert_eq!(d.rule, rule::WITHDRAWN);
+        assert!(d.reason.contains("the turn was cancelled"), "{d:?}");
     }
 }

@@ -257,6 +257,7 @@ pub fn view(a: &pb::Approval) -> Value {
         pb::ApprovalState::NoResponse => "no-response",
         pb::ApprovalState::Revoked => "revoked",
         pb::ApprovalState::Expired => "expired",
+        pb::ApprovalState::Withdrawn => "withdrawn",
     };
     json!({
         "id": a.id, "state": state,
@@ -270,6 +271,7 @@ pub fn view(a: &pb::Approval) -> Value {
         "created_ms": a.created_unix_ms, "deadline_ms": a.deadline_unix_ms,
         "answered_by": a.answered_by, "answered_ms": a.answered_unix_ms,
         "reason": a.reason, "rule": a.rule, "raw_input": raw,
+        "withdrawn_reason": a.withdrawn_reason, "withdrawn_ms": a.withdrawn_unix_ms,
         "now_ms": crate::queue::now_ms(),
     })
 }

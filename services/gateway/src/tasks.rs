@@ -89,6 +89,9 @@ impl Default for Retention {
 }
 
 /// What one sweep did.
+/// Idle conversations a sweep closes at the same time.
+const CLOSE_CONCURRENCY: usize = 16;
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepReport {
     pub tasks_deleted: usize,
@@ -466,6 +469,7 @@ impl Core {
             ..SweepReport::default()
         };
         let retention_micros = micros(retention.task_retention);
+        let mut to_close = Vec::new();
         for (cid, rec) in self.store.contexts()? {
             let tasks = remaining.get(&cid).copied().unwrap_or_default();
             if tasks.busy {
@@ -484,8 +488,8 @@ impl Core {
                     // even with the TTL off.
                     let abandoned =
                         tasks.count == 0 && last.saturating_add(retention_micros) <= now;
-                    if (ttl_passed || abandoned) && self.close_idle(&cid, &rec, now).await? {
-                        report.conversations_closed += 1;
+                    if ttl_passed || abandoned {
+                        to_close.push((cid, rec));
                     }
                 }
                 Some(_) if tasks.count == 0 && last.saturating_add(retention_micros) <= now => {
@@ -494,6 +498,17 @@ impl Core {
                     }
                 }
                 Some(_) => {}
+            }
+        }
+        // Closed a few at a time: one by one, a wave of contexts expiring together (each close
+        // kills a tree and removes a root at the supervisor) falls behind the contexts opening.
+        use futures::StreamExt;
+        let mut closes = futures::stream::iter(to_close)
+            .map(|(cid, rec)| async move { self.close_idle(&cid, &rec, now).await })
+            .buffer_unordered(CLOSE_CONCURRENCY);
+        while let Some(r) = closes.next().await {
+            if r? {
+                report.conversations_closed += 1;
             }
         }
         Ok(report)

@@ -278,7 +278,10 @@ async fn an_idle_context_is_closed_at_the_supervisor_and_its_next_task_opens_a_n
     };
     let ctx = "ctx-ttl";
     completed_task(&alice, "m-ttl-1", json!({"contextId": ctx})).await;
-    assert!(is_open(&conversation(&d, ctx).await), "opened by the task");
+    let first = conversation(&d, ctx).await;
+    assert!(is_open(&first), "opened by the task");
+    let first_root = std::path::PathBuf::from(first.map(|c| c.root).unwrap_or_default());
+    assert!(first_root.is_dir(), "{}", first_root.display());
 
     let deadline = Instant::now() + Duration::from_secs(15);
     while is_open(&conversation(&d, ctx).await) {
@@ -289,6 +292,16 @@ async fn an_idle_context_is_closed_at_the_supervisor_and_its_next_task_opens_a_n
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Ended: its owned sandbox goes with it (the listing drops it as the close begins).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while first_root.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !first_root.exists(),
+        "{} outlived its conversation",
+        first_root.display()
+    );
 
     // The context is still alice's: bob cannot take it over now that its conversation ended…
     let bob = Gw {
@@ -327,19 +340,30 @@ fn detail(details: &std::collections::HashMap<String, String>, key: &str) -> u64
         .unwrap_or_else(|| panic!("no {key} in {details:?}"))
 }
 
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 #[tokio::test]
-async fn waves_of_tasks_leave_the_store_bounded() {
+async fn waves_of_tasks_leave_the_store_and_the_memory_bounded() {
     const MAX_TASKS: u64 = 40;
     const WAVES: usize = 12;
-    const PER_WAVE: usize = 60;
+    const PER_WAVE: usize = 100;
     const CONTEXTS: usize = 6;
-    let (d, gw) = deploy(vec![
+    let (mut d, gw) = deploy(vec![
         format!("store.max_tasks={MAX_TASKS}"),
         "store.sweep_interval_ms=200".into(),
     ])
     .await;
+    let gateway_pid = d.daemon("gateway").map(|g| g.pid()).unwrap_or(0);
     let mut first_ids = Vec::new();
     let mut sizes = Vec::new();
+    let mut rss = Vec::new();
     for wave in 0..WAVES {
         // Each context takes its share of the wave in order (one agent per context).
         let lanes = (0..CONTEXTS).map(|c| {
@@ -374,6 +398,7 @@ async fn waves_of_tasks_leave_the_store_bounded() {
             let st = status_details(&d).await;
             if detail(&st, "tasks_stored") <= MAX_TASKS {
                 sizes.push(detail(&st, "store_bytes"));
+                rss.push(rss_kib(gateway_pid));
                 break;
             }
             assert!(Instant::now() < deadline, "never pruned: {st:?}");
@@ -381,6 +406,7 @@ async fn waves_of_tasks_leave_the_store_bounded() {
         }
     }
     eprintln!("store bytes after each wave: {sizes:?}");
+    eprintln!("gateway RSS KiB after each wave: {rss:?}");
     // The oldest tasks went first; the newest are all there.
     let r = gw.rpc("GetTask", json!({"id": first_ids[0]})).await;
     assert_eq!(r["error"]["code"], -32001, "{r}");
@@ -395,4 +421,108 @@ async fn waves_of_tasks_leave_the_store_bounded() {
         last <= earlier + earlier / 10,
         "the store kept growing across waves: {sizes:?}"
     );
+    // So does the gateway's memory (issue 13 measured ~1.3 MB per 100 tasks, without bound):
+    // the last four waves (400 tasks) stay within 2 MiB of the highest the earlier ones reached
+    // (seen here: ~44 MiB from the third wave on, +0.1 MiB per wave at most).
+    let earlier = rss[..WAVES - 4].iter().copied().max().unwrap_or(0);
+    let last = rss[WAVES - 4..].iter().copied().max().unwrap_or(0);
+    assert!(
+        last <= earlier + 2048,
+        "the gateway's RSS kept growing across waves (KiB): {rss:?}"
+    );
+}
+
+/// Finding 1 of issue 13 (after ~512 contexts every new task failed): 1,000 contexts over time,
+/// 8 at a time, through a supervisor that may hold only 64 conversations and 16 live agents.
+/// Idle agents make room (least recently used first), stopped ones do not count, and contexts
+/// whose conversation ended are closed by the gateway's TTL: every task completes.
+#[tokio::test]
+async fn a_thousand_contexts_over_time_all_complete_under_small_limits() {
+    const CONTEXTS: usize = 1000;
+    const LANES: usize = 8;
+    let opts = Options {
+        sets: vec![
+            (
+                "gateway".to_string(),
+                "store.conversation_ttl_seconds=1".to_string(),
+            ),
+            (
+                "gateway".to_string(),
+                "store.sweep_interval_ms=200".to_string(),
+            ),
+            (
+                "supervisor".to_string(),
+                "limits.max_conversations=64".to_string(),
+            ),
+            (
+                "supervisor".to_string(),
+                "limits.max_live_agents=16".to_string(),
+            ),
+        ],
+        ..Default::default()
+    };
+    let d = Deployment::up(opts).await;
+    let gw = Gw {
+        addr: d.http.clone(),
+        token: d.token(),
+    };
+    let t0 = Instant::now();
+    let lanes = (0..LANES).map(|lane| {
+        let gw = Gw {
+            addr: gw.addr.clone(),
+            token: gw.token.clone(),
+        };
+        async move {
+            let mut failed = Vec::new();
+            for i in (lane..CONTEXTS).step_by(LANES) {
+                let r = gw
+                    .rpc(
+                        "SendMessage",
+                        json!({"message": message(
+                            &format!("m-thousand-{i}"),
+                            "hello",
+                            json!({"contextId": format!("ctx-thousand-{i}")}),
+                        )}),
+                    )
+                    .await;
+                if state(&r["result"]["task"]) != "TASK_STATE_COMPLETED" {
+                    failed.push(format!("context {i}: {r}"));
+                }
+            }
+            failed
+        }
+    });
+    let failed: Vec<String> = futures::future::join_all(lanes)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    eprintln!("{CONTEXTS} contexts in {:?}", t0.elapsed());
+    assert!(
+        failed.is_empty(),
+        "{} of {CONTEXTS} tasks did not complete; first: {}",
+        failed.len(),
+        failed[0]
+    );
+    // The idle ones are ended by the gateway's TTL: the supervisor does not keep them.
+    let mut sup =
+        pb::supervisor_service_client::SupervisorServiceClient::new(d.channel("supervisor"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let held = sup
+            .list_conversations(pb::ListConversationsRequest::default())
+            .await
+            .expect("ListConversations")
+            .into_inner()
+            .conversations;
+        if held.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} conversations still held 20 s after the last task",
+            held.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

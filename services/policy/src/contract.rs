@@ -194,6 +194,7 @@ fn request(
         options,
         current_mode: "default".into(),
         deadline_unix_ms: 0,
+        return_escalations: false,
     }
 }
 
@@ -329,7 +330,19 @@ pub async fn check_policy_service(
     ];
     for (name, bits, kind, locs) in floor_denies {
         let r = request(name, root, *bits, kind, locs, claude_options());
-        add("floor", name, r, Want::Deny);
+        add("floor", name, r.clone(), Want::Deny);
+        // A caller that can ask a person (an approver chaining here) gets the same refusal: the
+        // floor is never handed to a person to loosen.
+        let asking = pb::DecideRequest {
+            return_escalations: true,
+            ..r
+        };
+        add(
+            "floor",
+            &format!("{name} (caller can ask a person)"),
+            asking,
+            Want::Deny,
+        );
     }
     // the sibling named like the root, as an absolute path
     let sibling = fixture.base.join("root-evil/x").display().to_string();
@@ -595,7 +608,47 @@ pub async fn check_policy_service(
             ));
         }
     }
+    out.extend(check_description(&mut client, opts.deadline).await);
     out
+}
+
+/// `Describe` answers (UNIMPLEMENTED is allowed: read as "needs no extra time") and never asks a
+/// caller for more than `warden_proto::limits::MAX_DECIDE_DEADLINE_MS`.
+async fn check_description(
+    client: &mut PolicyServiceClient<Channel>,
+    patience: Duration,
+) -> Vec<Violation> {
+    let cap = warden_proto::limits::MAX_DECIDE_DEADLINE_MS;
+    let v = |detail: String| Violation {
+        check: "describe",
+        case: "Describe".into(),
+        detail,
+    };
+    let mut r = Request::new(pb::DescribeRequest {});
+    r.set_timeout(patience);
+    match tokio::time::timeout(patience, client.describe(r)).await {
+        Err(_) => vec![v(format!("no answer within {} ms", patience.as_millis()))],
+        Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => Vec::new(),
+        Ok(Err(s)) => vec![v(format!("failed: {}: {}", s.code(), s.message()))],
+        Ok(Ok(d)) => {
+            let d = d.into_inner();
+            let mut out = Vec::new();
+            if d.decide_deadline_ms > cap {
+                out.push(v(format!(
+                    "decide_deadline_ms {} is beyond the {cap} ms cap",
+                    d.decide_deadline_ms
+                )));
+            }
+            for (agent, ms) in &d.agent_decide_deadline_ms {
+                if *ms > cap {
+                    out.push(v(format!(
+                        "agent {agent:?}: {ms} ms is beyond the {cap} ms cap"
+                    )));
+                }
+            }
+            out
+        }
+    }
 }
 
 /// A deliberately slow implementation that answers ALLOW after `delay`: a caller that waits
@@ -629,6 +682,14 @@ impl PolicyService for SlowPolicy {
         _request: Request<pb::WithdrawRequest>,
     ) -> Result<Response<pb::WithdrawResponse>, Status> {
         Err(Status::unimplemented("SlowPolicy keeps no audit"))
+    }
+
+    /// Incomplete too: a caller reads UNIMPLEMENTED as "needs no extra time".
+    async fn describe(
+        &self,
+        _request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::PolicyDescription>, Status> {
+        Err(Status::unimplemented("SlowPolicy does not describe itself"))
     }
 }
 

@@ -148,7 +148,9 @@ impl PolicyState {
             Ok(input) => {
                 // The real filesystem, each path looked up once per decision (see `fsview`).
                 let fs = DecisionFs::new(RealFs);
-                let d = if active.decide.return_escalations {
+                // The caller can hold an escalation for a person (an approver chaining to this
+                // service asks with `return_escalations`), or the operator configured it so.
+                let d = if active.decide.return_escalations || req.return_escalations {
                     active.engine.decide_with_approver(&input, &fs)
                 } else {
                     active.engine.decide(&input, &fs)
@@ -412,6 +414,18 @@ impl PolicyService for PolicyApi {
     ) -> Result<Response<pb::WithdrawResponse>, Status> {
         let req = request.into_inner();
         self.0.withdraw(&req).await.map(Response::new)
+    }
+
+    /// The rules answer at once: a caller needs to allow no extra time.
+    async fn describe(
+        &self,
+        _request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::PolicyDescription>, Status> {
+        Ok(Response::new(pb::PolicyDescription {
+            decide_deadline_ms: 0,
+            agent_decide_deadline_ms: Default::default(),
+            implementation: "warden-policy".into(),
+        }))
     }
 }
 

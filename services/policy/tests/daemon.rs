@@ -149,6 +149,7 @@ fn req(root: &Path, owned: bool, kind: &str, locs: &[&str], context: &str) -> pb
         ],
         current_mode: "read-only".into(),
         deadline_unix_ms: 0,
+        return_escalations: false,
     }
 }
 
@@ -493,6 +494,69 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
         .into_inner()
         .records;
     assert_eq!(recs.first().map(|r| r.policy_version), Some(3));
+}
+
+/// An approver chaining to the policy asks for escalations in the request itself, so the policy's
+/// configuration does not change when an approver is swapped in; without the request field (the
+/// supervisor) an escalation is still the refusal `non_interactive` says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_can_ask_a_person_gets_escalate_without_any_policy_setting() {
+    let p = start(
+        "[policy.global]\nmode = \"approve-reads\"\nnon_interactive = \"fail\"\n",
+        "",
+    )
+    .await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let exec = |ask: bool| pb::DecideRequest {
+        request_id: format!("r-exec-{ask}"),
+        return_escalations: ask,
+        ..req(&root, true, "execute", &[], "esc")
+    };
+    let supervisor = decide(&p, exec(false)).await;
+    assert_eq!(
+        supervisor.verdict,
+        pb::Verdict::Deny as i32,
+        "{supervisor:?}"
+    );
+    assert_eq!(supervisor.rule, "escalation.prompt-unavailable");
+    let approver = decide(&p, exec(true)).await;
+    assert_eq!(
+        approver.verdict,
+        pb::Verdict::Escalate as i32,
+        "{approver:?}"
+    );
+    assert!(!approver.end_turn, "{approver:?}");
+    // The floor is not loosened by asking: an edit outside the root is still refused outright.
+    let outside = pb::DecideRequest {
+        return_escalations: true,
+        ..req(&root, true, "edit", &["/etc/passwd"], "esc")
+    };
+    assert_eq!(decide(&p, outside).await.verdict, pb::Verdict::Deny as i32);
+    // The audit says what was answered.
+    let recs = p
+        .admin()
+        .audit_query(pb::AuditQueryRequest {
+            decision_id: approver.decision_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+        .records;
+    assert_eq!(
+        recs.first().map(|r| r.verdict),
+        Some(pb::Verdict::Escalate as i32)
+    );
+    // The rules answer at once: the description asks a caller for no extra time.
+    let d = p
+        .policy()
+        .describe(pb::DescribeRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("describe: {e}"))
+        .into_inner();
+    assert_eq!(d.decide_deadline_ms, 0);
+    assert_eq!(d.implementation, "warden-policy");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

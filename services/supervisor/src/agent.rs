@@ -227,7 +227,24 @@ impl AgentProc {
     /// Kills the tree of an agent whose start failed and returns `error` with the tail of what
     /// the agent wrote to stderr (masked), once the reader has seen the end of it.
     pub async fn fail(mut self, shared: &Shared, error: StartError) -> StartError {
-        self.kill(shared).await;
+        // An agent that died on its own says how (a signal from outside, an exit code) — the
+        // clue when it wrote nothing on stderr.
+        let exited_first = self.tree.as_ref().is_some_and(|t| t.leader_exited());
+        self.client.close_stdin();
+        let status = match self.tree.take() {
+            Some(mut t) => {
+                let opts =
+                    warden_sandbox::KillOptions::with_grace(shared.settings.limits().kill_grace());
+                t.kill(opts).await.ok().and_then(|r| r.leader_status)
+            }
+            None => None,
+        };
+        let error = match (exited_first, status, error) {
+            (true, Some(st), StartError::Protocol(m)) => {
+                StartError::Protocol(format!("{m} (the agent had exited: {st})"))
+            }
+            (_, _, e) => e,
+        };
         if let Some(reader) = self.stderr_reader.take() {
             // The tree is dead, so EOF is near; a descendant that escaped the kill and still
             // holds the pipe must not hold the failure up.

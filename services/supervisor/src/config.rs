@@ -399,6 +399,9 @@ pub struct SandboxSection {
     /// `agent_user` for all (gid = uid unless `agent_group` is set), so agents of two
     /// conversations cannot touch each other's files even without bubblewrap. Empty: off.
     pub agent_uid_range: Vec<u32>,
+    /// The nice value every agent (and ACP terminal) starts at, 0..=19 (0 = the supervisor's):
+    /// agents that spin the CPU leave it to the daemons deciding their permissions in time.
+    pub agent_nice: i32,
 }
 
 impl Default for SandboxSection {
@@ -410,6 +413,7 @@ impl Default for SandboxSection {
             agent_user: String::new(),
             agent_group: String::new(),
             agent_uid_range: Vec::new(),
+            agent_nice: 10,
         }
     }
 }
@@ -531,6 +535,13 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             &origin,
             "policy.decide_deadline_ms",
             "must be > 0",
+        ));
+    }
+    if !(0..=19).contains(&cfg.sandbox.agent_nice) {
+        return Err(ConfigError::invalid(
+            &origin,
+            "sandbox.agent_nice",
+            "must be 0..=19 (an agent may be given less CPU than the daemons, never more)",
         ));
     }
     let l = &cfg.limits;
@@ -679,6 +690,10 @@ mod tests {
         assert!(e.to_string().contains("agents.scripted.home"), "{e}");
         let e = load(None, &["sandbox.agent_uid_ragne=[1, 2]".into()]).unwrap_err();
         assert!(e.to_string().contains("agent_uid_ragne"), "{e}");
+        let s = load(None, &[]).unwrap();
+        assert_eq!(s.file.sandbox.agent_nice, 10);
+        let e = load(None, &["sandbox.agent_nice=-5".into()]).unwrap_err();
+        assert!(e.to_string().contains("sandbox.agent_nice"), "{e}");
         let s = load(None, &["sandbox.agent_uid_range=[200000, 200009]".into()]).unwrap();
         assert_eq!(s.file.sandbox.agent_uid_range, vec![200_000, 200_009]);
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();

@@ -43,6 +43,10 @@ pub struct Conversation {
     pub state: Mutex<ConvState>,
     wake: Notify,
     pub closed: CancellationToken,
+    /// The supervisor is stopping: a cancelled turn does not wait the cancel grace for the
+    /// agent's answer before the kill (the kill's own SIGTERM grace is the one wait), so a stop
+    /// takes one kill grace.
+    stopping: CancellationToken,
     proc_: tokio::sync::Mutex<Option<AgentProc>>,
     /// Session id to load when the agent is restarted.
     last_session: Mutex<String>,
@@ -101,6 +105,7 @@ impl Conversation {
             }),
             wake: Notify::new(),
             closed: CancellationToken::new(),
+            stopping: CancellationToken::new(),
             proc_: tokio::sync::Mutex::new(None),
             last_session: Mutex::new(String::new()),
             last_kill: Mutex::new((false, 0)),
@@ -399,8 +404,12 @@ impl Conversation {
     }
 
     /// Close: every queued turn ends cancelled, the active one is cancelled, the tree killed.
-    /// Returns (forced, processes).
-    pub async fn close(&self) -> (bool, u32) {
+    /// With `stopping` (the supervisor stops) the active turn's cancel is sent but not waited
+    /// for. Returns (forced, processes).
+    pub async fn close(&self, stopping: bool) -> (bool, u32) {
+        if stopping {
+            self.stopping.cancel();
+        }
         let (queued, active) = {
             let mut st = self.st();
             st.closing = true;
@@ -428,10 +437,12 @@ impl Conversation {
         self.st().status = pb::ConversationState::Closed;
         // Nothing of this conversation's home may reach a later one.
         let home = self.home.lock().ok().and_then(|mut h| h.take());
-        if let Some(h) = home
-            && let Err(e) = h.remove()
-        {
-            tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
+        if let Some(h) = home {
+            // Off the runtime thread: a stop removes hundreds of homes at once.
+            let removed = tokio::task::spawn_blocking(move || h.remove()).await;
+            if let Ok(Err(e)) = removed {
+                tracing::warn!(context_id = %self.core.info.context_id, error = %e, "cannot remove the agent home");
+            }
         }
         // Its processes are gone: its uid (with a range) may serve another conversation.
         self.shared
@@ -721,6 +732,13 @@ impl Conversation {
                     let c = client.clone();
                     let s = sid.clone();
                     cancel_task = Some(tokio::spawn(async move { c.cancel_with_deadline(&s, grace).await }));
+                    if self.stopping.is_cancelled() {
+                        return self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel));
+                    }
+                }
+                _ = self.stopping.cancelled(), if cancel_task.is_some() => {
+                    // A stop arrived while the cancel grace ran: the kill goes now.
+                    return self.ended(turn.end_reason().unwrap_or(EndRequest::Cancel));
                 }
                 r = async {
                     match cancel_task.as_mut() {

@@ -156,6 +156,8 @@ impl ConvCore {
                 .collect(),
             current_mode,
             deadline_unix_ms: 0,
+            // The supervisor cannot ask a person: an escalation is a refusal here.
+            return_escalations: false,
         }
     }
 

@@ -1,6 +1,11 @@
 //! The permission bridge's policy half: build a `DecideRequest`, call `PolicyService.Decide`
 //! with a deadline, and fail closed (DENY, reason `policy_unavailable`) on any error, timeout or
 //! malformed answer. Then turn the verdict into the ACP answer with `warden_rules::choose_option`.
+//!
+//! The deadline is the larger of the configured one (`decide_deadline_ms`) and the one the
+//! service describes (`PolicyService.Describe`: a person's time at warden-approver, nothing at
+//! warden-policy), the latter never beyond `warden_proto::limits::MAX_DECIDE_DEADLINE_MS`; so
+//! pointing `policy.socket` at an approver is the whole swap.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -71,6 +76,35 @@ impl BridgeStats {
     }
 }
 
+/// How long a description is trusted before it is asked again (an approver restarted with a
+/// longer deadline is followed within this).
+const DESCRIBE_TTL: Duration = Duration::from_secs(10);
+
+/// How long a failed or missing description waits before it is asked again.
+const DESCRIBE_RETRY: Duration = Duration::from_secs(1);
+
+/// How long one Describe may take (it runs before the Decide it is for, once per TTL).
+const DESCRIBE_PATIENCE: Duration = Duration::from_millis(500);
+
+/// What the service said it needs, and when it was asked.
+#[derive(Debug, Clone)]
+struct Described {
+    asked: Instant,
+    /// `None` when it could not be asked (down, hung, or an implementation without Describe).
+    desc: Option<pb::PolicyDescription>,
+}
+
+/// The deadline one Decide gets, and where it came from (for `Status` and `warden doctor`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectiveDeadline {
+    /// The supervisor's own setting (`policy.decide_deadline_ms` or the agent's override).
+    pub own: Duration,
+    /// What the service described for the agent (capped), `None` when it did not say.
+    pub described: Option<Duration>,
+    /// max(own, described): what the supervisor waits.
+    pub effective: Duration,
+}
+
 /// A client of the policy service.
 #[derive(Clone)]
 pub struct PolicyClient {
@@ -79,6 +113,9 @@ pub struct PolicyClient {
     grace: Duration,
     failures: std::sync::Arc<AtomicU64>,
     stats: std::sync::Arc<std::sync::Mutex<BridgeStats>>,
+    /// The last description (read on every Decide; written by one refresh at a time).
+    described: std::sync::Arc<std::sync::RwLock<Option<Described>>>,
+    refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl PolicyClient {
@@ -89,6 +126,98 @@ impl PolicyClient {
             grace: Duration::from_millis(DEFAULT_ANSWER_GRACE_MS),
             failures: Default::default(),
             stats: Default::default(),
+            described: Default::default(),
+            refreshing: Default::default(),
+        }
+    }
+
+    /// The cached description while it is fresh: `Some(desc)` (which may itself be `None`).
+    fn fresh_description(&self) -> Option<Option<pb::PolicyDescription>> {
+        let g = self.described.read().unwrap_or_else(|p| p.into_inner());
+        let d = g.as_ref()?;
+        let ttl = if d.desc.is_some() {
+            DESCRIBE_TTL
+        } else {
+            DESCRIBE_RETRY
+        };
+        (d.asked.elapsed() < ttl).then(|| d.desc.clone())
+    }
+
+    /// The service's description, asked again once it is older than [`DESCRIBE_TTL`] (or
+    /// [`DESCRIBE_RETRY`] after a failure; a failure keeps the last good answer).
+    pub async fn description(&self) -> Option<pb::PolicyDescription> {
+        if let Some(d) = self.fresh_description() {
+            return d;
+        }
+        // One refresh at a time; the others find its answer.
+        let _one = self.refreshing.lock().await;
+        if let Some(d) = self.fresh_description() {
+            return d;
+        }
+        let mut client = self.client.clone();
+        let mut r = tonic::Request::new(pb::DescribeRequest {});
+        r.set_timeout(DESCRIBE_PATIENCE);
+        let got = match tokio::time::timeout(DESCRIBE_PATIENCE, client.describe(r)).await {
+            Ok(Ok(d)) => Some(d.into_inner()),
+            // An implementation without Describe needs no extra time.
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {
+                Some(pb::PolicyDescription::default())
+            }
+            Ok(Err(s)) => {
+                tracing::debug!(error = %s.message(), "the policy service did not describe itself");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the policy service did not describe itself within {} ms",
+                    DESCRIBE_PATIENCE.as_millis()
+                );
+                None
+            }
+        };
+        let old = self
+            .described
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(|d| d.desc.clone());
+        let desc = match (got, old) {
+            (Some(new), old) => {
+                if old.as_ref() != Some(&new) {
+                    tracing::info!(
+                        implementation = %new.implementation,
+                        decide_deadline_ms = new.decide_deadline_ms,
+                        agents = ?new.agent_decide_deadline_ms,
+                        "the policy service described the time it needs"
+                    );
+                }
+                Some(new)
+            }
+            (None, old) => old,
+        };
+        *self.described.write().unwrap_or_else(|p| p.into_inner()) = Some(Described {
+            asked: Instant::now(),
+            desc: desc.clone(),
+        });
+        desc
+    }
+
+    /// The deadline a Decide for `agent` gets: the larger of `own` and what the service
+    /// describes, the description capped at `MAX_DECIDE_DEADLINE_MS`.
+    pub async fn effective_deadline(&self, own: Duration, agent: &str) -> EffectiveDeadline {
+        let described = self.description().await.map(|d| {
+            let ms = d
+                .agent_decide_deadline_ms
+                .get(agent)
+                .copied()
+                .unwrap_or(d.decide_deadline_ms)
+                .min(warden_proto::limits::MAX_DECIDE_DEADLINE_MS);
+            Duration::from_millis(ms)
+        });
+        EffectiveDeadline {
+            own,
+            described,
+            effective: described.map_or(own, |d| d.max(own)),
         }
     }
 
@@ -132,6 +261,12 @@ impl PolicyClient {
     /// policy is treated as hung and this denies on its own (the policy, when it gets to the
     /// request, finds the deadline passed and records a DENY too).
     pub async fn decide(&self, mut req: pb::DecideRequest, deadline: Duration) -> Decided {
+        let agent = req
+            .subject
+            .as_ref()
+            .map(|s| s.agent.clone())
+            .unwrap_or_default();
+        let deadline = self.effective_deadline(deadline, &agent).await.effective;
         let started = Instant::now();
         req.deadline_unix_ms = std::time::SystemTime::now()
             .checked_add(deadline)
@@ -262,7 +397,8 @@ fn validate(d: &pb::Decision, offered: &[String]) -> Result<pb::Verdict, String>
     Ok(verdict)
 }
 
-/// The rules library's verdict for a wire verdict.
+/// The rules library's verdict for a wire verdict. ESCALATE stays ESCALATE, which
+/// `choose_option` answers like DENY (a refusal): the supervisor never asks a person itself.
 pub fn rules_verdict(v: pb::Verdict) -> warden_rules::Verdict {
     match v {
         pb::Verdict::Allow => warden_rules::Verdict::Allow,

@@ -26,6 +26,15 @@ const ENDED_MEMORY: usize = 4096;
 /// Longest accepted context id / turn id (bytes).
 const MAX_ID: usize = 256;
 
+/// Why a conversation is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Its owner closed it or its context expired: everything of it goes.
+    Ended,
+    /// The supervisor stops: the tree goes, the owned root stays for the next start.
+    Shutdown,
+}
+
 struct Slot {
     conv: tokio::sync::Mutex<Option<Arc<Conversation>>>,
 }
@@ -327,7 +336,15 @@ impl Supervisor {
         g.clone()
     }
 
+    /// Ends a conversation (its owner closed it, or the gateway's `conversation_ttl` passed):
+    /// the tree is killed, the home removed, and an owned root removed after its turns'
+    /// transcripts are closed (they live in the state directory, not in the root). An operator
+    /// workspace is never removed.
     pub async fn close(&self, context_id: &str) -> pb::CloseConversationResponse {
+        self.close_as(context_id, Ending::Ended).await
+    }
+
+    async fn close_as(&self, context_id: &str, ending: Ending) -> pb::CloseConversationResponse {
         let Some(slot) = self.existing(context_id) else {
             return pb::CloseConversationResponse::default();
         };
@@ -342,7 +359,24 @@ impl Supervisor {
                         ended.pop_front();
                     }
                 }
-                let (forced, processes) = c.close().await;
+                let (forced, processes) = c.close(ending == Ending::Shutdown).await;
+                if ending == Ending::Ended && c.core.info.owned {
+                    // The tree is dead and every turn ended (close waited for the active one),
+                    // so nothing writes into the root any more.
+                    // A root may be large: removed off the runtime thread, before the close is
+                    // answered (a caller that reopens the context finds a fresh root).
+                    let roots = self.shared.roots.clone();
+                    let id = context_id.to_string();
+                    match tokio::task::spawn_blocking(move || roots.remove(&id)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox")
+                        }
+                        Err(e) => {
+                            tracing::warn!(context_id, error = %e, "sandbox removal did not finish")
+                        }
+                    }
+                }
                 pb::CloseConversationResponse {
                     closed: true,
                     forced,
@@ -353,7 +387,7 @@ impl Supervisor {
         }
     }
 
-    /// Closes everything (shutdown).
+    /// Closes everything (shutdown); owned roots stay.
     pub async fn close_all(self: &Arc<Self>) {
         let ids: Vec<String> = self
             .slots
@@ -365,7 +399,9 @@ impl Supervisor {
         let mut set = tokio::task::JoinSet::new();
         for id in ids {
             let me = self.clone();
-            set.spawn(async move { me.close(&id).await });
+            // A stop of the supervisor is not the end of the conversation: its root stays for
+            // the context's next task after the restart.
+            set.spawn(async move { me.close_as(&id, Ending::Shutdown).await });
         }
         while set.join_next().await.is_some() {}
     }
@@ -385,6 +421,44 @@ impl Supervisor {
             {
                 out.push(c.clone());
             }
+        }
+        out
+    }
+
+    /// The Decide deadlines this supervisor uses now (`warden doctor` compares them with the
+    /// approver's): `decide_deadline_ms.own` (the setting), `decide_deadline_ms.described` (what
+    /// the policy service asks for; `none` when it did not say), `decide_deadline_ms.effective`,
+    /// and `decide_deadline_ms.effective.<agent>` for each configured agent.
+    async fn deadline_details(&self) -> HashMap<String, String> {
+        let s = &self.shared.settings;
+        let policy = &self.shared.policy;
+        let mut out = HashMap::new();
+        let own = std::time::Duration::from_millis(s.file.policy.decide_deadline_ms);
+        let d = policy.effective_deadline(own, "").await;
+        out.insert("decide_deadline_ms.own".into(), ms(d.own));
+        out.insert(
+            "decide_deadline_ms.described".into(),
+            d.described.map(ms).unwrap_or_else(|| "none".into()),
+        );
+        out.insert("decide_deadline_ms.effective".into(), ms(d.effective));
+        if let Some(desc) = policy.description().await {
+            out.insert(
+                "policy_implementation".into(),
+                if desc.implementation.is_empty() {
+                    "unnamed".into()
+                } else {
+                    desc.implementation
+                },
+            );
+        }
+        for (name, cfg) in &s.agents {
+            let d = policy
+                .effective_deadline(s.decide_deadline(cfg), name)
+                .await;
+            out.insert(
+                format!("decide_deadline_ms.effective.{name}"),
+                ms(d.effective),
+            );
         }
         out
     }
@@ -636,7 +710,9 @@ impl SupervisorService for Api {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let n = self.0.conversations().await.len();
-        Ok(Response::new(self.0.status(n)))
+        let mut st = self.0.status(n);
+        st.details.extend(self.0.deadline_details().await);
+        Ok(Response::new(st))
     }
 }
 
@@ -647,7 +723,9 @@ impl AdminService for Api {
         _req: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let n = self.0.conversations().await.len();
-        Ok(Response::new(self.0.status(n)))
+        let mut st = self.0.status(n);
+        st.details.extend(self.0.deadline_details().await);
+        Ok(Response::new(st))
     }
 
     async fn audit_query(
@@ -665,4 +743,8 @@ impl AdminService for Api {
             "the supervisor does not reload configuration",
         ))
     }
+}
+
+fn ms(d: std::time::Duration) -> String {
+    d.as_millis().to_string()
 }

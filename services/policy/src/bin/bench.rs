@@ -187,6 +187,7 @@ fn to_request(i: &DecisionInput, n: usize) -> pb::DecideRequest {
             .collect(),
         current_mode: "default".into(),
         deadline_unix_ms: 0,
+        return_escalations: false,
     }
 }
 

@@ -1,0 +1,295 @@
+//! `warden doctor`'s deadline check: the running supervisor's effective Decide deadlines (its
+//! admin `Status`, `decide_deadline_ms.*`) against what the running approver needs (its admin
+//! `Status`, `decide_deadline_ms[.<agent>]`). The supervisor adopts the approver's deadline by
+//! itself (`PolicyService.Describe`); this finds where it has not (an approver restarted with a
+//! longer deadline not yet re-read, a supervisor that cannot reach it, one pointed elsewhere).
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use warden_proto::v1 as pb;
+use warden_proto::v1::admin_service_client::AdminServiceClient;
+
+/// What the comparison found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadlineReport {
+    /// Lines for people.
+    pub lines: Vec<String>,
+    /// True when the supervisor asks the approver and waits less than it needs for some agent.
+    pub mismatch: bool,
+}
+
+fn ms(details: &HashMap<String, String>, key: &str) -> Option<u64> {
+    details.get(key).and_then(|v| v.parse().ok())
+}
+
+/// Compares the two daemons' `Status` details (`None` = not running / not reachable).
+pub fn compare(
+    supervisor: Option<&HashMap<String, String>>,
+    approver: Option<&HashMap<String, String>>,
+) -> DeadlineReport {
+    let mut lines = Vec::new();
+    let Some(a) = approver else {
+        lines.push("  no warden-approver running here: nothing to compare".into());
+        return DeadlineReport {
+            lines,
+            mismatch: false,
+        };
+    };
+    let agents_of = |d: &HashMap<String, String>, prefix: &str| -> Vec<String> {
+        d.keys()
+            .filter_map(|k| k.strip_prefix(prefix).map(str::to_string))
+            .collect()
+    };
+    let approver_agents = agents_of(a, "decide_deadline_ms.");
+    let need_default = ms(a, "decide_deadline_ms").unwrap_or(0);
+    let need = |agent: &str| ms(a, &format!("decide_deadline_ms.{agent}")).unwrap_or(need_default);
+    let per_agent: Vec<String> = approver_agents
+        .iter()
+        .map(|g| format!("{g}: {} ms", need(g)))
+        .collect();
+    lines.push(format!(
+        "  warden-approver      needs {need_default} ms{}",
+        if per_agent.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", per_agent.join(", "))
+        }
+    ));
+    let Some(s) = supervisor else {
+        lines.push("  warden-supervisor    not running: nothing to compare".into());
+        return DeadlineReport {
+            lines,
+            mismatch: false,
+        };
+    };
+    let have_default = ms(s, "decide_deadline_ms.effective").unwrap_or(0);
+    let have = |agent: &str| {
+        ms(s, &format!("decide_deadline_ms.effective.{agent}")).unwrap_or(have_default)
+    };
+    let supervisor_agents = agents_of(s, "decide_deadline_ms.effective.");
+    let waits: Vec<String> = supervisor_agents
+        .iter()
+        .map(|g| format!("{g}: {} ms", have(g)))
+        .collect();
+    lines.push(format!(
+        "  warden-supervisor    waits {have_default} ms (own setting {} ms; described by {}: {}){}",
+        s.get("decide_deadline_ms.own")
+            .map(String::as_str)
+            .unwrap_or("?"),
+        s.get("policy_implementation")
+            .map(String::as_str)
+            .unwrap_or("nobody"),
+        s.get("decide_deadline_ms.described")
+            .map(String::as_str)
+            .unwrap_or("none"),
+        if waits.is_empty() {
+            String::new()
+        } else {
+            format!(" [{}]", waits.join(", "))
+        }
+    ));
+    let Some(implementation) = s.get("policy_implementation").cloned() else {
+        lines.push(
+            "  MISMATCH: the supervisor cannot read its policy service's deadline (Describe): it \
+             waits its own setting, and a person's answer would come too late. Is its \
+             policy.socket this approver's socket, and is it reachable?"
+                .into(),
+        );
+        return DeadlineReport {
+            lines,
+            mismatch: true,
+        };
+    };
+    if implementation != "warden-approver" {
+        lines.push(format!(
+            "  note: the supervisor asks {implementation}, not the approver: human approval is not \
+             swapped in (services/approver/README.md, \"Swap in human approval\")"
+        ));
+        return DeadlineReport {
+            lines,
+            mismatch: false,
+        };
+    }
+    let mut mismatch = false;
+    let agents: BTreeSet<String> = approver_agents
+        .into_iter()
+        .chain(supervisor_agents)
+        .collect();
+    let mut check = |label: &str, have: u64, need: u64| {
+        if have < need {
+            mismatch = true;
+            lines.push(format!(
+                "  MISMATCH {label}: the supervisor waits {have} ms, the approver needs {need} ms \
+                 (people get {have} ms); the supervisor re-reads the approver's deadline every \
+                 10 s, so a lasting mismatch means it cannot reach this approver"
+            ));
+        }
+    };
+    check("(default)", have_default, need_default);
+    for g in &agents {
+        check(&format!("agent {g}"), have(g), need(g));
+    }
+    if !mismatch {
+        lines.push(
+            "  OK: the supervisor waits at least as long as the approver needs, for every agent"
+                .into(),
+        );
+    }
+    DeadlineReport { lines, mismatch }
+}
+
+async fn details(socket: &Path) -> Option<HashMap<String, String>> {
+    let ch = tokio::time::timeout(
+        Duration::from_secs(2),
+        warden_daemon::client::connect_unix(socket),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        AdminServiceClient::new(ch).status(pb::StatusRequest {}),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    Some(r.into_inner().details)
+}
+
+/// Asks the supervisor (its socket) and the approver (its admin socket) and compares their
+/// deadlines.
+pub async fn deadlines(supervisor_socket: &Path, approver_admin: &Path) -> DeadlineReport {
+    let approver = details(approver_admin).await;
+    let supervisor = if approver.is_some() {
+        details(supervisor_socket).await
+    } else {
+        None
+    };
+    compare(supervisor.as_ref(), approver.as_ref())
+}
+
+/// The running supervisor's capacity (its `Status`): the live-agent cap (from memory, ~300 MiB
+/// per agent tree, unless configured), the active-turn cap (from cores), and how much of each
+/// is in use. Lines to print; a supervisor that does not answer is said so.
+pub async fn capacity(supervisor_socket: &Path) -> Vec<String> {
+    let Some(d) = details(supervisor_socket).await else {
+        return vec![format!(
+            "  supervisor not reachable at {} (its caps are derived at start:              limits.max_live_agents from memory, ~300 MiB per agent tree;              limits.max_active_turns from cores)",
+            supervisor_socket.display()
+        )];
+    };
+    capacity_lines(&d)
+}
+
+fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
+    let get = |k: &str| d.get(k).map(String::as_str).unwrap_or("?");
+    vec![
+        format!(
+            "  live agents:        {} of max_live_agents {} (beyond it the least recently used idle agent stops)",
+            get("live_agents"),
+            get("max_live_agents")
+        ),
+        format!(
+            "  active turns:       max_active_turns {} (beyond it turns wait in order, \"queued, position N\")",
+            get("max_active_turns")
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_lines_name_the_caps_and_their_use() {
+        let d = map(&[
+            ("live_agents", "3"),
+            ("max_live_agents", "78"),
+            ("max_active_turns", "32"),
+        ]);
+        let l = capacity_lines(&d);
+        assert!(l[0].contains("3 of max_live_agents 78"), "{l:?}");
+        assert!(l[1].contains("max_active_turns 32"), "{l:?}");
+    }
+
+    fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_supervisor_waiting_less_than_the_approver_needs_is_a_mismatch() {
+        let approver = map(&[
+            ("decide_deadline_ms", "302000"),
+            ("decide_deadline_ms.claude", "602000"),
+        ]);
+        let adopted = map(&[
+            ("policy_implementation", "warden-approver"),
+            ("decide_deadline_ms.own", "200"),
+            ("decide_deadline_ms.described", "302000"),
+            ("decide_deadline_ms.effective", "302000"),
+            ("decide_deadline_ms.effective.claude", "602000"),
+            ("decide_deadline_ms.effective.scripted", "302000"),
+        ]);
+        let r = compare(Some(&adopted), Some(&approver));
+        assert!(!r.mismatch, "{r:?}");
+        assert!(r.lines.iter().any(|l| l.starts_with("  OK")), "{r:?}");
+
+        // claude was not adopted (an approver restarted with a longer deadline, not re-read).
+        let mut stale = adopted.clone();
+        stale.insert(
+            "decide_deadline_ms.effective.claude".into(),
+            "302000".into(),
+        );
+        let r = compare(Some(&stale), Some(&approver));
+        assert!(r.mismatch, "{r:?}");
+        assert!(
+            r.lines
+                .iter()
+                .any(|l| l.contains("MISMATCH agent claude") && l.contains("602000")),
+            "{r:?}"
+        );
+
+        // The supervisor could not read the description at all: its own 200 ms.
+        let unread = map(&[
+            ("decide_deadline_ms.own", "200"),
+            ("decide_deadline_ms.described", "none"),
+            ("decide_deadline_ms.effective", "200"),
+        ]);
+        let r = compare(Some(&unread), Some(&approver));
+        assert!(r.mismatch, "{r:?}");
+        assert!(r.lines.iter().any(|l| l.contains("cannot read")), "{r:?}");
+        // Its own setting alone, shorter than the approver's: the default is a mismatch too.
+        let mut short = adopted.clone();
+        short.insert("decide_deadline_ms.effective".into(), "200".into());
+        let r = compare(Some(&short), Some(&approver));
+        assert!(r.mismatch, "{r:?}");
+        assert!(
+            r.lines.iter().any(|l| l.contains("MISMATCH (default)")),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn nothing_to_compare_is_not_a_mismatch_but_is_said() {
+        let approver = map(&[("decide_deadline_ms", "302000")]);
+        let r = compare(None, None);
+        assert!(!r.mismatch && r.lines[0].contains("no warden-approver"));
+        let r = compare(None, Some(&approver));
+        assert!(!r.mismatch && r.lines.iter().any(|l| l.contains("not running")));
+        // A supervisor that still asks warden-policy: not swapped in, said so.
+        let direct = map(&[
+            ("policy_implementation", "warden-policy"),
+            ("decide_deadline_ms.effective", "200"),
+        ]);
+        let r = compare(Some(&direct), Some(&approver));
+        assert!(!r.mismatch, "{r:?}");
+        assert!(
+            r.lines.iter().any(|l| l.contains("not swapped in")),
+            "{r:?}"
+        );
+    }
+}
