@@ -16,7 +16,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for f in &files {
         println!("cargo:rerun-if-changed={}", f.display());
     }
+    // The descriptors of every file, for server reflection on the admin sockets.
+    let descriptors =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("warden_descriptor.bin");
     tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
         .build_server(true)
         .build_client(true)
         .compile_protos(&files, &[root])?;

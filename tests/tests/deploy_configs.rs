@@ -946,3 +946,104 @@ async fn a_daemon_under_a_watchdog_keeps_pinging_it() {
     );
     child.kill().await.ok();
 }
+
+/// The supervisor holds CAP_DAC_OVERRIDE (to reach its agents' roots), which also passes over the
+/// modes that close the other daemons' state and configuration: its unit must hide each of them,
+/// and leave only its own cgroup subtree writable.
+#[test]
+fn the_supervisor_unit_hides_what_its_dac_override_would_open() {
+    let path = deploy_dir().join("systemd/warden-supervisor.service");
+    let entries = unit_entries(&path);
+    let words = |k: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|(s, key, _)| s == "Service" && key == k)
+            .flat_map(|(_, _, v)| {
+                v.split_whitespace()
+                    .map(|w| w.trim_start_matches('-').to_string())
+            })
+            .collect()
+    };
+    let ambient = words("AmbientCapabilities");
+    assert!(
+        ambient.iter().any(|c| c == "CAP_DAC_OVERRIDE"),
+        "{ambient:?}"
+    );
+    let hidden = words("InaccessiblePaths");
+    for daemon in ["policy", "gateway", "approver"] {
+        let cfg = parsed(&example(daemon));
+        let state = s(&cfg, "/daemon/state_dir");
+        assert!(
+            hidden.iter().any(|h| h == state),
+            "{state} is not hidden from the supervisor: {hidden:?}"
+        );
+        let conf = format!("/etc/warden/{daemon}.toml");
+        assert!(
+            hidden.contains(&conf),
+            "{conf} is not hidden from the supervisor: {hidden:?}"
+        );
+    }
+    for secret in ["/etc/shadow", "/etc/gshadow"] {
+        assert!(
+            hidden.iter().any(|h| h == secret),
+            "{secret} not hidden: {hidden:?}"
+        );
+    }
+    assert_eq!(words("ReadOnlyPaths"), ["/sys/fs/cgroup"]);
+    assert!(
+        words("ReadWritePaths")
+            .iter()
+            .any(|p| p == "/sys/fs/cgroup/system.slice/warden-supervisor.service"),
+        "the supervisor's own cgroup is not writable"
+    );
+}
+
+/// The postinst's id fill-in (`substitute_ids` in deploy/debian/postinst), run by `sh` with a
+/// stand-in `getent`: only the numbers of `allow_*` lines change, all at once (two users whose
+/// real ids are each other's pinned ones are swapped, not both set to one), and a number that
+/// merely contains a pinned one, a comment or another key stays as it is.
+#[test]
+fn the_postinst_puts_real_ids_into_allowlists_only() {
+    let postinst = std::fs::read_to_string(deploy_dir().join("debian/postinst")).expect("postinst");
+    let start = postinst
+        .find("substitute_ids() {")
+        .expect("substitute_ids in postinst");
+    let end = start + postinst[start..].find("\n}\n").expect("end of function") + 3;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("policy.toml");
+    std::fs::write(
+        &file,
+        "allow_uids = [962, 967]\nallow_gids = [964]\n# allow_uids = [962]\nother = 962\nallow_uids = [9621, 1962]\n",
+    )
+    .expect("write");
+    let script = format!(
+        "{}\ngetent() {{ case \"$2\" in warden-supervisor) echo 'warden-supervisor:x:967:967::';; \
+         warden-approver) echo 'warden-approver:x:962:962::';; warden-operators) echo 'warden-operators:x:4964:';; \
+         *) return 2;; esac; }}\n\
+         substitute_ids allow_uids \"$1\" 'warden-supervisor:962 warden-approver:967' passwd; echo\n\
+         substitute_ids allow_gids \"$1\" 'warden-operators:964 warden-policy-clients:966' group; echo\n",
+        &postinst[start..end]
+    );
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .arg("sh")
+        .arg(&file)
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("warden-supervisor=967 warden-approver=962")
+            && said.contains("warden-operators=4964"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&file).expect("read"),
+        "allow_uids = [967, 962]\nallow_gids = [4964]\n# allow_uids = [962]\nother = 962\nallow_uids = [9621, 1962]\n"
+    );
+}

@@ -10,15 +10,34 @@ pub const DAEMONS: [&str; 3] = ["policy", "supervisor", "gateway"];
 /// policy, the supervisor asks the approver).
 pub const DAEMONS_WITH_APPROVER: [&str; 4] = ["policy", "approver", "supervisor", "gateway"];
 
-/// Paths of one state directory.
+/// Paths of one state directory, or of the deployed host (`--deployed`).
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub root: PathBuf,
+    /// The host installed from the package (deploy/): each daemon's sockets in
+    /// `/run/warden/<daemon>/`, as `deploy/config/*.toml` put them.
+    pub deployed: bool,
 }
 
 impl Layout {
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Layout { root: root.into() }
+        Layout {
+            root: root.into(),
+            deployed: false,
+        }
+    }
+
+    /// The deployed host's layout: state in `/var/lib/warden`, sockets in `/run/warden`.
+    pub fn deployed() -> Self {
+        Layout {
+            root: PathBuf::from(crate::deployed::STATE_DIR),
+            deployed: true,
+        }
+    }
+
+    /// `/run/warden/<daemon>/<file>` of the deployed host.
+    fn deployed_socket(daemon: &str, file: &str) -> PathBuf {
+        Path::new(crate::deployed::RUN_DIR).join(daemon).join(file)
     }
 
     /// The default: `$XDG_STATE_HOME/warden`, else `~/.local/state/warden`; for root
@@ -53,16 +72,25 @@ impl Layout {
 
     /// A daemon's main gRPC socket (the gateway's is its admin/health socket).
     pub fn socket_of(&self, daemon: &str) -> PathBuf {
+        if self.deployed {
+            return Self::deployed_socket(daemon, &format!("{daemon}.sock"));
+        }
         self.run_dir().join(format!("{daemon}.sock"))
     }
 
     /// The policy service's admin (audit, reload) socket.
     pub fn policy_admin_socket(&self) -> PathBuf {
+        if self.deployed {
+            return Self::deployed_socket("policy", "policy-admin.sock");
+        }
         self.run_dir().join("policy-admin.sock")
     }
 
     /// The approver's admin socket (`warden approvals`).
     pub fn approver_admin_socket(&self) -> PathBuf {
+        if self.deployed {
+            return Self::deployed_socket("approver", "approver-admin.sock");
+        }
         self.run_dir().join("approver-admin.sock")
     }
 

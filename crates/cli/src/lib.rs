@@ -7,6 +7,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod client;
+pub mod deployed;
 pub mod doctor;
 pub mod init;
 pub mod layout;

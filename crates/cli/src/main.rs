@@ -22,6 +22,10 @@ struct Cli {
     /// State directory of the local deployment (default: $XDG_STATE_HOME/warden or ~/.local/state/warden).
     #[arg(long, global = true, env = "WARDEN_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// Use the host installed from the Debian package (deploy/): sockets in /run/warden, as a
+    /// member of warden-operators (status, audit, approvals), and `doctor --deployed`.
+    #[arg(long, global = true, conflicts_with = "state_dir")]
+    deployed: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -79,6 +83,12 @@ enum Command {
         /// Continue this A2A context (conversation) instead of starting a new one.
         #[arg(long)]
         context: Option<String>,
+        /// The gateway's URL (default: the one `warden up` wrote in the state directory).
+        #[arg(long, env = "WARDEN_GATEWAY_URL")]
+        url: Option<String>,
+        /// A file holding your bearer token (default: the one `warden up` generated).
+        #[arg(long, env = "WARDEN_TOKEN_FILE")]
+        token_file: Option<PathBuf>,
         /// What to ask the agent.
         text: String,
     },
@@ -86,6 +96,14 @@ enum Command {
     /// landlock) and what warden falls back to where one is missing; with an approver running,
     /// compare the supervisor's Decide deadlines with what the approver needs (exit 1 when the
     /// supervisor would wait less).
+    #[command(
+        after_help = "With --deployed it checks a host installed from the Debian package (or \
+                      deploy/): users, groups, socket and state directories, the allowlists \
+                      against the users' real ids, who can reach what, bubblewrap and cgroup \
+                      delegation; one PASS/FAIL/WARN/SKIP line per check, exit code 0 when \
+                      nothing failed, 1 otherwise (warnings do not fail). Run it as root for the \
+                      full report."
+    )]
     Doctor {
         /// The supervisor's socket (default: the local deployment's; on a deploy/ host
         /// /run/warden/supervisor/supervisor.sock).
@@ -165,7 +183,11 @@ fn exe_dir() -> PathBuf {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let layout = layout::resolve(cli.state_dir.as_deref());
+    let layout = if cli.deployed {
+        layout::Layout::deployed()
+    } else {
+        layout::resolve(cli.state_dir.as_deref())
+    };
     match cli.command {
         Command::Up {
             approver,
@@ -277,6 +299,15 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Doctor { .. } if layout.deployed => {
+            let report = warden_cli::deployed::check();
+            println!("{report}");
+            if report.failed() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Doctor {
             supervisor_socket,
             approver_admin,
@@ -338,6 +369,8 @@ async fn main() -> ExitCode {
         Command::Send {
             agent,
             context,
+            url,
+            token_file,
             text,
         } => {
             send::run(
@@ -346,6 +379,8 @@ async fn main() -> ExitCode {
                     agent,
                     context,
                     text,
+                    url,
+                    token_file,
                 },
             )
             .await

@@ -51,6 +51,10 @@ pub struct SendArgs {
     pub agent: Option<String>,
     pub context: Option<String>,
     pub text: String,
+    /// The gateway's URL instead of the one `warden up` wrote (a deployed gateway).
+    pub url: Option<String>,
+    /// A file holding the caller's token instead of `warden up`'s.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -466,12 +470,20 @@ fn read_answer_line() -> tokio::sync::oneshot::Receiver<std::io::Result<(usize, 
 
 async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     let mut signals = Signals::install()?;
-    let url_file = layout.url_file();
-    let url = read(&url_file).map_err(|source| SendError::NotRunning {
-        path: url_file.display().to_string(),
-        source,
-    })?;
-    let token_file = layout.token_file();
+    let url = match &args.url {
+        Some(u) => u.clone(),
+        None => {
+            let url_file = layout.url_file();
+            read(&url_file).map_err(|source| SendError::NotRunning {
+                path: url_file.display().to_string(),
+                source,
+            })?
+        }
+    };
+    let token_file = args
+        .token_file
+        .clone()
+        .unwrap_or_else(|| layout.token_file());
     let token = read(&token_file).map_err(|source| SendError::Token {
         path: token_file.display().to_string(),
         source,

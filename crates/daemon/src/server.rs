@@ -107,6 +107,25 @@ impl Server {
         }
     }
 
+    /// [`Server::serve`] for an operators' listener: also gRPC server reflection
+    /// (`grpc.reflection.v1` and `v1alpha`) describing every `warden.v1` service and health, so
+    /// `grpcurl` and other generic clients need no `.proto` files. Only on admin listeners: what
+    /// the daemon-to-daemon sockets speak is fixed by the contracts, and their callers have them.
+    ///
+    /// `services` names what `routes` serves (e.g. `admin_service_server::SERVICE_NAME`):
+    /// reflection lists those and health, not the other `warden.v1` services.
+    pub fn serve_admin(&mut self, listener: BoundListener, routes: Routes, services: &[&str]) {
+        let routes = match reflection(services) {
+            Ok((v1, v1alpha)) => routes.add_service(v1).add_service(v1alpha),
+            Err(e) => {
+                // The descriptors are compiled in; this cannot fail unless the build is broken.
+                tracing::error!(error = %e, "server reflection unavailable");
+                routes
+            }
+        };
+        self.serve(listener, routes)
+    }
+
     /// Reports readiness to systemd, then runs until a signal, a cancelled shutdown token, or a
     /// failed listener. In-flight calls get the grace period; then they are aborted. Socket files
     /// are removed on the way out.
@@ -161,4 +180,33 @@ impl Server {
             None => Ok(()),
         }
     }
+}
+
+/// The reflection services (v1 and the older v1alpha that some clients still ask for) for
+/// warden's contracts and gRPC health.
+#[allow(clippy::type_complexity)]
+fn reflection(
+    services: &[&str],
+) -> Result<
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
+    tonic_reflection::server::Error,
+> {
+    let builder = || {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("grpc.health.v1.Health");
+        for s in services {
+            b = b.with_service_name(*s);
+        }
+        b
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }

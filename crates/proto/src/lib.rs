@@ -19,3 +19,7 @@ pub mod limits {
     /// supervisor) never adopts more than this from a description.
     pub const MAX_DECIDE_DEADLINE_MS: u64 = 3_600_000;
 }
+
+/// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/warden_descriptor.bin"));

@@ -99,6 +99,25 @@ pub fn host_features() -> HostFeatures {
     }
 }
 
+/// The arguments of the bubblewrap probe: a pid and network namespace, a read-only root, a fresh
+/// `/proc`, `/dev` and `/tmp`, running `/bin/true` (what an agent's sandbox needs at least).
+pub const BWRAP_PROBE: [&str; 14] = [
+    "--die-with-parent",
+    "--unshare-pid",
+    "--unshare-net",
+    "--ro-bind",
+    "/",
+    "/",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/tmp",
+    "--",
+    "/bin/true",
+];
+
 /// `bwrap` on this process's `PATH`, or in `/usr/bin`.
 pub fn find_bwrap() -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH").and_then(|p| {
@@ -116,22 +135,7 @@ pub fn find_bwrap() -> Option<PathBuf> {
 /// True when bubblewrap can build the kind of sandbox the spawner asks for.
 pub fn bwrap_works(bwrap: &Path) -> bool {
     Command::new(bwrap)
-        .args([
-            "--die-with-parent",
-            "--unshare-pid",
-            "--unshare-net",
-            "--ro-bind",
-            "/",
-            "/",
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--tmpfs",
-            "/tmp",
-            "--",
-            "/bin/true",
-        ])
+        .args(BWRAP_PROBE)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -247,12 +251,13 @@ impl fmt::Display for HostFeatures {
             ),
             Ok(crate::IdentityPlan::SupervisorUid { uid, .. }) => write!(
                 f,
-                "  agent identity:     NOT SEPARATED - this user (uid {uid}) is not root, so a \
-                 supervisor run by it starts agents as its own uid. Cost: an agent can read and \
+                "  agent identity:     NOT SEPARATED - this user (uid {uid}) is not root and holds \
+                 no CAP_SETUID/CAP_SETGID, so a supervisor run by it starts agents as its own uid. Cost: an agent can read and \
                  write everything the supervisor can (its store, records and transcripts, every \
                  other conversation's root and home) wherever bubblewrap does not hide it, and \
-                 without bubblewrap nothing does. Run the supervisor as root (it then switches \
-                 agents to their own uid) or accept that conversations are separated only by \
+                 without bubblewrap nothing does. Run the supervisor as root or with those \
+                 capabilities (deploy/systemd/warden-supervisor.service; it then switches agents \
+                 to their own uid) or accept that conversations are separated only by \
                  bubblewrap and the policy"
             ),
             Err(e) => write!(f, "  agent identity:     UNAVAILABLE - {e}"),

@@ -1,7 +1,8 @@
-//! Who an agent runs as. Never root, never the supervisor's own uid: a root supervisor switches
-//! every child it spawns to the agent identity (in the child, before exec: `setgroups([])`,
-//! `setgid`, `setuid`); a supervisor that is not root cannot switch, and its agents run as its own
-//! uid (`warden doctor` says what that costs).
+//! Who an agent runs as. Never root, never the supervisor's own uid: a supervisor that can change
+//! ids (root, or holding `CAP_SETUID` and `CAP_SETGID`, as the deployed unit's unprivileged user
+//! does) switches every child it spawns to the agent identity (in the child, before exec:
+//! `setgroups([])`, `setgid`, `setuid`, then every capability dropped); one that cannot switch
+//! runs its agents as its own uid (`warden doctor` says what that costs).
 
 use std::path::Path;
 
@@ -68,13 +69,37 @@ impl IdentityPlan {
         passwd: &str,
         group: &str,
     ) -> Result<IdentityPlan, SandboxError> {
+        Self::decide_with(
+            agent_user,
+            agent_group,
+            own_uid,
+            own_gid,
+            own_uid == 0,
+            passwd,
+            group,
+        )
+    }
+
+    /// [`IdentityPlan::decide`] where `can_switch` says whether this process may change its
+    /// ids: root, or an unprivileged user holding `CAP_SETUID` and `CAP_SETGID` (the deployed
+    /// unit grants them, see [`can_switch_ids`]).
+    pub fn decide_with(
+        agent_user: &str,
+        agent_group: &str,
+        own_uid: u32,
+        own_gid: u32,
+        can_switch: bool,
+        passwd: &str,
+        group: &str,
+    ) -> Result<IdentityPlan, SandboxError> {
         let user = agent_user.trim();
         let grp = agent_group.trim();
-        if own_uid != 0 {
+        if !can_switch {
             if !user.is_empty() || !grp.is_empty() {
                 return Err(SandboxError::InvalidInput(format!(
                     "sandbox.agent_user/agent_group are set but the supervisor runs as uid \
-                     {own_uid}, not root, and cannot switch agents to another uid"
+                     {own_uid}, neither root nor holding CAP_SETUID and CAP_SETGID, and cannot \
+                     switch agents to another uid"
                 )));
             }
             return Ok(IdentityPlan::SupervisorUid {
@@ -163,15 +188,36 @@ impl IdentityPlan {
                 _ => Err(SandboxError::io("read", Path::new(p), e)),
             })
         };
-        Self::decide(
+        let uid = nix::unistd::geteuid().as_raw();
+        Self::decide_with(
             agent_user,
             agent_group,
-            nix::unistd::geteuid().as_raw(),
+            uid,
             nix::unistd::getegid().as_raw(),
+            uid == 0 || can_switch_ids(),
             &read("/etc/passwd")?,
             &read("/etc/group")?,
         )
     }
+}
+
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+
+/// True when this process holds `CAP_SETUID` and `CAP_SETGID` in its effective set (as the
+/// deployed `warden-supervisor.service` gives its unprivileged user with
+/// `AmbientCapabilities=`), read from `/proc/self/status`.
+pub fn can_switch_ids() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| effective_caps(&s))
+        .is_some_and(|caps| caps & (1 << CAP_SETUID) != 0 && caps & (1 << CAP_SETGID) != 0)
+}
+
+/// The `CapEff:` mask of a `/proc/PID/status` text.
+fn effective_caps(status: &str) -> Option<u64> {
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
 }
 
 /// The numeric field `i` of a colon-separated account line.
@@ -273,6 +319,35 @@ mod tests {
         assert_eq!(p.effective(), AgentIdentity { uid: 962, gid: 962 });
         assert!(IdentityPlan::decide("svc", "", 962, 962, PASSWD, GROUP).is_err());
     }
+
+    #[test]
+    fn an_unprivileged_supervisor_holding_the_id_capabilities_switches_but_never_to_itself() {
+        let p = IdentityPlan::decide_with("", "", 962, 962, true, PASSWD, GROUP).unwrap();
+        assert_eq!(
+            p.switched(),
+            Some(AgentIdentity {
+                uid: DEFAULT_AGENT_UID,
+                gid: DEFAULT_AGENT_UID
+            })
+        );
+        let e = IdentityPlan::decide_with("962", "", 962, 962, true, PASSWD, GROUP).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("never run as root or as the supervisor")
+        );
+        assert!(IdentityPlan::decide_with("0", "", 962, 962, true, PASSWD, GROUP).is_err());
+        // Without the capabilities the same request is refused, not silently unseparated.
+        let e = IdentityPlan::decide_with("svc", "", 962, 962, false, PASSWD, GROUP).unwrap_err();
+        assert!(e.to_string().contains("CAP_SETUID"), "{e}");
+    }
+
+    #[test]
+    fn the_effective_capability_mask_is_read_from_proc_status() {
+        let status = "Name:\tx\nCapInh:\t00000000000000c0\nCapPrm:\t00000000000000c0\nCapEff:\t00000000000000c0\n";
+        assert_eq!(effective_caps(status), Some(0xc0));
+        assert_eq!(effective_caps("Name:\tx\n"), None);
+        assert_eq!(effective_caps("CapEff:\tzz\n"), None);
+    }
 }
 
 /// One uid per open conversation, from an operator-given range (`[sandbox] agent_uid_range`):
@@ -300,6 +375,19 @@ impl UidRange {
         passwd: &str,
         group: &str,
     ) -> Result<Option<UidRange>, SandboxError> {
+        Self::decide_with(range, agent_group, own_uid, own_uid == 0, passwd, group)
+    }
+
+    /// [`UidRange::decide`] where `can_switch` says whether this process may change its ids
+    /// (root, or `CAP_SETUID` and `CAP_SETGID`: [`can_switch_ids`]).
+    pub fn decide_with(
+        range: &[u32],
+        agent_group: &str,
+        own_uid: u32,
+        can_switch: bool,
+        passwd: &str,
+        group: &str,
+    ) -> Result<Option<UidRange>, SandboxError> {
         let (first, last) = match range {
             [] => return Ok(None),
             [f, l] => (*f, *l),
@@ -309,10 +397,10 @@ impl UidRange {
                 ));
             }
         };
-        if own_uid != 0 {
+        if !can_switch {
             return Err(SandboxError::InvalidInput(format!(
-                "sandbox.agent_uid_range is set but the supervisor runs as uid {own_uid}, not \
-                 root, and cannot switch agents to other uids"
+                "sandbox.agent_uid_range is set but the supervisor runs as uid {own_uid}, neither \
+                 root nor holding CAP_SETUID and CAP_SETGID, and cannot switch agents to other uids"
             )));
         }
         if first == 0 || first > last || last - first >= UID_RANGE_MAX || last == u32::MAX {
@@ -371,10 +459,12 @@ impl UidRange {
         agent_group: &str,
     ) -> Result<Option<UidRange>, SandboxError> {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-        Self::decide(
+        let uid = nix::unistd::geteuid().as_raw();
+        Self::decide_with(
             range,
             agent_group,
-            nix::unistd::geteuid().as_raw(),
+            uid,
+            uid == 0 || can_switch_ids(),
             &read("/etc/passwd"),
             &read("/etc/group"),
         )
@@ -487,6 +577,20 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
 #[cfg(test)]
 mod range_tests {
     use super::*;
+
+    #[test]
+    fn a_range_needs_a_supervisor_that_can_switch_and_never_covers_it() {
+        let passwd = "root:x:0:0::/root:/bin/sh\nwarden-supervisor:x:962:962::/var/lib/warden/supervisor:/usr/sbin/nologin\n";
+        let group = "root:x:0:\nwarden-supervisor:x:962:\n";
+        let r = UidRange::decide_with(&[62000, 62009], "", 962, true, passwd, group)
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.first, r.last, r.group), (62000, 62009, None));
+        let e = UidRange::decide_with(&[62000, 62009], "", 962, false, passwd, group).unwrap_err();
+        assert!(e.to_string().contains("CAP_SETUID"), "{e}");
+        // The supervisor's own id inside the range is an id the host uses.
+        assert!(UidRange::decide_with(&[960, 970], "", 962, true, passwd, group).is_err());
+    }
 
     #[test]
     fn a_handed_over_root_keeps_foreign_and_multiply_linked_files() {

@@ -37,11 +37,11 @@ pub use etc::{
     CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_REQUIREMENTS,
     CODEX_REQUIREMENTS_TOML, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
 };
-pub use features::{HostFeatures, bwrap_works, find_bwrap, host_features};
+pub use features::{BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features};
 pub use homes::{AgentHome, AgentHomes};
 pub use identity::{
-    AGENT_NAME, AgentIdentity, DEFAULT_AGENT_UID, IdentityPlan, UidRange, chown_tree,
-    first_unsearchable,
+    AGENT_NAME, AgentIdentity, DEFAULT_AGENT_UID, IdentityPlan, UidRange, can_switch_ids,
+    chown_tree, first_unsearchable,
 };
 pub use kill::{
     DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, reap_orphan_zombies,

@@ -425,8 +425,8 @@ impl Spawner {
         let cwd_raw = cwd_fd.as_raw_fd();
         let nice = self.nice;
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-        // system calls (fchdir, setpriority, write, setgroups, setgid, setuid, prctl, getppid,
-        // close, dup2, fcntl); it allocates nothing (`keep` was built before the fork). `cwd_fd` outlives the
+        // system calls (fchdir, setpriority, write, setgroups, setgid, setuid, prctl, capset,
+        // getppid, close, dup2, fcntl); it allocates nothing (`keep` was built before the fork). `cwd_fd` outlives the
         // spawn (it is dropped after `cmd.spawn()`).
         unsafe {
             cmd.pre_exec(move || {
@@ -449,6 +449,7 @@ impl Spawner {
                     nix::unistd::setgroups(&[])?;
                     nix::unistd::setgid(nix::unistd::Gid::from_raw(id.gid))?;
                     nix::unistd::setuid(nix::unistd::Uid::from_raw(id.uid))?;
+                    drop_all_capabilities()?;
                 }
                 // After the switch: a credential change clears the parent-death signal.
                 if libc::prctl(
@@ -734,6 +735,38 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
     push(&["--remount-ro".as_ref(), "/".as_ref()]);
     push(&["--chdir".as_ref(), plan.cwd.as_os_str(), "--".as_ref()]);
     a
+}
+
+/// Empties the ambient, effective, permitted and inheritable capability sets of the calling
+/// process. Called in the child after its switch to the agent's ids: a supervisor that is not
+/// root holds `CAP_SETUID`/`CAP_SETGID` (and what else its unit grants) as ambient capabilities,
+/// and a uid change between two non-zero uids keeps them, so without this an agent would inherit
+/// the power to become any user. (From root the kernel clears them itself at the `setuid`.)
+/// Async-signal-safe: two system calls, no allocation.
+fn drop_all_capabilities() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // struct __user_cap_header_struct { u32 version; int pid; } and two
+    // struct __user_cap_data_struct { u32 effective, permitted, inheritable; } (version 3).
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let header: [u32; 2] = [LINUX_CAPABILITY_VERSION_3, 0];
+    let data: [u32; 6] = [0; 6];
+    // SAFETY: both pointers are to live, correctly sized arrays for the v3 ABI.
+    if unsafe { libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

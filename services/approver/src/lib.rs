@@ -84,10 +84,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         listen,
         Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
     );
-    server.serve(
+    server.serve_admin(
         admin,
         Routes::new(ApprovalServiceServer::new(ApprovalApi(state.clone())))
             .add_service(AdminServiceServer::new(AdminApi(state.clone()))),
+        &[
+            warden_proto::v1::approval_service_server::SERVICE_NAME,
+            warden_proto::v1::admin_service_server::SERVICE_NAME,
+        ],
     );
     let mut listeners = server.listeners();
     if let Some(l) = web_listener {

@@ -168,13 +168,15 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let listeners = Arc::new(Mutex::new(Vec::new()));
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
-    server.serve(
+    // The gateway's gRPC socket is the operators' (health and Status).
+    server.serve_admin(
         listen,
         Routes::new(AdminServiceServer::new(AdminApi {
             core: core.clone(),
             started: Instant::now(),
             listeners: listeners.clone(),
         })),
+        &[warden_proto::v1::admin_service_server::SERVICE_NAME],
     );
 
     let bound = http

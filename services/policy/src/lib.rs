@@ -100,9 +100,10 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
         listen,
         Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
     );
-    server.serve(
+    server.serve_admin(
         admin,
         Routes::new(AdminServiceServer::new(AdminApi(state.clone()))),
+        &[warden_proto::v1::admin_service_server::SERVICE_NAME],
     );
     state.set_listeners(server.listeners());
 
