@@ -139,6 +139,18 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
     r
 }
 
+/// The HTTP+JSON binding's media type for its bodies (spec 1.0.1 §11: `application/a2a+json`
+/// SHOULD be used for requests and responses); JSON-RPC and the card stay `application/json`.
+pub const A2A_JSON: &str = "application/a2a+json";
+
+/// An HTTP+JSON response body.
+fn rest_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(A2A_JSON));
+    r
+}
+
 fn error_response(binding: &Binding, err: &A2aError) -> Response {
     match binding {
         // JSON-RPC errors travel in a 200 response, except refusals at the HTTP level.
@@ -150,7 +162,7 @@ fn error_response(binding: &Binding, err: &A2aError) -> Response {
             };
             json_response(status, &err.jsonrpc_response(id.clone()))
         }
-        Binding::Rest => json_response(err.http_status(), &err.rest_body()),
+        Binding::Rest => rest_response(err.http_status(), &err.rest_body()),
     }
 }
 
@@ -566,11 +578,11 @@ async fn rest_send(
         let req: SendMessageRequest = params(value)?;
         Ok(match state.core.send(&principal, req, streaming).await? {
             SendOutcome::Stream(sub) => sse(Binding::Rest, *sub),
-            SendOutcome::Task(task) => json_response(
+            SendOutcome::Task(task) => rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(StreamResponse::Task(*task)).unwrap_or(Value::Null),
             ),
-            SendOutcome::Message(m) => json_response(
+            SendOutcome::Message(m) => rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(StreamResponse::Message(*m)).unwrap_or(Value::Null),
             ),
@@ -683,7 +695,7 @@ async fn rest_list(
     let run = || -> Result<Response, A2aError> {
         let req: ListTasksRequest = params(Value::Object(query_map(query.as_deref())?))?;
         let resp = state.core.list(&principal, &req)?;
-        Ok(json_response(
+        Ok(rest_response(
             StatusCode::OK,
             &serde_json::to_value(resp).unwrap_or(Value::Null),
         ))
@@ -719,7 +731,7 @@ async fn rest_task_get(
             .get("historyLength")
             .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
         let task = state.core.get(&principal, &id, history_length)?;
-        Ok(json_response(
+        Ok(rest_response(
             StatusCode::OK,
             &serde_json::to_value(task).unwrap_or(Value::Null),
         ))
@@ -762,7 +774,7 @@ async fn rest_task_post(
         }
         if let Some(task_id) = id.strip_suffix(":cancel") {
             let task = state.core.cancel(&principal, task_id).await?;
-            return Ok(json_response(
+            return Ok(rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(task).unwrap_or(Value::Null),
             ));

@@ -1000,6 +1000,7 @@ impl Core {
                 question_id,
                 action,
                 content_json,
+                message_id: req.message.message_id.clone(),
             })
             .await;
         let mut inner = lock(&live.inner);
