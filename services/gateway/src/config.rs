@@ -224,6 +224,10 @@ pub struct CardSection {
     pub description: String,
     pub organization: Option<String>,
     pub organization_url: Option<String>,
+    /// The gRPC interface's URL on the card (`host:port`, or `unix:/path` for a socket). Default:
+    /// `grpc.tcp`, or `unix:` and the absolute `grpc.socket` path.
+    #[serde(default)]
+    pub grpc_url: Option<String>,
 }
 
 fn default_card_name() -> String {
@@ -240,6 +244,7 @@ impl Default for CardSection {
             description: default_card_description(),
             organization: None,
             organization_url: None,
+            grpc_url: None,
         }
     }
 }
@@ -260,6 +265,11 @@ pub struct GatewayConfig {
     pub card: CardSection,
     #[serde(default)]
     pub store: StoreSection,
+    /// The A2A gRPC binding (`lf.a2a.v1.A2AService`): off unless configured. A Unix `socket`
+    /// (peer allowlist as on every warden listener) or `tcp` with `allow_any_peer = true`;
+    /// callers authenticate with the same bearer tokens either way.
+    #[serde(default)]
+    pub grpc: Option<ListenerConfig>,
 }
 
 impl GatewayConfig {
@@ -267,6 +277,9 @@ impl GatewayConfig {
     pub fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
         self.daemon.validate(origin)?;
         self.listen.validate(origin, "listen")?;
+        if let Some(g) = &self.grpc {
+            g.validate(origin, "grpc")?;
+        }
         if self.http.bind.parse::<SocketAddr>().is_err() {
             return Err(ConfigError::invalid(
                 origin,
@@ -362,6 +375,22 @@ impl GatewayConfig {
             .token_file
             .as_ref()
             .map(|p| resolve(&self.daemon.state_dir, p))
+    }
+
+    /// The gRPC interface's URL for the card, when the gRPC binding is served.
+    pub fn grpc_url(&self) -> Option<String> {
+        let g = self.grpc.as_ref()?;
+        if let Some(u) = &self.card.grpc_url {
+            return Some(u.clone());
+        }
+        match (&g.tcp, &g.socket) {
+            (Some(addr), _) => Some(addr.clone()),
+            (None, Some(p)) => Some(format!(
+                "unix:{}",
+                resolve(&self.daemon.state_dir, p).display()
+            )),
+            (None, None) => None,
+        }
     }
 
     /// True when the HTTP listener is bound to a loopback address.

@@ -177,6 +177,22 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         })),
     );
 
+    // The A2A gRPC binding, when configured: the same core and tokens as the HTTP bindings.
+    if let Some(g) = &cfg.grpc {
+        let listener = warden_daemon::listener::bind("grpc", g, &cfg.daemon.state_dir).await?;
+        tracing::info!(listener = %listener.describe(), "A2A gRPC listening");
+        server.serve(
+            listener,
+            Routes::new(
+                crate::a2a_grpc::Grpc {
+                    core: core.clone(),
+                    auth: auth.clone(),
+                }
+                .server(),
+            ),
+        );
+    }
+
     let bound = http
         .local_addr()
         .map(|a| a.to_string())

@@ -71,7 +71,14 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
                 protocol_binding: "HTTP+JSON".into(),
                 protocol_version: PROTOCOL_VERSION.into(),
             },
-        ],
+        ]
+        .into_iter()
+        .chain(cfg.grpc_url().map(|url| AgentInterface {
+            url,
+            protocol_binding: crate::a2a_grpc::BINDING.into(),
+            protocol_version: PROTOCOL_VERSION.into(),
+        }))
+        .collect(),
         provider: match (&cfg.card.organization, &cfg.card.organization_url) {
             (Some(o), Some(u)) => Some(AgentProvider {
                 organization: o.clone(),
@@ -284,7 +291,7 @@ fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
 }
 
 /// The events of one stream, ending after the first terminal or interrupted status.
-fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError, Infallible>> {
+fn events(sub: Subscription) -> impl Stream<Item = Result<StreamItem, Infallible>> {
     enum St {
         First(Box<Task>, Option<broadcast::Receiver<SharedEvent>>),
         Events(broadcast::Receiver<SharedEvent>),
@@ -298,9 +305,7 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
                     None => St::Done,
                 };
                 Some((
-                    Ok(StreamResponseOrError::Event(Arc::new(
-                        StreamResponse::Task(*task),
-                    ))),
+                    Ok(StreamItem::Event(Arc::new(StreamResponse::Task(*task)))),
                     next,
                 ))
             }
@@ -309,12 +314,12 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
                     let end = matches!(&*ev, StreamResponse::StatusUpdate(s)
                         if s.status.state.is_terminal() || s.status.state.is_interrupted());
                     Some((
-                        Ok(StreamResponseOrError::Event(ev)),
+                        Ok(StreamItem::Event(ev)),
                         if end { St::Done } else { St::Events(rx) },
                     ))
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => Some((
-                    Ok(StreamResponseOrError::Error(A2aError::Internal(format!(
+                    Ok(StreamItem::Error(A2aError::Internal(format!(
                         "this stream fell {n} events behind and was closed; use SubscribeToTask or GetTask to catch up"
                     )))),
                     St::Done,
@@ -326,9 +331,20 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
     })
 }
 
-enum StreamResponseOrError {
+/// One item of a task's event stream (shared by the SSE and gRPC bindings).
+pub enum StreamItem {
     Event(SharedEvent),
     Error(A2aError),
+}
+
+/// The snapshot, then the events of a subscription, ending after the first terminal or
+/// interrupted status (or with an error item when the subscriber fell behind).
+pub fn stream_items(sub: Subscription) -> impl Stream<Item = StreamItem> {
+    use futures::StreamExt;
+    events(sub).map(|item| match item {
+        Ok(i) => i,
+        Err(never) => match never {},
+    })
 }
 
 fn sse(binding: Binding, sub: Subscription) -> Response {
@@ -336,15 +352,15 @@ fn sse(binding: Binding, sub: Subscription) -> Response {
     let stream = events(sub).map(move |item| {
         let Ok(item) = item;
         let ev = match (&binding, item) {
-            (Binding::JsonRpc(id), StreamResponseOrError::Event(ev)) => Event::default()
+            (Binding::JsonRpc(id), StreamItem::Event(ev)) => Event::default()
                 .data(json!({"jsonrpc": "2.0", "id": id, "result": &*ev}).to_string()),
-            (Binding::Rest, StreamResponseOrError::Event(ev)) => {
+            (Binding::Rest, StreamItem::Event(ev)) => {
                 Event::default().data(serde_json::to_string(&*ev).unwrap_or_default())
             }
-            (Binding::JsonRpc(id), StreamResponseOrError::Error(e)) => Event::default()
+            (Binding::JsonRpc(id), StreamItem::Error(e)) => Event::default()
                 .event("error")
                 .data(e.jsonrpc_response(id.clone()).to_string()),
-            (Binding::Rest, StreamResponseOrError::Error(e)) => Event::default()
+            (Binding::Rest, StreamItem::Error(e)) => Event::default()
                 .event("error")
                 .data(e.rest_body().to_string()),
         };

@@ -16,11 +16,13 @@
 #![forbid(unsafe_code)]
 
 pub mod a2a;
+pub mod a2a_grpc;
 pub mod auth;
 pub mod card;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod grpc_convert;
 pub mod http;
 pub mod mapping;
 pub mod serve;
