@@ -235,24 +235,42 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::TaskPushNotificationConfig>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let _principal = self.admit(&request)?;
-        Err(err(A2aError::PushNotificationNotSupported))
+        let principal = self.admit(&request)?;
+        let cfg = cv::push_config_from_pb(request.get_ref());
+        let created = self
+            .core
+            .create_push_config(&principal, cfg)
+            .await
+            .map_err(err)?;
+        Ok(Response::new(cv::push_config_to_pb(&created)))
     }
 
     async fn get_task_push_notification_config(
         &self,
         request: Request<pb::GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let _principal = self.admit(&request)?;
-        Err(err(A2aError::PushNotificationNotSupported))
+        let principal = self.admit(&request)?;
+        let r = request.get_ref();
+        let cfg = self
+            .core
+            .get_push_config(&principal, &r.task_id, &r.id)
+            .map_err(err)?;
+        Ok(Response::new(cv::push_config_to_pb(&cfg)))
     }
 
     async fn list_task_push_notification_configs(
         &self,
         request: Request<pb::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
-        let _principal = self.admit(&request)?;
-        Err(err(A2aError::PushNotificationNotSupported))
+        let principal = self.admit(&request)?;
+        let listed = self
+            .core
+            .list_push_configs(&principal, &request.get_ref().task_id)
+            .map_err(err)?;
+        Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {
+            configs: listed.configs.iter().map(cv::push_config_to_pb).collect(),
+            next_page_token: listed.next_page_token,
+        }))
     }
 
     async fn get_extended_agent_card(
@@ -267,8 +285,12 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<()>, Status> {
-        let _principal = self.admit(&request)?;
-        Err(err(A2aError::PushNotificationNotSupported))
+        let principal = self.admit(&request)?;
+        let r = request.get_ref();
+        self.core
+            .delete_push_config(&principal, &r.task_id, &r.id)
+            .map_err(err)?;
+        Ok(Response::new(()))
     }
 }
 

@@ -270,6 +270,9 @@ pub struct GatewayConfig {
     /// callers authenticate with the same bearer tokens either way.
     #[serde(default)]
     pub grpc: Option<ListenerConfig>,
+    /// Push notifications and the webhook allowlist (`src/push.rs`).
+    #[serde(default)]
+    pub push: crate::push::PushSection,
 }
 
 impl GatewayConfig {
@@ -279,6 +282,9 @@ impl GatewayConfig {
         self.listen.validate(origin, "listen")?;
         if let Some(g) = &self.grpc {
             g.validate(origin, "grpc")?;
+        }
+        if let Err((key, why)) = self.push.validate() {
+            return Err(ConfigError::invalid(origin, &key, why));
         }
         if self.http.bind.parse::<SocketAddr>().is_err() {
             return Err(ConfigError::invalid(

@@ -11,9 +11,10 @@ use serde_json::{Map, Value};
 use warden_proto::a2a::v1 as pb;
 
 use crate::a2a::{
-    AgentCard, Artifact, ListTasksRequest, ListTasksResponse, Message, Metadata, Part, PartContent,
-    Role, SendMessageConfiguration, SendMessageRequest, StreamResponse, Task,
-    TaskArtifactUpdateEvent, TaskState, TaskStatus, TaskStatusUpdateEvent,
+    AgentCard, Artifact, AuthenticationInfo, ListTasksRequest, ListTasksResponse, Message,
+    Metadata, Part, PartContent, Role, SendMessageConfiguration, SendMessageRequest,
+    StreamResponse, Task, TaskArtifactUpdateEvent, TaskPushNotificationConfig, TaskState,
+    TaskStatus, TaskStatusUpdateEvent,
 };
 use crate::error::A2aError;
 
@@ -267,8 +268,7 @@ pub fn stream_response_to_pb(r: &StreamResponse) -> pb::StreamResponse {
 
 // ------------------------------------------------------------------ requests and responses
 
-/// A gRPC SendMessageRequest as the JSON bindings' request (the push config, when present, in
-/// its ProtoJSON form, so all bindings validate it in one place).
+/// A gRPC SendMessageRequest as the JSON bindings' request.
 pub fn send_request_from_pb(r: &pb::SendMessageRequest) -> Result<SendMessageRequest, A2aError> {
     let message = r
         .message
@@ -282,7 +282,7 @@ pub fn send_request_from_pb(r: &pb::SendMessageRequest) -> Result<SendMessageReq
             task_push_notification_config: c
                 .task_push_notification_config
                 .as_ref()
-                .map(push_config_json_from_pb),
+                .map(push_config_from_pb),
             history_length: c.history_length,
             return_immediately: c.return_immediately,
         }),
@@ -290,48 +290,32 @@ pub fn send_request_from_pb(r: &pb::SendMessageRequest) -> Result<SendMessageReq
     })
 }
 
-/// ProtoJSON of a push config received over gRPC.
-pub fn push_config_json_from_pb(c: &pb::TaskPushNotificationConfig) -> Value {
-    let mut o = Map::new();
-    let mut put = |k: &str, v: &str| {
-        if !v.is_empty() {
-            o.insert(k.to_string(), Value::String(v.to_string()));
-        }
-    };
-    put("tenant", &c.tenant);
-    put("id", &c.id);
-    put("taskId", &c.task_id);
-    put("url", &c.url);
-    put("token", &c.token);
-    if let Some(a) = &c.authentication {
-        o.insert(
-            "authentication".into(),
-            serde_json::json!({"scheme": a.scheme, "credentials": a.credentials}),
-        );
+/// A push config received over gRPC.
+pub fn push_config_from_pb(c: &pb::TaskPushNotificationConfig) -> TaskPushNotificationConfig {
+    TaskPushNotificationConfig {
+        tenant: opt(&c.tenant),
+        id: c.id.clone(),
+        task_id: c.task_id.clone(),
+        url: c.url.clone(),
+        token: opt(&c.token),
+        authentication: c.authentication.as_ref().map(|a| AuthenticationInfo {
+            scheme: a.scheme.clone(),
+            credentials: opt(&a.credentials),
+        }),
     }
-    Value::Object(o)
 }
 
-/// ProtoJSON of a push config → gRPC.
-pub fn push_config_json_to_pb(v: &Value) -> pb::TaskPushNotificationConfig {
-    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+/// A push config as gRPC sends it.
+pub fn push_config_to_pb(c: &TaskPushNotificationConfig) -> pb::TaskPushNotificationConfig {
     pb::TaskPushNotificationConfig {
-        tenant: s("tenant"),
-        id: s("id"),
-        task_id: s("taskId"),
-        url: s("url"),
-        token: s("token"),
-        authentication: v.get("authentication").map(|a| pb::AuthenticationInfo {
-            scheme: a
-                .get("scheme")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
-            credentials: a
-                .get("credentials")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string(),
+        tenant: c.tenant.clone().unwrap_or_default(),
+        id: c.id.clone(),
+        task_id: c.task_id.clone(),
+        url: c.url.clone(),
+        token: c.token.clone().unwrap_or_default(),
+        authentication: c.authentication.as_ref().map(|a| pb::AuthenticationInfo {
+            scheme: a.scheme.clone(),
+            credentials: a.credentials.clone().unwrap_or_default(),
         }),
     }
 }

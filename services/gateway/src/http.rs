@@ -23,9 +23,10 @@ use tokio::sync::broadcast;
 
 use crate::a2a::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill, CancelTaskRequest,
-    GetTaskRequest, HttpAuthSecurityScheme, ListTasksRequest, PROTOCOL_VERSION,
-    SecurityRequirement, SecurityScheme, SendMessageRequest, StreamResponse, StringList,
-    SubscribeToTaskRequest, Task,
+    GetTaskRequest, HttpAuthSecurityScheme, ListTaskPushNotificationConfigsRequest,
+    ListTasksRequest, PROTOCOL_VERSION, SecurityRequirement, SecurityScheme, SendMessageRequest,
+    StreamResponse, StringList, SubscribeToTaskRequest, Task, TaskPushNotificationConfig,
+    TaskPushNotificationConfigRef,
 };
 use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
 use crate::config::GatewayConfig;
@@ -89,7 +90,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
         version: env!("CARGO_PKG_VERSION").to_string(),
         capabilities: AgentCapabilities {
             streaming: true,
-            push_notifications: false,
+            push_notifications: cfg.push.enabled,
             extended_agent_card: false,
         },
         security_schemes: schemes,
@@ -556,10 +557,32 @@ async fn dispatch_jsonrpc(
             let req: SubscribeToTaskRequest = params(p)?;
             Ok(sse(binding.clone(), core.subscribe(principal, &req.id)?))
         }
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(A2aError::PushNotificationNotSupported),
+        "CreateTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfig = params(p)?;
+            Ok(result(
+                binding,
+                core.create_push_config(principal, req).await?,
+            ))
+        }
+        "GetTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfigRef = params(p)?;
+            Ok(result(
+                binding,
+                core.get_push_config(principal, &req.task_id, &req.id)?,
+            ))
+        }
+        "ListTaskPushNotificationConfigs" => {
+            let req: ListTaskPushNotificationConfigsRequest = params(p)?;
+            Ok(result(
+                binding,
+                core.list_push_configs(principal, &req.task_id)?,
+            ))
+        }
+        "DeleteTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfigRef = params(p)?;
+            core.delete_push_config(principal, &req.task_id, &req.id)?;
+            Ok(result(binding, json!({})))
+        }
         "GetExtendedAgentCard" => Err(A2aError::ExtendedAgentCardNotConfigured),
         m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
             "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"
@@ -811,15 +834,91 @@ async fn rest_task_post(
     }
 }
 
-async fn rest_push(
+/// POST (create) and GET (list) `/tasks/{id}/pushNotificationConfigs`.
+async fn rest_push_collection(
     State(state): State<Arc<HttpState>>,
+    Path(task_id): Path<String>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    match admit(&state, &headers, query.as_deref()) {
-        Ok(_) => error_response(&Binding::Rest, &A2aError::PushNotificationNotSupported),
-        Err(r) => *r,
+    let (parts, body) = req.into_parts();
+    let principal = match admit(&state, &parts.headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = async {
+        if state.core.push().is_none() {
+            return Err(A2aError::PushNotificationNotSupported);
+        }
+        match parts.method {
+            http::Method::POST => {
+                check_content_type(&parts.headers)?;
+                let bytes =
+                    read_body(body, &parts.headers, state.max_body, state.body_timeout).await?;
+                let value: Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;
+                let mut cfg: TaskPushNotificationConfig = params(value)?;
+                if !cfg.task_id.is_empty() && cfg.task_id != task_id {
+                    return Err(A2aError::InvalidParams(format!(
+                        "taskId {:?} in the body is not the task {task_id:?} of the path",
+                        cfg.task_id
+                    )));
+                }
+                cfg.task_id = task_id.clone();
+                let created = state.core.create_push_config(&principal, cfg).await?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(created).unwrap_or(Value::Null),
+                ))
+            }
+            http::Method::GET => {
+                let listed = state.core.list_push_configs(&principal, &task_id)?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(listed).unwrap_or(Value::Null),
+                ))
+            }
+            m => Err(A2aError::MethodNotFound(format!(
+                "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs"
+            ))),
+        }
+    };
+    match run.await {
+        Ok(r) => r,
+        Err(e) => error_response(&Binding::Rest, &e),
     }
+}
+
+/// GET and DELETE `/tasks/{id}/pushNotificationConfigs/{config}`.
+async fn rest_push_item(
+    State(state): State<Arc<HttpState>>,
+    Path((task_id, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let principal = match admit(&state, req.headers(), query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = || -> Result<Response, A2aError> {
+        match *req.method() {
+            http::Method::GET => {
+                let cfg = state.core.get_push_config(&principal, &task_id, &id)?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(cfg).unwrap_or(Value::Null),
+                ))
+            }
+            http::Method::DELETE => {
+                state.core.delete_push_config(&principal, &task_id, &id)?;
+                Ok(rest_response(StatusCode::OK, &json!({})))
+            }
+            ref m => Err(A2aError::MethodNotFound(format!(
+                "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs/{id}"
+            ))),
+        }
+    };
+    run().unwrap_or_else(|e| error_response(&Binding::Rest, &e))
 }
 
 async fn rest_extended_card(
@@ -857,10 +956,13 @@ fn rest_routes() -> Router<Arc<HttpState>> {
         .route("/message:stream", post(|s, q, r| rest_send(s, q, r, true)))
         .route("/tasks", get(rest_list))
         .route("/tasks/{id}", get(rest_task_get).post(rest_task_post))
-        .route("/tasks/{id}/pushNotificationConfigs", any(rest_push))
+        .route(
+            "/tasks/{id}/pushNotificationConfigs",
+            any(rest_push_collection),
+        )
         .route(
             "/tasks/{id}/pushNotificationConfigs/{config}",
-            any(rest_push),
+            any(rest_push_item),
         )
         .route("/extendedAgentCard", get(rest_extended_card))
 }

@@ -25,6 +25,7 @@ pub mod error;
 pub mod grpc_convert;
 pub mod http;
 pub mod mapping;
+pub mod push;
 pub mod serve;
 pub mod store;
 pub mod tasks;

@@ -32,6 +32,7 @@ use crate::a2a::{
 };
 use crate::error::A2aError;
 use crate::mapping::{META_KEY, TurnMapper};
+use crate::push::Push;
 use crate::store::{ArtifactChunk, ContextRecord, TaskRecord, TaskStore, TaskStoreError};
 use crate::time::{format_micros, now_micros, parse_rfc3339};
 
@@ -209,6 +210,8 @@ pub struct LiveTask {
     tx: broadcast::Sender<SharedEvent>,
     state: watch::Sender<TaskState>,
     store: TaskStore,
+    /// Where status changes are also delivered to the task's webhooks.
+    push: Option<Arc<Push>>,
 }
 
 fn lock(m: &Mutex<LiveInner>) -> MutexGuard<'_, LiveInner> {
@@ -228,11 +231,17 @@ impl LiveTask {
             if let Err(e) = self.persist(inner, &ev) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
             }
+            let status = matches!(&ev, StreamResponse::StatusUpdate(_));
             if let StreamResponse::StatusUpdate(s) = &ev {
                 self.state.send_replace(s.status.state);
             }
+            let ev = Arc::new(ev);
+            // Queued in the order applied (the task is locked), so webhooks see changes in order.
+            if status && let Some(push) = &self.push {
+                push.task_event(&inner.task.id, &ev);
+            }
             // No receiver is fine: nobody is watching the stream right now.
-            let _ = self.tx.send(Arc::new(ev));
+            let _ = self.tx.send(ev);
         }
         if inner.pending.len() >= PENDING_MAX
             || inner
@@ -398,6 +407,8 @@ pub struct Core {
     agents: std::sync::RwLock<AgentList>,
     /// One `ListAgents` at a time: callers naming unknown agents at once share one refresh.
     refreshing: tokio::sync::Mutex<()>,
+    /// Push notifications, once the daemon has set them up ([`Core::set_push`]).
+    push: std::sync::OnceLock<Arc<Push>>,
 }
 
 impl Core {
@@ -423,7 +434,77 @@ impl Core {
             closing: Mutex::new(HashMap::new()),
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
+            push: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Turns push notifications on (once; later calls are ignored).
+    pub fn set_push(&self, push: Arc<Push>) {
+        let _ = self.push.set(push);
+    }
+
+    /// The push service, when it is on.
+    pub fn push(&self) -> Option<&Arc<Push>> {
+        self.push.get().filter(|p| p.enabled())
+    }
+
+    fn push_or_unsupported(&self) -> Result<&Arc<Push>, A2aError> {
+        self.push().ok_or(A2aError::PushNotificationNotSupported)
+    }
+
+    /// CreateTaskPushNotificationConfig: checks the webhook and stores it with the task.
+    pub async fn create_push_config(
+        &self,
+        principal: &str,
+        cfg: crate::a2a::TaskPushNotificationConfig,
+    ) -> Result<crate::a2a::TaskPushNotificationConfig, A2aError> {
+        let push = self.push_or_unsupported()?;
+        if cfg.task_id.is_empty() {
+            return Err(A2aError::InvalidParams("taskId is required".into()));
+        }
+        let task_id = cfg.task_id.clone();
+        self.owned(principal, &task_id)?;
+        let cfg = push.check(Some(&task_id), cfg).await?;
+        push.put(principal, cfg.clone())?;
+        Ok(cfg)
+    }
+
+    /// GetTaskPushNotificationConfig.
+    pub fn get_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        id: &str,
+    ) -> Result<crate::a2a::TaskPushNotificationConfig, A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        push.get(task_id, id)
+    }
+
+    /// ListTaskPushNotificationConfigs (one page: a task has at most `max_configs_per_task`).
+    pub fn list_push_configs(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<crate::a2a::ListTaskPushNotificationConfigsResponse, A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        Ok(crate::a2a::ListTaskPushNotificationConfigsResponse {
+            configs: push.list(task_id)?,
+            next_page_token: String::new(),
+        })
+    }
+
+    /// DeleteTaskPushNotificationConfig.
+    pub fn delete_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        id: &str,
+    ) -> Result<(), A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        push.delete(task_id, id)
     }
 
     /// Runs [`Core::sweep`] every sweep interval until `stop`.
@@ -903,13 +984,22 @@ impl Core {
                 "message.parts must not be empty".into(),
             ));
         }
-        if req
+        // A webhook sent with the message is checked before anything starts.
+        let push_cfg = match req
             .configuration
             .as_ref()
-            .is_some_and(|c| c.task_push_notification_config.is_some())
+            .and_then(|c| c.task_push_notification_config.clone())
         {
-            return Err(A2aError::PushNotificationNotSupported);
-        }
+            None => None,
+            Some(cfg) => {
+                let push = self.push_or_unsupported()?;
+                let existing = msg.task_id.as_deref().filter(|t| !t.is_empty());
+                if let Some(t) = existing {
+                    self.owned(principal, t)?;
+                }
+                Some(push.check(existing, cfg).await?)
+            }
+        };
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
         let return_immediately = req
             .configuration
@@ -925,8 +1015,13 @@ impl Core {
         let agent_asked = self.choose_agent(&req).await?;
 
         let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
-            Some(task_id) => self.answer(principal, task_id, &req).await?,
-            None => self.start(principal, &req, agent_asked)?,
+            Some(task_id) => {
+                if let (Some(cfg), Some(push)) = (push_cfg, self.push()) {
+                    push.put(principal, cfg)?;
+                }
+                self.answer(principal, task_id, &req).await?
+            }
+            None => self.start(principal, &req, agent_asked, push_cfg)?,
         };
 
         if streaming {
@@ -1036,6 +1131,7 @@ impl Core {
         principal: &str,
         req: &SendMessageRequest,
         agent_asked: Option<String>,
+        push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
     ) -> Result<Arc<LiveTask>, A2aError> {
         let msg = &req.message;
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
@@ -1142,7 +1238,13 @@ impl Core {
             tx,
             state,
             store: self.store.clone(),
+            push: self.push().cloned(),
         });
+        // The task's webhook is stored before its turn starts, so it sees every change.
+        if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
+            cfg.task_id = task_id.clone();
+            push.put(principal, cfg)?;
+        }
         if let Ok(mut m) = self.live.lock() {
             m.insert(task_id.clone(), live.clone());
         }
@@ -1386,6 +1488,7 @@ mod tests {
             tx,
             state,
             store: store.clone(),
+            push: None,
         }
     }
 
