@@ -385,6 +385,21 @@ async fn a_webhook_gets_every_state_change_of_a_long_task_in_order_and_configs_p
                 .cloned()
                 .unwrap_or_default();
             assert!(last.contains("503"), "{last}");
+            // What the operator reads in `warden status`.
+            let out = tokio::process::Command::new(warden_e2e::binary("warden"))
+                .arg("--state-dir")
+                .arg(d.dir.path())
+                .arg("status")
+                .output()
+                .await
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains(
+                    "push notifications: 4 delivered, 9 retried, 2 failed; last failure:"
+                ) && text.contains("503"),
+                "{text}"
+            );
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{details:?}");
