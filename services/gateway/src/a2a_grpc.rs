@@ -95,6 +95,8 @@ pub fn status_of(err: &A2aError) -> Status {
 pub struct Grpc {
     pub core: Arc<Core>,
     pub auth: Authenticator,
+    /// The card, for `GetExtendedAgentCard`.
+    pub card: crate::card::CardResponse,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::StreamResponse, Status>> + Send>>;
@@ -277,8 +279,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetExtendedAgentCardRequest>,
     ) -> Result<Response<pb::AgentCard>, Status> {
-        let _principal = self.admit(&request)?;
-        Err(err(A2aError::ExtendedAgentCardNotConfigured))
+        let principal = self.admit(&request)?;
+        Ok(Response::new(cv::card_to_pb(
+            &self.card.extended(&self.core, &principal),
+        )))
     }
 
     async fn delete_task_push_notification_config(

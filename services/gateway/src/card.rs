@@ -62,6 +62,28 @@ impl CardResponse {
         {
             return body.clone();
         }
+        let card = self.with_skills(&list);
+        let body = Arc::new(CardBody::new(&card, self.max_age));
+        *built = Some((list.generation, body.clone()));
+        body
+    }
+
+    /// The extended card (`GetExtendedAgentCard`) for an authenticated `principal`: the public
+    /// card with one skill per agent that principal may use (`[[agents.access]]`), the default
+    /// one tagged `default`.
+    pub fn extended(&self, core: &Core, principal: &str) -> AgentCard {
+        let list = core.agents_for(principal);
+        let mut card = self.with_skills(&list);
+        card.description = format!("{} (the agents available to {principal})", card.description);
+        for s in &mut card.skills {
+            if s.id == list.default {
+                s.tags.push("default".into());
+            }
+        }
+        card
+    }
+
+    fn with_skills(&self, list: &crate::tasks::AgentList) -> AgentCard {
         let mut card = self.base.clone();
         card.skills = list
             .agents
@@ -83,8 +105,6 @@ impl CardResponse {
                 }
             })
             .collect();
-        let body = Arc::new(CardBody::new(&card, self.max_age));
-        *built = Some((list.generation, body.clone()));
-        body
+        card
     }
 }

@@ -212,6 +212,19 @@ pub struct AgentsSection {
     /// while the supervisor has not answered yet.
     #[serde(default)]
     pub list: Vec<AgentEntry>,
+    /// Which agents a principal may use: a principal with an entry may use only the agents it
+    /// names (as the agent of a new context, asked or by default); one without an entry may use
+    /// every agent. The extended agent card shows each caller its own agents.
+    #[serde(default)]
+    pub access: Vec<AgentAccessEntry>,
+}
+
+/// `[[agents.access]]`: the agents one principal may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentAccessEntry {
+    pub principal: String,
+    pub agents: Vec<String>,
 }
 
 /// `[card]`: how the agent card describes this gateway.
@@ -362,6 +375,16 @@ impl GatewayConfig {
                     origin,
                     &format!("auth.tokens[{i}].principal"),
                     "must not be empty",
+                ));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.agents.access.iter().enumerate() {
+            if !seen.insert(a.principal.as_str()) {
+                return Err(ConfigError::invalid(
+                    origin,
+                    &format!("agents.access[{i}].principal"),
+                    format!("{:?} has more than one entry", a.principal),
                 ));
             }
         }

@@ -154,6 +154,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let core = Core::new(store.clone(), channel, settings);
     let push = crate::push::Push::new(cfg.push.clone(), store);
     core.set_push(push.clone());
+    core.set_access(crate::tasks::AgentAccess::from_config(&cfg.agents.access));
     // The supervisor's registry is the one source of agent names; until it answers, the
     // configured list stands (an unknown name asks again).
     if let Err(e) = core.refresh_agents().await {
@@ -200,6 +201,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
                 crate::a2a_grpc::Grpc {
                     core: core.clone(),
                     auth: auth.clone(),
+                    card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
                 }
                 .server(),
             ),

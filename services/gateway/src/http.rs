@@ -91,7 +91,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
         capabilities: AgentCapabilities {
             streaming: true,
             push_notifications: cfg.push.enabled,
-            extended_agent_card: false,
+            extended_agent_card: true,
         },
         security_schemes: schemes,
         security_requirements: vec![SecurityRequirement { schemes: req }],
@@ -583,7 +583,7 @@ async fn dispatch_jsonrpc(
             core.delete_push_config(principal, &req.task_id, &req.id)?;
             Ok(result(binding, json!({})))
         }
-        "GetExtendedAgentCard" => Err(A2aError::ExtendedAgentCardNotConfigured),
+        "GetExtendedAgentCard" => Ok(result(binding, state.card.extended(core, principal))),
         m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
             "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"
         ))),
@@ -927,7 +927,11 @@ async fn rest_extended_card(
     headers: HeaderMap,
 ) -> Response {
     match admit(&state, &headers, query.as_deref()) {
-        Ok(_) => error_response(&Binding::Rest, &A2aError::ExtendedAgentCardNotConfigured),
+        Ok(principal) => rest_response(
+            StatusCode::OK,
+            &serde_json::to_value(state.card.extended(&state.core, &principal))
+                .unwrap_or(Value::Null),
+        ),
         Err(r) => *r,
     }
 }

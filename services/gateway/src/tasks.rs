@@ -180,6 +180,30 @@ impl AgentList {
     }
 }
 
+/// Which agents each principal may use (`[[agents.access]]`); a principal without an entry may
+/// use every agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentAccess {
+    by_principal: HashMap<String, Vec<String>>,
+}
+
+impl AgentAccess {
+    pub fn from_config(entries: &[crate::config::AgentAccessEntry]) -> Self {
+        Self {
+            by_principal: entries
+                .iter()
+                .map(|e| (e.principal.clone(), e.agents.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn allows(&self, principal: &str, agent: &str) -> bool {
+        self.by_principal
+            .get(principal)
+            .is_none_or(|list| list.iter().any(|a| a == agent))
+    }
+}
+
 /// One event as delivered to subscribers.
 pub type SharedEvent = Arc<StreamResponse>;
 
@@ -409,6 +433,8 @@ pub struct Core {
     refreshing: tokio::sync::Mutex<()>,
     /// Push notifications, once the daemon has set them up ([`Core::set_push`]).
     push: std::sync::OnceLock<Arc<Push>>,
+    /// Per-principal agent access ([`Core::set_access`]; unset: everyone may use every agent).
+    access: std::sync::OnceLock<AgentAccess>,
 }
 
 impl Core {
@@ -435,7 +461,49 @@ impl Core {
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
+            access: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets who may use which agent (once; later calls are ignored).
+    pub fn set_access(&self, access: AgentAccess) {
+        let _ = self.access.set(access);
+    }
+
+    /// Whether `principal` may use `agent`.
+    pub fn may_use(&self, principal: &str, agent: &str) -> bool {
+        self.access.get().is_none_or(|a| a.allows(principal, agent))
+    }
+
+    /// Whether `principal` is limited to some agents.
+    fn restricted(&self, principal: &str) -> bool {
+        self.access
+            .get()
+            .is_some_and(|a| a.by_principal.contains_key(principal))
+    }
+
+    /// The agents `principal` may use now (for its extended card).
+    pub fn agents_for(&self, principal: &str) -> AgentList {
+        let mut list = self.agents();
+        list.agents.retain(|a| self.may_use(principal, &a.name));
+        list
+    }
+
+    fn refuse_agent(&self, principal: &str, agent: &str) -> A2aError {
+        let mine: Vec<String> = self
+            .agents_for(principal)
+            .agents
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        A2aError::InvalidParams(format!(
+            "agent {agent:?} is not available to you; yours: {}",
+            if mine.is_empty() {
+                "none".to_string()
+            } else {
+                mine.join(", ")
+            }
+        ))
     }
 
     /// Turns push notifications on (once; later calls are ignored).
@@ -1155,6 +1223,9 @@ impl Core {
                     return Err(A2aError::TaskNotFound(format!("context {context_id}")));
                 }
                 Some(mut ctx) => {
+                    if !self.may_use(principal, &ctx.agent) {
+                        return Err(self.refuse_agent(principal, &ctx.agent));
+                    }
                     if let Some(a) = &agent_asked
                         && *a != ctx.agent
                     {
@@ -1173,7 +1244,17 @@ impl Core {
                     ctx.agent
                 }
                 None => {
-                    let agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    let mut agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    // The default too must be one of the caller's agents: for a restricted
+                    // caller "the supervisor's default" ("") is named, so it can be checked.
+                    if agent.is_empty() && self.restricted(principal) {
+                        agent = self.agents().default;
+                    }
+                    if (agent.is_empty() && self.restricted(principal))
+                        || !self.may_use(principal, &agent)
+                    {
+                        return Err(self.refuse_agent(principal, &agent));
+                    }
                     self.store
                         .put_context(
                             &context_id,
