@@ -21,7 +21,8 @@ pub struct CardBody {
 impl CardBody {
     fn new(card: &AgentCard, max_age: u64) -> Self {
         use sha2::{Digest, Sha256};
-        let body = serde_json::to_vec(card).unwrap_or_default();
+        // The 1.0 card with the 0.3 fields beside (A2A 0.3 callers read the same card).
+        let body = serde_json::to_vec(&crate::compat03::card_json(card)).unwrap_or_default();
         let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
         let secs = crate::time::now_micros() / 1_000_000;
         Self {

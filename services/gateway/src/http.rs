@@ -138,7 +138,7 @@ enum Binding {
     Rest,
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     let mut r = (status, body.to_string()).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -152,7 +152,7 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
 pub const A2A_JSON: &str = "application/a2a+json";
 
 /// An HTTP+JSON response body.
-fn rest_response(status: StatusCode, body: &Value) -> Response {
+pub(crate) fn rest_response(status: StatusCode, body: &Value) -> Response {
     let mut r = (status, body.to_string()).into_response();
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(A2A_JSON));
@@ -174,7 +174,7 @@ fn error_response(binding: &Binding, err: &A2aError) -> Response {
     }
 }
 
-fn unauthorized(failure: AuthFailure) -> Response {
+pub(crate) fn unauthorized(failure: AuthFailure) -> Response {
     let (challenge, message) = match failure {
         AuthFailure::Missing => (
             "Bearer realm=\"warden\"",
@@ -196,20 +196,20 @@ fn unauthorized(failure: AuthFailure) -> Response {
     r
 }
 
-fn host_refused() -> Response {
+pub(crate) fn host_refused() -> Response {
     json_response(
         StatusCode::FORBIDDEN,
         &json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "Host header not allowed"}}),
     )
 }
 
-fn host_ok(state: &HttpState, headers: &HeaderMap) -> bool {
+pub(crate) fn host_ok(state: &HttpState, headers: &HeaderMap) -> bool {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     state.hosts.allows(host)
 }
 
 /// `A2A-Version` from the header or the query string.
-fn requested_version(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+pub(crate) fn requested_version(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
     if let Some(v) = headers.get("a2a-version") {
         return Some(v.to_str().unwrap_or("?").trim().to_string());
     }
@@ -232,7 +232,7 @@ fn check_version(headers: &HeaderMap, query: Option<&str>) -> Result<(), A2aErro
     }
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -259,7 +259,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
 /// Reads the whole body within `limit` bytes and `within`: a client that trickles its body (or
 /// sends a Content-Length and stops) is answered 408 instead of holding its handler open. Only
 /// request bodies are timed; a response stream (SSE) is not.
-async fn read_body(
+pub(crate) async fn read_body(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
@@ -279,7 +279,7 @@ async fn read_body(
     }
 }
 
-fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
+pub(crate) fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -490,7 +490,11 @@ async fn jsonrpc(
             &A2aError::InvalidRequest("method must be a string".into()),
         );
     };
-    if let Err(e) = check_version(headers, query.as_deref()) {
+    // A request without A2A-Version (or with 0.3) that calls a 0.3 method is served as 0.3;
+    // a 1.0 method name without the header is told to send it.
+    let v03 = crate::compat03::speaks_03(requested_version(headers, query.as_deref()).as_deref())
+        && crate::compat03::is_03_method(&method);
+    if !v03 && let Err(e) = check_version(headers, query.as_deref()) {
         return error_response(&binding, &e);
     }
     let params_value = match obj.remove("params") {
@@ -503,6 +507,9 @@ async fn jsonrpc(
             );
         }
     };
+    if v03 {
+        return crate::compat03::jsonrpc(&state, &principal, &method, params_value, id).await;
+    }
     match dispatch_jsonrpc(&state, &principal, &method, params_value, &binding).await {
         Ok(r) => r,
         Err(e) => error_response(&binding, &e),
@@ -633,7 +640,7 @@ async fn rest_send(
     }
 }
 
-fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aError> {
+pub(crate) fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aError> {
     let mut map = serde_json::Map::new();
     let Some(q) = query else {
         return Ok(map);
@@ -969,6 +976,8 @@ fn rest_routes() -> Router<Arc<HttpState>> {
             any(rest_push_item),
         )
         .route("/extendedAgentCard", get(rest_extended_card))
+        // A2A 0.3's REST paths (`/v1/…`), served by compat03.rs.
+        .merge(crate::compat03::rest_routes())
 }
 
 /// The whole HTTP router.

@@ -19,6 +19,7 @@ pub mod a2a;
 pub mod a2a_grpc;
 pub mod auth;
 pub mod card;
+pub mod compat03;
 pub mod config;
 pub mod daemon;
 pub mod error;

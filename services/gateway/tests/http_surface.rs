@@ -682,8 +682,29 @@ async fn the_card_is_public_cached_and_built_from_the_public_url() {
                 "HTTP+JSON".into(),
                 "1.0".into()
             ),
+            // The same endpoints serve A2A 0.3 (requests without A2A-Version).
+            (
+                "https://gw.example/base/a2a/jsonrpc".into(),
+                "JSONRPC".into(),
+                "0.3.0".into()
+            ),
+            (
+                "https://gw.example/base/a2a/rest".into(),
+                "HTTP+JSON".into(),
+                "0.3.0".into()
+            ),
         ]
     );
+    // The 0.3 card fields beside the 1.0 ones.
+    assert_eq!(card["protocolVersion"], "0.3.0");
+    assert_eq!(card["url"], "https://gw.example/base/a2a/jsonrpc");
+    assert_eq!(card["preferredTransport"], "JSONRPC");
+    assert_eq!(
+        card["additionalInterfaces"][1],
+        serde_json::json!({"url": "https://gw.example/base/a2a/rest", "transport": "HTTP+JSON"})
+    );
+    assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
+    assert_eq!(card["security"], serde_json::json!([{"bearer": []}]));
     assert!(
         !r.text.contains("127.0.0.1"),
         "the bind address must not leak into the card"
