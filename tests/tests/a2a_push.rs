@@ -344,8 +344,18 @@ async fn a_webhook_gets_every_state_change_of_a_long_task_in_order_and_configs_p
         assert!(ts >= last_ts, "out of order: {ts} after {last_ts}");
         last_ts = ts;
     }
-    // The operator sees the deliveries and the retry.
-    let details = admin_details(&d).await;
+    // The operator sees the deliveries and the retry (the receiver records a POST before it
+    // answers, and the gateway counts it once it has the answer: wait for the count).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let details = loop {
+        let details = admin_details(&d).await;
+        if details.get("push_delivered").map(String::as_str) == Some("4")
+            || tokio::time::Instant::now() > deadline
+        {
+            break details;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
         details.get("push_delivered").map(String::as_str),
         Some("4"),
