@@ -700,25 +700,22 @@ async fn dispatch_rpc(
 /// The card as JSON with the 0.3 fields added beside the 1.0 ones (a 0.3 client reads `url`,
 /// `preferredTransport`, `additionalInterfaces`, `protocolVersion`, `security`,
 /// `supportsAuthenticatedExtendedCard` and a `type` in each security scheme; a 1.0 client
-/// ignores them), and one 0.3 interface per JSON binding in `supportedInterfaces`.
+/// ignores them). The 0.3 entries of `supportedInterfaces` are on every card
+/// ([`interfaces_03`]).
 pub fn card_json(card: &crate::a2a::AgentCard) -> Value {
     let mut v = serde_json::to_value(card).unwrap_or(Value::Null);
     let json_ifaces: Vec<(String, String)> = card
         .supported_interfaces
         .iter()
-        .filter(|i| i.protocol_binding == "JSONRPC" || i.protocol_binding == "HTTP+JSON")
+        .filter(|i| {
+            (i.protocol_binding == "JSONRPC" || i.protocol_binding == "HTTP+JSON")
+                && i.protocol_version == crate::a2a::PROTOCOL_VERSION
+        })
         .map(|i| (i.protocol_binding.clone(), i.url.clone()))
         .collect();
     let Some(o) = v.as_object_mut() else {
         return v;
     };
-    if let Some(Value::Array(ifaces)) = o.get_mut("supportedInterfaces") {
-        for (binding, url) in &json_ifaces {
-            ifaces.push(
-                json!({"url": url, "protocolBinding": binding, "protocolVersion": VERSION_03}),
-            );
-        }
-    }
     if let Some((_, url)) = json_ifaces.iter().find(|(b, _)| b == "JSONRPC") {
         o.insert("url".into(), json!(url));
         o.insert("preferredTransport".into(), json!("JSONRPC"));
@@ -772,6 +769,19 @@ pub fn card_json(card: &crate::a2a::AgentCard) -> Value {
         }
     }
     v
+}
+
+/// One `0.3.0` interface per 1.0 JSON interface (same URL): how a card says 0.3 is served there.
+pub fn interfaces_03(ifaces: &[crate::a2a::AgentInterface]) -> Vec<crate::a2a::AgentInterface> {
+    ifaces
+        .iter()
+        .filter(|i| i.protocol_binding == "JSONRPC" || i.protocol_binding == "HTTP+JSON")
+        .map(|i| crate::a2a::AgentInterface {
+            url: i.url.clone(),
+            protocol_binding: i.protocol_binding.clone(),
+            protocol_version: VERSION_03.into(),
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------------ REST (/v1/…)

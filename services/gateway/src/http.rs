@@ -58,7 +58,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
     );
     let mut req = std::collections::BTreeMap::new();
     req.insert("bearer".to_string(), StringList { list: vec![] });
-    AgentCard {
+    let mut card = AgentCard {
         name: cfg.card.name.clone(),
         description: cfg.card.description.clone(),
         supported_interfaces: vec![
@@ -117,7 +117,11 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
                 examples: vec![],
             })
             .collect(),
-    }
+    };
+    // The JSON endpoints also serve A2A 0.3 (compat03.rs): one 0.3 interface per JSON binding.
+    let v03 = crate::compat03::interfaces_03(&card.supported_interfaces);
+    card.supported_interfaces.extend(v03);
+    card
 }
 
 /// Everything a handler needs.
@@ -393,7 +397,10 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     if !host_ok(&state, &headers) {
         return host_refused();
     }
-    let c = state.card.current(&state.core);
+    // A fetch that asks for 1.0 gets the card exactly as 1.0 defines it; one that names no
+    // version (every 0.3 client) gets the 0.3 fields beside the 1.0 ones.
+    let with_03 = requested_version(&headers, None).as_deref() != Some(PROTOCOL_VERSION);
+    let c = state.card.current(&state.core, with_03);
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -415,6 +422,7 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     if let Ok(v) = HeaderValue::from_str(&c.etag) {
         h.insert(header::ETAG, v);
     }
+    h.insert(header::VARY, HeaderValue::from_static("A2A-Version"));
     if let Ok(v) = HeaderValue::from_str(&c.last_modified) {
         h.insert(header::LAST_MODIFIED, v);
     }

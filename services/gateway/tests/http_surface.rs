@@ -705,6 +705,30 @@ async fn the_card_is_public_cached_and_built_from_the_public_url() {
     );
     assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
     assert_eq!(card["security"], serde_json::json!([{"bearer": []}]));
+    // A fetch that asks for 1.0 gets the card as 1.0 defines it (no 0.3 members), its own ETag.
+    let plain = call(
+        &f.app,
+        "GET",
+        "/.well-known/agent-card.json",
+        &[("a2a-version", "1.0")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert_ne!(plain.headers["etag"], r.headers["etag"]);
+    assert_eq!(plain.headers["vary"], "A2A-Version");
+    let p = plain.json();
+    for key in [
+        "url",
+        "protocolVersion",
+        "preferredTransport",
+        "additionalInterfaces",
+        "security",
+    ] {
+        assert!(p.get(key).is_none(), "{key} in the 1.0 card: {p}");
+    }
+    assert!(p["securitySchemes"]["bearer"].get("type").is_none());
+    assert_eq!(p["supportedInterfaces"], card["supportedInterfaces"]);
     assert!(
         !r.text.contains("127.0.0.1"),
         "the bind address must not leak into the card"
