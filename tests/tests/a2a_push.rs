@@ -511,3 +511,250 @@ async fn webhooks_into_the_host_are_refused_on_every_binding() {
     .await;
     assert_eq!(r["error"]["code"], -32001, "{r}");
 }
+
+/// A CA and a server certificate for 127.0.0.1 made with the openssl command line; returns the
+/// CA file (for `push.ca_file`) and the server's certificate chain and key.
+fn make_certs(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl runs (the https webhook test makes its certificates with it)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=warden test CA",
+        "-days",
+        "2",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "leaf.key",
+        "-out",
+        "leaf.csr",
+    ]);
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "leaf.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("leaf.pem"),
+        dir.join("leaf.key"),
+    )
+}
+
+/// An https receiver: records each POST's head, answers 200.
+async fn tls_receiver(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> (String, Arc<Mutex<Vec<String>>>) {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(key).unwrap();
+    let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let g = got.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = l.accept().await {
+            let (acceptor, g) = (acceptor.clone(), g.clone());
+            tokio::spawn(async move {
+                let Ok(mut s) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = Vec::new();
+                let mut tmp = [0u8; 8192];
+                loop {
+                    let Ok(n) = s.read(&mut tmp).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&tmp[..n]);
+                    if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..p]).to_string();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse().ok())?
+                            })
+                            .unwrap_or(0);
+                        while buf.len() < p + 4 + len {
+                            let Ok(n) = s.read(&mut tmp).await else {
+                                return;
+                            };
+                            if n == 0 {
+                                return;
+                            }
+                            buf.extend_from_slice(&tmp[..n]);
+                        }
+                        let body = String::from_utf8_lossy(&buf[p + 4..p + 4 + len]).to_string();
+                        g.lock().unwrap().push(format!("{head}\n\n{body}"));
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                            .await;
+                        let _ = s.shutdown().await;
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+#[tokio::test]
+async fn an_https_webhook_is_delivered_over_tls_and_an_untrusted_certificate_is_not() {
+    let certs = tempfile::tempdir().unwrap();
+    let (ca, leaf, key) = make_certs(certs.path());
+    let (addr, got) = tls_receiver(&leaf, &key).await;
+    let d = Deployment::up(Options {
+        sets: vec![
+            (
+                "gateway".into(),
+                r#"push.allowed_networks=["127.0.0.1/32"]"#.into(),
+            ),
+            ("gateway".into(), "push.retry_base_ms=100".into()),
+            ("gateway".into(), "push.max_attempts=2".into()),
+            (
+                "gateway".into(),
+                format!("push.ca_file={:?}", ca.display().to_string()),
+            ),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let r = rpc(
+        &d,
+        "SendMessage",
+        json!({"message": message("tck-complete-task-tls", "hi"),
+               "configuration": {"taskPushNotificationConfig": {
+                   "url": format!("https://{addr}/tls-hook"), "token": "tls-tok"}}}),
+    )
+    .await;
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let hooks = got.lock().unwrap().clone();
+        if hooks.iter().any(|h| h.contains("TASK_STATE_COMPLETED")) {
+            assert!(hooks.iter().all(|h| {
+                h.to_ascii_lowercase()
+                    .starts_with("post /tls-hook http/1.1")
+            }));
+            assert!(hooks.iter().all(|h| h.contains("tls-tok")), "{hooks:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{hooks:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The same receiver for a gateway without the CA: the certificate is not trusted, nothing
+    // is delivered, and the failure says why.
+    let before = got.lock().unwrap().len();
+    let d2 = Deployment::up(Options {
+        sets: vec![
+            (
+                "gateway".into(),
+                r#"push.allowed_networks=["127.0.0.1/32"]"#.into(),
+            ),
+            ("gateway".into(), "push.retry_base_ms=100".into()),
+            ("gateway".into(), "push.max_attempts=2".into()),
+        ],
+        ..Options::default()
+    })
+    .await;
+    let r = rpc(
+        &d2,
+        "SendMessage",
+        json!({"message": message("tck-complete-task-tls2", "hi"),
+               "configuration": {"taskPushNotificationConfig": {"url": format!("https://{addr}/tls-hook")}}}),
+    )
+    .await;
+    assert_eq!(
+        r["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{r}"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let details = admin_details(&d2).await;
+        if details.get("push_failed").map(String::as_str) == Some("2") {
+            let last = details
+                .get("push_last_failure")
+                .cloned()
+                .unwrap_or_default();
+            assert!(last.contains("TLS"), "{last}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{details:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        got.lock().unwrap().len(),
+        before,
+        "an untrusted receiver got a notification"
+    );
+}

@@ -39,6 +39,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Serve(#[from] warden_daemon::ServeError),
+    #[error("push.ca_file: {0}")]
+    PushTls(String),
 }
 
 /// Loads and validates the configuration the way the binary does.
@@ -152,7 +154,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
     let core = Core::new(store.clone(), channel, settings);
-    let push = crate::push::Push::new(cfg.push.clone(), store);
+    let push = crate::push::Push::new(cfg.push.clone(), store, &cfg.daemon.state_dir)
+        .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
     core.set_access(crate::tasks::AgentAccess::from_config(&cfg.agents.access));
     // The supervisor's registry is the one source of agent names; until it answers, the

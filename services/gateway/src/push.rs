@@ -59,6 +59,10 @@ pub struct PushSection {
     /// Configs one task may have.
     #[serde(default = "default_max_configs")]
     pub max_configs_per_task: usize,
+    /// Extra trust anchors for https webhooks (PEM file of CA certificates, e.g. an internal
+    /// CA), beside the public roots (webpki-roots). Relative paths: against the state directory.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 fn default_true() -> bool {
@@ -94,6 +98,7 @@ impl Default for PushSection {
             retry_max_ms: default_retry_max(),
             timeout_ms: default_timeout(),
             max_configs_per_task: default_max_configs(),
+            ca_file: None,
         }
     }
 }
@@ -244,6 +249,8 @@ pub struct WebhookUrl {
     pub target: String,
     /// The `Host` header value.
     pub authority: String,
+    /// `https`: TLS to the checked address, the certificate verified for `host`.
+    pub tls: bool,
 }
 
 impl WebhookUrl {
@@ -254,12 +261,12 @@ impl WebhookUrl {
         if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err("the URL contains spaces or control characters".into());
         }
-        let Some(rest) = url.strip_prefix("http://") else {
-            return Err(if url.starts_with("https://") {
-                "https webhooks are not supported by this gateway (it has no TLS client); use an http URL on a network the operator allows".into()
-            } else {
-                "the URL must start with http://".into()
-            });
+        let (rest, tls) = if let Some(r) = url.strip_prefix("https://") {
+            (r, true)
+        } else if let Some(r) = url.strip_prefix("http://") {
+            (r, false)
+        } else {
+            return Err("the URL must start with https:// or http://".into());
         };
         let (authority, target) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
@@ -294,6 +301,7 @@ impl WebhookUrl {
             }
         };
         let port = match port {
+            None if tls => 443,
             None => 80,
             Some(p) => p
                 .parse::<u16>()
@@ -314,6 +322,7 @@ impl WebhookUrl {
             port,
             target,
             authority: authority.to_string(),
+            tls,
         })
     }
 }
@@ -377,15 +386,15 @@ impl TargetPolicy {
     }
 
     /// Resolves and checks a webhook; the address to connect to.
-    pub async fn resolve(&self, url: &WebhookUrl) -> Result<SocketAddr, String> {
+    pub async fn resolve(&self, url: &WebhookUrl) -> Result<SocketAddr, Refusal> {
         if !self.host_allowed(&url.host) {
-            return Err(format!(
+            return Err(Refusal::Forbidden(format!(
                 "webhook host {} is not in the operator's allowlist (push.allowed_hosts)",
                 url.host
-            ));
+            )));
         }
         if let Ok(ip) = url.host.parse::<IpAddr>() {
-            self.address_allowed(ip)?;
+            self.address_allowed(ip).map_err(Refusal::Forbidden)?;
             return Ok(SocketAddr::new(ip, url.port));
         }
         let addrs: Vec<SocketAddr> = tokio::time::timeout(
@@ -393,10 +402,34 @@ impl TargetPolicy {
             tokio::net::lookup_host((url.host.as_str(), url.port)),
         )
         .await
-        .map_err(|_| format!("resolving {} timed out", url.host))?
-        .map_err(|e| format!("cannot resolve {}: {e}", url.host))?
+        .map_err(|_| Refusal::Unresolved(format!("resolving {} timed out", url.host)))?
+        .map_err(|e| Refusal::Unresolved(format!("cannot resolve {}: {e}", url.host)))?
         .collect();
-        self.pick(&url.host, &addrs)
+        if addrs.is_empty() {
+            return Err(Refusal::Unresolved(format!(
+                "{} resolves to no address",
+                url.host
+            )));
+        }
+        self.pick(&url.host, &addrs).map_err(Refusal::Forbidden)
+    }
+}
+
+/// Why a webhook cannot be reached now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not allowed: the host, or an address it resolves to.
+    Forbidden(String),
+    /// The name does not resolve (now): a config is still accepted, the check is repeated at
+    /// every delivery.
+    Unresolved(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Forbidden(s) | Refusal::Unresolved(s) => f.write_str(s),
+        }
     }
 }
 
@@ -416,6 +449,8 @@ type Queue = mpsc::UnboundedSender<Arc<StreamResponse>>;
 /// The push service: config checks, storage and delivery.
 pub struct Push {
     settings: PushSection,
+    /// The TLS client for https webhooks (public roots plus `push.ca_file`).
+    tls: Arc<rustls::ClientConfig>,
     policy: TargetPolicy,
     store: TaskStore,
     stats: Mutex<PushStats>,
@@ -424,14 +459,28 @@ pub struct Push {
 }
 
 impl Push {
-    pub fn new(settings: PushSection, store: TaskStore) -> Arc<Self> {
-        Arc::new(Self {
+    /// `state_dir` resolves a relative `ca_file`. Fails when `ca_file` cannot be read or holds
+    /// no certificate.
+    pub fn new(
+        settings: PushSection,
+        store: TaskStore,
+        state_dir: &std::path::Path,
+    ) -> Result<Arc<Self>, String> {
+        let tls = tls_config(
+            settings
+                .ca_file
+                .as_deref()
+                .map(|p| state_dir.join(p))
+                .as_deref(),
+        )?;
+        Ok(Arc::new(Self {
             policy: TargetPolicy::from_config(&settings),
             settings,
+            tls,
             store,
             stats: Mutex::new(PushStats::default()),
             workers: Mutex::new(HashMap::new()),
-        })
+        }))
     }
 
     pub fn enabled(&self) -> bool {
@@ -497,10 +546,18 @@ impl Push {
         }
         let url = WebhookUrl::parse(&cfg.url)
             .map_err(|e| A2aError::InvalidParams(format!("webhook url refused: {e}")))?;
-        self.policy.resolve(&url).await.map_err(|e| {
-            tracing::warn!(task_id = task_id.unwrap_or(""), host = %url.host, reason = %e, "webhook refused");
-            A2aError::InvalidParams(format!("webhook url refused: {e}"))
-        })?;
+        match self.policy.resolve(&url).await {
+            Ok(_) => {}
+            // The name may resolve later (or only where deliveries run from): every delivery
+            // resolves and checks it again before connecting.
+            Err(Refusal::Unresolved(e)) => {
+                tracing::warn!(task_id = task_id.unwrap_or(""), host = %url.host, reason = %e, "webhook host does not resolve now; accepted, checked again at each delivery");
+            }
+            Err(Refusal::Forbidden(e)) => {
+                tracing::warn!(task_id = task_id.unwrap_or(""), host = %url.host, reason = %e, "webhook refused");
+                return Err(A2aError::InvalidParams(format!("webhook url refused: {e}")));
+            }
+        }
         Ok(cfg)
     }
 
@@ -675,43 +732,29 @@ impl Push {
     async fn post_once(&self, cfg: &TaskPushNotificationConfig, body: &str) -> Result<(), Failure> {
         let url = WebhookUrl::parse(&cfg.url).map_err(Failure::Permanent)?;
         // Resolved and checked again now: what the name pointed to at creation proves nothing.
-        let addr = self
-            .policy
-            .resolve(&url)
-            .await
-            .map_err(Failure::Permanent)?;
+        let addr = self.policy.resolve(&url).await.map_err(|r| match r {
+            Refusal::Forbidden(e) => Failure::Permanent(e),
+            Refusal::Unresolved(e) => Failure::Retry(e),
+        })?;
         let timeout = Duration::from_millis(self.settings.timeout_ms);
         let run = async {
             let tcp = tokio::net::TcpStream::connect(addr)
                 .await
                 .map_err(|e| Failure::Retry(format!("connect {addr}: {e}")))?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            let req = self.request(cfg, &url, body)?;
+            let status = if url.tls {
+                let name =
+                    rustls::pki_types::ServerName::try_from(url.host.clone()).map_err(|e| {
+                        Failure::Permanent(format!("{} is not a TLS server name: {e}", url.host))
+                    })?;
+                let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                    .connect(name, tcp)
                     .await
-                    .map_err(|e| Failure::Retry(format!("HTTP handshake: {e}")))?;
-            tokio::spawn(conn);
-            let mut req = http::Request::builder()
-                .method(http::Method::POST)
-                .uri(url.target.as_str())
-                .header(http::header::HOST, url.authority.as_str())
-                .header(http::header::CONTENT_TYPE, crate::http::A2A_JSON)
-                .header(http::header::USER_AGENT, "warden-gateway");
-            if let Some(t) = &cfg.token {
-                req = req.header("X-A2A-Notification-Token", t.as_str());
-            }
-            if let Some(a) = &cfg.authentication
-                && let Some(c) = &a.credentials
-            {
-                req = req.header(http::header::AUTHORIZATION, format!("{} {c}", a.scheme));
-            }
-            let req = req
-                .body(axum::body::Body::from(body.to_string()))
-                .map_err(|e| Failure::Permanent(format!("cannot build the request: {e}")))?;
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| Failure::Retry(format!("POST: {e}")))?;
-            let status = resp.status();
+                    .map_err(|e| Failure::Retry(format!("TLS with {}: {e}", url.host)))?;
+                exchange(tls, req).await?
+            } else {
+                exchange(tcp, req).await?
+            };
             if status.is_success() {
                 Ok(())
             } else if status.is_server_error()
@@ -732,6 +775,81 @@ impl Push {
 enum Failure {
     Retry(String),
     Permanent(String),
+}
+
+impl Push {
+    fn request(
+        &self,
+        cfg: &TaskPushNotificationConfig,
+        url: &WebhookUrl,
+        body: &str,
+    ) -> Result<http::Request<axum::body::Body>, Failure> {
+        let mut req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(url.target.as_str())
+            .header(http::header::HOST, url.authority.as_str())
+            .header(http::header::CONTENT_TYPE, crate::http::A2A_JSON)
+            .header(http::header::USER_AGENT, "warden-gateway");
+        if let Some(t) = &cfg.token {
+            req = req.header("X-A2A-Notification-Token", t.as_str());
+        }
+        if let Some(a) = &cfg.authentication
+            && let Some(c) = &a.credentials
+        {
+            req = req.header(http::header::AUTHORIZATION, format!("{} {c}", a.scheme));
+        }
+        req.body(axum::body::Body::from(body.to_string()))
+            .map_err(|e| Failure::Permanent(format!("cannot build the request: {e}")))
+    }
+}
+
+/// One HTTP/1.1 request on an open connection (plain or TLS); the answer's status.
+async fn exchange<IO>(
+    io: IO,
+    req: http::Request<axum::body::Body>,
+) -> Result<http::StatusCode, Failure>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .map_err(|e| Failure::Retry(format!("HTTP handshake: {e}")))?;
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failure::Retry(format!("POST: {e}")))?;
+    Ok(resp.status())
+}
+
+/// The TLS client: the public roots, plus the CA certificates of `ca_file` when given.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{} holds no certificate", path.display()));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
 }
 
 fn check_id(id: &str) -> Result<(), A2aError> {
@@ -861,10 +979,11 @@ mod tests {
         let u = WebhookUrl::parse("http://[::1]:9/").unwrap();
         assert_eq!((u.host.as_str(), u.port), ("::1", 9));
         let u = WebhookUrl::parse("http://h?q").unwrap();
-        assert_eq!((u.port, u.target.as_str()), (80, "/?q"));
+        assert_eq!((u.port, u.target.as_str(), u.tls), (80, "/?q", false));
+        let u = WebhookUrl::parse("https://hooks.example.com/x").unwrap();
+        assert_eq!((u.port, u.tls), (443, true));
         for bad in [
             "ftp://h/",
-            "https://h/",
             "http://user:pw@h/",
             "http://h:0/",
             "http://h:99999/",
@@ -875,6 +994,19 @@ mod tests {
         ] {
             assert!(WebhookUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_unresolved_not_forbidden() {
+        let p = TargetPolicy::from_config(&PushSection::default());
+        let u = WebhookUrl::parse("https://no-such-host.invalid/hook").unwrap();
+        assert!(matches!(p.resolve(&u).await, Err(Refusal::Unresolved(_))));
+        // The allowlist is still applied first.
+        let strict = TargetPolicy::from_config(&PushSection {
+            allowed_hosts: vec!["hooks.example.com".into()],
+            ..PushSection::default()
+        });
+        assert!(matches!(strict.resolve(&u).await, Err(Refusal::Forbidden(_))));
     }
 
     #[tokio::test]
@@ -889,7 +1021,10 @@ mod tests {
             "http://localhost:1/",
         ] {
             let u = WebhookUrl::parse(url).unwrap();
-            assert!(p.resolve(&u).await.is_err(), "{url} must be refused");
+            assert!(
+                matches!(p.resolve(&u).await, Err(Refusal::Forbidden(_))),
+                "{url} must be refused"
+            );
         }
     }
 }
