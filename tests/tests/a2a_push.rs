@@ -261,6 +261,22 @@ async fn a_webhook_gets_every_state_change_of_a_long_task_in_order_and_configs_p
     )
     .await;
     assert_eq!(st, 404, "{gone}");
+    // Deleting it again is not an error (idempotent), on JSON-RPC too.
+    let (st, again) = rest(
+        &d,
+        http::Method::DELETE,
+        &format!("/a2a/rest/tasks/{tid}/pushNotificationConfigs/{second_id}"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "{again}");
+    let again = rpc(
+        &d,
+        "DeleteTaskPushNotificationConfig",
+        json!({"taskId": tid, "id": second_id}),
+    )
+    .await;
+    assert!(again.get("error").is_none(), "{again}");
 
     wait_state(&d, &tid, "TASK_STATE_INPUT_REQUIRED").await;
     let answered = rpc(

@@ -603,15 +603,12 @@ impl Push {
             .collect())
     }
 
+    /// Deletes a config; deleting one that is already gone succeeds too (spec: idempotent).
     pub fn delete(&self, task_id: &str, id: &str) -> Result<(), A2aError> {
         if self.store.delete_push(task_id, id).map_err(store_err)? {
             tracing::info!(task_id, config_id = id, "push config deleted");
-            Ok(())
-        } else {
-            Err(A2aError::TaskNotFound(format!(
-                "{task_id}/pushNotificationConfigs/{id}"
-            )))
         }
+        Ok(())
     }
 
     /// A task's status changed: queue the event for each of its configs, in order. Never
@@ -1006,7 +1003,10 @@ mod tests {
             allowed_hosts: vec!["hooks.example.com".into()],
             ..PushSection::default()
         });
-        assert!(matches!(strict.resolve(&u).await, Err(Refusal::Forbidden(_))));
+        assert!(matches!(
+            strict.resolve(&u).await,
+            Err(Refusal::Forbidden(_))
+        ));
     }
 
     #[tokio::test]
