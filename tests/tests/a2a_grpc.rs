@@ -332,3 +332,57 @@ async fn the_grpc_binding_authenticates_streams_and_shares_the_task_store() {
     assert!(listed.tasks.iter().any(|x| x.id == task_id));
     assert!(listed.tasks.iter().any(|x| x.id == t.id));
 }
+
+/// The gRPC binding on a Unix socket instead: the card names it `unix:<path>`, the socket has
+/// the listener's mode, and a caller still needs the bearer token.
+#[tokio::test]
+async fn the_grpc_binding_can_listen_on_a_unix_socket() {
+    let d = Deployment::up(Options {
+        sets: vec![("gateway".into(), "grpc.socket=\"a2a-grpc.sock\"".into())],
+        ..Options::default()
+    })
+    .await;
+    let token = d.token();
+    let path = d.layout.root.join("gateway/a2a-grpc.sock");
+    let card = warden_cli::client::get_json(&d.http, "/.well-known/agent-card.json", &token)
+        .await
+        .unwrap();
+    let grpc: Vec<&str> = card["supportedInterfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["protocolBinding"] == "GRPC")
+        .filter_map(|i| i["url"].as_str())
+        .collect();
+    assert_eq!(grpc, [format!("unix:{}", path.display())], "{card}");
+    {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let meta = std::fs::metadata(&path).expect("the socket exists");
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    }
+    let mut c = A2aServiceClient::new(warden_daemon::client::unix_channel(&path));
+    let e = c
+        .get_task(pb::GetTaskRequest {
+            id: "x".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let done = c
+        .send_message(authed(
+            pb::SendMessageRequest {
+                message: Some(text_message("tck-complete-task-unix", "hi")),
+                ..Default::default()
+            },
+            &token,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::send_message_response::Payload::Task(t)) = done.payload else {
+        panic!("a task")
+    };
+    assert_eq!(state(&t), pb::TaskState::Completed);
+}
