@@ -1,4 +1,4 @@
-//! Generates the gRPC code from `proto/warden/v1/*.proto` with a vendored `protoc`, so the build
+//! Generates the gRPC code from `proto/warden/v1/*.proto` and `proto/lf/a2a/v1/a2a.proto` with a vendored `protoc`, so the build
 //! needs no system protobuf compiler.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -23,6 +23,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(descriptors)
         .build_server(true)
         .build_client(true)
-        .compile_protos(&files, &[root])?;
+        .compile_protos(&files, std::slice::from_ref(&root))?;
+
+    // The A2A 1.0 contract (`lf.a2a.v1`, vendored from the A2A specification) and the minimal
+    // `google/api` option declarations it imports.
+    let a2a = root.join("lf/a2a/v1/a2a.proto");
+    let third_party = root.join("third_party");
+    println!("cargo:rerun-if-changed={}", a2a.display());
+    println!("cargo:rerun-if-changed={}", third_party.display());
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&[a2a], &[root, third_party])?;
     Ok(())
 }

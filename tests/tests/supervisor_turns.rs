@@ -186,6 +186,7 @@ async fn questions_go_to_the_caller_and_back() {
             question_id: qid,
             action: "accept".into(),
             content_json: r#"{"answer":"teal"}"#.into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -260,6 +261,7 @@ async fn cancelling_the_turn_answers_its_open_question_cancelled() {
             question_id: qid,
             action: "accept".into(),
             content_json: r#"{"answer":"yes"}"#.into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -275,6 +277,7 @@ async fn cancelling_the_turn_answers_its_open_question_cancelled() {
             question_id: "x".into(),
             action: "maybe".into(),
             content_json: String::new(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

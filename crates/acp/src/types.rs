@@ -862,6 +862,9 @@ pub enum ElicitationResponse {
     Accept {
         /// The form content (object matching the schema).
         content: Value,
+        /// The id of the caller's message that carried the answer, sent as
+        /// `_meta.warden.messageId` (as a prompt's is) when present.
+        message_id: Option<String>,
     },
     /// The user declined.
     Decline,
@@ -873,9 +876,15 @@ impl ElicitationResponse {
     /// Wire form.
     pub fn to_result(&self) -> Value {
         match self {
-            ElicitationResponse::Accept { content } => {
-                serde_json::json!({"action": "accept", "content": content})
-            }
+            ElicitationResponse::Accept {
+                content,
+                message_id: None,
+            } => serde_json::json!({"action": "accept", "content": content}),
+            ElicitationResponse::Accept {
+                content,
+                message_id: Some(id),
+            } => serde_json::json!({"action": "accept", "content": content,
+                                    "_meta": {"warden": {"messageId": id}}}),
             ElicitationResponse::Decline => serde_json::json!({"action": "decline"}),
             ElicitationResponse::Cancel => serde_json::json!({"action": "cancel"}),
         }

@@ -1,5 +1,6 @@
-//! Generated tonic/prost code for warden's contracts (`proto/warden/v1`), and the few numbers the
-//! proto files state in words ([`limits`]), and nothing else.
+//! Generated tonic/prost code for warden's contracts (`proto/warden/v1`) and the A2A 1.0
+//! contract the gateway serves over gRPC (`proto/lf/a2a/v1`, vendored), and the few numbers
+//! the proto files state in words ([`limits`]), and nothing else.
 //!
 //! This crate must never hold hand-written logic: the proto files are the public contract that
 //! operators implement (e.g. a third `PolicyService`), and what is generated from them is all
@@ -23,3 +24,11 @@ pub mod limits {
 /// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/warden_descriptor.bin"));
+
+/// `lf.a2a.v1`: the A2A 1.0 `A2AService` and its messages (vendored `a2a.proto`).
+pub mod a2a {
+    pub mod v1 {
+        #![allow(clippy::all, missing_docs)]
+        tonic::include_proto!("lf.a2a.v1");
+    }
+}

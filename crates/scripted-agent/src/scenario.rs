@@ -177,6 +177,11 @@ pub enum Step {
         /// Form schema (default: one string field `answer`).
         #[serde(default)]
         schema: Option<Value>,
+        /// Ask again while the answering message's id (`_meta.warden.messageId` of the answer)
+        /// starts with this prefix (the TCK's multi-turn input: every `tck-input-required`
+        /// follow-up is asked again, another message moves on).
+        #[serde(default)]
+        again_while_message_id: Option<String>,
     },
     /// A tool call with a permission request.
     Tool(Box<ToolStep>),
@@ -329,6 +334,7 @@ pub fn tck_steps(message_id: &str) -> Option<Vec<Step>> {
             Step::Question {
                 message: "Please provide input".into(),
                 schema: None,
+                again_while_message_id: Some("tck-input-required".into()),
             },
             msg("Hello from TCK"),
             end(),

@@ -220,7 +220,9 @@ impl Turn {
                 &sid,
                 json!({"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": "x".repeat(bytes.min(MAX_SIZE_STEP))}}),
             ),
-            Step::Question { message, schema } => return self.question(&message, schema).await,
+            Step::Question { message, schema, again_while_message_id } => {
+                return self.question(&message, schema, again_while_message_id.as_deref()).await;
+            }
             Step::Tool(t) => return self.tool(*t).await,
             Step::PlanExit { vocabulary, plan } => return self.plan_exit(vocabulary, plan).await,
             Step::Mode { mode } => self.set_mode(&mode),
@@ -267,7 +269,12 @@ impl Turn {
         Flow::Continue
     }
 
-    async fn question(&mut self, message: &str, schema: Option<Value>) -> Flow {
+    async fn question(
+        &mut self,
+        message: &str,
+        schema: Option<Value>,
+        again_while: Option<&str>,
+    ) -> Flow {
         if !self.agent.cap("/elicitation") {
             self.chunk(
                 "agent_message_chunk",
@@ -278,14 +285,26 @@ impl Turn {
         let schema = schema.unwrap_or_else(
             || json!({"type": "object", "properties": {"answer": {"type": "string", "title": "Answer"}}, "required": ["answer"]}),
         );
-        let (_, rx) = self.agent.call(
-            "elicitation/create",
-            json!({"sessionId": self.sid(), "mode": "form", "message": message, "requestedSchema": schema}),
-            self.settings.string_ids.unwrap_or(false),
-        );
-        let answer = tokio::select! {
-            a = rx => a,
-            _ = self.wait_cancel() => return Flow::Cancelled,
+        let answer = loop {
+            let (_, rx) = self.agent.call(
+                "elicitation/create",
+                json!({"sessionId": self.sid(), "mode": "form", "message": message, "requestedSchema": schema.clone()}),
+                self.settings.string_ids.unwrap_or(false),
+            );
+            let answer = tokio::select! {
+                a = rx => a,
+                _ = self.wait_cancel() => return Flow::Cancelled,
+            };
+            let again = match (&answer, again_while) {
+                (Ok(Ok(v)), Some(prefix)) => v
+                    .pointer("/_meta/warden/messageId")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| id.starts_with(prefix)),
+                _ => false,
+            };
+            if !again {
+                break answer;
+            }
         };
         let reply = match answer {
             Ok(Ok(v)) => match v.get("action").and_then(Value::as_str) {

@@ -283,7 +283,7 @@ pub struct SendMessageConfiguration {
     pub accepted_output_modes: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(alias = "task_push_notification_config")]
-    pub task_push_notification_config: Option<Value>,
+    pub task_push_notification_config: Option<TaskPushNotificationConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(alias = "history_length")]
     pub history_length: Option<i32>,
@@ -373,6 +373,70 @@ pub struct SubscribeToTaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
     pub id: String,
+}
+
+/// `lf.a2a.v1.AuthenticationInfo`: how the gateway authenticates to a caller's webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuthenticationInfo {
+    pub scheme: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+}
+
+/// `lf.a2a.v1.TaskPushNotificationConfig`: where the gateway POSTs a task's updates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPushNotificationConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Assigned by the gateway when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(alias = "task_id")]
+    pub task_id: String,
+    pub url: String,
+    /// Sent back with every notification (`X-A2A-Notification-Token`), so the receiver can tell
+    /// the gateway's POSTs from anyone else's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication: Option<AuthenticationInfo>,
+}
+
+/// `lf.a2a.v1.GetTaskPushNotificationConfigRequest` (also the shape of the delete request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPushNotificationConfigRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(alias = "task_id")]
+    pub task_id: String,
+    pub id: String,
+}
+
+/// `lf.a2a.v1.ListTaskPushNotificationConfigsRequest`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTaskPushNotificationConfigsRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(alias = "task_id")]
+    pub task_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "page_size")]
+    pub page_size: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(alias = "page_token")]
+    pub page_token: Option<String>,
+}
+
+/// `lf.a2a.v1.ListTaskPushNotificationConfigsResponse`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListTaskPushNotificationConfigsResponse {
+    pub configs: Vec<TaskPushNotificationConfig>,
+    pub next_page_token: String,
 }
 
 /// `lf.a2a.v1.AgentInterface`.

@@ -19,9 +19,17 @@ pub struct CardBody {
 }
 
 impl CardBody {
-    fn new(card: &AgentCard, max_age: u64) -> Self {
+    /// `with_03`: the 0.3 fields beside the 1.0 ones (for a fetch that names no version, as 0.3
+    /// clients send it); without, the card exactly as 1.0 defines it (for `A2A-Version: 1.0`,
+    /// whose schema admits no other members).
+    fn new(card: &AgentCard, max_age: u64, with_03: bool) -> Self {
         use sha2::{Digest, Sha256};
-        let body = serde_json::to_vec(card).unwrap_or_default();
+        let body = if with_03 {
+            serde_json::to_vec(&crate::compat03::card_json(card))
+        } else {
+            serde_json::to_vec(card)
+        }
+        .unwrap_or_default();
         let etag = format!("\"{}\"", &hex::encode(Sha256::digest(&body))[..32]);
         let secs = crate::time::now_micros() / 1_000_000;
         Self {
@@ -33,6 +41,9 @@ impl CardBody {
     }
 }
 
+/// The agent list generation, the body with the 0.3 fields, the body without.
+type Built = (u64, Arc<CardBody>, Arc<CardBody>);
+
 /// The card response: the configured card with one skill per agent the gateway accepts now
 /// (the supervisor's list once it has answered). A configured skill of the same name (the
 /// gateway's `agents.list`) still gives its description and tags.
@@ -40,8 +51,9 @@ impl CardBody {
 pub struct CardResponse {
     base: AgentCard,
     max_age: u64,
-    /// The agent list generation the cached body was built from (None: not built yet).
-    built: Mutex<Option<(u64, Arc<CardBody>)>>,
+    /// The agent list generation the cached bodies (with and without the 0.3 fields) were
+    /// built from (None: not built yet).
+    built: Mutex<Option<Built>>,
 }
 
 impl CardResponse {
@@ -53,15 +65,38 @@ impl CardResponse {
         }
     }
 
-    /// The body for the agent list `core` holds now.
-    pub fn current(&self, core: &Core) -> Arc<CardBody> {
+    /// The body for the agent list `core` holds now; `with_03` adds the 0.3 fields.
+    pub fn current(&self, core: &Core, with_03: bool) -> Arc<CardBody> {
         let list = core.agents();
         let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((generation, body)) = built.as_ref()
+        if let Some((generation, dual, plain)) = built.as_ref()
             && *generation == list.generation
         {
-            return body.clone();
+            return if with_03 { dual.clone() } else { plain.clone() };
         }
+        let card = self.with_skills(&list);
+        let dual = Arc::new(CardBody::new(&card, self.max_age, true));
+        let plain = Arc::new(CardBody::new(&card, self.max_age, false));
+        *built = Some((list.generation, dual.clone(), plain.clone()));
+        if with_03 { dual } else { plain }
+    }
+
+    /// The extended card (`GetExtendedAgentCard`) for an authenticated `principal`: the public
+    /// card with one skill per agent that principal may use (`[[agents.access]]`), the default
+    /// one tagged `default`.
+    pub fn extended(&self, core: &Core, principal: &str) -> AgentCard {
+        let list = core.agents_for(principal);
+        let mut card = self.with_skills(&list);
+        card.description = format!("{} (the agents available to {principal})", card.description);
+        for s in &mut card.skills {
+            if s.id == list.default {
+                s.tags.push("default".into());
+            }
+        }
+        card
+    }
+
+    fn with_skills(&self, list: &crate::tasks::AgentList) -> AgentCard {
         let mut card = self.base.clone();
         card.skills = list
             .agents
@@ -83,8 +118,6 @@ impl CardResponse {
                 }
             })
             .collect();
-        let body = Arc::new(CardBody::new(&card, self.max_age));
-        *built = Some((list.generation, body.clone()));
-        body
+        card
     }
 }

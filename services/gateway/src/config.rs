@@ -212,6 +212,19 @@ pub struct AgentsSection {
     /// while the supervisor has not answered yet.
     #[serde(default)]
     pub list: Vec<AgentEntry>,
+    /// Which agents a principal may use: a principal with an entry may use only the agents it
+    /// names (as the agent of a new context, asked or by default); one without an entry may use
+    /// every agent. The extended agent card shows each caller its own agents.
+    #[serde(default)]
+    pub access: Vec<AgentAccessEntry>,
+}
+
+/// `[[agents.access]]`: the agents one principal may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentAccessEntry {
+    pub principal: String,
+    pub agents: Vec<String>,
 }
 
 /// `[card]`: how the agent card describes this gateway.
@@ -224,6 +237,10 @@ pub struct CardSection {
     pub description: String,
     pub organization: Option<String>,
     pub organization_url: Option<String>,
+    /// The gRPC interface's URL on the card (`host:port`, or `unix:/path` for a socket). Default:
+    /// `grpc.tcp`, or `unix:` and the absolute `grpc.socket` path.
+    #[serde(default)]
+    pub grpc_url: Option<String>,
 }
 
 fn default_card_name() -> String {
@@ -240,6 +257,7 @@ impl Default for CardSection {
             description: default_card_description(),
             organization: None,
             organization_url: None,
+            grpc_url: None,
         }
     }
 }
@@ -263,6 +281,14 @@ pub struct GatewayConfig {
     /// The MCP front (`/mcp`); every key has a default.
     #[serde(default)]
     pub mcp: crate::mcp::config::McpSection,
+    /// The A2A gRPC binding (`lf.a2a.v1.A2AService`): off unless configured. A Unix `socket`
+    /// (peer allowlist as on every warden listener) or `tcp` with `allow_any_peer = true`;
+    /// callers authenticate with the same bearer tokens either way.
+    #[serde(default)]
+    pub grpc: Option<ListenerConfig>,
+    /// Push notifications and the webhook allowlist (`src/push.rs`).
+    #[serde(default)]
+    pub push: crate::push::PushSection,
 }
 
 impl GatewayConfig {
@@ -271,6 +297,12 @@ impl GatewayConfig {
         self.daemon.validate(origin)?;
         self.listen.validate(origin, "listen")?;
         self.mcp.validate(origin)?;
+        if let Some(g) = &self.grpc {
+            g.validate(origin, "grpc")?;
+        }
+        if let Err((key, why)) = self.push.validate() {
+            return Err(ConfigError::invalid(origin, &key, why));
+        }
         if self.http.bind.parse::<SocketAddr>().is_err() {
             return Err(ConfigError::invalid(
                 origin,
@@ -350,6 +382,16 @@ impl GatewayConfig {
                 ));
             }
         }
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.agents.access.iter().enumerate() {
+            if !seen.insert(a.principal.as_str()) {
+                return Err(ConfigError::invalid(
+                    origin,
+                    &format!("agents.access[{i}].principal"),
+                    format!("{:?} has more than one entry", a.principal),
+                ));
+            }
+        }
         if self.auth.tokens.is_empty() && self.auth.token_file.is_none() {
             return Err(ConfigError::invalid(
                 origin,
@@ -366,6 +408,22 @@ impl GatewayConfig {
             .token_file
             .as_ref()
             .map(|p| resolve(&self.daemon.state_dir, p))
+    }
+
+    /// The gRPC interface's URL for the card, when the gRPC binding is served.
+    pub fn grpc_url(&self) -> Option<String> {
+        let g = self.grpc.as_ref()?;
+        if let Some(u) = &self.card.grpc_url {
+            return Some(u.clone());
+        }
+        match (&g.tcp, &g.socket) {
+            (Some(addr), _) => Some(addr.clone()),
+            (None, Some(p)) => Some(format!(
+                "unix:{}",
+                resolve(&self.daemon.state_dir, p).display()
+            )),
+            (None, None) => None,
+        }
     }
 
     /// True when the HTTP listener is bound to a loopback address.

@@ -39,6 +39,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Serve(#[from] warden_daemon::ServeError),
+    #[error("push.ca_file: {0}")]
+    PushTls(String),
 }
 
 /// Loads and validates the configuration the way the binary does.
@@ -57,6 +59,7 @@ pub fn load_config(
 
 struct AdminApi {
     core: Arc<Core>,
+    push: Arc<crate::push::Push>,
     started: Instant,
     listeners: Arc<Mutex<Vec<String>>>,
 }
@@ -70,6 +73,15 @@ impl AdminService for AdminApi {
         details.insert("tasks_stored".to_string(), store.task_count().to_string());
         if let Ok(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
+        }
+        if self.push.enabled() {
+            let p = self.push.stats();
+            details.insert("push_delivered".to_string(), p.delivered.to_string());
+            details.insert("push_retries".to_string(), p.retries.to_string());
+            details.insert("push_failed".to_string(), p.failed.to_string());
+            if let Some(last) = p.last_failure {
+                details.insert("push_last_failure".to_string(), last);
+            }
         }
         Ok(Response::new(warden_daemon::status::response(
             "warden-gateway",
@@ -141,7 +153,11 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         retention: Retention::from_config(&cfg.store),
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
-    let core = Core::new(store, channel, settings);
+    let core = Core::new(store.clone(), channel, settings);
+    let push = crate::push::Push::new(cfg.push.clone(), store, &cfg.daemon.state_dir)
+        .map_err(RunError::PushTls)?;
+    core.set_push(push.clone());
+    core.set_access(crate::tasks::AgentAccess::from_config(&cfg.agents.access));
     // The supervisor's registry is the one source of agent names; until it answers, the
     // configured list stands (an unknown name asks again).
     if let Err(e) = core.refresh_agents().await {
@@ -173,11 +189,29 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         listen,
         Routes::new(AdminServiceServer::new(AdminApi {
             core: core.clone(),
+            push: push.clone(),
             started: Instant::now(),
             listeners: listeners.clone(),
         })),
         &[warden_proto::v1::admin_service_server::SERVICE_NAME],
     );
+
+    // The A2A gRPC binding, when configured: the same core and tokens as the HTTP bindings.
+    if let Some(g) = &cfg.grpc {
+        let listener = warden_daemon::listener::bind("grpc", g, &cfg.daemon.state_dir).await?;
+        tracing::info!(listener = %listener.describe(), "A2A gRPC listening");
+        server.serve(
+            listener,
+            Routes::new(
+                crate::a2a_grpc::Grpc {
+                    core: core.clone(),
+                    auth: auth.clone(),
+                    card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
+                }
+                .server(),
+            ),
+        );
+    }
 
     let bound = http
         .local_addr()

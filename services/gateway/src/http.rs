@@ -23,9 +23,10 @@ use tokio::sync::broadcast;
 
 use crate::a2a::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill, CancelTaskRequest,
-    GetTaskRequest, HttpAuthSecurityScheme, ListTasksRequest, PROTOCOL_VERSION,
-    SecurityRequirement, SecurityScheme, SendMessageRequest, StreamResponse, StringList,
-    SubscribeToTaskRequest, Task,
+    GetTaskRequest, HttpAuthSecurityScheme, ListTaskPushNotificationConfigsRequest,
+    ListTasksRequest, PROTOCOL_VERSION, SecurityRequirement, SecurityScheme, SendMessageRequest,
+    StreamResponse, StringList, SubscribeToTaskRequest, Task, TaskPushNotificationConfig,
+    TaskPushNotificationConfigRef,
 };
 use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
 use crate::config::GatewayConfig;
@@ -57,7 +58,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
     );
     let mut req = std::collections::BTreeMap::new();
     req.insert("bearer".to_string(), StringList { list: vec![] });
-    AgentCard {
+    let mut card = AgentCard {
         name: cfg.card.name.clone(),
         description: cfg.card.description.clone(),
         supported_interfaces: vec![
@@ -71,7 +72,14 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
                 protocol_binding: "HTTP+JSON".into(),
                 protocol_version: PROTOCOL_VERSION.into(),
             },
-        ],
+        ]
+        .into_iter()
+        .chain(cfg.grpc_url().map(|url| AgentInterface {
+            url,
+            protocol_binding: crate::a2a_grpc::BINDING.into(),
+            protocol_version: PROTOCOL_VERSION.into(),
+        }))
+        .collect(),
         provider: match (&cfg.card.organization, &cfg.card.organization_url) {
             (Some(o), Some(u)) => Some(AgentProvider {
                 organization: o.clone(),
@@ -82,8 +90,8 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
         version: env!("CARGO_PKG_VERSION").to_string(),
         capabilities: AgentCapabilities {
             streaming: true,
-            push_notifications: false,
-            extended_agent_card: false,
+            push_notifications: cfg.push.enabled,
+            extended_agent_card: true,
         },
         security_schemes: schemes,
         security_requirements: vec![SecurityRequirement { schemes: req }],
@@ -109,7 +117,11 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
                 examples: vec![],
             })
             .collect(),
-    }
+    };
+    // The JSON endpoints also serve A2A 0.3 (compat03.rs): one 0.3 interface per JSON binding.
+    let v03 = crate::compat03::interfaces_03(&card.supported_interfaces);
+    card.supported_interfaces.extend(v03);
+    card
 }
 
 /// Everything a handler needs.
@@ -130,12 +142,24 @@ enum Binding {
     Rest,
 }
 
-fn json_response(status: StatusCode, body: &Value) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: &Value) -> Response {
     let mut r = (status, body.to_string()).into_response();
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    r
+}
+
+/// The HTTP+JSON binding's media type for its bodies (spec 1.0.1 §11: `application/a2a+json`
+/// SHOULD be used for requests and responses); JSON-RPC and the card stay `application/json`.
+pub const A2A_JSON: &str = "application/a2a+json";
+
+/// An HTTP+JSON response body.
+pub(crate) fn rest_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = (status, body.to_string()).into_response();
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(A2A_JSON));
     r
 }
 
@@ -150,11 +174,11 @@ fn error_response(binding: &Binding, err: &A2aError) -> Response {
             };
             json_response(status, &err.jsonrpc_response(id.clone()))
         }
-        Binding::Rest => json_response(err.http_status(), &err.rest_body()),
+        Binding::Rest => rest_response(err.http_status(), &err.rest_body()),
     }
 }
 
-fn unauthorized(failure: AuthFailure) -> Response {
+pub(crate) fn unauthorized(failure: AuthFailure) -> Response {
     let (challenge, message) = match failure {
         AuthFailure::Missing => (
             "Bearer realm=\"warden\"",
@@ -176,20 +200,20 @@ fn unauthorized(failure: AuthFailure) -> Response {
     r
 }
 
-fn host_refused() -> Response {
+pub(crate) fn host_refused() -> Response {
     json_response(
         StatusCode::FORBIDDEN,
         &json!({"error": {"code": 403, "status": "PERMISSION_DENIED", "message": "Host header not allowed"}}),
     )
 }
 
-fn host_ok(state: &HttpState, headers: &HeaderMap) -> bool {
+pub(crate) fn host_ok(state: &HttpState, headers: &HeaderMap) -> bool {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     state.hosts.allows(host)
 }
 
 /// `A2A-Version` from the header or the query string.
-fn requested_version(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+pub(crate) fn requested_version(headers: &HeaderMap, query: Option<&str>) -> Option<String> {
     if let Some(v) = headers.get("a2a-version") {
         return Some(v.to_str().unwrap_or("?").trim().to_string());
     }
@@ -212,7 +236,7 @@ fn check_version(headers: &HeaderMap, query: Option<&str>) -> Result<(), A2aErro
     }
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -239,7 +263,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), A2aError> {
 /// Reads the whole body within `limit` bytes and `within`: a client that trickles its body (or
 /// sends a Content-Length and stops) is answered 408 instead of holding its handler open. Only
 /// request bodies are timed; a response stream (SSE) is not.
-async fn read_body(
+pub(crate) async fn read_body(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
@@ -259,7 +283,7 @@ async fn read_body(
     }
 }
 
-fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
+pub(crate) fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -272,7 +296,7 @@ fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
 }
 
 /// The events of one stream, ending after the first terminal or interrupted status.
-fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError, Infallible>> {
+fn events(sub: Subscription) -> impl Stream<Item = Result<StreamItem, Infallible>> {
     enum St {
         First(Box<Task>, Option<broadcast::Receiver<SharedEvent>>),
         Events(broadcast::Receiver<SharedEvent>),
@@ -286,9 +310,7 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
                     None => St::Done,
                 };
                 Some((
-                    Ok(StreamResponseOrError::Event(Arc::new(
-                        StreamResponse::Task(*task),
-                    ))),
+                    Ok(StreamItem::Event(Arc::new(StreamResponse::Task(*task)))),
                     next,
                 ))
             }
@@ -297,12 +319,12 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
                     let end = matches!(&*ev, StreamResponse::StatusUpdate(s)
                         if s.status.state.is_terminal() || s.status.state.is_interrupted());
                     Some((
-                        Ok(StreamResponseOrError::Event(ev)),
+                        Ok(StreamItem::Event(ev)),
                         if end { St::Done } else { St::Events(rx) },
                     ))
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => Some((
-                    Ok(StreamResponseOrError::Error(A2aError::Internal(format!(
+                    Ok(StreamItem::Error(A2aError::Internal(format!(
                         "this stream fell {n} events behind and was closed; use SubscribeToTask or GetTask to catch up"
                     )))),
                     St::Done,
@@ -314,9 +336,20 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamResponseOrError,
     })
 }
 
-enum StreamResponseOrError {
+/// One item of a task's event stream (shared by the SSE and gRPC bindings).
+pub enum StreamItem {
     Event(SharedEvent),
     Error(A2aError),
+}
+
+/// The snapshot, then the events of a subscription, ending after the first terminal or
+/// interrupted status (or with an error item when the subscriber fell behind).
+pub fn stream_items(sub: Subscription) -> impl Stream<Item = StreamItem> {
+    use futures::StreamExt;
+    events(sub).map(|item| match item {
+        Ok(i) => i,
+        Err(never) => match never {},
+    })
 }
 
 fn sse(binding: Binding, sub: Subscription) -> Response {
@@ -324,15 +357,15 @@ fn sse(binding: Binding, sub: Subscription) -> Response {
     let stream = events(sub).map(move |item| {
         let Ok(item) = item;
         let ev = match (&binding, item) {
-            (Binding::JsonRpc(id), StreamResponseOrError::Event(ev)) => Event::default()
+            (Binding::JsonRpc(id), StreamItem::Event(ev)) => Event::default()
                 .data(json!({"jsonrpc": "2.0", "id": id, "result": &*ev}).to_string()),
-            (Binding::Rest, StreamResponseOrError::Event(ev)) => {
+            (Binding::Rest, StreamItem::Event(ev)) => {
                 Event::default().data(serde_json::to_string(&*ev).unwrap_or_default())
             }
-            (Binding::JsonRpc(id), StreamResponseOrError::Error(e)) => Event::default()
+            (Binding::JsonRpc(id), StreamItem::Error(e)) => Event::default()
                 .event("error")
                 .data(e.jsonrpc_response(id.clone()).to_string()),
-            (Binding::Rest, StreamResponseOrError::Error(e)) => Event::default()
+            (Binding::Rest, StreamItem::Error(e)) => Event::default()
                 .event("error")
                 .data(e.rest_body().to_string()),
         };
@@ -364,7 +397,10 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     if !host_ok(&state, &headers) {
         return host_refused();
     }
-    let c = state.card.current(&state.core);
+    // A fetch that asks for 1.0 gets the card exactly as 1.0 defines it; one that names no
+    // version (every 0.3 client) gets the 0.3 fields beside the 1.0 ones.
+    let with_03 = requested_version(&headers, None).as_deref() != Some(PROTOCOL_VERSION);
+    let c = state.card.current(&state.core, with_03);
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -386,6 +422,7 @@ async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Respon
     if let Ok(v) = HeaderValue::from_str(&c.etag) {
         h.insert(header::ETAG, v);
     }
+    h.insert(header::VARY, HeaderValue::from_static("A2A-Version"));
     if let Ok(v) = HeaderValue::from_str(&c.last_modified) {
         h.insert(header::LAST_MODIFIED, v);
     }
@@ -461,7 +498,11 @@ async fn jsonrpc(
             &A2aError::InvalidRequest("method must be a string".into()),
         );
     };
-    if let Err(e) = check_version(headers, query.as_deref()) {
+    // A request without A2A-Version (or with 0.3) that calls a 0.3 method is served as 0.3;
+    // a 1.0 method name without the header is told to send it.
+    let v03 = crate::compat03::speaks_03(requested_version(headers, query.as_deref()).as_deref())
+        && crate::compat03::is_03_method(&method);
+    if !v03 && let Err(e) = check_version(headers, query.as_deref()) {
         return error_response(&binding, &e);
     }
     let params_value = match obj.remove("params") {
@@ -474,6 +515,9 @@ async fn jsonrpc(
             );
         }
     };
+    if v03 {
+        return crate::compat03::jsonrpc(&state, &principal, &method, params_value, id).await;
+    }
     match dispatch_jsonrpc(&state, &principal, &method, params_value, &binding).await {
         Ok(r) => r,
         Err(e) => error_response(&binding, &e),
@@ -528,11 +572,33 @@ async fn dispatch_jsonrpc(
             let req: SubscribeToTaskRequest = params(p)?;
             Ok(sse(binding.clone(), core.subscribe(principal, &req.id)?))
         }
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(A2aError::PushNotificationNotSupported),
-        "GetExtendedAgentCard" => Err(A2aError::ExtendedAgentCardNotConfigured),
+        "CreateTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfig = params(p)?;
+            Ok(result(
+                binding,
+                core.create_push_config(principal, req).await?,
+            ))
+        }
+        "GetTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfigRef = params(p)?;
+            Ok(result(
+                binding,
+                core.get_push_config(principal, &req.task_id, &req.id)?,
+            ))
+        }
+        "ListTaskPushNotificationConfigs" => {
+            let req: ListTaskPushNotificationConfigsRequest = params(p)?;
+            Ok(result(
+                binding,
+                core.list_push_configs(principal, &req.task_id)?,
+            ))
+        }
+        "DeleteTaskPushNotificationConfig" => {
+            let req: TaskPushNotificationConfigRef = params(p)?;
+            core.delete_push_config(principal, &req.task_id, &req.id)?;
+            Ok(result(binding, json!({})))
+        }
+        "GetExtendedAgentCard" => Ok(result(binding, state.card.extended(core, principal))),
         m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
             "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"
         ))),
@@ -566,11 +632,11 @@ async fn rest_send(
         let req: SendMessageRequest = params(value)?;
         Ok(match state.core.send(&principal, req, streaming).await? {
             SendOutcome::Stream(sub) => sse(Binding::Rest, *sub),
-            SendOutcome::Task(task) => json_response(
+            SendOutcome::Task(task) => rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(StreamResponse::Task(*task)).unwrap_or(Value::Null),
             ),
-            SendOutcome::Message(m) => json_response(
+            SendOutcome::Message(m) => rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(StreamResponse::Message(*m)).unwrap_or(Value::Null),
             ),
@@ -582,7 +648,7 @@ async fn rest_send(
     }
 }
 
-fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aError> {
+pub(crate) fn query_map(query: Option<&str>) -> Result<serde_json::Map<String, Value>, A2aError> {
     let mut map = serde_json::Map::new();
     let Some(q) = query else {
         return Ok(map);
@@ -683,7 +749,7 @@ async fn rest_list(
     let run = || -> Result<Response, A2aError> {
         let req: ListTasksRequest = params(Value::Object(query_map(query.as_deref())?))?;
         let resp = state.core.list(&principal, &req)?;
-        Ok(json_response(
+        Ok(rest_response(
             StatusCode::OK,
             &serde_json::to_value(resp).unwrap_or(Value::Null),
         ))
@@ -719,7 +785,7 @@ async fn rest_task_get(
             .get("historyLength")
             .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
         let task = state.core.get(&principal, &id, history_length)?;
-        Ok(json_response(
+        Ok(rest_response(
             StatusCode::OK,
             &serde_json::to_value(task).unwrap_or(Value::Null),
         ))
@@ -762,7 +828,7 @@ async fn rest_task_post(
         }
         if let Some(task_id) = id.strip_suffix(":cancel") {
             let task = state.core.cancel(&principal, task_id).await?;
-            return Ok(json_response(
+            return Ok(rest_response(
                 StatusCode::OK,
                 &serde_json::to_value(task).unwrap_or(Value::Null),
             ));
@@ -783,15 +849,91 @@ async fn rest_task_post(
     }
 }
 
-async fn rest_push(
+/// POST (create) and GET (list) `/tasks/{id}/pushNotificationConfigs`.
+async fn rest_push_collection(
     State(state): State<Arc<HttpState>>,
+    Path(task_id): Path<String>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
+    req: Request,
 ) -> Response {
-    match admit(&state, &headers, query.as_deref()) {
-        Ok(_) => error_response(&Binding::Rest, &A2aError::PushNotificationNotSupported),
-        Err(r) => *r,
+    let (parts, body) = req.into_parts();
+    let principal = match admit(&state, &parts.headers, query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = async {
+        if state.core.push().is_none() {
+            return Err(A2aError::PushNotificationNotSupported);
+        }
+        match parts.method {
+            http::Method::POST => {
+                check_content_type(&parts.headers)?;
+                let bytes =
+                    read_body(body, &parts.headers, state.max_body, state.body_timeout).await?;
+                let value: Value = serde_json::from_slice(&bytes)
+                    .map_err(|e| A2aError::ParseError(format!("request body is not JSON: {e}")))?;
+                let mut cfg: TaskPushNotificationConfig = params(value)?;
+                if !cfg.task_id.is_empty() && cfg.task_id != task_id {
+                    return Err(A2aError::InvalidParams(format!(
+                        "taskId {:?} in the body is not the task {task_id:?} of the path",
+                        cfg.task_id
+                    )));
+                }
+                cfg.task_id = task_id.clone();
+                let created = state.core.create_push_config(&principal, cfg).await?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(created).unwrap_or(Value::Null),
+                ))
+            }
+            http::Method::GET => {
+                let listed = state.core.list_push_configs(&principal, &task_id)?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(listed).unwrap_or(Value::Null),
+                ))
+            }
+            m => Err(A2aError::MethodNotFound(format!(
+                "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs"
+            ))),
+        }
+    };
+    match run.await {
+        Ok(r) => r,
+        Err(e) => error_response(&Binding::Rest, &e),
     }
+}
+
+/// GET and DELETE `/tasks/{id}/pushNotificationConfigs/{config}`.
+async fn rest_push_item(
+    State(state): State<Arc<HttpState>>,
+    Path((task_id, id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    req: Request,
+) -> Response {
+    let principal = match admit(&state, req.headers(), query.as_deref()) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let run = || -> Result<Response, A2aError> {
+        match *req.method() {
+            http::Method::GET => {
+                let cfg = state.core.get_push_config(&principal, &task_id, &id)?;
+                Ok(rest_response(
+                    StatusCode::OK,
+                    &serde_json::to_value(cfg).unwrap_or(Value::Null),
+                ))
+            }
+            http::Method::DELETE => {
+                state.core.delete_push_config(&principal, &task_id, &id)?;
+                Ok(rest_response(StatusCode::OK, &json!({})))
+            }
+            ref m => Err(A2aError::MethodNotFound(format!(
+                "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs/{id}"
+            ))),
+        }
+    };
+    run().unwrap_or_else(|e| error_response(&Binding::Rest, &e))
 }
 
 async fn rest_extended_card(
@@ -800,7 +942,11 @@ async fn rest_extended_card(
     headers: HeaderMap,
 ) -> Response {
     match admit(&state, &headers, query.as_deref()) {
-        Ok(_) => error_response(&Binding::Rest, &A2aError::ExtendedAgentCardNotConfigured),
+        Ok(principal) => rest_response(
+            StatusCode::OK,
+            &serde_json::to_value(state.card.extended(&state.core, &principal))
+                .unwrap_or(Value::Null),
+        ),
         Err(r) => *r,
     }
 }
@@ -829,12 +975,17 @@ fn rest_routes() -> Router<Arc<HttpState>> {
         .route("/message:stream", post(|s, q, r| rest_send(s, q, r, true)))
         .route("/tasks", get(rest_list))
         .route("/tasks/{id}", get(rest_task_get).post(rest_task_post))
-        .route("/tasks/{id}/pushNotificationConfigs", any(rest_push))
+        .route(
+            "/tasks/{id}/pushNotificationConfigs",
+            any(rest_push_collection),
+        )
         .route(
             "/tasks/{id}/pushNotificationConfigs/{config}",
-            any(rest_push),
+            any(rest_push_item),
         )
         .route("/extendedAgentCard", get(rest_extended_card))
+        // A2A 0.3's REST paths (`/v1/…`), served by compat03.rs.
+        .merge(crate::compat03::rest_routes())
 }
 
 /// The whole HTTP router.

@@ -1,9 +1,11 @@
 //! warden-gateway: the only part of warden a caller talks to. It serves A2A 1.0 (JSON-RPC and
-//! HTTP+JSON, with SSE streams) and maps each A2A task onto one turn of a supervisor
+//! HTTP+JSON with SSE streams, and gRPC `lf.a2a.v1.A2AService`), A2A 0.3 on the same JSON
+//! endpoints, and push notifications, and maps each A2A task onto one turn of a supervisor
 //! conversation, over the supervisor's gRPC contract on a Unix socket.
 //!
 //! Owns: the A2A wire types and error table, bearer authentication and per-principal isolation,
-//! the durable task store, and the TurnEvent → A2A mapping.
+//! the durable task store, the TurnEvent → A2A mapping, and webhook delivery with its
+//! address checks (`push.rs`: never a connection to an address it has not checked).
 //! Must never: spawn a process, decide a permission, or forward a permission request to the
 //! caller (a permission is reported, never turned into INPUT_REQUIRED — seed 000); only an
 //! agent's *question* becomes INPUT_REQUIRED.
@@ -16,14 +18,18 @@
 #![forbid(unsafe_code)]
 
 pub mod a2a;
+pub mod a2a_grpc;
 pub mod auth;
 pub mod card;
+pub mod compat03;
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod grpc_convert;
 pub mod http;
 pub mod mapping;
 pub mod mcp;
+pub mod push;
 pub mod serve;
 pub mod store;
 pub mod tasks;

@@ -5,6 +5,7 @@
 //! - tree `history`:   `<task id>/<seq:010>` → one [`Message`]
 //! - tree `artifacts`: `<task id>/<artifact index:04>/<chunk:010>` → one [`ArtifactChunk`]
 //! - tree `contexts`:  `<context id>` → [`ContextRecord`] (who owns the conversation)
+//! - tree `push`:      `<task id>/<config id>` → [`PushRecord`] (a task's webhook configs)
 //!
 //! Appended artifact chunks are stored as they stream and merged on read, so a long answer costs
 //! one write per coalesced update, not one rewrite of everything so far.
@@ -63,6 +64,14 @@ pub struct ContextRecord {
     pub closed_micros: Option<i64>,
 }
 
+/// One stored push notification config and who created it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PushRecord {
+    pub principal: String,
+    pub config: crate::a2a::TaskPushNotificationConfig,
+    pub created_micros: i64,
+}
+
 /// One stored artifact update.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ArtifactChunk {
@@ -78,6 +87,7 @@ pub struct TaskStore {
     history: Tree,
     artifacts: Tree,
     contexts: Tree,
+    push: Tree,
 }
 
 impl std::fmt::Debug for TaskStore {
@@ -129,6 +139,7 @@ impl TaskStore {
             history: store.tree("history")?,
             artifacts: store.tree("artifacts")?,
             contexts: store.tree("contexts")?,
+            push: store.tree("push")?,
             store,
         })
     }
@@ -277,7 +288,49 @@ impl TaskStore {
         self.tasks.delete(task_id.as_bytes())?;
         self.history.delete_prefix(format!("{task_id}/"))?;
         self.artifacts.delete_prefix(format!("{task_id}/"))?;
+        self.push.delete_prefix(format!("{task_id}/"))?;
         Ok(())
+    }
+
+    /// Stores (creating or replacing) one push config of a task and flushes: a caller that was
+    /// told its config exists can rely on it across a restart.
+    pub fn put_push(&self, rec: &PushRecord) -> Result<(), TaskStoreError> {
+        self.push.put(
+            format!("{}/{}", rec.config.task_id, rec.config.id),
+            encode(rec)?,
+        )?;
+        self.flush()
+    }
+
+    /// A task's push configs, in config id order.
+    pub fn push_configs(&self, task_id: &str) -> Result<Vec<PushRecord>, TaskStoreError> {
+        self.push
+            .scan_prefix(format!("{task_id}/"))?
+            .iter()
+            .map(|(k, v)| decode(k, v))
+            .collect()
+    }
+
+    /// One push config of a task.
+    pub fn push_config(
+        &self,
+        task_id: &str,
+        id: &str,
+    ) -> Result<Option<PushRecord>, TaskStoreError> {
+        let key = format!("{task_id}/{id}");
+        match self.push.get(key.as_bytes())? {
+            Some(bytes) => Ok(Some(decode(key.as_bytes(), &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Deletes one push config; whether it existed.
+    pub fn delete_push(&self, task_id: &str, id: &str) -> Result<bool, TaskStoreError> {
+        let key = format!("{task_id}/{id}");
+        let existed = self.push.get(key.as_bytes())?.is_some();
+        self.push.delete(key.as_bytes())?;
+        self.flush()?;
+        Ok(existed)
     }
 
     /// How many task heads are stored.

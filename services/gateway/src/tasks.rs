@@ -32,6 +32,7 @@ use crate::a2a::{
 };
 use crate::error::A2aError;
 use crate::mapping::{META_KEY, TurnMapper};
+use crate::push::Push;
 use crate::store::{ArtifactChunk, ContextRecord, TaskRecord, TaskStore, TaskStoreError};
 use crate::time::{format_micros, now_micros, parse_rfc3339};
 
@@ -182,6 +183,30 @@ impl AgentList {
     }
 }
 
+/// Which agents each principal may use (`[[agents.access]]`); a principal without an entry may
+/// use every agent.
+#[derive(Debug, Clone, Default)]
+pub struct AgentAccess {
+    by_principal: HashMap<String, Vec<String>>,
+}
+
+impl AgentAccess {
+    pub fn from_config(entries: &[crate::config::AgentAccessEntry]) -> Self {
+        Self {
+            by_principal: entries
+                .iter()
+                .map(|e| (e.principal.clone(), e.agents.clone()))
+                .collect(),
+        }
+    }
+
+    pub fn allows(&self, principal: &str, agent: &str) -> bool {
+        self.by_principal
+            .get(principal)
+            .is_none_or(|list| list.iter().any(|a| a == agent))
+    }
+}
+
 /// One event as delivered to subscribers.
 pub type SharedEvent = Arc<StreamResponse>;
 
@@ -212,6 +237,8 @@ pub struct LiveTask {
     tx: broadcast::Sender<SharedEvent>,
     state: watch::Sender<TaskState>,
     store: TaskStore,
+    /// Where status changes are also delivered to the task's webhooks.
+    push: Option<Arc<Push>>,
 }
 
 fn lock(m: &Mutex<LiveInner>) -> MutexGuard<'_, LiveInner> {
@@ -231,11 +258,17 @@ impl LiveTask {
             if let Err(e) = self.persist(inner, &ev) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
             }
+            let status = matches!(&ev, StreamResponse::StatusUpdate(_));
             if let StreamResponse::StatusUpdate(s) = &ev {
                 self.state.send_replace(s.status.state);
             }
+            let ev = Arc::new(ev);
+            // Queued in the order applied (the task is locked), so webhooks see changes in order.
+            if status && let Some(push) = &self.push {
+                push.task_event(&inner.task.id, &ev);
+            }
             // No receiver is fine: nobody is watching the stream right now.
-            let _ = self.tx.send(Arc::new(ev));
+            let _ = self.tx.send(ev);
         }
         if inner.pending.len() >= PENDING_MAX
             || inner
@@ -401,6 +434,10 @@ pub struct Core {
     agents: std::sync::RwLock<AgentList>,
     /// One `ListAgents` at a time: callers naming unknown agents at once share one refresh.
     refreshing: tokio::sync::Mutex<()>,
+    /// Push notifications, once the daemon has set them up ([`Core::set_push`]).
+    push: std::sync::OnceLock<Arc<Push>>,
+    /// Per-principal agent access ([`Core::set_access`]; unset: everyone may use every agent).
+    access: std::sync::OnceLock<AgentAccess>,
 }
 
 impl Core {
@@ -426,7 +463,119 @@ impl Core {
             closing: Mutex::new(HashMap::new()),
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
+            push: std::sync::OnceLock::new(),
+            access: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Sets who may use which agent (once; later calls are ignored).
+    pub fn set_access(&self, access: AgentAccess) {
+        let _ = self.access.set(access);
+    }
+
+    /// Whether `principal` may use `agent`.
+    pub fn may_use(&self, principal: &str, agent: &str) -> bool {
+        self.access.get().is_none_or(|a| a.allows(principal, agent))
+    }
+
+    /// Whether `principal` is limited to some agents.
+    fn restricted(&self, principal: &str) -> bool {
+        self.access
+            .get()
+            .is_some_and(|a| a.by_principal.contains_key(principal))
+    }
+
+    /// The agents `principal` may use now (for its extended card).
+    pub fn agents_for(&self, principal: &str) -> AgentList {
+        let mut list = self.agents();
+        list.agents.retain(|a| self.may_use(principal, &a.name));
+        list
+    }
+
+    fn refuse_agent(&self, principal: &str, agent: &str) -> A2aError {
+        let mine: Vec<String> = self
+            .agents_for(principal)
+            .agents
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        A2aError::InvalidParams(format!(
+            "agent {agent:?} is not available to you; yours: {}",
+            if mine.is_empty() {
+                "none".to_string()
+            } else {
+                mine.join(", ")
+            }
+        ))
+    }
+
+    /// Turns push notifications on (once; later calls are ignored).
+    pub fn set_push(&self, push: Arc<Push>) {
+        let _ = self.push.set(push);
+    }
+
+    /// The push service, when it is on.
+    pub fn push(&self) -> Option<&Arc<Push>> {
+        self.push.get().filter(|p| p.enabled())
+    }
+
+    fn push_or_unsupported(&self) -> Result<&Arc<Push>, A2aError> {
+        self.push().ok_or(A2aError::PushNotificationNotSupported)
+    }
+
+    /// CreateTaskPushNotificationConfig: checks the webhook and stores it with the task.
+    pub async fn create_push_config(
+        &self,
+        principal: &str,
+        cfg: crate::a2a::TaskPushNotificationConfig,
+    ) -> Result<crate::a2a::TaskPushNotificationConfig, A2aError> {
+        let push = self.push_or_unsupported()?;
+        if cfg.task_id.is_empty() {
+            return Err(A2aError::InvalidParams("taskId is required".into()));
+        }
+        let task_id = cfg.task_id.clone();
+        self.owned(principal, &task_id)?;
+        let cfg = push.check(Some(&task_id), cfg).await?;
+        push.put(principal, cfg.clone())?;
+        Ok(cfg)
+    }
+
+    /// GetTaskPushNotificationConfig.
+    pub fn get_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        id: &str,
+    ) -> Result<crate::a2a::TaskPushNotificationConfig, A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        push.get(task_id, id)
+    }
+
+    /// ListTaskPushNotificationConfigs (one page: a task has at most `max_configs_per_task`).
+    pub fn list_push_configs(
+        &self,
+        principal: &str,
+        task_id: &str,
+    ) -> Result<crate::a2a::ListTaskPushNotificationConfigsResponse, A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        Ok(crate::a2a::ListTaskPushNotificationConfigsResponse {
+            configs: push.list(task_id)?,
+            next_page_token: String::new(),
+        })
+    }
+
+    /// DeleteTaskPushNotificationConfig.
+    pub fn delete_push_config(
+        &self,
+        principal: &str,
+        task_id: &str,
+        id: &str,
+    ) -> Result<(), A2aError> {
+        let push = self.push_or_unsupported()?;
+        self.owned(principal, task_id)?;
+        push.delete(task_id, id)
     }
 
     /// Runs [`Core::sweep`] every sweep interval until `stop`.
@@ -971,13 +1120,22 @@ impl Core {
                 "message.parts must not be empty".into(),
             ));
         }
-        if req
+        // A webhook sent with the message is checked before anything starts.
+        let push_cfg = match req
             .configuration
             .as_ref()
-            .is_some_and(|c| c.task_push_notification_config.is_some())
+            .and_then(|c| c.task_push_notification_config.clone())
         {
-            return Err(A2aError::PushNotificationNotSupported);
-        }
+            None => None,
+            Some(cfg) => {
+                let push = self.push_or_unsupported()?;
+                let existing = msg.task_id.as_deref().filter(|t| !t.is_empty());
+                if let Some(t) = existing {
+                    self.owned(principal, t)?;
+                }
+                Some(push.check(existing, cfg).await?)
+            }
+        };
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
         let return_immediately = req
             .configuration
@@ -993,8 +1151,13 @@ impl Core {
         let agent_asked = self.choose_agent(&req).await?;
 
         let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
-            Some(task_id) => self.answer(principal, task_id, &req).await?,
-            None => self.start(principal, &req, agent_asked)?,
+            Some(task_id) => {
+                if let (Some(cfg), Some(push)) = (push_cfg, self.push()) {
+                    push.put(principal, cfg)?;
+                }
+                self.answer(principal, task_id, &req).await?
+            }
+            None => self.start(principal, &req, agent_asked, push_cfg)?,
         };
 
         if streaming {
@@ -1068,6 +1231,7 @@ impl Core {
                 question_id,
                 action,
                 content_json,
+                message_id: req.message.message_id.clone(),
             })
             .await;
         let mut inner = lock(&live.inner);
@@ -1103,6 +1267,7 @@ impl Core {
         principal: &str,
         req: &SendMessageRequest,
         agent_asked: Option<String>,
+        push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
     ) -> Result<Arc<LiveTask>, A2aError> {
         let msg = &req.message;
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
@@ -1126,6 +1291,9 @@ impl Core {
                     return Err(A2aError::TaskNotFound(format!("context {context_id}")));
                 }
                 Some(mut ctx) => {
+                    if !self.may_use(principal, &ctx.agent) {
+                        return Err(self.refuse_agent(principal, &ctx.agent));
+                    }
                     if let Some(a) = &agent_asked
                         && *a != ctx.agent
                     {
@@ -1144,7 +1312,17 @@ impl Core {
                     ctx.agent
                 }
                 None => {
-                    let agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    let mut agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    // The default too must be one of the caller's agents: for a restricted
+                    // caller "the supervisor's default" ("") is named, so it can be checked.
+                    if agent.is_empty() && self.restricted(principal) {
+                        agent = self.agents().default;
+                    }
+                    if (agent.is_empty() && self.restricted(principal))
+                        || !self.may_use(principal, &agent)
+                    {
+                        return Err(self.refuse_agent(principal, &agent));
+                    }
                     self.store
                         .put_context(
                             &context_id,
@@ -1209,7 +1387,13 @@ impl Core {
             tx,
             state,
             store: self.store.clone(),
+            push: self.push().cloned(),
         });
+        // The task's webhook is stored before its turn starts, so it sees every change.
+        if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
+            cfg.task_id = task_id.clone();
+            push.put(principal, cfg)?;
+        }
         if let Ok(mut m) = self.live.lock() {
             m.insert(task_id.clone(), live.clone());
         }
@@ -1454,6 +1638,7 @@ mod tests {
             tx,
             state,
             store: store.clone(),
+            push: None,
         }
     }
 

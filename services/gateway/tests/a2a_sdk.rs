@@ -1,6 +1,6 @@
 //! The official A2A Python SDK (`a2a-sdk` 1.3.0, which speaks A2A 1.0) against a `warden up`-style
-//! deployment of the three real daemons: send, stream, get, list and cancel over JSON-RPC and
-//! HTTP+JSON. CI installs the SDK (`.ci/requirements.txt`); when it is missing this test FAILS
+//! deployment of the three real daemons: send, stream, get, list and cancel over JSON-RPC,
+//! HTTP+JSON and gRPC (the gateway's `[grpc]` listener on TCP, found by the SDK on the card). CI installs the SDK (`.ci/requirements.txt`); when it is missing this test FAILS
 //! with the install command rather than skipping.
 
 use std::path::PathBuf;
@@ -14,28 +14,36 @@ fn python() -> String {
 
 fn require_sdk() {
     let out = std::process::Command::new(python())
-        .args(["-c", "import a2a.client, a2a.types, httpx"])
+        .args(["-c", "import a2a.client, a2a.types, httpx, grpc"])
         .output();
     match out {
         Ok(o) if o.status.success() => {}
         Ok(o) => panic!(
-            "the A2A Python SDK is not importable with {} ({}). Install it: `pip install a2a-sdk==1.3.0`",
+            "the A2A Python SDK is not importable with {} ({}). Install it: `pip install 'a2a-sdk[grpc]==1.3.0'`",
             python(),
             String::from_utf8_lossy(&o.stderr).trim()
         ),
         Err(e) => panic!(
-            "cannot run {}: {e}. Install Python 3.10+ and `pip install a2a-sdk==1.3.0`",
+            "cannot run {}: {e}. Install Python 3.10+ and `pip install 'a2a-sdk[grpc]==1.3.0'`",
             python()
         ),
     }
 }
 
 #[tokio::test]
-async fn the_python_a2a_sdk_sends_streams_gets_lists_and_cancels_on_both_bindings() {
+async fn the_python_a2a_sdk_sends_streams_gets_lists_and_cancels_on_all_three_bindings() {
     require_sdk();
-    let d = Deployment::up(Options::default()).await;
+    let grpc = format!("127.0.0.1:{}", warden_e2e::free_port());
+    let d = Deployment::up(Options {
+        sets: vec![
+            ("gateway".into(), format!("grpc.tcp={grpc}")),
+            ("gateway".into(), "grpc.allow_any_peer=true".into()),
+        ],
+        ..Options::default()
+    })
+    .await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/a2a_sdk/sdk_client.py");
-    for binding in ["JSONRPC", "HTTP+JSON"] {
+    for binding in ["JSONRPC", "HTTP+JSON", "GRPC"] {
         let mut cmd = tokio::process::Command::new(python());
         cmd.arg(&script)
             .arg(format!("http://{}", d.http))

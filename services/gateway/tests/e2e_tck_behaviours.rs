@@ -271,3 +271,97 @@ async fn subscribing_to_a_task_waiting_for_input_follows_it_to_the_end() {
         .clone();
     assert!(got.get("history").is_none(), "{got}");
 }
+
+/// TCK CORE-HIST-005/006: every follow-up whose messageId starts `tck-input-required` is asked
+/// again (the task stays INPUT_REQUIRED), another message completes the task, and the history
+/// holds every exchanged message in order. Over HTTP+JSON, whose bodies are
+/// `application/a2a+json`.
+#[tokio::test]
+async fn tck_input_required_asks_again_until_another_message_completes_it() {
+    let (_d, gw) = deploy().await;
+    let send_rest = |body: Value| {
+        let gw = &gw;
+        async move {
+            gw.request(
+                "POST",
+                "/a2a/rest/message:send",
+                Some(&gw.token),
+                Some(&body),
+            )
+            .await
+        }
+    };
+    let r = send_rest(json!({"message": message("tck-input-required-h0", "TCK prerequisite task creation", json!({}))})).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.head
+            .to_ascii_lowercase()
+            .contains("content-type: application/a2a+json"),
+        "{}",
+        r.head
+    );
+    let task = r.json()["task"].clone();
+    assert_eq!(state(&task), "TASK_STATE_INPUT_REQUIRED", "{task}");
+    let tid = task["id"].as_str().unwrap().to_string();
+    for (i, text) in ["TCK history message 1", "TCK history message 2"]
+        .into_iter()
+        .enumerate()
+    {
+        let r = send_rest(json!({"message": message(&format!("tck-input-required-h{}", i + 1), text, json!({"taskId": tid}))})).await;
+        let t = r.json()["task"].clone();
+        assert_eq!(state(&t), "TASK_STATE_INPUT_REQUIRED", "asked again: {t}");
+    }
+    let r = send_rest(json!({"message": message("tck-complete-task-h3", "TCK complete after history", json!({"taskId": tid}))})).await;
+    assert_eq!(
+        state(&r.json()["task"]),
+        "TASK_STATE_COMPLETED",
+        "{}",
+        r.body
+    );
+    let got = gw
+        .request(
+            "GET",
+            &format!("/a2a/rest/tasks/{tid}?historyLength=10"),
+            Some(&gw.token),
+            None,
+        )
+        .await;
+    assert!(
+        got.head
+            .to_ascii_lowercase()
+            .contains("application/a2a+json"),
+        "{}",
+        got.head
+    );
+    let texts: Vec<String> = got.json()["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "ROLE_USER")
+        .filter_map(|m| m["parts"][0]["text"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "TCK prerequisite task creation",
+            "TCK history message 1",
+            "TCK history message 2",
+            "TCK complete after history"
+        ],
+        "{}",
+        got.body
+    );
+    // A REST error is a2a+json too.
+    let missing = gw
+        .request("GET", "/a2a/rest/tasks/nope", Some(&gw.token), None)
+        .await;
+    assert_eq!(missing.status, 404);
+    assert!(
+        missing
+            .head
+            .to_ascii_lowercase()
+            .contains("application/a2a+json"),
+        "{}",
+        missing.head
+    );
+}

@@ -240,8 +240,6 @@ async fn json_rpc_bad_input_table() {
             json!({"jsonrpc": "2.0", "id": 1, "method": "CreateTaskPushNotificationConfig", "params": {"taskId": "t", "url": "https://x"}}).to_string(), 200, -32003),
         ("push config inside send", vec![("content-type", "application/json")],
             json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {"messageId": "m", "role": "ROLE_USER", "parts": [{"text": "x"}]}, "configuration": {"taskPushNotificationConfig": {"url": "https://x"}}}}).to_string(), 200, -32003),
-        ("extended card", vec![("content-type", "application/json")],
-            json!({"jsonrpc": "2.0", "id": 1, "method": "GetExtendedAgentCard", "params": {}}).to_string(), 200, -32007),
         ("message to unknown task", vec![("content-type", "application/json")],
             json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": send_params("m", json!({"taskId": "nope"}))}).to_string(), 200, -32001),
         ("over-long contextId", vec![("content-type", "application/json")],
@@ -460,15 +458,6 @@ async fn rest_bad_input_table() {
             String::new(),
             400,
             Some("PUSH_NOTIFICATION_NOT_SUPPORTED"),
-        ),
-        (
-            "extended card",
-            "GET",
-            "/a2a/rest/extendedAgentCard",
-            vec![a, v],
-            String::new(),
-            400,
-            Some("EXTENDED_AGENT_CARD_NOT_CONFIGURED"),
         ),
         (
             "bad pageSize",
@@ -693,8 +682,53 @@ async fn the_card_is_public_cached_and_built_from_the_public_url() {
                 "HTTP+JSON".into(),
                 "1.0".into()
             ),
+            // The same endpoints serve A2A 0.3 (requests without A2A-Version).
+            (
+                "https://gw.example/base/a2a/jsonrpc".into(),
+                "JSONRPC".into(),
+                "0.3.0".into()
+            ),
+            (
+                "https://gw.example/base/a2a/rest".into(),
+                "HTTP+JSON".into(),
+                "0.3.0".into()
+            ),
         ]
     );
+    // The 0.3 card fields beside the 1.0 ones.
+    assert_eq!(card["protocolVersion"], "0.3.0");
+    assert_eq!(card["url"], "https://gw.example/base/a2a/jsonrpc");
+    assert_eq!(card["preferredTransport"], "JSONRPC");
+    assert_eq!(
+        card["additionalInterfaces"][1],
+        serde_json::json!({"url": "https://gw.example/base/a2a/rest", "transport": "HTTP+JSON"})
+    );
+    assert_eq!(card["securitySchemes"]["bearer"]["type"], "http");
+    assert_eq!(card["security"], serde_json::json!([{"bearer": []}]));
+    // A fetch that asks for 1.0 gets the card as 1.0 defines it (no 0.3 members), its own ETag.
+    let plain = call(
+        &f.app,
+        "GET",
+        "/.well-known/agent-card.json",
+        &[("a2a-version", "1.0")],
+        Body::empty(),
+    )
+    .await;
+    assert_eq!(plain.status, StatusCode::OK);
+    assert_ne!(plain.headers["etag"], r.headers["etag"]);
+    assert_eq!(plain.headers["vary"], "A2A-Version");
+    let p = plain.json();
+    for key in [
+        "url",
+        "protocolVersion",
+        "preferredTransport",
+        "additionalInterfaces",
+        "security",
+    ] {
+        assert!(p.get(key).is_none(), "{key} in the 1.0 card: {p}");
+    }
+    assert!(p["securitySchemes"]["bearer"].get("type").is_none());
+    assert_eq!(p["supportedInterfaces"], card["supportedInterfaces"]);
     assert!(
         !r.text.contains("127.0.0.1"),
         "the bind address must not leak into the card"

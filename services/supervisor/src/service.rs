@@ -631,7 +631,10 @@ impl SupervisorService for Api {
                         Status::invalid_argument(format!("content_json is not JSON: {e}"))
                     })?
                 };
-                warden_acp::ElicitationResponse::Accept { content }
+                warden_acp::ElicitationResponse::Accept {
+                    content,
+                    message_id: (!r.message_id.is_empty()).then(|| r.message_id.clone()),
+                }
             }
             "decline" => warden_acp::ElicitationResponse::Decline,
             "cancel" => warden_acp::ElicitationResponse::Cancel,

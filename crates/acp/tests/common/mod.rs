@@ -211,7 +211,10 @@ impl ClientHandler for TestHandler {
     async fn elicitation(&self, req: ElicitationRequest) -> Result<ElicitationResponse, RpcError> {
         self.log(&format!("elicitation: {}", req.message));
         Ok(match &self.elicitation {
-            Some(c) => ElicitationResponse::Accept { content: c.clone() },
+            Some(c) => ElicitationResponse::Accept {
+                content: c.clone(),
+                message_id: None,
+            },
             None => ElicitationResponse::Decline,
         })
     }

@@ -217,6 +217,8 @@ pub async fn run(
                         question_id: q.question_id,
                         action,
                         content_json,
+                        // An MCP elicitation answer has no A2A message of its own.
+                        message_id: String::new(),
                     })
                     .await;
                 if let Err(e) = r {

@@ -1,6 +1,9 @@
 """The official A2A Python SDK (a2a-sdk 1.x, A2A 1.0) against a running warden gateway.
 
-Usage: python3 sdk_client.py BASE_URL TOKEN BINDING   (BINDING: JSONRPC or HTTP+JSON)
+Usage: python3 sdk_client.py BASE_URL TOKEN BINDING   (BINDING: JSONRPC, HTTP+JSON or GRPC)
+
+For GRPC the client finds the gRPC interface on the card and sends the token as the
+`authorization` metadata of every call (an interceptor on an insecure loopback channel).
 
 Resolves the agent card, then: send (blocking), stream, get, list, cancel. Prints one line per
 check and exits non-zero on the first failure. The gateway sits in front of warden's scripted
@@ -12,6 +15,7 @@ import json
 import sys
 import uuid
 
+import grpc
 import httpx
 from a2a.client import ClientConfig, create_client
 from a2a.types import (
@@ -25,6 +29,28 @@ from a2a.types import (
     SendMessageRequest,
     TaskState,
 )
+
+
+def with_bearer(details, token: str):
+    md = list(details.metadata or []) + [("authorization", f"Bearer {token}")]
+    return details._replace(metadata=md)
+
+
+# grpc.aio files an interceptor under its first matching kind only, so one class per kind.
+class BearerUnary(grpc.aio.UnaryUnaryClientInterceptor):
+    def __init__(self, token: str):
+        self.token = token
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(with_bearer(details, self.token), request)
+
+
+class BearerStream(grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str):
+        self.token = token
+
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(with_bearer(details, self.token), request)
 
 
 def msg(text: str) -> Message:
@@ -41,7 +67,14 @@ async def main(base: str, token: str, binding: str) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx.AsyncClient(headers=headers, timeout=60) as http:
         def config(streaming: bool) -> ClientConfig:
-            return ClientConfig(streaming=streaming, supported_protocol_bindings=[binding], httpx_client=http)
+            return ClientConfig(
+                streaming=streaming,
+                supported_protocol_bindings=[binding],
+                httpx_client=http,
+                grpc_channel_factory=lambda url: grpc.aio.insecure_channel(
+                    url, interceptors=[BearerUnary(token), BearerStream(token)]
+                ),
+            )
 
         # send (blocking): the task comes back COMPLETED with the answer artifact.
         async with await create_client(base, client_config=config(False)) as c:

@@ -1,0 +1,1030 @@
+//! Push notifications: a caller's webhook configs for a task (stored with the task) and the
+//! delivery of every status change of that task to each of them, in order, with retries.
+//!
+//! Owns: checking a webhook URL against the operator's `[push]` allowlist, and the delivery
+//! workers (one per task and config, so a config's notifications arrive in the order the task
+//! changed) with bounded retries and backoff; the delivery counters shown by `warden status`.
+//!
+//! Must never: connect to an address it has not checked. A webhook host is resolved at each
+//! delivery, every address it resolves to must pass the check (loopback, private, link-local,
+//! CGNAT, multicast, unspecified and other non-global ranges are refused unless the operator
+//! allowed that network explicitly), and the connection goes to the checked address itself
+//! (`TcpStream::connect(SocketAddr)`), never to the name again: a DNS answer that changes between
+//! check and connect (rebinding) cannot redirect it. Redirects are not followed.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use crate::a2a::{StreamResponse, TaskPushNotificationConfig};
+use crate::error::A2aError;
+use crate::store::{PushRecord, TaskStore};
+
+/// Longest accepted config id and webhook URL.
+const MAX_ID: usize = 128;
+const MAX_URL: usize = 2048;
+
+/// `[push]`: push notifications and the webhook allowlist.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushSection {
+    /// Serve push notifications (the card says `pushNotifications: true`). Off: every push
+    /// method answers PushNotificationNotSupported (-32003).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Webhook hosts callers may name: `*` (any host), `*.example.com` (that domain's
+    /// subdomains), or an exact host name or IP literal. Every address still passes the network
+    /// check below.
+    #[serde(default = "default_hosts")]
+    pub allowed_hosts: Vec<String>,
+    /// Networks (CIDR, `127.0.0.1/32`, `fd00::/8`) a webhook may be in although they are not
+    /// public (loopback, private, link-local, …). Empty: public addresses only.
+    #[serde(default)]
+    pub allowed_networks: Vec<String>,
+    /// Tries per notification before it is counted as failed.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled each time up to `retry_max_ms`.
+    #[serde(default = "default_retry_base")]
+    pub retry_base_ms: u64,
+    #[serde(default = "default_retry_max")]
+    pub retry_max_ms: u64,
+    /// One POST (connect, send, answer) may take this long.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// Configs one task may have.
+    #[serde(default = "default_max_configs")]
+    pub max_configs_per_task: usize,
+    /// Extra trust anchors for https webhooks (PEM file of CA certificates, e.g. an internal
+    /// CA), beside the public roots (webpki-roots). Relative paths: against the state directory.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_hosts() -> Vec<String> {
+    vec!["*".into()]
+}
+fn default_attempts() -> u32 {
+    5
+}
+fn default_retry_base() -> u64 {
+    500
+}
+fn default_retry_max() -> u64 {
+    30_000
+}
+fn default_timeout() -> u64 {
+    10_000
+}
+fn default_max_configs() -> usize {
+    10
+}
+
+impl Default for PushSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            allowed_hosts: default_hosts(),
+            allowed_networks: Vec::new(),
+            max_attempts: default_attempts(),
+            retry_base_ms: default_retry_base(),
+            retry_max_ms: default_retry_max(),
+            timeout_ms: default_timeout(),
+            max_configs_per_task: default_max_configs(),
+            ca_file: None,
+        }
+    }
+}
+
+impl PushSection {
+    /// What serde cannot check; the error names the key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (i, n) in self.allowed_networks.iter().enumerate() {
+            if Cidr::parse(n).is_none() {
+                return Err((
+                    format!("push.allowed_networks[{i}]"),
+                    format!("{n:?} is not a network like 127.0.0.1/32 or fd00::/8"),
+                ));
+            }
+        }
+        for (i, h) in self.allowed_hosts.iter().enumerate() {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            if h.is_empty() || bare.is_empty() || bare.contains(['/', ':', '@', '*']) && h != "*" {
+                return Err((
+                    format!("push.allowed_hosts[{i}]"),
+                    format!("{h:?} is not `*`, `*.domain` or a host"),
+                ));
+            }
+        }
+        if self.max_attempts == 0 || self.max_attempts > 100 {
+            return Err(("push.max_attempts".into(), "must be 1 to 100".into()));
+        }
+        if self.timeout_ms < 100 {
+            return Err(("push.timeout_ms".into(), "must be at least 100".into()));
+        }
+        if self.max_configs_per_task == 0 {
+            return Err((
+                "push.max_configs_per_task".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An IP network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Option<Self> {
+        let (a, p) = s.trim().split_once('/')?;
+        let addr: IpAddr = a.parse().ok()?;
+        let prefix: u8 = p.parse().ok()?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        (prefix <= max).then_some(Self { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        fn masked(bits: u128, prefix: u8, width: u8) -> u128 {
+            if prefix == 0 {
+                0
+            } else {
+                bits >> (width - prefix)
+            }
+        }
+        match (self.addr, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                masked(u32::from(n).into(), self.prefix, 32)
+                    == masked(u32::from(a).into(), self.prefix, 32)
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                masked(u128::from(n), self.prefix, 128) == masked(u128::from(a), self.prefix, 128)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Why an address is not public, or None when it is a global unicast address.
+pub fn non_public(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => non_public_v4(v4),
+        IpAddr::V6(v6) => {
+            // An IPv4 address in IPv6 clothing is judged as the IPv4 address it reaches.
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return non_public_v4(v4);
+            }
+            let seg = v6.segments();
+            // NAT64 (64:ff9b::/96) reaches the embedded IPv4 address.
+            if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                let o = v6.octets();
+                return non_public_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
+            }
+            if v6.is_loopback() {
+                Some("loopback")
+            } else if v6.is_unspecified() {
+                Some("unspecified")
+            } else if v6.is_multicast() {
+                Some("multicast")
+            } else if seg[0] & 0xfe00 == 0xfc00 {
+                Some("private (unique local)")
+            } else if seg[0] & 0xffc0 == 0xfe80 {
+                Some("link-local")
+            } else if seg[0] & 0xffc0 == 0xfec0 {
+                Some("site-local")
+            } else if seg[0] == 0x2001 && seg[1] == 0x0db8 {
+                Some("documentation")
+            } else if seg[..6] == [0, 0, 0, 0, 0, 0] {
+                Some("IPv4-compatible (deprecated)")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    if ip.is_loopback() {
+        Some("loopback")
+    } else if ip.is_private() {
+        Some("private")
+    } else if ip.is_link_local() {
+        Some("link-local")
+    } else if ip.is_unspecified() || o[0] == 0 {
+        Some("unspecified (0.0.0.0/8)")
+    } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
+        Some("shared address space (100.64.0.0/10)")
+    } else if ip.is_multicast() {
+        Some("multicast")
+    } else if ip.is_broadcast() || o[0] >= 240 {
+        Some("reserved")
+    } else if ip.is_documentation() || (o[0] == 198 && (o[1] & 0xfe) == 18) {
+        Some("documentation/benchmarking")
+    } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
+        Some("IETF protocol assignments (192.0.0.0/24)")
+    } else {
+        None
+    }
+}
+
+/// A webhook URL taken apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookUrl {
+    /// Host as written (brackets removed from an IPv6 literal), lower-cased.
+    pub host: String,
+    pub port: u16,
+    /// The request target: path and query (`/` when empty).
+    pub target: String,
+    /// The `Host` header value.
+    pub authority: String,
+    /// `https`: TLS to the checked address, the certificate verified for `host`.
+    pub tls: bool,
+}
+
+impl WebhookUrl {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        if url.len() > MAX_URL {
+            return Err(format!("the URL is longer than {MAX_URL} characters"));
+        }
+        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err("the URL contains spaces or control characters".into());
+        }
+        let (rest, tls) = if let Some(r) = url.strip_prefix("https://") {
+            (r, true)
+        } else if let Some(r) = url.strip_prefix("http://") {
+            (r, false)
+        } else {
+            return Err("the URL must start with https:// or http://".into());
+        };
+        let (authority, target) = match rest.find(['/', '?', '#']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        let target = target.split('#').next().unwrap_or("/");
+        let target = if target.starts_with('?') {
+            format!("/{target}")
+        } else if target.is_empty() {
+            "/".to_string()
+        } else {
+            target.to_string()
+        };
+        if authority.contains('@') {
+            return Err("the URL must not carry user information".into());
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (h, after) = v6
+                .split_once(']')
+                .ok_or("an IPv6 host needs its closing bracket")?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or("bad text after the IPv6 host")?),
+            };
+            h.parse::<Ipv6Addr>()
+                .map_err(|_| format!("{h:?} is not an IPv6 address"))?;
+            (h.to_string(), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        let port = match port {
+            None if tls => 443,
+            None => 80,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{p:?} is not a port"))?,
+        };
+        let host = host.to_ascii_lowercase();
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
+        {
+            return Err(format!("{host:?} is not a host name"));
+        }
+        Ok(Self {
+            host,
+            port,
+            target,
+            authority: authority.to_string(),
+            tls,
+        })
+    }
+}
+
+/// The operator's rules for webhook targets.
+#[derive(Debug, Clone)]
+pub struct TargetPolicy {
+    hosts: Vec<String>,
+    networks: Vec<Cidr>,
+}
+
+impl TargetPolicy {
+    pub fn from_config(s: &PushSection) -> Self {
+        Self {
+            hosts: s
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+            networks: s
+                .allowed_networks
+                .iter()
+                .filter_map(|n| Cidr::parse(n))
+                .collect(),
+        }
+    }
+
+    pub fn host_allowed(&self, host: &str) -> bool {
+        self.hosts.iter().any(|h| {
+            h == "*"
+                || h == host
+                || h.strip_prefix("*.")
+                    .is_some_and(|d| host.ends_with(&format!(".{d}")))
+        })
+    }
+
+    /// Whether a webhook may be at `ip`.
+    pub fn address_allowed(&self, ip: IpAddr) -> Result<(), String> {
+        match non_public(ip) {
+            None => Ok(()),
+            Some(_) if self.networks.iter().any(|n| n.contains(ip)) => Ok(()),
+            Some(why) => Err(format!(
+                "{ip} is a {why} address; webhooks may only reach public addresses unless the operator allows the network (push.allowed_networks)"
+            )),
+        }
+    }
+
+    /// The address to connect to out of what the host resolved to: every one must be allowed
+    /// (a name that also resolves to a forbidden address is refused as a whole, so which address
+    /// a later lookup returns first cannot matter).
+    pub fn pick(&self, host: &str, addrs: &[SocketAddr]) -> Result<SocketAddr, String> {
+        let first = addrs
+            .first()
+            .copied()
+            .ok_or_else(|| format!("{host} resolves to no address"))?;
+        for a in addrs {
+            self.address_allowed(a.ip())
+                .map_err(|e| format!("{host} resolves to {e}"))?;
+        }
+        Ok(first)
+    }
+
+    /// Resolves and checks a webhook; the address to connect to.
+    pub async fn resolve(&self, url: &WebhookUrl) -> Result<SocketAddr, Refusal> {
+        if !self.host_allowed(&url.host) {
+            return Err(Refusal::Forbidden(format!(
+                "webhook host {} is not in the operator's allowlist (push.allowed_hosts)",
+                url.host
+            )));
+        }
+        if let Ok(ip) = url.host.parse::<IpAddr>() {
+            self.address_allowed(ip).map_err(Refusal::Forbidden)?;
+            return Ok(SocketAddr::new(ip, url.port));
+        }
+        let addrs: Vec<SocketAddr> = tokio::time::timeout(
+            Duration::from_secs(5),
+            tokio::net::lookup_host((url.host.as_str(), url.port)),
+        )
+        .await
+        .map_err(|_| Refusal::Unresolved(format!("resolving {} timed out", url.host)))?
+        .map_err(|e| Refusal::Unresolved(format!("cannot resolve {}: {e}", url.host)))?
+        .collect();
+        if addrs.is_empty() {
+            return Err(Refusal::Unresolved(format!(
+                "{} resolves to no address",
+                url.host
+            )));
+        }
+        self.pick(&url.host, &addrs).map_err(Refusal::Forbidden)
+    }
+}
+
+/// Why a webhook cannot be reached now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not allowed: the host, or an address it resolves to.
+    Forbidden(String),
+    /// The name does not resolve (now): a config is still accepted, the check is repeated at
+    /// every delivery.
+    Unresolved(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Forbidden(s) | Refusal::Unresolved(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Delivery counters (`warden status`, admin Status details).
+#[derive(Debug, Clone, Default)]
+pub struct PushStats {
+    pub delivered: u64,
+    pub retries: u64,
+    pub failed: u64,
+    /// The latest notification given up on: when, task, host, why.
+    pub last_failure: Option<String>,
+}
+
+/// One config's queue of notifications.
+type Queue = mpsc::UnboundedSender<Arc<StreamResponse>>;
+
+/// The push service: config checks, storage and delivery.
+pub struct Push {
+    settings: PushSection,
+    /// The TLS client for https webhooks (public roots plus `push.ca_file`).
+    tls: Arc<rustls::ClientConfig>,
+    policy: TargetPolicy,
+    store: TaskStore,
+    stats: Mutex<PushStats>,
+    /// (task id, config id) → the worker delivering that config's notifications in order.
+    workers: Mutex<HashMap<(String, String), Queue>>,
+}
+
+impl Push {
+    /// `state_dir` resolves a relative `ca_file`. Fails when `ca_file` cannot be read or holds
+    /// no certificate.
+    pub fn new(
+        settings: PushSection,
+        store: TaskStore,
+        state_dir: &std::path::Path,
+    ) -> Result<Arc<Self>, String> {
+        let tls = tls_config(
+            settings
+                .ca_file
+                .as_deref()
+                .map(|p| state_dir.join(p))
+                .as_deref(),
+        )?;
+        Ok(Arc::new(Self {
+            policy: TargetPolicy::from_config(&settings),
+            settings,
+            tls,
+            store,
+            stats: Mutex::new(PushStats::default()),
+            workers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
+
+    pub fn stats(&self) -> PushStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Checks a config (URL, allowlist, what the host resolves to now, id, credentials) and
+    /// fills in its id, and its task when `task_id` is known (None: a config sent with the
+    /// message that creates the task, bound once the task exists). Refusals are InvalidParams
+    /// naming the reason.
+    pub async fn check(
+        &self,
+        task_id: Option<&str>,
+        mut cfg: TaskPushNotificationConfig,
+    ) -> Result<TaskPushNotificationConfig, A2aError> {
+        if !self.settings.enabled {
+            return Err(A2aError::PushNotificationNotSupported);
+        }
+        if let Some(task_id) = task_id {
+            if !cfg.task_id.is_empty() && cfg.task_id != task_id {
+                return Err(A2aError::InvalidParams(format!(
+                    "the config's taskId {:?} is not the task {task_id:?}",
+                    cfg.task_id
+                )));
+            }
+            cfg.task_id = task_id.to_string();
+        } else if !cfg.task_id.is_empty() {
+            return Err(A2aError::InvalidParams(
+                "a push config sent with a new message has no taskId (the task does not exist yet)"
+                    .into(),
+            ));
+        }
+        if cfg.id.is_empty() {
+            cfg.id = uuid::Uuid::new_v4().to_string();
+        }
+        check_id(&cfg.id)?;
+        if let Some(a) = &cfg.authentication
+            && (a.scheme.is_empty()
+                || !a
+                    .scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-')
+                || a.credentials
+                    .as_deref()
+                    .is_some_and(|c| c.chars().any(|ch| ch.is_control())))
+        {
+            return Err(A2aError::InvalidParams(
+                "authentication.scheme must be an HTTP auth scheme (letters, digits, -) and credentials one line".into(),
+            ));
+        }
+        if cfg
+            .token
+            .as_deref()
+            .is_some_and(|t| t.chars().any(char::is_control) || t.len() > 1024)
+        {
+            return Err(A2aError::InvalidParams(
+                "token must be one line of at most 1024 characters".into(),
+            ));
+        }
+        let url = WebhookUrl::parse(&cfg.url)
+            .map_err(|e| A2aError::InvalidParams(format!("webhook url refused: {e}")))?;
+        match self.policy.resolve(&url).await {
+            Ok(_) => {}
+            // The name may resolve later (or only where deliveries run from): every delivery
+            // resolves and checks it again before connecting.
+            Err(Refusal::Unresolved(e)) => {
+                tracing::warn!(task_id = task_id.unwrap_or(""), host = %url.host, reason = %e, "webhook host does not resolve now; accepted, checked again at each delivery");
+            }
+            Err(Refusal::Forbidden(e)) => {
+                tracing::warn!(task_id = task_id.unwrap_or(""), host = %url.host, reason = %e, "webhook refused");
+                return Err(A2aError::InvalidParams(format!("webhook url refused: {e}")));
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// Stores a checked config (replacing one with the same id).
+    pub fn put(&self, principal: &str, cfg: TaskPushNotificationConfig) -> Result<(), A2aError> {
+        let existing = self.store.push_configs(&cfg.task_id).map_err(store_err)?;
+        if existing.len() >= self.settings.max_configs_per_task
+            && !existing.iter().any(|r| r.config.id == cfg.id)
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "task {} already has {} push configs (push.max_configs_per_task)",
+                cfg.task_id,
+                existing.len()
+            )));
+        }
+        tracing::info!(task_id = %cfg.task_id, config_id = %cfg.id, "push config stored");
+        self.store
+            .put_push(&PushRecord {
+                principal: principal.to_string(),
+                config: cfg,
+                created_micros: crate::time::now_micros(),
+            })
+            .map_err(store_err)
+    }
+
+    pub fn get(&self, task_id: &str, id: &str) -> Result<TaskPushNotificationConfig, A2aError> {
+        self.store
+            .push_config(task_id, id)
+            .map_err(store_err)?
+            .map(|r| r.config)
+            .ok_or_else(|| {
+                A2aError::TaskNotFound(format!("{task_id}/pushNotificationConfigs/{id}"))
+            })
+    }
+
+    pub fn list(&self, task_id: &str) -> Result<Vec<TaskPushNotificationConfig>, A2aError> {
+        Ok(self
+            .store
+            .push_configs(task_id)
+            .map_err(store_err)?
+            .into_iter()
+            .map(|r| r.config)
+            .collect())
+    }
+
+    /// Deletes a config; deleting one that is already gone succeeds too (spec: idempotent).
+    pub fn delete(&self, task_id: &str, id: &str) -> Result<(), A2aError> {
+        if self.store.delete_push(task_id, id).map_err(store_err)? {
+            tracing::info!(task_id, config_id = id, "push config deleted");
+        }
+        Ok(())
+    }
+
+    /// A task's status changed: queue the event for each of its configs, in order. Never
+    /// blocks (called while the task's state is locked).
+    pub fn task_event(self: &Arc<Self>, task_id: &str, ev: &Arc<StreamResponse>) {
+        if !self.settings.enabled {
+            return;
+        }
+        let configs = match self.store.push_configs(task_id) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(task_id, error = %e, "cannot read push configs");
+                return;
+            }
+        };
+        if configs.is_empty() {
+            return;
+        }
+        let Ok(mut workers) = self.workers.lock() else {
+            return;
+        };
+        for rec in configs {
+            let key = (task_id.to_string(), rec.config.id.clone());
+            let tx = workers.entry(key.clone()).or_insert_with(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(self.clone().worker(key.0.clone(), key.1.clone(), rx));
+                tx
+            });
+            if tx.send(ev.clone()).is_err() {
+                // The worker ended (after a terminal event); a new one takes this event.
+                let (tx2, rx) = mpsc::unbounded_channel();
+                let _ = tx2.send(ev.clone());
+                tokio::spawn(self.clone().worker(key.0.clone(), key.1.clone(), rx));
+                *tx = tx2;
+            }
+        }
+    }
+
+    /// Delivers one config's notifications in order, until a terminal status has been delivered
+    /// (or given up on) and the queue is empty.
+    async fn worker(
+        self: Arc<Self>,
+        task_id: String,
+        config_id: String,
+        mut rx: mpsc::UnboundedReceiver<Arc<StreamResponse>>,
+    ) {
+        let key = (task_id.clone(), config_id.clone());
+        while let Some(ev) = rx.recv().await {
+            let terminal =
+                matches!(&*ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal());
+            // Read fresh: a deleted config gets nothing more, a replaced one the new URL.
+            match self.store.push_config(&task_id, &config_id) {
+                Ok(Some(rec)) => self.deliver(&rec.config, &ev).await,
+                Ok(None) => {}
+                Err(e) => tracing::error!(task_id, error = %e, "cannot read push config"),
+            }
+            if terminal {
+                // Under the lock `task_event` sends with: nothing can be queued between this
+                // check and the removal. A later event starts a new worker.
+                let mut w = self.workers.lock().unwrap_or_else(|p| p.into_inner());
+                if rx.is_empty() {
+                    w.remove(&key);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// POSTs one notification with retries; counts and logs the outcome.
+    async fn deliver(&self, cfg: &TaskPushNotificationConfig, ev: &StreamResponse) {
+        let body = match serde_json::to_string(ev) {
+            Ok(b) => b,
+            Err(_) => return,
+        };
+        let mut wait = Duration::from_millis(self.settings.retry_base_ms);
+        let max_wait = Duration::from_millis(self.settings.retry_max_ms);
+        let mut last = String::new();
+        for attempt in 1..=self.settings.max_attempts {
+            match self.post_once(cfg, &body).await {
+                Ok(()) => {
+                    if let Ok(mut s) = self.stats.lock() {
+                        s.delivered += 1;
+                    }
+                    tracing::debug!(task_id = %cfg.task_id, config_id = %cfg.id, attempt, "push notification delivered");
+                    return;
+                }
+                Err(Failure::Permanent(e)) => {
+                    last = e;
+                    break;
+                }
+                Err(Failure::Retry(e)) => {
+                    last = e;
+                    if attempt < self.settings.max_attempts {
+                        tracing::info!(task_id = %cfg.task_id, config_id = %cfg.id, attempt, error = %last, "push notification failed; retrying");
+                        if let Ok(mut s) = self.stats.lock() {
+                            s.retries += 1;
+                        }
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(max_wait);
+                    }
+                }
+            }
+        }
+        let host = WebhookUrl::parse(&cfg.url)
+            .map(|u| u.host)
+            .unwrap_or_default();
+        tracing::warn!(task_id = %cfg.task_id, config_id = %cfg.id, host = %host, error = %last, "push notification given up");
+        if let Ok(mut s) = self.stats.lock() {
+            s.failed += 1;
+            s.last_failure = Some(format!(
+                "{} task {} to {host}: {last}",
+                crate::time::now_rfc3339(),
+                cfg.task_id
+            ));
+        }
+    }
+
+    async fn post_once(&self, cfg: &TaskPushNotificationConfig, body: &str) -> Result<(), Failure> {
+        let url = WebhookUrl::parse(&cfg.url).map_err(Failure::Permanent)?;
+        // Resolved and checked again now: what the name pointed to at creation proves nothing.
+        let addr = self.policy.resolve(&url).await.map_err(|r| match r {
+            Refusal::Forbidden(e) => Failure::Permanent(e),
+            Refusal::Unresolved(e) => Failure::Retry(e),
+        })?;
+        let timeout = Duration::from_millis(self.settings.timeout_ms);
+        let run = async {
+            let tcp = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| Failure::Retry(format!("connect {addr}: {e}")))?;
+            let req = self.request(cfg, &url, body)?;
+            let status = if url.tls {
+                let name =
+                    rustls::pki_types::ServerName::try_from(url.host.clone()).map_err(|e| {
+                        Failure::Permanent(format!("{} is not a TLS server name: {e}", url.host))
+                    })?;
+                let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| Failure::Retry(format!("TLS with {}: {e}", url.host)))?;
+                exchange(tls, req).await?
+            } else {
+                exchange(tcp, req).await?
+            };
+            if status.is_success() {
+                Ok(())
+            } else if status.is_server_error()
+                || status == http::StatusCode::REQUEST_TIMEOUT
+                || status == http::StatusCode::TOO_MANY_REQUESTS
+            {
+                Err(Failure::Retry(format!("the webhook answered {status}")))
+            } else {
+                Err(Failure::Permanent(format!("the webhook answered {status}")))
+            }
+        };
+        tokio::time::timeout(timeout, run)
+            .await
+            .unwrap_or_else(|_| Err(Failure::Retry(format!("no answer within {timeout:?}"))))
+    }
+}
+
+enum Failure {
+    Retry(String),
+    Permanent(String),
+}
+
+impl Push {
+    fn request(
+        &self,
+        cfg: &TaskPushNotificationConfig,
+        url: &WebhookUrl,
+        body: &str,
+    ) -> Result<http::Request<axum::body::Body>, Failure> {
+        let mut req = http::Request::builder()
+            .method(http::Method::POST)
+            .uri(url.target.as_str())
+            .header(http::header::HOST, url.authority.as_str())
+            .header(http::header::CONTENT_TYPE, crate::http::A2A_JSON)
+            .header(http::header::USER_AGENT, "warden-gateway");
+        if let Some(t) = &cfg.token {
+            req = req.header("X-A2A-Notification-Token", t.as_str());
+        }
+        if let Some(a) = &cfg.authentication
+            && let Some(c) = &a.credentials
+        {
+            req = req.header(http::header::AUTHORIZATION, format!("{} {c}", a.scheme));
+        }
+        req.body(axum::body::Body::from(body.to_string()))
+            .map_err(|e| Failure::Permanent(format!("cannot build the request: {e}")))
+    }
+}
+
+/// One HTTP/1.1 request on an open connection (plain or TLS); the answer's status.
+async fn exchange<IO>(
+    io: IO,
+    req: http::Request<axum::body::Body>,
+) -> Result<http::StatusCode, Failure>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io))
+            .await
+            .map_err(|e| Failure::Retry(format!("HTTP handshake: {e}")))?;
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| Failure::Retry(format!("POST: {e}")))?;
+    Ok(resp.status())
+}
+
+/// The TLS client: the public roots, plus the CA certificates of `ca_file` when given.
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{} is not PEM: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("{} holds no certificate", path.display()));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(cfg))
+}
+
+fn check_id(id: &str) -> Result<(), A2aError> {
+    if id.len() > MAX_ID
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(A2aError::InvalidParams(format!(
+            "push config id must be at most {MAX_ID} of A-Z a-z 0-9 - _ ."
+        )));
+    }
+    Ok(())
+}
+
+fn store_err(e: crate::store::TaskStoreError) -> A2aError {
+    tracing::error!(error = %e, "task store failure");
+    A2aError::Internal(format!("task store failure: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn every_non_public_range_is_refused() {
+        for a in [
+            "127.0.0.1",
+            "127.1.2.3",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "240.0.0.1",
+            "192.0.0.8",
+            "198.18.0.1",
+            "::1",
+            "::",
+            "fe80::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::7f00:1",
+            "::127.0.0.1",
+            "2001:db8::1",
+            "fec0::1",
+        ] {
+            assert!(non_public(ip(a)).is_some(), "{a} must not count as public");
+        }
+        for a in [
+            "93.184.215.14",
+            "8.8.8.8",
+            "172.32.0.1",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+        ] {
+            assert_eq!(non_public(ip(a)), None, "{a} is public");
+        }
+    }
+
+    #[test]
+    fn an_allowed_network_opens_only_itself() {
+        let p = TargetPolicy::from_config(&PushSection {
+            allowed_networks: vec!["127.0.0.1/32".into()],
+            ..PushSection::default()
+        });
+        assert!(p.address_allowed(ip("127.0.0.1")).is_ok());
+        assert!(p.address_allowed(ip("127.0.0.2")).is_err());
+        assert!(p.address_allowed(ip("::1")).is_err());
+        assert!(p.address_allowed(ip("10.0.0.1")).is_err());
+        assert!(p.address_allowed(ip("8.8.8.8")).is_ok());
+        assert!(
+            Cidr::parse("10.0.0.0/8")
+                .unwrap()
+                .contains(ip("10.255.0.1"))
+        );
+        assert!(!Cidr::parse("10.0.0.0/8").unwrap().contains(ip("11.0.0.1")));
+        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains(ip("1.2.3.4")));
+        assert!(Cidr::parse("fd00::/8").unwrap().contains(ip("fd12::1")));
+        assert!(Cidr::parse("10.0.0.0/33").is_none());
+        assert!(Cidr::parse("nope/8").is_none());
+    }
+
+    #[test]
+    fn a_name_with_any_forbidden_address_is_refused_whatever_comes_first() {
+        let p = TargetPolicy::from_config(&PushSection::default());
+        let public: SocketAddr = "8.8.8.8:80".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:80".parse().unwrap();
+        assert_eq!(p.pick("h", &[public]).unwrap(), public);
+        assert!(p.pick("h", &[public, lo]).is_err());
+        assert!(p.pick("h", &[lo, public]).is_err());
+        assert!(p.pick("h", &[]).is_err());
+    }
+
+    #[test]
+    fn host_patterns() {
+        let p = TargetPolicy::from_config(&PushSection {
+            allowed_hosts: vec!["hooks.example.com".into(), "*.corp.example".into()],
+            ..PushSection::default()
+        });
+        assert!(p.host_allowed("hooks.example.com"));
+        assert!(p.host_allowed("a.corp.example"));
+        assert!(!p.host_allowed("corp.example"));
+        assert!(!p.host_allowed("evilcorp.example"));
+        assert!(!p.host_allowed("example.com"));
+    }
+
+    #[test]
+    fn urls_are_taken_apart_strictly() {
+        let u = WebhookUrl::parse("http://Hooks.Example.com:8080/a/b?x=1#frag").unwrap();
+        assert_eq!(u.host, "hooks.example.com");
+        assert_eq!(u.port, 8080);
+        assert_eq!(u.target, "/a/b?x=1");
+        let u = WebhookUrl::parse("http://[::1]:9/").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 9));
+        let u = WebhookUrl::parse("http://h?q").unwrap();
+        assert_eq!((u.port, u.target.as_str(), u.tls), (80, "/?q", false));
+        let u = WebhookUrl::parse("https://hooks.example.com/x").unwrap();
+        assert_eq!((u.port, u.tls), (443, true));
+        for bad in [
+            "ftp://h/",
+            "http://user:pw@h/",
+            "http://h:0/",
+            "http://h:99999/",
+            "http://h /",
+            "http://[::1/",
+            "http:///x",
+            "http://h\n/",
+        ] {
+            assert!(WebhookUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_resolve_is_unresolved_not_forbidden() {
+        let p = TargetPolicy::from_config(&PushSection::default());
+        let u = WebhookUrl::parse("https://no-such-host.invalid/hook").unwrap();
+        assert!(matches!(p.resolve(&u).await, Err(Refusal::Unresolved(_))));
+        // The allowlist is still applied first.
+        let strict = TargetPolicy::from_config(&PushSection {
+            allowed_hosts: vec!["hooks.example.com".into()],
+            ..PushSection::default()
+        });
+        assert!(matches!(
+            strict.resolve(&u).await,
+            Err(Refusal::Forbidden(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn literal_and_resolved_targets_are_checked_before_any_connection() {
+        let p = TargetPolicy::from_config(&PushSection::default());
+        for url in [
+            "http://127.0.0.1:1/",
+            "http://10.0.0.1/",
+            "http://169.254.169.254/latest/meta-data",
+            "http://[::1]/",
+            "http://[::ffff:127.0.0.1]/",
+            "http://localhost:1/",
+        ] {
+            let u = WebhookUrl::parse(url).unwrap();
+            assert!(
+                matches!(p.resolve(&u).await, Err(Refusal::Forbidden(_))),
+                "{url} must be refused"
+            );
+        }
+    }
+}
