@@ -115,6 +115,7 @@ async fn main() {
         let text = serde_json::json!({"steps": steps}).to_string();
         let mut latencies: Vec<u128> = Vec::new();
         let mut denied_for_time = 0usize;
+        let mut failures: std::collections::BTreeMap<String, usize> = Default::default();
         let t_all = Instant::now();
         for wave in 0..waves {
             let mut set = tokio::task::JoinSet::new();
@@ -142,11 +143,23 @@ async fn main() {
                         }),
                     };
                     let mut late = 0;
+                    let mut why = String::new();
                     let ok = match c.run_turn(req).await {
                         Ok(s) => {
                             let mut s = s.into_inner();
                             let mut stopped = false;
-                            while let Ok(Some(ev)) = s.message().await {
+                            loop {
+                                let ev = match s.message().await {
+                                    Ok(Some(ev)) => ev,
+                                    Ok(None) => {
+                                        why = "the stream ended without a stop".into();
+                                        break;
+                                    }
+                                    Err(e) => {
+                                        why = format!("{:?}: {}", e.code(), e.message());
+                                        break;
+                                    }
+                                };
                                 match ev.event {
                                     Some(Event::Permission(p))
                                         if p.rule == "policy_unavailable"
@@ -163,9 +176,12 @@ async fn main() {
                             }
                             stopped
                         }
-                        Err(_) => false,
+                        Err(e) => {
+                            why = format!("{:?}: {}", e.code(), e.message());
+                            false
+                        }
                     };
-                    (ok, t0.elapsed().as_micros(), late)
+                    (ok, t0.elapsed().as_micros(), late, why)
                 });
             }
             let sampler = async {
@@ -192,9 +208,11 @@ async fn main() {
                 r = joined => r,
                 _ = sampler => unreachable!("the sampler never ends"),
             };
-            for (ok, us, late) in results {
+            for (ok, us, late, why) in results {
                 if ok {
                     latencies.push(us);
+                } else {
+                    *failures.entry(why).or_default() += 1;
                 }
                 denied_for_time += late;
             }
@@ -241,6 +259,9 @@ async fn main() {
                 level * waves - done,
                 level * waves
             );
+            for (why, n) in &failures {
+                println!("    {n} x {why}");
+            }
         }
     }
 }
