@@ -54,6 +54,8 @@ max_live_agents = 0
 # told their place, instead of competing for the CPU their permissions need.
 max_active_turns = 0
 max_queued_turns = 64
+# Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
+max_starting_agents = 0
 fs_read_bytes = 2097152
 
 [agents]
@@ -152,6 +154,9 @@ pub struct Limits {
     pub max_active_turns: usize,
     /// Turns waiting in one conversation's queue at most; more are refused.
     pub max_queued_turns: usize,
+    /// Agents starting at once (spawn to `session/new`); 0 = two per core. More wait their turn
+    /// before they spawn, so the handshake deadline measures the agent, not a crowd of starts.
+    pub max_starting_agents: usize,
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
     /// lines); a larger one is refused with an error naming this key.
     pub fs_read_bytes: u64,
@@ -173,6 +178,7 @@ impl Default for Limits {
             max_live_agents: 0,
             max_active_turns: 0,
             max_queued_turns: 64,
+            max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
         }
     }
@@ -443,6 +449,17 @@ impl Settings {
 
     pub fn limits(&self) -> &Limits {
         &self.file.limits
+    }
+
+    /// The cap on agents starting at once in force.
+    pub fn max_starting_agents(&self) -> usize {
+        match self.file.limits.max_starting_agents {
+            0 => std::thread::available_parallelism()
+                .map(|n| n.get() * 2)
+                .unwrap_or(4)
+                .max(2),
+            n => n,
+        }
     }
 
     /// The turn-slot cap in force.

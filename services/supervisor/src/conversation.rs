@@ -128,6 +128,10 @@ impl Conversation {
     /// Spawns the agent and makes a session: `session/load` of the last one when `resume` and
     /// the agent supports it, else `session/new` (the bool is true when context was reset).
     async fn start_agent(&self, resume: bool) -> Result<(AgentProc, bool), StartError> {
+        // One of `limits.max_starting_agents` slots from spawn to the end of the handshake: a
+        // crowd of starts (hundreds of new contexts at once) must not eat each other's
+        // handshake deadlines.
+        let _starting = self.shared.starts.clone().acquire_owned().await.ok();
         let home = self
             .home
             .lock()

@@ -206,6 +206,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         homes,
         live: warden_supervisor::live::LiveAgents::new(settings.max_live_agents()),
         admission: warden_supervisor::admission::Admission::new(settings.max_active_turns()),
+        starts: std::sync::Arc::new(tokio::sync::Semaphore::new(settings.max_starting_agents())),
         reaped,
     };
     let sup = Supervisor::new(shared);

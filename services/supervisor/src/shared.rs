@@ -24,6 +24,8 @@ pub struct Shared {
     pub live: LiveAgents,
     /// The turn slots (limits.max_active_turns).
     pub admission: crate::admission::Admission,
+    /// The agent-start slots (limits.max_starting_agents).
+    pub starts: std::sync::Arc<tokio::sync::Semaphore>,
     /// True once a predecessor's leftover trees are reaped (start-up reaps in the background;
     /// agent starts wait for it).
     pub reaped: tokio::sync::watch::Receiver<bool>,
