@@ -13,7 +13,8 @@ the start and end of the loop with the agent's own CPU time then (so the bench c
 client's CPU over exactly that window).
 
 `--chunks M` makes each prompt stream M `agent_message_chunk` updates instead (A2A events/s).
-`--hostile` ignores SIGTERM and forks a child that ignores it too (a kill ladder must escalate).
+`--hostile` ignores SIGTERM and the end of its input, and forks a child that does too (a kill
+ladder must escalate to SIGKILL).
 
 Nothing here is a real model: it is the same peer for every client, so the clients are compared.
 """
@@ -187,6 +188,10 @@ def main():
     while True:
         msg = peer.next_message()
         if msg is None:
+            if opts["hostile"]:
+                # Not even the end of its input stops it: only SIGKILL does.
+                while True:
+                    time.sleep(3600)
             return
         method = msg.get("method")
         rid = msg.get("id")

@@ -389,6 +389,16 @@ impl Warden {
             sets.push(format!("agents.{name}.read_only_paths=[{dir:?}]"));
         }
         d.opts.sets = sets.into_iter().map(|s| ("supervisor".into(), s)).collect();
+        // WARDEN_VS_SETS="daemon:key=value ...": further settings (e.g. a longer Decide
+        // deadline for a daemon run under a profiler).
+        for kv in std::env::var("WARDEN_VS_SETS")
+            .unwrap_or_default()
+            .split_whitespace()
+        {
+            if let Some((daemon, set)) = kv.split_once(':') {
+                d.opts.sets.push((daemon.into(), set.into()));
+            }
+        }
         if !audit_sync {
             d.opts
                 .sets
@@ -452,7 +462,7 @@ impl Warden {
             .map_err(|e| e.to_string())?;
         let mut buf = Vec::new();
         let mut tmp = vec![0u8; 65536];
-        // Arrival time of each read that carried an event (for events/s).
+        // Arrival time of each read that carried an artifact (for events/s), then of the end.
         let mut reads = Vec::new();
         loop {
             let n = tokio::time::timeout(Duration::from_secs(900), sock.read(&mut tmp))
@@ -462,9 +472,13 @@ impl Warden {
             if n == 0 {
                 break;
             }
-            reads.push(mono_ns());
+            if tmp[..n].windows(14).any(|w| w == b"artifactUpdate") {
+                reads.push(mono_ns());
+            }
             buf.extend_from_slice(&tmp[..n]);
         }
+        // The stream's end (its last status), after the last artifact.
+        reads.push(mono_ns());
         let text = String::from_utf8_lossy(&buf);
         let data = text
             .lines()
@@ -859,14 +873,15 @@ async fn main() {
             let secs = (to.saturating_sub(from) as f64 / 1e9).max(1e-9);
             let gw = s.cpu_between(0, from, to) as f64;
             let sup = s.cpu_between(1, from, to) as f64;
+            let per = |cpu: f64, n: usize| cpu / n.max(1) as f64;
             println!(
-                "A2A stream end to end (agent -> supervisor -> gateway -> SSE client): {chunks_seen} of {chunks} chunks, {} SSE events in {:.0} ms: {:.0} events/s, {:.0} chunks/s; CPU per SSE event: gateway {:.1} µs, supervisor {:.1} µs",
-                events.len(),
+                "A2A stream end to end (agent -> supervisor -> gateway -> SSE client), {chunks} message chunks: {chunks_seen} arrived in {:.0} ms = {:.0} agent events/s relayed, in {} SSE events ({:.0}/s: the gateway coalesces chunks); CPU per relayed agent event: gateway {:.1} µs, supervisor {:.1} µs",
                 secs * 1e3,
-                events.len() as f64 / secs,
                 chunks_seen as f64 / secs,
-                gw / events.len().max(1) as f64,
-                sup / events.len().max(1) as f64,
+                events.len(),
+                events.len() as f64 / secs,
+                per(gw, chunks_seen),
+                per(sup, chunks_seen),
             );
         }
         Err(e) => {
@@ -891,7 +906,7 @@ async fn main() {
             }
         }
         let what = if agent == "perm-hostile" {
-            "hostile tree (agent + child, both ignore SIGTERM; kill_grace_ms default 2000)"
+            "hostile tree (agent + child, both ignore SIGTERM and EOF; default limits.kill_grace_ms)"
         } else {
             "cooperative tree (exits on SIGTERM)"
         };
