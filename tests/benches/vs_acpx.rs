@@ -859,7 +859,7 @@ async fn main() {
     println!();
     let sampler = Sampler::start(sync.pids.clone());
     match sync.stream("perm-stream", "stream").await {
-        Ok((events, _, reads)) => {
+        Ok((events, t0, reads)) => {
             let s = sampler.finish();
             let chunks_seen: usize = events
                 .iter()
@@ -875,8 +875,9 @@ async fn main() {
             let sup = s.cpu_between(1, from, to) as f64;
             let per = |cpu: f64, n: usize| cpu / n.max(1) as f64;
             println!(
-                "A2A stream end to end (agent -> supervisor -> gateway -> SSE client), {chunks} message chunks: {chunks_seen} arrived in {:.0} ms = {:.0} agent events/s relayed, in {} SSE events ({:.0}/s: the gateway coalesces chunks); CPU per relayed agent event: gateway {:.1} µs, supervisor {:.1} µs",
+                "A2A stream end to end (agent -> supervisor -> gateway -> SSE client), {chunks} message chunks: {chunks_seen} arrived in {:.0} ms from the first (request -> end {:.0} ms, with the spawn) = {:.0} agent events/s relayed, in {} SSE events ({:.0}/s: the gateway coalesces chunks); CPU per relayed agent event in that window: gateway {:.1} µs, supervisor {:.1} µs",
                 secs * 1e3,
+                to.saturating_sub(t0) as f64 / 1e6,
                 chunks_seen as f64 / secs,
                 events.len(),
                 events.len() as f64 / secs,
