@@ -817,7 +817,11 @@ async fn main() {
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for (row, runs) in results.iter().enumerate() {
         if runs.is_empty() {
-            println!("| {} | not measured | | | | | |", ROWS[row]);
+            let why = match (&acpx, row) {
+                (Err(why), 0) => format!(": {why}"),
+                _ => String::new(),
+            };
+            println!("| {} | not measured{why} | | | | | |", ROWS[row]);
             continue;
         }
         let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect());
