@@ -183,6 +183,11 @@ impl ConvCore {
                 .unwrap_or_else(|| self.info.root.clone());
             paths.extend(raw.changed.iter().map(|p| base.join(p)));
         }
+        // A call usually names its file twice (a location and the raw input's `file_path`):
+        // resolve each spelling once; every resolution walks the root's ancestors again (one
+        // `statx` per component, ten for a root under the supervisor's state directory).
+        paths.sort();
+        paths.dedup();
         let mut covered: Vec<CoveredWrite> = paths
             .iter()
             .filter_map(|p| self.covered_key(p))
