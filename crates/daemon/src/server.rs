@@ -37,10 +37,17 @@ pub struct Server {
     tasks: JoinSet<Result<(), ServeError>>,
     sockets: Vec<std::path::PathBuf>,
     listeners: Vec<String>,
+    /// SIGTERM and SIGINT, caught from the moment the server exists: before any listener
+    /// answers health, so a caller that saw the daemon healthy and stops it gets a graceful
+    /// stop, never the default action (death by the signal).
+    signals: std::io::Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
 }
 
 impl Server {
     pub fn new(daemon: &'static str, grace: Duration) -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let signals = signal(SignalKind::terminate())
+            .and_then(|t| signal(SignalKind::interrupt()).map(|i| (t, i)));
         Server {
             daemon,
             grace,
@@ -49,6 +56,7 @@ impl Server {
             tasks: JoinSet::new(),
             sockets: Vec::new(),
             listeners: Vec::new(),
+            signals,
         }
     }
 
@@ -130,9 +138,11 @@ impl Server {
     /// failed listener. In-flight calls get the grace period; then they are aborted. Socket files
     /// are removed on the way out.
     pub async fn run(mut self) -> Result<(), ServeError> {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
-        let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+        let (mut term, mut int) = std::mem::replace(
+            &mut self.signals,
+            Err(std::io::Error::other("signals taken")),
+        )
+        .map_err(ServeError::Signal)?;
         crate::notify::ready();
         // Pings until run returns (the guard is dropped), through the drain as well: a drain
         // that hangs past WatchdogSec= is as dead as a hung runtime.
