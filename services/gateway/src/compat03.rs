@@ -26,8 +26,8 @@ use crate::a2a::{
 };
 use crate::error::A2aError;
 use crate::http::{
-    HttpState, StreamItem, check_content_type, host_ok, host_refused, json_response, read_body,
-    requested_version, rest_response, stream_items, unauthorized,
+    HttpState, StreamItem, admit_caller, check_content_type, json_response, read_body,
+    requested_version, rest_response, stream_items,
 };
 use crate::tasks::{SendOutcome, Subscription};
 
@@ -792,13 +792,7 @@ fn admit(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<String, Box<Response>> {
-    if !host_ok(state, headers) {
-        return Err(Box::new(host_refused()));
-    }
-    let principal = state
-        .auth
-        .authenticate(headers)
-        .map_err(|f| Box::new(unauthorized(f)))?;
+    let principal = admit_caller(state, headers)?;
     match requested_version(headers, query) {
         v if speaks_03(v.as_deref()) => Ok(principal),
         Some(v) => Err(Box::new(rest_error(&A2aError::VersionNotSupported(

@@ -382,15 +382,24 @@ fn admit(
     headers: &HeaderMap,
     query: Option<&str>,
 ) -> Result<String, Box<Response>> {
+    let principal = admit_caller(state, headers)?;
+    check_version(headers, query).map_err(|e| Box::new(error_response(&Binding::Rest, &e)))?;
+    Ok(principal)
+}
+
+/// The Host and the bearer token, the first two checks of every route (each binding then checks
+/// the version its way); the caller's principal.
+pub(crate) fn admit_caller(
+    state: &HttpState,
+    headers: &HeaderMap,
+) -> Result<String, Box<Response>> {
     if !host_ok(state, headers) {
         return Err(Box::new(host_refused()));
     }
-    let principal = state
+    state
         .auth
         .authenticate(headers)
-        .map_err(|f| Box::new(unauthorized(f)))?;
-    check_version(headers, query).map_err(|e| Box::new(error_response(&Binding::Rest, &e)))?;
-    Ok(principal)
+        .map_err(|f| Box::new(unauthorized(f)))
 }
 
 async fn card(State(state): State<Arc<HttpState>>, headers: HeaderMap) -> Response {
