@@ -318,10 +318,10 @@ async fn stop_many(settings: &[(&'static str, &'static str)]) {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut d = deploy(settings).await;
     // The pid files hold pids as each tree sees them (under bubblewrap: its own pid
-    // namespace), so the host's processes of the trees are found by what they run in.
+    // namespace), so the host's processes of the trees are found by their working directory.
     let _ = many_hanging_trees(&d, MANY, 32).await;
     let sandboxes = state(&d).join("sandboxes");
-    let before = processes_mentioning(&sandboxes);
+    let before = processes_in(&sandboxes, None);
     let _cleanup = KillOnDrop(before.clone());
     assert!(
         before.len() >= 2 * MANY,
@@ -332,7 +332,7 @@ async fn stop_many(settings: &[(&'static str, &'static str)]) {
     let t0 = Instant::now();
     assert!(sup.terminate().await.success());
     let stopped = t0.elapsed();
-    let left = processes_mentioning(&sandboxes);
+    let left = processes_in(&sandboxes, None);
     eprintln!(
         "{} processes in {MANY} trees: stopped after {stopped:?}",
         before.len()
@@ -346,20 +346,4 @@ async fn stop_many(settings: &[(&'static str, &'static str)]) {
         stopped < Duration::from_millis(GRACE_MS + 1000 + SLACK_MS),
         "the stop took {stopped:?}"
     );
-}
-
-/// Live host processes whose command line mentions `dir`.
-fn processes_mentioning(dir: &std::path::Path) -> Vec<i32> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if alive(pid) && String::from_utf8_lossy(&cmdline).contains(&needle) {
-            out.push(pid);
-        }
-    }
-    out
 }

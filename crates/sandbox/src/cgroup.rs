@@ -169,6 +169,9 @@ fn is_plain_name(name: &str) -> bool {
         && name != ".."
 }
 
+/// How long a removal waits between attempts while the cgroup empties.
+const REMOVE_RETRY: Duration = Duration::from_millis(5);
+
 /// One conversation's cgroup.
 #[derive(Debug, Clone)]
 pub struct ConvCgroup {
@@ -284,30 +287,34 @@ impl ConvCgroup {
     pub fn remove_blocking(&self, wait: Duration) -> Result<(), SandboxError> {
         let deadline = Instant::now() + wait;
         loop {
-            match std::fs::remove_dir(&self.path) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(SandboxError::io("remove cgroup", &self.path, e));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            if let Some(done) = self.remove_step(deadline) {
+                return done;
             }
+            std::thread::sleep(REMOVE_RETRY);
+        }
+    }
+
+    /// One attempt at removing the directory: `Some` when that settles it (removed, gone, or
+    /// still busy at `deadline`), `None` to try again (a cgroup empties a moment after its last
+    /// task exits).
+    fn remove_step(&self, deadline: Instant) -> Option<Result<(), SandboxError>> {
+        match std::fs::remove_dir(&self.path) {
+            Ok(()) => Some(Ok(())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Ok(())),
+            Err(e) if Instant::now() >= deadline => {
+                Some(Err(SandboxError::io("remove cgroup", &self.path, e)))
+            }
+            Err(_) => None,
         }
     }
 
     pub async fn remove(&self, wait: Duration) -> Result<(), SandboxError> {
         let deadline = Instant::now() + wait;
         loop {
-            match std::fs::remove_dir(&self.path) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-                Err(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(SandboxError::io("remove cgroup", &self.path, e));
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
+            if let Some(done) = self.remove_step(deadline) {
+                return done;
             }
+            tokio::time::sleep(REMOVE_RETRY).await;
         }
     }
 }
