@@ -717,6 +717,9 @@ impl TurnMapper {
             self.text.push_str(&reply);
         }
         if self.answer_started || !self.text.is_empty() {
+            // Output after a question means it was answered: WORKING first, as in `flush` (the
+            // turn's end can reach the mapper before the answering path reports the answer).
+            self.ensure_working(&mut out, now);
             let rest = std::mem::take(&mut self.text);
             out.push(self.answer_update(rest, true));
         }
@@ -1297,6 +1300,36 @@ mod tests {
         );
         assert!(m.pending_question().is_none());
         assert!(m.question_answered(3).is_empty());
+    }
+
+    #[test]
+    fn a_turn_that_answers_and_ends_before_the_answer_is_reported_still_passes_through_working() {
+        let mut m = TurnMapper::new("t1", "c1");
+        run(
+            &mut m,
+            vec![
+                started(),
+                Event::Question(Question {
+                    question_id: "q1".into(),
+                    message: "Which file name?".into(),
+                    requested_schema_json: r#"{"type":"string"}"#.into(),
+                }),
+            ],
+        );
+        let out = run(&mut m, vec![chunk("done"), stop("end_turn", vec![], None)]);
+        let states: Vec<TaskState> = out
+            .iter()
+            .filter_map(|e| match e {
+                StreamResponse::StatusUpdate(s) => Some(s.status.state),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            states,
+            vec![TaskState::Working, TaskState::Completed],
+            "{out:?}"
+        );
+        assert!(m.question_answered(3).is_empty(), "reported once only");
     }
 
     #[test]
