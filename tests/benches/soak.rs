@@ -140,6 +140,7 @@ async fn main() {
                             profile: pb::Profile::WorkspaceWrite as i32,
                             principal: "soak".into(),
                             verb: "implement".into(),
+                            ..Default::default()
                         }),
                     };
                     let mut late = 0;

@@ -195,7 +195,8 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     let r = m
         .call(
             "advise",
-            json!({"task": scenario(json!({"steps": [decision("complete", "use a map")]})), "effort": "low", "model": "m1"}),
+            json!({"task": scenario(json!({"steps": [{"type": "report_config"}, decision("complete", "use a map")]})),
+                   "effort": "high", "model": "Large"}),
         )
         .await;
     let e = envelope(&r);
@@ -212,6 +213,14 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     );
     let transcript = e["transcript_path"].as_str().unwrap();
     assert!(std::path::Path::new(transcript).is_file(), "{transcript}");
+    // The model (asked by its display name) and effort were set on the agent's session through
+    // its own config options before the prompt, not merely mentioned in it.
+    let said = std::fs::read_to_string(transcript).unwrap();
+    assert!(
+        said.contains("model=scripted-large thought_level=high"),
+        "{said}"
+    );
+    assert!(!said.contains("Model preference"), "{said}");
     // The read-only verb ran in a read-only conversation owned by this principal.
     let convs = conversations(&d).await;
     let c = convs
@@ -419,6 +428,46 @@ async fn arguments_a_model_must_not_set_and_oversized_tasks_are_refused_before_a
     let exact = "a".repeat(16 * 1024);
     let r = m.call("advise", json!({"task": exact})).await;
     assert_ne!(envelope(&r)["status"], "refused", "{}", envelope(&r));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_model_or_effort_the_agent_does_not_offer_is_refused_naming_what_it_offers() {
+    let (d, m) = deploy(&[]).await;
+    let run = scenario(json!({"steps": [{"type": "report_config"}, decision("complete", "ran")]}));
+    for (k, v, offered) in [
+        ("model", "gpt-9", "scripted-default, scripted-large"),
+        ("effort", "max", "medium, low, high, xhigh"),
+        // The mode is the supervisor's to force: never a model a caller can pick.
+        ("model", "plan", "scripted-default, scripted-large"),
+    ] {
+        let mut args = json!({"task": run});
+        args[k] = json!(v);
+        let r = m.call("implement", args).await;
+        let e = envelope(&r);
+        assert!(is_error(&r), "{e}");
+        assert_eq!(e["status"], "refused", "{e}");
+        assert_eq!(e["attempts"], 1, "a refusal is not retried: {e}");
+        let b = &e["blockers"][0];
+        assert_eq!(b["rule"], "supervisor.option-not-offered", "{e}");
+        let reason = b["reason"].as_str().unwrap();
+        assert!(reason.contains(v) && reason.contains(offered), "{reason}");
+    }
+    // Nothing kept running for them: no conversation, no agent process.
+    assert!(
+        conversations(&d)
+            .await
+            .iter()
+            .all(|c| c.state != pb::ConversationState::Ready as i32),
+        "{:?}",
+        conversations(&d).await
+    );
+    let r = m
+        .call(
+            "implement",
+            json!({"task": run, "model": "scripted-default", "effort": "medium"}),
+        )
+        .await;
+    assert_eq!(envelope(&r)["status"], "complete", "{}", envelope(&r));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -591,6 +591,24 @@ impl AcpClient {
         .map(|_| ())
     }
 
+    /// `session/set_config_option`; returns the agent's complete `configOptions` list after the
+    /// change (`null` when the agent answered without one).
+    pub async fn set_config_option(
+        &self,
+        session_id: &str,
+        config_id: &str,
+        value: &str,
+    ) -> Result<Value, AcpError> {
+        let v = self
+            .request_inner(
+                "session/set_config_option",
+                json!({"sessionId": session_id, "configId": config_id, "value": value}),
+                None,
+            )
+            .await?;
+        Ok(v.get("configOptions").cloned().unwrap_or(Value::Null))
+    }
+
     /// `session/prompt` with one text block. `meta` (if not `null`) is sent as
     /// the prompt's `_meta` (the gateway passes `{"warden":{"messageId":..}}`).
     /// No timeout: turn budgets are the caller's; use [`AcpClient::cancel`].

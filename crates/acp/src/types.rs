@@ -640,6 +640,9 @@ pub struct LoadSessionResponse {
     /// Modes, if the agent has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub modes: Option<SessionModeState>,
+    /// Config options, verbatim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_options: Option<Value>,
 }
 
 /// `session/prompt` answer.

@@ -35,7 +35,15 @@ pub struct SessionState {
     /// `(is_user, text)` for `session/load` replay.
     pub history: Vec<(bool, String)>,
     pub prompts: usize,
+    /// The model and thought level (`session/set_config_option`), reported by `report_config`.
+    pub model: String,
+    pub thought_level: String,
 }
+
+/// The models and thought levels the scripted agent offers as session config options, like the
+/// real adapters do (the first of each is the default).
+pub const MODELS: &[(&str, &str)] = &[("scripted-default", "Default"), ("scripted-large", "Large")];
+pub const THOUGHT_LEVELS: &[&str] = &["medium", "low", "high", "xhigh"];
 
 pub struct Session {
     pub id: String,
@@ -184,6 +192,11 @@ impl Agent {
     }
 
     fn modes_json(vocab: Vocab, current: &str) -> Value {
+        Self::session_json(vocab, current, MODELS[0].0, THOUGHT_LEVELS[0])
+    }
+
+    /// Modes and the complete config option list (mode, model, thought level).
+    fn session_json(vocab: Vocab, current: &str, model: &str, thought: &str) -> Value {
         let modes: Vec<Value> = vocab
             .modes()
             .iter()
@@ -197,7 +210,13 @@ impl Agent {
         json!({
             "modes": {"currentModeId": current, "availableModes": modes},
             "configOptions": [{"id": "mode", "name": "Mode", "category": "mode", "type": "select",
-                               "currentValue": current, "options": options}],
+                               "currentValue": current, "options": options},
+                              {"id": "model", "name": "Model", "category": "model", "type": "select",
+                               "currentValue": model,
+                               "options": MODELS.iter().map(|(v, n)| json!({"value": v, "name": n})).collect::<Vec<_>>()},
+                              {"id": "reasoning_effort", "name": "Reasoning effort", "category": "thought_level",
+                               "type": "select", "currentValue": thought,
+                               "options": THOUGHT_LEVELS.iter().map(|v| json!({"value": v, "name": v})).collect::<Vec<_>>()}],
         })
     }
 
@@ -252,6 +271,8 @@ impl Agent {
                         remembered: HashSet::new(),
                         history: Vec::new(),
                         prompts: 0,
+                        model: MODELS[0].0.to_string(),
+                        thought_level: THOUGHT_LEVELS[0].to_string(),
                     }),
                     cancel: watch::channel(false).0,
                 });
@@ -295,6 +316,36 @@ impl Agent {
                     }
                 }
             }
+            "session/set_config_option" => match self.session(&params) {
+                Err(e) => self.respond_err(&id, e),
+                Ok(s) => {
+                    let config = params.get("configId").and_then(Value::as_str).unwrap_or("");
+                    let value = params.get("value").and_then(Value::as_str).unwrap_or("");
+                    let mut st = s.st();
+                    let ok = match config {
+                        "mode" if st.vocab.modes().iter().any(|(m, _)| *m == value) => {
+                            st.mode = value.to_string();
+                            true
+                        }
+                        "model" if MODELS.iter().any(|(m, _)| *m == value) => {
+                            st.model = value.to_string();
+                            true
+                        }
+                        "reasoning_effort" if THOUGHT_LEVELS.contains(&value) => {
+                            st.thought_level = value.to_string();
+                            true
+                        }
+                        _ => false,
+                    };
+                    let all = Self::session_json(st.vocab, &st.mode, &st.model, &st.thought_level);
+                    drop(st);
+                    if ok {
+                        self.respond(&id, json!({"configOptions": all["configOptions"]}));
+                    } else {
+                        self.respond_err(&id, json!({"code": -32602, "message": format!("unknown value {value:?} for {config:?}")}));
+                    }
+                }
+            },
             "session/prompt" => match self.session(&params) {
                 Err(e) => self.respond_err(&id, e),
                 Ok(s) => {

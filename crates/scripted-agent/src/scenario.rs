@@ -219,6 +219,8 @@ pub enum Step {
         #[serde(default)]
         sleep_ms: Option<u64>,
     },
+    /// A message saying the session's model and thought level (`model=… thought_level=…`).
+    ReportConfig,
     /// Write this many bytes to stderr.
     Stderr {
         /// Size.

@@ -226,6 +226,13 @@ impl Turn {
             Step::Tool(t) => return self.tool(*t).await,
             Step::PlanExit { vocabulary, plan } => return self.plan_exit(vocabulary, plan).await,
             Step::Mode { mode } => self.set_mode(&mode),
+            Step::ReportConfig => {
+                let text = {
+                    let st = self.session.st();
+                    format!("model={} thought_level={}", st.model, st.thought_level)
+                };
+                self.chunk("agent_message_chunk", &text)
+            }
             Step::Sleep { ms } => {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(ms)) => {}

@@ -38,6 +38,7 @@ async fn direct(d: &Deployment, n: usize) -> Result<(usize, Duration), Box<dyn s
             profile: Profile::WorkspaceWrite as i32,
             principal: "bench".into(),
             verb: "task".into(),
+            ..Default::default()
         }),
     };
     let mut stream = client.run_turn(req).await?.into_inner();

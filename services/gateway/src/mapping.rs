@@ -767,7 +767,9 @@ impl TurnMapper {
                 Some(f)
                     if matches!(
                         f.fault_class(),
-                        FaultClass::PromptTooLarge | FaultClass::Rejected
+                        FaultClass::PromptTooLarge
+                            | FaultClass::Rejected
+                            | FaultClass::OptionNotOffered
                     ) =>
                 {
                     (

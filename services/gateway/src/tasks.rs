@@ -1413,6 +1413,9 @@ impl Core {
                 profile: Profile::WorkspaceWrite as i32,
                 principal: principal.to_string(),
                 verb: "task".to_string(),
+                // A2A has no model field: the agent's default.
+                model: String::new(),
+                effort: String::new(),
             }),
         };
         let core = self.clone();

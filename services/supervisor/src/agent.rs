@@ -28,6 +28,9 @@ pub enum StartError {
     Protocol(String),
     #[error("supervised mode unavailable: {0}")]
     Mode(String),
+    /// The caller asked for a model or effort the agent does not offer (not the agent's fault).
+    #[error("{0}")]
+    OptionNotOffered(String),
     /// A start-up failure after the agent ran, with what it said on stderr (secrets masked):
     /// the only clue an operator gets to a wrong path, a missing package or a refused login.
     #[error(
@@ -55,6 +58,7 @@ impl StartError {
     pub fn class(&self) -> warden_proto::v1::FaultClass {
         match self {
             StartError::Capacity(_) => warden_proto::v1::FaultClass::Capacity,
+            StartError::OptionNotOffered(_) => warden_proto::v1::FaultClass::OptionNotOffered,
             StartError::WithStderr { error, .. } => error.class(),
             _ => warden_proto::v1::FaultClass::Startup,
         }

@@ -526,6 +526,8 @@ mod tests {
                 owned: true,
                 allow_execute: false,
                 profile: warden_sandbox::Profile::WorkspaceWrite,
+                model: String::new(),
+                effort: String::new(),
             },
             live: Mutex::new(Live {
                 session_id: "s1".into(),

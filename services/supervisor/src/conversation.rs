@@ -50,6 +50,9 @@ pub struct Conversation {
     proc_: tokio::sync::Mutex<Option<AgentProc>>,
     /// Session id to load when the agent is restarted.
     last_session: Mutex<String>,
+    /// The config options set for the caller's model/effort at the first start, set again
+    /// after a restart whose `session/load` answer lists no options.
+    chosen_options: Mutex<Vec<crate::options::Choice>>,
     /// What the last kill of the agent tree did (forced, processes), for CloseConversation when
     /// the cancelled turn already killed it.
     last_kill: Mutex<(bool, u32)>,
@@ -108,6 +111,7 @@ impl Conversation {
             stopping: CancellationToken::new(),
             proc_: tokio::sync::Mutex::new(None),
             last_session: Mutex::new(String::new()),
+            chosen_options: Mutex::new(Vec::new()),
             last_kill: Mutex::new((false, 0)),
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
@@ -147,12 +151,14 @@ impl Conversation {
             .unwrap_or_default();
         let mut reset = resume;
         let mut modes = None;
+        let mut config_options = None;
         let mut session_id = String::new();
         if resume && p.load_session && !last.is_empty() {
             match tokio::time::timeout(hs, p.client.load_session(&last, &self.core.info.root)).await
             {
                 Ok(Ok(r)) => {
                     modes = r.modes;
+                    config_options = r.config_options;
                     session_id = last.clone();
                     reset = false;
                 }
@@ -173,6 +179,7 @@ impl Conversation {
                 Ok(Ok(r)) => {
                     session_id = r.session_id;
                     modes = r.modes;
+                    config_options = r.config_options;
                 }
                 Ok(Err(e)) => {
                     return Err(p
@@ -232,6 +239,12 @@ impl Conversation {
             // Mode updates caused by our own set_mode are not escalations.
             while p.events.try_recv().is_ok() {}
         }
+        if let Err(e) = self
+            .apply_session_options(&mut p, &session_id, config_options)
+            .await
+        {
+            return Err(p.fail(&self.shared, e).await);
+        }
         {
             let mut l = self.core.live();
             l.session_id = session_id.clone();
@@ -242,6 +255,97 @@ impl Conversation {
             *s = session_id;
         }
         Ok((p, reset))
+    }
+
+    /// Sets the caller's model and effort (`OpenConversationRequest.model`/`.effort`) through
+    /// the session config options the agent offered (`options.rs` picks option and value), before
+    /// the first prompt. A request the agent cannot honour refuses the start
+    /// (`StartError::OptionNotOffered`); an answer that moves the session out of a supervised
+    /// mode is a mode fault like any other.
+    async fn apply_session_options(
+        &self,
+        p: &mut AgentProc,
+        session_id: &str,
+        offered: Option<serde_json::Value>,
+    ) -> Result<(), StartError> {
+        use crate::options::{Wanted, choose};
+        let info = &self.core.info;
+        let wanted: Vec<(Wanted, &str)> =
+            [(Wanted::Model, &info.model), (Wanted::Effort, &info.effort)]
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(w, v)| (w, v.as_str()))
+                .collect();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let remembered = self
+            .chosen_options
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default();
+        let choices = match offered {
+            Some(list) => {
+                let mut out = Vec::new();
+                for (w, v) in &wanted {
+                    out.push(
+                        choose(&list, *w, v)
+                            .map_err(|e| StartError::OptionNotOffered(e.to_string()))?,
+                    );
+                }
+                out
+            }
+            // A restored session that does not list its options: set what the first start chose.
+            None if remembered.len() == wanted.len() => remembered
+                .into_iter()
+                .map(|c| crate::options::Choice {
+                    current: false,
+                    ..c
+                })
+                .collect(),
+            None => {
+                return Err(StartError::OptionNotOffered(format!(
+                    "the agent offers no {} choice (its session lists no config options)",
+                    wanted[0].0.as_str()
+                )));
+            }
+        };
+        let hs = self.shared.settings.limits().handshake();
+        for c in choices.iter().filter(|c| !c.current) {
+            let after = match tokio::time::timeout(
+                hs,
+                p.client
+                    .set_config_option(session_id, &c.config_id, &c.value),
+            )
+            .await
+            {
+                Ok(Ok(after)) => after,
+                Ok(Err(e)) => {
+                    return Err(StartError::OptionNotOffered(format!(
+                        "the agent refused {} = {:?}: {e}",
+                        c.config_id, c.value
+                    )));
+                }
+                Err(_) => {
+                    return Err(StartError::Handshake("session/set_config_option".into()));
+                }
+            };
+            if let Some(mode) = crate::translate::mode_from_config_options(&after)
+                && !self.agent_cfg.is_supervised_mode(&mode)
+            {
+                return Err(StartError::Mode(format!(
+                    "setting {} = {:?} moved the session to the mode {mode:?}",
+                    c.config_id, c.value
+                )));
+            }
+            tracing::info!(context_id = %info.context_id, session_id, option = %c.config_id, value = %c.value, "session option set for the caller");
+        }
+        // Option updates caused by our own changes are not the agent's doing.
+        while p.events.try_recv().is_ok() {}
+        if let Ok(mut r) = self.chosen_options.lock() {
+            *r = choices;
+        }
+        Ok(())
     }
 
     /// Queues a turn; returns its 1-based queue position (0 = it will start now).
@@ -406,6 +510,8 @@ impl Conversation {
                 .unwrap_or_default(),
             queued_turn_ids: st.queue.iter().map(|t| t.id().to_string()).collect(),
             current_mode: live.current_mode.clone(),
+            model: self.core.info.model.clone(),
+            effort: self.core.info.effort.clone(),
         }
     }
 

@@ -30,6 +30,9 @@ pub struct ConvInfo {
     pub allow_execute: bool,
     /// One profile type for wire, rules and sandbox (`warden_containment::Profile`).
     pub profile: warden_sandbox::Profile,
+    /// The caller's model and effort for the session ("" = the agent's default).
+    pub model: String,
+    pub effort: String,
 }
 
 #[derive(Default)]

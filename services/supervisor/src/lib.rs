@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, records, fault, policy, translate, mode, live, admission   leaves
+//   config, records, fault, policy, translate, mode, options, live, admission   leaves
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
@@ -31,6 +31,7 @@ pub mod core;
 pub mod fault;
 pub mod live;
 pub mod mode;
+pub mod options;
 pub mod policy;
 pub mod records;
 pub mod service;

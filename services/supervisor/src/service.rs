@@ -72,6 +72,24 @@ fn check_id(what: &str, s: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// The longest model or effort name a caller may ask for.
+const MAX_OPTION: usize = 128;
+
+/// A model or effort name: optional, bounded, printable.
+fn check_option(what: &str, s: &str) -> Result<(), Status> {
+    if s.len() > MAX_OPTION {
+        return Err(Status::invalid_argument(format!(
+            "{what} is longer than {MAX_OPTION} bytes"
+        )));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(format!(
+            "{what} contains control characters"
+        )));
+    }
+    Ok(())
+}
+
 impl Supervisor {
     pub fn new(shared: Shared) -> Arc<Self> {
         Arc::new(Supervisor {
@@ -110,6 +128,8 @@ impl Supervisor {
         req: &pb::OpenConversationRequest,
     ) -> Result<Arc<Conversation>, Status> {
         check_id("context_id", &req.context_id)?;
+        check_option("model", &req.model)?;
+        check_option("effort", &req.effort)?;
         let slot = self.slot(&req.context_id);
         let mut guard = slot.conv.lock().await;
         if let Some(c) = guard.as_ref() {
@@ -226,6 +246,8 @@ impl Supervisor {
                 owned: boundary.owned,
                 allow_execute: boundary.allow_execute,
                 profile,
+                model: req.model.clone(),
+                effort: req.effort.clone(),
             },
             live: Mutex::new(Live::default()),
             policy: self.shared.policy.clone(),
@@ -280,8 +302,10 @@ impl Supervisor {
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
                 let capacity = matches!(e, crate::agent::StartError::Capacity(_));
-                // No room is not the agent's fault: no incident, nothing was started.
-                let _ = (!capacity).then(|| {
+                let not_offered = e.class() == pb::FaultClass::OptionNotOffered;
+                // No room, or a model the agent does not offer, is not the agent's fault: no
+                // incident.
+                let _ = (!capacity && !not_offered).then(|| {
                     self.shared.records.incident(&crate::records::Incident {
                         class: crate::fault::name(e.class()).into(),
                         reason: e.headline(),
@@ -302,6 +326,8 @@ impl Supervisor {
                 }
                 return Err(if capacity {
                     crate::fault::status(tonic::Code::ResourceExhausted, e.class(), e.to_string())
+                } else if not_offered {
+                    crate::fault::status(tonic::Code::FailedPrecondition, e.class(), e.headline())
                 } else {
                     crate::fault::status_long(
                         tonic::Code::Unavailable,

@@ -80,6 +80,7 @@ pub fn open(ctx: &str, profile: pb::Profile) -> pb::OpenConversationRequest {
         profile: profile as i32,
         principal: "tester".into(),
         verb: "implement".into(),
+        ..Default::default()
     }
 }
 

@@ -306,7 +306,7 @@ impl McpFront {
             return refused(h, "mcp.context", e.to_string());
         }
         on_context(&context_id);
-        let instructions = instructions(verb, &args);
+        let instructions = instructions(verb);
         let timeout_seconds = args
             .timeout_seconds
             .unwrap_or(self.cfg.default_timeout_seconds);
@@ -342,6 +342,8 @@ impl McpFront {
                     profile,
                     principal: caller.principal.clone(),
                     verb: verb.name().into(),
+                    model: args.model.clone().unwrap_or_default(),
+                    effort: args.effort.clone().unwrap_or_default(),
                 }),
             };
             tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.principal, "MCP turn");
@@ -389,19 +391,13 @@ impl McpFront {
 
 /// What warden asks of every agent for this verb, sent as the turn's instructions (a second text
 /// block after the task, outside the task's size limit).
-pub fn instructions(verb: Verb, a: &VerbArgs) -> String {
+pub fn instructions(verb: Verb) -> String {
     let mut p = String::from("[warden] ");
     p.push_str(match verb {
         Verb::Advise => "Verb: advise. Read-only: give advice; do not edit, delete, move, run or fetch anything.",
         Verb::Review => "Verb: review. Read-only: review and report findings; do not edit, delete, move, run or fetch anything.",
         Verb::Implement => "Verb: implement. Make the change in the workspace. Leave every change unstaged and uncommitted and run no git write (no commit, no push): the caller reviews the diff.",
     });
-    if let Some(m) = &a.model {
-        p.push_str(&format!("\n[warden] Model preference: {m}."));
-    }
-    if let Some(e) = &a.effort {
-        p.push_str(&format!("\n[warden] Effort: {e}."));
-    }
     p.push_str("\n[warden] End your answer with one JSON object with exactly these fields: {\"status\": \"complete\"|\"partial\"|\"blocked\", \"verdict\": string, \"findings\": [string], \"files_touched\": [string], \"remaining\": [string], \"blockers\": [string]}.");
     p
 }

@@ -79,8 +79,8 @@ pub const FORBIDDEN: &[(&str, &str)] = &[
     ),
 ];
 
-/// The effort values accepted (stated to the agent).
-pub const EFFORTS: &[&str] = &["low", "medium", "high", "xhigh"];
+/// The longest model or effort value accepted (the supervisor's own bound is 128).
+const MAX_OPTION_VALUE: usize = 64;
 
 fn verb_input_schema(max_task: usize, max_timeout: u32) -> Value {
     json!({
@@ -90,8 +90,8 @@ fn verb_input_schema(max_task: usize, max_timeout: u32) -> Value {
         "properties": {
             "task": {"type": "string", "minLength": 1, "description": format!("what to do, at most {max_task} bytes of UTF-8 (longer is refused before anything starts)")},
             "agent": {"type": "string", "description": "a configured agent name (see status); default: the operator's"},
-            "model": {"type": "string", "maxLength": 128, "description": "a model preference, stated to the agent"},
-            "effort": {"type": "string", "enum": EFFORTS, "description": "an effort preference, stated to the agent"},
+            "model": {"type": "string", "maxLength": MAX_OPTION_VALUE, "description": "the session's model: a value of the agent's own model option (applied through ACP; a model the agent does not offer is refused, naming what it offers)"},
+            "effort": {"type": "string", "maxLength": MAX_OPTION_VALUE, "description": "the session's effort, applied through the agent's thought-level option (refused when the agent does not offer it)"},
             "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": max_timeout,
                                 "description": "soft budget told to the agent; at 1.2x the agent's process tree is killed and the result is timeout"}
         }
@@ -289,15 +289,9 @@ pub fn verb_args(
             ),
         ));
     }
-    let effort = opt_str(args, "effort", 16)?;
-    if let Some(e) = &effort
-        && !EFFORTS.contains(&e.as_str())
-    {
-        return Err((
-            "mcp.argument.invalid",
-            format!("effort must be one of {}", EFFORTS.join(", ")),
-        ));
-    }
+    // Which values exist is the agent's to say (its ACP options); the supervisor refuses one
+    // it does not offer, naming those it does.
+    let effort = opt_str(args, "effort", MAX_OPTION_VALUE)?;
     let timeout_seconds = match args.get("timeout_seconds") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
@@ -313,7 +307,7 @@ pub fn verb_args(
     Ok(VerbArgs {
         task,
         agent: opt_str(args, "agent", 64)?,
-        model: opt_str(args, "model", 128)?,
+        model: opt_str(args, "model", MAX_OPTION_VALUE)?,
         effort,
         timeout_seconds,
     })
@@ -360,7 +354,7 @@ mod tests {
         assert_eq!(a.timeout_seconds, Some(5));
         assert!(verb_args(&m(json!({"task": "x", "timeout_seconds": 11})), 100, 10).is_err());
         assert!(verb_args(&m(json!({"task": "x", "timeout_seconds": 0})), 100, 10).is_err());
-        assert!(verb_args(&m(json!({"task": "x", "effort": "max"})), 100, 10).is_err());
+        assert!(verb_args(&m(json!({"task": "x", "effort": "e".repeat(65)})), 100, 10).is_err());
         assert!(verb_args(&m(json!({"task": ""})), 100, 10).is_err());
     }
 }

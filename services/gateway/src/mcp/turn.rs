@@ -77,6 +77,9 @@ pub async fn run(
                     NotStarted::Refused("supervisor.prompt-too-large", f.message)
                 }
                 FaultClass::Capacity => NotStarted::Refused("supervisor.capacity", f.message),
+                FaultClass::OptionNotOffered => {
+                    NotStarted::Refused("supervisor.option-not-offered", f.message)
+                }
                 _ => NotStarted::Fault(fault_seen(&f)),
             });
         }
