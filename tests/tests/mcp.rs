@@ -63,6 +63,18 @@ struct Mcp {
 
 impl Mcp {
     async fn raw(&self, method: &str, headers: &[(&str, String)], body: Option<&Value>) -> Reply {
+        self.raw_as(None, method, headers, body).await
+    }
+
+    /// [`Mcp::raw`] over a socket owned by `uid` (made on a thread of its own with that file
+    /// system uid, which is what the kernel's socket table records): a process of that user.
+    async fn raw_as(
+        &self,
+        uid: Option<u32>,
+        method: &str,
+        headers: &[(&str, String)],
+        body: Option<&Value>,
+    ) -> Reply {
         let mut req = format!("{method} /mcp HTTP/1.0\r\n");
         let mut has_host = false;
         for (k, v) in headers {
@@ -82,9 +94,27 @@ impl Mcp {
         }
         req.push_str("\r\n");
         req.push_str(&body);
-        let mut sock = TcpStream::connect(&self.addr)
-            .await
-            .expect("gateway reachable");
+        let mut sock = match uid {
+            None => TcpStream::connect(&self.addr)
+                .await
+                .expect("gateway reachable"),
+            Some(uid) => {
+                let addr = self.addr.clone();
+                let s = std::thread::spawn(move || {
+                    // SAFETY: setfsuid changes only this thread's file system uid (glibc does
+                    // not broadcast it), and it is set back before the thread ends.
+                    unsafe { libc::setfsuid(uid) };
+                    let s = std::net::TcpStream::connect(&addr);
+                    unsafe { libc::setfsuid(0) };
+                    s
+                })
+                .join()
+                .unwrap()
+                .expect("gateway reachable");
+                s.set_nonblocking(true).unwrap();
+                TcpStream::from_std(s).unwrap()
+            }
+        };
         sock.write_all(req.as_bytes())
             .await
             .expect("request written");
@@ -112,6 +142,17 @@ impl Mcp {
 
     /// A stateless (2026-07-28) tools/call; the result object.
     async fn call_with(&self, extra: &[(&str, String)], tool: &str, args: Value) -> Value {
+        self.call_as(None, extra, tool, args).await
+    }
+
+    /// [`Mcp::call_with`] from a socket owned by `uid`.
+    async fn call_as(
+        &self,
+        uid: Option<u32>,
+        extra: &[(&str, String)],
+        tool: &str,
+        args: Value,
+    ) -> Value {
         let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
             "name": tool, "arguments": args,
             "_meta": {"io.modelcontextprotocol/protocolVersion": ERA,
@@ -124,7 +165,7 @@ impl Mcp {
             ("Mcp-Name", tool.to_string()),
         ];
         h.extend(extra.iter().cloned());
-        let r = self.raw("POST", &h, Some(&body)).await;
+        let r = self.raw_as(uid, "POST", &h, Some(&body)).await;
         assert_eq!(r.status, 200, "{}\n{}", r.head, r.body);
         let last = r
             .messages()
@@ -507,6 +548,45 @@ async fn a_call_from_inside_a_warden_agent_is_refused_before_anything_is_spawned
         1,
         "only the depth-0 call started an agent"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_process_of_an_agent_uid_is_deep_whatever_header_it_sends() {
+    let (d, m) = deploy(&[]).await;
+    let agents =
+        pb::supervisor_service_client::SupervisorServiceClient::new(d.channel("supervisor"))
+            .list_agents(pb::ListAgentsRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+    let Some(uid) = agents.agent_uids.first().map(|r| r.first) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: the supervisor must switch agents to a uid of their own"
+        );
+        eprintln!("skipped: this supervisor cannot switch agents to a uid of their own (not root)");
+        return;
+    };
+    // A process inside the agent that got hold of the token and reaches the port directly: it
+    // leaves the header out, or claims depth 0.
+    for extra in [vec![], vec![("Warden-Depth", "0".to_string())]] {
+        for tool in ["implement", "advise", "implement_background"] {
+            let r = m
+                .call_as(Some(uid), &extra, tool, json!({"task": "write x"}))
+                .await;
+            assert!(is_error(&r), "{tool} {extra:?}: {r}");
+            if tool != "implement_background" {
+                let e = envelope(&r);
+                assert_eq!(e["status"], "refused", "{e}");
+                assert_eq!(e["blockers"][0]["rule"], "mcp.recursion", "{e}");
+                assert_eq!(e["depth"], 1, "{e}");
+            }
+        }
+    }
+    assert!(conversations(&d).await.is_empty(), "nothing was spawned");
+    // The same call from this (the operator's) uid is served.
+    let r = m.call("advise", json!({"task": "hi"})).await;
+    assert_eq!(envelope(&r)["depth"], 0, "{}", envelope(&r));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -109,6 +109,11 @@ pub fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
     Err(io::Error::other("SO_PEERGROUPS kept growing"))
 }
 
+/// This process's real uid (what a peer of the same user shows as).
+pub fn own_uid() -> u32 {
+    nix::unistd::getuid().as_raw()
+}
+
 /// An accepted Unix connection with its peer's credentials, read once at accept.
 #[derive(Debug)]
 pub struct PeerStream {

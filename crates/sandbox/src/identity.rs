@@ -493,6 +493,10 @@ impl UidPool {
         }
     }
 
+    pub(crate) fn range(&self) -> &UidRange {
+        &self.range
+    }
+
     /// The conversation's identity, assigning the lowest free uid on first use.
     pub(crate) fn assign(&self, conversation_id: &str) -> Result<AgentIdentity, SandboxError> {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());

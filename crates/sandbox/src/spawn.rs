@@ -170,6 +170,16 @@ impl Spawner {
         self.identity
     }
 
+    /// Every uid children may run as, as inclusive ranges (the uid range, or the single agent
+    /// uid); empty when they keep the supervisor's own uid.
+    pub fn agent_uid_ranges(&self) -> Vec<(u32, u32)> {
+        match (&self.pool, self.identity) {
+            (Some(p), _) => vec![(p.range().first, p.range().last)],
+            (None, Some(i)) => vec![(i.uid, i.uid)],
+            (None, None) => Vec::new(),
+        }
+    }
+
     /// The identity `conversation_id`'s agent and terminals run as (what files made on their
     /// behalf are chowned to); `None` when they run as the supervisor's own uid. With a uid
     /// range, only while the conversation holds one ([`Spawner::assign_identity`]).

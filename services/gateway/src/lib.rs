@@ -29,6 +29,7 @@ pub mod grpc_convert;
 pub mod http;
 pub mod mapping;
 pub mod mcp;
+pub mod peer;
 pub mod push;
 pub mod serve;
 pub mod store;

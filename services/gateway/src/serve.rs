@@ -268,14 +268,22 @@ async fn connection(
         // as slow as one that sends half a header.
         head_since: AtomicU64::new(1),
     });
+    // Who is on the other end, for the MCP front's recursion check (`peer.rs`).
+    let conn_peer = match (stream.peer_addr(), stream.local_addr()) {
+        (Ok(p), Ok(l)) => Some(crate::peer::ConnPeer::new(p, l)),
+        _ => None,
+    };
     let io = TrackedIo {
         inner: stream,
         activity: activity.clone(),
     };
     let service_activity = activity.clone();
-    let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let in_flight = InFlight::begin(&service_activity);
         let app = app.clone();
+        if let Some(p) = &conn_peer {
+            req.extensions_mut().insert(p.clone());
+        }
         async move {
             let response = app.oneshot(req.map(Body::new)).await?;
             Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {

@@ -175,11 +175,28 @@ pub struct AgentList {
     pub default: String,
     /// Changes whenever the list does (0 = the configured list), so the card is rebuilt then.
     pub generation: u64,
+    /// The uids the supervisor runs agents as (inclusive ranges) and its own uid, from
+    /// `ListAgents`: a caller connecting as one of them is inside a warden-run agent.
+    pub agent_uids: Vec<(u32, u32)>,
+    pub supervisor_uid: Option<u32>,
 }
 
 impl AgentList {
     pub fn contains(&self, name: &str) -> bool {
         self.agents.iter().any(|a| a.name == name)
+    }
+
+    /// Whether a connection owned by `uid` comes from inside a warden-run agent: one of the
+    /// agent uids, or the supervisor's (its egress proxy connects for agents). This gateway's own
+    /// uid never counts: where agents cannot be switched to a uid of their own (an unprivileged
+    /// `warden up`), they are told apart by their sandbox, not here.
+    pub fn is_agent_uid(&self, uid: u32, own_uid: u32) -> bool {
+        uid != own_uid
+            && (self.supervisor_uid == Some(uid)
+                || self
+                    .agent_uids
+                    .iter()
+                    .any(|(a, b)| (*a..=*b).contains(&uid)))
     }
 }
 
@@ -453,6 +470,8 @@ impl Core {
                 .collect(),
             default: settings.default_agent.clone(),
             generation: 0,
+            agent_uids: Vec::new(),
+            supervisor_uid: None,
         };
         Arc::new(Self {
             store,
@@ -840,6 +859,8 @@ impl Core {
             self.settings.default_agent.clone()
         };
         let mut list = self.agents.write().unwrap_or_else(|p| p.into_inner());
+        list.agent_uids = resp.agent_uids.iter().map(|r| (r.first, r.last)).collect();
+        list.supervisor_uid = Some(resp.supervisor_uid);
         if list.generation == 0 || list.agents != agents || list.default != default {
             if !agents.iter().any(|a| a.name == default) {
                 tracing::warn!(default = %default, "the default agent is not one the supervisor lists");

@@ -771,6 +771,15 @@ impl SupervisorService for Api {
         Ok(Response::new(pb::ListAgentsResponse {
             agents,
             default_agent: s.file.agents.default.clone(),
+            agent_uids: self
+                .0
+                .shared
+                .spawner
+                .agent_uid_ranges()
+                .into_iter()
+                .map(|(first, last)| pb::UidRange { first, last })
+                .collect(),
+            supervisor_uid: nix::unistd::getuid().as_raw(),
         }))
     }
 

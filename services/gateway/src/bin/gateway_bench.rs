@@ -154,6 +154,7 @@ impl SupervisorService for LoadGenerator {
                 description: "the load generator".into(),
             }],
             default_agent: "scripted".into(),
+            ..Default::default()
         }))
     }
     async fn list_workspaces(

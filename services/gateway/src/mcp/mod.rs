@@ -205,6 +205,30 @@ fn unauthorized(edge: &Edge, failure: AuthFailure) -> Response {
     r
 }
 
+/// 1 when the connection's socket belongs to a uid the supervisor runs agents as (or to the
+/// supervisor, whose egress proxy connects for agents), else 0: the depth a caller has whatever
+/// `Warden-Depth` it sends or leaves out (`peer.rs`).
+async fn inside_agent(edge: &Edge, conn: Option<Arc<crate::peer::ConnPeer>>) -> u32 {
+    let Some(conn) = conn else {
+        return 0;
+    };
+    let Some(uid) = conn.owner_uid().await else {
+        return 0;
+    };
+    let core = &edge.front.core;
+    if core.agents().supervisor_uid.is_none() {
+        // The supervisor has not said yet which uids are its agents': ask before judging.
+        let _ = core.refresh_agents().await;
+    }
+    let inside = core
+        .agents()
+        .is_agent_uid(uid, warden_daemon::peer::own_uid());
+    if inside {
+        tracing::info!(uid, peer = %conn.peer, "MCP caller connects as an agent uid: depth 1 at least");
+    }
+    u32::from(inside)
+}
+
 /// The inherited depth from `Warden-Depth`: absent = 0; anything but a plain number counts as
 /// infinitely deep (the same rule as the sandbox's `DepthGuard`: a mangled marker only refuses).
 pub fn depth_of(headers: &HeaderMap) -> u32 {
@@ -252,7 +276,11 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         // Another principal's session does not exist for this caller.
         return jsonrpc_error(StatusCode::NOT_FOUND, -32600, "Session not found");
     }
-    let depth = depth_of(headers);
+    let conn = req
+        .extensions()
+        .get::<Arc<crate::peer::ConnPeer>>()
+        .cloned();
+    let depth = depth_of(headers).max(inside_agent(&edge, conn).await);
     let method = req.method().clone();
     let (mut parts, body) = req.into_parts();
     let body = if method == Method::POST {
