@@ -22,6 +22,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::Rejected => "rejected",
         pb::FaultClass::SupervisorUnavailable => "supervisor",
         pb::FaultClass::Capacity => "capacity",
+        pb::FaultClass::EgressRefused => "egress-refused",
     }
 }
 
