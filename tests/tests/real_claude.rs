@@ -127,8 +127,9 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
             "agents.claude-test.args=[{:?}]",
             entry.to_string_lossy()
         )),
-        // For now: the agent shares the host's network to reach the fake model on loopback.
-        sup("agents.claude-test.network=\"host\"".into()),
+        // Its own network namespace: the fake model on loopback is reachable only through the
+        // egress proxy, allowed because ANTHROPIC_BASE_URL names it (no egress_allow entry).
+        sup("agents.claude-test.network=\"proxy\"".into()),
         sup(format!("agents.claude-test.set_env={set_env}")),
         sup(format!(
             "agents.claude-test.read_only_paths=[{:?}]",
@@ -186,4 +187,29 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     // Both writes were the model's, through the adapter.
     assert!(model_log.contains("hello.txt"), "{ctx}");
     assert!(model_log.contains("/etc/warden-claude-denied"), "{ctx}");
+    // ... which reached the model only through the egress proxy: recorded with the conversation.
+    let egress = egress_records(&d.dir.path().join("supervisor/egress"));
+    for r in &egress {
+        println!("egress: {r}");
+    }
+    assert!(
+        egress.iter().any(|r| r["allowed"] == true
+            && r["host"] == "127.0.0.1"
+            && r["port"] == model.port
+            && r["setting"] == "ANTHROPIC_BASE_URL"
+            && r["bytes_down"].as_u64().unwrap_or(0) > 0),
+        "no recorded egress to the fake model: {egress:#?}\n{ctx}"
+    );
+}
+
+/// Every egress record line of every conversation under `dir`.
+fn egress_records(dir: &Path) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        }
+    }
+    out
 }

@@ -107,8 +107,9 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     }
     let allowed = server("allowed").await;
     let other = server("other").await;
+    // `localhost:<other>` is named exactly: that name reaches loopback, on that port only.
     let d = deploy_proxy(
-        &[format!("127.0.0.1:{allowed}")],
+        &[format!("127.0.0.1:{allowed}"), format!("localhost:{other}")],
         &[("supervisor", "limits.egress_refusals_end_turn=0")],
     )
     .await;
@@ -133,6 +134,8 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
         connect("localhost", allowed, "proxy", "x\n"),
         // 11: the cloud metadata address.
         connect("169.254.169.254", 80, "proxy", ""),
+        // 12: the name the operator wrote, resolving to loopback: allowed (named exactly).
+        connect("localhost", other, "proxy", "by-name\n"),
     ];
     let evs = run(
         &mut c,
@@ -140,7 +143,8 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     )
     .await;
     let r = results(&evs);
-    assert_eq!(r.len(), 12, "{r:#?}\n{evs:#?}");
+    assert_eq!(r.len(), 13, "{r:#?}\n{evs:#?}");
+    assert_eq!(r[12]["received"], "other:by-name\n", "{}", r[12]);
     assert!(
         r[0]["status"].as_str().unwrap_or("").contains(" 200 "),
         "{}",
@@ -172,7 +176,7 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
         "{}",
         r[3]
     );
-    for (i, res) in r.iter().enumerate().skip(4) {
+    for (i, res) in r.iter().enumerate().take(12).skip(4) {
         let status = res["status"].as_str().unwrap_or("");
         assert!(
             status.contains(" 403 ") || status.contains(" 400 "),
@@ -208,8 +212,14 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     // Recorded with the conversation: the allowed ones with the address and bytes each way.
     let rec = egress_record(&d, "egress");
     let ok: Vec<&Value> = rec.iter().filter(|r| r["allowed"] == true).collect();
-    assert_eq!(ok.len(), 2, "{rec:#?}");
-    for r in &ok {
+    assert_eq!(ok.len(), 3, "{rec:#?}");
+    assert!(
+        ok.iter().any(|r| r["host"] == "localhost"
+            && r["address"] == format!("127.0.0.1:{other}")
+            && r["setting"] == "agents.scripted.egress_allow"),
+        "{ok:#?}"
+    );
+    for r in ok.iter().filter(|r| r["host"] == "127.0.0.1") {
         assert_eq!(r["host"], "127.0.0.1");
         assert_eq!(r["port"], allowed);
         assert_eq!(r["address"], format!("127.0.0.1:{allowed}"));
