@@ -312,6 +312,9 @@ pub type Spawned = (
 /// destination uses it).
 const PROXY_PORT: u16 = 3128;
 
+/// Egress refusals shown to the caller per turn (every one is recorded and logged).
+const MAX_EGRESS_EVENTS: u32 = 32;
+
 /// Where an agent's egress connections are reported: the daemon log, the conversation's egress
 /// record, and the running turn (its transcript; a refusal as an event, and enough refusals of
 /// one destination end it).
@@ -358,28 +361,36 @@ impl crate::egress::Report for EgressReport {
             return;
         }
         let message = crate::egress::refusal_message(rec);
-        turn.emit(warden_proto::v1::turn_event::Event::EgressRefused(
-            warden_proto::v1::EgressRefused {
-                host: rec.host.clone(),
-                port: rec.port.into(),
-                address: rec.address.clone(),
-                message: message.clone(),
-                setting: rec.setting.clone(),
-            },
-        ));
-        if rec.host.is_empty() || self.end_after == 0 {
-            return;
-        }
-        let n = {
+        let (shown, n) = {
             let mut st = turn.lock();
-            let n = st
-                .egress_refused
-                .entry(format!("{}:{}", rec.host, rec.port))
-                .or_insert(0);
-            *n += 1;
-            *n
+            st.egress_events += 1;
+            let shown = st.egress_events;
+            let n = if rec.host.is_empty() {
+                0
+            } else {
+                let n = st
+                    .egress_refused
+                    .entry(format!("{}:{}", rec.host, rec.port))
+                    .or_insert(0);
+                *n += 1;
+                *n
+            };
+            (shown, n)
         };
-        if n == self.end_after {
+        // A flood of refusals is recorded and logged in full but shown to the caller only so
+        // often.
+        if shown <= MAX_EGRESS_EVENTS {
+            turn.emit(warden_proto::v1::turn_event::Event::EgressRefused(
+                warden_proto::v1::EgressRefused {
+                    host: rec.host.clone(),
+                    port: rec.port.into(),
+                    address: rec.address.clone(),
+                    message: message.clone(),
+                    setting: rec.setting.clone(),
+                },
+            ));
+        }
+        if self.end_after > 0 && n == self.end_after {
             turn.request_end(crate::turn::EndRequest::Decision {
                 fault: Some((
                     warden_proto::v1::FaultClass::EgressRefused,

@@ -121,6 +121,13 @@ impl Records {
                 },
             )?;
         }
+        // Socket directories of a previous run's agents (each proxy removes its own when it
+        // stops; a crash leaves them). Only directories: the records stay.
+        for e in std::fs::read_dir(&egress).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
         Ok(Records {
             root: state_dir.to_path_buf(),
             transcript_limit,

@@ -64,6 +64,8 @@ pub struct TurnMut {
     pub transcript: Option<Transcript>,
     /// Egress refusals of this turn by destination (`host:port`).
     pub egress_refused: HashMap<String, u32>,
+    /// Egress refusal events sent to the caller in this turn.
+    pub egress_events: u32,
 }
 
 /// A path an ALLOWed edit covers, with the decision that allowed it.
