@@ -158,6 +158,18 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     for r in &egress {
         println!("egress: {r}");
     }
+    // How the adapter reached it: through HTTPS_PROXY/HTTP_PROXY ("connect"/"forward") or, having
+    // bypassed the proxy for loopback, at the mirrored address ("connect-mirrored").
+    let kinds: std::collections::BTreeSet<&str> = egress
+        .iter()
+        .filter(|r| r["allowed"] == true)
+        .filter_map(|r| r["kind"].as_str())
+        .collect();
+    println!("the adapter reached the fake model by: {kinds:?}");
+    assert!(
+        kinds.contains("connect") || kinds.contains("forward"),
+        "the adapter ignored HTTPS_PROXY/HTTP_PROXY (only the mirrored port carried it): {kinds:?}"
+    );
     assert!(
         egress.iter().any(|r| r["allowed"] == true
             && r["host"] == "127.0.0.1"

@@ -219,6 +219,12 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
             && r["setting"] == "agents.scripted.egress_allow"),
         "{ok:#?}"
     );
+    let kinds: Vec<&str> = ok
+        .iter()
+        .filter(|r| r["host"] == "127.0.0.1")
+        .filter_map(|r| r["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["connect", "connect-mirrored"], "{ok:#?}");
     for r in ok.iter().filter(|r| r["host"] == "127.0.0.1") {
         assert_eq!(r["host"], "127.0.0.1");
         assert_eq!(r["port"], allowed);
@@ -400,4 +406,50 @@ async fn a_proxy_agent_without_bubblewrap_is_refused_with_the_reason() {
     assert!(msg.contains("network = \"proxy\""), "{msg}");
     assert!(msg.contains("bubblewrap"), "{msg}");
     assert!(msg.contains("[sandbox] bubblewrap = false"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_a2a_caller_sees_the_refusal_naming_the_host_and_the_setting() {
+    if !bwrap_works() {
+        return;
+    }
+    let opts = warden_e2e::Options {
+        sets: vec![
+            (
+                "supervisor".into(),
+                "agents.scripted.network=\"proxy\"".into(),
+            ),
+            (
+                "supervisor".into(),
+                "agents.scripted.egress_allow=[]".into(),
+            ),
+        ],
+        ..Default::default()
+    };
+    let d = warden_e2e::Deployment::up(opts).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let task = scenario(json!({"steps": [
+        connect("evil.example", 443, "proxy", ""),
+        {"type": "message", "text": "carried on"}
+    ]}));
+    let mut send = tokio::process::Command::new(warden_e2e::binary("warden"));
+    send.args(["--state-dir", &state, "send", &task])
+        .stdin(std::process::Stdio::null());
+    let out = warden_e2e::run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains("egress to evil.example:443 refused: not in [agents.scripted] egress_allow"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("carried on"),
+        "one refusal does not end the turn: {shown}"
+    );
 }

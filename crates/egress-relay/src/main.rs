@@ -25,6 +25,9 @@ use tokio::sync::Semaphore;
 
 /// Connections relayed at once; more wait in the listener's backlog.
 const MAX_CONNECTIONS: usize = 256;
+/// The mark of a mirrored connection's CONNECT (`warden_egress::MIRROR_HEADER`; spelled here
+/// so the relay stays free of dependencies).
+const MIRROR_HEADER: &str = "X-Warden-Egress-Mirror";
 /// The longest answer head the proxy sends to a mirrored connection's CONNECT.
 const MAX_ANSWER_HEAD: usize = 16 * 1024;
 
@@ -205,8 +208,11 @@ async fn relay(
     if let Some(dest) = mirror {
         // The connection was made to this address directly (a client that bypasses the proxy
         // for loopback): ask the proxy for a tunnel there, then hand over.
-        up.write_all(format!("CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n\r\n").as_bytes())
-            .await?;
+        up.write_all(
+            format!("CONNECT {dest} HTTP/1.1\r\nHost: {dest}\r\n{MIRROR_HEADER}: 1\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
         let mut head = Vec::new();
         let mut buf = [0u8; 1024];
         let end = loop {

@@ -22,5 +22,7 @@ pub use address::{Cidr, never_connectable, non_public};
 pub use allow::{
     AllowEntry, Allowlist, Destination, EntryError, HostError, Matched, check_addresses,
 };
-pub use request::{MAX_HEAD_BYTES, ProxyRequest, RequestError, head_end, parse as parse_request};
+pub use request::{
+    MAX_HEAD_BYTES, MIRROR_HEADER, ProxyRequest, RequestError, head_end, parse as parse_request,
+};
 pub use url::HttpUrl;

@@ -7,6 +7,10 @@ use crate::url::HttpUrl;
 
 /// The longest request head accepted; a longer one is answered 431.
 pub const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The header with which warden-egress-relay marks the CONNECT it makes for a connection to a
+/// mirrored loopback address.
+pub const MIRROR_HEADER: &str = "X-Warden-Egress-Mirror";
+
 /// Header lines at most.
 const MAX_HEADERS: usize = 100;
 
@@ -18,8 +22,10 @@ pub fn head_end(buf: &[u8]) -> Option<usize> {
 /// A parsed proxy request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProxyRequest {
-    /// A tunnel to `dest`: answer `200` and relay bytes.
-    Connect { dest: Destination },
+    /// A tunnel to `dest`: answer `200` and relay bytes. `mirrored`: the request carries
+    /// [`MIRROR_HEADER`], the relay's mark for a connection the client made to a mirrored
+    /// loopback address instead of the proxy (informational: anything in the sandbox can send it).
+    Connect { dest: Destination, mirrored: bool },
     /// A plain-HTTP request for `dest`: send `head` (origin form, `Host` set from the URL,
     /// hop-by-hop and `Proxy-*` headers removed, `Connection: close`) and relay the rest.
     Forward {
@@ -32,7 +38,7 @@ pub enum ProxyRequest {
 impl ProxyRequest {
     pub fn dest(&self) -> &Destination {
         match self {
-            ProxyRequest::Connect { dest } | ProxyRequest::Forward { dest, .. } => dest,
+            ProxyRequest::Connect { dest, .. } | ProxyRequest::Forward { dest, .. } => dest,
         }
     }
 }
@@ -128,7 +134,10 @@ pub fn parse(head: &[u8]) -> Result<ProxyRequest, RequestError> {
     let target_err = |e: EntryError| RequestError::Target(e.to_string());
     if method.eq_ignore_ascii_case("CONNECT") {
         let dest = Destination::parse_authority(target).map_err(target_err)?;
-        return Ok(ProxyRequest::Connect { dest });
+        let mirrored = headers
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(MIRROR_HEADER));
+        return Ok(ProxyRequest::Connect { dest, mirrored });
     }
     if !target
         .get(..7)
@@ -180,8 +189,18 @@ mod tests {
             parse(b"CONNECT API.Anthropic.com:443 HTTP/1.1\r\nHost: api.anthropic.com:443\r\n\r\n")
                 .unwrap();
         assert_eq!(r.dest().to_string(), "api.anthropic.com:443");
-        let r = parse(b"CONNECT [::ffff:127.0.0.1]:80 HTTP/1.1\r\n\r\n").unwrap();
+        assert!(matches!(
+            r,
+            ProxyRequest::Connect {
+                mirrored: false,
+                ..
+            }
+        ));
+        let r =
+            parse(b"CONNECT [::ffff:127.0.0.1]:80 HTTP/1.1\r\nx-warden-egress-mirror: 1\r\n\r\n")
+                .unwrap();
         assert_eq!(r.dest().host, "::ffff:127.0.0.1");
+        assert!(matches!(r, ProxyRequest::Connect { mirrored: true, .. }));
         for bad in [
             &b"CONNECT api.anthropic.com HTTP/1.1\r\n\r\n"[..],
             b"CONNECT 127.1:80 HTTP/1.1\r\n\r\n",

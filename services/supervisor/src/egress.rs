@@ -283,6 +283,7 @@ async fn handle(mut s: UnixStream, ctx: &Ctx) -> Outcome {
         }
     };
     o.kind = match req {
+        ProxyRequest::Connect { mirrored: true, .. } => "connect-mirrored",
         ProxyRequest::Connect { .. } => "connect",
         ProxyRequest::Forward { .. } => "forward",
     };

@@ -231,7 +231,9 @@ pub struct EgressRecord {
     /// The turn running when the connection was made ("" between turns).
     pub task_id: String,
     pub agent: String,
-    /// "connect" (a tunnel), "forward" (plain HTTP), "invalid" (no destination could be read).
+    /// "connect" (a tunnel), "connect-mirrored" (a tunnel the relay opened for a connection the
+    /// agent made to a mirrored loopback address; the relay's mark, informational), "forward"
+    /// (plain HTTP), "invalid" (no destination could be read).
     pub kind: &'static str,
     pub host: String,
     pub port: u16,
