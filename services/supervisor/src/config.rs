@@ -645,6 +645,7 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         ("limits.output_bytes", l.output_bytes as u64),
         ("limits.transcript_bytes", l.transcript_bytes as u64),
         ("limits.handshake_deadline_ms", l.handshake_deadline_ms),
+        ("limits.egress_connections", l.egress_connections as u64),
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(&origin, key, "must be > 0"));
@@ -790,6 +791,50 @@ mod tests {
         let e = load(None, &["agents.scripted.termnial=true".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.scripted"), "{e}");
         assert!(e.to_string().contains("termnial"), "{e}");
+    }
+
+    #[test]
+    fn the_egress_allowlist_is_the_entries_and_every_base_url_of_the_environment() {
+        let s = load(
+            None,
+            &[
+                "agents.claude.egress_allow=[\"api.anthropic.com:443\", \"*.corp.example:443\"]"
+                    .into(),
+            ],
+        )
+        .unwrap();
+        let (_, a) = s.agent("claude").unwrap();
+        let env = warden_sandbox::EnvPolicy::new(
+            ["ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OTHER"],
+            [""; 0],
+        )
+        .unwrap()
+        .build_from([
+            (
+                "ANTHROPIC_BASE_URL".into(),
+                "http://127.0.0.1:8080/v1".into(),
+            ),
+            ("OPENAI_BASE_URL".into(), "not a url".into()),
+            ("OTHER".into(), "http://evil.example/".into()),
+        ]);
+        let l = s.egress_allowlist("claude", a, &env);
+        let d = |h: &str, p| warden_egress::Destination::new(h, p).unwrap();
+        let m = l
+            .find(&d("127.0.0.1", 8080))
+            .expect("the base URL is allowed");
+        assert_eq!(m.source, "ANTHROPIC_BASE_URL");
+        assert_eq!(
+            l.find(&d("api.anthropic.com", 443)).unwrap().source,
+            "agents.claude.egress_allow"
+        );
+        assert!(l.find(&d("x.corp.example", 443)).is_some());
+        assert!(
+            l.find(&d("evil.example", 80)).is_none(),
+            "only *_BASE_URL variables count"
+        );
+        assert!(l.find(&d("127.0.0.1", 8081)).is_none());
+        let e = load(None, &["limits.egress_connections=0".into()]).unwrap_err();
+        assert!(e.to_string().contains("limits.egress_connections"), "{e}");
     }
 
     #[test]
