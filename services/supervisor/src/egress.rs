@@ -442,3 +442,129 @@ async fn answer(s: &mut UnixStream, status: u16, why: &str) -> std::io::Result<(
     s.write_all(msg.as_bytes()).await?;
     s.shutdown().await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<EgressRecord>>);
+
+    impl Report for Seen {
+        fn task_id(&self) -> String {
+            "t".into()
+        }
+        fn connection(&self, rec: &EgressRecord) {
+            self.0.lock().unwrap().push(rec.clone());
+        }
+    }
+
+    fn proxy(dir: &Path, peer_uid: u32, max: usize, allow: &[&str]) -> (EgressProxy, Arc<Seen>) {
+        let mut l = Allowlist::new();
+        for a in allow {
+            l.push(warden_egress::AllowEntry::parse(a).unwrap(), "test");
+        }
+        let seen = Arc::new(Seen::default());
+        let p = EgressProxy::start(
+            dir,
+            ProxyConfig {
+                context_id: "c".into(),
+                agent: "a".into(),
+                allow: l,
+                peer_uid,
+                max_connections: max,
+            },
+            seen.clone(),
+        )
+        .unwrap();
+        (p, seen)
+    }
+
+    async fn ask(p: &EgressProxy, req: &str) -> String {
+        let mut s = UnixStream::connect(p.dir().join(warden_sandbox::EGRESS_SOCKET_NAME))
+            .await
+            .unwrap();
+        let _ = s.write_all(req.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn me() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    #[tokio::test]
+    async fn another_uid_gets_nothing_and_the_agent_uid_gets_the_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, seen) = proxy(dir.path(), me().wrapping_add(1), 4, &[]);
+        let got = ask(&p, "CONNECT evil.example:443 HTTP/1.1\r\n\r\n").await;
+        assert_eq!(got, "", "a peer of another uid is dropped unanswered");
+        assert!(seen.0.lock().unwrap().is_empty());
+        let (p, seen) = proxy(dir.path(), me(), 4, &[]);
+        let got = ask(&p, "CONNECT evil.example:443 HTTP/1.1\r\n\r\n").await;
+        assert!(got.starts_with("HTTP/1.1 403 "), "{got}");
+        assert!(
+            got.contains("egress to evil.example:443 refused: not in [agents.a] egress_allow"),
+            "{got}"
+        );
+        let recs = seen.0.lock().unwrap().clone();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].host.as_str(), recs[0].port, recs[0].allowed),
+            ("evil.example", 443, false)
+        );
+        assert_eq!(recs[0].setting, "agents.a.egress_allow");
+        assert_eq!(recs[0].task_id, "t");
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_get_503_and_the_tunnel_relays_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = echo.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 64];
+                    if let Ok(n) = s.read(&mut b).await {
+                        let _ = s.write_all(&b[..n]).await;
+                    }
+                });
+            }
+        });
+        let (p, seen) = proxy(dir.path(), me(), 1, &[&format!("127.0.0.1:{port}")]);
+        // One connection holds the only slot (it sends nothing yet).
+        let sock = p.dir().join(warden_sandbox::EGRESS_SOCKET_NAME);
+        let mut held = UnixStream::connect(&sock).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let got = ask(&p, &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")).await;
+        assert!(got.starts_with("HTTP/1.1 503 "), "{got}");
+        assert!(got.contains("limits.egress_connections"), "{got}");
+        // The held one goes on: a tunnel, with bytes sent right after the head.
+        held.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping").as_bytes())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut out)).await;
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "HTTP/1.1 200 Connection established\r\n\r\nping"
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let recs = seen.0.lock().unwrap().clone();
+        let ok = recs
+            .iter()
+            .find(|r| r.allowed)
+            .expect("the tunnel is recorded");
+        assert_eq!(ok.address, format!("127.0.0.1:{port}"));
+        assert_eq!((ok.bytes_up, ok.bytes_down), (4, 4));
+        assert!(recs.iter().any(|r| r.status == 503));
+        // Dropping the proxy removes its directory.
+        let d = p.dir().to_path_buf();
+        drop(p);
+        assert!(!d.exists());
+    }
+}

@@ -256,45 +256,43 @@ pub struct EgressRecord {
 /// file with more than one link.
 fn open_append(path: &Path) -> Result<File, RecordError> {
     let path = path.to_path_buf();
-    {
-        let f = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            // NONBLOCK: a FIFO planted in its place cannot stall the open.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|source| {
-                if source.raw_os_error() == Some(libc::ELOOP) {
-                    RecordError::Refused {
-                        path: path.clone(),
-                        why: "it is a symlink",
-                    }
-                } else {
-                    RecordError::Create {
-                        path: path.clone(),
-                        source,
-                    }
+    let f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        // NONBLOCK: a FIFO planted in its place cannot stall the open.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(libc::ELOOP) {
+                RecordError::Refused {
+                    path: path.clone(),
+                    why: "it is a symlink",
                 }
-            })?;
-        let meta = f.metadata().map_err(|source| RecordError::Write {
-            path: path.clone(),
-            source,
+            } else {
+                RecordError::Create {
+                    path: path.clone(),
+                    source,
+                }
+            }
         })?;
-        if !meta.file_type().is_file() {
-            return Err(RecordError::Refused {
-                path,
-                why: "not a regular file",
-            });
-        }
-        if meta.nlink() != 1 {
-            return Err(RecordError::Refused {
-                path,
-                why: "it has more than one link",
-            });
-        }
-        Ok(f)
+    let meta = f.metadata().map_err(|source| RecordError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(RecordError::Refused {
+            path,
+            why: "not a regular file",
+        });
     }
+    if meta.nlink() != 1 {
+        return Err(RecordError::Refused {
+            path,
+            why: "it has more than one link",
+        });
+    }
+    Ok(f)
 }
 
 /// One turn's transcript: JSON lines, bounded; past the bound one `truncated` line is written
