@@ -365,7 +365,9 @@ impl crate::egress::Report for EgressReport {
             let mut st = turn.lock();
             st.egress_events += 1;
             let shown = st.egress_events;
-            let n = if rec.host.is_empty() {
+            // Refusals by the rules count; a destination that could not be reached (5xx) does
+            // not end the turn.
+            let n = if rec.host.is_empty() || rec.status >= 500 {
                 0
             } else {
                 let n = st

@@ -247,16 +247,23 @@ fn finish(ctx: &Ctx, o: Outcome, started: Instant) {
     ctx.report.connection(&rec);
 }
 
-/// The message an agent's caller reads for a refusal.
+/// The message an agent's caller reads for a connection that did not go through: "refused" when
+/// the rules said no (403) or the request was unreadable (4xx), "failed" when the destination
+/// could not be resolved or reached (5xx).
 pub fn refusal_message(rec: &EgressRecord) -> String {
+    let what = if rec.status >= 500 {
+        "failed"
+    } else {
+        "refused"
+    };
     if rec.host.is_empty() {
-        format!("egress request refused: {}", rec.reason)
+        format!("egress request {what}: {}", rec.reason)
     } else {
         let d = Destination {
             host: rec.host.clone(),
             port: rec.port,
         };
-        format!("egress to {d} refused: {}", rec.reason)
+        format!("egress to {d} {what}: {}", rec.reason)
     }
 }
 
@@ -307,6 +314,12 @@ async fn handle(mut s: UnixStream, ctx: &Ctx) -> Outcome {
     let addr = match check_addresses(&dest, &matched, &addrs) {
         Ok(a) => a,
         Err(why) => {
+            // Every address the name resolved to, for the record.
+            o.address = addrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             o.refuse(403, why, matched.source.clone());
             let _ = answer(&mut s, 403, &refusal_text(&dest, &o.reason)).await;
             return o;

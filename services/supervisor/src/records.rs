@@ -237,7 +237,8 @@ pub struct EgressRecord {
     pub kind: &'static str,
     pub host: String,
     pub port: u16,
-    /// The checked address connected to ("" when refused before or without one).
+    /// The checked address connected to; for a refusal of what the name resolved to, every
+    /// address it resolved to (comma-separated); "" when refused before resolving.
     pub address: String,
     pub allowed: bool,
     /// The status answered to the agent (200 for an open tunnel, 403 refused, ...).
