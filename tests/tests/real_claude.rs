@@ -103,41 +103,8 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     };
     let mut d = Deployment::new(Options::default());
     let model = fake_anthropic(d.dir.path()).await;
-    // node_modules: the adapter and the Claude Code it runs, read-only inside the sandbox.
-    let modules = entry
-        .parent()
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    let set_env = format!(
-        "{{ ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ANTHROPIC_API_KEY = \"sk-ant-fake-key\", \
-         IS_SANDBOX = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
-         DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\" }}",
-        model.port
-    );
-    let sup = |kv: String| ("supervisor".to_string(), kv);
-    d.opts.sets = vec![
-        sup(format!(
-            "agents.claude-test.command={:?}",
-            node.to_string_lossy()
-        )),
-        sup(format!(
-            "agents.claude-test.args=[{:?}]",
-            entry.to_string_lossy()
-        )),
-        // For now: the agent shares the host's network to reach the fake model on loopback.
-        sup("agents.claude-test.network=\"host\"".into()),
-        sup(format!("agents.claude-test.set_env={set_env}")),
-        sup(format!(
-            "agents.claude-test.read_only_paths=[{:?}]",
-            modules.to_string_lossy()
-        )),
-        sup("agents.claude-test.supervised_mode=\"default\"".into()),
-        sup("agents.claude-test.supervised_modes=[\"plan\"]".into()),
-        sup("limits.handshake_deadline_ms=30000".into()),
-    ];
+    let base = format!("ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ", model.port);
+    d.opts.sets = claude_sets(&node, &entry, &base);
     for name in ["policy", "supervisor", "gateway"] {
         d.start(name).await;
     }
@@ -186,4 +153,148 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     // Both writes were the model's, through the adapter.
     assert!(model_log.contains("hello.txt"), "{ctx}");
     assert!(model_log.contains("/etc/warden-claude-denied"), "{ctx}");
+    // ... which reached the model only through the egress proxy: recorded with the conversation.
+    let egress = egress_records(&d.dir.path().join("supervisor/egress"));
+    for r in &egress {
+        println!("egress: {r}");
+    }
+    // How the adapter reached it: through HTTPS_PROXY/HTTP_PROXY ("connect"/"forward") or, having
+    // bypassed the proxy for loopback, at the mirrored address ("connect-mirrored").
+    let kinds: std::collections::BTreeSet<&str> = egress
+        .iter()
+        .filter(|r| r["allowed"] == true)
+        .filter_map(|r| r["kind"].as_str())
+        .collect();
+    println!("the adapter reached the fake model by: {kinds:?}");
+    assert!(
+        kinds.contains("connect") || kinds.contains("forward"),
+        "the adapter ignored HTTPS_PROXY/HTTP_PROXY (only the mirrored port carried it): {kinds:?}"
+    );
+    assert!(
+        egress.iter().any(|r| r["allowed"] == true
+            && r["host"] == "127.0.0.1"
+            && r["port"] == model.port
+            && r["setting"] == "ANTHROPIC_BASE_URL"
+            && r["bytes_down"].as_u64().unwrap_or(0) > 0),
+        "no recorded egress to the fake model: {egress:#?}\n{ctx}"
+    );
+}
+
+#[tokio::test]
+async fn a_model_endpoint_not_allowed_fails_the_turn_in_seconds_naming_the_host_and_the_setting() {
+    let (node, entry) = match adapter() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!("SKIPPED claude_code_acp test: {why}");
+            return;
+        }
+    };
+    // No base URL: the adapter calls api.anthropic.com:443, which claude-test's (empty)
+    // egress_allow does not name.
+    let mut d = Deployment::new(Options::default());
+    d.opts.sets = claude_sets(&node, &entry, "");
+    for name in ["policy", "supervisor", "gateway"] {
+        d.start(name).await;
+    }
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args([
+        "--state-dir",
+        &state,
+        "send",
+        "--agent",
+        "claude-test",
+        "say hello",
+    ])
+    .stdin(Stdio::null());
+    let started = std::time::Instant::now();
+    let out = run_with_deadline(&mut send, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let egress = egress_records(&d.dir.path().join("supervisor/egress"));
+    let ctx = format!("took {took:?}\n{shown}\n-- egress --\n{egress:#?}");
+    assert!(
+        shown.contains(
+            "egress to api.anthropic.com:443 refused: not in [agents.claude-test] egress_allow"
+        ),
+        "{ctx}"
+    );
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "the task must not complete: {ctx}"
+    );
+    assert!(
+        egress.iter().any(|r| r["allowed"] == false
+            && r["host"] == "api.anthropic.com"
+            && r["status"] == 403),
+        "{ctx}"
+    );
+    assert!(
+        egress.iter().all(|r| r["allowed"] == false),
+        "nothing may have gone out: {ctx}"
+    );
+    // Seconds after the adapter started, not minutes of retries (start-up included).
+    assert!(took < Duration::from_secs(60), "{ctx}");
+    println!("refused model endpoint: the task ended after {took:?}");
+}
+
+/// The supervisor's `--set`s of the `claude-test` agent: the installed adapter under node, in
+/// its own network namespace (`network = "proxy"`, no `egress_allow` entry), with `base` (an
+/// `ANTHROPIC_BASE_URL = "...", ` or nothing) in its fixed environment.
+fn claude_sets(node: &Path, entry: &Path, base: &str) -> Vec<(String, String)> {
+    // node_modules: the adapter and the Claude Code it runs, read-only inside the sandbox.
+    let modules = entry
+        .parent()
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let set_env = format!(
+        "{{ {base}ANTHROPIC_API_KEY = \"sk-ant-fake-key\", \
+         IS_SANDBOX = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
+         DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\" }}"
+    );
+    let sup = |kv: String| ("supervisor".to_string(), kv);
+    vec![
+        sup(format!(
+            "agents.claude-test.command={:?}",
+            node.to_string_lossy()
+        )),
+        sup(format!(
+            "agents.claude-test.args=[{:?}]",
+            entry.to_string_lossy()
+        )),
+        // Its own network namespace: the fake model on loopback is reachable only through the
+        // egress proxy, allowed because ANTHROPIC_BASE_URL names it (no egress_allow entry).
+        sup("agents.claude-test.network=\"proxy\"".into()),
+        sup(format!("agents.claude-test.set_env={set_env}")),
+        sup(format!(
+            "agents.claude-test.read_only_paths=[{:?}]",
+            modules.to_string_lossy()
+        )),
+        sup("agents.claude-test.supervised_mode=\"default\"".into()),
+        sup("agents.claude-test.supervised_modes=[\"plan\"]".into()),
+        sup("limits.handshake_deadline_ms=30000".into()),
+    ]
+}
+
+/// Every egress record line of every conversation under `dir`.
+fn egress_records(dir: &Path) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        }
+    }
+    out
 }

@@ -581,6 +581,19 @@ pub fn check() -> Report {
             "bubblewrap is missing (apt install bubblewrap): agents run without the OS sandbox",
         ),
     }
+    match features.proxy_egress() {
+        Ok(()) if as_agent != Some(false) => r.pass(
+            "proxy egress available: agents with network = \"proxy\" (the built-in claude and codex) reach only their egress_allow",
+        ),
+        Ok(()) => r.add(
+            Level::Warn,
+            "proxy egress unavailable as an agent (bubblewrap fails for the agent uid): network = \"proxy\" agents are refused",
+        ),
+        Err(why) => r.add(
+            Level::Warn,
+            format!("proxy egress unavailable ({why}): network = \"proxy\" agents (the built-in claude and codex) are refused"),
+        ),
+    }
     let systemd = Path::new("/run/systemd/system").is_dir();
     match (&features.cgroup2_mount, systemd) {
         (None, _) => r.add(

@@ -88,7 +88,9 @@ default = "scripted"
 # args = ["/opt/adapters/node_modules/@zed-industries/claude-code-acp/dist/index.js"]
 # env = ["ANTHROPIC_API_KEY"]          # names passed through from warden up's environment
 # set_env = {{ IS_SANDBOX = "1" }}       # fixed values
-# network = "host"                     # "none" (default) | "host"
+# network = "proxy"                    # "none" (default) | "proxy" (own namespace, out only
+#                                      # through the egress proxy) | "host" (the host's network)
+# egress_allow = ["api.anthropic.com:443"]  # with "proxy"; every *_BASE_URL of its env is added
 # read_only_paths = ["/opt/adapters"]  # what it may read besides the system under bubblewrap
 # supervised_mode = "default"
 

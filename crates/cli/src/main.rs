@@ -341,6 +341,7 @@ async fn main() -> ExitCode {
                 "warden-supervisor",
                 "warden-gateway",
                 "warden-scripted-agent",
+                "warden-egress-relay",
             ] {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });

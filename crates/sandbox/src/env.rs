@@ -125,6 +125,23 @@ impl ChildEnv {
             .insert(OsString::from("HOME"), home.as_os_str().to_os_string());
     }
 
+    /// The proxy variables of an agent whose only way out is the egress relay at
+    /// `http://127.0.0.1:<port>` inside its namespace (replacing any the operator passed).
+    pub(crate) fn set_proxy(&mut self, port: u16) {
+        let url = format!("http://127.0.0.1:{port}");
+        for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
+            self.vars.insert(OsString::from(k), OsString::from(&url));
+        }
+        // Node.js 24+ reads the variables above for its built-in fetch and http only with this.
+        self.vars
+            .insert(OsString::from("NODE_USE_ENV_PROXY"), OsString::from("1"));
+        // Nothing bypasses the proxy by configuration: a client that bypasses it for loopback
+        // anyway finds the mirrored loopback ports.
+        for k in ["NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"] {
+            self.vars.remove(OsStr::new(k));
+        }
+    }
+
     /// The account name an agent sees in `USER`/`LOGNAME` once it runs as its own identity
     /// (the supervisor's would name an account that is not the agent's).
     pub(crate) fn set_user(&mut self, name: &str) {

@@ -35,6 +35,16 @@ pub struct HostFeatures {
 }
 
 impl HostFeatures {
+    /// Whether agents with `network = "proxy"` can run here: they need bubblewrap's network
+    /// namespace (a supervisor without it refuses them, never giving them the host's network).
+    pub fn proxy_egress(&self) -> Result<(), String> {
+        match (&self.bwrap_path, self.bwrap_works) {
+            (None, _) => Err("bubblewrap is missing".into()),
+            (Some(_), false) => Err("bubblewrap does not work here".into()),
+            (Some(_), true) => Ok(()),
+        }
+    }
+
     /// Limits that cannot be applied here because the controller is missing.
     pub fn missing_limit_controllers(&self) -> Vec<&'static str> {
         ["memory", "pids", "cpu"]
@@ -236,6 +246,16 @@ impl fmt::Display for HostFeatures {
         }
         writeln!(f, "  user namespaces:    {}", yn(self.user_namespaces))?;
         writeln!(f, "  network namespaces: {}", yn(self.network_namespaces))?;
+        match self.proxy_egress() {
+            Ok(()) => writeln!(
+                f,
+                "  proxy egress:       available (network = \"proxy\": own namespace, the supervisor's egress proxy)"
+            )?,
+            Err(why) => writeln!(
+                f,
+                "  proxy egress:       UNAVAILABLE ({why}): agents with network = \"proxy\" (the built-in claude and codex) are refused"
+            )?,
+        }
         match self.landlock_abi {
             Some(v) => writeln!(f, "  landlock:           ABI {v}")?,
             None => writeln!(f, "  landlock:           unavailable")?,

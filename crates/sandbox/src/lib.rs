@@ -50,7 +50,10 @@ pub use kill::{
 pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;
 pub use roots::{Boundary, OwnedRoots, Profile, WorkspacePolicy, sanitize_label};
-pub use spawn::{Containment, Network, SpawnSpec, SpawnedAgent, Spawner};
+pub use spawn::{
+    Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, Network, SpawnSpec,
+    SpawnedAgent, Spawner,
+};
 
 use std::path::{Path, PathBuf};
 

@@ -48,6 +48,30 @@ pub enum Network {
     None,
     /// The host's network (a real agent must reach its model API).
     Host,
+    /// Own network namespace, loopback only, and the egress relay in front of the program
+    /// ([`SpawnSpec::egress`]): the only way out is the supervisor's proxy. Needs bubblewrap; a
+    /// spawn without it is refused (never the host's network instead).
+    Proxy,
+}
+
+/// Where the sandbox finds the directory holding the proxy's socket.
+pub const EGRESS_DIR_INSIDE: &str = "/run/warden-egress";
+/// The socket's name in that directory.
+pub const EGRESS_SOCKET_NAME: &str = "proxy.sock";
+
+/// The egress relay of a `Network::Proxy` spawn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressSpec {
+    /// The `warden-egress-relay` binary (bound read-only).
+    pub relay: PathBuf,
+    /// The host directory holding the proxy's socket [`EGRESS_SOCKET_NAME`], bound read-only at
+    /// [`EGRESS_DIR_INSIDE`].
+    pub socket_dir: PathBuf,
+    /// The loopback port inside the namespace the proxy variables name.
+    pub port: u16,
+    /// Loopback addresses the relay also listens on, each tunnelled as a CONNECT to itself (the
+    /// explicitly allowed `127.0.0.1:PORT` destinations, for clients that bypass proxies there).
+    pub mirrors: Vec<std::net::SocketAddr>,
 }
 
 /// Everything needed to start one agent.
@@ -70,6 +94,8 @@ pub struct SpawnSpec {
     /// Further directories the program needs read-only under bubblewrap (an interpreter's
     /// install tree, for instance).
     pub extra_ro_binds: Vec<PathBuf>,
+    /// With `Network::Proxy`: the relay and the proxy's socket.
+    pub egress: Option<EgressSpec>,
 }
 
 impl SpawnSpec {
@@ -92,6 +118,7 @@ impl SpawnSpec {
             network: Network::None,
             home: None,
             extra_ro_binds: Vec::new(),
+            egress: None,
         }
     }
 }
@@ -247,6 +274,18 @@ impl Spawner {
     /// limit, when the working directory is outside the root, or when the program is missing.
     pub fn spawn(&self, spec: SpawnSpec) -> Result<SpawnedAgent, SandboxError> {
         let child_depth = spec.depth.child_depth()?;
+        if spec.network == Network::Proxy {
+            if self.bwrap.is_none() {
+                return Err(SandboxError::InvalidInput(
+                    "network = \"proxy\" needs bubblewrap's network namespaces, and bubblewrap is off or not working on this host (warden doctor says which); refusing rather than giving the agent the host's network".into(),
+                ));
+            }
+            if spec.egress.is_none() {
+                return Err(SandboxError::InvalidInput(
+                    "network = \"proxy\" without an egress relay".into(),
+                ));
+            }
+        }
         let identity = self.identity_for_spawn(&spec.conversation_id)?;
         let root = &spec.boundary.root;
         let cwd = match &spec.cwd {
@@ -290,8 +329,13 @@ impl Spawner {
         // path it needs by its own rights: say which one blocks rather than let bubblewrap fail
         // with a bare EACCES after the spawn.
         if let Some(who) = identity {
+            let egress_dirs = spec
+                .egress
+                .as_ref()
+                .map(|e| [e.relay.parent(), Some(e.socket_dir.as_path())]);
             let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
                 .into_iter()
+                .chain(egress_dirs.into_iter().flatten())
                 .flatten()
                 .map(Path::to_path_buf)
                 .chain(spec.extra_ro_binds.iter().filter_map(|p| {
@@ -319,6 +363,9 @@ impl Spawner {
         }
         if identity.is_some() {
             env.set_user(AGENT_NAME);
+        }
+        if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
+            env.set_proxy(e.port);
         }
         // What bubblewrap binds read-only over the writable root and home: checked and created
         // here, before any process of this spawn exists (see control.rs on planted symlinks).
@@ -401,6 +448,17 @@ impl Spawner {
                 control: &control,
             };
             cmd.args(bwrap_args(&plan));
+        }
+        if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
+            cmd.arg(&e.relay)
+                .arg("--socket")
+                .arg(Path::new(EGRESS_DIR_INSIDE).join(EGRESS_SOCKET_NAME))
+                .arg("--listen")
+                .arg(format!("127.0.0.1:{}", e.port));
+            for m in &e.mirrors {
+                cmd.arg("--mirror").arg(m.to_string());
+            }
+            cmd.arg("--");
         }
         cmd.arg(&program).args(&spec.args);
         cmd.env_clear();
@@ -670,7 +728,7 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         "--cap-drop".as_ref(),
         "ALL".as_ref(),
     ]);
-    if spec.network == Network::None {
+    if matches!(spec.network, Network::None | Network::Proxy) {
         push(&["--unshare-net".as_ref()]);
     }
     let mut bound: Vec<PathBuf> = Vec::new();
@@ -733,11 +791,26 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         let how = if c.pin_only { "--bind" } else { "--ro-bind" };
         push(&[how.as_ref(), p, p]);
     }
-    // The program's own directory (e.g. `target/debug`) when nothing above binds it.
-    if let Some(dir) = plan.program.parent()
-        && !bound.iter().any(|b| dir.starts_with(b))
-    {
-        push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
+    // The program's own directory (e.g. `target/debug`) when nothing above binds it, and the
+    // egress relay's.
+    let relay_dir = match (spec.network, &spec.egress) {
+        (Network::Proxy, Some(e)) => e.relay.parent(),
+        _ => None,
+    };
+    for dir in [plan.program.parent(), relay_dir].into_iter().flatten() {
+        if !bound.iter().any(|b| dir.starts_with(b)) {
+            push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
+            bound.push(dir.to_path_buf());
+        }
+    }
+    // The proxy's socket: read-only (connecting needs no write access to the mount), so the
+    // agent cannot replace it.
+    if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
+        push(&[
+            "--ro-bind".as_ref(),
+            e.socket_dir.as_os_str(),
+            EGRESS_DIR_INSIDE.as_ref(),
+        ]);
     }
     // The sandbox's own `/` is a tmpfs holding the mount points bwrap created (every parent of
     // the root, for instance); without this, writes there would succeed (into memory) and look
@@ -785,6 +858,15 @@ mod tests {
     use crate::env::EnvPolicy;
 
     fn args_of(profile: Profile, control: &[ControlBind]) -> Vec<String> {
+        args_with(profile, control, Network::None, None)
+    }
+
+    fn args_with(
+        profile: Profile,
+        control: &[ControlBind],
+        network: Network,
+        egress: Option<EgressSpec>,
+    ) -> Vec<String> {
         let env = EnvPolicy::new([""; 0], [""; 0])
             .expect("policy")
             .build_from(std::iter::empty::<(OsString, OsString)>());
@@ -801,6 +883,9 @@ mod tests {
             env,
             DepthGuard::from_marker(None, 1),
         );
+        let mut spec = spec;
+        spec.network = network;
+        spec.egress = egress;
         let who = AgentIdentity {
             uid: 61000,
             gid: 61000,
@@ -831,6 +916,29 @@ mod tests {
     fn pos(args: &[String], window: &[&str]) -> Option<usize> {
         args.windows(window.len())
             .position(|w| w.iter().zip(window).all(|(a, b)| a == b))
+    }
+
+    #[test]
+    fn proxy_egress_is_its_own_namespace_with_the_socket_read_only_and_the_relay_bound() {
+        let e = EgressSpec {
+            relay: PathBuf::from("/opt/warden/bin/warden-egress-relay"),
+            socket_dir: PathBuf::from("/srv/state/egress/c-1"),
+            port: 3128,
+            mirrors: vec![],
+        };
+        let a = args_with(Profile::WorkspaceWrite, &[], Network::Proxy, Some(e));
+        assert!(a.iter().any(|x| x == "--unshare-net"), "{a:?}");
+        let sock = pos(
+            &a,
+            &["--ro-bind", "/srv/state/egress/c-1", EGRESS_DIR_INSIDE],
+        )
+        .unwrap();
+        let relay = pos(&a, &["--ro-bind", "/opt/warden/bin", "/opt/warden/bin"]).unwrap();
+        let ro = pos(&a, &["--remount-ro", "/"]).unwrap();
+        assert!(sock < ro && relay < ro, "{a:?}");
+        let host = args_with(Profile::WorkspaceWrite, &[], Network::Host, None);
+        assert!(!host.iter().any(|x| x == "--unshare-net"), "{host:?}");
+        assert!(!host.iter().any(|x| x == EGRESS_DIR_INSIDE), "{host:?}");
     }
 
     #[test]

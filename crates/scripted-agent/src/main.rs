@@ -17,6 +17,7 @@
 //! prompt (`write FILE`, `run CMD`, `read FILE`). See `scenarios/README.md`.
 
 mod agent;
+mod net;
 mod scenario;
 mod turn;
 mod vocab;

@@ -110,6 +110,17 @@ pub struct ToolStep {
     pub withdraw_after_ms: Option<u64>,
 }
 
+/// How a `connect` step reaches its destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConnectVia {
+    #[default]
+    Proxy,
+    Direct,
+    ProxyRaw,
+    Socket,
+}
+
 /// One scenario step.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
@@ -221,6 +232,27 @@ pub enum Step {
     },
     /// A message saying the session's model and thought level (`model=… thought_level=…`).
     ReportConfig,
+    /// Open a network connection and report the outcome as a message line
+    /// `connect-result: {json}` (for egress tests).
+    Connect {
+        /// Destination host (a name or an IP literal, as sent).
+        #[serde(default)]
+        host: String,
+        /// Destination port.
+        #[serde(default)]
+        port: u16,
+        /// `proxy` (a CONNECT through `HTTPS_PROXY`), `direct` (straight to host:port),
+        /// `proxy_raw` (`send` verbatim to the proxy port), `socket` (`send` verbatim to the
+        /// egress proxy's Unix socket itself, bypassing the relay).
+        #[serde(default)]
+        via: ConnectVia,
+        /// Bytes to send once connected (after the tunnel is open with `proxy`).
+        #[serde(default)]
+        send: Option<String>,
+        /// How long to wait for the answer (default 3000 ms).
+        #[serde(default)]
+        read_ms: Option<u64>,
+    },
     /// Write this many bytes to stderr.
     Stderr {
         /// Size.

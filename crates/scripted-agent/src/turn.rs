@@ -245,6 +245,14 @@ impl Turn {
                     self.chunk("agent_message_chunk", &format!("could not spawn the helper: {e}"));
                 }
             }
+            Step::Connect { host, port, via, send, read_ms } => {
+                let wait = Duration::from_millis(read_ms.unwrap_or(3000));
+                let out = tokio::select! {
+                    r = crate::net::connect(&host, port, via, send.as_deref().unwrap_or(""), wait) => r,
+                    _ = self.wait_cancel() => return Flow::Cancelled,
+                };
+                self.chunk("agent_message_chunk", &format!("connect-result: {out}\n"));
+            }
             Step::Stderr { bytes } => {
                 use std::io::Write;
                 let line = format!("{}\n", "e".repeat(1023));

@@ -580,6 +580,17 @@ impl TurnMapper {
                     now,
                 ));
             }
+            Event::EgressRefused(e) => {
+                // A connection the agent's egress proxy refused: a working note naming the
+                // destination and the setting that decides it.
+                self.task_only = true;
+                self.ensure_working(&mut out, now);
+                out.push(self.working_note(
+                    e.message.clone(),
+                    json!({"kind": "egress_refused", "host": e.host, "port": e.port, "address": e.address, "setting": e.setting}),
+                    now,
+                ));
+            }
             Event::Fault(f) => {
                 // The stop that follows carries the outcome; remember the fault in case it does not.
                 self.last_fault = Some(f.clone());
@@ -1391,6 +1402,50 @@ mod tests {
             out.iter()
                 .any(|e| matches!(e, StreamResponse::ArtifactUpdate(a) if a.last_chunk))
         );
+    }
+
+    #[test]
+    fn an_egress_refusal_is_a_working_note_naming_the_host_and_the_setting() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                Event::EgressRefused(warden_proto::v1::EgressRefused {
+                    host: "evil.example".into(),
+                    port: 443,
+                    address: String::new(),
+                    message:
+                        "egress to evil.example:443 refused: not in [agents.claude] egress_allow"
+                            .into(),
+                    setting: "agents.claude.egress_allow".into(),
+                }),
+            ],
+        );
+        let note = out
+            .iter()
+            .find_map(|e| match e {
+                StreamResponse::StatusUpdate(s)
+                    if s.status
+                        .message
+                        .as_ref()
+                        .and_then(|m| m.metadata.as_ref())
+                        .is_some_and(|md| md[META_KEY]["kind"] == "egress_refused") =>
+                {
+                    Some(s)
+                }
+                _ => None,
+            })
+            .expect("an egress note");
+        assert_eq!(note.status.state, TaskState::Working);
+        let msg = note.status.message.as_ref().expect("message");
+        let text = serde_json::to_string(&msg.parts).unwrap_or_default();
+        assert!(text.contains("evil.example:443 refused"), "{text}");
+        assert!(text.contains("[agents.claude] egress_allow"), "{text}");
+        let md = msg.metadata.as_ref().expect("metadata");
+        assert_eq!(md[META_KEY]["host"], "evil.example");
+        assert_eq!(md[META_KEY]["port"], 443);
+        assert_eq!(md[META_KEY]["setting"], "agents.claude.egress_allow");
     }
 
     #[test]

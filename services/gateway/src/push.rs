@@ -13,7 +13,7 @@
 //! check and connect (rebinding) cannot redirect it. Redirects are not followed.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,9 +24,8 @@ use crate::a2a::{StreamResponse, TaskPushNotificationConfig};
 use crate::error::A2aError;
 use crate::store::{PushRecord, TaskStore};
 
-/// Longest accepted config id and webhook URL.
+/// Longest accepted config id (the URL's bound is `warden_egress::url::MAX_URL`).
 const MAX_ID: usize = 128;
-const MAX_URL: usize = 2048;
 
 /// `[push]`: push notifications and the webhook allowlist.
 #[derive(Debug, Clone, Deserialize)]
@@ -139,193 +138,8 @@ impl PushSection {
     }
 }
 
-/// An IP network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    addr: IpAddr,
-    prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Option<Self> {
-        let (a, p) = s.trim().split_once('/')?;
-        let addr: IpAddr = a.parse().ok()?;
-        let prefix: u8 = p.parse().ok()?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        (prefix <= max).then_some(Self { addr, prefix })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        fn masked(bits: u128, prefix: u8, width: u8) -> u128 {
-            if prefix == 0 {
-                0
-            } else {
-                bits >> (width - prefix)
-            }
-        }
-        match (self.addr, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                masked(u32::from(n).into(), self.prefix, 32)
-                    == masked(u32::from(a).into(), self.prefix, 32)
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                masked(u128::from(n), self.prefix, 128) == masked(u128::from(a), self.prefix, 128)
-            }
-            _ => false,
-        }
-    }
-}
-
-/// Why an address is not public, or None when it is a global unicast address.
-pub fn non_public(ip: IpAddr) -> Option<&'static str> {
-    match ip {
-        IpAddr::V4(v4) => non_public_v4(v4),
-        IpAddr::V6(v6) => {
-            // An IPv4 address in IPv6 clothing is judged as the IPv4 address it reaches.
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return non_public_v4(v4);
-            }
-            let seg = v6.segments();
-            // NAT64 (64:ff9b::/96) reaches the embedded IPv4 address.
-            if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                let o = v6.octets();
-                return non_public_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
-            }
-            if v6.is_loopback() {
-                Some("loopback")
-            } else if v6.is_unspecified() {
-                Some("unspecified")
-            } else if v6.is_multicast() {
-                Some("multicast")
-            } else if seg[0] & 0xfe00 == 0xfc00 {
-                Some("private (unique local)")
-            } else if seg[0] & 0xffc0 == 0xfe80 {
-                Some("link-local")
-            } else if seg[0] & 0xffc0 == 0xfec0 {
-                Some("site-local")
-            } else if seg[0] == 0x2001 && seg[1] == 0x0db8 {
-                Some("documentation")
-            } else if seg[..6] == [0, 0, 0, 0, 0, 0] {
-                Some("IPv4-compatible (deprecated)")
-            } else {
-                None
-            }
-        }
-    }
-}
-
-fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let o = ip.octets();
-    if ip.is_loopback() {
-        Some("loopback")
-    } else if ip.is_private() {
-        Some("private")
-    } else if ip.is_link_local() {
-        Some("link-local")
-    } else if ip.is_unspecified() || o[0] == 0 {
-        Some("unspecified (0.0.0.0/8)")
-    } else if o[0] == 100 && (o[1] & 0xc0) == 64 {
-        Some("shared address space (100.64.0.0/10)")
-    } else if ip.is_multicast() {
-        Some("multicast")
-    } else if ip.is_broadcast() || o[0] >= 240 {
-        Some("reserved")
-    } else if ip.is_documentation() || (o[0] == 198 && (o[1] & 0xfe) == 18) {
-        Some("documentation/benchmarking")
-    } else if o[0] == 192 && o[1] == 0 && o[2] == 0 {
-        Some("IETF protocol assignments (192.0.0.0/24)")
-    } else {
-        None
-    }
-}
-
-/// A webhook URL taken apart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WebhookUrl {
-    /// Host as written (brackets removed from an IPv6 literal), lower-cased.
-    pub host: String,
-    pub port: u16,
-    /// The request target: path and query (`/` when empty).
-    pub target: String,
-    /// The `Host` header value.
-    pub authority: String,
-    /// `https`: TLS to the checked address, the certificate verified for `host`.
-    pub tls: bool,
-}
-
-impl WebhookUrl {
-    pub fn parse(url: &str) -> Result<Self, String> {
-        if url.len() > MAX_URL {
-            return Err(format!("the URL is longer than {MAX_URL} characters"));
-        }
-        if url.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err("the URL contains spaces or control characters".into());
-        }
-        let (rest, tls) = if let Some(r) = url.strip_prefix("https://") {
-            (r, true)
-        } else if let Some(r) = url.strip_prefix("http://") {
-            (r, false)
-        } else {
-            return Err("the URL must start with https:// or http://".into());
-        };
-        let (authority, target) = match rest.find(['/', '?', '#']) {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        let target = target.split('#').next().unwrap_or("/");
-        let target = if target.starts_with('?') {
-            format!("/{target}")
-        } else if target.is_empty() {
-            "/".to_string()
-        } else {
-            target.to_string()
-        };
-        if authority.contains('@') {
-            return Err("the URL must not carry user information".into());
-        }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (h, after) = v6
-                .split_once(']')
-                .ok_or("an IPv6 host needs its closing bracket")?;
-            let port = match after {
-                "" => None,
-                p => Some(p.strip_prefix(':').ok_or("bad text after the IPv6 host")?),
-            };
-            h.parse::<Ipv6Addr>()
-                .map_err(|_| format!("{h:?} is not an IPv6 address"))?;
-            (h.to_string(), port)
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (authority.to_string(), None),
-            }
-        };
-        let port = match port {
-            None if tls => 443,
-            None => 80,
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| format!("{p:?} is not a port"))?,
-        };
-        let host = host.to_ascii_lowercase();
-        if host.is_empty()
-            || !host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
-        {
-            return Err(format!("{host:?} is not a host name"));
-        }
-        Ok(Self {
-            host,
-            port,
-            target,
-            authority: authority.to_string(),
-            tls,
-        })
-    }
-}
+/// The one address classification and URL parser (shared with the supervisor's egress proxy).
+pub use warden_egress::{Cidr, HttpUrl as WebhookUrl, non_public};
 
 /// The operator's rules for webhook targets.
 #[derive(Debug, Clone)]
@@ -876,51 +690,6 @@ mod tests {
     }
 
     #[test]
-    fn every_non_public_range_is_refused() {
-        for a in [
-            "127.0.0.1",
-            "127.1.2.3",
-            "10.1.2.3",
-            "172.16.0.1",
-            "172.31.255.255",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "0.1.2.3",
-            "224.0.0.1",
-            "255.255.255.255",
-            "240.0.0.1",
-            "192.0.0.8",
-            "198.18.0.1",
-            "::1",
-            "::",
-            "fe80::1",
-            "fc00::1",
-            "fd12:3456::1",
-            "ff02::1",
-            "::ffff:127.0.0.1",
-            "::ffff:10.0.0.1",
-            "::ffff:169.254.169.254",
-            "64:ff9b::7f00:1",
-            "::127.0.0.1",
-            "2001:db8::1",
-            "fec0::1",
-        ] {
-            assert!(non_public(ip(a)).is_some(), "{a} must not count as public");
-        }
-        for a in [
-            "93.184.215.14",
-            "8.8.8.8",
-            "172.32.0.1",
-            "2606:4700::1111",
-            "64:ff9b::808:808",
-        ] {
-            assert_eq!(non_public(ip(a)), None, "{a} is public");
-        }
-    }
-
-    #[test]
     fn an_allowed_network_opens_only_itself() {
         let p = TargetPolicy::from_config(&PushSection {
             allowed_networks: vec!["127.0.0.1/32".into()],
@@ -931,16 +700,6 @@ mod tests {
         assert!(p.address_allowed(ip("::1")).is_err());
         assert!(p.address_allowed(ip("10.0.0.1")).is_err());
         assert!(p.address_allowed(ip("8.8.8.8")).is_ok());
-        assert!(
-            Cidr::parse("10.0.0.0/8")
-                .unwrap()
-                .contains(ip("10.255.0.1"))
-        );
-        assert!(!Cidr::parse("10.0.0.0/8").unwrap().contains(ip("11.0.0.1")));
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains(ip("1.2.3.4")));
-        assert!(Cidr::parse("fd00::/8").unwrap().contains(ip("fd12::1")));
-        assert!(Cidr::parse("10.0.0.0/33").is_none());
-        assert!(Cidr::parse("nope/8").is_none());
     }
 
     #[test]
@@ -965,32 +724,6 @@ mod tests {
         assert!(!p.host_allowed("corp.example"));
         assert!(!p.host_allowed("evilcorp.example"));
         assert!(!p.host_allowed("example.com"));
-    }
-
-    #[test]
-    fn urls_are_taken_apart_strictly() {
-        let u = WebhookUrl::parse("http://Hooks.Example.com:8080/a/b?x=1#frag").unwrap();
-        assert_eq!(u.host, "hooks.example.com");
-        assert_eq!(u.port, 8080);
-        assert_eq!(u.target, "/a/b?x=1");
-        let u = WebhookUrl::parse("http://[::1]:9/").unwrap();
-        assert_eq!((u.host.as_str(), u.port), ("::1", 9));
-        let u = WebhookUrl::parse("http://h?q").unwrap();
-        assert_eq!((u.port, u.target.as_str(), u.tls), (80, "/?q", false));
-        let u = WebhookUrl::parse("https://hooks.example.com/x").unwrap();
-        assert_eq!((u.port, u.tls), (443, true));
-        for bad in [
-            "ftp://h/",
-            "http://user:pw@h/",
-            "http://h:0/",
-            "http://h:99999/",
-            "http://h /",
-            "http://[::1/",
-            "http:///x",
-            "http://h\n/",
-        ] {
-            assert!(WebhookUrl::parse(bad).is_err(), "{bad}");
-        }
     }
 
     #[tokio::test]

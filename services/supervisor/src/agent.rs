@@ -11,7 +11,7 @@ use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabi
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
 use crate::config::{AgentConfig, Network};
-use crate::core::{ConvCore, ConvInfo};
+use crate::core::ConvCore;
 use crate::shared::Shared;
 
 /// Why an agent could not be started. Every variant but `Capacity` is a `startup` fault.
@@ -150,6 +150,8 @@ pub struct AgentProc {
     /// The task copying the agent's stderr into the ring; it ends at EOF (the tree is dead).
     stderr_reader: Option<tokio::task::JoinHandle<()>>,
     pub load_session: bool,
+    /// The agent's egress proxy (`network = "proxy"`), closed with the agent.
+    pub egress: Option<crate::egress::EgressProxy>,
 }
 
 impl AgentProc {
@@ -168,7 +170,7 @@ impl AgentProc {
         let _ = reaped.wait_for(|done| *done).await;
         let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
         let slot = shared.live.acquire(&core.info.context_id, wait).await?;
-        let (tree, stdin, stdout, stderr, secrets) = spawn(shared, &core.info, cfg, home)?;
+        let (tree, stdin, stdout, stderr, secrets, egress) = spawn(shared, core, cfg, home)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
@@ -213,6 +215,7 @@ impl AgentProc {
             stderr: ring,
             stderr_reader,
             load_session: false,
+            egress,
         };
         match init {
             Ok(Ok(i)) => {
@@ -306,15 +309,173 @@ pub type Spawned = (
     ChildStdout,
     Option<ChildStderr>,
     Vec<String>,
+    Option<crate::egress::EgressProxy>,
 );
+
+/// The loopback port inside the namespace the proxy variables name (another when a mirrored
+/// destination uses it).
+const PROXY_PORT: u16 = 3128;
+
+/// Egress refusals shown to the caller per turn (every one is recorded and logged).
+const MAX_EGRESS_EVENTS: u32 = 32;
+
+/// Where an agent's egress connections are reported: the daemon log, the conversation's egress
+/// record, and the running turn (its transcript; a refusal as an event, and enough refusals of
+/// one destination end it).
+struct EgressReport {
+    core: Arc<ConvCore>,
+    records: crate::records::Records,
+    end_after: u32,
+}
+
+impl crate::egress::Report for EgressReport {
+    fn task_id(&self) -> String {
+        self.core
+            .turn()
+            .map(|t| t.input.task_id.clone())
+            .unwrap_or_default()
+    }
+
+    fn connection(&self, rec: &crate::records::EgressRecord) {
+        if rec.allowed {
+            tracing::info!(
+                context_id = %rec.context_id, task_id = %rec.task_id, agent = %rec.agent,
+                host = %rec.host, port = rec.port, address = %rec.address,
+                bytes_up = rec.bytes_up, bytes_down = rec.bytes_down, duration_ms = rec.duration_ms,
+                setting = %rec.setting, "egress connection"
+            );
+        } else {
+            tracing::warn!(
+                context_id = %rec.context_id, task_id = %rec.task_id, agent = %rec.agent,
+                host = %rec.host, port = rec.port, address = %rec.address, status = rec.status,
+                reason = %rec.reason, setting = %rec.setting, "egress refused"
+            );
+        }
+        if let Err(e) = self.records.egress(&rec.context_id, rec) {
+            tracing::warn!(context_id = %rec.context_id, error = %e, "cannot record an egress connection");
+        }
+        let Some(turn) = self.core.turn() else {
+            return;
+        };
+        turn.record(
+            "egress",
+            serde_json::to_value(rec).unwrap_or(serde_json::Value::Null),
+        );
+        if rec.allowed {
+            return;
+        }
+        let message = crate::egress::refusal_message(rec);
+        let (shown, n) = {
+            let mut st = turn.lock();
+            st.egress_events += 1;
+            let shown = st.egress_events;
+            // Refusals by the rules count; a destination that could not be reached (5xx) does
+            // not end the turn.
+            let n = if rec.host.is_empty() || rec.status >= 500 {
+                0
+            } else {
+                let n = st
+                    .egress_refused
+                    .entry(format!("{}:{}", rec.host, rec.port))
+                    .or_insert(0);
+                *n += 1;
+                *n
+            };
+            (shown, n)
+        };
+        // A flood of refusals is recorded and logged in full but shown to the caller only so
+        // often.
+        if shown <= MAX_EGRESS_EVENTS {
+            turn.emit(warden_proto::v1::turn_event::Event::EgressRefused(
+                warden_proto::v1::EgressRefused {
+                    host: rec.host.clone(),
+                    port: rec.port.into(),
+                    address: rec.address.clone(),
+                    message: message.clone(),
+                    setting: rec.setting.clone(),
+                },
+            ));
+        }
+        if self.end_after > 0 && n == self.end_after {
+            turn.request_end(crate::turn::EndRequest::Decision {
+                fault: Some((
+                    warden_proto::v1::FaultClass::EgressRefused,
+                    format!("{message} ({n} times in this turn; limits.egress_refusals_end_turn)"),
+                )),
+            });
+        }
+    }
+}
+
+/// Starts the egress proxy of a `network = "proxy"` agent: what the sandbox needs to reach it.
+fn start_egress(
+    shared: &Shared,
+    core: &Arc<ConvCore>,
+    cfg: &AgentConfig,
+    env: &warden_sandbox::ChildEnv,
+) -> Result<(crate::egress::EgressProxy, warden_sandbox::EgressSpec), StartError> {
+    let info = &core.info;
+    if shared.spawner.bwrap().is_none() {
+        return Err(StartError::Spawn(format!(
+            "agent {:?} has network = \"proxy\", which needs bubblewrap's network namespaces, and bubblewrap is {} (warden doctor says more); refusing rather than giving the agent the host's network",
+            info.agent,
+            if shared.settings.file.sandbox.bubblewrap {
+                "missing or not working on this host"
+            } else {
+                "off ([sandbox] bubblewrap = false)"
+            }
+        )));
+    }
+    let relay = crate::config::shipped_binary("warden-egress-relay").map_err(StartError::Spawn)?;
+    let allow = shared.settings.egress_allowlist(&info.agent, cfg, env);
+    let mirrors: Vec<std::net::SocketAddr> = allow
+        .loopback_exact()
+        .into_iter()
+        .filter(|a| a.is_ipv4())
+        .collect();
+    let mut port = PROXY_PORT;
+    while mirrors.iter().any(|m| m.port() == port) {
+        port += 1;
+    }
+    let peer_uid = shared
+        .spawner
+        .agent_identity_for(&info.context_id)
+        .map(|i| i.uid)
+        .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    let report = Arc::new(EgressReport {
+        core: core.clone(),
+        records: shared.records.clone(),
+        end_after: shared.settings.limits().egress_refusals_end_turn,
+    });
+    let proxy = crate::egress::EgressProxy::start(
+        &shared.settings.state_dir().join("egress"),
+        crate::egress::ProxyConfig {
+            context_id: info.context_id.clone(),
+            agent: info.agent.clone(),
+            allow,
+            peer_uid,
+            max_connections: shared.settings.limits().egress_connections,
+        },
+        report,
+    )
+    .map_err(StartError::Spawn)?;
+    let spec = warden_sandbox::EgressSpec {
+        relay,
+        socket_dir: proxy.dir().to_path_buf(),
+        port,
+        mirrors,
+    };
+    Ok((proxy, spec))
+}
 
 /// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
 fn spawn(
     shared: &Shared,
-    info: &ConvInfo,
+    core: &Arc<ConvCore>,
     cfg: &AgentConfig,
     home: Option<&std::path::Path>,
 ) -> Result<Spawned, StartError> {
+    let info = &core.info;
     let program = shared
         .settings
         .agent_program(cfg)
@@ -343,9 +504,13 @@ fn spawn(
     // The conversation's copy, never the operator's template (`cfg.home`).
     spec.home = home.map(std::path::Path::to_path_buf);
     spec.extra_ro_binds = cfg.read_only_paths.clone();
-    spec.network = match cfg.network {
-        Network::None => warden_sandbox::Network::None,
-        Network::Host => warden_sandbox::Network::Host,
+    spec.network = cfg.network.sandbox();
+    let egress = if cfg.network == Network::Proxy {
+        let (proxy, e) = start_egress(shared, core, cfg, &spec.env)?;
+        spec.egress = Some(e);
+        Some(proxy)
+    } else {
+        None
     };
     spec.limits = warden_sandbox::Limits {
         memory_max: cfg.memory_max_bytes,
@@ -360,7 +525,14 @@ fn spawn(
     let stdin = tree
         .take_stdin()
         .ok_or_else(|| StartError::Spawn("the agent has no stdin".into()))?;
-    Ok((tree, stdin, spawned.stdout, Some(spawned.stderr), secrets))
+    Ok((
+        tree,
+        stdin,
+        spawned.stdout,
+        Some(spawned.stderr),
+        secrets,
+        egress,
+    ))
 }
 
 #[cfg(test)]

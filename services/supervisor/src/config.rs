@@ -57,6 +57,11 @@ max_queued_turns = 64
 # Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
 max_starting_agents = 0
 fs_read_bytes = 2097152
+# Connections one agent's egress proxy holds open at once (network = "proxy"); more get 503.
+egress_connections = 64
+# A turn whose agent is refused the same destination this many times ends with fault
+# egress-refused (0 = never): a model endpoint that is not allowed fails the turn in seconds.
+egress_refusals_end_turn = 3
 
 [agents]
 default = "scripted"
@@ -160,6 +165,11 @@ pub struct Limits {
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
     /// lines); a larger one is refused with an error naming this key.
     pub fs_read_bytes: u64,
+    /// Connections one agent's egress proxy holds open at once; more are answered 503.
+    pub egress_connections: usize,
+    /// Refusals of one destination within a turn that end the turn (fault `egress-refused`);
+    /// 0 = never.
+    pub egress_refusals_end_turn: u32,
 }
 
 impl Default for Limits {
@@ -180,6 +190,8 @@ impl Default for Limits {
             max_queued_turns: 64,
             max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
+            egress_connections: 64,
+            egress_refusals_end_turn: 3,
         }
     }
 }
@@ -232,6 +244,20 @@ pub enum Network {
     #[default]
     None,
     Host,
+    /// Own network namespace; the only way out is the supervisor's egress proxy, to the
+    /// destinations `egress_allow` (and the agent's `*_BASE_URL` variables) name.
+    Proxy,
+}
+
+impl Network {
+    /// The sandbox's spelling.
+    pub fn sandbox(self) -> warden_sandbox::Network {
+        match self {
+            Network::None => warden_sandbox::Network::None,
+            Network::Host => warden_sandbox::Network::Host,
+            Network::Proxy => warden_sandbox::Network::Proxy,
+        }
+    }
 }
 
 /// One registry entry.
@@ -254,6 +280,12 @@ pub struct AgentConfig {
     pub set_env: BTreeMap<String, String>,
     #[serde(default)]
     pub network: Network,
+    /// With `network = "proxy"`: the `host:port` destinations the agent may reach
+    /// (`*.domain:port` = its subdomains, public addresses only). The value of every
+    /// `*_BASE_URL` variable in the agent's environment is allowed too. Loopback and private
+    /// addresses only when named exactly here (or by a base URL).
+    #[serde(default)]
+    pub egress_allow: Vec<String>,
     /// The mode forced after `session/new` ("" = the agent has no modes; nothing is forced).
     #[serde(default)]
     pub supervised_mode: String,
@@ -306,6 +338,7 @@ impl AgentConfig {
             env: env.iter().map(|s| s.to_string()).collect(),
             set_env: BTreeMap::new(),
             network: Network::None,
+            egress_allow: Vec::new(),
             supervised_mode: mode.into(),
             supervised_modes: modes.iter().map(|s| s.to_string()).collect(),
             terminal: false,
@@ -327,8 +360,9 @@ impl AgentConfig {
     }
 }
 
-/// The built-in registry: `scripted` (default), `claude` and `codex` (published adapters via
-/// npx; they need the network for their model, so `network = "host"`).
+/// The built-in registry: `scripted` (default, no network), `claude` and `codex` (published
+/// adapters via npx; they reach their model API through the egress proxy, `network = "proxy"`,
+/// and nothing else unless the operator adds it).
 pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     let mut m = BTreeMap::new();
     // The scripted agent reads its budget from `_meta` (its prompt text may be a scenario).
@@ -357,7 +391,8 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
             "CLAUDE_CONFIG_DIR",
         ],
     );
-    claude.network = Network::Host;
+    claude.network = Network::Proxy;
+    claude.egress_allow = vec!["api.anthropic.com:443".into()];
     claude.description = "Claude Code through its ACP adapter, supervised by warden".into();
     m.insert("claude".into(), claude);
     let mut codex = AgentConfig::builtin(
@@ -367,7 +402,8 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         &[],
         &["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"],
     );
-    codex.network = Network::Host;
+    codex.network = Network::Proxy;
+    codex.egress_allow = vec!["api.openai.com:443".into()];
     codex.description = "Codex through its ACP adapter, supervised by warden".into();
     m.insert("codex".into(), codex);
     m
@@ -510,21 +546,62 @@ impl Settings {
         if !agent.command.is_empty() {
             return Ok(PathBuf::from(&agent.command));
         }
-        let me = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
-        let dir = me
-            .parent()
-            .ok_or_else(|| "own executable has no directory".to_string())?;
-        // Tests run from target/<profile>/deps; the binaries live one level up.
-        for d in [Some(dir), dir.parent()].into_iter().flatten() {
-            let p = d.join("warden-scripted-agent");
-            if p.is_file() {
-                return Ok(p);
+        shipped_binary("warden-scripted-agent")
+    }
+}
+
+/// A binary shipped with warden, next to this executable (`warden-scripted-agent`,
+/// `warden-egress-relay`).
+pub fn shipped_binary(name: &str) -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
+    let dir = me
+        .parent()
+        .ok_or_else(|| "own executable has no directory".to_string())?;
+    // Tests run from target/<profile>/deps; the binaries live one level up.
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(format!("{name} not found next to {}", me.display()))
+}
+
+impl Settings {
+    /// The egress allowlist of `agent` (named `name`): its `egress_allow` entries (checked at
+    /// load) and every `*_BASE_URL` value of its environment `env` (unparseable ones skipped,
+    /// with a warning).
+    pub fn egress_allowlist(
+        &self,
+        name: &str,
+        agent: &AgentConfig,
+        env: &warden_sandbox::ChildEnv,
+    ) -> warden_egress::Allowlist {
+        let mut l = warden_egress::Allowlist::new();
+        for e in &agent.egress_allow {
+            if let Ok(entry) = warden_egress::AllowEntry::parse(e) {
+                l.push(entry, format!("agents.{name}.egress_allow"));
             }
         }
-        Err(format!(
-            "warden-scripted-agent not found next to {}",
-            me.display()
-        ))
+        for (k, v) in env.iter() {
+            let k = k.to_string_lossy();
+            if !k.ends_with("_BASE_URL") {
+                continue;
+            }
+            let v = v.to_string_lossy();
+            match warden_egress::HttpUrl::parse(&v) {
+                Ok(u) => match warden_egress::Destination::new(&u.host, u.port) {
+                    Ok(d) => l.push(warden_egress::AllowEntry::Exact(d), k.into_owned()),
+                    Err(e) => {
+                        tracing::warn!(agent = name, variable = %k, error = %e, "base URL not allowed for egress")
+                    }
+                },
+                Err(e) => {
+                    tracing::warn!(agent = name, variable = %k, error = %e, "base URL not allowed for egress")
+                }
+            }
+        }
+        l
     }
 }
 
@@ -568,6 +645,7 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         ("limits.output_bytes", l.output_bytes as u64),
         ("limits.transcript_bytes", l.transcript_bytes as u64),
         ("limits.handshake_deadline_ms", l.handshake_deadline_ms),
+        ("limits.egress_connections", l.egress_connections as u64),
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(&origin, key, "must be > 0"));
@@ -621,6 +699,15 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         ));
     }
     for (name, a) in &agents {
+        for (i, e) in a.egress_allow.iter().enumerate() {
+            if let Err(err) = warden_egress::AllowEntry::parse(e) {
+                return Err(ConfigError::invalid(
+                    &origin,
+                    &format!("agents.{name}.egress_allow[{i}]"),
+                    err.to_string(),
+                ));
+            }
+        }
         if a.home.as_ref().is_some_and(|h| !h.is_absolute()) {
             return Err(ConfigError::invalid(
                 &origin,
@@ -657,6 +744,19 @@ mod tests {
         assert_eq!(s.agent("").unwrap().0, "scripted");
         assert_eq!(s.agent("claude").unwrap().1.supervised_mode, "default");
         assert_eq!(s.agent("codex").unwrap().1.supervised_mode, "read-only");
+        // The real adapters reach their model API through the proxy only; scripted, nothing.
+        assert_eq!(s.agent("claude").unwrap().1.network, Network::Proxy);
+        assert_eq!(s.agent("codex").unwrap().1.network, Network::Proxy);
+        assert_eq!(s.agent("scripted").unwrap().1.network, Network::None);
+        assert_eq!(
+            s.agent("claude").unwrap().1.egress_allow,
+            ["api.anthropic.com:443"]
+        );
+        assert_eq!(
+            s.agent("codex").unwrap().1.egress_allow,
+            ["api.openai.com:443"]
+        );
+        assert_eq!(s.limits().egress_connections, 64);
         assert!(s.agent("nope").is_none());
         // One runtime thread unless the operator asks for more (see RuntimeSection).
         assert_eq!(s.file.runtime.worker_threads, 1);
@@ -694,6 +794,50 @@ mod tests {
     }
 
     #[test]
+    fn the_egress_allowlist_is_the_entries_and_every_base_url_of_the_environment() {
+        let s = load(
+            None,
+            &[
+                "agents.claude.egress_allow=[\"api.anthropic.com:443\", \"*.corp.example:443\"]"
+                    .into(),
+            ],
+        )
+        .unwrap();
+        let (_, a) = s.agent("claude").unwrap();
+        let env = warden_sandbox::EnvPolicy::new(
+            ["ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "OTHER"],
+            [""; 0],
+        )
+        .unwrap()
+        .build_from([
+            (
+                "ANTHROPIC_BASE_URL".into(),
+                "http://127.0.0.1:8080/v1".into(),
+            ),
+            ("OPENAI_BASE_URL".into(), "not a url".into()),
+            ("OTHER".into(), "http://evil.example/".into()),
+        ]);
+        let l = s.egress_allowlist("claude", a, &env);
+        let d = |h: &str, p| warden_egress::Destination::new(h, p).unwrap();
+        let m = l
+            .find(&d("127.0.0.1", 8080))
+            .expect("the base URL is allowed");
+        assert_eq!(m.source, "ANTHROPIC_BASE_URL");
+        assert_eq!(
+            l.find(&d("api.anthropic.com", 443)).unwrap().source,
+            "agents.claude.egress_allow"
+        );
+        assert!(l.find(&d("x.corp.example", 443)).is_some());
+        assert!(
+            l.find(&d("evil.example", 80)).is_none(),
+            "only *_BASE_URL variables count"
+        );
+        assert!(l.find(&d("127.0.0.1", 8081)).is_none());
+        let e = load(None, &["limits.egress_connections=0".into()]).unwrap_err();
+        assert!(e.to_string().contains("limits.egress_connections"), "{e}");
+    }
+
+    #[test]
     fn bad_values_are_named() {
         let e = load(None, &["limits.output_bytes=0".into()]).unwrap_err();
         assert!(e.to_string().contains("limits.output_bytes"), "{e}");
@@ -713,6 +857,13 @@ mod tests {
         assert!(e.to_string().contains("sandbox.agent_nice"), "{e}");
         let s = load(None, &["sandbox.agent_uid_range=[200000, 200009]".into()]).unwrap();
         assert_eq!(s.file.sandbox.agent_uid_range, vec![200_000, 200_009]);
+        let e = load(None, &["agents.claude.egress_allow=[\"127.1:80\"]".into()]).unwrap_err();
+        assert!(
+            e.to_string().contains("agents.claude.egress_allow[0]"),
+            "{e}"
+        );
+        let e = load(None, &["agents.claude.network=\"open\"".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.claude"), "{e}");
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
     }

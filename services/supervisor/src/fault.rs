@@ -23,6 +23,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::SupervisorUnavailable => "supervisor",
         pb::FaultClass::Capacity => "capacity",
         pb::FaultClass::OptionNotOffered => "option-not-offered",
+        pb::FaultClass::EgressRefused => "egress-refused",
     }
 }
 

@@ -14,6 +14,7 @@
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
 //   config, records, fault, policy, translate, mode, options, live, admission   leaves
+//   egress                                             an agent's egress proxy (reports through a trait)
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
@@ -28,6 +29,7 @@ pub mod bridge;
 pub mod config;
 pub mod conversation;
 pub mod core;
+pub mod egress;
 pub mod fault;
 pub mod live;
 pub mod mode;

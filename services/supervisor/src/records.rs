@@ -1,5 +1,7 @@
 //! Records under the state directory (seed 004): one bounded transcript per turn, sanitized
-//! incident records for every fault, one health line per finished turn.
+//! incident records for every fault, one health line per finished turn, and one bounded file of
+//! egress connections per conversation (`egress/<context>.jsonl`, agents with `network =
+//! "proxy"`).
 //!
 //! Incident records never hold argv or environment: only the fault class, reason, agent, verb,
 //! profile, budget and transcript path. The health file and every record refuse symlinks and
@@ -106,6 +108,26 @@ impl Records {
     pub fn new(state_dir: &Path, transcript_limit: usize) -> Result<Self, RecordError> {
         ensure_dir(&state_dir.join("transcripts"))?;
         ensure_dir(&state_dir.join("incidents"))?;
+        // The agents' egress sockets live below: searchable (never listable) for the agent
+        // uid, which bubblewrap binds them as.
+        let egress = state_dir.join("egress");
+        ensure_dir(&egress)?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&egress, std::fs::Permissions::from_mode(0o711)).map_err(
+                |source| RecordError::Create {
+                    path: egress.clone(),
+                    source,
+                },
+            )?;
+        }
+        // Socket directories of a previous run's agents (each proxy removes its own when it
+        // stops; a crash leaves them). Only directories: the records stay.
+        for e in std::fs::read_dir(&egress).into_iter().flatten().flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
         Ok(Records {
             root: state_dir.to_path_buf(),
             transcript_limit,
@@ -160,51 +182,118 @@ impl Records {
         Ok(path)
     }
 
+    /// Where a conversation's egress connections are recorded.
+    pub fn egress_path(&self, context: &str) -> PathBuf {
+        self.root
+            .join("egress")
+            .join(format!("{}.jsonl", label(context)))
+    }
+
+    /// Appends one connection to the conversation's egress record (same refusals as the health
+    /// file). Past [`EGRESS_RECORD_BYTES`] one `truncated` line is written and later ones are
+    /// dropped (the daemon log still has each).
+    pub fn egress(&self, context: &str, rec: &EgressRecord) -> Result<(), RecordError> {
+        let path = self.egress_path(context);
+        let mut f = open_append(&path)?;
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len >= EGRESS_RECORD_BYTES {
+            return Ok(());
+        }
+        let mut line = serde_json::to_vec(rec).unwrap_or_default();
+        if len + line.len() as u64 + 1 >= EGRESS_RECORD_BYTES {
+            line = br#"{"truncated":true}"#.to_vec();
+        }
+        line.push(b'\n');
+        f.write_all(&line)
+            .map_err(|source| RecordError::Write { path, source })
+    }
+
     /// Appends one line to `health.jsonl`, refusing a symlink, a FIFO or any non-regular file,
     /// and a file with more than one link.
     pub fn health(&self, h: &Health) -> Result<(), RecordError> {
         let path = self.health_path();
-        let mut f = OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            // NONBLOCK: a FIFO planted in its place cannot stall the open.
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&path)
-            .map_err(|source| {
-                if source.raw_os_error() == Some(libc::ELOOP) {
-                    RecordError::Refused {
-                        path: path.clone(),
-                        why: "it is a symlink",
-                    }
-                } else {
-                    RecordError::Create {
-                        path: path.clone(),
-                        source,
-                    }
-                }
-            })?;
-        let meta = f.metadata().map_err(|source| RecordError::Write {
-            path: path.clone(),
-            source,
-        })?;
-        if !meta.file_type().is_file() {
-            return Err(RecordError::Refused {
-                path,
-                why: "not a regular file",
-            });
-        }
-        if meta.nlink() != 1 {
-            return Err(RecordError::Refused {
-                path,
-                why: "it has more than one link",
-            });
-        }
+        let mut f = open_append(&path)?;
         let mut line = serde_json::to_vec(h).unwrap_or_default();
         line.push(b'\n');
         f.write_all(&line)
             .map_err(|source| RecordError::Write { path, source })
     }
+}
+
+/// The most one conversation's egress record holds.
+pub const EGRESS_RECORD_BYTES: u64 = 1024 * 1024;
+
+/// One connection through an agent's egress proxy.
+#[derive(Debug, Clone, Serialize)]
+pub struct EgressRecord {
+    pub at_unix_ms: u64,
+    pub context_id: String,
+    /// The turn running when the connection was made ("" between turns).
+    pub task_id: String,
+    pub agent: String,
+    /// "connect" (a tunnel), "connect-mirrored" (a tunnel the relay opened for a connection the
+    /// agent made to a mirrored loopback address; the relay's mark, informational), "forward"
+    /// (plain HTTP), "invalid" (no destination could be read).
+    pub kind: &'static str,
+    pub host: String,
+    pub port: u16,
+    /// The checked address connected to; for a refusal of what the name resolved to, every
+    /// address it resolved to (comma-separated); "" when refused before resolving.
+    pub address: String,
+    pub allowed: bool,
+    /// The status answered to the agent (200 for an open tunnel, 403 refused, ...).
+    pub status: u16,
+    /// Why it was refused or failed ("" when allowed and it worked).
+    pub reason: String,
+    /// The allowlist setting that let it through, or that would have to.
+    pub setting: String,
+    /// Bytes from the agent to the destination and back.
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+}
+
+/// Opens an append-only record file, refusing a symlink, a FIFO or any non-regular file, and a
+/// file with more than one link.
+fn open_append(path: &Path) -> Result<File, RecordError> {
+    let path = path.to_path_buf();
+    let f = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        // NONBLOCK: a FIFO planted in its place cannot stall the open.
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| {
+            if source.raw_os_error() == Some(libc::ELOOP) {
+                RecordError::Refused {
+                    path: path.clone(),
+                    why: "it is a symlink",
+                }
+            } else {
+                RecordError::Create {
+                    path: path.clone(),
+                    source,
+                }
+            }
+        })?;
+    let meta = f.metadata().map_err(|source| RecordError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    if !meta.file_type().is_file() {
+        return Err(RecordError::Refused {
+            path,
+            why: "not a regular file",
+        });
+    }
+    if meta.nlink() != 1 {
+        return Err(RecordError::Refused {
+            path,
+            why: "it has more than one link",
+        });
+    }
+    Ok(f)
 }
 
 /// One turn's transcript: JSON lines, bounded; past the bound one `truncated` line is written

@@ -260,9 +260,11 @@ impl Supervisor {
                     .cloned()
                     .chain(agent_cfg.set_env.keys().cloned())
                     .collect(),
+                // Terminals of a proxy agent get no network at all: the proxy serves the
+                // agent's own namespace only.
                 network: match agent_cfg.network {
-                    Network::None => warden_sandbox::Network::None,
-                    Network::Host => warden_sandbox::Network::Host,
+                    Network::Proxy => warden_sandbox::Network::None,
+                    n => n.sandbox(),
                 },
             }),
             terminals: Default::default(),

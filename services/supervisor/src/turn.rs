@@ -62,6 +62,10 @@ pub struct TurnMut {
     /// through `fs/write_text_file`: one ALLOW covers one client write of each of its paths.
     pub allowed_writes: Vec<CoveredWrite>,
     pub transcript: Option<Transcript>,
+    /// Egress refusals of this turn by destination (`host:port`).
+    pub egress_refused: HashMap<String, u32>,
+    /// Egress refusal events sent to the caller in this turn.
+    pub egress_events: u32,
 }
 
 /// A path an ALLOWed edit covers, with the decision that allowed it.

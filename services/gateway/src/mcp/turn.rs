@@ -148,6 +148,7 @@ pub async fn run(
             Event::MessageChunk(c) => o.push_answer(&c.text),
             Event::ThoughtChunk(_) | Event::Plan(_) | Event::Usage(_) | Event::ModeChange(_) => {}
             Event::ContextReset(r) => progress(format!("new agent session: {}", r.reason)),
+            Event::EgressRefused(e) => progress(e.message),
             Event::ToolCall(t) => {
                 let seen = o
                     .tools

@@ -1,0 +1,583 @@
+//! The egress proxy of one agent (`network = "proxy"`): an HTTP proxy on a Unix socket bound
+//! into the agent's sandbox, where the relay inside (`warden-egress-relay`) carries every
+//! connection the agent makes. It serves `CONNECT host:port` (tunnels) and absolute-form
+//! plain-HTTP requests, each only to a destination the agent's allowlist names, and records
+//! every connection, allowed or refused, with the conversation.
+//!
+//! Owns: the socket's directory (made per agent under `<state>/egress/`, removed when the proxy
+//! is dropped), the per-connection checks (peer uid, the request head, the allowlist, every
+//! address the name resolves to — off the runtime thread, with a deadline — and the connection
+//! to the checked address itself, never to the name again), the bound on connections at once
+//! and on buffers, and the report of each connection.
+//!
+//! Must never: connect anywhere the allowlist does not name (it runs with the supervisor's
+//! rights, so a connection it makes is made as the supervisor); resolve a name twice for one
+//! connection; block the runtime; trust anything that arrives on the socket (the agent may speak
+//! to it directly). The address classification is `warden_egress`'s, not this file's.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use warden_egress::{
+    Allowlist, Destination, MAX_HEAD_BYTES, ProxyRequest, check_addresses, head_end, parse_request,
+};
+
+use crate::records::{EgressRecord, now_ms};
+
+/// How long the agent has to send a request head.
+const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// How long resolving a name may take.
+const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
+/// How long connecting to the checked address may take.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// Each direction of a relayed connection buffers at most this much.
+const RELAY_BUFFER: usize = 16 * 1024;
+
+/// Where one connection's outcome goes (the conversation: its records, log, turn).
+pub trait Report: Send + Sync + 'static {
+    /// The turn running now (its task id), for the record.
+    fn task_id(&self) -> String;
+    /// One connection finished or was refused.
+    fn connection(&self, rec: &EgressRecord);
+}
+
+/// What one agent's proxy enforces.
+pub struct ProxyConfig {
+    pub context_id: String,
+    pub agent: String,
+    pub allow: Allowlist,
+    /// The only uid that may connect to the socket (the agent's).
+    pub peer_uid: u32,
+    /// Connections open at once; more are answered 503.
+    pub max_connections: usize,
+}
+
+/// A running proxy; dropping it closes the socket, ends every connection and removes the
+/// directory.
+pub struct EgressProxy {
+    dir: PathBuf,
+    cancel: CancellationToken,
+}
+
+impl EgressProxy {
+    /// Makes `<egress_root>/<label>-<random>/proxy.sock` and starts serving it.
+    pub fn start(
+        egress_root: &Path,
+        cfg: ProxyConfig,
+        report: Arc<dyn Report>,
+    ) -> Result<Self, String> {
+        let dir = egress_root.join(format!(
+            "{}-{}",
+            crate::records::label(&cfg.context_id),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        ));
+        std::fs::create_dir(&dir).map_err(|e| {
+            format!(
+                "cannot make the egress socket directory {}: {e}",
+                dir.display()
+            )
+        })?;
+        // Searchable for the agent's uid, listable by nobody else; the socket is open to
+        // connect and each peer's uid is checked.
+        let set = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("chmod {}: {e}", p.display()))
+        };
+        let cleanup = |e: String| {
+            let _ = std::fs::remove_dir_all(&dir);
+            e
+        };
+        set(&dir, 0o711).map_err(cleanup)?;
+        let socket = dir.join(warden_sandbox::EGRESS_SOCKET_NAME);
+        let listener = UnixListener::bind(&socket)
+            .map_err(|e| cleanup(format!("cannot listen on {}: {e}", socket.display())))?;
+        set(&socket, 0o666).map_err(cleanup)?;
+        let cancel = CancellationToken::new();
+        let ctx = Arc::new(Ctx {
+            limit: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
+            cfg,
+            report,
+        });
+        tokio::spawn(serve(listener, ctx, cancel.clone()));
+        Ok(Self { dir, cancel })
+    }
+
+    /// The directory bound into the sandbox.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Ctx {
+    cfg: ProxyConfig,
+    report: Arc<dyn Report>,
+    limit: Arc<Semaphore>,
+}
+
+impl Ctx {
+    fn setting(&self) -> String {
+        format!("agents.{}.egress_allow", self.cfg.agent)
+    }
+}
+
+async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken) {
+    loop {
+        let stream = tokio::select! {
+            () = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(context_id = %ctx.cfg.context_id, error = %e, "egress proxy accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        match stream.peer_cred() {
+            Ok(c) if c.uid() == ctx.cfg.peer_uid => {}
+            other => {
+                tracing::warn!(context_id = %ctx.cfg.context_id, peer = ?other.map(|c| c.uid()), "egress proxy: a connection from another uid refused");
+                continue;
+            }
+        }
+        let permit = match ctx.limit.clone().try_acquire_owned() {
+            Ok(p) => p,
+            Err(_) => {
+                let ctx = ctx.clone();
+                tokio::spawn(async move {
+                    let why = format!(
+                        "more than {} connections at once (limits.egress_connections)",
+                        ctx.cfg.max_connections
+                    );
+                    let mut rec = Outcome::new("invalid");
+                    rec.refuse(503, why.clone(), "limits.egress_connections".into());
+                    let mut s = stream;
+                    let _ = answer(&mut s, 503, &why).await;
+                    finish(&ctx, rec, Instant::now());
+                });
+                continue;
+            }
+        };
+        let ctx = ctx.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let started = Instant::now();
+            let rec = tokio::select! {
+                () = cancel.cancelled() => return,
+                rec = handle(stream, &ctx) => rec,
+            };
+            finish(&ctx, rec, started);
+        });
+    }
+}
+
+/// A connection's outcome as it is learned.
+struct Outcome {
+    kind: &'static str,
+    dest: Option<Destination>,
+    address: String,
+    allowed: bool,
+    status: u16,
+    reason: String,
+    setting: String,
+    up: u64,
+    down: u64,
+}
+
+impl Outcome {
+    fn new(kind: &'static str) -> Self {
+        Outcome {
+            kind,
+            dest: None,
+            address: String::new(),
+            allowed: false,
+            status: 0,
+            reason: String::new(),
+            setting: String::new(),
+            up: 0,
+            down: 0,
+        }
+    }
+    fn refuse(&mut self, status: u16, reason: String, setting: String) {
+        self.allowed = false;
+        self.status = status;
+        self.reason = reason;
+        self.setting = setting;
+    }
+}
+
+fn finish(ctx: &Ctx, o: Outcome, started: Instant) {
+    let (host, port) = o
+        .dest
+        .as_ref()
+        .map(|d| (d.host.clone(), d.port))
+        .unwrap_or_default();
+    let rec = EgressRecord {
+        at_unix_ms: now_ms(),
+        context_id: ctx.cfg.context_id.clone(),
+        task_id: ctx.report.task_id(),
+        agent: ctx.cfg.agent.clone(),
+        kind: o.kind,
+        host,
+        port,
+        address: o.address,
+        allowed: o.allowed,
+        status: o.status,
+        reason: o.reason,
+        setting: o.setting,
+        bytes_up: o.up,
+        bytes_down: o.down,
+        duration_ms: started.elapsed().as_millis() as u64,
+    };
+    ctx.report.connection(&rec);
+}
+
+/// The message an agent's caller reads for a connection that did not go through: "refused" when
+/// the rules said no (403) or the request was unreadable (4xx), "failed" when the destination
+/// could not be resolved or reached (5xx).
+pub fn refusal_message(rec: &EgressRecord) -> String {
+    let what = if rec.status >= 500 {
+        "failed"
+    } else {
+        "refused"
+    };
+    if rec.host.is_empty() {
+        format!("egress request {what}: {}", rec.reason)
+    } else {
+        let d = Destination {
+            host: rec.host.clone(),
+            port: rec.port,
+        };
+        format!("egress to {d} {what}: {}", rec.reason)
+    }
+}
+
+/// Serves one connection to its end.
+async fn handle(mut s: UnixStream, ctx: &Ctx) -> Outcome {
+    let mut o = Outcome::new("invalid");
+    let (head, rest) = match read_head(&mut s).await {
+        Ok(h) => h,
+        Err((status, why)) => {
+            o.refuse(status, why.clone(), String::new());
+            if status != 0 {
+                let _ = answer(&mut s, status, &why).await;
+            }
+            return o;
+        }
+    };
+    let req = match parse_request(&head) {
+        Ok(r) => r,
+        Err(e) => {
+            let why = e.to_string();
+            o.refuse(e.status(), why.clone(), String::new());
+            let _ = answer(&mut s, e.status(), &why).await;
+            return o;
+        }
+    };
+    o.kind = match req {
+        ProxyRequest::Connect { mirrored: true, .. } => "connect-mirrored",
+        ProxyRequest::Connect { .. } => "connect",
+        ProxyRequest::Forward { .. } => "forward",
+    };
+    let dest = req.dest().clone();
+    o.dest = Some(dest.clone());
+    let Some(matched) = ctx.cfg.allow.find(&dest) else {
+        let why = format!("not in [agents.{}] egress_allow", ctx.cfg.agent);
+        o.refuse(403, why, ctx.setting());
+        let _ = answer(&mut s, 403, &refusal_text(&dest, &o.reason)).await;
+        return o;
+    };
+    o.setting = matched.source.clone();
+    let addrs = match resolve(&dest).await {
+        Ok(a) => a,
+        Err(why) => {
+            o.refuse(502, why, matched.source.clone());
+            let _ = answer(&mut s, 502, &refusal_text(&dest, &o.reason)).await;
+            return o;
+        }
+    };
+    let addr = match check_addresses(&dest, &matched, &addrs) {
+        Ok(a) => a,
+        Err(why) => {
+            // Every address the name resolved to, for the record.
+            o.address = addrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            o.refuse(403, why, matched.source.clone());
+            let _ = answer(&mut s, 403, &refusal_text(&dest, &o.reason)).await;
+            return o;
+        }
+    };
+    o.address = addr.to_string();
+    let mut up = match tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(addr)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            o.refuse(
+                502,
+                format!("cannot connect to {addr}: {e}"),
+                matched.source.clone(),
+            );
+            let _ = answer(&mut s, 502, &o.reason).await;
+            return o;
+        }
+        Err(_) => {
+            o.refuse(
+                504,
+                format!("connecting to {addr} timed out"),
+                matched.source.clone(),
+            );
+            let _ = answer(&mut s, 504, &o.reason).await;
+            return o;
+        }
+    };
+    o.allowed = true;
+    let first = match &req {
+        ProxyRequest::Connect { .. } => {
+            if s.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return o;
+            }
+            o.status = 200;
+            Vec::new()
+        }
+        ProxyRequest::Forward { head, .. } => head.clone(),
+    };
+    if up.write_all(&first).await.is_err() || up.write_all(&rest).await.is_err() {
+        o.reason = "the destination closed the connection".into();
+        return o;
+    }
+    o.up = (first.len() + rest.len()) as u64;
+    match tokio::io::copy_bidirectional_with_sizes(&mut s, &mut up, RELAY_BUFFER, RELAY_BUFFER)
+        .await
+    {
+        Ok((a, b)) => {
+            o.up += a;
+            o.down += b;
+        }
+        Err(e) => o.reason = format!("relay ended: {e}"),
+    }
+    if o.status == 0 {
+        o.status = 200;
+    }
+    o
+}
+
+fn refusal_text(dest: &Destination, why: &str) -> String {
+    format!("egress to {dest} refused: {why}")
+}
+
+/// Reads the request head (bounded, with a deadline): (head, bytes after it). The error is the
+/// status to answer (0: the peer went away, answer nothing) and why.
+async fn read_head(s: &mut UnixStream) -> Result<(Vec<u8>, Vec<u8>), (u16, String)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    let read = async {
+        loop {
+            let n = s
+                .read(&mut chunk)
+                .await
+                .map_err(|e| (0, format!("reading the request: {e}")))?;
+            if n == 0 {
+                return Err((0, "the connection closed before a request head".to_string()));
+            }
+            let from = buf.len().saturating_sub(3);
+            buf.extend_from_slice(&chunk[..n]);
+            if let Some(end) = head_end(&buf[from..]).map(|e| e + from) {
+                let rest = buf.split_off(end);
+                return Ok((std::mem::take(&mut buf), rest));
+            }
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err((
+                    431,
+                    format!("the request head is longer than {MAX_HEAD_BYTES} bytes"),
+                ));
+            }
+        }
+    };
+    tokio::time::timeout(HEAD_DEADLINE, read)
+        .await
+        .unwrap_or_else(|_| Err((408, format!("no request head within {HEAD_DEADLINE:?}"))))
+}
+
+/// Every address `d` resolves to, off the runtime thread (tokio's resolver runs getaddrinfo on
+/// the blocking pool) and within a deadline. An IP literal is its own answer.
+async fn resolve(d: &Destination) -> Result<Vec<SocketAddr>, String> {
+    if let Some(ip) = d.ip() {
+        return Ok(vec![SocketAddr::new(ip, d.port)]);
+    }
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(
+        RESOLVE_DEADLINE,
+        tokio::net::lookup_host((d.host.as_str(), d.port)),
+    )
+    .await
+    .map_err(|_| format!("resolving {} timed out", d.host))?
+    .map_err(|e| format!("cannot resolve {}: {e}", d.host))?
+    .collect();
+    Ok(addrs)
+}
+
+/// An error answer (closes the connection after it).
+async fn answer(s: &mut UnixStream, status: u16, why: &str) -> std::io::Result<()> {
+    let text = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    };
+    let body = format!("{why}\n");
+    let msg = format!(
+        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Warden-Egress: refused\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(msg.as_bytes()).await?;
+    s.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<EgressRecord>>);
+
+    impl Report for Seen {
+        fn task_id(&self) -> String {
+            "t".into()
+        }
+        fn connection(&self, rec: &EgressRecord) {
+            self.0.lock().unwrap().push(rec.clone());
+        }
+    }
+
+    fn proxy(dir: &Path, peer_uid: u32, max: usize, allow: &[&str]) -> (EgressProxy, Arc<Seen>) {
+        let mut l = Allowlist::new();
+        for a in allow {
+            l.push(warden_egress::AllowEntry::parse(a).unwrap(), "test");
+        }
+        let seen = Arc::new(Seen::default());
+        let p = EgressProxy::start(
+            dir,
+            ProxyConfig {
+                context_id: "c".into(),
+                agent: "a".into(),
+                allow: l,
+                peer_uid,
+                max_connections: max,
+            },
+            seen.clone(),
+        )
+        .unwrap();
+        (p, seen)
+    }
+
+    async fn ask(p: &EgressProxy, req: &str) -> String {
+        let mut s = UnixStream::connect(p.dir().join(warden_sandbox::EGRESS_SOCKET_NAME))
+            .await
+            .unwrap();
+        let _ = s.write_all(req.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    fn me() -> u32 {
+        nix::unistd::geteuid().as_raw()
+    }
+
+    #[tokio::test]
+    async fn another_uid_gets_nothing_and_the_agent_uid_gets_the_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, seen) = proxy(dir.path(), me().wrapping_add(1), 4, &[]);
+        let got = ask(&p, "CONNECT evil.example:443 HTTP/1.1\r\n\r\n").await;
+        assert_eq!(got, "", "a peer of another uid is dropped unanswered");
+        assert!(seen.0.lock().unwrap().is_empty());
+        let (p, seen) = proxy(dir.path(), me(), 4, &[]);
+        let got = ask(&p, "CONNECT evil.example:443 HTTP/1.1\r\n\r\n").await;
+        assert!(got.starts_with("HTTP/1.1 403 "), "{got}");
+        assert!(
+            got.contains("egress to evil.example:443 refused: not in [agents.a] egress_allow"),
+            "{got}"
+        );
+        let recs = seen.0.lock().unwrap().clone();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(
+            (recs[0].host.as_str(), recs[0].port, recs[0].allowed),
+            ("evil.example", 443, false)
+        );
+        assert_eq!(recs[0].setting, "agents.a.egress_allow");
+        assert_eq!(recs[0].task_id, "t");
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_limit_get_503_and_the_tunnel_relays_both_ways() {
+        let dir = tempfile::tempdir().unwrap();
+        let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = echo.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 64];
+                    if let Ok(n) = s.read(&mut b).await {
+                        let _ = s.write_all(&b[..n]).await;
+                    }
+                });
+            }
+        });
+        let (p, seen) = proxy(dir.path(), me(), 1, &[&format!("127.0.0.1:{port}")]);
+        // One connection holds the only slot (it sends nothing yet).
+        let sock = p.dir().join(warden_sandbox::EGRESS_SOCKET_NAME);
+        let mut held = UnixStream::connect(&sock).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let got = ask(&p, &format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n")).await;
+        assert!(got.starts_with("HTTP/1.1 503 "), "{got}");
+        assert!(got.contains("limits.egress_connections"), "{got}");
+        // The held one goes on: a tunnel, with bytes sent right after the head.
+        held.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nping").as_bytes())
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), held.read_to_end(&mut out)).await;
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "HTTP/1.1 200 Connection established\r\n\r\nping"
+        );
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let recs = seen.0.lock().unwrap().clone();
+        let ok = recs
+            .iter()
+            .find(|r| r.allowed)
+            .expect("the tunnel is recorded");
+        assert_eq!(ok.address, format!("127.0.0.1:{port}"));
+        assert_eq!((ok.bytes_up, ok.bytes_down), (4, 4));
+        assert!(recs.iter().any(|r| r.status == 503));
+        // Dropping the proxy removes its directory.
+        let d = p.dir().to_path_buf();
+        drop(p);
+        assert!(!d.exists());
+    }
+}

@@ -1,0 +1,455 @@
+//! Supervisor end to end, egress (issue 12): an agent with `network = "proxy"` has its own
+//! network namespace, and its only way out is the supervisor's egress proxy, through the relay
+//! in its sandbox. The scripted agent makes the connections from inside the box (`connect`
+//! steps) and reports what it saw; the tests check that, the events the caller got and the
+//! conversation's egress record.
+//!
+//! Skips, saying so, outside CI when bubblewrap does not work on this host (in CI it fails).
+
+mod supervisor_support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use supervisor_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use warden_proto::v1 as pb;
+use warden_proto::v1::turn_event::Event;
+
+fn bwrap_works() -> bool {
+    if warden_sandbox::find_bwrap().is_some_and(|b| warden_sandbox::bwrap_works(&b)) {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "bubblewrap is required for the egress tests in CI"
+    );
+    println!("SKIP: bubblewrap missing or not working on this host");
+    false
+}
+
+/// A loopback server answering each connection with `<tag>:<first line it read>` and closing.
+async fn server(tag: &'static str) -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1024];
+                let mut got = Vec::new();
+                while !got.contains(&b'\n') && got.len() < 1024 {
+                    match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let line = String::from_utf8_lossy(&got);
+                let line = line.lines().next().unwrap_or("");
+                let _ = s.write_all(format!("{tag}:{line}\n").as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+fn connect(host: &str, port: u16, via: &str, send: &str) -> Value {
+    json!({"type": "connect", "host": host, "port": port, "via": via, "send": send, "read_ms": 2000})
+}
+
+/// The `connect-result:` reports of a turn, in order.
+fn results(evs: &[pb::TurnEvent]) -> Vec<Value> {
+    text(evs)
+        .lines()
+        .filter_map(|l| l.strip_prefix("connect-result: "))
+        .map(|j| serde_json::from_str(j).unwrap_or_else(|e| panic!("{j}: {e}")))
+        .collect()
+}
+
+fn refusals(evs: &[pb::TurnEvent]) -> Vec<pb::EgressRefused> {
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::EgressRefused(r)) => Some(r.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The conversation's egress record.
+fn egress_record(d: &warden_e2e::Deployment, ctx: &str) -> Vec<Value> {
+    std::fs::read_to_string(state(d).join("egress").join(format!("{ctx}.jsonl")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+async fn deploy_proxy(allow: &[String], extra: &[(&str, &str)]) -> warden_e2e::Deployment {
+    let allow = format!(
+        "agents.scripted.egress_allow=[{}]",
+        allow
+            .iter()
+            .map(|a| format!("{a:?}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut sets = vec![
+        ("supervisor", "agents.scripted.network=\"proxy\""),
+        ("supervisor", allow.as_str()),
+    ];
+    sets.extend_from_slice(extra);
+    deploy(&sets).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recorded() {
+    if !bwrap_works() {
+        return;
+    }
+    let allowed = server("allowed").await;
+    let other = server("other").await;
+    // `localhost:<other>` is named exactly: that name reaches loopback, on that port only.
+    let d = deploy_proxy(
+        &[format!("127.0.0.1:{allowed}"), format!("localhost:{other}")],
+        &[("supervisor", "limits.egress_refusals_end_turn=0")],
+    )
+    .await;
+    let mut c = client(&d);
+    let steps = vec![
+        // 0: through the proxy to the named server: the bytes arrive and the answer comes back.
+        connect("127.0.0.1", allowed, "proxy", "ping-proxy\n"),
+        // 1: the same server at the same address without the proxy (the mirrored port).
+        connect("127.0.0.1", allowed, "direct", "ping-direct\n"),
+        // 2: another loopback port of the host, through the proxy: refused.
+        connect("127.0.0.1", other, "proxy", "x\n"),
+        // 3: ... and directly: nothing there in the agent's namespace.
+        connect("127.0.0.1", other, "direct", "x\n"),
+        // 4: a host nobody named.
+        connect("evil.example", 443, "proxy", ""),
+        // 5-10: the named server in other spellings, and a name resolving to loopback.
+        connect("::ffff:127.0.0.1", allowed, "proxy", "x\n"),
+        connect("0.0.0.0", allowed, "proxy", "x\n"),
+        connect("127.1", allowed, "proxy", "x\n"),
+        connect("2130706433", allowed, "proxy", "x\n"),
+        connect("0x7f000001", allowed, "proxy", "x\n"),
+        connect("localhost", allowed, "proxy", "x\n"),
+        // 11: the cloud metadata address.
+        connect("169.254.169.254", 80, "proxy", ""),
+        // 12: the name the operator wrote, resolving to loopback: allowed (named exactly).
+        connect("localhost", other, "proxy", "by-name\n"),
+    ];
+    let evs = run(
+        &mut c,
+        turn("egress", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let r = results(&evs);
+    assert_eq!(r.len(), 13, "{r:#?}\n{evs:#?}");
+    assert_eq!(r[12]["received"], "other:by-name\n", "{}", r[12]);
+    assert!(
+        r[0]["status"].as_str().unwrap_or("").contains(" 200 "),
+        "{}",
+        r[0]
+    );
+    assert_eq!(r[0]["received"], "allowed:ping-proxy\n", "{}", r[0]);
+    assert_eq!(r[1]["error"], "", "{}", r[1]);
+    assert_eq!(r[1]["received"], "allowed:ping-direct\n", "{}", r[1]);
+    assert!(
+        r[2]["status"].as_str().unwrap_or("").contains(" 403 "),
+        "{}",
+        r[2]
+    );
+    assert!(
+        r[2]["received"]
+            .as_str()
+            .unwrap_or("")
+            .contains("egress_allow"),
+        "{}",
+        r[2]
+    );
+    assert!(
+        r[3]["error"].as_str().unwrap_or("").contains("connect"),
+        "a direct connection to a host loopback port must fail: {}",
+        r[3]
+    );
+    assert!(
+        !r[3]["received"].as_str().unwrap_or("").contains("other:"),
+        "{}",
+        r[3]
+    );
+    for (i, res) in r.iter().enumerate().take(12).skip(4) {
+        let status = res["status"].as_str().unwrap_or("");
+        assert!(
+            status.contains(" 403 ") || status.contains(" 400 "),
+            "step {i} must be refused: {res}"
+        );
+        assert!(
+            !res["received"].as_str().unwrap_or("").contains("allowed:"),
+            "{res}"
+        );
+    }
+    // The caller saw each refusal that named a destination, with the host and the setting.
+    let refused = refusals(&evs);
+    let evil = refused
+        .iter()
+        .find(|e| e.host == "evil.example")
+        .unwrap_or_else(|| panic!("no refusal event for evil.example: {refused:#?}"));
+    assert_eq!(evil.port, 443);
+    assert_eq!(
+        evil.message,
+        "egress to evil.example:443 refused: not in [agents.scripted] egress_allow"
+    );
+    assert_eq!(evil.setting, "agents.scripted.egress_allow");
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.host == "127.0.0.1" && e.port == u32::from(other)),
+        "{refused:#?}"
+    );
+    assert!(
+        refused.iter().any(|e| e.host == "localhost"),
+        "{refused:#?}"
+    );
+    // Recorded with the conversation: the allowed ones with the address and bytes each way.
+    let rec = egress_record(&d, "egress");
+    let ok: Vec<&Value> = rec.iter().filter(|r| r["allowed"] == true).collect();
+    assert_eq!(ok.len(), 3, "{rec:#?}");
+    assert!(
+        ok.iter().any(|r| r["host"] == "localhost"
+            && r["address"] == format!("127.0.0.1:{other}")
+            && r["setting"] == "agents.scripted.egress_allow"),
+        "{ok:#?}"
+    );
+    let kinds: Vec<&str> = ok
+        .iter()
+        .filter(|r| r["host"] == "127.0.0.1")
+        .filter_map(|r| r["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["connect", "connect-mirrored"], "{ok:#?}");
+    for r in ok.iter().filter(|r| r["host"] == "127.0.0.1") {
+        assert_eq!(r["host"], "127.0.0.1");
+        assert_eq!(r["port"], allowed);
+        assert_eq!(r["address"], format!("127.0.0.1:{allowed}"));
+        assert!(r["bytes_up"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert!(r["bytes_down"].as_u64().unwrap_or(0) > 0, "{r}");
+        assert_eq!(r["task_id"], "t-t1");
+    }
+    assert!(
+        rec.iter().any(|r| r["allowed"] == false
+            && r["host"] == "evil.example"
+            && r["status"] == 403
+            && r["reason"] == "not in [agents.scripted] egress_allow"),
+        "{rec:#?}"
+    );
+    assert!(
+        rec.iter()
+            .any(|r| r["allowed"] == false && r["host"] == "localhost"),
+        "{rec:#?}"
+    );
+    // And in the turn's transcript.
+    let transcript = std::fs::read_to_string(stop(&evs).transcript_path).unwrap_or_default();
+    assert!(transcript.contains("\"kind\":\"egress\""), "{transcript}");
+    assert_eq!(stop(&evs).stop_reason, "end_turn");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn garbage_on_the_proxy_and_its_socket_gets_an_error_and_the_supervisor_keeps_serving() {
+    if !bwrap_works() {
+        return;
+    }
+    let allowed = server("allowed").await;
+    let d = deploy_proxy(
+        &[format!("127.0.0.1:{allowed}")],
+        &[("supervisor", "limits.task_text_bytes=65536")],
+    )
+    .await;
+    let mut c = client(&d);
+    let big = format!(
+        "GET http://127.0.0.1:{allowed}/ HTTP/1.1\r\nX: {}\r\n\r\n",
+        "a".repeat(20_000)
+    );
+    let steps = vec![
+        json!({"type": "connect", "via": "proxy_raw", "send": "\u{1}\u{2}garbage\r\n\r\n"}),
+        json!({"type": "connect", "via": "proxy_raw", "send": big}),
+        json!({"type": "connect", "via": "socket", "send": "GET / HTTP/1.1\r\n\r\n"}),
+        // Plain HTTP in absolute form through the proxy still works.
+        json!({"type": "connect", "via": "proxy_raw", "send": format!("GET http://127.0.0.1:{allowed}/x HTTP/1.1\r\nHost: evil.example\r\n\r\n")}),
+        // Straight at the socket, the same rules: an unnamed host is refused.
+        json!({"type": "connect", "via": "socket", "send": "CONNECT evil.example:443 HTTP/1.1\r\n\r\n"}),
+    ];
+    let evs = run(
+        &mut c,
+        turn("garbage", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let r = results(&evs);
+    assert_eq!(r.len(), 5, "{r:#?}\n{evs:#?}");
+    assert!(
+        r[0]["status"].as_str().unwrap_or("").contains(" 400 "),
+        "{}",
+        r[0]
+    );
+    assert!(
+        r[1]["status"].as_str().unwrap_or("").contains(" 431 "),
+        "{}",
+        r[1]
+    );
+    assert!(
+        r[2]["status"].as_str().unwrap_or("").contains(" 400 "),
+        "{}",
+        r[2]
+    );
+    assert_eq!(r[3]["received"], "allowed:GET /x HTTP/1.1\n", "{}", r[3]);
+    assert!(
+        r[4]["status"].as_str().unwrap_or("").contains(" 403 "),
+        "{}",
+        r[4]
+    );
+    // Still serving: the next turn works and its connection goes through.
+    let evs = run(
+        &mut c,
+        turn(
+            "garbage",
+            "t2",
+            &scenario(json!({"steps": [connect("127.0.0.1", allowed, "proxy", "again\n")]})),
+        ),
+    )
+    .await;
+    assert_eq!(results(&evs)[0]["received"], "allowed:again\n", "{evs:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_destination_refused_again_and_again_ends_the_turn_within_seconds() {
+    if !bwrap_works() {
+        return;
+    }
+    let d = deploy_proxy(&[], &[]).await;
+    let mut c = client(&d);
+    let retry = connect("api.example.com", 443, "proxy", "");
+    let steps = vec![
+        retry.clone(),
+        retry.clone(),
+        retry.clone(),
+        json!({"type": "hang"}),
+    ];
+    let started = std::time::Instant::now();
+    let evs = run(
+        &mut c,
+        turn("retry", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let s = stop(&evs);
+    let f = s.fault.unwrap_or_else(|| panic!("no fault: {evs:#?}"));
+    assert_eq!(f.fault_class(), pb::FaultClass::EgressRefused);
+    assert!(
+        f.message.contains(
+            "egress to api.example.com:443 refused: not in [agents.scripted] egress_allow"
+        ),
+        "{}",
+        f.message
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_killing_its_relay_ends_only_its_own_turn() {
+    if !bwrap_works() {
+        return;
+    }
+    let allowed = server("allowed").await;
+    let d = deploy_proxy(&[format!("127.0.0.1:{allowed}")], &[]).await;
+    let mut c = client(&d);
+    // The shell's parent is the agent; the agent's parent is the relay.
+    let kill = json!({"type": "tool", "kind": "execute", "ask": false, "via": "direct",
+        "command": "kill -9 $(awk '{print $4}' /proc/$PPID/stat)"});
+    let evs = run(
+        &mut c,
+        turn(
+            "killer",
+            "t1",
+            &scenario(json!({"steps": [kill, {"type": "sleep", "ms": 3000}]})),
+        ),
+    )
+    .await;
+    let s = stop(&evs);
+    assert_eq!(s.stop_reason, "fault", "{evs:#?}");
+    // Another conversation is served, its egress works.
+    let evs = run(
+        &mut c,
+        turn(
+            "after",
+            "t1",
+            &scenario(json!({"steps": [connect("127.0.0.1", allowed, "proxy", "hi\n")]})),
+        ),
+    )
+    .await;
+    assert_eq!(results(&evs)[0]["received"], "allowed:hi\n", "{evs:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_proxy_agent_without_bubblewrap_is_refused_with_the_reason() {
+    let d = deploy(&[
+        ("supervisor", "agents.scripted.network=\"proxy\""),
+        ("supervisor", "sandbox.bubblewrap=false"),
+    ])
+    .await;
+    let mut c = client(&d);
+    let err = c
+        .run_turn(turn("nobwrap", "t1", "hello"))
+        .await
+        .map(|_| ())
+        .expect_err("a proxy agent without bubblewrap must be refused");
+    let msg = err.message().to_string();
+    assert!(msg.contains("network = \"proxy\""), "{msg}");
+    assert!(msg.contains("bubblewrap"), "{msg}");
+    assert!(msg.contains("[sandbox] bubblewrap = false"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_a2a_caller_sees_the_refusal_naming_the_host_and_the_setting() {
+    if !bwrap_works() {
+        return;
+    }
+    let opts = warden_e2e::Options {
+        sets: vec![
+            (
+                "supervisor".into(),
+                "agents.scripted.network=\"proxy\"".into(),
+            ),
+            (
+                "supervisor".into(),
+                "agents.scripted.egress_allow=[]".into(),
+            ),
+        ],
+        ..Default::default()
+    };
+    let d = warden_e2e::Deployment::up(opts).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let task = scenario(json!({"steps": [
+        connect("evil.example", 443, "proxy", ""),
+        {"type": "message", "text": "carried on"}
+    ]}));
+    let mut send = tokio::process::Command::new(warden_e2e::binary("warden"));
+    send.args(["--state-dir", &state, "send", &task])
+        .stdin(std::process::Stdio::null());
+    let out = warden_e2e::run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        shown.contains("egress to evil.example:443 refused: not in [agents.scripted] egress_allow"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("carried on"),
+        "one refusal does not end the turn: {shown}"
+    );
+}
