@@ -34,8 +34,8 @@ pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
 pub use etc::{
-    CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_REQUIREMENTS,
-    CODEX_REQUIREMENTS_TOML, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
+    AdapterPolicy, CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_MANAGED_CONFIG,
+    CODEX_REQUIREMENTS, CODEX_REQUIREMENTS_TOML, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
 };
 pub use features::{BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features};
 pub use homes::{AgentHome, AgentHomes};

@@ -22,6 +22,7 @@
 //   agent                                              spawn + handshake of one agent
 //   conversation                                       the turn queue and drive loop
 //   service                                            the gRPC services and the registry
+pub mod adapters;
 pub mod admission;
 pub mod agent;
 pub mod bridge;

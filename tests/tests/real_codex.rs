@@ -1,0 +1,109 @@
+//! The real Codex adapters under warden, offline: codex-acp 0.16.0 (`@zed-industries`, Codex
+//! 0.137) and 2.6.0 (`@agentclientprotocol`, the built-in `codex`, Codex 0.166), installed by
+//! `.ci/run` under `<target>/npm/`, driven through the real daemons by the scripted fake OpenAI
+//! Responses server in `tests/fake_models/`. Codex's own sandbox is off (it cannot start inside
+//! warden's); it asks for every command and edit, and warden-policy decides each.
+//!
+//! Missing installs fail under CI (`CI=true`) and are a printed skip elsewhere.
+
+use std::path::Path;
+use std::time::Duration;
+
+use warden_e2e::real::{self, CODEX_ACP_016, CODEX_ACP_26, FakeModel, Pinned};
+
+/// Codex 0.137 (codex-acp 0.16) is configured by the entry itself: `untrusted` with its
+/// sandbox off (warden's built-in default is for the 2.6 adapter's Codex).
+fn sets_for(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
+    let mut sets = real::agent_sets(name, p, model);
+    let sup = |kv: String| ("supervisor".to_string(), kv);
+    if p.spec == CODEX_ACP_016.spec {
+        sets.push(sup(format!(
+            "agents.{name}.codex_config={:?}",
+            warden_supervisor::adapters::CODEX_CONFIG_UNTRUSTED
+        )));
+        sets.push(sup(format!(
+            "agents.{name}.codex_requirements={:?}",
+            warden_supervisor::adapters::CODEX_REQUIREMENTS_UNTRUSTED
+        )));
+        sets.push(sup(format!("agents.{name}.supervised_mode=\"\"")));
+    }
+    sets
+}
+
+/// Whether a command that writes must ask to leave Codex's own sandbox: Codex 0.16x runs
+/// commands in its read-only (Landlock) sandbox and asks only for those it runs outside;
+/// Codex 0.137 (`untrusted`, no sandbox of its own) asks for every command.
+fn escalates(p: Pinned) -> bool {
+    p.spec == CODEX_ACP_26.spec
+}
+
+async fn allow_inside_deny_outside(p: Pinned, agent: &str) {
+    if real::installed(p).is_none() {
+        return;
+    }
+    let d = real::deployment();
+    let model = FakeModel::start(p.model, d.dir.path()).await;
+    let d = real::deploy(d, sets_for(agent, p, &model)).await;
+    let outside = format!("/etc/{}", real::unique("warden-codex-denied"));
+    let script = format!(
+        r#"SCRIPT {{"steps": [
+        {{"patch": "*** Begin Patch\n*** Add File: {{CWD}}/hello.txt\n+hello from the fake model\n*** End Patch\n"}},
+        {{"patch": "*** Begin Patch\n*** Add File: {outside}\n+x\n*** End Patch\n"}}
+    ], "final": "done"}}"#
+    );
+    let sent = real::send(&d, agent, &script, &[], Duration::from_secs(180)).await;
+    let ctx = format!("{}\n-- fake model --\n{}", sent.shown, model.answers());
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    assert!(sent.shown.contains("[policy] DENY"), "{ctx}");
+    // Codex's only "no" ends its turn (`abort`): completed with a refusal, or cancelled by it.
+    assert!(matches!(sent.code, Some(4) | Some(5)), "{ctx}");
+    let written = real::find(&d.dir.path().join("supervisor"), "hello.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert!(!Path::new(&outside).exists());
+}
+
+#[tokio::test]
+async fn codex_acp_016_patch_inside_allowed_and_outside_denied() {
+    allow_inside_deny_outside(CODEX_ACP_016, "codex-016").await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_patch_inside_allowed_and_outside_denied() {
+    allow_inside_deny_outside(CODEX_ACP_26, "codex").await;
+}
+
+async fn shell_write_inside_is_asked_and_allowed(p: Pinned, agent: &str) {
+    if real::installed(p).is_none() {
+        return;
+    }
+    let d = real::deployment();
+    let model = FakeModel::start(p.model, d.dir.path()).await;
+    let d = real::deploy(d, sets_for(agent, p, &model)).await;
+    let script = format!(
+        r#"SCRIPT {{"steps": [{{"shell": "echo shell-was-here > {{CWD}}/sh.txt", "escalate": {}}}], "final": "done"}}"#,
+        escalates(p)
+    );
+    let sent = real::send(&d, agent, &script, &[], Duration::from_secs(180)).await;
+    let ctx = format!("{}\n-- fake model --\n{}", sent.shown, model.answers());
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    let written = real::find(&d.dir.path().join("supervisor"), "sh.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "shell-was-here\n"
+    );
+}
+
+#[tokio::test]
+async fn codex_acp_016_shell_write_inside_is_asked_and_allowed() {
+    shell_write_inside_is_asked_and_allowed(CODEX_ACP_016, "codex-016").await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_shell_write_inside_is_asked_and_allowed() {
+    shell_write_inside_is_asked_and_allowed(CODEX_ACP_26, "codex").await;
+}
