@@ -134,8 +134,8 @@ impl FakeModel {
             .lines()
             .map(|l| match serde_json::from_str::<serde_json::Value>(l) {
                 Ok(v) => format!(
-                    "{} {} tools={} -> {}",
-                    v["method"], v["path"], v["tools"], v["answer"]
+                    "{} {} tools={} cwd={} -> {}",
+                    v["method"], v["path"], v["tools"], v["cwd"], v["answer"]
                 ),
                 Err(_) => l.chars().take(300).collect(),
             })
@@ -208,9 +208,11 @@ pub async fn send(
         .args(extra)
         .arg(text)
         .stdin(Stdio::null());
+    let t0 = std::time::Instant::now();
     let out = run_with_deadline(&mut cmd, deadline)
         .await
         .expect("warden send finishes");
+    eprintln!("warden send --agent {agent}: {:?}", t0.elapsed());
     Sent {
         code: out.status.code(),
         shown: format!(

@@ -19,11 +19,11 @@ fn sets_for(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
     if p.spec == CODEX_ACP_016.spec {
         sets.push(sup(format!(
             "agents.{name}.codex_config={:?}",
-            warden_supervisor::adapters::CODEX_CONFIG_UNTRUSTED
+            warden_sandbox::CODEX_CONFIG_UNTRUSTED
         )));
         sets.push(sup(format!(
             "agents.{name}.codex_requirements={:?}",
-            warden_supervisor::adapters::CODEX_REQUIREMENTS_UNTRUSTED
+            warden_sandbox::CODEX_REQUIREMENTS_UNTRUSTED
         )));
         sets.push(sup(format!("agents.{name}.supervised_mode=\"\"")));
     }

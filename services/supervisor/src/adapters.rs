@@ -105,31 +105,9 @@ pub fn resolve(dir: &Path, node: &Path, spec: &str) -> Result<Resolved, String> 
     })
 }
 
-/// Codex's managed configuration for Codex 0.137-0.148 (codex-acp 0.16): its own sandbox off
-/// (warden's bubblewrap contains it; Codex's cannot start inside it), and `untrusted`: every
-/// command Codex does not itself know to be read-only, and every edit, is asked.
-pub const CODEX_CONFIG_UNTRUSTED: &str = r#"# Written by warden: warden's sandbox contains Codex, and Codex asks for every command and edit.
-approval_policy = "untrusted"
-sandbox_mode = "danger-full-access"
-"#;
-
-/// Requirements that go with [`CODEX_CONFIG_UNTRUSTED`]: no other approval policy.
-pub const CODEX_REQUIREMENTS_UNTRUSTED: &str = r#"# Written by warden; read-only inside the sandbox.
-allowed_approval_policies = ["untrusted"]
-allowed_sandbox_modes = ["danger-full-access"]
-"#;
-
-/// Codex's managed configuration for Codex 0.149 and later (codex-acp 2.x), which has no
-/// `untrusted` any more: `on-request` inside Codex's own read-only sandbox, built on Landlock
-/// (the bubblewrap one cannot start inside warden's), so a command that writes fails there
-/// unless Codex asks to run it outside, and every edit is asked.
-pub const CODEX_CONFIG_ON_REQUEST: &str = r#"# Written by warden: Codex asks before anything leaves its read-only sandbox.
-approval_policy = "on-request"
-sandbox_mode = "read-only"
-
-[features]
-use_legacy_landlock = true
-"#;
+pub use warden_sandbox::{
+    CODEX_CONFIG_ON_REQUEST, CODEX_CONFIG_UNTRUSTED, CODEX_REQUIREMENTS_UNTRUSTED,
+};
 
 /// This agent's Codex files for its sandbox's `/etc`. With `OPENAI_BASE_URL` in the agent's
 /// environment the managed configuration also names it as the model provider (Codex reads no

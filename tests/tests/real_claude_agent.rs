@@ -1,0 +1,39 @@
+//! The built-in `claude` for real, offline: `@agentclientprotocol/claude-agent-acp` 0.101.0
+//! (installed by `.ci/run` under `<target>/npm/`, found there through `[adapters] dir`), driven
+//! through the real daemons by the scripted fake Anthropic Messages server in
+//! `tests/fake_models/`. Missing installs fail under CI (`CI=true`), a printed skip elsewhere.
+
+use std::path::Path;
+use std::time::Duration;
+
+use warden_e2e::real::{self, CLAUDE_AGENT_ACP, FakeModel};
+
+#[tokio::test]
+async fn claude_agent_acp_writes_inside_when_allowed_and_nothing_outside_when_denied() {
+    let p = CLAUDE_AGENT_ACP;
+    if real::installed(p).is_none() {
+        return;
+    }
+    let d = real::deployment();
+    let model = FakeModel::start(p.model, d.dir.path()).await;
+    let d = real::deploy(d, real::agent_sets("claude", p, &model)).await;
+    let outside = format!("/etc/{}", real::unique("warden-claude-denied"));
+    let script = format!(
+        r#"SCRIPT {{"steps": [
+        {{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": "{{CWD}}/hello.txt", "content": "hello from the fake model\n"}}}},
+        {{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": "{outside}", "content": "x\n"}}}}
+    ], "final": "done"}}"#
+    );
+    let sent = real::send(&d, "claude", &script, &[], Duration::from_secs(180)).await;
+    let ctx = format!("{}\n-- fake model --\n{}", sent.shown, model.answers());
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    assert!(sent.shown.contains("[policy] DENY"), "{ctx}");
+    assert_eq!(sent.code, Some(4), "{ctx}");
+    let written = real::find(&d.dir.path().join("supervisor"), "hello.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert!(!Path::new(&outside).exists());
+}
