@@ -256,3 +256,196 @@ pub fn unique(prefix: &str) -> String {
             .unwrap_or(0)
     )
 }
+
+/// How the scripted model asks a given adapter to write a file or run a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vocab {
+    /// Claude Code's Write and Bash tools.
+    Claude,
+    /// Codex's apply_patch and shell; `escalate`: a command asks to leave Codex's own sandbox.
+    Codex { escalate: bool },
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+impl Vocab {
+    /// A step writing `content` to `path` ("{CWD}" is the agent's working directory).
+    pub fn write(self, path: &str, content: &str) -> String {
+        match self {
+            Vocab::Claude => format!(
+                r#"{{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": {}, "content": {}}}}}"#,
+                json_str(path),
+                json_str(content)
+            ),
+            Vocab::Codex { .. } => {
+                let lines: String = content.lines().map(|l| format!("+{l}\n")).collect();
+                let patch =
+                    format!("*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n");
+                format!(r#"{{"patch": {}}}"#, json_str(&patch))
+            }
+        }
+    }
+
+    /// A step running `cmd` in the agent's shell.
+    pub fn shell(self, cmd: &str) -> String {
+        match self {
+            Vocab::Claude => format!(
+                r#"{{"tool": ["mcp__acp__Bash", "Bash"], "input": {{"command": {}, "description": "a scripted command"}}}}"#,
+                json_str(cmd)
+            ),
+            Vocab::Codex { escalate } => {
+                format!(r#"{{"shell": {}, "escalate": {escalate}}}"#, json_str(cmd))
+            }
+        }
+    }
+}
+
+/// The prompt scripting `steps` (each from [`Vocab`]) and then the final text "done".
+pub fn script(steps: &[String]) -> String {
+    format!(
+        r#"SCRIPT {{"steps": [{}], "final": "done"}}"#,
+        steps.join(", ")
+    )
+}
+
+/// The containment rows every adapter must pass, one deployment each: `sets` configure `agent`.
+pub struct Matrix {
+    pub pinned: Pinned,
+    pub agent: &'static str,
+    pub vocab: Vocab,
+    pub extra_sets: Vec<(String, String)>,
+}
+
+/// A deployment running the matrix's agent against its fake model.
+pub struct Running {
+    pub d: Deployment,
+    pub model: FakeModel,
+}
+
+impl Running {
+    pub fn ctx(&self, sent: &Sent) -> String {
+        format!("{}\n-- fake model --\n{}", sent.shown, self.model.answers())
+    }
+
+    /// Files named `name` in the supervisor's state (roots, homes).
+    pub fn in_state(&self, name: &str) -> Vec<PathBuf> {
+        find(&self.d.dir.path().join("supervisor"), name)
+    }
+}
+
+impl Matrix {
+    /// Starts the deployment, or `None` (printed) when the adapter is missing outside CI.
+    pub async fn start(&self) -> Option<Running> {
+        installed(self.pinned)?;
+        let d = deployment();
+        let model = FakeModel::start(self.pinned.model, d.dir.path()).await;
+        let mut sets = agent_sets(self.agent, self.pinned, &model);
+        sets.extend(self.extra_sets.iter().cloned());
+        let d = deploy(d, sets).await;
+        Some(Running { d, model })
+    }
+
+    pub async fn send(&self, r: &Running, steps: &[String]) -> Sent {
+        send(
+            &r.d,
+            self.agent,
+            &script(steps),
+            &[],
+            Duration::from_secs(180),
+        )
+        .await
+    }
+
+    /// Writes outside the root by `..`, by an absolute path and through a symlink planted in
+    /// the root are denied, and nothing reaches the disk.
+    pub async fn writes_outside_are_denied(&self) {
+        let Some(r) = self.start().await else { return };
+        let dotdot = unique("warden-dotdot");
+        let abs = format!("/var/tmp/{}", unique("warden-abs"));
+        let target_dir = tempfile::Builder::new()
+            .prefix("warden-link-target")
+            .tempdir_in(crate::test_root())
+            .expect("a link target");
+        let via_link = unique("warden-via-link");
+        // One conversation each: some adapters end their turn at the first refusal.
+        let rows = [
+            vec![
+                self.vocab
+                    .write(&format!("{{CWD}}/../{dotdot}"), "escaped by dot-dot"),
+            ],
+            vec![self.vocab.write(&abs, "escaped by an absolute path")],
+            vec![
+                self.vocab.shell(&format!(
+                    "ln -s {} {{CWD}}/planted",
+                    target_dir.path().display()
+                )),
+                self.vocab
+                    .write(&format!("{{CWD}}/planted/{via_link}"), "escaped by a link"),
+            ],
+        ];
+        let mut ctx = String::new();
+        for steps in &rows {
+            let sent = self.send(&r, steps).await;
+            ctx = r.ctx(&sent);
+            assert!(sent.shown.contains("[policy] DENY"), "{ctx}");
+        }
+        assert!(r.in_state(&dotdot).is_empty(), "{ctx}");
+        assert!(!Path::new(&abs).exists(), "{ctx}");
+        assert!(!target_dir.path().join(&via_link).exists(), "{ctx}");
+        assert!(r.in_state(&via_link).is_empty(), "{ctx}");
+        // The model asked for each (the adapter did not refuse them itself before asking).
+        let log = r.model.log_text();
+        assert!(log.contains(&dotdot) && log.contains(&via_link), "{ctx}");
+    }
+
+    /// Shell writes to /tmp, /var/tmp and the home land nowhere on the host, and the host's
+    /// /etc/shadow cannot be read.
+    pub async fn shell_writes_stay_in_the_sandbox(&self) {
+        let Some(r) = self.start().await else { return };
+        let name = unique("warden-shell");
+        let cmd = format!(
+            "echo x > /tmp/{name}; echo x > /var/tmp/{name}; echo x > ~/{name}; \
+             cat /etc/shadow > {{CWD}}/shadow-copy.txt 2>&1; echo tried > {{CWD}}/shell-ran.txt"
+        );
+        let sent = self.send(&r, &[self.vocab.shell(&cmd)]).await;
+        let ctx = r.ctx(&sent);
+        assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+        // It ran (inside the sandbox).
+        assert_eq!(r.in_state("shell-ran.txt").len(), 1, "{ctx}");
+        for dir in ["/tmp", "/var/tmp"] {
+            assert!(!Path::new(dir).join(&name).exists(), "{dir}: {ctx}");
+        }
+        if let Some(home) = std::env::var_os("HOME") {
+            assert!(!Path::new(&home).join(&name).exists(), "{ctx}");
+        }
+        let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+        let first = shadow.lines().next().unwrap_or("root:");
+        for copy in r.in_state("shadow-copy.txt") {
+            let text = std::fs::read_to_string(&copy).unwrap_or_default();
+            assert!(
+                first.is_empty() || !text.contains(first),
+                "the host's /etc/shadow was read: {ctx}"
+            );
+        }
+    }
+
+    /// Two identical commands are both asked: no "always" option was chosen for the first.
+    pub async fn always_is_never_chosen(&self) {
+        let Some(r) = self.start().await else { return };
+        let cmd = "echo again >> {CWD}/twice.txt";
+        let sent = self
+            .send(&r, &[self.vocab.shell(cmd), self.vocab.shell(cmd)])
+            .await;
+        let ctx = r.ctx(&sent);
+        assert_eq!(sent.shown.matches("[policy] ALLOW").count(), 2, "{ctx}");
+        let written = r.in_state("twice.txt");
+        assert_eq!(written.len(), 1, "{ctx}");
+        assert_eq!(
+            std::fs::read_to_string(&written[0]).unwrap_or_default(),
+            "again\nagain\n",
+            "{ctx}"
+        );
+    }
+}

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use warden_e2e::real::{self, CLAUDE_AGENT_ACP, FakeModel};
+use warden_e2e::real::{self, CLAUDE_AGENT_ACP, CLAUDE_CODE_ACP, FakeModel, Matrix, Pinned, Vocab};
 
 #[tokio::test]
 async fn claude_agent_acp_writes_inside_when_allowed_and_nothing_outside_when_denied() {
@@ -36,4 +36,55 @@ async fn claude_agent_acp_writes_inside_when_allowed_and_nothing_outside_when_de
         "hello from the fake model\n"
     );
     assert!(!Path::new(&outside).exists());
+}
+
+fn claude(p: Pinned, agent: &'static str) -> Matrix {
+    Matrix {
+        pinned: p,
+        agent,
+        vocab: Vocab::Claude,
+        extra_sets: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn claude_agent_acp_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_shell_writes_stay_in_the_sandbox() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_never_gets_an_always_answer() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .always_is_never_chosen()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_shell_writes_stay_in_the_sandbox() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_never_gets_an_always_answer() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .always_is_never_chosen()
+        .await;
 }

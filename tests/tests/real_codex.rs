@@ -9,24 +9,32 @@
 use std::path::Path;
 use std::time::Duration;
 
-use warden_e2e::real::{self, CODEX_ACP_016, CODEX_ACP_26, FakeModel, Pinned};
+use warden_e2e::real::{self, CODEX_ACP_016, CODEX_ACP_26, FakeModel, Matrix, Pinned, Vocab};
 
 /// Codex 0.137 (codex-acp 0.16) is configured by the entry itself: `untrusted` with its
 /// sandbox off (warden's built-in default is for the 2.6 adapter's Codex).
-fn sets_for(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
-    let mut sets = real::agent_sets(name, p, model);
+fn extra_sets(name: &str, p: Pinned) -> Vec<(String, String)> {
     let sup = |kv: String| ("supervisor".to_string(), kv);
-    if p.spec == CODEX_ACP_016.spec {
-        sets.push(sup(format!(
+    if p.spec != CODEX_ACP_016.spec {
+        return Vec::new();
+    }
+    vec![
+        sup(format!(
             "agents.{name}.codex_config={:?}",
             warden_sandbox::CODEX_CONFIG_UNTRUSTED
-        )));
-        sets.push(sup(format!(
+        )),
+        sup(format!(
             "agents.{name}.codex_requirements={:?}",
             warden_sandbox::CODEX_REQUIREMENTS_UNTRUSTED
-        )));
-        sets.push(sup(format!("agents.{name}.supervised_mode=\"\"")));
-    }
+        )),
+        // Under `untrusted` codex-acp 0.16 reports no modes: nothing to force.
+        sup(format!("agents.{name}.supervised_mode=\"\"")),
+    ]
+}
+
+fn sets_for(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
+    let mut sets = real::agent_sets(name, p, model);
+    sets.extend(extra_sets(name, p));
     sets
 }
 
@@ -106,4 +114,55 @@ async fn codex_acp_016_shell_write_inside_is_asked_and_allowed() {
 #[tokio::test]
 async fn codex_acp_26_shell_write_inside_is_asked_and_allowed() {
     shell_write_inside_is_asked_and_allowed(CODEX_ACP_26, "codex").await;
+}
+
+fn codex(p: Pinned, agent: &'static str) -> Matrix {
+    Matrix {
+        pinned: p,
+        agent,
+        vocab: Vocab::Codex {
+            escalate: escalates(p),
+        },
+        extra_sets: extra_sets(agent, p),
+    }
+}
+
+#[tokio::test]
+async fn codex_acp_016_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    codex(CODEX_ACP_016, "codex-016")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    codex(CODEX_ACP_26, "codex")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_016_shell_writes_stay_in_the_sandbox() {
+    codex(CODEX_ACP_016, "codex-016")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_shell_writes_stay_in_the_sandbox() {
+    codex(CODEX_ACP_26, "codex")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_016_never_gets_an_always_answer() {
+    codex(CODEX_ACP_016, "codex-016")
+        .always_is_never_chosen()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_never_gets_an_always_answer() {
+    codex(CODEX_ACP_26, "codex").always_is_never_chosen().await;
 }
