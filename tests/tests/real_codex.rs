@@ -166,3 +166,74 @@ async fn codex_acp_016_never_gets_an_always_answer() {
 async fn codex_acp_26_never_gets_an_always_answer() {
     codex(CODEX_ACP_26, "codex").always_is_never_chosen().await;
 }
+
+/// Codex 0.16x asks only for what leaves its own sandbox, and that sandbox cannot start inside
+/// warden's: a command that does not ask never runs (nothing written, no permission request).
+#[tokio::test]
+async fn codex_acp_26_a_command_that_does_not_ask_never_runs() {
+    let m = codex(CODEX_ACP_26, "codex");
+    let Some(r) = m.start().await else { return };
+    let quiet = Vocab::Codex { escalate: false };
+    let sent = m
+        .send(&r, &[quiet.shell("echo quiet > {CWD}/quiet.txt")])
+        .await;
+    let ctx = r.ctx(&sent);
+    assert!(!sent.shown.contains("[policy]"), "it asked: {ctx}");
+    assert!(r.in_state("quiet.txt").is_empty(), "{ctx}");
+    // What Codex told the model: the command failed (its sandbox did not start).
+    let outputs: Vec<String> = r
+        .model
+        .log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .flat_map(|v| v["input"].as_array().cloned().unwrap_or_default())
+        .filter(|i| i["type"] == "custom_tool_call_output")
+        .map(|i| i["output"].to_string())
+        .collect();
+    assert_eq!(outputs.len(), 1, "{ctx}");
+    assert!(
+        outputs[0].contains("exit_code") && !outputs[0].contains("exit_code\\\":0"),
+        "{ctx}\n{outputs:?}"
+    );
+}
+
+/// A misconfigured adapter: what it said on stderr is in the FAILED message (Codex 0.166
+/// refuses the retired `untrusted`).
+#[tokio::test]
+async fn codex_acp_26_misconfigured_fails_with_its_stderr() {
+    let mut m = codex(CODEX_ACP_26, "codex");
+    m.extra_sets.push((
+        "supervisor".into(),
+        "agents.codex.codex_config=\"approval_policy = \\\"untrusted\\\"\"".into(),
+    ));
+    let Some(r) = m.start().await else { return };
+    let sent = m.send(&r, &[]).await;
+    assert_eq!(sent.code, Some(1), "{}", sent.shown);
+    assert!(sent.shown.contains("[FAILED]"), "{}", sent.shown);
+    assert!(
+        sent.shown.contains("is no longer supported"),
+        "{}",
+        sent.shown
+    );
+}
+
+/// An adapter that is not installed: the FAILED message says where it was looked for and the
+/// command that installs it.
+#[tokio::test]
+async fn an_adapter_that_is_not_installed_says_how_to_install_it() {
+    let mut m = codex(CODEX_ACP_26, "codex");
+    m.extra_sets.push((
+        "supervisor".into(),
+        "agents.codex.adapter=\"@agentclientprotocol/codex-acp@0.0.1\"".into(),
+    ));
+    let Some(r) = m.start().await else { return };
+    let sent = m.send(&r, &[]).await;
+    assert_eq!(sent.code, Some(1), "{}", sent.shown);
+    assert!(
+        sent.shown.contains("not installed")
+            && sent.shown.contains("npm install --prefix")
+            && sent.shown.contains("codex-acp-0.0.1"),
+        "{}",
+        sent.shown
+    );
+}

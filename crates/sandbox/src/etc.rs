@@ -113,15 +113,15 @@ allowed_sandbox_modes = ["danger-full-access"]
 "#;
 
 /// Codex's managed configuration for Codex 0.149 and later (codex-acp 2.x), which has no
-/// `untrusted` any more: `on-request` inside Codex's own read-only sandbox, built on Landlock
-/// (the bubblewrap one cannot start inside warden's), so a command that writes fails there
-/// unless Codex asks to run it outside, and every edit is asked.
-pub const CODEX_CONFIG_ON_REQUEST: &str = r#"# Written by warden: Codex asks before anything leaves its read-only sandbox.
+/// `untrusted` any more: `on-request` in Codex's own read-only sandbox. That sandbox cannot start
+/// inside warden's (Codex 0.166: "filesystem-restricted execution requires bubblewrap"), so a
+/// command that does not ask to leave it fails before it runs, and one that asks
+/// (`require_escalated`) reaches warden-policy as a permission request; every edit is asked.
+/// The requirements ([`CODEX_REQUIREMENTS_TOML`]) keep `danger-full-access` (where nothing
+/// would be asked) out of reach.
+pub const CODEX_CONFIG_ON_REQUEST: &str = r#"# Written by warden: nothing runs or changes without a permission request.
 approval_policy = "on-request"
 sandbox_mode = "read-only"
-
-[features]
-use_legacy_landlock = true
 "#;
 
 /// One mount of the sandbox's `/etc`.
