@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, records, fault, policy, translate, mode, live, admission   leaves
+//   config, adapters, records, fault, policy, translate, mode, live, admission   leaves
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
