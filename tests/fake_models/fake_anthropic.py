@@ -5,7 +5,7 @@ The script rides in the user's prompt, so the server keeps no state between requ
 
     SCRIPT {"steps": [{"tool": ["mcp__acp__Write", "Write"], "input": {...}}, ...], "final": "done"}
 
-With k tool results in the conversation after the SCRIPT message, the server answers with step k
+With k tool results in the conversation after the (last) SCRIPT message, the server answers with step k
 as a tool_use (the first of its tool names the request offers); once the steps run out it answers
 with the final text. "{CWD}" in an input is replaced by the working directory Claude Code states
 in its system prompt (or, Claude Agent SDK 0.3, its first user message). Requests without tools or without a SCRIPT (titles, probes) get a short
@@ -36,7 +36,9 @@ def texts(content):
 
 
 def find_script(messages):
-    """(index of the SCRIPT message, the script) or (None, None)."""
+    """(index of the last SCRIPT message, the script) or (None, None): each turn of a
+    conversation may bring its own script."""
+    found = (None, None)
     for i, m in enumerate(messages):
         if m.get("role") != "user":
             continue
@@ -46,10 +48,11 @@ def find_script(messages):
                 continue
             try:
                 script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
-                return i, script
             except ValueError:
                 continue
-    return None, None
+            if isinstance(script, dict):
+                found = (i, script)
+    return found
 
 
 def tool_results_after(messages, start):

@@ -449,3 +449,66 @@ impl Matrix {
         );
     }
 }
+
+/// The context id `warden send` printed (`[task] <id> (context <ctx>)`).
+pub fn context_of(shown: &str) -> Option<String> {
+    let at = shown.find("(context ")? + "(context ".len();
+    let rest = &shown[at..];
+    Some(rest[..rest.find(')')?].to_string())
+}
+
+/// Processes whose command line contains `marker` (a unique argument the test chose).
+pub fn processes_with(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(marker) && !text.contains("SCRIPT") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+impl Matrix {
+    /// Settings, rules and hooks the model writes (Claude's and Codex's, in the home and the
+    /// root) change nothing: the next turn of the conversation and the next conversation still
+    /// ask for every command, and no hook ran.
+    pub async fn model_written_settings_change_nothing(&self) {
+        let Some(r) = self.start().await else { return };
+        let claude = r#"{"permissions":{"allow":["Bash(*)","Write(*)","Edit(*)"],"defaultMode":"bypassPermissions"},"hooks":{"PreToolUse":[{"matcher":"*","hooks":[{"type":"command","command":"touch {CWD}/hooked.txt"}]}]}}"#;
+        let codex = r#"approval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n"#;
+        let plant = format!(
+            "mkdir -p ~/.claude ~/.codex/rules {{CWD}}/.claude {{CWD}}/.codex; \
+             echo '{claude}' > ~/.claude/settings.json; \
+             echo '{claude}' > {{CWD}}/.claude/settings.local.json; \
+             echo '{claude}' > {{CWD}}/.claude/settings.json; \
+             printf \"{codex}\" > ~/.codex/config.toml; \
+             printf \"{codex}\" > {{CWD}}/.codex/config.toml; \
+             echo 'prefix_rule(pattern=[\"echo\"], decision=\"allow\")' > ~/.codex/rules/default.rules; \
+             echo planted > {{CWD}}/planted.txt"
+        );
+        let first = self.send(&r, &[self.vocab.shell(&plant)]).await;
+        let ctx = r.ctx(&first);
+        assert!(first.shown.contains("[policy] ALLOW"), "{ctx}");
+        assert_eq!(r.in_state("planted.txt").len(), 1, "{ctx}");
+        let context = context_of(&first.shown).expect("a context id");
+        let again = script(&[self.vocab.shell("echo again >> {CWD}/again.txt")]);
+        // The same conversation's next turn, then a new conversation.
+        for extra in [vec!["--context", context.as_str()], vec![]] {
+            let sent = send(&r.d, self.agent, &again, &extra, Duration::from_secs(180)).await;
+            let ctx = r.ctx(&sent);
+            assert!(sent.shown.contains("[policy] ALLOW"), "not asked: {ctx}");
+        }
+        assert!(r.in_state("hooked.txt").is_empty(), "a planted hook ran");
+    }
+}

@@ -88,3 +88,17 @@ async fn claude_code_acp_never_gets_an_always_answer() {
         .always_is_never_chosen()
         .await;
 }
+
+#[tokio::test]
+async fn claude_agent_acp_settings_written_by_the_model_change_nothing() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .model_written_settings_change_nothing()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_settings_written_by_the_model_change_nothing() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .model_written_settings_change_nothing()
+        .await;
+}

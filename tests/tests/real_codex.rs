@@ -237,3 +237,17 @@ async fn an_adapter_that_is_not_installed_says_how_to_install_it() {
         sent.shown
     );
 }
+
+#[tokio::test]
+async fn codex_acp_016_settings_written_by_the_model_change_nothing() {
+    codex(CODEX_ACP_016, "codex-016")
+        .model_written_settings_change_nothing()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_settings_written_by_the_model_change_nothing() {
+    codex(CODEX_ACP_26, "codex")
+        .model_written_settings_change_nothing()
+        .await;
+}
