@@ -512,3 +512,62 @@ impl Matrix {
         assert!(r.in_state("hooked.txt").is_empty(), "a planted hook ran");
     }
 }
+
+impl Matrix {
+    /// `setsid nohup` children of a command are gone once the task is cancelled (SIGTERM to
+    /// `warden send`, which cancels it).
+    pub async fn detached_children_die_with_cancel(&self) {
+        let Some(r) = self.start().await else { return };
+        let marker = format!("sleep 86{}3", std::process::id() % 100_000);
+        let cmd = format!(
+            "setsid nohup {marker} > /dev/null 2>&1 & echo started > {{CWD}}/bg.txt; sleep 600"
+        );
+        let state = r.d.dir.path().to_string_lossy().to_string();
+        let mut child = tokio::process::Command::new(binary("warden"))
+            .args(["--state-dir", &state, "send", "--agent", self.agent])
+            .arg(script(&[self.vocab.shell(&cmd)]))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("warden send starts");
+        let t0 = std::time::Instant::now();
+        while (r.in_state("bg.txt").is_empty() || processes_with(&marker).is_empty())
+            && t0.elapsed() < Duration::from_secs(90)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let started = !processes_with(&marker).is_empty();
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("warden send ends after SIGTERM")
+            .expect("its output");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ctx = format!("{shown}\n-- fake model --\n{}", r.model.answers());
+        assert!(started, "the detached child never started: {ctx}");
+        let t1 = std::time::Instant::now();
+        while !processes_with(&marker).is_empty() && t1.elapsed() < Duration::from_secs(15) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left = processes_with(&marker);
+        for pid in &left {
+            // Ours to clean up (the marker is this test's), then fail.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(left.is_empty(), "{left:?} survived the cancel: {ctx}");
+    }
+}

@@ -102,3 +102,17 @@ async fn claude_code_acp_settings_written_by_the_model_change_nothing() {
         .model_written_settings_change_nothing()
         .await;
 }
+
+#[tokio::test]
+async fn claude_agent_acp_detached_children_die_with_cancel() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .detached_children_die_with_cancel()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_detached_children_die_with_cancel() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .detached_children_die_with_cancel()
+        .await;
+}

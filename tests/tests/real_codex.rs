@@ -251,3 +251,17 @@ async fn codex_acp_26_settings_written_by_the_model_change_nothing() {
         .model_written_settings_change_nothing()
         .await;
 }
+
+#[tokio::test]
+async fn codex_acp_016_detached_children_die_with_cancel() {
+    codex(CODEX_ACP_016, "codex-016")
+        .detached_children_die_with_cancel()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_detached_children_die_with_cancel() {
+    codex(CODEX_ACP_26, "codex")
+        .detached_children_die_with_cancel()
+        .await;
+}
