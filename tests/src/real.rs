@@ -523,7 +523,7 @@ impl Matrix {
             "setsid nohup {marker} > /dev/null 2>&1 & echo started > {{CWD}}/bg.txt; sleep 600"
         );
         let state = r.d.dir.path().to_string_lossy().to_string();
-        let mut child = tokio::process::Command::new(binary("warden"))
+        let child = tokio::process::Command::new(binary("warden"))
             .args(["--state-dir", &state, "send", "--agent", self.agent])
             .arg(script(&[self.vocab.shell(&cmd)]))
             .stdin(Stdio::null())
