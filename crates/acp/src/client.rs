@@ -591,6 +591,23 @@ impl AcpClient {
         .map(|_| ())
     }
 
+    /// `session/set_config_option`: sets the select option `config_id` to `value` (e.g. Codex
+    /// 2.6's `collaboration_mode` = `plan`).
+    pub async fn set_config_option(
+        &self,
+        session_id: &str,
+        config_id: &str,
+        value: &str,
+    ) -> Result<(), AcpError> {
+        self.request_inner(
+            "session/set_config_option",
+            json!({"sessionId": session_id, "configId": config_id, "value": value}),
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// `authenticate` with `method_id` (one of the `authMethods` the agent listed).
     pub async fn authenticate(&self, method_id: &str) -> Result<(), AcpError> {
         self.request_inner("authenticate", json!({"methodId": method_id}), None)

@@ -284,6 +284,11 @@ pub struct AgentConfig {
     /// Codex's requirements (TOML, `/etc/codex/requirements.toml`); "" = warden's default.
     #[serde(default)]
     pub codex_requirements: String,
+    /// `"<config id>=<value>"` set after `session/new` when the conversation's verb asks for
+    /// planning (`advise`, `review`), e.g. Codex 2.6's `collaboration_mode=plan`; "" = none.
+    /// It changes how the agent works, never what it may do without asking.
+    #[serde(default)]
+    pub plan_config_option: String,
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment variable names added to the allowlist for this agent (operator-only).
@@ -345,6 +350,7 @@ impl AgentConfig {
             adapter: String::new(),
             codex_config: String::new(),
             codex_requirements: String::new(),
+            plan_config_option: String::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|s| s.to_string()).collect(),
             set_env: BTreeMap::new(),
@@ -418,6 +424,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     );
     codex.adapter = CODEX_ADAPTER.into();
     codex.codex_config = crate::adapters::CODEX_CONFIG_ON_REQUEST.into();
+    codex.plan_config_option = "collaboration_mode=plan".into();
     codex.network = Network::Host;
     codex.description = "Codex through its ACP adapter, supervised by warden".into();
     m.insert("codex".into(), codex);
