@@ -571,3 +571,63 @@ impl Matrix {
         assert!(left.is_empty(), "{left:?} survived the cancel: {ctx}");
     }
 }
+
+/// One turn through the supervisor's gRPC API (what the gateway's fronts send), its events up
+/// to the stop.
+pub async fn supervisor_turn(
+    d: &Deployment,
+    agent: &str,
+    context: &str,
+    turn_id: &str,
+    verb: &str,
+    text: String,
+) -> Vec<warden_proto::v1::TurnEvent> {
+    use warden_proto::v1 as pb;
+    use warden_proto::v1::turn_event::Event;
+    let mut c =
+        pb::supervisor_service_client::SupervisorServiceClient::new(d.channel("supervisor"));
+    let req = pb::RunTurnRequest {
+        context_id: context.into(),
+        turn_id: turn_id.into(),
+        text,
+        instructions: String::new(),
+        message_id: format!("m-{turn_id}"),
+        task_id: format!("t-{turn_id}"),
+        timeout_seconds: 120,
+        open: Some(pb::OpenConversationRequest {
+            context_id: context.into(),
+            agent: agent.into(),
+            workspace: String::new(),
+            profile: pb::Profile::WorkspaceWrite as i32,
+            principal: "tester".into(),
+            verb: verb.into(),
+        }),
+    };
+    let mut s = c.run_turn(req).await.expect("RunTurn").into_inner();
+    let mut evs = Vec::new();
+    let got = tokio::time::timeout(Duration::from_secs(150), async {
+        while let Ok(Some(ev)) = s.message().await {
+            let last = matches!(ev.event, Some(Event::Stop(_)));
+            evs.push(ev);
+            if last {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "no stop: {evs:#?}");
+    evs
+}
+
+/// The permission decisions among `evs`.
+pub fn decisions(
+    evs: &[warden_proto::v1::TurnEvent],
+) -> Vec<warden_proto::v1::PermissionDecisionEvent> {
+    use warden_proto::v1::turn_event::Event;
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::Permission(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}

@@ -116,3 +116,43 @@ async fn claude_code_acp_detached_children_die_with_cancel() {
         .detached_children_die_with_cancel()
         .await;
 }
+
+/// A `review` conversation starts Claude in plan mode (`plan_config_option = "mode=plan"`);
+/// leaving it (ExitPlanMode, decided by warden-policy) keeps supervision: the next command is
+/// still asked.
+async fn plan_exit_keeps_supervision(p: Pinned, agent: &'static str) {
+    let mut m = claude(p, agent);
+    m.extra_sets.push((
+        "supervisor".into(),
+        format!("agents.{agent}.plan_config_option=\"mode=plan\""),
+    ));
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        r#"{"tool": ["ExitPlanMode"], "input": {"plan": "1. Write after.txt.\n2. Report."}}"#
+            .to_string(),
+        Vocab::Claude.shell("echo after > {CWD}/after.txt"),
+    ];
+    let evs =
+        real::supervisor_turn(&r.d, agent, "plan-1", "t1", "review", real::script(&steps)).await;
+    let asked = real::decisions(&evs);
+    for d in &asked {
+        eprintln!(
+            "{agent}: {} {:?} -> {} ({})",
+            d.tool_kind, d.tool_title, d.option_id_sent, d.rule
+        );
+    }
+    let ctx = format!("{evs:#?}\n-- fake model --\n{}", r.model.answers());
+    assert!(
+        asked.iter().any(|d| d.tool_kind == "switch_mode"),
+        "plan exit was not asked: {ctx}"
+    );
+    assert!(
+        asked.iter().any(|d| d.tool_kind == "execute"),
+        "the command after the plan was not asked: {ctx}"
+    );
+}
+
+#[tokio::test]
+async fn claude_agent_acp_plan_exit_keeps_supervision() {
+    plan_exit_keeps_supervision(CLAUDE_AGENT_ACP, "claude").await;
+}
