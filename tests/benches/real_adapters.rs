@@ -84,10 +84,7 @@ async fn sample(d: &warden_e2e::Deployment, agent: &str, n: usize) -> (Duration,
         }
     }
     let _ = c
-        .close_conversation(pb::CloseConversationRequest {
-            context_id: ctx,
-            ..Default::default()
-        })
+        .close_conversation(pb::CloseConversationRequest { context_id: ctx })
         .await;
     (
         started.unwrap_or(Duration::MAX),
