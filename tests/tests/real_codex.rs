@@ -353,3 +353,41 @@ async fn codex_acp_26_review_plans_and_stays_supervised_after_the_plan() {
     );
     drop(c);
 }
+
+/// `warden doctor` says which installed adapter each built-in runs and where it was found, and
+/// for one that is missing, the command that installs it.
+#[tokio::test]
+async fn doctor_names_the_installed_adapters_and_how_to_install_a_missing_one() {
+    let mut m = codex(CODEX_ACP_26, "codex");
+    m.extra_sets.push((
+        "supervisor".into(),
+        "agents.codex-later.adapter=\"@agentclientprotocol/codex-acp@0.0.1\"".into(),
+    ));
+    let Some(r) = m.start().await else { return };
+    let state = r.d.dir.path().to_string_lossy().to_string();
+    let mut cmd = tokio::process::Command::new(warden_e2e::binary("warden"));
+    cmd.args(["--state-dir", &state, "doctor"])
+        .stdin(std::process::Stdio::null());
+    let out = warden_e2e::run_with_deadline(&mut cmd, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = |agent: &str| {
+        shown
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{agent} ")))
+            .unwrap_or_else(|| panic!("no line for {agent}: {shown}"))
+            .to_string()
+    };
+    let codex = line("codex");
+    assert!(
+        codex.contains("@agentclientprotocol/codex-acp@2.6.0 at ")
+            && codex.contains("codex-acp-2.6.0/node_modules"),
+        "{shown}"
+    );
+    let later = line("codex-later");
+    assert!(
+        later.contains("MISSING") && later.contains("npm install --prefix"),
+        "{shown}"
+    );
+}
