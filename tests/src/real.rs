@@ -631,3 +631,33 @@ pub fn decisions(
         })
         .collect()
 }
+
+impl Matrix {
+    /// A misconfigured adapter (its Node.js told to preload a module that does not exist): the
+    /// task FAILS and its message carries what the adapter said on stderr.
+    pub async fn misconfigured_fails_with_its_stderr(&self) {
+        let mut m = Matrix {
+            pinned: self.pinned,
+            agent: self.agent,
+            vocab: self.vocab,
+            extra_sets: self.extra_sets.clone(),
+        };
+        m.extra_sets.push((
+            "supervisor".into(),
+            format!(
+                "agents.{}.set_env={{ NODE_OPTIONS = \"--require /nonexistent/warden-preload.js\" }}",
+                self.agent
+            ),
+        ));
+        let Some(r) = m.start().await else { return };
+        let sent = m.send(&r, &[]).await;
+        assert_eq!(sent.code, Some(1), "{}", sent.shown);
+        assert!(sent.shown.contains("[FAILED]"), "{}", sent.shown);
+        assert!(
+            sent.shown.contains("Cannot find module")
+                && sent.shown.contains("/nonexistent/warden-preload.js"),
+            "the adapter's stderr is not in the message: {}",
+            sent.shown
+        );
+    }
+}

@@ -156,3 +156,17 @@ async fn plan_exit_keeps_supervision(p: Pinned, agent: &'static str) {
 async fn claude_agent_acp_plan_exit_keeps_supervision() {
     plan_exit_keeps_supervision(CLAUDE_AGENT_ACP, "claude").await;
 }
+
+#[tokio::test]
+async fn claude_agent_acp_misconfigured_fails_with_its_stderr() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_misconfigured_fails_with_its_stderr() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}

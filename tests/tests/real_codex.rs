@@ -391,3 +391,17 @@ async fn doctor_names_the_installed_adapters_and_how_to_install_a_missing_one() 
         "{shown}"
     );
 }
+
+#[tokio::test]
+async fn codex_acp_016_misconfigured_node_fails_with_its_stderr() {
+    codex(CODEX_ACP_016, "codex-016")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_misconfigured_node_fails_with_its_stderr() {
+    codex(CODEX_ACP_26, "codex")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}
