@@ -5,10 +5,10 @@ The script rides in the user's prompt, so the server keeps no state between requ
 
     SCRIPT {"steps": [{"tool": ["mcp__acp__Write", "Write"], "input": {...}}, ...], "final": "done"}
 
-With k tool results in the conversation after the SCRIPT message, the server answers with step k
+With k tool results in the conversation after the (last) SCRIPT message, the server answers with step k
 as a tool_use (the first of its tool names the request offers); once the steps run out it answers
 with the final text. "{CWD}" in an input is replaced by the working directory Claude Code states
-in its system prompt. Requests without tools or without a SCRIPT (titles, probes) get a short
+in its system prompt (or, Claude Agent SDK 0.3, its first user message). Requests without tools or without a SCRIPT (titles, probes) get a short
 text. Every request is appended to the log file (one JSON line) so a test can see what the model
 was asked. Listens on 127.0.0.1 only; prints the port as its first line.
 
@@ -36,7 +36,9 @@ def texts(content):
 
 
 def find_script(messages):
-    """(index of the SCRIPT message, the script) or (None, None)."""
+    """(index of the last SCRIPT message, the script) or (None, None): each turn of a
+    conversation may bring its own script."""
+    found = (None, None)
     for i, m in enumerate(messages):
         if m.get("role") != "user":
             continue
@@ -46,10 +48,11 @@ def find_script(messages):
                 continue
             try:
                 script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
-                return i, script
             except ValueError:
                 continue
-    return None, None
+            if isinstance(script, dict):
+                found = (i, script)
+    return found
 
 
 def tool_results_after(messages, start):
@@ -64,7 +67,10 @@ def tool_results_after(messages, start):
 def working_directory(body):
     system = body.get("system")
     blob = system if isinstance(system, str) else json.dumps(system or "")
-    m = re.search(r"Working directory: ([^\s\\\"]+)", blob)
+    # Claude Agent SDK 0.3 states it in the first user message instead.
+    blob += json.dumps(body.get("messages") or [])
+    # "Working directory: /x" (Claude Code 1.x), "Primary working directory: /x" (2.x).
+    m = re.search(r"[Ww]orking directory: ([^\s\\\"]+)", blob)
     return m.group(1) if m else ""
 
 
@@ -146,7 +152,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
             return
         content, stop = answer_for(body)
-        self.record({"method": "POST", "path": path, "answer": content, "stop": stop})
+        self.record({"method": "POST", "path": path, "cwd": working_directory(body),
+                     "answer": content, "stop": stop})
         model = body.get("model", "claude-fake")
         msg_id = "msg_fake_" + uuid.uuid4().hex[:12]
         if not body.get("stream"):

@@ -16,6 +16,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
+
+pub mod real;
 pub use warden_cli::layout::Layout;
 
 /// The directory holding the workspace's binaries (`target/debug` for `cargo test`).

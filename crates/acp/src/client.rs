@@ -609,6 +609,13 @@ impl AcpClient {
         Ok(v.get("configOptions").cloned().unwrap_or(Value::Null))
     }
 
+    /// `authenticate` with `method_id` (one of the `authMethods` the agent listed).
+    pub async fn authenticate(&self, method_id: &str) -> Result<(), AcpError> {
+        self.request_inner("authenticate", json!({"methodId": method_id}), None)
+            .await
+            .map(|_| ())
+    }
+
     /// `session/prompt` with one text block. `meta` (if not `null`) is sent as
     /// the prompt's `_meta` (the gateway passes `{"warden":{"messageId":..}}`).
     /// No timeout: turn budgets are the caller's; use [`AcpClient::cancel`].

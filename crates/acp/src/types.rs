@@ -577,6 +577,28 @@ pub struct InitializeResponse {
     pub auth_methods: Vec<Value>,
 }
 
+impl InitializeResponse {
+    /// The id of the first `env_var` auth method (ACP's "the key is in the environment") all of
+    /// whose variables `present` says are set, if the agent lists one. Agents that need no
+    /// authentication list none, or only interactive ones (a browser login), and get `None`.
+    pub fn env_auth_method(&self, present: impl Fn(&str) -> bool) -> Option<String> {
+        self.auth_methods.iter().find_map(|m| {
+            if m.get("type").and_then(Value::as_str) != Some("env_var") {
+                return None;
+            }
+            let vars = m.get("vars").and_then(Value::as_array)?;
+            let all = !vars.is_empty()
+                && vars.iter().all(|v| {
+                    v.get("name")
+                        .and_then(Value::as_str)
+                        .is_some_and(|n| !n.is_empty() && present(n))
+                });
+            all.then(|| m.get("id").and_then(Value::as_str).map(str::to_string))
+                .flatten()
+        })
+    }
+}
+
 /// `agentCapabilities` (only what a client branches on is typed).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -897,6 +919,35 @@ impl ElicitationResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_env_auth_method_is_the_first_whose_variables_are_all_set() {
+        // codex-acp 0.16's list: a browser login, then two environment keys.
+        let init: InitializeResponse = serde_json::from_value(serde_json::json!({
+        "protocolVersion": 1,
+        "authMethods": [
+            {"id": "chatgpt", "name": "Login with ChatGPT"},
+            {"type": "env_var", "id": "codex-api-key", "vars": [{"name": "CODEX_API_KEY"}]},
+            {"type": "env_var", "id": "openai-api-key", "vars": [{"name": "OPENAI_API_KEY"}]},
+            {"type": "env_var", "id": "empty", "vars": []}
+        ]}))
+        .unwrap();
+        let set = |names: &'static [&'static str]| move |n: &str| names.contains(&n);
+        assert_eq!(
+            init.env_auth_method(set(&["OPENAI_API_KEY"])).as_deref(),
+            Some("openai-api-key")
+        );
+        assert_eq!(
+            init.env_auth_method(set(&["CODEX_API_KEY", "OPENAI_API_KEY"]))
+                .as_deref(),
+            Some("codex-api-key")
+        );
+        // Nothing set: no method (an interactive one is never chosen; nor one naming no variable).
+        assert_eq!(init.env_auth_method(set(&[])), None);
+        let none: InitializeResponse =
+            serde_json::from_value(serde_json::json!({"protocolVersion": 1})).unwrap();
+        assert_eq!(none.env_auth_method(|_| true), None);
+    }
 
     #[test]
     fn unknown_option_kind_parses_but_is_not_selectable() {

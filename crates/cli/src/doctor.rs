@@ -183,6 +183,34 @@ pub async fn capacity(supervisor_socket: &Path) -> Vec<String> {
     capacity_lines(&d)
 }
 
+/// The installed adapters the running supervisor's entries run (its `Status`: `adapter.<agent>`),
+/// each found (where) or missing (with the command that installs it).
+pub async fn adapters(supervisor_socket: &Path) -> Vec<String> {
+    let Some(d) = details(supervisor_socket).await else {
+        return vec![format!(
+            "  supervisor not reachable at {}; the built-ins claude and codex run adapters \
+             installed under its [adapters] dir (default /usr/local/lib/warden/adapters)",
+            supervisor_socket.display()
+        )];
+    };
+    adapter_lines(&d)
+}
+
+fn adapter_lines(d: &HashMap<String, String>) -> Vec<String> {
+    let mut found: Vec<(&str, &str)> = d
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("adapter.")?, v.as_str())))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return vec!["  no agent entry runs an installed adapter".into()];
+    }
+    found
+        .into_iter()
+        .map(|(agent, v)| format!("  {agent:<20} {v}"))
+        .collect()
+}
+
 fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
     let get = |k: &str| d.get(k).map(String::as_str).unwrap_or("?");
     vec![
@@ -201,6 +229,35 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn adapter_lines_say_where_each_was_found_or_how_to_install_it() {
+        let d = map(&[
+            (
+                "adapter.codex",
+                "MISSING adapter @agentclientprotocol/codex-acp@2.6.0 is not installed (...); install it with: npm install --prefix /a/codex-acp-2.6.0 --no-audit --no-fund @agentclientprotocol/codex-acp@2.6.0",
+            ),
+            (
+                "adapter.claude",
+                "@agentclientprotocol/claude-agent-acp@0.101.0 at /a/claude-agent-acp-0.101.0/node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js",
+            ),
+            ("live_agents", "0"),
+        ]);
+        let l = adapter_lines(&d);
+        assert_eq!(l.len(), 2, "{l:?}");
+        assert!(
+            l[0].trim_start().starts_with("claude") && l[0].contains(" at /a/"),
+            "{l:?}"
+        );
+        assert!(
+            l[1].contains("MISSING") && l[1].contains("npm install --prefix"),
+            "{l:?}"
+        );
+        assert_eq!(
+            adapter_lines(&map(&[("live_agents", "0")])),
+            vec!["  no agent entry runs an installed adapter".to_string()]
+        );
+    }
 
     #[test]
     fn capacity_lines_name_the_caps_and_their_use() {

@@ -352,6 +352,10 @@ async fn main() -> ExitCode {
             for l in warden_cli::doctor::capacity(&supervisor_socket).await {
                 println!("{l}");
             }
+            println!("adapters:");
+            for l in warden_cli::doctor::adapters(&supervisor_socket).await {
+                println!("{l}");
+            }
             println!("Decide deadlines:");
             let report = warden_cli::doctor::deadlines(
                 &supervisor_socket,

@@ -252,6 +252,27 @@ mod tests {
                 vec![],
             ),
             (
+                // As codex-acp 0.16.0 (Codex 0.137) sent it under warden: `type`-tagged changes.
+                "codex-acp 0.16.0 patch approval, type-tagged",
+                r#"{"call_id":"call_1","turn_id":"t","started_at_ms":1,"changes":{"/r/b.txt":{"type":"add","content":"bee\n"},"/r/c.txt":{"type":"update","unified_diff":"@@ -1 +1 @@","move_path":"/etc/cron.d/x"},"/r/d.txt":{"type":"delete","content":""}}}"#.into(),
+                paths(&["/r/b.txt", "/r/c.txt", "/etc/cron.d/x", "/r/d.txt"]),
+                vec![],
+            ),
+            (
+                // codex-acp 0.16.0's exec approval: argv, cwd, and Codex's own proposals.
+                "codex-acp 0.16.0 exec approval",
+                r#"{"call_id":"c","command":["/bin/bash","-lc","echo hi > /tmp/x"],"cwd":"/r","proposed_execpolicy_amendment":["/bin/bash","-lc","echo hi > /tmp/x"],"available_decisions":["approved",{"approved_execpolicy_amendment":{"proposed_execpolicy_amendment":["/bin/bash"]}},"abort"],"parsed_cmd":[{"type":"unknown","cmd":"echo hi > /tmp/x"}]}"#.into(),
+                vec![],
+                paths(&["/r"]),
+            ),
+            (
+                // codex-acp 2.6.0's exec approval: the command as one string.
+                "codex-acp 2.6.0 exec approval",
+                r#"{"command":"echo hi > /r/b.txt","cwd":"/r"}"#.into(),
+                vec![],
+                paths(&["/r"]),
+            ),
+            (
                 "changes as a list",
                 r#"{"changes":[{"path":"/r/a","kind":"add"},{"path":"/r/b","move_path":"/r/c"}]}"#.into(),
                 paths(&["/r/a", "/r/b", "/r/c"]),

@@ -85,6 +85,45 @@ allowed_approval_policies = ["untrusted", "on-request"]
 allowed_sandbox_modes = ["read-only", "workspace-write"]
 "#;
 
+/// Where warden writes Codex's managed configuration (it outranks `~/.codex/config.toml`).
+pub const CODEX_MANAGED_CONFIG: &str = "/etc/codex/managed_config.toml";
+
+/// The adapters' admin-level files of one agent's sandbox that differ between agents (two Codex
+/// versions need different settings: 0.149 and later refuse `approval_policy = "untrusted"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AdapterPolicy {
+    /// `/etc/codex/managed_config.toml`; `None` = not written.
+    pub codex_config: Option<String>,
+    /// `/etc/codex/requirements.toml`; `None` = [`CODEX_REQUIREMENTS_TOML`].
+    pub codex_requirements: Option<String>,
+}
+
+/// Codex's managed configuration for Codex 0.137-0.148 (codex-acp 0.16): its own sandbox off
+/// (warden's bubblewrap contains it; Codex's cannot start inside it), and `untrusted`: every
+/// command Codex does not itself know to be read-only, and every edit, is asked.
+pub const CODEX_CONFIG_UNTRUSTED: &str = r#"# Written by warden: warden's sandbox contains Codex, and Codex asks for every command and edit.
+approval_policy = "untrusted"
+sandbox_mode = "danger-full-access"
+"#;
+
+/// Requirements that go with [`CODEX_CONFIG_UNTRUSTED`]: no other approval policy.
+pub const CODEX_REQUIREMENTS_UNTRUSTED: &str = r#"# Written by warden; read-only inside the sandbox.
+allowed_approval_policies = ["untrusted"]
+allowed_sandbox_modes = ["danger-full-access"]
+"#;
+
+/// Codex's managed configuration for Codex 0.149 and later (codex-acp 2.x), which has no
+/// `untrusted` any more: `on-request` in Codex's own read-only sandbox. That sandbox cannot start
+/// inside warden's (Codex 0.166: "filesystem-restricted execution requires bubblewrap"), so a
+/// command that does not ask to leave it fails before it runs, and one that asks
+/// (`require_escalated`) reaches warden-policy as a permission request; every edit is asked.
+/// The requirements ([`CODEX_REQUIREMENTS_TOML`]) keep `danger-full-access` (where nothing
+/// would be asked) out of reach.
+pub const CODEX_CONFIG_ON_REQUEST: &str = r#"# Written by warden: nothing runs or changes without a permission request.
+approval_policy = "on-request"
+sandbox_mode = "read-only"
+"#;
+
 /// One mount of the sandbox's `/etc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EtcBind {
@@ -104,7 +143,12 @@ impl EtcBind {
 
 /// The sandbox's `/etc` for an agent running as `who` with home `home`, from the host's `etc`
 /// directory (`/etc` in production; a test passes its own).
-pub fn etc_plan(etc: &Path, who: AgentIdentity, home: Option<&Path>) -> Vec<EtcBind> {
+pub fn etc_plan(
+    etc: &Path,
+    who: AgentIdentity,
+    home: Option<&Path>,
+    adapters: &AdapterPolicy,
+) -> Vec<EtcBind> {
     let mut out = Vec::new();
     let etc_real = std::fs::canonicalize(etc).unwrap_or_else(|_| etc.to_path_buf());
     for name in ETC_ENTRIES {
@@ -149,12 +193,23 @@ pub fn etc_plan(etc: &Path, who: AgentIdentity, home: Option<&Path>) -> Vec<EtcB
         ),
         (
             CODEX_REQUIREMENTS,
-            CODEX_REQUIREMENTS_TOML.as_bytes().to_vec(),
+            adapters
+                .codex_requirements
+                .as_deref()
+                .unwrap_or(CODEX_REQUIREMENTS_TOML)
+                .as_bytes()
+                .to_vec(),
         ),
     ] {
         out.push(EtcBind::Data {
             dest: PathBuf::from(dest),
             content,
+        });
+    }
+    if let Some(config) = &adapters.codex_config {
+        out.push(EtcBind::Data {
+            dest: PathBuf::from(CODEX_MANAGED_CONFIG),
+            content: config.as_bytes().to_vec(),
         });
     }
     out
@@ -225,7 +280,12 @@ mod tests {
         // A dangling link is skipped.
         std::os::unix::fs::symlink("/nonexistent/x", etc.join("timezone")).unwrap();
 
-        let plan = etc_plan(&etc, who(), Some(Path::new("/srv/home-1")));
+        let plan = etc_plan(
+            &etc,
+            who(),
+            Some(Path::new("/srv/home-1")),
+            &AdapterPolicy::default(),
+        );
         let d = dests(&plan);
         for must in [
             "/etc/hosts",
@@ -247,6 +307,7 @@ mod tests {
             "/etc/fstab",
             "/etc/localtime",
             "/etc/timezone",
+            CODEX_MANAGED_CONFIG,
         ] {
             assert!(!d.iter().any(|x| x == never), "{never} bound: {d:?}");
         }
@@ -271,6 +332,40 @@ mod tests {
         assert!(passwd.contains("warden-agent:x:61000:61000:warden agent:/srv/home-1:/bin/sh"));
         assert_eq!(passwd.lines().count(), 3, "{passwd}");
         assert!(!passwd.contains("passwd"));
+    }
+
+    #[test]
+    fn an_agents_codex_files_replace_the_defaults() {
+        let t = tempfile::tempdir().unwrap();
+        let policy = AdapterPolicy {
+            codex_config: Some("approval_policy = \"on-request\"\n".into()),
+            codex_requirements: Some("allowed_approval_policies = [\"on-request\"]\n".into()),
+        };
+        let plan = etc_plan(t.path(), who(), None, &policy);
+        let data = |dest: &str| {
+            plan.iter()
+                .find_map(|b| match b {
+                    EtcBind::Data { dest: d, content } if d == Path::new(dest) => {
+                        Some(String::from_utf8_lossy(content).into_owned())
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{dest} missing"))
+        };
+        assert_eq!(
+            data(CODEX_MANAGED_CONFIG),
+            "approval_policy = \"on-request\"\n"
+        );
+        assert_eq!(
+            data(CODEX_REQUIREMENTS),
+            "allowed_approval_policies = [\"on-request\"]\n"
+        );
+        assert_eq!(
+            plan.iter()
+                .filter(|b| b.dest() == Path::new(CODEX_REQUIREMENTS))
+                .count(),
+            1
+        );
     }
 
     #[test]

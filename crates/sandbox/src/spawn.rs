@@ -30,7 +30,7 @@ use crate::SandboxError;
 use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
 use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
-use crate::etc::{EtcBind, etc_plan};
+use crate::etc::{AdapterPolicy, EtcBind, etc_plan};
 use crate::identity::{AGENT_NAME, AgentIdentity, UidPool, UidRange, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
@@ -96,6 +96,8 @@ pub struct SpawnSpec {
     pub extra_ro_binds: Vec<PathBuf>,
     /// With `Network::Proxy`: the relay and the proxy's socket.
     pub egress: Option<EgressSpec>,
+    /// This agent's adapter files in the sandbox's `/etc` (Codex's managed configuration).
+    pub adapter_policy: AdapterPolicy,
 }
 
 impl SpawnSpec {
@@ -119,6 +121,7 @@ impl SpawnSpec {
             home: None,
             extra_ro_binds: Vec::new(),
             egress: None,
+            adapter_policy: AdapterPolicy::default(),
         }
     }
 }
@@ -383,7 +386,12 @@ impl Spawner {
             gid: nix::unistd::getegid().as_raw(),
         });
         let etc = if self.bwrap.is_some() {
-            etc_plan(Path::new("/etc"), who, home.as_deref())
+            etc_plan(
+                Path::new("/etc"),
+                who,
+                home.as_deref(),
+                &spec.adapter_policy,
+            )
         } else {
             Vec::new()
         };
@@ -891,7 +899,12 @@ mod tests {
             gid: 61000,
         };
         let home = PathBuf::from("/srv/homes/c-1");
-        let etc = etc_plan(Path::new("/etc"), who, Some(&home));
+        let etc = etc_plan(
+            Path::new("/etc"),
+            who,
+            Some(&home),
+            &AdapterPolicy::default(),
+        );
         let fds: Vec<i32> = (0..etc
             .iter()
             .filter(|b| matches!(b, EtcBind::Data { .. }))

@@ -170,7 +170,8 @@ impl AgentProc {
         let _ = reaped.wait_for(|done| *done).await;
         let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
         let slot = shared.live.acquire(&core.info.context_id, wait).await?;
-        let (tree, stdin, stdout, stderr, secrets, egress) = spawn(shared, core, cfg, home)?;
+        let (tree, stdin, stdout, stderr, secrets, env_names, egress) =
+            spawn(shared, core, cfg, home)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
@@ -220,7 +221,26 @@ impl AgentProc {
         match init {
             Ok(Ok(i)) => {
                 p.load_session = i.agent_capabilities.load_session;
-                Ok(p)
+                // An adapter that takes its key from the environment (codex-acp: "Use
+                // OPENAI_API_KEY") refuses `session/new` until told to use it.
+                let Some(method) = i.env_auth_method(|n| env_names.iter().any(|e| e == n)) else {
+                    return Ok(p);
+                };
+                match tokio::time::timeout(hs, p.client.authenticate(&method)).await {
+                    Ok(Ok(())) => {
+                        tracing::debug!(context_id = %core.info.context_id, method = %method, "authenticated from the environment");
+                        Ok(p)
+                    }
+                    Ok(Err(e)) => Err(p
+                        .fail(
+                            shared,
+                            StartError::Protocol(format!("authenticate {method:?}: {e}")),
+                        )
+                        .await),
+                    Err(_) => Err(p
+                        .fail(shared, StartError::Handshake("authenticate".into()))
+                        .await),
+                }
             }
             Ok(Err(e)) => Err(p
                 .fail(shared, StartError::Protocol(format!("initialize: {e}")))
@@ -308,6 +328,7 @@ pub type Spawned = (
     ChildStdin,
     ChildStdout,
     Option<ChildStderr>,
+    Vec<String>,
     Vec<String>,
     Option<crate::egress::EgressProxy>,
 );
@@ -476,10 +497,18 @@ fn spawn(
     home: Option<&std::path::Path>,
 ) -> Result<Spawned, StartError> {
     let info = &core.info;
-    let program = shared
+    let adapter = shared
         .settings
-        .agent_program(cfg)
+        .adapter(cfg)
+        .transpose()
         .map_err(StartError::Spawn)?;
+    let program = match &adapter {
+        Some(a) => a.node.clone(),
+        None => shared
+            .settings
+            .agent_program(cfg)
+            .map_err(StartError::Spawn)?,
+    };
     let keys: Vec<String> = cfg
         .env
         .iter()
@@ -492,6 +521,14 @@ fn spawn(
         std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
     );
     let secrets = secret_values(&env);
+    let names: Vec<String> = env
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .collect();
+    let base_url = env
+        .get("OPENAI_BASE_URL")
+        .map(|v| v.to_string_lossy().into_owned());
     let boundary = info.sandbox_boundary();
     let mut spec = warden_sandbox::SpawnSpec::new(
         info.context_id.clone(),
@@ -500,10 +537,19 @@ fn spawn(
         env,
         shared.depth,
     );
-    spec.args = cfg.args.iter().map(Into::into).collect();
+    spec.args = adapter
+        .iter()
+        .map(|a| a.entry.clone().into_os_string())
+        .chain(cfg.args.iter().map(Into::into))
+        .collect();
     // The conversation's copy, never the operator's template (`cfg.home`).
     spec.home = home.map(std::path::Path::to_path_buf);
     spec.extra_ro_binds = cfg.read_only_paths.clone();
+    if let Some(a) = &adapter {
+        spec.extra_ro_binds.push(a.modules.clone());
+    }
+    spec.adapter_policy =
+        crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
     let egress = if cfg.network == Network::Proxy {
         let (proxy, e) = start_egress(shared, core, cfg, &spec.env)?;
@@ -531,6 +577,7 @@ fn spawn(
         spawned.stdout,
         Some(spawned.stderr),
         secrets,
+        names,
         egress,
     ))
 }

@@ -85,6 +85,32 @@ pub struct SupervisorConfig {
     pub sandbox: SandboxSection,
     #[serde(default)]
     pub runtime: RuntimeSection,
+    #[serde(default)]
+    pub adapters: AdaptersSection,
+}
+
+/// Where installed ACP adapters are found (`adapter = "<package>@<version>"` entries).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdaptersSection {
+    /// One directory per adapter below it, `<name without scope>-<version>`, as made by
+    /// `npm install --prefix <dir>/<name>-<version> <package>@<version>` (`warden doctor` prints
+    /// the command for each built-in). Bound read-only into the agent's sandbox.
+    pub dir: PathBuf,
+    /// The Node.js that runs them ("" = /usr/bin/node, else /usr/local/bin/node).
+    pub node: PathBuf,
+}
+
+/// The default `[adapters] dir`.
+pub const DEFAULT_ADAPTERS_DIR: &str = "/usr/local/lib/warden/adapters";
+
+impl Default for AdaptersSection {
+    fn default() -> Self {
+        AdaptersSection {
+            dir: PathBuf::from(DEFAULT_ADAPTERS_DIR),
+            node: PathBuf::new(),
+        }
+    }
 }
 
 /// The async runtime.
@@ -267,9 +293,28 @@ pub struct AgentConfig {
     /// For people: the agent card's skill description at the gateway ("" = a generic one).
     #[serde(default)]
     pub description: String,
-    /// The program. Empty for `scripted` = `warden-scripted-agent` next to this executable.
+    /// The program. Empty for `scripted` = `warden-scripted-agent` next to this executable,
+    /// and for an `adapter` entry.
     #[serde(default)]
     pub command: String,
+    /// An installed npm adapter, `"<package>@<version>"`, run with Node.js from under
+    /// `[adapters] dir` when `command` is empty (its `node_modules` bound read-only). Never
+    /// fetched at spawn.
+    #[serde(default)]
+    pub adapter: String,
+    /// Codex's managed configuration (TOML, `/etc/codex/managed_config.toml` in the sandbox;
+    /// it outranks the agent's own `~/.codex/config.toml`). "" = none written. With
+    /// `OPENAI_BASE_URL` in the agent's environment a model provider for it is added.
+    #[serde(default)]
+    pub codex_config: String,
+    /// Codex's requirements (TOML, `/etc/codex/requirements.toml`); "" = warden's default.
+    #[serde(default)]
+    pub codex_requirements: String,
+    /// `"<config id>=<value>"` set after `session/new` when the conversation's verb asks for
+    /// planning (`advise`, `review`), e.g. Codex 2.6's `collaboration_mode=plan`; "" = none.
+    /// It changes how the agent works, never what it may do without asking.
+    #[serde(default)]
+    pub plan_config_option: String,
     #[serde(default)]
     pub args: Vec<String>,
     /// Environment variable names added to the allowlist for this agent (operator-only).
@@ -334,6 +379,10 @@ impl AgentConfig {
         AgentConfig {
             description: String::new(),
             command: command.into(),
+            adapter: String::new(),
+            codex_config: String::new(),
+            codex_requirements: String::new(),
+            plan_config_option: String::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|s| s.to_string()).collect(),
             set_env: BTreeMap::new(),
@@ -360,9 +409,14 @@ impl AgentConfig {
     }
 }
 
-/// The built-in registry: `scripted` (default, no network), `claude` and `codex` (published
-/// adapters via npx; they reach their model API through the egress proxy, `network = "proxy"`,
-/// and nothing else unless the operator adds it).
+/// The adapter the built-in `claude` runs (installed under `[adapters] dir`).
+pub const CLAUDE_ADAPTER: &str = "@agentclientprotocol/claude-agent-acp@0.101.0";
+/// The adapter the built-in `codex` runs (installed under `[adapters] dir`).
+pub const CODEX_ADAPTER: &str = "@agentclientprotocol/codex-acp@2.6.0";
+
+/// The built-in registry: `scripted` (default, no network), `claude` and `codex` (installed
+/// adapters; they reach their model API through the egress proxy, `network = "proxy"`, and
+/// nothing else unless the operator adds it).
 pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     let mut m = BTreeMap::new();
     // The scripted agent reads its budget from `_meta` (its prompt text may be a scenario).
@@ -381,8 +435,8 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     scripted.description = "warden's scripted demo agent".into();
     m.insert("scripted".into(), scripted);
     let mut claude = AgentConfig::builtin(
-        "npx",
-        &["--yes", "@agentclientprotocol/claude-agent-acp@0.101.0"],
+        "",
+        &[],
         "default",
         &["plan"],
         &[
@@ -391,17 +445,21 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
             "CLAUDE_CONFIG_DIR",
         ],
     );
+    claude.adapter = CLAUDE_ADAPTER.into();
     claude.network = Network::Proxy;
     claude.egress_allow = vec!["api.anthropic.com:443".into()];
     claude.description = "Claude Code through its ACP adapter, supervised by warden".into();
     m.insert("claude".into(), claude);
     let mut codex = AgentConfig::builtin(
-        "npx",
-        &["--yes", "@agentclientprotocol/codex-acp@2.6.0"],
+        "",
+        &[],
         "read-only",
         &[],
         &["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"],
     );
+    codex.adapter = CODEX_ADAPTER.into();
+    codex.codex_config = crate::adapters::CODEX_CONFIG_ON_REQUEST.into();
+    codex.plan_config_option = "collaboration_mode=plan".into();
     codex.network = Network::Proxy;
     codex.egress_allow = vec!["api.openai.com:443".into()];
     codex.description = "Codex through its ACP adapter, supervised by warden".into();
@@ -538,6 +596,18 @@ impl Settings {
             .get_key_value(name)
             .filter(|(_, a)| a.enabled)
             .map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// The installed adapter an entry without a command runs (`None`: it names none).
+    pub fn adapter(
+        &self,
+        agent: &AgentConfig,
+    ) -> Option<Result<crate::adapters::Resolved, String>> {
+        if !agent.command.is_empty() || agent.adapter.is_empty() {
+            return None;
+        }
+        let a = &self.file.adapters;
+        Some(crate::adapters::resolve(&a.dir, &a.node, &agent.adapter))
     }
 
     /// The program an agent runs: `scripted` with an empty command is the
@@ -682,7 +752,7 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
                 "agent names are letters, digits, '-' and '_'",
             ));
         }
-        if a.command.is_empty() && name != "scripted" {
+        if a.command.is_empty() && a.adapter.is_empty() && name != "scripted" {
             return Err(ConfigError::invalid(
                 &origin,
                 &format!("agents.{name}.command"),

@@ -239,6 +239,28 @@ impl Conversation {
             // Mode updates caused by our own set_mode are not escalations.
             while p.events.try_recv().is_ok() {}
         }
+        if let Some((id, value)) = self.plan_option() {
+            // Planning is a way of working, not a permission: an agent that refuses it still
+            // runs the verb, supervised as ever.
+            match tokio::time::timeout(hs, p.client.set_config_option(&session_id, id, value)).await
+            {
+                Ok(Ok(_)) => {
+                    tracing::info!(context_id = %self.core.info.context_id, option = id, value, "planning for the verb")
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(context_id = %self.core.info.context_id, option = id, error = %e, "the agent refused its plan option")
+                }
+                Err(_) => {
+                    return Err(p
+                        .fail(
+                            &self.shared,
+                            StartError::Handshake("session/set_config_option".into()),
+                        )
+                        .await);
+                }
+            }
+            while p.events.try_recv().is_ok() {}
+        }
         if let Err(e) = self
             .apply_session_options(&mut p, &session_id, config_options)
             .await
@@ -346,6 +368,18 @@ impl Conversation {
             *r = choices;
         }
         Ok(())
+    }
+
+    /// The `(config id, value)` that puts the agent into planning, when the conversation's verb
+    /// asks for it (`advise`, `review`) and the agent has one.
+    fn plan_option(&self) -> Option<(&str, &str)> {
+        if !matches!(self.core.info.verb.as_str(), "advise" | "review") {
+            return None;
+        }
+        self.agent_cfg
+            .plan_config_option
+            .split_once('=')
+            .filter(|(id, value)| !id.is_empty() && !value.is_empty())
     }
 
     /// Queues a turn; returns its 1-based queue position (0 = it will start now).

@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, records, fault, policy, translate, mode, options, live, admission   leaves
+//   config, adapters, records, fault, policy, translate, mode, options, live, admission   leaves
 //   egress                                             an agent's egress proxy (reports through a trait)
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
@@ -23,6 +23,7 @@
 //   agent                                              spawn + handshake of one agent
 //   conversation                                       the turn queue and drive loop
 //   service                                            the gRPC services and the registry
+pub mod adapters;
 pub mod admission;
 pub mod agent;
 pub mod bridge;

@@ -497,6 +497,16 @@ impl Supervisor {
     fn status(&self, count: usize) -> pb::StatusResponse {
         let mut details = HashMap::new();
         details.insert("conversations".to_string(), count.to_string());
+        // `warden doctor`: which installed adapter each entry runs, or how to install it.
+        for (name, cfg) in &self.shared.settings.agents {
+            if let Some(found) = self.shared.settings.adapter(cfg) {
+                let v = match found {
+                    Ok(a) => format!("{} at {}", cfg.adapter, a.entry.display()),
+                    Err(e) => format!("MISSING {e}"),
+                };
+                details.insert(format!("adapter.{name}"), v);
+            }
+        }
         details.insert(
             "live_agents".to_string(),
             self.shared.live.live().to_string(),

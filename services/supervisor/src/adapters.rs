@@ -1,0 +1,257 @@
+//! Installed ACP adapters (`adapter = "<npm package>@<version>"` entries, the built-in `claude`
+//! and `codex`): where one is found under `[adapters] dir`, the program and arguments that run
+//! it, the directories bound read-only for it; and the Codex managed configuration written into
+//! an agent's sandbox. Pure lookups on the file system: never installs or fetches anything.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::AgentConfig;
+
+/// An adapter found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// The Node.js interpreter that runs it.
+    pub node: PathBuf,
+    /// Its entry point (the package's `bin`).
+    pub entry: PathBuf,
+    /// The `node_modules` holding it and its dependencies (bound read-only).
+    pub modules: PathBuf,
+}
+
+/// `"@scope/name@1.2.3"` → (`"@scope/name"`, `"1.2.3"`).
+pub fn split_spec(spec: &str) -> Option<(&str, &str)> {
+    let at = spec.rfind('@').filter(|&i| i > 0)?;
+    let (name, version) = (&spec[..at], &spec[at + 1..]);
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "@/._-+".contains(c))
+            && !s.contains("..")
+    };
+    (ok(name) && ok(version) && !version.contains('/')).then_some((name, version))
+}
+
+/// The directory one adapter is installed in: `<dir>/<name without scope>-<version>` (what
+/// `npm install --prefix <that> <spec>` makes).
+pub fn install_dir(dir: &Path, spec: &str) -> Option<PathBuf> {
+    let (name, version) = split_spec(spec)?;
+    let short = name.rsplit('/').next()?;
+    Some(dir.join(format!("{short}-{version}")))
+}
+
+/// The command that installs `spec` where [`resolve`] looks for it.
+pub fn install_hint(dir: &Path, spec: &str) -> String {
+    match install_dir(dir, spec) {
+        Some(d) => format!(
+            "npm install --prefix {} --no-audit --no-fund {spec}",
+            d.display()
+        ),
+        None => format!("{spec:?} is not an npm package spec (name@version)"),
+    }
+}
+
+/// The first Node.js on the usual paths, or `configured` when set.
+pub fn find_node(configured: &Path) -> Option<PathBuf> {
+    if !configured.as_os_str().is_empty() {
+        return configured.is_file().then(|| configured.to_path_buf());
+    }
+    ["/usr/bin/node", "/usr/local/bin/node"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Finds `spec` under `dir`, or says what is missing and how to install it.
+pub fn resolve(dir: &Path, node: &Path, spec: &str) -> Result<Resolved, String> {
+    let (name, _) = split_spec(spec)
+        .ok_or_else(|| format!("adapter {spec:?} is not an npm package spec (name@version)"))?;
+    let base = install_dir(dir, spec).ok_or_else(|| format!("adapter {spec:?}"))?;
+    let modules = base.join("node_modules");
+    let package = modules.join(name);
+    let manifest = package.join("package.json");
+    let text = std::fs::read_to_string(&manifest).map_err(|e| {
+        format!(
+            "adapter {spec} is not installed ({}: {e}); install it with: {}",
+            manifest.display(),
+            install_hint(dir, spec)
+        )
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not JSON: {e}", manifest.display()))?;
+    let bin = match v.get("bin") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Object(m)) => {
+            m.values().find_map(|x| x.as_str().map(str::to_string))
+        }
+        _ => None,
+    }
+    .ok_or_else(|| format!("{} names no bin", manifest.display()))?;
+    let entry = package.join(bin);
+    if !entry.is_file() {
+        return Err(format!(
+            "adapter {spec}: its entry point {} is missing; reinstall it with: {}",
+            entry.display(),
+            install_hint(dir, spec)
+        ));
+    }
+    let node = find_node(node).ok_or_else(|| {
+        "Node.js was not found (/usr/bin/node, /usr/local/bin/node, or set adapters.node)"
+            .to_string()
+    })?;
+    Ok(Resolved {
+        node,
+        entry,
+        modules,
+    })
+}
+
+pub use warden_sandbox::{
+    CODEX_CONFIG_ON_REQUEST, CODEX_CONFIG_UNTRUSTED, CODEX_REQUIREMENTS_UNTRUSTED,
+};
+
+/// This agent's Codex files for its sandbox's `/etc`. With `OPENAI_BASE_URL` in the agent's
+/// environment the managed configuration also names it as the model provider (Codex reads no
+/// such variable), over HTTPS or HTTP without WebSockets.
+pub fn codex_policy(
+    cfg: &AgentConfig,
+    base_url: Option<&str>,
+) -> Result<warden_sandbox::AdapterPolicy, String> {
+    let mut policy = warden_sandbox::AdapterPolicy::default();
+    if !cfg.codex_requirements.is_empty() {
+        policy.codex_requirements = Some(cfg.codex_requirements.clone());
+    }
+    if cfg.codex_config.is_empty() {
+        return Ok(policy);
+    }
+    let mut table: toml::Table = cfg
+        .codex_config
+        .parse()
+        .map_err(|e: toml::de::Error| format!("codex_config is not TOML: {e}"))?;
+    if let Some(url) = base_url.filter(|u| !u.is_empty())
+        && !table.contains_key("model_provider")
+    {
+        let mut provider = toml::Table::new();
+        provider.insert("name".into(), "OpenAI (OPENAI_BASE_URL)".into());
+        provider.insert("base_url".into(), url.into());
+        provider.insert("env_key".into(), "OPENAI_API_KEY".into());
+        provider.insert("wire_api".into(), "responses".into());
+        provider.insert("supports_websockets".into(), false.into());
+        let mut providers = toml::Table::new();
+        providers.insert("warden-openai".into(), provider.into());
+        table.insert("model_provider".into(), "warden-openai".into());
+        table.insert("model_providers".into(), providers.into());
+    }
+    let text = toml::to_string(&table).map_err(|e| format!("codex_config: {e}"))?;
+    policy.codex_config = Some(format!("# Written by warden for this agent.\n{text}"));
+    Ok(policy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_split_at_the_last_at_and_refuse_paths() {
+        assert_eq!(
+            split_spec("@agentclientprotocol/codex-acp@2.6.0"),
+            Some(("@agentclientprotocol/codex-acp", "2.6.0"))
+        );
+        assert_eq!(split_spec("left-pad@1.0.0"), Some(("left-pad", "1.0.0")));
+        for bad in [
+            "@scope/name",
+            "name@",
+            "@1.0",
+            "../x@1",
+            "x@../../1",
+            "x@1/2",
+            "x y@1",
+        ] {
+            assert_eq!(split_spec(bad), None, "{bad}");
+        }
+        assert_eq!(
+            install_dir(Path::new("/a"), "@zed-industries/codex-acp@0.16.0").unwrap(),
+            PathBuf::from("/a/codex-acp-0.16.0")
+        );
+    }
+
+    #[test]
+    fn an_installed_adapter_resolves_to_node_its_bin_and_its_modules() {
+        let t = tempfile::tempdir().unwrap();
+        let pkg = t
+            .path()
+            .join("codex-acp-2.6.0/node_modules/@agentclientprotocol/codex-acp");
+        std::fs::create_dir_all(pkg.join("dist")).unwrap();
+        std::fs::write(
+            pkg.join("package.json"),
+            r#"{"name": "@agentclientprotocol/codex-acp", "bin": {"codex-acp": "dist/index.js"}}"#,
+        )
+        .unwrap();
+        let spec = "@agentclientprotocol/codex-acp@2.6.0";
+        let node = t.path().join("node");
+        std::fs::write(&node, "").unwrap();
+        // The package without its entry point: says so, with the install command.
+        let e = resolve(t.path(), &node, spec).unwrap_err();
+        assert!(
+            e.contains("dist/index.js") && e.contains("npm install --prefix"),
+            "{e}"
+        );
+        std::fs::write(pkg.join("dist/index.js"), "").unwrap();
+        let r = resolve(t.path(), &node, spec).unwrap();
+        assert_eq!(r.entry, pkg.join("dist/index.js"));
+        assert_eq!(r.modules, t.path().join("codex-acp-2.6.0/node_modules"));
+        assert_eq!(r.node, node);
+        // Not installed at all: the install command names the directory looked in.
+        let e = resolve(
+            t.path(),
+            &node,
+            "@agentclientprotocol/claude-agent-acp@0.101.0",
+        )
+        .unwrap_err();
+        assert!(e.contains("not installed"), "{e}");
+        assert!(
+            e.contains(&format!(
+                "npm install --prefix {}/claude-agent-acp-0.101.0",
+                t.path().display()
+            )),
+            "{e}"
+        );
+        // A configured node that does not exist is not replaced by another.
+        let e = resolve(t.path(), &t.path().join("no-node"), spec).unwrap_err();
+        assert!(e.contains("Node.js"), "{e}");
+    }
+
+    fn codex_cfg(config: &str) -> AgentConfig {
+        let mut a = crate::config::builtin_agents().remove("codex").unwrap();
+        a.codex_config = config.into();
+        a
+    }
+
+    #[test]
+    fn the_base_url_of_the_environment_becomes_codexs_provider() {
+        let p = codex_policy(
+            &codex_cfg(CODEX_CONFIG_UNTRUSTED),
+            Some("http://127.0.0.1:9/v1"),
+        )
+        .unwrap();
+        let text = p.codex_config.unwrap();
+        let t: toml::Table = text.parse().unwrap();
+        assert_eq!(t["approval_policy"].as_str(), Some("untrusted"));
+        assert_eq!(t["model_provider"].as_str(), Some("warden-openai"));
+        let prov = &t["model_providers"]["warden-openai"];
+        assert_eq!(prov["base_url"].as_str(), Some("http://127.0.0.1:9/v1"));
+        assert_eq!(prov["env_key"].as_str(), Some("OPENAI_API_KEY"));
+        assert_eq!(prov["supports_websockets"].as_bool(), Some(false));
+        // Without a base URL nothing is added; an operator's own provider is kept.
+        let p = codex_policy(&codex_cfg(CODEX_CONFIG_UNTRUSTED), None).unwrap();
+        assert!(!p.codex_config.unwrap().contains("model_provider"));
+        let own = format!("{CODEX_CONFIG_UNTRUSTED}model_provider = \"mine\"\n");
+        let p = codex_policy(&codex_cfg(&own), Some("http://x/v1")).unwrap();
+        assert!(!p.codex_config.unwrap().contains("warden-openai"));
+        // Not TOML: an error naming the key, never a half-written file.
+        assert!(
+            codex_policy(&codex_cfg("approval_policy = "), None)
+                .unwrap_err()
+                .contains("codex_config")
+        );
+    }
+}

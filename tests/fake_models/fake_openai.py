@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""A fake OpenAI Responses API for driving the real Codex adapters offline in tests.
+
+The script rides in the user's prompt, so the server keeps no state between requests:
+
+    SCRIPT {"steps": [{"shell": "echo hi > x"}, {"patch": "*** Begin Patch\\n..."}], "final": "done"}
+
+With k tool outputs in the request's input after the last SCRIPT message, the server answers with
+step k as a tool call; once the steps run out it answers with the final text. A step is one of
+
+    {"shell": "COMMAND"}          the shell tool Codex offers, in that tool's own argument shape
+                                  (`shell`: argv ["bash", "-lc", COMMAND]; `shell_command`: the
+                                  string; `exec_command`: {"cmd": COMMAND}); with
+                                  "escalate": true it asks to run outside Codex's sandbox
+    {"patch": "*** Begin Patch..."}  `apply_patch`, as a custom (freeform) tool call when Codex
+                                  offers it that way, else as a function call {"input": PATCH}
+    {"tool": NAME, "arguments": {...}}  any function tool, verbatim
+    {"text": "..."}               a text answer in the middle of the steps (ends the model turn)
+
+When Codex offers only its code mode (Codex 0.16x: one custom tool `exec` taking JavaScript, the
+other tools nested in it, listed in an `additional_tools` input item), a step becomes an `exec`
+call of the nested tool (`await tools.exec_command({...})`, `await tools.apply_patch("...")`).
+
+"{CWD}" anywhere in a step is replaced by the working directory Codex states in its environment
+context (`<cwd>...</cwd>`). Requests without tools or without a SCRIPT (titles, probes) get a
+short text. Every request is appended to the log file (one JSON line: path, the offered tool
+names, the answer) so a test can assert what the model was asked and what it answered. Answers
+stream as Server-Sent Events the way the Responses API does (`response.created`, text deltas,
+`response.output_item.done`, `response.completed`). Listens on 127.0.0.1 only; prints the port
+as its first line.
+
+Usage: fake_openai.py LOGFILE
+"""
+
+import json
+import re
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LOG_LOCK = threading.Lock()
+SHELL_TOOLS = ("shell_command", "shell", "exec_command", "local_shell")
+OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
+
+
+def item_texts(item):
+    content = item.get("content")
+    if isinstance(content, str):
+        return [content]
+    out = []
+    for part in content or []:
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            out.append(part["text"])
+    return out
+
+
+def find_script(items):
+    """(index of the last SCRIPT user message, the script) or (None, None)."""
+    found = (None, None)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or item.get("role") != "user":
+            continue
+        for t in item_texts(item):
+            at = t.find("SCRIPT ")
+            if at < 0:
+                continue
+            try:
+                script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
+            except ValueError:
+                continue
+            if isinstance(script, dict):
+                found = (i, script)
+    return found
+
+
+def working_directory(body):
+    blob = json.dumps(body.get("input") or []) + json.dumps(body.get("instructions") or "")
+    m = re.search(r"<cwd>([^<]+)</cwd>", blob)
+    return m.group(1) if m else ""
+
+
+def substitute(value, cwd):
+    if isinstance(value, str):
+        return value.replace("{CWD}", cwd)
+    if isinstance(value, dict):
+        return {k: substitute(v, cwd) for k, v in value.items()}
+    if isinstance(value, list):
+        return [substitute(v, cwd) for v in value]
+    return value
+
+
+def offered_tools(body):
+    """name -> type ("function", "custom", "local_shell", ...): the request's `tools`, and
+    those of `additional_tools` input items (Codex 0.16x), namespaces flattened."""
+    out = {}
+
+    def add(tools):
+        for t in tools or []:
+            if not isinstance(t, dict):
+                continue
+            if t.get("type") == "namespace":
+                add(t.get("tools"))
+                continue
+            name = t.get("name") or (t.get("function") or {}).get("name") or t.get("type")
+            out[name] = t.get("type", "function")
+
+    add(body.get("tools"))
+    for item in body.get("input") or []:
+        if isinstance(item, dict) and item.get("type") == "additional_tools":
+            add(item.get("tools"))
+    return out
+
+
+def code_mode_source(step):
+    """The JavaScript of Codex's code mode (`exec`, one custom tool calling the nested ones)."""
+    if "shell" in step:
+        args = {"cmd": step["shell"]}
+        if step.get("workdir"):
+            args["workdir"] = step["workdir"]
+        if step.get("escalate"):
+            args["sandbox_permissions"] = "require_escalated"
+            args["justification"] = "the script says so"
+        return "const r = await tools.exec_command(%s);\ntext(JSON.stringify(r));\n" % json.dumps(args)
+    if "patch" in step:
+        return "const r = await tools.apply_patch(%s);\ntext(JSON.stringify(r));\n" % json.dumps(step["patch"])
+    return "const r = await tools.%s(%s);\ntext(JSON.stringify(r));\n" % (
+        step.get("tool", "unknown"), json.dumps(step.get("arguments") or {}))
+
+
+def call_item(step, offered, k):
+    """The output item for one tool step."""
+    call_id = "call_fake_%d_%s" % (k, uuid.uuid4().hex[:8])
+    if offered.get("exec") == "custom" and not ({"exec_command", "shell", "shell_command"} & set(offered)):
+        return {"type": "custom_tool_call", "id": "ctc_" + call_id, "call_id": call_id,
+                "name": "exec", "input": code_mode_source(step)}
+    if "shell" in step:
+        cmd = step["shell"]
+        name = next((n for n in SHELL_TOOLS if n in offered), "shell")
+        if name == "local_shell":
+            return {"type": "local_shell_call", "id": "lsh_" + call_id, "call_id": call_id,
+                    "status": "completed",
+                    "action": {"type": "exec", "command": ["bash", "-lc", cmd]}}
+        if name == "shell":
+            args = {"command": ["bash", "-lc", cmd]}
+        elif name == "exec_command":
+            args = {"cmd": cmd}
+        else:
+            args = {"command": cmd}
+        if step.get("workdir"):
+            args["workdir"] = step["workdir"]
+        if step.get("escalate") and name in ("exec_command", "shell_command"):
+            args["sandbox_permissions"] = "require_escalated"
+            args["justification"] = "the script says so"
+        return {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
+                "name": name, "arguments": json.dumps(args)}
+    if "patch" in step:
+        patch = step["patch"]
+        if offered.get("apply_patch") == "custom":
+            return {"type": "custom_tool_call", "id": "ctc_" + call_id, "call_id": call_id,
+                    "name": "apply_patch", "input": patch}
+        return {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
+                "name": "apply_patch", "arguments": json.dumps({"input": patch})}
+    return {"type": "function_call", "id": "fc_" + call_id, "call_id": call_id,
+            "name": step.get("tool", "unknown"), "arguments": json.dumps(step.get("arguments") or {})}
+
+
+def text_item(text):
+    return {"type": "message", "role": "assistant", "id": "msg_fake_" + uuid.uuid4().hex[:12],
+            "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def answer_for(body):
+    """The output items of the model's answer."""
+    items = body.get("input") or []
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    offered = offered_tools(body)
+    at, script = find_script(items)
+    if at is None or not offered:
+        return [text_item("ok")]
+    k = sum(1 for it in items[at + 1:] if isinstance(it, dict) and it.get("type") in OUTPUT_TYPES)
+    # Text steps end a model turn without a tool output: count the assistant texts too.
+    k += sum(1 for it in items[at + 1:]
+             if isinstance(it, dict) and it.get("type") == "message" and it.get("role") == "assistant")
+    steps = script.get("steps") or []
+    if k < len(steps):
+        step = substitute(steps[k], working_directory(body) or script.get("cwd", ""))
+        if "text" in step:
+            return [text_item(step["text"])]
+        return [call_item(step, offered, k)]
+    return [text_item(script.get("final", "done"))]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args):
+        pass
+
+    def record(self, entry):
+        with LOG_LOCK, open(self.server.log_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    def send_json(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        self.record({"method": "GET", "path": path})
+        if path.endswith("/models"):
+            self.send_json(200, {"object": "list", "data": [], "models": []})
+            return
+        self.send_json(404, {"error": {"type": "not_found", "message": path}})
+
+    def do_HEAD(self):
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if self.headers.get("Content-Encoding") == "zstd":
+            self.record({"method": "POST", "path": self.path, "error": "zstd body"})
+            self.send_json(415, {"error": {"type": "invalid_request_error",
+                                           "message": "compressed bodies are not supported"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {}
+        path = self.path.split("?", 1)[0]
+        if not path.endswith("/responses"):
+            self.record({"method": "POST", "path": path})
+            self.send_json(404, {"error": {"type": "not_found", "message": path}})
+            return
+        output = answer_for(body)
+        self.record({"method": "POST", "path": path, "model": body.get("model"),
+                     "tools": sorted(offered_tools(body)), "input": body.get("input"),
+                     "answer": output})
+        resp_id = "resp_fake_" + uuid.uuid4().hex[:12]
+        usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 5, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 15}
+        if not body.get("stream"):
+            self.send_json(200, {"id": resp_id, "object": "response", "status": "completed",
+                                 "model": body.get("model"), "output": output, "usage": usage})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+
+        def event(data):
+            self.wfile.write(("event: %s\ndata: %s\n\n" % (data["type"], json.dumps(data))).encode())
+
+        event({"type": "response.created",
+               "response": {"id": resp_id, "object": "response", "status": "in_progress"}})
+        for i, item in enumerate(output):
+            event({"type": "response.output_item.added", "output_index": i,
+                   "item": dict(item, content=[]) if item["type"] == "message" else item})
+            if item["type"] == "message":
+                for part in item["content"]:
+                    event({"type": "response.output_text.delta", "output_index": i,
+                           "item_id": item["id"], "content_index": 0, "delta": part["text"]})
+            event({"type": "response.output_item.done", "output_index": i, "item": item})
+        event({"type": "response.completed",
+               "response": {"id": resp_id, "object": "response", "status": "completed",
+                            "output": output, "usage": usage}})
+        self.wfile.flush()
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: fake_openai.py LOGFILE")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.log_path = sys.argv[1]
+    server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,664 @@
+//! What the real-adapter tests share: the pinned adapters `.ci/run` installs under
+//! `<target>/npm/<name>-<version>` (missing: a failure under CI, a printed skip elsewhere), the
+//! scripted fake model servers in `tests/fake_models/` (started on loopback, killed on drop), a
+//! deployment whose supervisor runs one adapter against one of them, and `warden send`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::{Deployment, Options, bin_dir, binary, run_with_deadline};
+
+/// One pinned adapter as `.ci/run` installs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Pinned {
+    /// `<package>@<version>`, as an agent entry's `adapter` names it.
+    pub spec: &'static str,
+    /// Which fake model it talks to.
+    pub model: ModelKind,
+}
+
+pub const CLAUDE_CODE_ACP: Pinned = Pinned {
+    spec: "@zed-industries/claude-code-acp@0.16.2",
+    model: ModelKind::Anthropic,
+};
+pub const CLAUDE_AGENT_ACP: Pinned = Pinned {
+    spec: "@agentclientprotocol/claude-agent-acp@0.101.0",
+    model: ModelKind::Anthropic,
+};
+pub const CODEX_ACP_016: Pinned = Pinned {
+    spec: "@zed-industries/codex-acp@0.16.0",
+    model: ModelKind::OpenAi,
+};
+pub const CODEX_ACP_26: Pinned = Pinned {
+    spec: "@agentclientprotocol/codex-acp@2.6.0",
+    model: ModelKind::OpenAi,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    Anthropic,
+    OpenAi,
+}
+
+/// Where `.ci/run` installs the adapters (`WARDEN_ADAPTERS_DIR` overrides).
+pub fn adapters_dir() -> PathBuf {
+    match std::env::var_os("WARDEN_ADAPTERS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => bin_dir()
+            .parent()
+            .map(|t| t.join("npm"))
+            .unwrap_or_else(|| PathBuf::from("target/npm")),
+    }
+}
+
+/// The package directory of `p` when it and Node.js are installed. Missing: panics under CI
+/// (`CI=true`), else prints why the test is skipped and returns `None`.
+pub fn installed(p: Pinned) -> Option<PathBuf> {
+    let at = p.spec.rfind('@').unwrap_or(0);
+    let (name, version) = (&p.spec[..at], &p.spec[at + 1..]);
+    let short = name.rsplit('/').next().unwrap_or(name);
+    let pkg = adapters_dir()
+        .join(format!("{short}-{version}"))
+        .join("node_modules")
+        .join(name);
+    let why = if !pkg.join("package.json").is_file() {
+        format!(
+            "{} is missing (`.ci/run` installs {} there)",
+            pkg.display(),
+            p.spec
+        )
+    } else if !Path::new("/usr/bin/node").is_file() && !Path::new("/usr/local/bin/node").is_file() {
+        "node is not installed".to_string()
+    } else {
+        return Some(pkg);
+    };
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}");
+    }
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// A fake model server; killed when dropped.
+pub struct FakeModel {
+    _child: tokio::process::Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl FakeModel {
+    /// Starts the fake for `kind` with its request log in `dir`.
+    pub async fn start(kind: ModelKind, dir: &Path) -> FakeModel {
+        let (script, log) = match kind {
+            ModelKind::Anthropic => ("fake_anthropic.py", dir.join("fake-anthropic.jsonl")),
+            ModelKind::OpenAi => ("fake_openai.py", dir.join("fake-openai.jsonl")),
+        };
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fake_models")
+            .join(script);
+        let mut child = tokio::process::Command::new("python3")
+            .arg(&script)
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 runs the fake model server");
+        let out = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            BufReader::new(out).read_line(&mut line),
+        )
+        .await
+        .expect("the fake model server says its port within 10 s")
+        .expect("read its port");
+        FakeModel {
+            _child: child,
+            port: line.trim().parse().expect("a port number"),
+            log,
+        }
+    }
+
+    /// What the model was asked so far (one JSON line per request).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// One line per request: its path and what the fake answered (for failure messages).
+    pub fn answers(&self) -> String {
+        self.log_text()
+            .lines()
+            .map(|l| match serde_json::from_str::<serde_json::Value>(l) {
+                Ok(v) => format!(
+                    "{} {} tools={} cwd={} -> {}",
+                    v["method"], v["path"], v["tools"], v["cwd"], v["answer"]
+                ),
+                Err(_) => l.chars().take(300).collect(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// The supervisor settings (`--set` values) that run `p` as agent `name` against `model`.
+pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
+    let sup = |kv: String| ("supervisor".to_string(), kv);
+    let env = match p.model {
+        ModelKind::Anthropic => format!(
+            "{{ ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ANTHROPIC_API_KEY = \"sk-ant-fake-key\", \
+             IS_SANDBOX = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
+             DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\" }}",
+            model.port
+        ),
+        ModelKind::OpenAi => format!(
+            "{{ OPENAI_BASE_URL = \"http://127.0.0.1:{}/v1\", OPENAI_API_KEY = \"sk-fake-openai-key\" }}",
+            model.port
+        ),
+    };
+    vec![
+        sup(format!(
+            "adapters.dir={:?}",
+            adapters_dir().to_string_lossy()
+        )),
+        sup(format!("agents.{name}.command=\"\"")),
+        sup(format!("agents.{name}.adapter={:?}", p.spec)),
+        // For now: the agent shares the host's network to reach the fake model on loopback.
+        sup(format!("agents.{name}.network=\"host\"")),
+        sup(format!("agents.{name}.set_env={env}")),
+        sup("limits.handshake_deadline_ms=60000".into()),
+    ]
+}
+
+/// Starts policy, supervisor and gateway with `sets` and writes the URL file `warden` reads.
+pub async fn deploy(mut d: Deployment, sets: Vec<(String, String)>) -> Deployment {
+    d.opts.sets.extend(sets);
+    for name in ["policy", "supervisor", "gateway"] {
+        d.start(name).await;
+    }
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    d
+}
+
+/// A fresh deployment (state under the target directory).
+pub fn deployment() -> Deployment {
+    Deployment::new(Options::default())
+}
+
+/// What `warden send` showed and how it ended.
+pub struct Sent {
+    pub code: Option<i32>,
+    pub shown: String,
+}
+
+/// `warden send --agent AGENT TEXT` (plus `extra` flags) within `deadline`.
+pub async fn send(
+    d: &Deployment,
+    agent: &str,
+    text: &str,
+    extra: &[&str],
+    deadline: Duration,
+) -> Sent {
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut cmd = tokio::process::Command::new(binary("warden"));
+    cmd.args(["--state-dir", &state, "send", "--agent", agent])
+        .args(extra)
+        .arg(text)
+        .stdin(Stdio::null());
+    let t0 = std::time::Instant::now();
+    let out = run_with_deadline(&mut cmd, deadline)
+        .await
+        .expect("warden send finishes");
+    eprintln!("warden send --agent {agent}: {:?}", t0.elapsed());
+    Sent {
+        code: out.status.code(),
+        shown: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// Files named `name` anywhere under `dir` (links not followed).
+pub fn find(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    find_into(dir, name, &mut out);
+    out
+}
+
+fn find_into(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == name) {
+            out.push(p.clone());
+        }
+        if p.is_dir() && !p.is_symlink() {
+            find_into(&p, name, out);
+        }
+    }
+}
+
+/// A name no other test run uses (files the agent is asked to write outside its root).
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
+
+/// How the scripted model asks a given adapter to write a file or run a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vocab {
+    /// Claude Code's Write and Bash tools.
+    Claude,
+    /// Codex's apply_patch and shell; `escalate`: a command asks to leave Codex's own sandbox.
+    Codex { escalate: bool },
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+impl Vocab {
+    /// A step writing `content` to `path` ("{CWD}" is the agent's working directory).
+    pub fn write(self, path: &str, content: &str) -> String {
+        match self {
+            Vocab::Claude => format!(
+                r#"{{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": {}, "content": {}}}}}"#,
+                json_str(path),
+                json_str(content)
+            ),
+            Vocab::Codex { .. } => {
+                let lines: String = content.lines().map(|l| format!("+{l}\n")).collect();
+                let patch =
+                    format!("*** Begin Patch\n*** Add File: {path}\n{lines}*** End Patch\n");
+                format!(r#"{{"patch": {}}}"#, json_str(&patch))
+            }
+        }
+    }
+
+    /// A step running `cmd` in the agent's shell.
+    pub fn shell(self, cmd: &str) -> String {
+        match self {
+            Vocab::Claude => format!(
+                r#"{{"tool": ["mcp__acp__Bash", "Bash"], "input": {{"command": {}, "description": "a scripted command"}}}}"#,
+                json_str(cmd)
+            ),
+            Vocab::Codex { escalate } => {
+                format!(r#"{{"shell": {}, "escalate": {escalate}}}"#, json_str(cmd))
+            }
+        }
+    }
+}
+
+/// The prompt scripting `steps` (each from [`Vocab`]) and then the final text "done".
+pub fn script(steps: &[String]) -> String {
+    format!(
+        r#"SCRIPT {{"steps": [{}], "final": "done"}}"#,
+        steps.join(", ")
+    )
+}
+
+/// The containment rows every adapter must pass, one deployment each: `sets` configure `agent`.
+pub struct Matrix {
+    pub pinned: Pinned,
+    pub agent: &'static str,
+    pub vocab: Vocab,
+    pub extra_sets: Vec<(String, String)>,
+}
+
+/// A deployment running the matrix's agent against its fake model.
+pub struct Running {
+    pub d: Deployment,
+    pub model: FakeModel,
+}
+
+impl Running {
+    pub fn ctx(&self, sent: &Sent) -> String {
+        format!("{}\n-- fake model --\n{}", sent.shown, self.model.answers())
+    }
+
+    /// Files named `name` in the supervisor's state (roots, homes).
+    pub fn in_state(&self, name: &str) -> Vec<PathBuf> {
+        find(&self.d.dir.path().join("supervisor"), name)
+    }
+}
+
+impl Matrix {
+    /// Starts the deployment, or `None` (printed) when the adapter is missing outside CI.
+    pub async fn start(&self) -> Option<Running> {
+        installed(self.pinned)?;
+        let d = deployment();
+        let model = FakeModel::start(self.pinned.model, d.dir.path()).await;
+        let mut sets = agent_sets(self.agent, self.pinned, &model);
+        sets.extend(self.extra_sets.iter().cloned());
+        let d = deploy(d, sets).await;
+        Some(Running { d, model })
+    }
+
+    pub async fn send(&self, r: &Running, steps: &[String]) -> Sent {
+        send(
+            &r.d,
+            self.agent,
+            &script(steps),
+            &[],
+            Duration::from_secs(180),
+        )
+        .await
+    }
+
+    /// Writes outside the root by `..`, by an absolute path and through a symlink planted in
+    /// the root are denied, and nothing reaches the disk.
+    pub async fn writes_outside_are_denied(&self) {
+        let Some(r) = self.start().await else { return };
+        let dotdot = unique("warden-dotdot");
+        let abs = format!("/var/tmp/{}", unique("warden-abs"));
+        let target_dir = tempfile::Builder::new()
+            .prefix("warden-link-target")
+            .tempdir_in(crate::test_root())
+            .expect("a link target");
+        let via_link = unique("warden-via-link");
+        // One conversation each: some adapters end their turn at the first refusal.
+        let rows = [
+            vec![
+                self.vocab
+                    .write(&format!("{{CWD}}/../{dotdot}"), "escaped by dot-dot"),
+            ],
+            vec![self.vocab.write(&abs, "escaped by an absolute path")],
+            vec![
+                self.vocab.shell(&format!(
+                    "ln -s {} {{CWD}}/planted",
+                    target_dir.path().display()
+                )),
+                self.vocab
+                    .write(&format!("{{CWD}}/planted/{via_link}"), "escaped by a link"),
+            ],
+        ];
+        let mut ctx = String::new();
+        for steps in &rows {
+            let sent = self.send(&r, steps).await;
+            ctx = r.ctx(&sent);
+            assert!(sent.shown.contains("[policy] DENY"), "{ctx}");
+        }
+        assert!(r.in_state(&dotdot).is_empty(), "{ctx}");
+        assert!(!Path::new(&abs).exists(), "{ctx}");
+        assert!(!target_dir.path().join(&via_link).exists(), "{ctx}");
+        assert!(r.in_state(&via_link).is_empty(), "{ctx}");
+        // The model asked for each (the adapter did not refuse them itself before asking).
+        let log = r.model.log_text();
+        assert!(log.contains(&dotdot) && log.contains(&via_link), "{ctx}");
+    }
+
+    /// Shell writes to /tmp, /var/tmp and the home land nowhere on the host, and the host's
+    /// /etc/shadow cannot be read.
+    pub async fn shell_writes_stay_in_the_sandbox(&self) {
+        let Some(r) = self.start().await else { return };
+        let name = unique("warden-shell");
+        let cmd = format!(
+            "echo x > /tmp/{name}; echo x > /var/tmp/{name}; echo x > ~/{name}; \
+             cat /etc/shadow > {{CWD}}/shadow-copy.txt 2>&1; echo tried > {{CWD}}/shell-ran.txt"
+        );
+        let sent = self.send(&r, &[self.vocab.shell(&cmd)]).await;
+        let ctx = r.ctx(&sent);
+        assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+        // It ran (inside the sandbox).
+        assert_eq!(r.in_state("shell-ran.txt").len(), 1, "{ctx}");
+        for dir in ["/tmp", "/var/tmp"] {
+            assert!(!Path::new(dir).join(&name).exists(), "{dir}: {ctx}");
+        }
+        if let Some(home) = std::env::var_os("HOME") {
+            assert!(!Path::new(&home).join(&name).exists(), "{ctx}");
+        }
+        let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+        let first = shadow.lines().next().unwrap_or("root:");
+        for copy in r.in_state("shadow-copy.txt") {
+            let text = std::fs::read_to_string(&copy).unwrap_or_default();
+            assert!(
+                first.is_empty() || !text.contains(first),
+                "the host's /etc/shadow was read: {ctx}"
+            );
+        }
+    }
+
+    /// Two identical commands are both asked: no "always" option was chosen for the first.
+    pub async fn always_is_never_chosen(&self) {
+        let Some(r) = self.start().await else { return };
+        let cmd = "echo again >> {CWD}/twice.txt";
+        let sent = self
+            .send(&r, &[self.vocab.shell(cmd), self.vocab.shell(cmd)])
+            .await;
+        let ctx = r.ctx(&sent);
+        assert_eq!(sent.shown.matches("[policy] ALLOW").count(), 2, "{ctx}");
+        let written = r.in_state("twice.txt");
+        assert_eq!(written.len(), 1, "{ctx}");
+        assert_eq!(
+            std::fs::read_to_string(&written[0]).unwrap_or_default(),
+            "again\nagain\n",
+            "{ctx}"
+        );
+    }
+}
+
+/// The context id `warden send` printed (`[task] <id> (context <ctx>)`).
+pub fn context_of(shown: &str) -> Option<String> {
+    let at = shown.find("(context ")? + "(context ".len();
+    let rest = &shown[at..];
+    Some(rest[..rest.find(')')?].to_string())
+}
+
+/// Processes whose command line contains `marker` (a unique argument the test chose).
+pub fn processes_with(marker: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == std::process::id() as i32 {
+            continue;
+        }
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(marker) && !text.contains("SCRIPT") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+impl Matrix {
+    /// Settings, rules and hooks the model writes (Claude's and Codex's, in the home and the
+    /// root) change nothing: the next turn of the conversation and the next conversation still
+    /// ask for every command, and no hook ran.
+    pub async fn model_written_settings_change_nothing(&self) {
+        let Some(r) = self.start().await else { return };
+        let claude = r#"{"permissions":{"allow":["Bash(*)","Write(*)","Edit(*)"],"defaultMode":"bypassPermissions"},"hooks":{"PreToolUse":[{"matcher":"*","hooks":[{"type":"command","command":"touch {CWD}/hooked.txt"}]}]}}"#;
+        let codex = r#"approval_policy = \"never\"\nsandbox_mode = \"danger-full-access\"\n"#;
+        let plant = format!(
+            "mkdir -p ~/.claude ~/.codex/rules {{CWD}}/.claude {{CWD}}/.codex; \
+             echo '{claude}' > ~/.claude/settings.json; \
+             echo '{claude}' > {{CWD}}/.claude/settings.local.json; \
+             echo '{claude}' > {{CWD}}/.claude/settings.json; \
+             printf \"{codex}\" > ~/.codex/config.toml; \
+             printf \"{codex}\" > {{CWD}}/.codex/config.toml; \
+             echo 'prefix_rule(pattern=[\"echo\"], decision=\"allow\")' > ~/.codex/rules/default.rules; \
+             echo planted > {{CWD}}/planted.txt"
+        );
+        let first = self.send(&r, &[self.vocab.shell(&plant)]).await;
+        let ctx = r.ctx(&first);
+        assert!(first.shown.contains("[policy] ALLOW"), "{ctx}");
+        assert_eq!(r.in_state("planted.txt").len(), 1, "{ctx}");
+        let context = context_of(&first.shown).expect("a context id");
+        let again = script(&[self.vocab.shell("echo again >> {CWD}/again.txt")]);
+        // The same conversation's next turn, then a new conversation.
+        for extra in [vec!["--context", context.as_str()], vec![]] {
+            let sent = send(&r.d, self.agent, &again, &extra, Duration::from_secs(180)).await;
+            let ctx = r.ctx(&sent);
+            assert!(sent.shown.contains("[policy] ALLOW"), "not asked: {ctx}");
+        }
+        assert!(r.in_state("hooked.txt").is_empty(), "a planted hook ran");
+    }
+}
+
+impl Matrix {
+    /// `setsid nohup` children of a command are gone once the task is cancelled (SIGTERM to
+    /// `warden send`, which cancels it).
+    pub async fn detached_children_die_with_cancel(&self) {
+        let Some(r) = self.start().await else { return };
+        let marker = format!("sleep 86{}3", std::process::id() % 100_000);
+        let cmd = format!(
+            "setsid nohup {marker} > /dev/null 2>&1 & echo started > {{CWD}}/bg.txt; sleep 600"
+        );
+        let state = r.d.dir.path().to_string_lossy().to_string();
+        let child = tokio::process::Command::new(binary("warden"))
+            .args(["--state-dir", &state, "send", "--agent", self.agent])
+            .arg(script(&[self.vocab.shell(&cmd)]))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("warden send starts");
+        let t0 = std::time::Instant::now();
+        while (r.in_state("bg.txt").is_empty() || processes_with(&marker).is_empty())
+            && t0.elapsed() < Duration::from_secs(90)
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let started = !processes_with(&marker).is_empty();
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("warden send ends after SIGTERM")
+            .expect("its output");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ctx = format!("{shown}\n-- fake model --\n{}", r.model.answers());
+        assert!(started, "the detached child never started: {ctx}");
+        let t1 = std::time::Instant::now();
+        while !processes_with(&marker).is_empty() && t1.elapsed() < Duration::from_secs(15) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left = processes_with(&marker);
+        for pid in &left {
+            // Ours to clean up (the marker is this test's), then fail.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        assert!(left.is_empty(), "{left:?} survived the cancel: {ctx}");
+    }
+}
+
+/// One turn through the supervisor's gRPC API (what the gateway's fronts send), its events up
+/// to the stop.
+pub async fn supervisor_turn(
+    d: &Deployment,
+    agent: &str,
+    context: &str,
+    turn_id: &str,
+    verb: &str,
+    text: String,
+) -> Vec<warden_proto::v1::TurnEvent> {
+    use warden_proto::v1 as pb;
+    use warden_proto::v1::turn_event::Event;
+    let mut c =
+        pb::supervisor_service_client::SupervisorServiceClient::new(d.channel("supervisor"));
+    let req = pb::RunTurnRequest {
+        context_id: context.into(),
+        turn_id: turn_id.into(),
+        text,
+        instructions: String::new(),
+        message_id: format!("m-{turn_id}"),
+        task_id: format!("t-{turn_id}"),
+        timeout_seconds: 120,
+        open: Some(pb::OpenConversationRequest {
+            context_id: context.into(),
+            agent: agent.into(),
+            workspace: String::new(),
+            profile: pb::Profile::WorkspaceWrite as i32,
+            principal: "tester".into(),
+            verb: verb.into(),
+            ..Default::default()
+        }),
+    };
+    let mut s = c.run_turn(req).await.expect("RunTurn").into_inner();
+    let mut evs = Vec::new();
+    let got = tokio::time::timeout(Duration::from_secs(150), async {
+        while let Ok(Some(ev)) = s.message().await {
+            let last = matches!(ev.event, Some(Event::Stop(_)));
+            evs.push(ev);
+            if last {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(got.is_ok(), "no stop: {evs:#?}");
+    evs
+}
+
+/// The permission decisions among `evs`.
+pub fn decisions(
+    evs: &[warden_proto::v1::TurnEvent],
+) -> Vec<warden_proto::v1::PermissionDecisionEvent> {
+    use warden_proto::v1::turn_event::Event;
+    evs.iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::Permission(p)) => Some(p.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+impl Matrix {
+    /// A misconfigured adapter (its Node.js told to preload a module that does not exist): the
+    /// task FAILS and its message carries what the adapter said on stderr.
+    pub async fn misconfigured_fails_with_its_stderr(&self) {
+        let mut m = Matrix {
+            pinned: self.pinned,
+            agent: self.agent,
+            vocab: self.vocab,
+            extra_sets: self.extra_sets.clone(),
+        };
+        m.extra_sets.push((
+            "supervisor".into(),
+            format!(
+                "agents.{}.set_env={{ NODE_OPTIONS = \"--require /nonexistent/warden-preload.js\" }}",
+                self.agent
+            ),
+        ));
+        let Some(r) = m.start().await else { return };
+        let sent = m.send(&r, &[]).await;
+        assert_eq!(sent.code, Some(1), "{}", sent.shown);
+        assert!(sent.shown.contains("[FAILED]"), "{}", sent.shown);
+        assert!(
+            sent.shown.contains("Cannot find module")
+                && sent.shown.contains("/nonexistent/warden-preload.js"),
+            "the adapter's stderr is not in the message: {}",
+            sent.shown
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! The built-in `claude` for real, offline: `@agentclientprotocol/claude-agent-acp` 0.101.0
+//! (installed by `.ci/run` under `<target>/npm/`, found there through `[adapters] dir`), driven
+//! through the real daemons by the scripted fake Anthropic Messages server in
+//! `tests/fake_models/`. Missing installs fail under CI (`CI=true`), a printed skip elsewhere.
+
+use std::path::Path;
+use std::time::Duration;
+
+use warden_e2e::real::{self, CLAUDE_AGENT_ACP, CLAUDE_CODE_ACP, FakeModel, Matrix, Pinned, Vocab};
+
+#[tokio::test]
+async fn claude_agent_acp_writes_inside_when_allowed_and_nothing_outside_when_denied() {
+    let p = CLAUDE_AGENT_ACP;
+    if real::installed(p).is_none() {
+        return;
+    }
+    let d = real::deployment();
+    let model = FakeModel::start(p.model, d.dir.path()).await;
+    let d = real::deploy(d, real::agent_sets("claude", p, &model)).await;
+    let outside = format!("/etc/{}", real::unique("warden-claude-denied"));
+    let script = format!(
+        r#"SCRIPT {{"steps": [
+        {{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": "{{CWD}}/hello.txt", "content": "hello from the fake model\n"}}}},
+        {{"tool": ["mcp__acp__Write", "Write"], "input": {{"file_path": "{outside}", "content": "x\n"}}}}
+    ], "final": "done"}}"#
+    );
+    let sent = real::send(&d, "claude", &script, &[], Duration::from_secs(180)).await;
+    let ctx = format!("{}\n-- fake model --\n{}", sent.shown, model.answers());
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    assert!(sent.shown.contains("[policy] DENY"), "{ctx}");
+    assert_eq!(sent.code, Some(4), "{ctx}");
+    let written = real::find(&d.dir.path().join("supervisor"), "hello.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model\n"
+    );
+    assert!(!Path::new(&outside).exists());
+}
+
+fn claude(p: Pinned, agent: &'static str) -> Matrix {
+    Matrix {
+        pinned: p,
+        agent,
+        vocab: Vocab::Claude,
+        extra_sets: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn claude_agent_acp_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_shell_writes_stay_in_the_sandbox() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_never_gets_an_always_answer() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .always_is_never_chosen()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .writes_outside_are_denied()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_shell_writes_stay_in_the_sandbox() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .shell_writes_stay_in_the_sandbox()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_never_gets_an_always_answer() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .always_is_never_chosen()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_settings_written_by_the_model_change_nothing() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .model_written_settings_change_nothing()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_settings_written_by_the_model_change_nothing() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .model_written_settings_change_nothing()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_detached_children_die_with_cancel() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .detached_children_die_with_cancel()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_detached_children_die_with_cancel() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .detached_children_die_with_cancel()
+        .await;
+}
+
+/// A `review` conversation starts Claude in plan mode (`plan_config_option = "mode=plan"`);
+/// leaving it (ExitPlanMode, decided by warden-policy) keeps supervision: the next command is
+/// still asked.
+async fn plan_exit_keeps_supervision(p: Pinned, agent: &'static str) {
+    let mut m = claude(p, agent);
+    m.extra_sets.push((
+        "supervisor".into(),
+        format!("agents.{agent}.plan_config_option=\"mode=plan\""),
+    ));
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        r#"{"tool": ["ExitPlanMode"], "input": {"plan": "1. Write after.txt.\n2. Report."}}"#
+            .to_string(),
+        Vocab::Claude.shell("echo after > {CWD}/after.txt"),
+    ];
+    let evs =
+        real::supervisor_turn(&r.d, agent, "plan-1", "t1", "review", real::script(&steps)).await;
+    let asked = real::decisions(&evs);
+    for d in &asked {
+        eprintln!(
+            "{agent}: {} {:?} -> {} ({})",
+            d.tool_kind, d.tool_title, d.option_id_sent, d.rule
+        );
+    }
+    let ctx = format!("{evs:#?}\n-- fake model --\n{}", r.model.answers());
+    assert!(
+        asked.iter().any(|d| d.tool_kind == "switch_mode"),
+        "plan exit was not asked: {ctx}"
+    );
+    assert!(
+        asked.iter().any(|d| d.tool_kind == "execute"),
+        "the command after the plan was not asked: {ctx}"
+    );
+}
+
+#[tokio::test]
+async fn claude_agent_acp_plan_exit_keeps_supervision() {
+    plan_exit_keeps_supervision(CLAUDE_AGENT_ACP, "claude").await;
+}
+
+#[tokio::test]
+async fn claude_agent_acp_misconfigured_fails_with_its_stderr() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_misconfigured_fails_with_its_stderr() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .misconfigured_fails_with_its_stderr()
+        .await;
+}
