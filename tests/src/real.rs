@@ -166,8 +166,9 @@ pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, Stri
         )),
         sup(format!("agents.{name}.command=\"\"")),
         sup(format!("agents.{name}.adapter={:?}", p.spec)),
-        // For now: the agent shares the host's network to reach the fake model on loopback.
-        sup(format!("agents.{name}.network=\"host\"")),
+        // Its own network namespace: the fake model on loopback (the base URL, allowed
+        // automatically) is reached only through warden's egress proxy.
+        sup(format!("agents.{name}.network=\"proxy\"")),
         sup(format!("agents.{name}.set_env={env}")),
         sup("limits.handshake_deadline_ms=60000".into()),
     ]
@@ -329,6 +330,29 @@ impl Running {
         format!("{}\n-- fake model --\n{}", sent.shown, self.model.answers())
     }
 
+    /// The adapter reached its fake model only through warden's egress proxy: every connection
+    /// is recorded with the conversation, and one to the model's port was allowed.
+    pub fn assert_model_reached_through_the_proxy(&self, ctx: &str) {
+        let mut records = Vec::new();
+        let dir = self.d.dir.path().join("supervisor/egress");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.path().extension().is_some_and(|x| x == "jsonl") {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                records.extend(
+                    text.lines()
+                        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+                );
+            }
+        }
+        assert!(
+            records.iter().any(|r| r["allowed"] == true
+                && r["port"] == self.model.port
+                && r["bytes_down"].as_u64().unwrap_or(0) > 0),
+            "no recorded egress to the fake model on port {}: {records:#?}\n{ctx}",
+            self.model.port
+        );
+    }
+
     /// Files named `name` in the supervisor's state (roots, homes).
     pub fn in_state(&self, name: &str) -> Vec<PathBuf> {
         find(&self.d.dir.path().join("supervisor"), name)
@@ -398,6 +422,7 @@ impl Matrix {
         // The model asked for each (the adapter did not refuse them itself before asking).
         let log = r.model.log_text();
         assert!(log.contains(&dotdot) && log.contains(&via_link), "{ctx}");
+        r.assert_model_reached_through_the_proxy(&ctx);
     }
 
     /// Shell writes to /tmp, /var/tmp and the home land nowhere on the host, and the host's
