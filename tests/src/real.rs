@@ -186,7 +186,11 @@ pub async fn deploy(mut d: Deployment, sets: Vec<(String, String)>) -> Deploymen
 
 /// A fresh deployment (state under the target directory).
 pub fn deployment() -> Deployment {
-    Deployment::new(Options::default())
+    // Daemon logs kept in the deployment's directory, for what only they say.
+    Deployment::new(Options {
+        log_files: true,
+        ..Default::default()
+    })
 }
 
 /// What `warden send` showed and how it ended.

@@ -39,11 +39,27 @@ async fn claude_agent_acp_writes_inside_when_allowed_and_nothing_outside_when_de
 }
 
 fn claude(p: Pinned, agent: &'static str) -> Matrix {
+    // An entry of the operator's own (not the built-in `claude`) is given the built-in's
+    // supervised modes: `default` forced, `plan` also asking.
+    let extra_sets = if agent == "claude" {
+        Vec::new()
+    } else {
+        vec![
+            (
+                "supervisor".to_string(),
+                format!("agents.{agent}.supervised_mode=\"default\""),
+            ),
+            (
+                "supervisor".to_string(),
+                format!("agents.{agent}.supervised_modes=[\"plan\"]"),
+            ),
+        ]
+    };
     Matrix {
         pinned: p,
         agent,
         vocab: Vocab::Claude,
-        extra_sets: Vec::new(),
+        extra_sets,
     }
 }
 
@@ -150,11 +166,38 @@ async fn plan_exit_keeps_supervision(p: Pinned, agent: &'static str) {
         asked.iter().any(|d| d.tool_kind == "execute"),
         "the command after the plan was not asked: {ctx}"
     );
+    // The conversation was put into plan mode for the review (the supervisor says so), and
+    // whatever mode the agent announced after the plan (claude-code-acp 0.16.2 announces none)
+    // keeps supervision.
+    let log = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("planning for the verb") && l.contains("plan")),
+        "the supervisor did not put the agent into plan mode: {log}"
+    );
+    use warden_proto::v1::turn_event::Event;
+    let modes: Vec<&warden_proto::v1::ModeChange> = evs
+        .iter()
+        .filter_map(|e| match &e.event {
+            Some(Event::ModeChange(m)) => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        modes.iter().all(|m| m.supervised || m.by_supervisor),
+        "{modes:?}"
+    );
 }
 
 #[tokio::test]
 async fn claude_agent_acp_plan_exit_keeps_supervision() {
     plan_exit_keeps_supervision(CLAUDE_AGENT_ACP, "claude").await;
+}
+
+/// claude-code-acp 0.16.2 has no config options: `mode=plan` goes through `session/set_mode`.
+#[tokio::test]
+async fn claude_code_acp_plan_exit_keeps_supervision() {
+    plan_exit_keeps_supervision(CLAUDE_CODE_ACP, "claude-code").await;
 }
 
 #[tokio::test]

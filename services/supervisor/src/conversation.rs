@@ -240,17 +240,39 @@ impl Conversation {
             while p.events.try_recv().is_ok() {}
         }
         if let Some((id, value)) = self.plan_option() {
+            let (id, value) = (id.to_string(), value.to_string());
             // Planning is a way of working, not a permission: an agent that refuses it still
-            // runs the verb, supervised as ever.
-            match tokio::time::timeout(hs, p.client.set_config_option(&session_id, id, value)).await
-            {
-                Ok(Ok(_)) => {
-                    tracing::info!(context_id = %self.core.info.context_id, option = id, value, "planning for the verb")
+            // runs the verb, supervised as ever. As a mode (`mode=plan`, through session/set_mode,
+            // which adapters without config options also have) it must be a supervised one.
+            let as_mode = id == "mode";
+            let answer = if as_mode && !self.agent_cfg.is_supervised_mode(&value) {
+                tracing::warn!(context_id = %self.core.info.context_id, mode = %value, "plan_config_option names a mode that is not supervised; not set");
+                None
+            } else if as_mode {
+                Some(
+                    tokio::time::timeout(hs, p.client.set_mode(&session_id, &value))
+                        .await
+                        .map(|r| r.map(|_| ())),
+                )
+            } else {
+                Some(
+                    tokio::time::timeout(hs, p.client.set_config_option(&session_id, &id, &value))
+                        .await
+                        .map(|r| r.map(|_| ())),
+                )
+            };
+            match answer {
+                None => {}
+                Some(Ok(Ok(()))) => {
+                    tracing::info!(context_id = %self.core.info.context_id, option = %id, value = %value, "planning for the verb");
+                    if as_mode {
+                        current = value;
+                    }
                 }
-                Ok(Err(e)) => {
-                    tracing::warn!(context_id = %self.core.info.context_id, option = id, error = %e, "the agent refused its plan option")
+                Some(Ok(Err(e))) => {
+                    tracing::warn!(context_id = %self.core.info.context_id, option = %id, error = %e, "the agent refused its plan option")
                 }
-                Err(_) => {
+                Some(Err(_)) => {
                     return Err(p
                         .fail(
                             &self.shared,
