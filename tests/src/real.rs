@@ -476,6 +476,18 @@ impl Matrix {
             "again\nagain\n",
             "{ctx}"
         );
+        // No "always" was answered, so no adapter wrote a rule that would stop it asking:
+        // Claude's local settings are still warden's read-only placeholder, and Codex's
+        // exec-policy rules do not exist, in the root or the home.
+        for f in r.in_state("settings.local.json") {
+            assert_eq!(
+                std::fs::read_to_string(&f).unwrap_or_default(),
+                "{}\n",
+                "{}: {ctx}",
+                f.display()
+            );
+        }
+        assert!(r.in_state("default.rules").is_empty(), "{ctx}");
     }
 }
 
