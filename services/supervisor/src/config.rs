@@ -448,6 +448,13 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     claude.adapter = CLAUDE_ADAPTER.into();
     claude.network = Network::Proxy;
     claude.egress_allow = vec!["api.anthropic.com:443".into()];
+    // Claude Code's own switch for everything it sends besides the model's requests (telemetry,
+    // error reports, update checks): under the egress proxy each would be a refusal shown to the
+    // caller, and repeated ones end the turn (limits.egress_refusals_end_turn).
+    claude.set_env.insert(
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC".into(),
+        "1".into(),
+    );
     claude.description = "Claude Code through its ACP adapter, supervised by warden".into();
     m.insert("claude".into(), claude);
     let mut codex = AgentConfig::builtin(
@@ -861,6 +868,23 @@ mod tests {
         let e = load(None, &["agents.scripted.termnial=true".into()]).unwrap_err();
         assert!(e.to_string().contains("agents.scripted"), "{e}");
         assert!(e.to_string().contains("termnial"), "{e}");
+    }
+
+    #[test]
+    fn the_builtin_real_agents_reach_only_their_model_api_and_claude_sends_nothing_else() {
+        let s = load(None, &[]).unwrap();
+        let (_, c) = s.agent("claude").unwrap();
+        assert_eq!(c.network, Network::Proxy);
+        assert_eq!(c.egress_allow, ["api.anthropic.com:443"]);
+        assert_eq!(
+            c.set_env
+                .get("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC")
+                .map(String::as_str),
+            Some("1")
+        );
+        let (_, x) = s.agent("codex").unwrap();
+        assert_eq!(x.network, Network::Proxy);
+        assert_eq!(x.egress_allow, ["api.openai.com:443"]);
     }
 
     #[test]
