@@ -17,12 +17,10 @@ Usage: fake_anthropic.py LOGFILE
 
 import json
 import re
-import sys
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG_LOCK = threading.Lock()
+from fake_http import JsonHandler, serve, substitute
+
 
 
 def texts(content):
@@ -74,16 +72,6 @@ def working_directory(body):
     return m.group(1) if m else ""
 
 
-def substitute(value, cwd):
-    if isinstance(value, str):
-        return value.replace("{CWD}", cwd)
-    if isinstance(value, dict):
-        return {k: substitute(v, cwd) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute(v, cwd) for v in value]
-    return value
-
-
 def answer_for(body):
     """The content blocks and stop reason of the model's answer."""
     messages = body.get("messages") or []
@@ -109,23 +97,7 @@ def answer_for(body):
     return [{"type": "text", "text": script.get("final", "done")}], "end_turn"
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, *args):
-        pass
-
-    def record(self, entry):
-        with LOG_LOCK, open(self.server.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-
-    def send_json(self, status, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class Handler(JsonHandler):
 
     def do_GET(self):
         self.record({"method": "GET", "path": self.path})
@@ -197,13 +169,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: fake_anthropic.py LOGFILE")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.log_path = sys.argv[1]
-    server.daemon_threads = True
-    print(server.server_address[1], flush=True)
-    server.serve_forever()
+    serve(Handler, "fake_anthropic.py")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,10 @@ Usage: fake_openai.py LOGFILE
 
 import json
 import re
-import sys
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-LOG_LOCK = threading.Lock()
+from fake_http import JsonHandler, serve, substitute
+
 SHELL_TOOLS = ("shell_command", "shell", "exec_command", "local_shell")
 OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
 
@@ -78,16 +76,6 @@ def working_directory(body):
     blob = json.dumps(body.get("input") or []) + json.dumps(body.get("instructions") or "")
     m = re.search(r"<cwd>([^<]+)</cwd>", blob)
     return m.group(1) if m else ""
-
-
-def substitute(value, cwd):
-    if isinstance(value, str):
-        return value.replace("{CWD}", cwd)
-    if isinstance(value, dict):
-        return {k: substitute(v, cwd) for k, v in value.items()}
-    if isinstance(value, list):
-        return [substitute(v, cwd) for v in value]
-    return value
 
 
 def offered_tools(body):
@@ -193,23 +181,7 @@ def answer_for(body):
     return [text_item(script.get("final", "done"))]
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.0"
-
-    def log_message(self, *args):
-        pass
-
-    def record(self, entry):
-        with LOG_LOCK, open(self.server.log_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(entry) + "\n")
-
-    def send_json(self, status, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+class Handler(JsonHandler):
 
     def do_GET(self):
         path = self.path.split("?", 1)[0]
@@ -277,13 +249,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: fake_openai.py LOGFILE")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.log_path = sys.argv[1]
-    server.daemon_threads = True
-    print(server.server_address[1], flush=True)
-    server.serve_forever()
+    serve(Handler, "fake_openai.py")
 
 
 if __name__ == "__main__":
