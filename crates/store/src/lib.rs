@@ -91,6 +91,14 @@ impl Default for StoreOptions {
     }
 }
 
+/// How long an open waits for a lock the same process's just-dropped database still holds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Whether sled could not take the database's file lock (it says so only in its message).
+fn is_lock_held(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 impl Store {
     /// Opens (creating if needed) the database in `dir` with the default options.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -109,14 +117,27 @@ impl Store {
             path: dir.to_path_buf(),
             source,
         })?;
-        let db = sled::Config::new()
+        let config = sled::Config::new()
             .path(dir)
-            .cache_capacity(options.cache_capacity_bytes)
-            .open()
-            .map_err(|source| StoreError::Open {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+            .cache_capacity(options.cache_capacity_bytes);
+        // A database dropped a moment ago in this process keeps its file lock until sled's
+        // flusher thread lets go of it (up to its flush interval): a reopen waits that long
+        // rather than fail. Another process holding the lock is still refused, after the wait.
+        let deadline = std::time::Instant::now() + LOCK_WAIT;
+        let db = loop {
+            match config.open() {
+                Ok(db) => break db,
+                Err(e) if is_lock_held(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(source) => {
+                    return Err(StoreError::Open {
+                        path: dir.to_path_buf(),
+                        source,
+                    });
+                }
+            }
+        };
         Ok(Self {
             db,
             path: dir.to_path_buf(),
@@ -265,6 +286,27 @@ mod tests {
         let scanned = t.scan_prefix("task/")?;
         assert_eq!(scanned, vec![(b"task/1".to_vec(), b"a".to_vec())]);
         assert_eq!(t.scan_rev(1)?[0].0, b"task/1".to_vec());
+        Ok(())
+    }
+
+    #[test]
+    fn a_reopen_right_after_a_drop_waits_for_the_lock_and_a_held_one_is_refused()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("db");
+        for i in 0..30u32 {
+            let store = Store::open(&path)?;
+            store.tree("t")?.put("k", i.to_be_bytes())?;
+        }
+        let held = Store::open(&path)?;
+        let started = std::time::Instant::now();
+        match Store::open(&path) {
+            Err(StoreError::Open { source, .. }) => assert!(is_lock_held(&source), "{source}"),
+            other => panic!("a held database opened twice: {:?}", other.map(|_| ())),
+        }
+        assert!(started.elapsed() >= LOCK_WAIT);
+        drop(held);
+        assert!(Store::open(&path)?.tree("t")?.get("k")?.is_some());
         Ok(())
     }
 
