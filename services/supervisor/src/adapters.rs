@@ -146,6 +146,18 @@ pub fn codex_policy(
     Ok(policy)
 }
 
+impl crate::config::Settings {
+    /// The installed adapter an entry without a command runs (`None`: it names none). Here, not
+    /// in `config.rs`, so the configuration does not import the adapters' resolution.
+    pub fn adapter(&self, agent: &AgentConfig) -> Option<Result<Resolved, String>> {
+        if !agent.command.is_empty() || agent.adapter.is_empty() {
+            return None;
+        }
+        let a = &self.file.adapters;
+        Some(resolve(&a.dir, &a.node, &agent.adapter))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -465,7 +465,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         &["OPENAI_API_KEY", "CODEX_API_KEY", "CODEX_HOME"],
     );
     codex.adapter = CODEX_ADAPTER.into();
-    codex.codex_config = crate::adapters::CODEX_CONFIG_ON_REQUEST.into();
+    codex.codex_config = warden_sandbox::CODEX_CONFIG_ON_REQUEST.into();
     codex.plan_config_option = "collaboration_mode=plan".into();
     codex.network = Network::Proxy;
     codex.egress_allow = vec!["api.openai.com:443".into()];
@@ -603,18 +603,6 @@ impl Settings {
             .get_key_value(name)
             .filter(|(_, a)| a.enabled)
             .map(|(k, v)| (k.as_str(), v))
-    }
-
-    /// The installed adapter an entry without a command runs (`None`: it names none).
-    pub fn adapter(
-        &self,
-        agent: &AgentConfig,
-    ) -> Option<Result<crate::adapters::Resolved, String>> {
-        if !agent.command.is_empty() || agent.adapter.is_empty() {
-            return None;
-        }
-        let a = &self.file.adapters;
-        Some(crate::adapters::resolve(&a.dir, &a.node, &agent.adapter))
     }
 
     /// The program an agent runs: `scripted` with an empty command is the
