@@ -499,8 +499,49 @@ impl RootDir {
     pub fn snapshot(&self, max_entries: usize) -> Option<Snapshot> {
         let mut snap = Snapshot::default();
         let mut budget = max_entries;
-        walk(self.fd.as_fd(), Path::new(""), 0, &mut snap, &mut budget).ok()?;
+        walk(
+            self.fd.as_fd(),
+            Path::new(""),
+            0,
+            true,
+            &mut snap,
+            &mut budget,
+        )
+        .ok()?;
         Some(snap)
+    }
+
+    /// Like [`RootDir::snapshot`], but of everything: `.git` at the top is walked too, and the
+    /// root directory's own stamp is recorded (as `.`), so a change of its mode or an entry
+    /// added anywhere is seen. For a root or home that must still be exactly as it was made
+    /// (a warm agent's, before it is handed to a conversation).
+    pub fn snapshot_whole(&self, max_entries: usize) -> Option<Snapshot> {
+        let mut snap = Snapshot::default();
+        let mut budget = max_entries;
+        let st = rustix::fs::fstat(self.fd.as_fd()).ok()?;
+        snap.entries.insert(PathBuf::from("."), stamp(&st));
+        walk(
+            self.fd.as_fd(),
+            Path::new(""),
+            0,
+            false,
+            &mut snap,
+            &mut budget,
+        )
+        .ok()?;
+        Some(snap)
+    }
+}
+
+// The nanosecond fields are signed on some targets, unsigned on others.
+#[allow(clippy::unnecessary_cast)]
+fn stamp(st: &rustix::fs::Stat) -> EntryStamp {
+    EntryStamp {
+        ino: st.st_ino,
+        size: st.st_size,
+        mode: st.st_mode,
+        mtime: (st.st_mtime, st.st_mtime_nsec as u64),
+        ctime: (st.st_ctime, st.st_ctime_nsec as u64),
     }
 }
 
@@ -508,6 +549,7 @@ fn walk(
     dir: BorrowedFd<'_>,
     rel: &Path,
     depth: usize,
+    skip_git: bool,
     snap: &mut Snapshot,
     budget: &mut usize,
 ) -> Result<(), ()> {
@@ -516,7 +558,7 @@ fn walk(
         let entry = entry.map_err(|_| ())?;
         let name = entry.file_name();
         let bytes = name.to_bytes();
-        if bytes == b"." || bytes == b".." || (depth == 0 && bytes == b".git") {
+        if bytes == b"." || bytes == b".." || (skip_git && depth == 0 && bytes == b".git") {
             continue;
         }
         if *budget == 0 {
@@ -530,16 +572,7 @@ fn walk(
             Err(_) => return Err(()),
         };
         let path = rel.join(OsStr::from_bytes(bytes));
-        snap.entries.insert(
-            path.clone(),
-            EntryStamp {
-                ino: st.st_ino,
-                size: st.st_size,
-                mode: st.st_mode,
-                mtime: (st.st_mtime, st.st_mtime_nsec as u64),
-                ctime: (st.st_ctime, st.st_ctime_nsec as u64),
-            },
-        );
+        snap.entries.insert(path.clone(), stamp(&st));
         if FileType::from_raw_mode(st.st_mode) == FileType::Directory && depth < SNAPSHOT_MAX_DEPTH
         {
             match rustix::fs::openat(
@@ -548,7 +581,7 @@ fn walk(
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                Ok(sub) => walk(sub.as_fd(), &path, depth + 1, snap, budget)?,
+                Ok(sub) => walk(sub.as_fd(), &path, depth + 1, skip_git, snap, budget)?,
                 // Replaced by something else since the stat: recorded as it was.
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
                 Err(_) => return Err(()),

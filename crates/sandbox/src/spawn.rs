@@ -193,6 +193,20 @@ impl Spawner {
         }
     }
 
+    /// Hands the identity `from` holds to `to` (a warm agent taken by its conversation: the
+    /// agent already runs as it). Without a uid range every spawn has the one identity and
+    /// this only returns it.
+    pub fn transfer_identity(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<AgentIdentity>, SandboxError> {
+        match &self.pool {
+            Some(p) => p.transfer(from, to).map(Some),
+            None => Ok(self.identity),
+        }
+    }
+
     /// Returns a conversation's uid to the range (at close).
     pub fn release_identity(&self, conversation_id: &str) {
         if let Some(p) = &self.pool {

@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
 
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
+use crate::bridge::Binding;
 use crate::config::{AgentConfig, Network};
-use crate::core::{ConvCore, ConvInfo};
 use crate::shared::Shared;
 
 /// Why an agent could not be started. Every variant but `Capacity` is a `startup` fault.
@@ -148,23 +149,67 @@ pub struct AgentProc {
     pub load_session: bool,
 }
 
+/// Where an agent is spawned: the id its tree, lease and cgroup are named by (the
+/// conversation's, or a warm agent's pool id), its boundary and its own home.
+pub struct Target<'a> {
+    pub spawn_id: &'a str,
+    pub boundary: warden_sandbox::Boundary,
+    pub home: Option<&'a std::path::Path>,
+}
+
+/// The session an agent was given.
+pub struct SessionStarted {
+    pub session_id: String,
+    /// The mode it is in (the supervised mode once forced).
+    pub mode: String,
+    /// A new session where an earlier one was asked for (context reset).
+    pub reset: bool,
+}
+
+/// `f` within the handshake deadline `hs`; None when it passed or `abort` was cancelled first
+/// (a warm agent asked to make room, or the supervisor stopping).
+async fn within<F: std::future::Future>(
+    hs: std::time::Duration,
+    abort: Option<&CancellationToken>,
+    f: F,
+) -> Option<F::Output> {
+    let stop = async {
+        match abort {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = tokio::time::timeout(hs, f) => r.ok(),
+        _ = stop => None,
+    }
+}
+
+/// A live-agent slot for `context_id`'s agent, once a predecessor's leftovers are reaped: at
+/// the limit a warm agent or an idle agent is stopped to make room (its kill takes up to the
+/// kill grace).
+pub async fn live_slot(
+    shared: &Shared,
+    context_id: &str,
+) -> Result<crate::live::LiveSlot, StartError> {
+    let mut reaped = shared.reaped.clone();
+    let _ = reaped.wait_for(|done| *done).await;
+    let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
+    Ok(shared.live.acquire(context_id, wait).await?)
+}
+
 impl AgentProc {
-    /// Spawns the agent contained and runs `initialize` within the handshake deadline; an agent
-    /// that does not answer is killed.
+    /// Spawns the agent contained, in `slot`, and runs `initialize` within the handshake
+    /// deadline; an agent that does not answer is killed. Its requests go to `handler`.
     pub async fn start(
         shared: &Arc<Shared>,
-        core: &Arc<ConvCore>,
+        slot: crate::live::LiveSlot,
+        target: Target<'_>,
+        handler: Arc<Binding>,
         cfg: &AgentConfig,
-        home: Option<&std::path::Path>,
+        abort: Option<&CancellationToken>,
     ) -> Result<AgentProc, StartError> {
-        // A live-agent slot first: at the limit an idle agent is stopped to make room (its kill
-        // takes up to the kill grace).
-        // Not before a predecessor's leftovers are gone (start-up reaps them in the background).
-        let mut reaped = shared.reaped.clone();
-        let _ = reaped.wait_for(|done| *done).await;
-        let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
-        let slot = shared.live.acquire(&core.info.context_id, wait).await?;
-        let (tree, stdin, stdout, stderr, secrets) = spawn(shared, &core.info, cfg, home)?;
+        let (tree, stdin, stdout, stderr, secrets) = spawn(shared, &target, cfg)?;
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
@@ -190,7 +235,7 @@ impl AgentProc {
             client_name: "warden-supervisor".into(),
             ..ClientConfig::default()
         };
-        let (client, events) = AcpClient::connect(stdout, stdin, core.clone(), config);
+        let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
         let caps = ClientCapabilities {
             fs: FsCapabilities {
                 read_text_file: true,
@@ -200,7 +245,7 @@ impl AgentProc {
             elicitation: true,
         };
         let hs = shared.settings.limits().handshake();
-        let init = tokio::time::timeout(hs, client.initialize(caps)).await;
+        let init = within(hs, abort, client.initialize(caps)).await.ok_or(());
         let mut p = AgentProc {
             slot,
             client,
@@ -222,6 +267,116 @@ impl AgentProc {
                 .fail(shared, StartError::Handshake("initialize".into()))
                 .await),
         }
+    }
+
+    /// Gives the agent its session in `root`: `session/load` of `last` when `resume` and the
+    /// agent supports it, else `session/new`; then forces `cfg.supervised_mode` (an agent that
+    /// does not offer it fails closed). A failure kills the agent.
+    pub async fn open_session(
+        mut self,
+        shared: &Shared,
+        cfg: &AgentConfig,
+        root: &std::path::Path,
+        resume: bool,
+        last: &str,
+        abort: Option<&CancellationToken>,
+    ) -> Result<(AgentProc, SessionStarted), StartError> {
+        let p = &mut self;
+        let hs = shared.settings.limits().handshake();
+        let mut reset = resume;
+        let mut modes = None;
+        let mut session_id = String::new();
+        if resume && p.load_session && !last.is_empty() {
+            match within(hs, abort, p.client.load_session(last, root))
+                .await
+                .ok_or(())
+            {
+                Ok(Ok(r)) => {
+                    modes = r.modes;
+                    session_id = last.to_string();
+                    reset = false;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "session/load failed; starting a new session")
+                }
+                Err(_) => {
+                    return Err(self
+                        .fail(shared, StartError::Handshake("session/load".into()))
+                        .await);
+                }
+            }
+            // The replayed history is not this turn's output.
+            while p.events.try_recv().is_ok() {}
+        }
+        if session_id.is_empty() {
+            match within(hs, abort, p.client.new_session(root))
+                .await
+                .ok_or(())
+            {
+                Ok(Ok(r)) => {
+                    session_id = r.session_id;
+                    modes = r.modes;
+                }
+                Ok(Err(e)) => {
+                    return Err(self
+                        .fail(shared, StartError::Protocol(format!("session/new: {e}")))
+                        .await);
+                }
+                Err(_) => {
+                    return Err(self
+                        .fail(shared, StartError::Handshake("session/new".into()))
+                        .await);
+                }
+            }
+        }
+        let mut current = modes
+            .as_ref()
+            .map(|m| m.current_mode_id.clone())
+            .unwrap_or_default();
+        let want = cfg.supervised_mode.clone();
+        if !want.is_empty() {
+            let offered = modes
+                .as_ref()
+                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
+            if !offered {
+                return Err(self
+                    .fail(
+                        shared,
+                        StartError::Mode(format!(
+                            "the agent does not offer the supervised mode {want:?}"
+                        )),
+                    )
+                    .await);
+            }
+            if current != want {
+                match within(hs, abort, p.client.set_mode(&session_id, &want))
+                    .await
+                    .ok_or(())
+                {
+                    Ok(Ok(())) => current = want,
+                    Ok(Err(e)) => {
+                        return Err(self
+                            .fail(shared, StartError::Mode(format!("set_mode {want:?}: {e}")))
+                            .await);
+                    }
+                    Err(_) => {
+                        return Err(self
+                            .fail(shared, StartError::Handshake("session/set_mode".into()))
+                            .await);
+                    }
+                }
+            }
+            // Mode updates caused by our own set_mode are not escalations.
+            while p.events.try_recv().is_ok() {}
+        }
+        Ok((
+            self,
+            SessionStarted {
+                session_id,
+                mode: current,
+                reset,
+            },
+        ))
     }
 
     /// Kills the tree of an agent whose start failed and returns `error` with the tail of what
@@ -304,13 +459,8 @@ pub type Spawned = (
     Vec<String>,
 );
 
-/// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
-fn spawn(
-    shared: &Shared,
-    info: &ConvInfo,
-    cfg: &AgentConfig,
-    home: Option<&std::path::Path>,
-) -> Result<Spawned, StartError> {
+/// Spawns `cfg` contained in the target's root, with its own home.
+fn spawn(shared: &Shared, target: &Target<'_>, cfg: &AgentConfig) -> Result<Spawned, StartError> {
     let program = shared
         .settings
         .agent_program(cfg)
@@ -327,17 +477,16 @@ fn spawn(
         std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
     );
     let secrets = secret_values(&env);
-    let boundary = info.sandbox_boundary();
     let mut spec = warden_sandbox::SpawnSpec::new(
-        info.context_id.clone(),
+        target.spawn_id.to_string(),
         program,
-        boundary,
+        target.boundary.clone(),
         env,
         shared.depth,
     );
     spec.args = cfg.args.iter().map(Into::into).collect();
     // The conversation's copy, never the operator's template (`cfg.home`).
-    spec.home = home.map(std::path::Path::to_path_buf);
+    spec.home = target.home.map(std::path::Path::to_path_buf);
     spec.extra_ro_binds = cfg.read_only_paths.clone();
     spec.network = match cfg.network {
         Network::None => warden_sandbox::Network::None,

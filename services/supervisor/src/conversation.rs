@@ -83,12 +83,15 @@ impl Stop {
 }
 
 impl Conversation {
-    /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker.
+    /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker; with
+    /// `warm`, the agent a warm start (`pool.rs`) already made that way, in this conversation's
+    /// root and home, is adopted instead.
     pub async fn open(
         core: Arc<ConvCore>,
         agent_cfg: AgentConfig,
         shared: Arc<Shared>,
         home: warden_sandbox::AgentHome,
+        warm: Option<(AgentProc, crate::agent::SessionStarted)>,
     ) -> Result<Arc<Conversation>, StartError> {
         let conv = Arc::new(Conversation {
             core,
@@ -112,7 +115,13 @@ impl Conversation {
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
         });
-        let (p, _reset) = conv.start_agent(false).await?;
+        let p = match warm {
+            Some((p, session)) => {
+                conv.adopt_session(session);
+                p
+            }
+            None => conv.start_agent(false).await?.0,
+        };
         *conv.proc_.lock().await = Some(p);
         // Started, and idle until its first turn.
         conv.shared.live.set_busy(&conv.core.info.context_id, false);
@@ -137,111 +146,46 @@ impl Conversation {
             .lock()
             .ok()
             .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()));
-        let mut p =
-            AgentProc::start(&self.shared, &self.core, &self.agent_cfg, home.as_deref()).await?;
-        let hs = self.shared.settings.limits().handshake();
+        let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id).await?;
+        let target = crate::agent::Target {
+            spawn_id: &self.core.info.context_id,
+            boundary: self.core.info.sandbox_boundary(),
+            home: home.as_deref(),
+        };
+        let handler = crate::bridge::Binding::bound(self.core.clone());
+        let p =
+            AgentProc::start(&self.shared, slot, target, handler, &self.agent_cfg, None).await?;
         let last = self
             .last_session
             .lock()
             .map(|s| s.clone())
             .unwrap_or_default();
-        let mut reset = resume;
-        let mut modes = None;
-        let mut session_id = String::new();
-        if resume && p.load_session && !last.is_empty() {
-            match tokio::time::timeout(hs, p.client.load_session(&last, &self.core.info.root)).await
-            {
-                Ok(Ok(r)) => {
-                    modes = r.modes;
-                    session_id = last.clone();
-                    reset = false;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(context_id = %self.core.info.context_id, error = %e, "session/load failed; starting a new session")
-                }
-                Err(_) => {
-                    return Err(p
-                        .fail(&self.shared, StartError::Handshake("session/load".into()))
-                        .await);
-                }
-            }
-            // The replayed history is not this turn's output.
-            while p.events.try_recv().is_ok() {}
-        }
-        if session_id.is_empty() {
-            match tokio::time::timeout(hs, p.client.new_session(&self.core.info.root)).await {
-                Ok(Ok(r)) => {
-                    session_id = r.session_id;
-                    modes = r.modes;
-                }
-                Ok(Err(e)) => {
-                    return Err(p
-                        .fail(
-                            &self.shared,
-                            StartError::Protocol(format!("session/new: {e}")),
-                        )
-                        .await);
-                }
-                Err(_) => {
-                    return Err(p
-                        .fail(&self.shared, StartError::Handshake("session/new".into()))
-                        .await);
-                }
-            }
-        }
-        let mut current = modes
-            .as_ref()
-            .map(|m| m.current_mode_id.clone())
-            .unwrap_or_default();
-        let want = self.agent_cfg.supervised_mode.clone();
-        if !want.is_empty() {
-            let offered = modes
-                .as_ref()
-                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
-            if !offered {
-                return Err(p
-                    .fail(
-                        &self.shared,
-                        StartError::Mode(format!(
-                            "the agent does not offer the supervised mode {want:?}"
-                        )),
-                    )
-                    .await);
-            }
-            if current != want {
-                match tokio::time::timeout(hs, p.client.set_mode(&session_id, &want)).await {
-                    Ok(Ok(())) => current = want,
-                    Ok(Err(e)) => {
-                        return Err(p
-                            .fail(
-                                &self.shared,
-                                StartError::Mode(format!("set_mode {want:?}: {e}")),
-                            )
-                            .await);
-                    }
-                    Err(_) => {
-                        return Err(p
-                            .fail(
-                                &self.shared,
-                                StartError::Handshake("session/set_mode".into()),
-                            )
-                            .await);
-                    }
-                }
-            }
-            // Mode updates caused by our own set_mode are not escalations.
-            while p.events.try_recv().is_ok() {}
-        }
+        let (p, session) = p
+            .open_session(
+                &self.shared,
+                &self.agent_cfg,
+                &self.core.info.root,
+                resume,
+                &last,
+                None,
+            )
+            .await?;
+        let reset = session.reset;
+        self.adopt_session(session);
+        Ok((p, reset))
+    }
+
+    /// Records the agent's session as this conversation's.
+    fn adopt_session(&self, session: crate::agent::SessionStarted) {
         {
             let mut l = self.core.live();
-            l.session_id = session_id.clone();
-            l.agent_mode = current.clone();
-            l.current_mode = current;
+            l.session_id = session.session_id.clone();
+            l.agent_mode = session.mode.clone();
+            l.current_mode = session.mode;
         }
         if let Ok(mut s) = self.last_session.lock() {
-            *s = session_id;
+            *s = session.session_id;
         }
-        Ok((p, reset))
     }
 
     /// Queues a turn; returns its 1-based queue position (0 = it will start now).

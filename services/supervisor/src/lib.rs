@@ -20,6 +20,7 @@
 //   core                                               one conversation's shared state
 //   bridge                                             the ACP handler (agent -> supervisor)
 //   agent                                              spawn + handshake of one agent
+//   pool                                               warm agents waiting for a conversation
 //   conversation                                       the turn queue and drive loop
 //   service                                            the gRPC services and the registry
 pub mod admission;
@@ -32,6 +33,7 @@ pub mod fault;
 pub mod live;
 pub mod mode;
 pub mod policy;
+pub mod pool;
 pub mod records;
 pub mod service;
 pub mod shared;
