@@ -519,6 +519,21 @@ impl UidPool {
             .remove(conversation_id);
     }
 
+    /// Whether the uid `holder` holds is the one a new conversation would be assigned if
+    /// `holder` gave it back (the lowest free one). True when `holder` holds none.
+    pub(crate) fn is_lowest_free(&self, holder: &str) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mine) = held.get(holder).copied() else {
+            return true;
+        };
+        let used: std::collections::BTreeSet<u32> = held
+            .iter()
+            .filter(|(k, _)| k.as_str() != holder)
+            .map(|(_, v)| *v)
+            .collect();
+        (self.range.first..=self.range.last).find(|u| !used.contains(u)) == Some(mine)
+    }
+
     /// Moves the uid `from` holds to `to` (a warm agent handed to its conversation). Refused
     /// when `to` already holds one or `from` holds none.
     pub(crate) fn transfer(&self, from: &str, to: &str) -> Result<AgentIdentity, SandboxError> {

@@ -193,6 +193,13 @@ impl Spawner {
         }
     }
 
+    /// Whether handing `holder`'s identity to a new conversation gives it what
+    /// [`Spawner::assign_identity`] would: with a uid range, the lowest free uid; always true
+    /// without one.
+    pub fn holds_next_identity(&self, holder: &str) -> bool {
+        self.pool.as_ref().is_none_or(|p| p.is_lowest_free(holder))
+    }
+
     /// Hands the identity `from` holds to `to` (a warm agent taken by its conversation: the
     /// agent already runs as it). Without a uid range every spawn has the one identity and
     /// this only returns it.

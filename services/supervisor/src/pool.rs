@@ -418,9 +418,9 @@ impl Pool {
         });
     }
 
-    /// The first warm agent of `agent` for a conversation with `cfg` and `profile`, out of the
-    /// queue (then [`Pool::claim`] it, or it is disposed of when dropped… never: pass it back
-    /// to [`Pool::discard`]). None when there is none or the conversation cannot use one.
+    /// A warm agent of `agent` for a conversation with `cfg` and `profile`, out of the queue:
+    /// pass it to [`Pool::claim`] at once (a `Warm` dropped otherwise is killed without its root
+    /// being removed until the next start). None when there is none the conversation can use.
     pub fn take(
         &self,
         agent: &str,
@@ -431,7 +431,15 @@ impl Pool {
             return None;
         }
         let kind = self.kinds.get(agent)?;
-        let w = kind.lock().pop_front()?;
+        let w = {
+            let mut q = kind.lock();
+            // With a uid range a conversation gets the lowest free uid: a warm agent holding
+            // another (a lower one was given back since it started) waits for a later one.
+            let i = q
+                .iter()
+                .position(|w| self.shared.spawner.holds_next_identity(&w.id))?;
+            q.remove(i)?
+        };
         w.watch.cancel();
         kind.wake.notify_one();
         if &w.cfg != cfg {
