@@ -250,8 +250,9 @@ def send(o):
         sys.stdout.write(json.dumps(o) + "\n")
         sys.stdout.flush()
 def act():
-    time.sleep(0.3)
-    if mode == "write-root":
+    # After the warm agent is ready (its home is recorded once quiet for 0.3 s); a crash earlier.
+    time.sleep(0.3 if mode == "crash" else 1.0)
+    if mode in ("write-root", "write-root-at-once"):
         open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
     elif mode == "write-home":
         open(os.path.join(os.environ["HOME"], ".planted"), "w").write("x")
@@ -266,6 +267,8 @@ for line in sys.stdin:
     if meth == "initialize":
         send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}}})
     elif meth == "session/new":
+        if mode == "write-root-at-once":
+            open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
         send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
         threading.Thread(target=act, daemon=True).start()
     elif meth == "session/prompt":
@@ -324,8 +327,8 @@ async fn a_warm_agent_that_acted_before_it_was_asked_is_never_handed_out() {
         let warm_home = home_of(warm).expect("HOME");
         let warm_root =
             std::fs::read_link(format!("/proc/{warm}/cwd")).expect("the warm agent's root");
-        // It acts 0.3 s after its session/new.
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        // It acts 1 s after its session/new.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
         if mode == "write-root" {
             assert!(warm_root.join("planted.txt").exists(), "the actor planted");
         }
@@ -367,6 +370,32 @@ async fn a_warm_agent_that_acted_before_it_was_asked_is_never_handed_out() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_agent_that_writes_into_its_root_during_the_handshake_never_becomes_warm() {
+    let (_dir, sets) = actor_sets("write-root-at-once");
+    let d = deploy_owned(&sets).await;
+    let mut c = client(&d);
+    let t0 = Instant::now();
+    loop {
+        let st = status(&mut c).await;
+        if st["pool.actor.failed"] != "0" {
+            assert_eq!(st["pool.actor.ready"], "0", "{st:?}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{st:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The conversation gets a root of its own (its agent plants there: that is its own doing).
+    let info = c
+        .open_conversation(actor_open("fresh"))
+        .await
+        .unwrap()
+        .into_inner();
+    let st = status(&mut c).await;
+    assert_eq!(st["pool.actor.taken"], "0", "{st:?}");
+    assert!(Path::new(&info.root).is_dir());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_warm_agent_that_dies_is_replaced_and_a_crashing_one_backs_off() {
     let d = deploy(&[]).await;
     let mut c = client(&d);
@@ -399,12 +428,12 @@ async fn a_warm_agent_that_dies_is_replaced_and_a_crashing_one_backs_off() {
     let (_dir, sets) = actor_sets("crash");
     let d = deploy_owned(&sets).await;
     let mut c = client(&d);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     let st = status(&mut c).await;
     let died: u32 = st["pool.actor.died"].parse().unwrap();
     let failed: u32 = st["pool.actor.failed"].parse().unwrap();
-    // Without backoff that is a start every ~0.4 s (10 in 4 s); with it (0.2, 0.4, 0.8, 1.6 s
-    // between them) at most 5.
+    // Without backoff that is a start every ~0.5 s (12 in 6 s); with it (0.2, 0.4, 0.8, 1.6,
+    // 3.2 s between them) about 4.
     assert!(died >= 2, "the crashing agent is restarted: {st:?}");
     assert!(died + failed <= 6, "no spawn storm: {st:?}");
     // A conversation still opens (cold) and gets a root of its own.

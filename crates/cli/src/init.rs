@@ -91,6 +91,10 @@ default = "scripted"
 # network = "host"                     # "none" (default) | "host"
 # read_only_paths = ["/opt/adapters"]  # what it may read besides the system under bubblewrap
 # supervised_mode = "default"
+# pool_size = 1                        # warm agents kept started for new conversations: the
+#                                      # first task of a new context does not wait for the
+#                                      # adapter to start (0 = none, the default; the built-in
+#                                      # scripted agent keeps 1). They count as live agents.
 
 # [sandbox]
 # bubblewrap = true

@@ -485,6 +485,16 @@ impl Snapshot {
         self.entries.len()
     }
 
+    /// The paths recorded (relative to the root; `.` is the root itself in a whole snapshot).
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.entries.keys().map(PathBuf::as_path)
+    }
+
+    /// The mode (type and permission bits) recorded for `path`.
+    pub fn mode_of(&self, path: &Path) -> Option<u32> {
+        self.entries.get(path).map(|e| e.mode)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

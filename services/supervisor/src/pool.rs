@@ -11,10 +11,13 @@
 //! change: the directory does not move, only its record) and no MCP servers, and the mode
 //! forced is the agent's configuration; nothing of the conversation (context, principal, verb,
 //! task) reaches the agent before its first prompt. An agent that acts while it waits gains
-//! nothing: its requests are refused unbound (`bridge::Binding`), and at the take the root and
-//! home must be exactly as they were when it became ready (`RootDir::snapshot_whole`: every
-//! entry's inode, size, mode and times, `.git` and the directories themselves included) and
-//! the agent must not have asked for anything — otherwise it is killed and the conversation
+//! nothing: its requests are refused unbound (`bridge::Binding`); at the take its root must hold
+//! exactly what the sandbox made (the root itself, mode 0710, and under bubblewrap the empty,
+//! read-only agent-control entries) and be as it was after the handshake, its home exactly as
+//! it was once it had been quiet for a moment after the handshake (an adapter writes its own
+//! state there as it starts: Claude's debug log), both compared by `RootDir::snapshot_whole`
+//! (every entry's inode, size, mode and times, `.git` and the directories themselves included),
+//! and the agent must not have asked for anything — otherwise it is killed and the conversation
 //! gets a cold start. Updates it sent wait for the first turn, which judges a mode change among
 //! them like those of any idle agent.
 //!
@@ -336,23 +339,39 @@ impl Pool {
         let (mut p, session) = p
             .open_session(sh, &kind.cfg, &boundary.root, false, "", Some(abort))
             .await?;
-        // What the root and home look like now that it is ready; checked again at the take.
-        let root_path = boundary.root.clone();
-        let home_path = home.path().to_path_buf();
-        let seen = tokio::task::spawn_blocking(move || {
-            let r = Arc::new(RootDir::open(&root_path).ok()?);
-            let h = Arc::new(RootDir::open(&home_path).ok()?);
-            let rs = r.snapshot_whole(CHECK_ENTRIES)?;
-            let hs = h.snapshot_whole(CHECK_ENTRIES)?;
-            Some((r, h, rs, hs))
-        })
-        .await
-        .ok()
-        .flatten();
+        // What the root and home look like once it is ready and they are quiet (an adapter
+        // finishes writing its own state, a debug log for one, after its session is made);
+        // checked again at the take.
+        let opened = {
+            let (root_path, home_path) = (boundary.root.clone(), home.path().to_path_buf());
+            tokio::task::spawn_blocking(move || {
+                Some((
+                    Arc::new(RootDir::open(&root_path).ok()?),
+                    Arc::new(RootDir::open(&home_path).ok()?),
+                ))
+            })
+            .await
+            .ok()
+            .flatten()
+        };
+        let seen = match opened {
+            Some((r, h)) => settled(
+                &r,
+                &h,
+                sh.spawner.bwrap().is_some(),
+                sh.settings.limits().handshake(),
+                abort,
+            )
+            .await
+            .map(|(rs, hs)| (r, h, rs, hs)),
+            None => None,
+        };
         let Some((root_dir, home_dir, root_seen, home_seen)) = seen else {
             p.kill(sh).await;
             return Err(StartError::Spawn(
-                "its root or home cannot be walked (or is larger than can be checked)".into(),
+                "it changed its root before it was asked, or its home did not stop changing \
+                 within the handshake deadline (or they cannot be walked)"
+                    .into(),
             ));
         };
         if abort.is_cancelled() {
@@ -474,7 +493,9 @@ impl Pool {
         })
         .await
         .unwrap_or((None, None));
-        let root_same = now.0.as_ref() == Some(&w.root_seen);
+        let bwrap = self.shared.spawner.bwrap().is_some();
+        let root_same = now.0.as_ref() == Some(&w.root_seen)
+            && now.0.as_ref().is_some_and(|r| fresh_root(r, bwrap));
         let home_same = now.1.as_ref() == Some(&w.home_seen);
         if !(alive && asked == 0 && root_same && home_same) {
             let changed: Vec<String> = [
@@ -573,6 +594,71 @@ impl Pool {
         }
         out
     }
+}
+
+/// How long a ready warm agent's root and home must stay unchanged before they are recorded,
+/// and how often they are looked at meanwhile.
+const QUIET: Duration = Duration::from_millis(300);
+const QUIET_POLL: Duration = Duration::from_millis(100);
+
+/// The root's snapshot as the agent found it (it must be exactly what the sandbox made: see
+/// [`fresh_root`]) and the home's once it has not changed for [`QUIET`]; None when the root is
+/// not fresh, the home does not settle within `within`, either cannot be walked, or the start
+/// is abandoned.
+async fn settled(
+    root: &Arc<RootDir>,
+    home: &Arc<RootDir>,
+    bwrap: bool,
+    within: Duration,
+    abort: &CancellationToken,
+) -> Option<(Snapshot, Snapshot)> {
+    let deadline = tokio::time::Instant::now() + within;
+    let look = |d: &Arc<RootDir>| {
+        let d = d.clone();
+        async move {
+            tokio::task::spawn_blocking(move || d.snapshot_whole(CHECK_ENTRIES))
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    let root_seen = look(root).await.filter(|r| fresh_root(r, bwrap))?;
+    let mut last = look(home).await?;
+    let mut quiet_since = tokio::time::Instant::now();
+    loop {
+        if tokio::time::Instant::now() - quiet_since >= QUIET {
+            return Some((root_seen, last));
+        }
+        if tokio::time::Instant::now() >= deadline || abort.is_cancelled() {
+            return None;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(QUIET_POLL) => {}
+            _ = abort.cancelled() => return None,
+        }
+        let now = look(home).await?;
+        if now != last {
+            last = now;
+            quiet_since = tokio::time::Instant::now();
+        }
+    }
+}
+
+/// Whether a warm root holds exactly what the sandbox made in it: the root directory itself
+/// (mode 0710, as `OwnedRoots::create` makes it) and, under bubblewrap, the empty agent-control
+/// entries (`ROOT_CONTROL`, bound read-only over the root, so the agent cannot change them);
+/// nothing else.
+fn fresh_root(snap: &Snapshot, bwrap: bool) -> bool {
+    let root_mode = snap.mode_of(std::path::Path::new(".")).map(|m| m & 0o7777);
+    root_mode == Some(0o710)
+        && snap.paths().all(|p| {
+            p == std::path::Path::new(".")
+                || (bwrap
+                    && p.components().count() == 1
+                    && warden_sandbox::ROOT_CONTROL
+                        .iter()
+                        .any(|(name, _)| p == std::path::Path::new(name)))
+        })
 }
 
 /// Kills a warm agent that is not handed out and removes what was made for it (root, home,
