@@ -490,6 +490,11 @@ impl Snapshot {
         self.entries.keys().map(PathBuf::as_path)
     }
 
+    /// Keeps only the entries whose path `keep` accepts (to compare part of a tree).
+    pub fn retain(&mut self, mut keep: impl FnMut(&Path) -> bool) {
+        self.entries.retain(|p, _| keep(p));
+    }
+
     /// The mode (type and permission bits) recorded for `path`.
     pub fn mode_of(&self, path: &Path) -> Option<u32> {
         self.entries.get(path).map(|e| e.mode)

@@ -891,6 +891,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_unbound_agent_is_refused_everything_and_counted_then_served_once_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f.txt"), "content").unwrap();
+        let b = Binding::unbound();
+        let path = dir.path().join("f.txt").to_string_lossy().into_owned();
+        let read = || ReadTextFileRequest {
+            session_id: "s".into(),
+            path: path.clone(),
+            line: None,
+            limit: None,
+        };
+        assert!(b.read_text_file(read()).await.is_err());
+        let perm = b
+            .request_permission(request(serde_json::json!({
+                "sessionId": "s",
+                "toolCall": {"toolCallId": "t1", "kind": "edit", "title": "edit"},
+                "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]
+            })))
+            .await
+            .unwrap();
+        assert_eq!(
+            perm,
+            PermissionOutcome::Cancelled,
+            "never an allow, no policy asked"
+        );
+        assert_eq!(b.early_requests(), 2);
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(b.bind(Arc::new(core(&root))));
+        assert!(!b.bind(Arc::new(core(&root))), "bound once");
+        let req = ReadTextFileRequest {
+            session_id: "s".into(),
+            path: root.join("f.txt").to_string_lossy().into_owned(),
+            line: None,
+            limit: None,
+        };
+        assert_eq!(b.read_text_file(req).await.unwrap(), "content");
+        assert_eq!(b.early_requests(), 2);
+    }
+
+    #[tokio::test]
     async fn without_a_policy_a_permission_is_refused_with_an_offered_id() {
         let dir = tempfile::tempdir().unwrap();
         let c = core(dir.path());

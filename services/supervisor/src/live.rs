@@ -74,6 +74,7 @@ impl LiveSlot {
         let Some(mut e) = g.entries.remove(&self.context_id) else {
             return false;
         };
+        let was_evicting = e.evicting;
         e.pooled = false;
         e.busy = true;
         e.evicting = false;
@@ -82,6 +83,11 @@ impl LiveSlot {
         g.entries.insert(context_id.to_string(), e);
         drop(g);
         self.context_id = context_id.to_string();
+        if was_evicting {
+            // A start asked this warm agent to make room just as a conversation took it: that
+            // start looks again rather than wait for a slot this one will not give back.
+            self.live.released.send_modify(|n| *n += 1);
+        }
         true
     }
 }
@@ -322,6 +328,56 @@ mod tests {
         }
         assert_eq!(held.len(), 8);
         assert_eq!(live.live(), 8);
+    }
+
+    #[tokio::test]
+    async fn warm_agents_take_only_free_slots_and_are_the_first_to_make_room() {
+        let live = LiveAgents::new(2);
+        let warm = live.try_acquire_spare("pool-1").expect("a free slot");
+        let busy = live.acquire("a", Duration::from_secs(1)).await.unwrap();
+        assert_eq!((live.live(), live.pooled()), (2, 1));
+        assert!(live.try_acquire_spare("pool-2").is_none(), "at the cap");
+        // An idle conversation agent and a warm one: the warm one is asked first.
+        drop(busy);
+        let idle = live.acquire("b", Duration::from_secs(1)).await.unwrap();
+        live.set_busy("b", false);
+        let pool_token = live.evict_token("pool-1").unwrap();
+        let idle_token = live.evict_token("b").unwrap();
+        let waiter = {
+            let live = live.clone();
+            tokio::spawn(async move { live.acquire("c", Duration::from_secs(5)).await })
+        };
+        tokio::time::timeout(Duration::from_secs(5), pool_token.cancelled())
+            .await
+            .expect("the warm agent is asked to make room");
+        assert!(
+            !idle_token.is_cancelled(),
+            "not the conversation's idle agent"
+        );
+        // While a start waits, the pool takes nothing, even a slot given back meanwhile.
+        assert!(live.try_acquire_spare("pool-3").is_none());
+        drop(warm);
+        let c = waiter.await.unwrap().unwrap();
+        assert_eq!(live.pooled(), 0);
+        drop((c, idle));
+        assert!(live.try_acquire_spare("pool-4").is_some());
+    }
+
+    #[tokio::test]
+    async fn a_taken_warm_slot_is_the_conversations() {
+        let live = LiveAgents::new(2);
+        let mut slot = live.try_acquire_spare("pool-1").unwrap();
+        let _other = live.acquire("ctx", Duration::from_secs(1)).await.unwrap();
+        assert!(
+            !slot.relabel("ctx"),
+            "a context holding a slot cannot take a second"
+        );
+        drop(_other);
+        assert!(slot.relabel("ctx"));
+        assert_eq!(slot.holder(), "ctx");
+        assert_eq!((live.live(), live.pooled()), (1, 0));
+        drop(slot);
+        assert_eq!(live.live(), 0);
     }
 
     #[test]
