@@ -256,6 +256,9 @@ def act():
         open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
     elif mode == "write-home":
         open(os.path.join(os.environ["HOME"], ".planted"), "w").write("x")
+    elif mode == "write-state":
+        os.makedirs(os.path.join(os.environ["HOME"], ".claude", "debug"), exist_ok=True)
+        open(os.path.join(os.environ["HOME"], ".claude", "debug", "log.txt"), "w").write("x")
     elif mode == "ask":
         send({"jsonrpc": "2.0", "id": 900, "method": "fs/read_text_file",
               "params": {"sessionId": "s1", "path": os.path.join(os.getcwd(), "x")}})
@@ -367,6 +370,33 @@ async fn a_warm_agent_that_acted_before_it_was_asked_is_never_handed_out() {
         .await;
         assert_eq!(stop(&evs).stop_reason, "end_turn", "{mode}: {evs:#?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_agent_that_writes_its_own_state_directory_is_still_handed_out() {
+    // An adapter's sessions, caches and logs (Claude's debug log keeps growing while it waits).
+    let (_dir, sets) = actor_sets("write-state");
+    let d = deploy_owned(&sets).await;
+    let mut c = client(&d);
+    wait_figure(&mut c, "actor", "ready", "1").await;
+    let warm = one_agent(&d, "python3.11", &[]).await;
+    let home = home_of(warm).expect("HOME");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        home.join(".claude/debug/log.txt").exists(),
+        "the actor wrote"
+    );
+    let info = c
+        .open_conversation(actor_open("stateful"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("python3.11")),
+        vec![warm]
+    );
+    let st = status(&mut c).await;
+    assert_eq!(st["pool.actor.taken"], "1", "{st:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -13,11 +13,13 @@
 //! task) reaches the agent before its first prompt. An agent that acts while it waits gains
 //! nothing: its requests are refused unbound (`bridge::Binding`); at the take its root must hold
 //! exactly what the sandbox made (the root itself, mode 0710, and under bubblewrap the empty,
-//! read-only agent-control entries) and be as it was after the handshake, its home exactly as
-//! it was once it had been quiet for a moment after the handshake (an adapter writes its own
-//! state there as it starts: Claude's debug log), both compared by `RootDir::snapshot_whole`
-//! (every entry's inode, size, mode and times, `.git` and the directories themselves included),
-//! and the agent must not have asked for anything — otherwise it is killed and the conversation
+//! read-only agent-control entries) and be as it was after the handshake; its home, outside the
+//! adapters' own state directories (`.claude`, `.codex`, `.gemini`: sessions, caches, logs the
+//! adapter keeps writing as it runs — Claude's debug log grows while it waits; their
+//! configuration files are read-only binds), exactly as it was once it had been quiet for a
+//! moment after the handshake; both compared by `RootDir::snapshot_whole` (every entry's inode,
+//! size, mode and times, `.git` and the directories themselves included); and the agent must
+//! not have asked for anything — otherwise it is killed and the conversation
 //! gets a cold start. Updates it sent wait for the first turn, which judges a mode change among
 //! them like those of any idle agent.
 //!
@@ -488,7 +490,7 @@ impl Pool {
         let now = tokio::task::spawn_blocking(move || {
             (
                 r.snapshot_whole(CHECK_ENTRIES),
-                h.snapshot_whole(CHECK_ENTRIES),
+                h.snapshot_whole(CHECK_ENTRIES).map(home_outside_state),
             )
         })
         .await
@@ -623,7 +625,8 @@ async fn settled(
         }
     };
     let root_seen = look(root).await.filter(|r| fresh_root(r, bwrap))?;
-    let mut last = look(home).await?;
+    let look_home = || async { look(home).await.map(home_outside_state) };
+    let mut last = look_home().await?;
     let mut quiet_since = tokio::time::Instant::now();
     loop {
         if tokio::time::Instant::now() - quiet_since >= QUIET {
@@ -636,12 +639,30 @@ async fn settled(
             _ = tokio::time::sleep(QUIET_POLL) => {}
             _ = abort.cancelled() => return None,
         }
-        let now = look(home).await?;
+        let now = look_home().await?;
         if now != last {
             last = now;
             quiet_since = tokio::time::Instant::now();
         }
     }
+}
+
+/// The adapters' own state directories in a home: where they keep sessions, caches and logs
+/// (Claude's debug log grows while it waits), written by the adapter itself as it runs; their
+/// configuration files are read-only binds (`HOME_CONTROL`) that cannot change.
+const HOME_STATE_DIRS: [&str; 3] = [".claude", ".codex", ".gemini"];
+
+/// A home's snapshot without the adapters' state directories: what a warm agent must leave as
+/// it was (shell, git, npm and ssh files, anything else).
+fn home_outside_state(mut snap: Snapshot) -> Snapshot {
+    snap.retain(|p| {
+        !p.components().next().is_some_and(|c| {
+            HOME_STATE_DIRS
+                .iter()
+                .any(|d| c.as_os_str() == std::ffi::OsStr::new(d))
+        })
+    });
+    snap
 }
 
 /// Whether a warm root holds exactly what the sandbox made in it: the root directory itself
