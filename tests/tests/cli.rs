@@ -153,7 +153,10 @@ async fn warden_doctor_shows_the_running_supervisors_capacity() {
     .await;
     let (ok, out, err) = warden(&d, &["doctor"]).await;
     assert!(ok, "{err}\n{out}");
-    assert!(out.contains("0 of max_live_agents 7"), "{out}");
+    // The one live agent is the built-in scripted agent's warm one.
+    assert!(out.contains("of max_live_agents 7"), "{out}");
+    assert!(out.contains("warm agents:        scripted:"), "{out}");
+    assert!(out.contains("of pool_size 1"), "{out}");
     assert!(out.contains("max_active_turns "), "{out}");
 }
 

@@ -180,7 +180,7 @@ async fn warden_up_starts_three_healthy_daemons_and_ctrl_c_leaves_nothing_behind
     assert!(healthy, "warden status never reported all healthy");
     eprintln!("warden up healthy after {took:?}");
 
-    let daemon_pids = pids_with_arg(&state);
+    let daemon_pids = daemon_pids_with_arg(&state);
     assert_eq!(
         daemon_pids.len(),
         3,
@@ -241,6 +241,27 @@ async fn wait_until_status_healthy(
 }
 
 /// Live (non-zombie) processes whose command line mentions `needle`, other than `warden up` itself.
+/// The daemons among [`pids_with_arg`] (not the scripted agent's warm agent, whose sandbox's
+/// command line names the state directory too).
+fn daemon_pids_with_arg(needle: &str) -> Vec<i32> {
+    const DAEMONS: [&str; 4] = [
+        "warden-policy",
+        "warden-supervisor",
+        "warden-gateway",
+        "warden-approver",
+    ];
+    pids_with_arg(needle)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let argv0 = c.split(|b| *b == 0).next().unwrap_or_default();
+                let name = String::from_utf8_lossy(argv0);
+                DAEMONS.iter().any(|d| name.rsplit('/').next() == Some(*d))
+            })
+        })
+        .collect()
+}
+
 fn pids_with_arg(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -366,7 +387,11 @@ async fn warden_up_with_approver_runs_four_daemons_and_a_write_waits_for_a_perso
         shown.contains("warden-approver") && shown.contains("healthy"),
         "{shown}"
     );
-    assert_eq!(pids_with_arg(&state).len(), 4, "four daemon processes");
+    assert_eq!(
+        daemon_pids_with_arg(&state).len(),
+        4,
+        "four daemon processes"
+    );
 
     // The demo policy under --approver lets reads pass and puts the write in front of a person.
     let mut send = tokio::process::Command::new(binary("warden"));

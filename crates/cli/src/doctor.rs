@@ -213,9 +213,9 @@ fn adapter_lines(d: &HashMap<String, String>) -> Vec<String> {
 
 fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
     let get = |k: &str| d.get(k).map(String::as_str).unwrap_or("?");
-    vec![
+    let mut out = vec![
         format!(
-            "  live agents:        {} of max_live_agents {} (beyond it the least recently used idle agent stops)",
+            "  live agents:        {} of max_live_agents {} (beyond it a warm agent, then the least recently used idle agent stops)",
             get("live_agents"),
             get("max_live_agents")
         ),
@@ -223,7 +223,30 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
             "  active turns:       max_active_turns {} (beyond it turns wait in order, \"queued, position N\")",
             get("max_active_turns")
         ),
-    ]
+    ];
+    // One line per agent with warm agents (`agents.<name>.pool_size`), sorted by name.
+    let mut pools: Vec<&str> = d
+        .keys()
+        .filter_map(|k| k.strip_prefix("pool.")?.strip_suffix(".size"))
+        .collect();
+    pools.sort_unstable();
+    if pools.is_empty() {
+        out.push("  warm agents:        none (agents.<name>.pool_size = 0 for every agent)".into());
+    }
+    for name in pools {
+        let f = |what: &str| get(&format!("pool.{name}.{what}")).to_string();
+        out.push(format!(
+            "  warm agents:        {name}: {} ready of pool_size {} ({} starting; {} taken, {} discarded, {} died, {} failed to start)",
+            f("ready"),
+            f("size"),
+            f("starting"),
+            f("taken"),
+            f("discarded"),
+            f("died"),
+            f("failed")
+        ));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -269,6 +292,21 @@ mod tests {
         let l = capacity_lines(&d);
         assert!(l[0].contains("3 of max_live_agents 78"), "{l:?}");
         assert!(l[1].contains("max_active_turns 32"), "{l:?}");
+        assert!(l[2].contains("warm agents:        none"), "{l:?}");
+        let mut d = d;
+        for (k, v) in [
+            ("size", "2"),
+            ("ready", "1"),
+            ("starting", "1"),
+            ("taken", "5"),
+        ] {
+            d.insert(format!("pool.scripted.{k}"), v.into());
+        }
+        let l = capacity_lines(&d);
+        assert!(
+            l[2].contains("scripted: 1 ready of pool_size 2 (1 starting; 5 taken"),
+            "{l:?}"
+        );
     }
 
     fn map(kv: &[(&str, &str)]) -> HashMap<String, String> {

@@ -93,6 +93,10 @@ default = "scripted"
 # egress_allow = ["api.anthropic.com:443"]  # with "proxy"; every *_BASE_URL of its env is added
 # read_only_paths = ["/opt/adapters"]  # what it may read besides the system under bubblewrap
 # supervised_mode = "default"
+# pool_size = 1                        # warm agents kept started for new conversations: the
+#                                      # first task of a new context does not wait for the
+#                                      # adapter to start (0 = none, the default; the built-in
+#                                      # scripted agent keeps 1). They count as live agents.
 
 # [sandbox]
 # bubblewrap = true

@@ -485,6 +485,21 @@ impl Snapshot {
         self.entries.len()
     }
 
+    /// The paths recorded (relative to the root; `.` is the root itself in a whole snapshot).
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.entries.keys().map(PathBuf::as_path)
+    }
+
+    /// Keeps only the entries whose path `keep` accepts (to compare part of a tree).
+    pub fn retain(&mut self, mut keep: impl FnMut(&Path) -> bool) {
+        self.entries.retain(|p, _| keep(p));
+    }
+
+    /// The mode (type and permission bits) recorded for `path`.
+    pub fn mode_of(&self, path: &Path) -> Option<u32> {
+        self.entries.get(path).map(|e| e.mode)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -499,8 +514,49 @@ impl RootDir {
     pub fn snapshot(&self, max_entries: usize) -> Option<Snapshot> {
         let mut snap = Snapshot::default();
         let mut budget = max_entries;
-        walk(self.fd.as_fd(), Path::new(""), 0, &mut snap, &mut budget).ok()?;
+        walk(
+            self.fd.as_fd(),
+            Path::new(""),
+            0,
+            true,
+            &mut snap,
+            &mut budget,
+        )
+        .ok()?;
         Some(snap)
+    }
+
+    /// Like [`RootDir::snapshot`], but of everything: `.git` at the top is walked too, and the
+    /// root directory's own stamp is recorded (as `.`), so a change of its mode or an entry
+    /// added anywhere is seen. For a root or home that must still be exactly as it was made
+    /// (a warm agent's, before it is handed to a conversation).
+    pub fn snapshot_whole(&self, max_entries: usize) -> Option<Snapshot> {
+        let mut snap = Snapshot::default();
+        let mut budget = max_entries;
+        let st = rustix::fs::fstat(self.fd.as_fd()).ok()?;
+        snap.entries.insert(PathBuf::from("."), stamp(&st));
+        walk(
+            self.fd.as_fd(),
+            Path::new(""),
+            0,
+            false,
+            &mut snap,
+            &mut budget,
+        )
+        .ok()?;
+        Some(snap)
+    }
+}
+
+// The nanosecond fields are signed on some targets, unsigned on others.
+#[allow(clippy::unnecessary_cast)]
+fn stamp(st: &rustix::fs::Stat) -> EntryStamp {
+    EntryStamp {
+        ino: st.st_ino,
+        size: st.st_size,
+        mode: st.st_mode,
+        mtime: (st.st_mtime, st.st_mtime_nsec as u64),
+        ctime: (st.st_ctime, st.st_ctime_nsec as u64),
     }
 }
 
@@ -508,6 +564,7 @@ fn walk(
     dir: BorrowedFd<'_>,
     rel: &Path,
     depth: usize,
+    skip_git: bool,
     snap: &mut Snapshot,
     budget: &mut usize,
 ) -> Result<(), ()> {
@@ -516,7 +573,7 @@ fn walk(
         let entry = entry.map_err(|_| ())?;
         let name = entry.file_name();
         let bytes = name.to_bytes();
-        if bytes == b"." || bytes == b".." || (depth == 0 && bytes == b".git") {
+        if bytes == b"." || bytes == b".." || (skip_git && depth == 0 && bytes == b".git") {
             continue;
         }
         if *budget == 0 {
@@ -530,16 +587,7 @@ fn walk(
             Err(_) => return Err(()),
         };
         let path = rel.join(OsStr::from_bytes(bytes));
-        snap.entries.insert(
-            path.clone(),
-            EntryStamp {
-                ino: st.st_ino,
-                size: st.st_size,
-                mode: st.st_mode,
-                mtime: (st.st_mtime, st.st_mtime_nsec as u64),
-                ctime: (st.st_ctime, st.st_ctime_nsec as u64),
-            },
-        );
+        snap.entries.insert(path.clone(), stamp(&st));
         if FileType::from_raw_mode(st.st_mode) == FileType::Directory && depth < SNAPSHOT_MAX_DEPTH
         {
             match rustix::fs::openat(
@@ -548,7 +596,7 @@ fn walk(
                 OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::empty(),
             ) {
-                Ok(sub) => walk(sub.as_fd(), &path, depth + 1, snap, budget)?,
+                Ok(sub) => walk(sub.as_fd(), &path, depth + 1, skip_git, snap, budget)?,
                 // Replaced by something else since the stat: recorded as it was.
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
                 Err(_) => return Err(()),

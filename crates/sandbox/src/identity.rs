@@ -523,6 +523,37 @@ impl UidPool {
             .remove(conversation_id);
     }
 
+    /// Whether the uid `holder` holds is the one a new conversation would be assigned if
+    /// `holder` gave it back (the lowest free one). True when `holder` holds none.
+    pub(crate) fn is_lowest_free(&self, holder: &str) -> bool {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mine) = held.get(holder).copied() else {
+            return true;
+        };
+        let used: std::collections::BTreeSet<u32> = held
+            .iter()
+            .filter(|(k, _)| k.as_str() != holder)
+            .map(|(_, v)| *v)
+            .collect();
+        (self.range.first..=self.range.last).find(|u| !used.contains(u)) == Some(mine)
+    }
+
+    /// Moves the uid `from` holds to `to` (a warm agent handed to its conversation). Refused
+    /// when `to` already holds one or `from` holds none.
+    pub(crate) fn transfer(&self, from: &str, to: &str) -> Result<AgentIdentity, SandboxError> {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.contains_key(to) {
+            return Err(SandboxError::InvalidInput(format!(
+                "{to:?} already holds an agent uid"
+            )));
+        }
+        let uid = held
+            .remove(from)
+            .ok_or_else(|| SandboxError::InvalidInput(format!("{from:?} holds no agent uid")))?;
+        held.insert(to.to_string(), uid);
+        Ok(self.range.identity(uid))
+    }
+
     /// The identity held by `spawn_id`: a conversation id, or an ACP terminal's
     /// `<conversation id>~<terminal id>` (terminal ids never contain `~`).
     pub(crate) fn held_by(&self, spawn_id: &str) -> Option<AgentIdentity> {

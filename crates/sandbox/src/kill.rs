@@ -232,6 +232,18 @@ impl ProcessTree {
         }
     }
 
+    /// Names another conversation as this tree's owner, in memory and in its lease (a warm
+    /// agent handed to its conversation). The lease is rewritten, not flushed: the name is
+    /// for whoever reads it, and crash recovery acts on the leader, cgroup and marker, which
+    /// do not change.
+    pub fn relabel(&mut self, conversation_id: &str) -> Result<(), SandboxError> {
+        self.conversation_id = conversation_id.to_string();
+        if let (Some(leases), Some(marker)) = (&self.leases, &self.marker) {
+            leases.relabel(marker, conversation_id)?;
+        }
+        Ok(())
+    }
+
     pub fn conversation_id(&self) -> &str {
         &self.conversation_id
     }

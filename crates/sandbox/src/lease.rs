@@ -79,6 +79,20 @@ impl Leases {
         Ok(())
     }
 
+    /// Rewrites the conversation a lease names (nothing else of it); a lease that is gone is
+    /// left gone.
+    pub fn relabel(&self, marker: &str, conversation_id: &str) -> Result<(), SandboxError> {
+        let Some(bytes) = self.tree.get(Self::key(marker))? else {
+            return Ok(());
+        };
+        let mut lease: Lease =
+            serde_json::from_slice(&bytes).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        lease.conversation_id = conversation_id.to_string();
+        let bytes = serde_json::to_vec(&lease).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        self.tree.put(Self::key(marker), bytes)?;
+        Ok(())
+    }
+
     /// Every lease on record. Undecodable entries are returned as errors by key so the caller
     /// can log and drop them; they are never acted on.
     pub fn list(&self) -> Result<Vec<Result<Lease, String>>, SandboxError> {

@@ -224,6 +224,50 @@ impl OwnedRoots {
         Ok(())
     }
 
+    /// Hands the sandbox registered for `from` (a warm agent's, see the supervisor's pool) to
+    /// `to`, in one atomic write of the registry, flushed like [`OwnedRoots::create`]: the
+    /// directory does not move (an agent bound to it keeps its path), only the record that
+    /// names its conversation. Refused when `to` already has a sandbox or `from` has none, or
+    /// when the directory is no longer the one that was created.
+    pub fn rename(&self, from: &str, to: &str) -> Result<Boundary, SandboxError> {
+        if self.registry.get(to.as_bytes())?.is_some() {
+            return Err(SandboxError::InvalidInput(
+                "conversation already has a sandbox".into(),
+            ));
+        }
+        let Some(bytes) = self.registry.get(from.as_bytes())? else {
+            return Err(SandboxError::InvalidInput(format!(
+                "no sandbox is registered for {from:?}"
+            )));
+        };
+        let rec: RootRecord =
+            serde_json::from_slice(&bytes).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        self.verify(&rec)?;
+        let mut batch = warden_store::Batch::default();
+        batch.delete(from.as_bytes());
+        batch.put(to.as_bytes(), &bytes);
+        self.registry.apply(batch)?;
+        self.store.flush()?;
+        tracing::info!(from = %from, context_id = %to, dir = %rec.dir.display(), "sandbox handed to its conversation");
+        Ok(Boundary {
+            root: rec.dir,
+            owned: true,
+            allow_execute: rec.allow_execute,
+            profile: rec.profile,
+        })
+    }
+
+    /// The ids with a registered sandbox that start with `prefix` (a namespace callers cannot
+    /// use, such as the supervisor's warm agents').
+    pub fn ids_with_prefix(&self, prefix: &str) -> Result<Vec<String>, SandboxError> {
+        Ok(self
+            .registry
+            .scan_prefix(prefix.as_bytes())?
+            .into_iter()
+            .filter_map(|(k, _)| String::from_utf8(k).ok())
+            .collect())
+    }
+
     /// Deletes the conversation's sandbox directory and its registry entry.
     pub fn remove(&self, conversation_id: &str) -> Result<(), SandboxError> {
         let Some(bytes) = self.registry.get(conversation_id.as_bytes())? else {

@@ -233,6 +233,27 @@ impl Spawner {
         }
     }
 
+    /// Whether handing `holder`'s identity to a new conversation gives it what
+    /// [`Spawner::assign_identity`] would: with a uid range, the lowest free uid; always true
+    /// without one.
+    pub fn holds_next_identity(&self, holder: &str) -> bool {
+        self.pool.as_ref().is_none_or(|p| p.is_lowest_free(holder))
+    }
+
+    /// Hands the identity `from` holds to `to` (a warm agent taken by its conversation: the
+    /// agent already runs as it). Without a uid range every spawn has the one identity and
+    /// this only returns it.
+    pub fn transfer_identity(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<AgentIdentity>, SandboxError> {
+        match &self.pool {
+            Some(p) => p.transfer(from, to).map(Some),
+            None => Ok(self.identity),
+        }
+    }
+
     /// Returns a conversation's uid to the range (at close).
     pub fn release_identity(&self, conversation_id: &str) {
         if let Some(p) = &self.pool {

@@ -6,10 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
 
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
+use crate::bridge::Binding;
 use crate::config::{AgentConfig, Network};
 use crate::core::ConvCore;
 use crate::shared::Shared;
@@ -154,24 +156,72 @@ pub struct AgentProc {
     pub egress: Option<crate::egress::EgressProxy>,
 }
 
+/// Where an agent is spawned: the id its tree, lease and cgroup are named by (the
+/// conversation's, or a warm agent's pool id), its boundary and its own home.
+pub struct Target<'a> {
+    pub spawn_id: &'a str,
+    pub boundary: warden_sandbox::Boundary,
+    pub home: Option<&'a std::path::Path>,
+}
+
+/// The session an agent was given.
+pub struct SessionStarted {
+    pub session_id: String,
+    /// The mode it is in (the supervised mode once forced).
+    pub mode: String,
+    /// A new session where an earlier one was asked for (context reset).
+    pub reset: bool,
+    /// The session's config options as the agent listed them (for the caller's model/effort).
+    pub config_options: Option<serde_json::Value>,
+}
+
+/// `f` within the handshake deadline `hs`; None when it passed or `abort` was cancelled first
+/// (a warm agent asked to make room, or the supervisor stopping).
+async fn within<F: std::future::Future>(
+    hs: std::time::Duration,
+    abort: Option<&CancellationToken>,
+    f: F,
+) -> Option<F::Output> {
+    let stop = async {
+        match abort {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = tokio::time::timeout(hs, f) => r.ok(),
+        _ = stop => None,
+    }
+}
+
+/// A live-agent slot for `context_id`'s agent, once a predecessor's leftovers are reaped: at
+/// the limit a warm agent or an idle agent is stopped to make room (its kill takes up to the
+/// kill grace).
+pub async fn live_slot(
+    shared: &Shared,
+    context_id: &str,
+) -> Result<crate::live::LiveSlot, StartError> {
+    let mut reaped = shared.reaped.clone();
+    let _ = reaped.wait_for(|done| *done).await;
+    let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
+    Ok(shared.live.acquire(context_id, wait).await?)
+}
+
 impl AgentProc {
-    /// Spawns the agent contained and runs `initialize` within the handshake deadline; an agent
-    /// that does not answer is killed.
+    /// Spawns the agent contained, in `slot`, and runs `initialize` within the handshake
+    /// deadline; an agent that does not answer is killed. Its requests go to `handler`.
     pub async fn start(
         shared: &Arc<Shared>,
-        core: &Arc<ConvCore>,
+        slot: crate::live::LiveSlot,
+        target: Target<'_>,
+        handler: Arc<Binding>,
         cfg: &AgentConfig,
-        home: Option<&std::path::Path>,
+        abort: Option<&CancellationToken>,
+        egress_core: Option<&Arc<ConvCore>>,
     ) -> Result<AgentProc, StartError> {
-        // A live-agent slot first: at the limit an idle agent is stopped to make room (its kill
-        // takes up to the kill grace).
-        // Not before a predecessor's leftovers are gone (start-up reaps them in the background).
-        let mut reaped = shared.reaped.clone();
-        let _ = reaped.wait_for(|done| *done).await;
-        let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
-        let slot = shared.live.acquire(&core.info.context_id, wait).await?;
         let (tree, stdin, stdout, stderr, secrets, env_names, egress) =
-            spawn(shared, core, cfg, home)?;
+            spawn(shared, &target, cfg, egress_core)?;
+        let target_id = target.spawn_id.to_string();
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
             cap: shared.settings.limits().stderr_ring_bytes,
@@ -197,7 +247,7 @@ impl AgentProc {
             client_name: "warden-supervisor".into(),
             ..ClientConfig::default()
         };
-        let (client, events) = AcpClient::connect(stdout, stdin, core.clone(), config);
+        let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
         let caps = ClientCapabilities {
             fs: FsCapabilities {
                 read_text_file: true,
@@ -207,7 +257,7 @@ impl AgentProc {
             elicitation: true,
         };
         let hs = shared.settings.limits().handshake();
-        let init = tokio::time::timeout(hs, client.initialize(caps)).await;
+        let init = within(hs, abort, client.initialize(caps)).await.ok_or(());
         let mut p = AgentProc {
             slot,
             client,
@@ -228,7 +278,7 @@ impl AgentProc {
                 };
                 match tokio::time::timeout(hs, p.client.authenticate(&method)).await {
                     Ok(Ok(())) => {
-                        tracing::debug!(context_id = %core.info.context_id, method = %method, "authenticated from the environment");
+                        tracing::debug!(context_id = %target_id, method = %method, "authenticated from the environment");
                         Ok(p)
                     }
                     Ok(Err(e)) => Err(p
@@ -249,6 +299,120 @@ impl AgentProc {
                 .fail(shared, StartError::Handshake("initialize".into()))
                 .await),
         }
+    }
+
+    /// Gives the agent its session in `root`: `session/load` of `last` when `resume` and the
+    /// agent supports it, else `session/new`; then forces `cfg.supervised_mode` (an agent that
+    /// does not offer it fails closed). A failure kills the agent.
+    pub async fn open_session(
+        mut self,
+        shared: &Shared,
+        cfg: &AgentConfig,
+        root: &std::path::Path,
+        resume: bool,
+        last: &str,
+        abort: Option<&CancellationToken>,
+    ) -> Result<(AgentProc, SessionStarted), StartError> {
+        let p = &mut self;
+        let hs = shared.settings.limits().handshake();
+        let mut reset = resume;
+        let mut modes = None;
+        let mut config_options = None;
+        let mut session_id = String::new();
+        if resume && p.load_session && !last.is_empty() {
+            match within(hs, abort, p.client.load_session(last, root))
+                .await
+                .ok_or(())
+            {
+                Ok(Ok(r)) => {
+                    modes = r.modes;
+                    config_options = r.config_options;
+                    session_id = last.to_string();
+                    reset = false;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "session/load failed; starting a new session")
+                }
+                Err(_) => {
+                    return Err(self
+                        .fail(shared, StartError::Handshake("session/load".into()))
+                        .await);
+                }
+            }
+            // The replayed history is not this turn's output.
+            while p.events.try_recv().is_ok() {}
+        }
+        if session_id.is_empty() {
+            match within(hs, abort, p.client.new_session(root))
+                .await
+                .ok_or(())
+            {
+                Ok(Ok(r)) => {
+                    session_id = r.session_id;
+                    modes = r.modes;
+                    config_options = r.config_options;
+                }
+                Ok(Err(e)) => {
+                    return Err(self
+                        .fail(shared, StartError::Protocol(format!("session/new: {e}")))
+                        .await);
+                }
+                Err(_) => {
+                    return Err(self
+                        .fail(shared, StartError::Handshake("session/new".into()))
+                        .await);
+                }
+            }
+        }
+        let mut current = modes
+            .as_ref()
+            .map(|m| m.current_mode_id.clone())
+            .unwrap_or_default();
+        let want = cfg.supervised_mode.clone();
+        if !want.is_empty() {
+            let offered = modes
+                .as_ref()
+                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
+            if !offered {
+                return Err(self
+                    .fail(
+                        shared,
+                        StartError::Mode(format!(
+                            "the agent does not offer the supervised mode {want:?}"
+                        )),
+                    )
+                    .await);
+            }
+            if current != want {
+                match within(hs, abort, p.client.set_mode(&session_id, &want))
+                    .await
+                    .ok_or(())
+                {
+                    Ok(Ok(())) => current = want,
+                    Ok(Err(e)) => {
+                        return Err(self
+                            .fail(shared, StartError::Mode(format!("set_mode {want:?}: {e}")))
+                            .await);
+                    }
+                    Err(_) => {
+                        return Err(self
+                            .fail(shared, StartError::Handshake("session/set_mode".into()))
+                            .await);
+                    }
+                }
+            }
+            // Mode updates caused by our own set_mode are not escalations.
+            while p.events.try_recv().is_ok() {}
+        }
+        Ok((
+            self,
+            SessionStarted {
+                session_id,
+                mode: current,
+                reset,
+                config_options,
+            },
+        ))
     }
 
     /// Kills the tree of an agent whose start failed and returns `error` with the tail of what
@@ -489,14 +653,15 @@ fn start_egress(
     Ok((proxy, spec))
 }
 
-/// Spawns `cfg` contained in the conversation's root, with the conversation's own home.
+/// Spawns `cfg` contained in the target's root, with its own home. `egress_core`: the
+/// conversation a `network = "proxy"` agent's egress proxy reports to (a warm agent, which has
+/// none yet, is never a proxy agent: see `pool.rs`).
 fn spawn(
     shared: &Shared,
-    core: &Arc<ConvCore>,
+    target: &Target<'_>,
     cfg: &AgentConfig,
-    home: Option<&std::path::Path>,
+    egress_core: Option<&Arc<ConvCore>>,
 ) -> Result<Spawned, StartError> {
-    let info = &core.info;
     let adapter = shared
         .settings
         .adapter(cfg)
@@ -529,11 +694,10 @@ fn spawn(
     let base_url = env
         .get("OPENAI_BASE_URL")
         .map(|v| v.to_string_lossy().into_owned());
-    let boundary = info.sandbox_boundary();
     let mut spec = warden_sandbox::SpawnSpec::new(
-        info.context_id.clone(),
+        target.spawn_id.to_string(),
         program,
-        boundary,
+        target.boundary.clone(),
         env,
         shared.depth,
     );
@@ -543,7 +707,7 @@ fn spawn(
         .chain(cfg.args.iter().map(Into::into))
         .collect();
     // The conversation's copy, never the operator's template (`cfg.home`).
-    spec.home = home.map(std::path::Path::to_path_buf);
+    spec.home = target.home.map(std::path::Path::to_path_buf);
     spec.extra_ro_binds = cfg.read_only_paths.clone();
     if let Some(a) = &adapter {
         spec.extra_ro_binds.push(a.modules.clone());
@@ -552,6 +716,11 @@ fn spawn(
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
     let egress = if cfg.network == Network::Proxy {
+        let core = egress_core.ok_or_else(|| {
+            StartError::Spawn(
+                "a warm agent cannot have network = \"proxy\" (its egress proxy reports to a conversation)".into(),
+            )
+        })?;
         let (proxy, e) = start_egress(shared, core, cfg, &spec.env)?;
         spec.egress = Some(e);
         Some(proxy)

@@ -503,6 +503,125 @@ impl ClientHandler for ConvCore {
     }
 }
 
+/// The handler an agent's ACP connection calls: its conversation's core, once the agent has
+/// one. A conversation's own start binds it at once; a warm agent of the pool (`pool.rs`) is
+/// connected unbound and bound when a conversation takes it. Until then every request the agent
+/// makes is refused — a permission `cancelled`, a question cancelled, everything else an error —
+/// without reaching the policy or any file, and counted: an agent that asked for anything
+/// before it was given a conversation is never handed to one.
+#[derive(Default)]
+pub struct Binding {
+    core: std::sync::OnceLock<Arc<ConvCore>>,
+    early: std::sync::atomic::AtomicU32,
+}
+
+impl Binding {
+    /// Bound to `core` from the start.
+    pub fn bound(core: Arc<ConvCore>) -> Arc<Binding> {
+        let b = Binding::default();
+        let _ = b.core.set(core);
+        Arc::new(b)
+    }
+
+    /// Not bound yet (a warm agent).
+    pub fn unbound() -> Arc<Binding> {
+        Arc::new(Binding::default())
+    }
+
+    /// Binds the conversation; false when it was bound already (never rebound).
+    pub fn bind(&self, core: Arc<ConvCore>) -> bool {
+        self.core.set(core).is_ok()
+    }
+
+    /// Requests the agent made while unbound (all refused).
+    pub fn early_requests(&self) -> u32 {
+        self.early.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn core(&self, method: &str) -> Result<&Arc<ConvCore>, RpcError> {
+        match self.core.get() {
+            Some(c) => Ok(c),
+            None => {
+                self.early
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    method,
+                    "a warm agent made a request before it had a conversation: refused"
+                );
+                Err(RpcError::invalid_params(
+                    "this agent has no conversation yet: nothing is served",
+                ))
+            }
+        }
+    }
+}
+
+impl ClientHandler for Binding {
+    async fn request_permission(
+        &self,
+        req: PermissionRequest,
+    ) -> Result<PermissionOutcome, RpcError> {
+        match self.core("session/request_permission") {
+            Ok(c) => c.request_permission(req).await,
+            Err(_) => Ok(PermissionOutcome::Cancelled),
+        }
+    }
+
+    async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
+        self.core("fs/read_text_file")?.read_text_file(req).await
+    }
+
+    async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
+        self.core("fs/write_text_file")?.write_text_file(req).await
+    }
+
+    async fn create_terminal(
+        &self,
+        req: warden_acp::CreateTerminalRequest,
+    ) -> Result<String, RpcError> {
+        self.core("terminal/create")?.create_terminal(req).await
+    }
+
+    async fn terminal_output(
+        &self,
+        req: warden_acp::TerminalRequest,
+    ) -> Result<warden_acp::TerminalOutputResponse, RpcError> {
+        self.core("terminal/output")?.terminal_output(req).await
+    }
+
+    async fn wait_for_terminal_exit(
+        &self,
+        req: warden_acp::TerminalRequest,
+    ) -> Result<warden_acp::TerminalExitStatus, RpcError> {
+        self.core("terminal/wait_for_exit")?
+            .wait_for_terminal_exit(req)
+            .await
+    }
+
+    async fn kill_terminal(&self, req: warden_acp::TerminalRequest) -> Result<(), RpcError> {
+        self.core("terminal/kill")?.kill_terminal(req).await
+    }
+
+    async fn release_terminal(&self, req: warden_acp::TerminalRequest) -> Result<(), RpcError> {
+        self.core("terminal/release")?.release_terminal(req).await
+    }
+
+    async fn elicitation(&self, req: ElicitationRequest) -> Result<ElicitationResponse, RpcError> {
+        match self.core("elicitation/create") {
+            Ok(c) => c.elicitation(req).await,
+            Err(_) => Ok(ElicitationResponse::Cancel),
+        }
+    }
+
+    async fn ext_request(
+        &self,
+        method: String,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, RpcError> {
+        self.core(&method)?.ext_request(method, params).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -771,6 +890,47 @@ mod tests {
                 .iter()
                 .all(|c| c.decision_id == "d1" && c.tool_call_id == "tc1")
         );
+    }
+
+    #[tokio::test]
+    async fn an_unbound_agent_is_refused_everything_and_counted_then_served_once_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f.txt"), "content").unwrap();
+        let b = Binding::unbound();
+        let path = dir.path().join("f.txt").to_string_lossy().into_owned();
+        let read = || ReadTextFileRequest {
+            session_id: "s".into(),
+            path: path.clone(),
+            line: None,
+            limit: None,
+        };
+        assert!(b.read_text_file(read()).await.is_err());
+        let perm = b
+            .request_permission(request(serde_json::json!({
+                "sessionId": "s",
+                "toolCall": {"toolCallId": "t1", "kind": "edit", "title": "edit"},
+                "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]
+            })))
+            .await
+            .unwrap();
+        assert_eq!(
+            perm,
+            PermissionOutcome::Cancelled,
+            "never an allow, no policy asked"
+        );
+        assert_eq!(b.early_requests(), 2);
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(b.bind(Arc::new(core(&root))));
+        assert!(!b.bind(Arc::new(core(&root))), "bound once");
+        let req = ReadTextFileRequest {
+            session_id: "s".into(),
+            path: root.join("f.txt").to_string_lossy().into_owned(),
+            line: None,
+            limit: None,
+        };
+        assert_eq!(b.read_text_file(req).await.unwrap(), "content");
+        assert_eq!(b.early_requests(), 2);
     }
 
     #[tokio::test]

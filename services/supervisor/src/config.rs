@@ -67,6 +67,9 @@ egress_refusals_end_turn = 3
 default = "scripted"
 "#;
 
+/// The largest `pool_size` of one agent.
+pub const MAX_POOL_SIZE: usize = 64;
+
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -287,7 +290,7 @@ impl Network {
 }
 
 /// One registry entry.
-#[derive(Debug, Clone, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// For people: the agent card's skill description at the gateway ("" = a generic one).
@@ -368,6 +371,14 @@ pub struct AgentConfig {
     /// installation outside /usr or a scenario file. Never writable.
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
+    /// Warm agents kept ready for new conversations (`pool.rs`): spawned contained, initialized
+    /// and given their session in a fresh owned root ahead of time, so that opening a
+    /// conversation in a fresh owned sandbox with the `workspace-write` profile takes one
+    /// instead of starting an agent. They are live agents (`limits.max_live_agents`) and the
+    /// first stopped when a conversation needs room. 0 (the default; the built-in `scripted`: 1)
+    /// = none.
+    #[serde(default)]
+    pub pool_size: usize,
 }
 
 fn yes() -> bool {
@@ -398,6 +409,7 @@ impl AgentConfig {
             enabled: true,
             home: None,
             read_only_paths: Vec::new(),
+            pool_size: 0,
         }
     }
 
@@ -432,6 +444,8 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         ],
     );
     scripted.budget_in_prompt = false;
+    // One warm scripted agent: the demo and the tests answer at once.
+    scripted.pool_size = 1;
     scripted.description = "warden's scripted demo agent".into();
     m.insert("scripted".into(), scripted);
     let mut claude = AgentConfig::builtin(
@@ -581,6 +595,17 @@ impl Settings {
             l.max_live_agents
         };
         cap.min(l.max_conversations).max(1)
+    }
+
+    /// The warm agents of `agent` in force: its `pool_size` (0 when disabled, and for a
+    /// `network = "proxy"` agent, whose egress proxy reports to a conversation a warm agent does
+    /// not have yet), never more than the live-agent cap leaves (the cap is derived from memory
+    /// when unset).
+    pub fn pool_size(&self, agent: &AgentConfig) -> usize {
+        if !agent.enabled || agent.network == Network::Proxy {
+            return 0;
+        }
+        agent.pool_size.min(self.max_live_agents())
     }
 
     /// The deadline for one Decide for `agent`.
@@ -781,6 +806,30 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             ));
         }
     }
+    for (name, a) in &agents {
+        if a.pool_size > MAX_POOL_SIZE {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("agents.{name}.pool_size"),
+                format!("must be at most {MAX_POOL_SIZE}"),
+            ));
+        }
+    }
+    let pooled: usize = agents
+        .values()
+        .filter(|a| a.enabled)
+        .map(|a| a.pool_size)
+        .sum();
+    if cfg.limits.max_live_agents > 0 && pooled > cfg.limits.max_live_agents {
+        return Err(ConfigError::invalid(
+            &origin,
+            "limits.max_live_agents",
+            format!(
+                "is {} but the agents' pool_size add up to {pooled}: warm agents are live agents",
+                cfg.limits.max_live_agents
+            ),
+        ));
+    }
     for (name, w) in &cfg.workspaces {
         if !w.path.is_absolute() {
             return Err(ConfigError::invalid(
@@ -917,6 +966,51 @@ mod tests {
         assert!(l.find(&d("127.0.0.1", 8081)).is_none());
         let e = load(None, &["limits.egress_connections=0".into()]).unwrap_err();
         assert!(e.to_string().contains("limits.egress_connections"), "{e}");
+    }
+
+    #[test]
+    fn pool_sizes_default_to_one_warm_scripted_agent_and_are_bounded() {
+        let s = load(None, &[]).unwrap();
+        assert_eq!(s.agents["scripted"].pool_size, 1);
+        assert_eq!(s.agents["claude"].pool_size, 0);
+        assert_eq!(s.agents["codex"].pool_size, 0);
+        let s = load(None, &["agents.mine.command=/bin/true".into()]).unwrap();
+        assert_eq!(s.agents["mine"].pool_size, 0, "operator agents: none");
+        let s = load(None, &["agents.claude.pool_size=2".into()]).unwrap();
+        assert_eq!(
+            s.pool_size(&s.agents["claude"]),
+            0,
+            "a proxy agent is never warm"
+        );
+        let s = load(
+            None,
+            &[
+                "agents.claude.pool_size=2".into(),
+                "agents.claude.network=\"host\"".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.pool_size(&s.agents["claude"]), 2);
+        let e = load(
+            None,
+            &[
+                "agents.claude.pool_size=3".into(),
+                "limits.max_live_agents=3".into(),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("limits.max_live_agents"), "{e}");
+        let e = load(None, &["agents.scripted.pool_size=65".into()]).unwrap_err();
+        assert!(e.to_string().contains("agents.scripted.pool_size"), "{e}");
+        let s = load(
+            None,
+            &[
+                "agents.scripted.pool_size=4".into(),
+                "limits.max_conversations=2".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.pool_size(&s.agents["scripted"]), 2, "bounded by the cap");
     }
 
     #[test]

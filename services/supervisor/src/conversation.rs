@@ -85,13 +85,22 @@ impl Stop {
     }
 }
 
+/// Whether a conversation of `verb` with this agent is put into planning (`plan_config_option`,
+/// for `advise` and `review`).
+pub fn plans_for(cfg: &AgentConfig, verb: &str) -> bool {
+    matches!(verb, "advise" | "review") && !cfg.plan_config_option.is_empty()
+}
+
 impl Conversation {
-    /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker.
+    /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker; with
+    /// `warm`, the agent a warm start (`pool.rs`) already made that way, in this conversation's
+    /// root and home, is adopted instead.
     pub async fn open(
         core: Arc<ConvCore>,
         agent_cfg: AgentConfig,
         shared: Arc<Shared>,
         home: warden_sandbox::AgentHome,
+        warm: Option<(AgentProc, crate::agent::SessionStarted)>,
     ) -> Result<Arc<Conversation>, StartError> {
         let conv = Arc::new(Conversation {
             core,
@@ -116,7 +125,13 @@ impl Conversation {
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
         });
-        let (p, _reset) = conv.start_agent(false).await?;
+        let p = match warm {
+            Some((p, session)) => {
+                conv.adopt_session(session);
+                p
+            }
+            None => conv.start_agent(false).await?.0,
+        };
         *conv.proc_.lock().await = Some(p);
         // Started, and idle until its first turn.
         conv.shared.live.set_busy(&conv.core.info.context_id, false);
@@ -141,104 +156,41 @@ impl Conversation {
             .lock()
             .ok()
             .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()));
-        let mut p =
-            AgentProc::start(&self.shared, &self.core, &self.agent_cfg, home.as_deref()).await?;
-        let hs = self.shared.settings.limits().handshake();
+        let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id).await?;
+        let target = crate::agent::Target {
+            spawn_id: &self.core.info.context_id,
+            boundary: self.core.info.sandbox_boundary(),
+            home: home.as_deref(),
+        };
+        let handler = crate::bridge::Binding::bound(self.core.clone());
+        let p = AgentProc::start(
+            &self.shared,
+            slot,
+            target,
+            handler,
+            &self.agent_cfg,
+            None,
+            Some(&self.core),
+        )
+        .await?;
         let last = self
             .last_session
             .lock()
             .map(|s| s.clone())
             .unwrap_or_default();
-        let mut reset = resume;
-        let mut modes = None;
-        let mut config_options = None;
-        let mut session_id = String::new();
-        if resume && p.load_session && !last.is_empty() {
-            match tokio::time::timeout(hs, p.client.load_session(&last, &self.core.info.root)).await
-            {
-                Ok(Ok(r)) => {
-                    modes = r.modes;
-                    config_options = r.config_options;
-                    session_id = last.clone();
-                    reset = false;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(context_id = %self.core.info.context_id, error = %e, "session/load failed; starting a new session")
-                }
-                Err(_) => {
-                    return Err(p
-                        .fail(&self.shared, StartError::Handshake("session/load".into()))
-                        .await);
-                }
-            }
-            // The replayed history is not this turn's output.
-            while p.events.try_recv().is_ok() {}
-        }
-        if session_id.is_empty() {
-            match tokio::time::timeout(hs, p.client.new_session(&self.core.info.root)).await {
-                Ok(Ok(r)) => {
-                    session_id = r.session_id;
-                    modes = r.modes;
-                    config_options = r.config_options;
-                }
-                Ok(Err(e)) => {
-                    return Err(p
-                        .fail(
-                            &self.shared,
-                            StartError::Protocol(format!("session/new: {e}")),
-                        )
-                        .await);
-                }
-                Err(_) => {
-                    return Err(p
-                        .fail(&self.shared, StartError::Handshake("session/new".into()))
-                        .await);
-                }
-            }
-        }
-        let mut current = modes
-            .as_ref()
-            .map(|m| m.current_mode_id.clone())
-            .unwrap_or_default();
-        let want = self.agent_cfg.supervised_mode.clone();
-        if !want.is_empty() {
-            let offered = modes
-                .as_ref()
-                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
-            if !offered {
-                return Err(p
-                    .fail(
-                        &self.shared,
-                        StartError::Mode(format!(
-                            "the agent does not offer the supervised mode {want:?}"
-                        )),
-                    )
-                    .await);
-            }
-            if current != want {
-                match tokio::time::timeout(hs, p.client.set_mode(&session_id, &want)).await {
-                    Ok(Ok(())) => current = want,
-                    Ok(Err(e)) => {
-                        return Err(p
-                            .fail(
-                                &self.shared,
-                                StartError::Mode(format!("set_mode {want:?}: {e}")),
-                            )
-                            .await);
-                    }
-                    Err(_) => {
-                        return Err(p
-                            .fail(
-                                &self.shared,
-                                StartError::Handshake("session/set_mode".into()),
-                            )
-                            .await);
-                    }
-                }
-            }
-            // Mode updates caused by our own set_mode are not escalations.
-            while p.events.try_recv().is_ok() {}
-        }
+        let (mut p, mut session) = p
+            .open_session(
+                &self.shared,
+                &self.agent_cfg,
+                &self.core.info.root,
+                resume,
+                &last,
+                None,
+            )
+            .await?;
+        // What the conversation asks of the session beyond the supervised mode: planning for
+        // the verb, the caller's model and effort.
+        let hs = self.shared.settings.limits().handshake();
         if let Some((id, value)) = self.plan_option() {
             let (id, value) = (id.to_string(), value.to_string());
             // Planning is a way of working, not a permission: an agent that refuses it still
@@ -250,15 +202,18 @@ impl Conversation {
                 None
             } else if as_mode {
                 Some(
-                    tokio::time::timeout(hs, p.client.set_mode(&session_id, &value))
+                    tokio::time::timeout(hs, p.client.set_mode(&session.session_id, &value))
                         .await
                         .map(|r| r.map(|_| ())),
                 )
             } else {
                 Some(
-                    tokio::time::timeout(hs, p.client.set_config_option(&session_id, &id, &value))
-                        .await
-                        .map(|r| r.map(|_| ())),
+                    tokio::time::timeout(
+                        hs,
+                        p.client.set_config_option(&session.session_id, &id, &value),
+                    )
+                    .await
+                    .map(|r| r.map(|_| ())),
                 )
             };
             match answer {
@@ -266,7 +221,7 @@ impl Conversation {
                 Some(Ok(Ok(()))) => {
                     tracing::info!(context_id = %self.core.info.context_id, option = %id, value = %value, "planning for the verb");
                     if as_mode {
-                        current = value;
+                        session.mode = value;
                     }
                 }
                 Some(Ok(Err(e))) => {
@@ -283,22 +238,29 @@ impl Conversation {
             }
             while p.events.try_recv().is_ok() {}
         }
+        let offered = session.config_options.take();
         if let Err(e) = self
-            .apply_session_options(&mut p, &session_id, config_options)
+            .apply_session_options(&mut p, &session.session_id, offered)
             .await
         {
             return Err(p.fail(&self.shared, e).await);
         }
+        let reset = session.reset;
+        self.adopt_session(session);
+        Ok((p, reset))
+    }
+
+    /// Records the agent's session as this conversation's.
+    fn adopt_session(&self, session: crate::agent::SessionStarted) {
         {
             let mut l = self.core.live();
-            l.session_id = session_id.clone();
-            l.agent_mode = current.clone();
-            l.current_mode = current;
+            l.session_id = session.session_id.clone();
+            l.agent_mode = session.mode.clone();
+            l.current_mode = session.mode;
         }
         if let Ok(mut s) = self.last_session.lock() {
-            *s = session_id;
+            *s = session.session_id;
         }
-        Ok((p, reset))
     }
 
     /// Sets the caller's model and effort (`OpenConversationRequest.model`/`.effort`) through
@@ -395,7 +357,7 @@ impl Conversation {
     /// The `(config id, value)` that puts the agent into planning, when the conversation's verb
     /// asks for it (`advise`, `review`) and the agent has one.
     fn plan_option(&self) -> Option<(&str, &str)> {
-        if !matches!(self.core.info.verb.as_str(), "advise" | "review") {
+        if !plans_for(&self.agent_cfg, &self.core.info.verb) {
             return None;
         }
         self.agent_cfg

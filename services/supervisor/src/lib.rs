@@ -21,6 +21,7 @@
 //   core                                               one conversation's shared state
 //   bridge                                             the ACP handler (agent -> supervisor)
 //   agent                                              spawn + handshake of one agent
+//   pool                                               warm agents waiting for a conversation
 //   conversation                                       the turn queue and drive loop
 //   service                                            the gRPC services and the registry
 pub mod adapters;
@@ -36,6 +37,7 @@ pub mod live;
 pub mod mode;
 pub mod options;
 pub mod policy;
+pub mod pool;
 pub mod records;
 pub mod service;
 pub mod shared;

@@ -210,6 +210,8 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         reaped,
     };
     let sup = Supervisor::new(shared);
+    // Warm agents: a previous run's warm roots removed, then filled in the background.
+    sup.pool.start().await;
     // As the child subreaper, orphans whose parent never waited for them come here (bubblewrap's
     // namespace init, for one): collect their zombies, leaving alone the leaders of live trees,
     // whose status tokio collects. Started after the start-up probes, which wait for their own.

@@ -45,6 +45,8 @@ struct Slot {
 /// The supervisor: the registry of conversations.
 pub struct Supervisor {
     pub shared: Arc<Shared>,
+    /// Warm agents waiting for new conversations.
+    pub pool: Arc<crate::pool::Pool>,
     slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Cancels for turns of conversations that are not open yet.
     early_cancels: Mutex<HashMap<String, Vec<String>>>,
@@ -53,6 +55,18 @@ pub struct Supervisor {
     ended: Mutex<std::collections::VecDeque<String>>,
     started: Instant,
     pub listeners: Mutex<Vec<String>>,
+}
+
+/// A caller's context id: a valid id outside the warm agents' namespace.
+fn check_context_id(s: &str) -> Result<(), Status> {
+    check_id("context_id", s)?;
+    if s.starts_with(crate::pool::POOL_PREFIX) {
+        return Err(Status::invalid_argument(format!(
+            "context ids starting with {:?} are reserved",
+            crate::pool::POOL_PREFIX
+        )));
+    }
+    Ok(())
 }
 
 fn check_id(what: &str, s: &str) -> Result<(), Status> {
@@ -92,8 +106,10 @@ fn check_option(what: &str, s: &str) -> Result<(), Status> {
 
 impl Supervisor {
     pub fn new(shared: Shared) -> Arc<Self> {
+        let shared = Arc::new(shared);
         Arc::new(Supervisor {
-            shared: Arc::new(shared),
+            pool: crate::pool::Pool::new(shared.clone()),
+            shared,
             slots: Mutex::new(HashMap::new()),
             early_cancels: Mutex::new(HashMap::new()),
             ended: Mutex::new(std::collections::VecDeque::new()),
@@ -127,7 +143,7 @@ impl Supervisor {
         &self,
         req: &pb::OpenConversationRequest,
     ) -> Result<Arc<Conversation>, Status> {
-        check_id("context_id", &req.context_id)?;
+        check_context_id(&req.context_id)?;
         check_option("model", &req.model)?;
         check_option("effort", &req.effort)?;
         let slot = self.slot(&req.context_id);
@@ -164,6 +180,22 @@ impl Supervisor {
         // The one conversion of the wire's profile number (zero = read-only).
         let profile = warden_sandbox::Profile::from_wire(req.profile)
             .ok_or_else(|| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
+        // A fresh owned root with the pool's profile: a warm agent serves, if there is one
+        // (its root, home and uid become the conversation's).
+        // Not for a request that asks the session for more than the warm agent was given (a
+        // model, an effort, planning for its verb): those are set in the handshake.
+        if req.workspace.is_empty()
+            && req.model.is_empty()
+            && req.effort.is_empty()
+            && !crate::conversation::plans_for(&agent_cfg, &req.verb)
+            && matches!(self.shared.roots.get(&req.context_id), Ok(None))
+            && let Some(w) = self.pool.take(agent_name, &agent_cfg, profile)
+            && let Some(conv) = self
+                .start_warm(req, agent_name, &agent_cfg, profile, w)
+                .await
+        {
+            return Ok(self.opened(req, guard, conv));
+        }
         // The conversation's identity (its own uid when a range is configured) before its root
         // and home are made for it; given back at close or when this open fails.
         let ident = self
@@ -232,51 +264,7 @@ impl Supervisor {
                 .validate(&w.path, w.allow_execute, profile)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?
         };
-        let core = Arc::new(ConvCore {
-            info: ConvInfo {
-                context_id: req.context_id.clone(),
-                agent: agent_name.to_string(),
-                principal: req.principal.clone(),
-                verb: if req.verb.is_empty() {
-                    "task".into()
-                } else {
-                    req.verb.clone()
-                },
-                root: boundary.root.clone(),
-                owned: boundary.owned,
-                allow_execute: boundary.allow_execute,
-                profile,
-                model: req.model.clone(),
-                effort: req.effort.clone(),
-            },
-            live: Mutex::new(Live::default()),
-            policy: self.shared.policy.clone(),
-            deadline: s.decide_deadline(&agent_cfg),
-            terminal: agent_cfg.terminal.then(|| crate::terminal::TerminalCtx {
-                shared: self.shared.clone(),
-                agent_env: agent_cfg
-                    .env
-                    .iter()
-                    .cloned()
-                    .chain(agent_cfg.set_env.keys().cloned())
-                    .collect(),
-                // Terminals of a proxy agent get no network at all: the proxy serves the
-                // agent's own namespace only.
-                network: match agent_cfg.network {
-                    Network::Proxy => warden_sandbox::Network::None,
-                    n => n.sandbox(),
-                },
-            }),
-            terminals: Default::default(),
-            files: warden_containment::beneath::RootDir::open(&boundary.root)
-                .map_err(|e| e.to_string()),
-            // What a client write creates belongs to the agent, not to the supervisor's uid.
-            file_owner: ident.map(|i| warden_containment::beneath::Owner {
-                uid: i.uid,
-                gid: i.gid,
-            }),
-            fs_read_bytes: s.limits().fs_read_bytes,
-        });
+        let core = self.conv_core(req, agent_name, &agent_cfg, profile, &boundary, ident);
         let home = match self
             .shared
             .homes
@@ -291,16 +279,9 @@ impl Supervisor {
             }
         };
         // A failed open drops the home with the conversation (removed on drop).
-        let conv = match Conversation::open(core, agent_cfg, self.shared.clone(), home).await {
-            Ok(c) => {
-                let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(i) = ended.iter().position(|e| e == &req.context_id) {
-                    ended.remove(i);
-                    c.ended_before
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                }
-                c
-            }
+        let conv = match Conversation::open(core, agent_cfg, self.shared.clone(), home, None).await
+        {
+            Ok(c) => c,
             Err(e) => {
                 tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
                 let capacity = matches!(e, crate::agent::StartError::Capacity(_));
@@ -340,6 +321,125 @@ impl Supervisor {
                 });
             }
         };
+        Ok(self.opened(req, guard, conv))
+    }
+
+    /// The conversation's shared state, for its boundary and identity.
+    fn conv_core(
+        &self,
+        req: &pb::OpenConversationRequest,
+        agent_name: &str,
+        agent_cfg: &AgentConfig,
+        profile: warden_sandbox::Profile,
+        boundary: &warden_sandbox::Boundary,
+        ident: Option<warden_sandbox::AgentIdentity>,
+    ) -> Arc<ConvCore> {
+        let s = &self.shared.settings;
+        Arc::new(ConvCore {
+            info: ConvInfo {
+                context_id: req.context_id.clone(),
+                agent: agent_name.to_string(),
+                principal: req.principal.clone(),
+                verb: if req.verb.is_empty() {
+                    "task".into()
+                } else {
+                    req.verb.clone()
+                },
+                root: boundary.root.clone(),
+                owned: boundary.owned,
+                allow_execute: boundary.allow_execute,
+                profile,
+                model: req.model.clone(),
+                effort: req.effort.clone(),
+            },
+            live: Mutex::new(Live::default()),
+            policy: self.shared.policy.clone(),
+            deadline: s.decide_deadline(agent_cfg),
+            terminal: agent_cfg.terminal.then(|| crate::terminal::TerminalCtx {
+                shared: self.shared.clone(),
+                agent_env: agent_cfg
+                    .env
+                    .iter()
+                    .cloned()
+                    .chain(agent_cfg.set_env.keys().cloned())
+                    .collect(),
+                // Terminals of a proxy agent get no network at all: the proxy serves the
+                // agent's own namespace only.
+                network: match agent_cfg.network {
+                    Network::Proxy => warden_sandbox::Network::None,
+                    n => n.sandbox(),
+                },
+            }),
+            terminals: Default::default(),
+            files: warden_containment::beneath::RootDir::open(&boundary.root)
+                .map_err(|e| e.to_string()),
+            // What a client write creates belongs to the agent, not to the supervisor's uid.
+            file_owner: ident.map(|i| warden_containment::beneath::Owner {
+                uid: i.uid,
+                gid: i.gid,
+            }),
+            fs_read_bytes: s.limits().fs_read_bytes,
+        })
+    }
+
+    /// Opens the conversation with a warm agent of the pool (its root becomes the
+    /// conversation's); None when the warm agent could not be handed over (then the caller
+    /// starts one as usual).
+    async fn start_warm(
+        &self,
+        req: &pb::OpenConversationRequest,
+        agent_name: &str,
+        agent_cfg: &AgentConfig,
+        profile: warden_sandbox::Profile,
+        warm: crate::pool::Warm,
+    ) -> Option<Arc<Conversation>> {
+        let boundary = warm.boundary().clone();
+        let core = self.conv_core(
+            req,
+            agent_name,
+            agent_cfg,
+            profile,
+            &boundary,
+            warm.identity(),
+        );
+        let claimed = self.pool.claim(warm, &core).await?;
+        match Conversation::open(
+            core,
+            agent_cfg.clone(),
+            self.shared.clone(),
+            claimed.home,
+            Some((claimed.proc_, claimed.session)),
+        )
+        .await
+        {
+            Ok(c) => Some(c),
+            Err(e) => {
+                // Not reached (adopting a started agent does not fail); undone like a cold one.
+                tracing::error!(context_id = %req.context_id, error = %e.headline(), "a warm agent could not be adopted");
+                self.shared.spawner.release_identity(&req.context_id);
+                if let Err(e) = self.shared.roots.remove(&req.context_id) {
+                    tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
+                }
+                None
+            }
+        }
+    }
+
+    /// What every opened conversation is told and registered with.
+    fn opened(
+        &self,
+        req: &pb::OpenConversationRequest,
+        guard: &mut Option<Arc<Conversation>>,
+        conv: Arc<Conversation>,
+    ) -> Arc<Conversation> {
+        {
+            let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(i) = ended.iter().position(|e| e == &req.context_id) {
+                ended.remove(i);
+                conv.ended_before
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         if let Some(ids) = self
             .early_cancels
             .lock()
@@ -351,7 +451,7 @@ impl Supervisor {
             }
         }
         *guard = Some(conv.clone());
-        Ok(conv)
+        conv
     }
 
     fn forget(&self, context_id: &str, slot: &Arc<Slot>) {
@@ -418,8 +518,10 @@ impl Supervisor {
         }
     }
 
-    /// Closes everything (shutdown); owned roots stay.
+    /// Closes everything (shutdown); owned roots stay. The warm agents go first (their roots
+    /// and homes with them: they are nobody's).
     pub async fn close_all(self: &Arc<Self>) {
+        self.pool.drain().await;
         let ids: Vec<String> = self
             .slots
             .lock()
@@ -515,6 +617,12 @@ impl Supervisor {
             "max_live_agents".to_string(),
             self.shared.live.cap().to_string(),
         );
+        // Warm agents (counted among live_agents too) and each pool's figures.
+        details.insert(
+            "pooled_agents".to_string(),
+            self.shared.live.pooled().to_string(),
+        );
+        details.extend(self.pool.figures());
         let (running, waiting, cap) = self.shared.admission.figures();
         details.insert("turns_running".to_string(), running.to_string());
         details.insert("turns_waiting_admission".to_string(), waiting.to_string());
@@ -577,7 +685,7 @@ impl SupervisorService for Api {
         &self,
         req: Request<pb::CloseConversationRequest>,
     ) -> Result<Response<pb::CloseConversationResponse>, Status> {
-        check_id("context_id", &req.get_ref().context_id)?;
+        check_context_id(&req.get_ref().context_id)?;
         Ok(Response::new(self.0.close(&req.get_ref().context_id).await))
     }
 
@@ -588,7 +696,7 @@ impl SupervisorService for Api {
         req: Request<pb::RunTurnRequest>,
     ) -> Result<Response<Self::RunTurnStream>, Status> {
         let r = req.into_inner();
-        check_id("context_id", &r.context_id)?;
+        check_context_id(&r.context_id)?;
         check_id("turn_id", &r.turn_id)?;
         let limit = self.0.shared.settings.limits().task_text_bytes;
         // Refused before anything starts: no conversation is opened, no agent spawned.
@@ -659,7 +767,7 @@ impl SupervisorService for Api {
         req: Request<pb::AnswerQuestionRequest>,
     ) -> Result<Response<pb::AnswerQuestionResponse>, Status> {
         let r = req.into_inner();
-        check_id("context_id", &r.context_id)?;
+        check_context_id(&r.context_id)?;
         let resp = match r.action.as_str() {
             "accept" => {
                 let content = if r.content_json.is_empty() {
@@ -694,7 +802,7 @@ impl SupervisorService for Api {
         req: Request<pb::CancelTurnRequest>,
     ) -> Result<Response<pb::CancelTurnResponse>, Status> {
         let r = req.into_inner();
-        check_id("context_id", &r.context_id)?;
+        check_context_id(&r.context_id)?;
         check_id("turn_id", &r.turn_id)?;
         let outcome = match self.0.get(&r.context_id).await {
             Some(c) => c.cancel_turn(&r.turn_id),
