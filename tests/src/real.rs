@@ -337,17 +337,7 @@ impl Running {
     /// The adapter reached its fake model only through warden's egress proxy: every connection
     /// is recorded with the conversation, and one to the model's port was allowed.
     pub fn assert_model_reached_through_the_proxy(&self, ctx: &str) {
-        let mut records = Vec::new();
-        let dir = self.d.dir.path().join("supervisor/egress");
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.path().extension().is_some_and(|x| x == "jsonl") {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                records.extend(
-                    text.lines()
-                        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
-                );
-            }
-        }
+        let records = egress_records(&self.d);
         assert!(
             records.iter().any(|r| r["allowed"] == true
                 && r["port"] == self.model.port
@@ -659,6 +649,19 @@ pub async fn supervisor_turn(
     .await;
     assert!(got.is_ok(), "no stop: {evs:#?}");
     evs
+}
+
+/// Every egress record line of every conversation of `d` (`<state>/supervisor/egress/*.jsonl`).
+pub fn egress_records(d: &Deployment) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let dir = d.dir.path().join("supervisor/egress");
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().extension().is_some_and(|x| x == "jsonl") {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
+        }
+    }
+    out
 }
 
 /// The permission decisions among `evs`.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use warden_e2e::real;
 use warden_e2e::{Deployment, Options, bin_dir, binary, run_with_deadline};
 
 /// Where `.ci/run` installs the pinned adapter (`WARDEN_CLAUDE_CODE_ACP` names the package
@@ -42,41 +42,6 @@ fn adapter() -> Result<(PathBuf, PathBuf), String> {
     Ok((node, entry))
 }
 
-/// The fake model server, killed when dropped.
-struct FakeModel {
-    _child: tokio::process::Child,
-    port: u16,
-    log: PathBuf,
-}
-
-async fn fake_anthropic(dir: &Path) -> FakeModel {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake_models/fake_anthropic.py");
-    let log = dir.join("fake-anthropic.jsonl");
-    let mut child = tokio::process::Command::new("python3")
-        .arg(&script)
-        .arg(&log)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 runs the fake model server");
-    let out = child.stdout.take().expect("its stdout");
-    let mut line = String::new();
-    tokio::time::timeout(
-        Duration::from_secs(10),
-        BufReader::new(out).read_line(&mut line),
-    )
-    .await
-    .expect("the fake model server says its port within 10 s")
-    .expect("read its port");
-    let port = line.trim().parse().expect("a port number");
-    FakeModel {
-        _child: child,
-        port,
-        log,
-    }
-}
-
 /// Files named `name` anywhere under `dir`.
 fn find(dir: &Path, name: &str, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -102,7 +67,7 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
         }
     };
     let mut d = Deployment::new(Options::default());
-    let model = fake_anthropic(d.dir.path()).await;
+    let model = real::FakeModel::start(real::ModelKind::Anthropic, d.dir.path()).await;
     let base = format!("ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ", model.port);
     d.opts.sets = claude_sets(&node, &entry, &base);
     for name in ["policy", "supervisor", "gateway"] {
@@ -154,7 +119,7 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     assert!(model_log.contains("hello.txt"), "{ctx}");
     assert!(model_log.contains("/etc/warden-claude-denied"), "{ctx}");
     // ... which reached the model only through the egress proxy: recorded with the conversation.
-    let egress = egress_records(&d.dir.path().join("supervisor/egress"));
+    let egress = real::egress_records(&d);
     for r in &egress {
         println!("egress: {r}");
     }
@@ -218,7 +183,7 @@ async fn a_model_endpoint_not_allowed_fails_the_turn_in_seconds_naming_the_host_
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let egress = egress_records(&d.dir.path().join("supervisor/egress"));
+    let egress = real::egress_records(&d);
     let ctx = format!("took {took:?}\n{shown}\n-- egress --\n{egress:#?}");
     assert!(
         shown.contains(
@@ -285,16 +250,4 @@ fn claude_sets(node: &Path, entry: &Path, base: &str) -> Vec<(String, String)> {
         sup("agents.claude-test.supervised_modes=[\"plan\"]".into()),
         sup("limits.handshake_deadline_ms=30000".into()),
     ]
-}
-
-/// Every egress record line of every conversation under `dir`.
-fn egress_records(dir: &Path) -> Vec<serde_json::Value> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.path().extension().is_some_and(|x| x == "jsonl") {
-            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            out.extend(text.lines().filter_map(|l| serde_json::from_str(l).ok()));
-        }
-    }
-    out
 }

@@ -271,62 +271,18 @@ async fn codex_acp_26_detached_children_die_with_cancel() {
 /// review), and after it the next turn's command is still asked.
 #[tokio::test]
 async fn codex_acp_26_review_plans_and_stays_supervised_after_the_plan() {
-    use warden_proto::v1 as pb;
-    use warden_proto::v1::turn_event::Event;
     let m = codex(CODEX_ACP_26, "codex");
     let Some(r) = m.start().await else { return };
-    let c = pb::supervisor_service_client::SupervisorServiceClient::new(r.d.channel("supervisor"));
     let ctx = "plan-review-1";
-    let turn = |id: &str, text: String| pb::RunTurnRequest {
-        context_id: ctx.into(),
-        turn_id: id.into(),
-        text,
-        instructions: String::new(),
-        message_id: format!("m-{id}"),
-        task_id: format!("t-{id}"),
-        timeout_seconds: 120,
-        open: Some(pb::OpenConversationRequest {
-            context_id: ctx.into(),
-            agent: "codex".into(),
-            workspace: String::new(),
-            profile: pb::Profile::WorkspaceWrite as i32,
-            principal: "tester".into(),
-            verb: "review".into(),
-            ..Default::default()
-        }),
+    let run = |id: &'static str, text: String| {
+        real::supervisor_turn(&r.d, "codex", ctx, id, "review", text)
     };
-    let run = |req: pb::RunTurnRequest| {
-        let mut c = c.clone();
-        async move {
-            let mut s = c.run_turn(req).await.expect("RunTurn").into_inner();
-            let mut evs = Vec::new();
-            let got = tokio::time::timeout(Duration::from_secs(120), async {
-                while let Ok(Some(ev)) = s.message().await {
-                    let last = matches!(ev.event, Some(Event::Stop(_)));
-                    evs.push(ev);
-                    if last {
-                        break;
-                    }
-                }
-            })
-            .await;
-            assert!(got.is_ok(), "no stop: {evs:#?}");
-            evs
-        }
-    };
-    let decisions = |evs: &[pb::TurnEvent]| -> Vec<pb::PermissionDecisionEvent> {
-        evs.iter()
-            .filter_map(|e| match &e.event {
-                Some(Event::Permission(p)) => Some(p.clone()),
-                _ => None,
-            })
-            .collect()
-    };
+    let decisions = |evs: &[warden_proto::v1::TurnEvent]| real::decisions(evs);
     let plan = real::script(&[]).replace(
         r#""final": "done""#,
         r#""final": "<proposed_plan>\n1. Read the code.\n2. Report.\n</proposed_plan>""#,
     );
-    let first = run(turn("t1", plan)).await;
+    let first = run("t1", plan).await;
     let log = r.model.log_text();
     assert!(
         log.contains("Plan Mode") || log.contains("plan mode"),
@@ -346,13 +302,12 @@ async fn codex_acp_26_review_plans_and_stays_supervised_after_the_plan() {
     // After the plan: a command is still a permission request.
     let cmd =
         real::script(&[Vocab::Codex { escalate: true }.shell("echo after > {CWD}/after.txt")]);
-    let second = run(turn("t2", cmd)).await;
+    let second = run("t2", cmd).await;
     assert!(
         decisions(&second).iter().any(|p| p.tool_kind == "execute"),
         "not asked after the plan: {second:#?}\n{}",
         r.model.answers()
     );
-    drop(c);
 }
 
 /// `warden doctor` says which installed adapter each built-in runs and where it was found, and
