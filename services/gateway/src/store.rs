@@ -2,7 +2,9 @@
 //!
 //! Layout, chosen so that every change is one small write rather than a rewrite of the task:
 //! - tree `tasks`:     `<task id>` → [`TaskRecord`] (the task without history and artifacts)
-//! - tree `history`:   `<task id>/<seq:010>` → one [`Message`]
+//! - tree `history`:   `<task id>/<seq:010>` → one [`Message`], or a JSON array of the messages
+//!   numbered from `seq` on (a segment: a live task's status messages are written in batches,
+//!   see `tasks::LiveTask::write_pending`)
 //! - tree `artifacts`: `<task id>/<artifact index:04>/<chunk:010>` → one [`ArtifactChunk`]
 //! - tree `contexts`:  `<context id>` → [`ContextRecord`] (who owns the conversation)
 //! - tree `push`:      `<task id>/<config id>` → [`PushRecord`] (a task's webhook configs)
@@ -109,6 +111,14 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TaskStoreError> {
     serde_json::to_vec(value).map_err(TaskStoreError::Encode)
 }
 
+/// A value of the `history` tree: one message, or a segment of consecutive ones.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredHistory {
+    Segment(Vec<Message>),
+    One(Box<Message>),
+}
+
 /// Appends `part` to `parts`, joining consecutive text parts so a streamed answer reads as one.
 fn push_merged(parts: &mut Vec<Part>, part: Part) {
     if let (Some(last), PartContent::Text(more)) = (parts.last_mut(), &part.content)
@@ -181,12 +191,34 @@ impl TaskStore {
         Ok(())
     }
 
+    /// Stores the messages numbered `first_seq`, `first_seq + 1`, … of a task as one segment:
+    /// one write for a batch instead of one per message.
+    pub fn put_history_segment(
+        &self,
+        task_id: &str,
+        first_seq: u64,
+        msgs: &[Message],
+    ) -> Result<(), TaskStoreError> {
+        match msgs {
+            [] => Ok(()),
+            [one] => self.put_history(task_id, first_seq, one),
+            many => {
+                self.history
+                    .put(format!("{task_id}/{first_seq:010}"), encode(&many)?)?;
+                Ok(())
+            }
+        }
+    }
+
     pub fn history(&self, task_id: &str) -> Result<Vec<Message>, TaskStoreError> {
-        self.history
-            .scan_prefix(format!("{task_id}/"))?
-            .iter()
-            .map(|(k, v)| decode(k, v))
-            .collect()
+        let mut out = Vec::new();
+        for (k, v) in self.history.scan_prefix(format!("{task_id}/"))?.iter() {
+            match decode::<StoredHistory>(k, v)? {
+                StoredHistory::One(m) => out.push(*m),
+                StoredHistory::Segment(ms) => out.extend(ms),
+            }
+        }
+        Ok(out)
     }
 
     /// Stores chunk `chunk` of the task's artifact number `index`.
@@ -370,7 +402,8 @@ impl TaskStore {
                 ),
                 None,
             );
-            let seq = self.history.scan_prefix(format!("{}/", rec.task.id))?.len() as u64;
+            // Numbered after every stored message (a segment holds several).
+            let seq = self.history(&rec.task.id)?.len() as u64;
             self.put_history(&rec.task.id, seq, &msg)?;
             rec.task.status = TaskStatus {
                 state: TaskState::Failed,
@@ -457,6 +490,37 @@ mod tests {
         assert_eq!(task.artifacts[0].parts, vec![Part::text("Hello")]);
         assert_eq!(task.artifacts[1].parts, vec![Part::text("note")]);
         assert!(s.load("t2")?.is_none());
+        Ok(())
+    }
+
+    #[test]
+    fn history_segments_and_single_messages_read_back_in_order_and_recovery_numbers_after_them()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let msg = |id: &str| Message::agent_text("t1", "ctx", id, None);
+        {
+            let s = TaskStore::open(dir.path())?;
+            s.put_head(&record("t1", TaskState::Working))?;
+            s.put_history("t1", 0, &msg("m0"))?;
+            s.put_history_segment("t1", 1, &[msg("m1"), msg("m2"), msg("m3")])?;
+            s.put_history_segment("t1", 4, &[msg("m4")])?;
+            s.put_history_segment("t1", 5, &[])?;
+            s.put_history_segment("t1", 5, &[msg("m5"), msg("m6")])?;
+            s.flush()?;
+        }
+        let s = TaskStore::open(dir.path())?;
+        let text = |m: &Message| serde_json::to_string(&m.parts).unwrap_or_default();
+        let got: Vec<String> = s.history("t1")?.iter().map(text).collect();
+        let want: Vec<String> = ["m0", "m1", "m2", "m3", "m4", "m5", "m6"]
+            .iter()
+            .map(|t| text(&msg(t)))
+            .collect();
+        assert_eq!(got, want);
+        // The restart's note is message number 7, after the last segment's messages.
+        assert_eq!(s.recover()?.len(), 1);
+        let history = s.history("t1")?;
+        assert_eq!(history.len(), 8);
+        assert!(text(&history[7]).contains("gateway restarted"));
         Ok(())
     }
 

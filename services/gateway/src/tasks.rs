@@ -39,7 +39,7 @@ use crate::time::{format_micros, now_micros, parse_rfc3339};
 /// How many events a subscriber may fall behind before its stream is closed with an error.
 pub const SUBSCRIBER_BUFFER: usize = 4096;
 
-/// Buffered artifact chunks are written once this many have gathered…
+/// Buffered artifact chunks and status messages are written once this many have gathered…
 const PENDING_MAX: usize = 256;
 /// …or once the oldest is this old, or the stream has been quiet this long.
 const PENDING_AGE: Duration = Duration::from_millis(50);
@@ -238,12 +238,18 @@ struct LiveInner {
     task: Task,
     record: TaskRecord,
     mapper: TurnMapper,
+    /// Messages in the task's history, written or not.
     history_seq: u64,
     /// artifact id → (index in `task.artifacts`, next chunk number)
     artifact_chunks: HashMap<String, (u32, u64)>,
     /// Artifact chunks not yet written, and since when: streamed text is written in batches so
     /// the store stays off the per-event path (see [`LiveTask::write_pending`]).
     pending: Vec<(u32, u64, ArtifactChunk)>,
+    /// History messages not yet written (the last ones, numbered up to `history_seq`), and
+    /// whether the head changed since it was last written: a permission is three status
+    /// messages, and one store write each was about a third of the gateway's CPU per permission.
+    pending_history: Vec<Message>,
+    head_dirty: bool,
     pending_since: Option<std::time::Instant>,
     answering: bool,
 }
@@ -287,7 +293,7 @@ impl LiveTask {
             // No receiver is fine: nobody is watching the stream right now.
             let _ = self.tx.send(ev);
         }
-        if inner.pending.len() >= PENDING_MAX
+        if inner.pending.len() + inner.pending_history.len() >= PENDING_MAX
             || inner
                 .pending_since
                 .is_some_and(|t| t.elapsed() >= PENDING_AGE)
@@ -296,35 +302,67 @@ impl LiveTask {
         }
     }
 
-    /// Writes buffered artifact chunks as one batch. Called when enough have gathered, when they
-    /// are old enough, before every status change (so a stored state never runs ahead of its
-    /// stored artifacts) and when the turn's stream goes quiet.
+    /// Writes what is buffered: artifact chunks as one batch, status messages as one history
+    /// segment, then the head, in that order, so a stored state never runs ahead of its stored
+    /// history and artifacts. Called when enough has gathered, when it is old enough, when the
+    /// turn's stream goes quiet, and at once (then flushed) for a terminal or interrupted
+    /// status. Until then the live task answers GetTask, ListTasks and subscriptions from
+    /// memory; a crash loses at most [`PENDING_AGE`] of a task the restart marks FAILED anyway.
     fn write_pending(&self, inner: &mut LiveInner) {
         inner.pending_since = None;
-        if inner.pending.is_empty() {
-            return;
+        if !inner.pending.is_empty() {
+            let chunks = std::mem::take(&mut inner.pending);
+            if let Err(e) = self.store.put_artifact_chunks(&inner.task.id, &chunks) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist artifact chunks");
+            }
         }
-        let chunks = std::mem::take(&mut inner.pending);
-        if let Err(e) = self.store.put_artifact_chunks(&inner.task.id, &chunks) {
-            tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist artifact chunks");
+        if !inner.pending_history.is_empty() {
+            let msgs = std::mem::take(&mut inner.pending_history);
+            let first = inner.history_seq - msgs.len() as u64;
+            if let Err(e) = self.store.put_history_segment(&inner.task.id, first, &msgs) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task history");
+            }
         }
+        if inner.head_dirty {
+            inner.head_dirty = false;
+            if let Err(e) = self.store.put_head(&inner.record) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist the task's status");
+            }
+        }
+    }
+
+    /// A message joins the task's history (written with the next batch).
+    fn push_history(inner: &mut LiveInner, m: Message) {
+        inner.pending_history.push(m.clone());
+        inner.history_seq += 1;
+        inner.task.history.push(m);
+        inner
+            .pending_since
+            .get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Whether something is buffered and not yet written.
+    fn has_unwritten(inner: &LiveInner) -> bool {
+        !inner.pending.is_empty() || !inner.pending_history.is_empty() || inner.head_dirty
     }
 
     fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
         match ev {
             StreamResponse::StatusUpdate(s) => {
-                self.write_pending(inner);
                 inner.task.status = s.status.clone();
                 inner.record.task.status = s.status.clone();
                 inner.record.status_micros = now_micros();
                 if let Some(m) = &s.status.message {
-                    self.store
-                        .put_history(&inner.task.id, inner.history_seq, m)?;
-                    inner.history_seq += 1;
-                    inner.task.history.push(m.clone());
+                    Self::push_history(inner, m.clone());
                 }
-                self.store.put_head(&inner.record)?;
+                inner.head_dirty = true;
+                inner
+                    .pending_since
+                    .get_or_insert_with(std::time::Instant::now);
+                // A caller may act on these at once (answer, resubscribe, read after the end):
+                // on disk before anyone is told.
                 if s.status.state.is_terminal() || s.status.state.is_interrupted() {
+                    self.write_pending(inner);
                     self.store.flush()?;
                 }
             }
@@ -977,24 +1015,33 @@ impl Core {
                 "historyLength must not be negative".into(),
             ));
         }
-        let mut heads: Vec<TaskRecord> = self
+        // A live task's stored head may lag its last status by a batch: it is listed as the
+        // live task stands.
+        let mut heads: Vec<(TaskRecord, Option<Arc<LiveTask>>)> = self
             .store
             .heads()
             .map_err(store_err)?
             .into_iter()
-            .filter(|r| r.principal == principal)
-            .filter(|r| {
+            .map(|r| match self.live(&r.task.id) {
+                Some(live) => {
+                    let rec = lock(&live.inner).record.clone();
+                    (rec, Some(live))
+                }
+                None => (r, None),
+            })
+            .filter(|(r, _)| r.principal == principal)
+            .filter(|(r, _)| {
                 req.context_id
                     .as_deref()
                     .is_none_or(|c| c.is_empty() || r.task.context_id == c)
             })
-            .filter(|r| {
+            .filter(|(r, _)| {
                 req.status
                     .is_none_or(|s| s == TaskState::Unspecified || r.task.status.state == s)
             })
-            .filter(|r| after.is_none_or(|a| r.status_micros >= a))
+            .filter(|(r, _)| after.is_none_or(|a| r.status_micros >= a))
             .collect();
-        heads.sort_by(|a, b| {
+        heads.sort_by(|(a, _), (b, _)| {
             b.status_micros
                 .cmp(&a.status_micros)
                 .then_with(|| a.task.id.cmp(&b.task.id))
@@ -1002,12 +1049,25 @@ impl Core {
         let total = heads.len();
         let include_artifacts = req.include_artifacts.unwrap_or(false);
         let mut tasks = Vec::new();
-        for rec in heads.iter().skip(offset).take(page_size) {
-            let mut task = rec.task.clone();
-            task.history = self.store.history(&task.id).map_err(store_err)?;
-            if include_artifacts {
-                task.artifacts = self.store.artifacts(&task.id).map_err(store_err)?;
-            }
+        for (rec, live) in heads.iter().skip(offset).take(page_size) {
+            let mut task = match live {
+                Some(live) => {
+                    let inner = lock(&live.inner);
+                    let mut task = inner.task.clone();
+                    if !include_artifacts {
+                        task.artifacts.clear();
+                    }
+                    task
+                }
+                None => {
+                    let mut task = rec.task.clone();
+                    task.history = self.store.history(&task.id).map_err(store_err)?;
+                    if include_artifacts {
+                        task.artifacts = self.store.artifacts(&task.id).map_err(store_err)?;
+                    }
+                    task
+                }
+            };
             apply_history_length(&mut task, req.history_length)?;
             tasks.push(task);
         }
@@ -1262,13 +1322,11 @@ impl Core {
                 let mut m = req.message.clone();
                 m.task_id = Some(task_id.to_string());
                 m.context_id = Some(task.context_id.clone());
-                if let Err(e) = live.store.put_history(task_id, inner.history_seq, &m) {
-                    tracing::error!(task_id, error = %e, "cannot persist the answer");
-                }
-                inner.history_seq += 1;
-                inner.task.history.push(m);
+                LiveTask::push_history(&mut inner, m);
                 let events = inner.mapper.question_answered(now_micros());
                 live.apply(&mut inner, events);
+                // The turn may stay quiet a long time now: the answer is stored at once.
+                live.write_pending(&mut inner);
                 drop(inner);
                 Ok(live)
             }
@@ -1402,6 +1460,8 @@ impl Core {
                 history_seq: 1,
                 artifact_chunks: HashMap::new(),
                 pending: Vec::new(),
+                pending_history: Vec::new(),
+                head_dirty: false,
                 pending_since: None,
                 answering: false,
             }),
@@ -1488,7 +1548,7 @@ impl Core {
                                 if !events.is_empty() {
                                     live.apply(&mut inner, events);
                                 }
-                                !inner.pending.is_empty()
+                                LiveTask::has_unwritten(&inner)
                             };
                             if pending {
                                 // Quiet for a while: store what streamed so far.
@@ -1532,7 +1592,12 @@ impl Core {
                 }
             }
         }
-        let state = lock(&live.inner).task.status.state;
+        let state = {
+            let mut inner = lock(&live.inner);
+            // Read from the store from now on: nothing may stay buffered.
+            live.write_pending(&mut inner);
+            inner.task.status.state
+        };
         tracing::info!(task_id = %task_id, state = state.as_str(), "task finished");
         if let Ok(mut m) = self.live.lock() {
             m.remove(&task_id);
@@ -1656,6 +1721,8 @@ mod tests {
                 history_seq: 0,
                 artifact_chunks: HashMap::new(),
                 pending: Vec::new(),
+                pending_history: Vec::new(),
+                head_dirty: false,
                 pending_since: None,
                 answering: false,
             }),
