@@ -23,9 +23,11 @@
 //! stay inside?"); `beneath` does the opening.
 #![forbid(unsafe_code)]
 
+mod anchored;
 pub mod beneath;
 mod boundary;
 
+pub use anchored::Anchored;
 pub use boundary::{Boundary, Profile};
 
 use std::collections::{HashMap, VecDeque};

@@ -13,10 +13,13 @@
 //! the candidate root. That function is the only place in this crate that reads a file other than
 //! through a view: it runs once at daemon start, never per decision.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::{EntryKind, FsView, MemFs, RealFs, resolve};
 
@@ -159,7 +162,22 @@ pub struct RootCheck {
     homes: Vec<Known>,
     config_homes: Vec<Known>,
     fs_root_id: Option<FileId>,
+    /// Roots accepted a moment ago ([`RootCheck::remembering`]); shared by clones.
+    memo: Option<Arc<RootMemo>>,
 }
+
+/// Accepted roots and when they were checked. Only acceptances are kept (a refusal is checked
+/// again every time, so it stays as fresh as the filesystem), for `ttl`, at most
+/// [`ROOT_MEMO_MAX`] of them.
+#[derive(Debug)]
+struct RootMemo {
+    ttl: Duration,
+    accepted: Mutex<HashMap<PathBuf, (Instant, PathBuf)>>,
+}
+
+/// The most roots a memo holds; past it, it starts again empty (a daemon judges a few
+/// conversations' roots at a time, not thousands).
+pub const ROOT_MEMO_MAX: usize = 4096;
 
 impl RootCheck {
     /// Resolves `homes` through `fs` once. A home the view cannot see into (a 0700 `/root` seen
@@ -180,11 +198,53 @@ impl RootCheck {
             homes: homes.homes.iter().map(know).collect(),
             config_homes: homes.config_homes.iter().map(know).collect(),
             fs_root_id: fs.identity(Path::new("/")).ok().flatten(),
+            memo: None,
         }
+    }
+
+    /// This check, answering a root it accepted less than `ttl` ago from that answer instead
+    /// of looking at the filesystem again. For the policy, which judges the same root for every
+    /// permission of a conversation: the check is a dozen lookups of directories that belong to
+    /// the supervisor or the operator, never to the agent, and about a fifth of its CPU per
+    /// decision. What a root's ancestors became in the last `ttl` is not seen until then.
+    pub fn remembering(mut self, ttl: Duration) -> Self {
+        self.memo = Some(Arc::new(RootMemo {
+            ttl,
+            accepted: Mutex::new(HashMap::new()),
+        }));
+        self
     }
 
     /// Checks a candidate root and returns it resolved.
     pub fn check(
+        &self,
+        root: &Path,
+        fs: &(impl RootView + ?Sized),
+    ) -> Result<PathBuf, RootRefusal> {
+        let Some(memo) = &self.memo else {
+            return self.check_now(root, fs);
+        };
+        let now = Instant::now();
+        {
+            let accepted = memo.accepted.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, resolved)) = accepted.get(root)
+                && now.duration_since(*at) < memo.ttl
+            {
+                return Ok(resolved.clone());
+            }
+        }
+        let checked = self.check_now(root, fs);
+        if let Ok(resolved) = &checked {
+            let mut accepted = memo.accepted.lock().unwrap_or_else(|p| p.into_inner());
+            if accepted.len() >= ROOT_MEMO_MAX {
+                accepted.clear();
+            }
+            accepted.insert(root.to_path_buf(), (now, resolved.clone()));
+        }
+        checked
+    }
+
+    fn check_now(
         &self,
         root: &Path,
         fs: &(impl RootView + ?Sized),
@@ -456,6 +516,42 @@ mod tests {
             c.check(Path::new("/"), &RealFs),
             Err(RootRefusal::FilesystemRoot)
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_remembered_root_is_answered_for_its_ttl_then_checked_again_and_refusals_are_never_kept()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let base = std::fs::canonicalize(dir.path())?;
+        let home = base.join("home/alice");
+        std::fs::create_dir_all(&home)?;
+        let root = base.join("roots/ctx");
+        std::fs::create_dir_all(&root)?;
+        let homes = AgentHomes::new(vec![home.clone()], vec![]);
+        let ttl = Duration::from_millis(300);
+        let c = RootCheck::new(&homes, &RealFs).remembering(ttl);
+        assert_eq!(c.check(&root, &RealFs)?, root);
+        // Swapped for a link to the home (only the supervisor or the operator could): the
+        // remembered answer stands for the rest of the ttl, a clone shares it…
+        std::fs::remove_dir(&root)?;
+        std::os::unix::fs::symlink(&home, &root)?;
+        assert_eq!(c.clone().check(&root, &RealFs)?, root);
+        // …and then the root is looked at again and refused.
+        std::thread::sleep(ttl + Duration::from_millis(50));
+        assert_eq!(
+            c.check(&root, &RealFs),
+            Err(RootRefusal::Home(home.clone()))
+        );
+        // A refusal is not remembered: fixed, the root is accepted at once.
+        std::fs::remove_file(&root)?;
+        std::fs::create_dir(&root)?;
+        assert_eq!(c.check(&root, &RealFs)?, root);
+        // Without `remembering`, every check looks.
+        let plain = RootCheck::new(&homes, &RealFs);
+        assert_eq!(plain.check(&root, &RealFs)?, root);
+        std::fs::remove_dir(&root)?;
+        assert_eq!(plain.check(&root, &RealFs), Err(RootRefusal::Missing));
         Ok(())
     }
 }

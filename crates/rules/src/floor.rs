@@ -2,7 +2,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use warden_containment::{RootCheck, RootView, resolve};
+use warden_containment::{Anchored, RootCheck, RootView, resolve};
 
 use crate::control::ControlPaths;
 use crate::options::{SwitchModeEffect, switch_mode_effect};
@@ -72,6 +72,10 @@ pub fn evaluate(
             );
         }
     };
+    // The root is resolved and checked: the paths judged below are resolved asking only about
+    // what lies beneath it (its ancestors are the check's own answer, not the agent's).
+    let anchored = Anchored::trusting(fs, &real_root);
+    let fs = &anchored;
     let read_only = b.profile == Profile::ReadOnly;
     let read_only_verb = READ_ONLY_VERBS
         .iter()

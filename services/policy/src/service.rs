@@ -49,14 +49,22 @@ pub struct PolicyState {
     listeners: RwLock<Vec<String>>,
     /// The boundary validator with this host's homes, read and resolved once at start (the
     /// same `AgentHomes::from_host` the supervisor's workspace check uses) and handed to every
-    /// engine, reloaded ones included.
+    /// engine, reloaded ones included. It remembers a root it accepted for
+    /// [`ROOT_CHECK_TTL`] (`RootCheck::remembering`).
     root_check: RootCheck,
 }
+
+/// How long an accepted boundary root is taken as checked: every permission of a conversation
+/// names the same root, whose ancestors belong to the supervisor or the operator, never to the
+/// agent; checking it once a second instead of once per decision was about a fifth of the
+/// daemon's CPU per decision.
+pub const ROOT_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl PolicyState {
     /// Builds the state from an already loaded configuration (version 1).
     pub fn new(config: &Config, sources: Sources, audit: AuditLog) -> Result<Self, ReloadError> {
-        let root_check = RootCheck::new(&AgentHomes::from_host(), &RealFs);
+        let root_check =
+            RootCheck::new(&AgentHomes::from_host(), &RealFs).remembering(ROOT_CHECK_TTL);
         let engine = Engine::new(config.policy.clone())
             .map_err(|e| ReloadError(e.to_string()))?
             .with_root_check(root_check.clone());

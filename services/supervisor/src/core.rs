@@ -185,7 +185,14 @@ impl ConvCore {
     /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW
     /// covered: resolved against the root as far as it exists (the write itself is walked again by
     /// the kernel beneath the root's fd, so this is only a lookup key, never a licence).
+    ///
+    /// The root was resolved when the conversation opened (an owned root under the canonical
+    /// state directory, a workspace through the root check) and its ancestors are not the
+    /// agent's: only the components below it are looked up (`Anchored`), one `statx` for a file
+    /// at the top of the root instead of one per directory from `/`.
     pub fn covered_key(&self, path: impl AsRef<Path>) -> Option<PathBuf> {
-        warden_containment::resolve(path, &self.info.root, &warden_containment::RealFs).ok()
+        let fs =
+            warden_containment::Anchored::trusting(warden_containment::RealFs, &self.info.root);
+        warden_containment::resolve(path, &self.info.root, &fs).ok()
     }
 }
