@@ -18,7 +18,9 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::{EntryKind, FileId, FsView, RootView};
+use std::collections::VecDeque;
+
+use crate::{ContainmentError, EntryKind, FileId, FsView, RootView, has_nul, push_back_components};
 
 /// `inner`, with `anchor` and its ancestors known to be directories.
 #[derive(Debug, Clone)]
@@ -39,6 +41,44 @@ impl<F> Anchored<F> {
 
     pub fn anchor(&self) -> &Path {
         &self.anchor
+    }
+
+    /// Where `path` really leads, as [`resolve`](crate::resolve) through this view would say,
+    /// without walking the anchor's own components when `path` (made absolute against `base`)
+    /// is spelled beneath it: the walk starts at the anchor with what follows it (`..` included,
+    /// which climbs from the anchor's real parent, since the anchor holds no symlink).
+    pub fn resolve(
+        &self,
+        path: impl AsRef<Path>,
+        base: impl AsRef<Path>,
+    ) -> Result<PathBuf, ContainmentError>
+    where
+        F: FsView,
+    {
+        let (path, base) = (path.as_ref(), base.as_ref());
+        let beneath = if path.is_absolute() {
+            path.strip_prefix(&self.anchor).ok()
+        } else if base.is_absolute() {
+            base.strip_prefix(&self.anchor).ok()
+        } else {
+            None
+        };
+        match beneath {
+            Some(rest)
+                if self.anchor.is_absolute()
+                    && !path.as_os_str().is_empty()
+                    && !has_nul(path)
+                    && !has_nul(base) =>
+            {
+                let mut pending = VecDeque::new();
+                push_back_components(&mut pending, rest);
+                if !path.is_absolute() {
+                    push_back_components(&mut pending, path);
+                }
+                crate::walk(self.anchor.clone(), pending, path, self)
+            }
+            _ => crate::resolve(path, base, self),
+        }
     }
 
     /// Whether `path` (absolute, as the resolver passes it) is the anchor or one of its
@@ -122,6 +162,16 @@ mod tests {
             *counting.asked.borrow(),
             vec![PathBuf::from(format!("{ROOT}/notes.txt"))]
         );
+        counting.asked.borrow_mut().clear();
+        let got = view.resolve("src/../notes.txt", ROOT).ok();
+        assert_eq!(got, Some(PathBuf::from(format!("{ROOT}/notes.txt"))));
+        assert_eq!(
+            *counting.asked.borrow(),
+            vec![
+                PathBuf::from(format!("{ROOT}/src")),
+                PathBuf::from(format!("{ROOT}/notes.txt"))
+            ]
+        );
     }
 
     #[test]
@@ -146,6 +196,14 @@ mod tests {
             let plain = resolve(p, ROOT, &fs).map_err(|e| e.to_string());
             let anchored = resolve(p, ROOT, &view).map_err(|e| e.to_string());
             assert_eq!(anchored, plain, "{p}");
+            let walked = view.resolve(p, ROOT).map_err(|e| e.to_string());
+            assert_eq!(walked, plain, "{p} (from the anchor)");
+            // From a base below the root and from one outside it.
+            for base in [format!("{ROOT}/src"), "/var/lib/warden/roots".to_string()] {
+                let plain = resolve(p, &base, &fs).map_err(|e| e.to_string());
+                let walked = view.resolve(p, &base).map_err(|e| e.to_string());
+                assert_eq!(walked, plain, "{p} from {base}");
+            }
         }
     }
 

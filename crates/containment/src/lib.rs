@@ -249,8 +249,17 @@ pub fn resolve(
         push_back_components(&mut pending, base);
     }
     push_back_components(&mut pending, path);
+    walk(PathBuf::from("/"), pending, path, fs)
+}
 
-    let mut resolved = PathBuf::from("/");
+/// The walk of [`resolve`]: `pending` components applied to `resolved`, which holds no
+/// symlink, `.` or `..` (`/`, or a directory known to be resolved, see [`Anchored`]).
+fn walk(
+    mut resolved: PathBuf,
+    mut pending: VecDeque<OsString>,
+    path: &Path,
+    fs: &(impl FsView + ?Sized),
+) -> Result<PathBuf, ContainmentError> {
     let mut follows = 0usize;
     while let Some(comp) = pending.pop_front() {
         let bytes = comp.as_bytes();

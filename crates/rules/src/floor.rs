@@ -2,7 +2,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use warden_containment::{Anchored, RootCheck, RootView, resolve};
+use warden_containment::{Anchored, RootCheck, RootView};
 
 use crate::control::ControlPaths;
 use crate::options::{SwitchModeEffect, switch_mode_effect};
@@ -170,7 +170,7 @@ pub fn evaluate(
         }
         ToolKind::Execute | ToolKind::Fetch | ToolKind::Other => {
             for cwd in &raw.cwds {
-                let outside = match resolve(cwd, &real_root, fs) {
+                let outside = match fs.resolve(cwd, &real_root) {
                     Ok(r) if r.starts_with(&real_root) => continue,
                     Ok(r) => format!("resolves to {}", r.display()),
                     Err(e) => format!("cannot be resolved ({e})"),
@@ -225,10 +225,10 @@ fn check_change(
     path: &Path,
     base: &Path,
     real_root: &Path,
-    fs: &(impl RootView + ?Sized),
+    fs: &Anchored<impl RootView>,
     ctx: &FloorContext,
 ) -> Option<FloorResult> {
-    let resolved = match resolve(path, base, fs) {
+    let resolved = match fs.resolve(path, base) {
         Ok(r) => r,
         Err(e) => {
             return Some(deny(

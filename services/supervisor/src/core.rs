@@ -191,8 +191,8 @@ impl ConvCore {
     /// agent's: only the components below it are looked up (`Anchored`), one `statx` for a file
     /// at the top of the root instead of one per directory from `/`.
     pub fn covered_key(&self, path: impl AsRef<Path>) -> Option<PathBuf> {
-        let fs =
-            warden_containment::Anchored::trusting(warden_containment::RealFs, &self.info.root);
-        warden_containment::resolve(path, &self.info.root, &fs).ok()
+        warden_containment::Anchored::trusting(warden_containment::RealFs, &self.info.root)
+            .resolve(path, &self.info.root)
+            .ok()
     }
 }
