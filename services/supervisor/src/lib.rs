@@ -27,6 +27,7 @@
 pub mod adapters;
 pub mod admission;
 pub mod agent;
+pub mod batch;
 pub mod bridge;
 pub mod config;
 pub mod conversation;

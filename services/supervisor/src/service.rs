@@ -759,7 +759,11 @@ impl SupervisorService for Api {
                 admission: false,
             }));
         }
-        Ok(Response::new(Box::pin(UnboundedReceiverStream::new(rx))))
+        // Sent in batches: a permission's three events in one frame (see `batch`).
+        Ok(Response::new(Box::pin(crate::batch::Batched::new(
+            UnboundedReceiverStream::new(rx),
+            crate::batch::EVENT_WINDOW,
+        ))))
     }
 
     async fn answer_question(
