@@ -42,6 +42,8 @@ const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
 /// How long connecting to the checked address may take.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// The characters of the spawn id's label in the socket directory's name.
+const DIR_LABEL_CHARS: usize = 12;
 /// Each direction of a relayed connection buffers at most this much.
 const RELAY_BUFFER: usize = 16 * 1024;
 
@@ -78,15 +80,20 @@ pub struct EgressProxy {
 }
 
 impl EgressProxy {
-    /// Makes `<egress_root>/<label>-<random>/proxy.sock` and starts serving it.
+    /// Makes `<egress_root>/<label, at most 12 characters>-<random>/proxy.sock` and starts
+    /// serving it. The label is cut short because a socket's path is bounded (108 bytes): a
+    /// warm agent's pool id alone is 32 characters of label.
     pub fn start(
         egress_root: &Path,
         cfg: ProxyConfig,
         report: Arc<dyn Report>,
     ) -> Result<Self, String> {
+        let label: String = crate::records::label(&cfg.label)
+            .chars()
+            .take(DIR_LABEL_CHARS)
+            .collect();
         let dir = egress_root.join(format!(
-            "{}-{}",
-            crate::records::label(&cfg.label),
+            "{label}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ));
         std::fs::create_dir(&dir).map_err(|e| {
@@ -664,5 +671,25 @@ mod tests {
         assert_eq!(recs.len(), 1);
         assert_eq!(recs[0].context_id, "taker");
         assert!(recs[0].allowed);
+    }
+
+    #[tokio::test]
+    async fn a_long_spawn_id_names_the_socket_directory_by_its_first_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = EgressProxy::start(
+            dir.path(),
+            ProxyConfig {
+                label: "warden-pool~scripted~0123456789abcdef0123456789abcdef".into(),
+                agent: "a".into(),
+                allow: Allowlist::new(),
+                peer_uid: me(),
+                max_connections: 1,
+            },
+            Arc::new(Seen::bound()),
+        )
+        .unwrap();
+        let name = p.dir().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("warden-pool_-"), "{name}");
+        assert_eq!(name.len(), DIR_LABEL_CHARS + 1 + 8, "{name}");
     }
 }
