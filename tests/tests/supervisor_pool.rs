@@ -209,6 +209,9 @@ def act():
               "params": {"sessionId": "s1", "path": os.path.join(os.getcwd(), "x")}})
     elif mode == "crash":
         os._exit(3)
+    elif mode == "elevate":
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+              "update": {"sessionUpdate": "current_mode_update", "currentModeId": "bypassPermissions"}}})
 for line in sys.stdin:
     m = json.loads(line)
     meth, mid = m.get("method"), m.get("id")
@@ -217,7 +220,11 @@ for line in sys.stdin:
     elif meth == "session/new":
         if mode == "write-root-at-once":
             open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
-        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+        result = {"sessionId": "s1"}
+        if mode == "elevate":
+            result["modes"] = {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default"}, {"id": "bypassPermissions", "name": "Bypass"}]}
+        send({"jsonrpc": "2.0", "id": mid, "result": result})
         threading.Thread(target=act, daemon=True).start()
     elif meth == "session/prompt":
         send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
@@ -667,4 +674,39 @@ async fn an_open_with_a_model_an_effort_or_planning_is_served_warm_and_a_value_n
     let mut req = open("not-offered-model", pb::Profile::WorkspaceWrite);
     req.model = "scripted-default".into();
     c.open_conversation(req).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_agent_that_elevated_itself_while_it_waited_is_caught_on_its_first_turn_despite_the_options_set_at_the_take()
+ {
+    // The actor announces `bypassPermissions` 1 s after its session/new (a notification, not a
+    // request: it is handed out); the open asks for planning, set at the take, whose echoes are
+    // drained — the announced mode is not among them.
+    let (_dir, mut sets) = actor_sets("elevate");
+    for kv in [
+        "agents.actor.supervised_mode=\"default\"",
+        "agents.actor.plan_config_option=\"thinking=on\"",
+    ] {
+        sets.push(("supervisor".into(), kv.into()));
+    }
+    let d = deploy_owned(&sets).await;
+    let mut c = client(&d);
+    wait_figure(&mut c, "actor", "ready", "1").await;
+    let warm = one_agent(&d, "python3.11", &[]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut req = actor_open("elevated");
+    req.verb = "advise".into();
+    let info = c.open_conversation(req.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("python3.11")),
+        vec![warm],
+        "handed out"
+    );
+    let mut t = turn("elevated", "t1", "hello");
+    t.open = Some(req);
+    let evs = run(&mut c, t).await;
+    assert!(
+        faults(&evs).iter().any(|f| f.class == "mode-escalation"),
+        "the mode it announced while waiting is judged: {evs:#?}"
+    );
 }

@@ -200,9 +200,9 @@ impl Conversation {
     /// its verb, the caller's model and effort — set on `p`'s `session`: the one way for a cold
     /// start (after `AgentProc::open_session`) and for a warm agent at the take. An error
     /// (`StartError::OptionNotOffered` for a model or effort the agent does not offer) leaves
-    /// killing the agent to the caller. A mode change the agent announced on its own before
-    /// (while it waited in the pool, say) is kept for the first turn to judge, not taken for an
-    /// echo of these changes.
+    /// killing the agent to the caller. A change to an unsupervised mode the agent announced on
+    /// its own before (while it waited in the pool, say) is kept for the first turn to judge, not
+    /// drained with the echoes of these changes.
     async fn apply_options(
         &self,
         p: &mut AgentProc,
@@ -218,6 +218,7 @@ impl Conversation {
             if let AcpEvent::Update(n) = &ev
                 && n.session_id == session.session_id
                 && let SessionEvent::CurrentModeUpdate { current_mode_id } = &n.event
+                && !self.agent_cfg.is_supervised_mode(current_mode_id)
                 && let Ok(mut m) = self.early_mode.lock()
             {
                 *m = Some(current_mode_id.clone());
