@@ -30,7 +30,8 @@
 //! gets a cold start. Updates it sent wait for the first turn, which judges a mode change among
 //! them like those of any idle agent.
 //!
-//! Must never: hand one warm agent (root, home, uid) to two conversations (a warm agent is
+//! Must never: forward a connection a warm agent makes before it is taken, or report one to a
+//! conversation other than the taker's; hand one warm agent (root, home, uid) to two conversations (a warm agent is
 //! owned by exactly one place: the ready queue, its maker, or the taker); hand out an agent made
 //! from another configuration than the conversation's; take a live-agent slot a conversation
 //! waits for (`LiveAgents::try_acquire_spare`); respawn a crashing agent without backoff; or
