@@ -10,7 +10,9 @@
 //! warm sample is one a warm agent serves: the pool's `taken` figure is printed to show it).
 //!
 //! Run: `cargo bench -p warden-e2e --bench warm_pool` (release daemons are built first);
-//! `WARDEN_WARM_N` samples per side (30).
+//! `WARDEN_WARM_N` samples per side (30). The scripted agent is measured twice: with the host's
+//! network, and with `network = "proxy"` (its own namespace and egress proxy, whose warm agents
+//! are bound to the conversation at the take) when bubblewrap works here.
 //! A real adapter's pool is the same code: when `.ci/run` has installed the Claude adapter
 //! (`<target>/npm/claude-code-acp-0.16.2`) and node is there, the same comparison is made for
 //! it, against the fake Anthropic server of `tests/tests/real_claude.rs` (`WARDEN_WARM_CLAUDE_N`
@@ -305,6 +307,7 @@ async fn main() {
         "warden-policy",
         "warden-supervisor",
         "warden-scripted-agent",
+        "warden-egress-relay",
     ]);
     let n = env_num("WARDEN_WARM_N", 30);
     let cores = std::thread::available_parallelism()
@@ -347,6 +350,37 @@ async fn main() {
     ];
     run_sides(&mut sides, n, text).await;
     drop(sides);
+
+    if warden_sandbox::find_bwrap().is_some_and(|b| warden_sandbox::bwrap_works(&b)) {
+        let proxy = |pool: usize| {
+            vec![
+                "agents.scripted.network=\"proxy\"".into(),
+                format!("agents.scripted.pool_size={pool}"),
+            ]
+        };
+        let mut sides = vec![
+            side(
+                "scripted, network = \"proxy\", pool_size = 0 (cold)",
+                "scripted",
+                false,
+                proxy(0),
+            )
+            .await,
+            side(
+                "scripted, network = \"proxy\", pool_size = 1 (warm)",
+                "scripted",
+                true,
+                proxy(1),
+            )
+            .await,
+        ];
+        run_sides(&mut sides, n, text).await;
+        drop(sides);
+    } else {
+        println!(
+            "| scripted, network = \"proxy\" | not measured: bubblewrap does not work here | | | | |"
+        );
+    }
 
     match claude_adapter() {
         Err(why) => println!("| claude-code-acp 0.16.2 | not measured: {why} | | | | |"),

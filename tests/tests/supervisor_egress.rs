@@ -8,6 +8,8 @@
 
 mod supervisor_support;
 
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -452,4 +454,229 @@ async fn an_a2a_caller_sees_the_refusal_naming_the_host_and_the_setting() {
         shown.contains("carried on"),
         "one refusal does not end the turn: {shown}"
     );
+}
+
+/// A loopback server keeping the first line of each connection.
+async fn recording_server() -> (u16, Arc<Mutex<Vec<String>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1024];
+                let mut got = Vec::new();
+                while !got.contains(&b'\n') && got.len() < 1024 {
+                    match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let line = String::from_utf8_lossy(&got)
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .to_string();
+                kept.lock().unwrap().push(line);
+                let _ = s.write_all(b"ok\n").await;
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// The egress record files of a deployment (one per conversation that made a connection).
+fn egress_files(d: &warden_e2e::Deployment) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(state(d).join("egress"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_proxy_agent_reports_its_connections_to_the_conversation_that_takes_it() {
+    if !bwrap_works() {
+        return;
+    }
+    let allowed = server("allowed").await;
+    let d = deploy_proxy(
+        &[format!("127.0.0.1:{allowed}")],
+        &[("supervisor", "limits.egress_refusals_end_turn=2")],
+    )
+    .await;
+    let mut c = client(&d);
+    // The proxy agent is kept warm (the built-in scripted agent's pool_size is 1).
+    let st = wait_figure(&mut c, "scripted", "ready", "1").await;
+    assert_eq!(st["pool.scripted.size"], "1", "{st:?}");
+    let warm = one_agent(&d, "warden-scripted-agent", &[]).await;
+    let info = c
+        .open_conversation(open("taker", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("warden-scripted-agent")),
+        vec![warm],
+        "the warm proxy agent serves the conversation"
+    );
+    assert_eq!(status(&mut c).await["pool.scripted.taken"], "1");
+    let deny = connect("evil.example", 443, "proxy", "");
+    let steps = vec![
+        connect("127.0.0.1", allowed, "proxy", "ping\n"),
+        deny.clone(),
+        deny,
+        json!({"type": "hang"}),
+    ];
+    let evs = run(
+        &mut c,
+        turn("taker", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let r = results(&evs);
+    assert_eq!(r[0]["received"], "allowed:ping\n", "{r:#?}\n{evs:#?}");
+    // The caller of the taking conversation sees the refusal ...
+    let refused = refusals(&evs);
+    assert!(
+        refused
+            .iter()
+            .any(|e| e.host == "evil.example" && e.port == 443),
+        "{refused:#?}"
+    );
+    // ... and its turn counts them: the second ends it.
+    let f = stop(&evs)
+        .fault
+        .unwrap_or_else(|| panic!("no fault: {evs:#?}"));
+    assert_eq!(f.fault_class(), pb::FaultClass::EgressRefused, "{f:?}");
+    // Recorded under the taking conversation's context and task, nowhere else.
+    let rec = egress_record(&d, "taker");
+    assert!(
+        rec.iter().any(|r| r["allowed"] == true
+            && r["port"] == allowed
+            && r["context_id"] == "taker"
+            && r["task_id"] == "t-t1"),
+        "{rec:#?}"
+    );
+    assert_eq!(
+        rec.iter()
+            .filter(|r| r["allowed"] == false && r["host"] == "evil.example")
+            .count(),
+        2,
+        "{rec:#?}"
+    );
+    assert!(rec.iter().all(|r| r["context_id"] == "taker"), "{rec:#?}");
+    assert_eq!(egress_files(&d), ["taker.jsonl"]);
+    let transcript = std::fs::read_to_string(stop(&evs).transcript_path).unwrap_or_default();
+    assert!(transcript.contains("\"kind\":\"egress\""), "{transcript}");
+}
+
+/// A stdlib ACP agent that, 1 s after `session/new`, opens a tunnel through its proxy to the
+/// loopback port `argv[1]` (allowed) and sends the root it runs in.
+const EARLY_CONNECTOR: &str = r#"
+import json, os, socket, sys, threading, time
+port = sys.argv[1]
+lock = threading.Lock()
+def send(o):
+    with lock:
+        sys.stdout.write(json.dumps(o) + "\n")
+        sys.stdout.flush()
+def reach():
+    time.sleep(1.0)
+    url = os.environ.get("HTTPS_PROXY", "")
+    host, p = url.split("://", 1)[-1].strip("/").rsplit(":", 1)
+    try:
+        s = socket.create_connection((host, int(p)), timeout=5)
+        s.sendall(("CONNECT 127.0.0.1:%s HTTP/1.1\r\n\r\n" % port).encode())
+        head = s.recv(4096)
+        s.sendall(("from " + os.getcwd() + "\n").encode())
+        s.recv(4096)
+        s.close()
+    except Exception:
+        pass
+for line in sys.stdin:
+    m = json.loads(line)
+    meth, mid = m.get("method"), m.get("id")
+    if meth == "initialize":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": 1, "agentCapabilities": {}}})
+    elif meth == "session/new":
+        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+        threading.Thread(target=reach, daemon=True).start()
+    elif meth == "session/prompt":
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+              "update": {"sessionUpdate": "agent_message_chunk",
+                         "content": {"type": "text", "text": "served in " + os.getcwd()}}}})
+        send({"jsonrpc": "2.0", "id": mid, "result": {"stopReason": "end_turn"}})
+    elif meth is not None and mid is not None:
+        send({"jsonrpc": "2.0", "id": mid, "result": {}})
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_proxy_agent_that_connects_before_it_is_taken_forwards_nothing_and_is_never_handed_out()
+ {
+    if !bwrap_works() {
+        return;
+    }
+    let (port, seen) = recording_server().await;
+    let dir = parent().join(format!("early-connector-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("agent.py");
+    std::fs::write(&script, EARLY_CONNECTOR).unwrap();
+    let sets = [
+        "agents.scripted.pool_size=0".to_string(),
+        "agents.early.command=\"/usr/bin/python3\"".to_string(),
+        format!("agents.early.args=[\"{}\", \"{port}\"]", script.display()),
+        format!("agents.early.read_only_paths=[\"{}\"]", dir.display()),
+        "agents.early.network=\"proxy\"".to_string(),
+        format!("agents.early.egress_allow=[\"127.0.0.1:{port}\"]"),
+        "agents.early.pool_size=1".to_string(),
+    ];
+    let sets: Vec<(&str, &str)> = sets.iter().map(|s| ("supervisor", s.as_str())).collect();
+    let d = deploy(&sets).await;
+    let mut c = client(&d);
+    wait_figure(&mut c, "early", "ready", "1").await;
+    let warm = one_agent(&d, "python3.11", &[]).await;
+    let warm_root = std::fs::read_link(format!("/proc/{warm}/cwd")).unwrap();
+    // It tries 1 s after its session/new: refused, nothing forwarded.
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a warm agent's connection reached its destination: {:?}",
+        seen.lock().unwrap()
+    );
+    let mut req = open("after-early", pb::Profile::WorkspaceWrite);
+    req.agent = "early".into();
+    let info = c.open_conversation(req).await.unwrap().into_inner();
+    assert_ne!(
+        Path::new(&info.root),
+        warm_root,
+        "the warm agent was handed out"
+    );
+    assert!(
+        all_gone(&[warm], Duration::from_secs(5)).await,
+        "the warm agent that connected is killed"
+    );
+    let st = status(&mut c).await;
+    assert_eq!(st["pool.early.discarded"], "1", "{st:?}");
+    assert_eq!(st["pool.early.taken"], "0", "{st:?}");
+    // The conversation's own agent makes the same connection once it has a conversation: that
+    // one goes through, recorded under the conversation (so the refusal above was the pool's).
+    let t0 = std::time::Instant::now();
+    while seen.lock().unwrap().is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines = seen.lock().unwrap().clone();
+    assert_eq!(lines, [format!("from {}", info.root)], "{lines:?}");
+    let rec = egress_record(&d, "after-early");
+    assert!(
+        rec.iter()
+            .any(|r| r["allowed"] == true && r["port"] == port),
+        "{rec:#?}"
+    );
+    assert_eq!(egress_files(&d), ["after-early.jsonl"]);
 }

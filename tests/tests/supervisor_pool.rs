@@ -9,43 +9,12 @@
 
 mod supervisor_support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use supervisor_support::*;
 use warden_proto::v1 as pb;
-
-/// The supervisor's Status details.
-async fn status(c: &mut Client) -> HashMap<String, String> {
-    c.status(pb::StatusRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .details
-}
-
-/// Waits (bounded) until `pool.<agent>.<what>` is `want`.
-async fn wait_figure(
-    c: &mut Client,
-    agent: &str,
-    what: &str,
-    want: &str,
-) -> HashMap<String, String> {
-    let key = format!("pool.{agent}.{what}");
-    let t0 = Instant::now();
-    loop {
-        let st = status(c).await;
-        if st.get(&key).map(String::as_str) == Some(want) {
-            return st;
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "{key} never became {want}: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// A process's start time (clock ticks since boot): with the pid, its identity.
 fn start_time(pid: i32) -> Option<u64> {
@@ -69,30 +38,6 @@ fn home_of(pid: i32) -> Option<PathBuf> {
     env.split(|b| *b == 0)
         .find_map(|kv| kv.strip_prefix(b"HOME="))
         .map(|v| PathBuf::from(String::from_utf8_lossy(v).into_owned()))
-}
-
-/// The agent processes (by executable name) in the supervisor's sandboxes.
-fn agents(d: &warden_e2e::Deployment, exe: &str) -> Vec<i32> {
-    processes_in(&state(d).join("sandboxes"), Some(exe))
-}
-
-/// Waits (bounded) for exactly one agent process of `exe` in the sandboxes other than `not`.
-async fn one_agent(d: &warden_e2e::Deployment, exe: &str, not: &[i32]) -> i32 {
-    let t0 = Instant::now();
-    loop {
-        let found: Vec<i32> = agents(d, exe)
-            .into_iter()
-            .filter(|p| !not.contains(p))
-            .collect();
-        if found.len() == 1 {
-            return found[0];
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(20),
-            "expected one {exe} agent besides {not:?}: {found:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn sandbox_names(d: &warden_e2e::Deployment) -> Vec<String> {
@@ -264,6 +209,9 @@ def act():
               "params": {"sessionId": "s1", "path": os.path.join(os.getcwd(), "x")}})
     elif mode == "crash":
         os._exit(3)
+    elif mode == "elevate":
+        send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+              "update": {"sessionUpdate": "current_mode_update", "currentModeId": "bypassPermissions"}}})
 for line in sys.stdin:
     m = json.loads(line)
     meth, mid = m.get("method"), m.get("id")
@@ -272,7 +220,11 @@ for line in sys.stdin:
     elif meth == "session/new":
         if mode == "write-root-at-once":
             open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
-        send({"jsonrpc": "2.0", "id": mid, "result": {"sessionId": "s1"}})
+        result = {"sessionId": "s1"}
+        if mode == "elevate":
+            result["modes"] = {"currentModeId": "default", "availableModes": [
+                {"id": "default", "name": "Default"}, {"id": "bypassPermissions", "name": "Bypass"}]}
+        send({"jsonrpc": "2.0", "id": mid, "result": result})
         threading.Thread(target=act, daemon=True).start()
     elif meth == "session/prompt":
         send({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
@@ -585,4 +537,176 @@ async fn at_the_live_agent_limit_a_conversation_takes_the_slot_of_another_kinds_
     .await
     .unwrap();
     wait_figure(&mut c, "other", "ready", "1").await;
+}
+
+/// What the scripted agent says its session's model and thought level are (`report_config`).
+async fn reported_config(c: &mut Client, ctx: &str) -> String {
+    let task = scenario(serde_json::json!({"steps": [{"type": "report_config"}]}));
+    let evs = run(c, turn(ctx, "t1", &task)).await;
+    assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");
+    text(&evs)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_open_with_a_model_an_effort_or_planning_is_served_warm_and_a_value_not_offered_uses_up_the_agent()
+ {
+    use prost::Message;
+    // Planning for `advise` is setting the model (an option the scripted agent offers), so the
+    // agent's own report shows whether it was applied at the take.
+    let d = deploy(&[(
+        "supervisor",
+        "agents.scripted.plan_config_option=\"model=scripted-large\"",
+    )])
+    .await;
+    let mut c = client(&d);
+
+    // A model and an effort: the warm agent serves, and its session has both.
+    wait_figure(&mut c, "scripted", "ready", "1").await;
+    let warm = one_agent(&d, "warden-scripted-agent", &[]).await;
+    let mut req = open("with-options", pb::Profile::WorkspaceWrite);
+    req.model = "Large".into(); // by its display name
+    req.effort = "high".into();
+    let info = c.open_conversation(req).await.unwrap().into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("warden-scripted-agent")),
+        vec![warm],
+        "the warm agent serves an open with a model and an effort"
+    );
+    assert_eq!(status(&mut c).await["pool.scripted.taken"], "1");
+    let said = reported_config(&mut c, "with-options").await;
+    assert!(
+        said.contains("model=scripted-large thought_level=high"),
+        "{said}"
+    );
+
+    // Planning for the verb: the same, on the next warm agent.
+    wait_figure(&mut c, "scripted", "ready", "1").await;
+    let warm2 = one_agent(&d, "warden-scripted-agent", &[warm]).await;
+    let mut req = open("planning", pb::Profile::WorkspaceWrite);
+    req.verb = "advise".into();
+    let info = c.open_conversation(req).await.unwrap().into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("warden-scripted-agent")),
+        vec![warm2]
+    );
+    let said = reported_config(&mut c, "planning").await;
+    assert!(
+        said.contains("model=scripted-large thought_level=medium"),
+        "{said}"
+    );
+    // Without either, the warm agent's session is as it was made.
+    wait_figure(&mut c, "scripted", "ready", "1").await;
+    let warm3 = one_agent(&d, "warden-scripted-agent", &[warm, warm2]).await;
+    let info = c
+        .open_conversation(open("plain", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("warden-scripted-agent")),
+        vec![warm3]
+    );
+    let said = reported_config(&mut c, "plain").await;
+    assert!(
+        said.contains("model=scripted-default thought_level=medium"),
+        "{said}"
+    );
+
+    // A value the agent does not offer: refused with the same fault as a cold start's, the
+    // taken agent is killed with its root and home (never given back), the pool refills.
+    let mut used = vec![warm, warm2, warm3];
+    for (i, (k, v, offered)) in [
+        ("model", "gpt-9", "scripted-default, scripted-large"),
+        ("effort", "max", "medium, low, high, xhigh"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        wait_figure(&mut c, "scripted", "ready", "1").await;
+        let w = one_agent(&d, "warden-scripted-agent", &used).await;
+        let (w_root, w_home) = (cwd(w), home_of(w).expect("HOME"));
+        let ctx = format!("not-offered-{k}");
+        let mut req = open(&ctx, pb::Profile::WorkspaceWrite);
+        if k == "model" {
+            req.model = v.into();
+        } else {
+            req.effort = v.into();
+        }
+        let err = c.open_conversation(req).await.unwrap_err();
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+        let f = pb::Fault::decode(err.details()).unwrap();
+        assert_eq!(f.fault_class(), pb::FaultClass::OptionNotOffered, "{f:?}");
+        assert!(
+            f.message.contains(v) && f.message.contains(offered),
+            "{}",
+            f.message
+        );
+        assert!(
+            all_gone(&[w], Duration::from_secs(5)).await,
+            "{k}: the taken agent is killed"
+        );
+        assert!(!w_root.exists(), "{k}: its root is removed");
+        assert!(!w_home.exists(), "{k}: its home is removed");
+        let listed = c
+            .list_conversations(pb::ListConversationsRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            !format!("{listed:?}").contains(&ctx),
+            "{k}: no conversation kept: {listed:?}"
+        );
+        let st = wait_figure(&mut c, "scripted", "ready", "1").await;
+        assert_eq!(
+            st["pool.scripted.taken"],
+            (4 + i).to_string(),
+            "{k}: the refused open took the warm agent: {st:?}"
+        );
+        let refill = one_agent(&d, "warden-scripted-agent", &used).await;
+        assert_ne!(refill, w, "{k}: a new warm agent, not the used one");
+        assert!(
+            incidents(&d).is_empty(),
+            "not the agent's fault: no incident"
+        );
+        used.push(w);
+    }
+    // The context can still be opened with a value the agent offers.
+    let mut req = open("not-offered-model", pb::Profile::WorkspaceWrite);
+    req.model = "scripted-default".into();
+    c.open_conversation(req).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_warm_agent_that_elevated_itself_while_it_waited_is_caught_on_its_first_turn_despite_the_options_set_at_the_take()
+ {
+    // The actor announces `bypassPermissions` 1 s after its session/new (a notification, not a
+    // request: it is handed out); the open asks for planning, set at the take, whose echoes are
+    // drained — the announced mode is not among them.
+    let (_dir, mut sets) = actor_sets("elevate");
+    for kv in [
+        "agents.actor.supervised_mode=\"default\"",
+        "agents.actor.plan_config_option=\"thinking=on\"",
+    ] {
+        sets.push(("supervisor".into(), kv.into()));
+    }
+    let d = deploy_owned(&sets).await;
+    let mut c = client(&d);
+    wait_figure(&mut c, "actor", "ready", "1").await;
+    let warm = one_agent(&d, "python3.11", &[]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut req = actor_open("elevated");
+    req.verb = "advise".into();
+    let info = c.open_conversation(req.clone()).await.unwrap().into_inner();
+    assert_eq!(
+        processes_in(Path::new(&info.root), Some("python3.11")),
+        vec![warm],
+        "handed out"
+    );
+    let mut t = turn("elevated", "t1", "hello");
+    t.open = Some(req);
+    let evs = run(&mut c, t).await;
+    assert!(
+        faults(&evs).iter().any(|f| f.class == "mode-escalation"),
+        "the mode it announced while waiting is judged: {evs:#?}"
+    );
 }

@@ -157,9 +157,11 @@ pub struct AgentProc {
 }
 
 /// Where an agent is spawned: the id its tree, lease and cgroup are named by (the
-/// conversation's, or a warm agent's pool id), its boundary and its own home.
+/// conversation's, or a warm agent's pool id), the configured agent's name, its boundary and its
+/// own home.
 pub struct Target<'a> {
     pub spawn_id: &'a str,
+    pub agent: &'a str,
     pub boundary: warden_sandbox::Boundary,
     pub home: Option<&'a std::path::Path>,
 }
@@ -209,7 +211,9 @@ pub async fn live_slot(
 
 impl AgentProc {
     /// Spawns the agent contained, in `slot`, and runs `initialize` within the handshake
-    /// deadline; an agent that does not answer is killed. Its requests go to `handler`.
+    /// deadline; an agent that does not answer is killed. Its requests go to `handler`, and so
+    /// do its egress proxy's reports (`network = "proxy"`): to the conversation `handler` is
+    /// bound to, once it is (a warm agent's, at the take).
     pub async fn start(
         shared: &Arc<Shared>,
         slot: crate::live::LiveSlot,
@@ -217,10 +221,9 @@ impl AgentProc {
         handler: Arc<Binding>,
         cfg: &AgentConfig,
         abort: Option<&CancellationToken>,
-        egress_core: Option<&Arc<ConvCore>>,
     ) -> Result<AgentProc, StartError> {
         let (tree, stdin, stdout, stderr, secrets, env_names, egress) =
-            spawn(shared, &target, cfg, egress_core)?;
+            spawn(shared, &target, cfg, &handler)?;
         let target_id = target.spawn_id.to_string();
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
@@ -504,19 +507,31 @@ const PROXY_PORT: u16 = 3128;
 /// Egress refusals shown to the caller per turn (every one is recorded and logged).
 const MAX_EGRESS_EVENTS: u32 = 32;
 
-/// Where an agent's egress connections are reported: the daemon log, the conversation's egress
-/// record, and the running turn (its transcript; a refusal as an event, and enough refusals of
-/// one destination end it).
+/// Where an agent's egress connections are reported: the daemon log, the egress record of the
+/// conversation the agent's handler is bound to, and its running turn (its transcript; a refusal
+/// as an event, and enough refusals of one destination end it). Unbound (a warm agent not taken
+/// yet) there is no conversation: the proxy refuses every connection, counted by the binding as
+/// an early request, so the pool never hands that agent out.
 struct EgressReport {
-    core: Arc<ConvCore>,
+    binding: Arc<Binding>,
     records: crate::records::Records,
     end_after: u32,
 }
 
+impl EgressReport {
+    fn core(&self) -> Option<&Arc<ConvCore>> {
+        self.binding.conversation("egress connection")
+    }
+}
+
 impl crate::egress::Report for EgressReport {
+    fn context_id(&self) -> Option<String> {
+        self.core().map(|c| c.info.context_id.clone())
+    }
+
     fn task_id(&self) -> String {
-        self.core
-            .turn()
+        self.core()
+            .and_then(|c| c.turn())
             .map(|t| t.input.task_id.clone())
             .unwrap_or_default()
     }
@@ -539,7 +554,7 @@ impl crate::egress::Report for EgressReport {
         if let Err(e) = self.records.egress(&rec.context_id, rec) {
             tracing::warn!(context_id = %rec.context_id, error = %e, "cannot record an egress connection");
         }
-        let Some(turn) = self.core.turn() else {
+        let Some(turn) = self.core().and_then(|c| c.turn()) else {
             return;
         };
         turn.record(
@@ -592,18 +607,19 @@ impl crate::egress::Report for EgressReport {
     }
 }
 
-/// Starts the egress proxy of a `network = "proxy"` agent: what the sandbox needs to reach it.
+/// Starts the egress proxy of a `network = "proxy"` agent, reporting to the conversation
+/// `binding` is (or will be) bound to: what the sandbox needs to reach it.
 fn start_egress(
     shared: &Shared,
-    core: &Arc<ConvCore>,
+    target: &Target<'_>,
+    binding: &Arc<Binding>,
     cfg: &AgentConfig,
     env: &warden_sandbox::ChildEnv,
 ) -> Result<(crate::egress::EgressProxy, warden_sandbox::EgressSpec), StartError> {
-    let info = &core.info;
     if shared.spawner.bwrap().is_none() {
         return Err(StartError::Spawn(format!(
             "agent {:?} has network = \"proxy\", which needs bubblewrap's network namespaces, and bubblewrap is {} (warden doctor says more); refusing rather than giving the agent the host's network",
-            info.agent,
+            target.agent,
             if shared.settings.file.sandbox.bubblewrap {
                 "missing or not working on this host"
             } else {
@@ -612,7 +628,7 @@ fn start_egress(
         )));
     }
     let relay = crate::config::shipped_binary("warden-egress-relay").map_err(StartError::Spawn)?;
-    let allow = shared.settings.egress_allowlist(&info.agent, cfg, env);
+    let allow = shared.settings.egress_allowlist(target.agent, cfg, env);
     let mirrors: Vec<std::net::SocketAddr> = allow
         .loopback_exact()
         .into_iter()
@@ -624,19 +640,19 @@ fn start_egress(
     }
     let peer_uid = shared
         .spawner
-        .agent_identity_for(&info.context_id)
+        .agent_identity_for(target.spawn_id)
         .map(|i| i.uid)
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
     let report = Arc::new(EgressReport {
-        core: core.clone(),
+        binding: binding.clone(),
         records: shared.records.clone(),
         end_after: shared.settings.limits().egress_refusals_end_turn,
     });
     let proxy = crate::egress::EgressProxy::start(
         &shared.settings.state_dir().join("egress"),
         crate::egress::ProxyConfig {
-            context_id: info.context_id.clone(),
-            agent: info.agent.clone(),
+            label: target.spawn_id.to_string(),
+            agent: target.agent.to_string(),
             allow,
             peer_uid,
             max_connections: shared.settings.limits().egress_connections,
@@ -653,14 +669,14 @@ fn start_egress(
     Ok((proxy, spec))
 }
 
-/// Spawns `cfg` contained in the target's root, with its own home. `egress_core`: the
-/// conversation a `network = "proxy"` agent's egress proxy reports to (a warm agent, which has
-/// none yet, is never a proxy agent: see `pool.rs`).
+/// Spawns `cfg` contained in the target's root, with its own home. `binding`: where a
+/// `network = "proxy"` agent's egress proxy reports (the conversation it is bound to; a warm
+/// agent's is bound at the take, and until then its proxy forwards nothing).
 fn spawn(
     shared: &Shared,
     target: &Target<'_>,
     cfg: &AgentConfig,
-    egress_core: Option<&Arc<ConvCore>>,
+    binding: &Arc<Binding>,
 ) -> Result<Spawned, StartError> {
     let adapter = shared
         .settings
@@ -716,12 +732,7 @@ fn spawn(
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
     let egress = if cfg.network == Network::Proxy {
-        let core = egress_core.ok_or_else(|| {
-            StartError::Spawn(
-                "a warm agent cannot have network = \"proxy\" (its egress proxy reports to a conversation)".into(),
-            )
-        })?;
-        let (proxy, e) = start_egress(shared, core, cfg, &spec.env)?;
+        let (proxy, e) = start_egress(shared, target, binding, cfg, &spec.env)?;
         spec.egress = Some(e);
         Some(proxy)
     } else {

@@ -507,7 +507,8 @@ impl ClientHandler for ConvCore {
 /// one. A conversation's own start binds it at once; a warm agent of the pool (`pool.rs`) is
 /// connected unbound and bound when a conversation takes it. Until then every request the agent
 /// makes is refused — a permission `cancelled`, a question cancelled, everything else an error —
-/// without reaching the policy or any file, and counted: an agent that asked for anything
+/// without reaching the policy or any file, and so is every connection to its egress proxy
+/// (`conversation`), and counted: an agent that asked for anything
 /// before it was given a conversation is never handed to one.
 #[derive(Default)]
 pub struct Binding {
@@ -536,6 +537,13 @@ impl Binding {
     /// Requests the agent made while unbound (all refused).
     pub fn early_requests(&self) -> u32 {
         self.early.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The conversation bound, for what the agent does outside ACP (its egress proxy's
+    /// connections): None while unbound, and then counted among the early requests like a
+    /// refused ACP request.
+    pub fn conversation(&self, what: &str) -> Option<&Arc<ConvCore>> {
+        self.core(what).ok()
     }
 
     fn core(&self, method: &str) -> Result<&Arc<ConvCore>, RpcError> {

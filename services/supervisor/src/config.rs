@@ -597,12 +597,12 @@ impl Settings {
         cap.min(l.max_conversations).max(1)
     }
 
-    /// The warm agents of `agent` in force: its `pool_size` (0 when disabled, and for a
-    /// `network = "proxy"` agent, whose egress proxy reports to a conversation a warm agent does
-    /// not have yet), never more than the live-agent cap leaves (the cap is derived from memory
-    /// when unset).
+    /// The warm agents of `agent` in force: its `pool_size` (0 when disabled), never more than
+    /// the live-agent cap leaves (the cap is derived from memory when unset). A
+    /// `network = "proxy"` agent is kept warm too: its egress proxy forwards nothing until the
+    /// take binds it to the taking conversation (`pool.rs`).
     pub fn pool_size(&self, agent: &AgentConfig) -> usize {
-        if !agent.enabled || agent.network == Network::Proxy {
+        if !agent.enabled {
             return 0;
         }
         agent.pool_size.min(self.max_live_agents())
@@ -979,8 +979,21 @@ mod tests {
         let s = load(None, &["agents.claude.pool_size=2".into()]).unwrap();
         assert_eq!(
             s.pool_size(&s.agents["claude"]),
+            2,
+            "a proxy agent is kept warm when asked"
+        );
+        let s = load(
+            None,
+            &[
+                "agents.claude.enabled=false".into(),
+                "agents.claude.pool_size=2".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            s.pool_size(&s.agents["claude"]),
             0,
-            "a proxy agent is never warm"
+            "a disabled agent is not"
         );
         let s = load(
             None,

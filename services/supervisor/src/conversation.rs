@@ -53,6 +53,9 @@ pub struct Conversation {
     /// The config options set for the caller's model/effort at the first start, set again
     /// after a restart whose `session/load` answer lists no options.
     chosen_options: Mutex<Vec<crate::options::Choice>>,
+    /// The mode the agent announced on its own before its first turn while the session options
+    /// were set (`apply_options`): judged by the first turn like one announced between turns.
+    early_mode: Mutex<Option<String>>,
     /// What the last kill of the agent tree did (forced, processes), for CloseConversation when
     /// the cancelled turn already killed it.
     last_kill: Mutex<(bool, u32)>,
@@ -121,12 +124,16 @@ impl Conversation {
             proc_: tokio::sync::Mutex::new(None),
             last_session: Mutex::new(String::new()),
             chosen_options: Mutex::new(Vec::new()),
+            early_mode: Mutex::new(None),
             last_kill: Mutex::new((false, 0)),
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
         });
         let p = match warm {
-            Some((p, session)) => {
+            Some((mut p, mut session)) => {
+                if let Err(e) = conv.apply_options(&mut p, &mut session).await {
+                    return Err(p.fail(&conv.shared, e).await);
+                }
                 conv.adopt_session(session);
                 p
             }
@@ -159,20 +166,13 @@ impl Conversation {
         let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id).await?;
         let target = crate::agent::Target {
             spawn_id: &self.core.info.context_id,
+            agent: &self.core.info.agent,
             boundary: self.core.info.sandbox_boundary(),
             home: home.as_deref(),
         };
         let handler = crate::bridge::Binding::bound(self.core.clone());
-        let p = AgentProc::start(
-            &self.shared,
-            slot,
-            target,
-            handler,
-            &self.agent_cfg,
-            None,
-            Some(&self.core),
-        )
-        .await?;
+        let p =
+            AgentProc::start(&self.shared, slot, target, handler, &self.agent_cfg, None).await?;
         let last = self
             .last_session
             .lock()
@@ -188,8 +188,42 @@ impl Conversation {
                 None,
             )
             .await?;
-        // What the conversation asks of the session beyond the supervised mode: planning for
-        // the verb, the caller's model and effort.
+        if let Err(e) = self.apply_options(&mut p, &mut session).await {
+            return Err(p.fail(&self.shared, e).await);
+        }
+        let reset = session.reset;
+        self.adopt_session(session);
+        Ok((p, reset))
+    }
+
+    /// What the conversation asks of a fresh session beyond the supervised mode — planning for
+    /// its verb, the caller's model and effort — set on `p`'s `session`: the one way for a cold
+    /// start (after `AgentProc::open_session`) and for a warm agent at the take. An error
+    /// (`StartError::OptionNotOffered` for a model or effort the agent does not offer) leaves
+    /// killing the agent to the caller. A change to an unsupervised mode the agent announced on
+    /// its own before (while it waited in the pool, say) is kept for the first turn to judge, not
+    /// drained with the echoes of these changes.
+    async fn apply_options(
+        &self,
+        p: &mut AgentProc,
+        session: &mut crate::agent::SessionStarted,
+    ) -> Result<(), StartError> {
+        if self.plan_option().is_none()
+            && self.core.info.model.is_empty()
+            && self.core.info.effort.is_empty()
+        {
+            return Ok(());
+        }
+        while let Ok(ev) = p.events.try_recv() {
+            if let AcpEvent::Update(n) = &ev
+                && n.session_id == session.session_id
+                && let SessionEvent::CurrentModeUpdate { current_mode_id } = &n.event
+                && !self.agent_cfg.is_supervised_mode(current_mode_id)
+                && let Ok(mut m) = self.early_mode.lock()
+            {
+                *m = Some(current_mode_id.clone());
+            }
+        }
         let hs = self.shared.settings.limits().handshake();
         if let Some((id, value)) = self.plan_option() {
             let (id, value) = (id.to_string(), value.to_string());
@@ -228,26 +262,14 @@ impl Conversation {
                     tracing::warn!(context_id = %self.core.info.context_id, option = %id, error = %e, "the agent refused its plan option")
                 }
                 Some(Err(_)) => {
-                    return Err(p
-                        .fail(
-                            &self.shared,
-                            StartError::Handshake("session/set_config_option".into()),
-                        )
-                        .await);
+                    return Err(StartError::Handshake("session/set_config_option".into()));
                 }
             }
             while p.events.try_recv().is_ok() {}
         }
         let offered = session.config_options.take();
-        if let Err(e) = self
-            .apply_session_options(&mut p, &session.session_id, offered)
+        self.apply_session_options(p, &session.session_id, offered)
             .await
-        {
-            return Err(p.fail(&self.shared, e).await);
-        }
-        let reset = session.reset;
-        self.adopt_session(session);
-        Ok((p, reset))
     }
 
     /// Records the agent's session as this conversation's.
@@ -713,7 +735,7 @@ impl Conversation {
         let session_id = self.core.live().session_id.clone();
         // Updates that arrived between turns are not this turn's output; a mode change among
         // them is still checked (an agent may elevate itself while idle).
-        let mut idle_mode = None;
+        let mut idle_mode = self.early_mode.lock().ok().and_then(|mut m| m.take());
         while let Ok(ev) = p.events.try_recv() {
             if let AcpEvent::Update(n) = &ev
                 && n.session_id == session_id

@@ -10,6 +10,11 @@
 //! to the checked address itself, never to the name again), the bound on connections at once
 //! and on buffers, and the report of each connection.
 //!
+//! A warm agent's proxy (`pool.rs`) runs before the agent has a conversation: until the pool
+//! hands the agent to one ([`Report::context_id`] is None) every connection is refused before
+//! its request is read, nothing is forwarded, and the report counts it (such an agent is never
+//! handed out). After the take every connection is reported to the taking conversation.
+//!
 //! Must never: connect anywhere the allowlist does not name (it runs with the supervisor's
 //! rights, so a connection it makes is made as the supervisor); resolve a name twice for one
 //! connection; block the runtime; trust anything that arrives on the socket (the agent may speak
@@ -37,11 +42,17 @@ const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
 /// How long connecting to the checked address may take.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// The characters of the spawn id's label in the socket directory's name.
+const DIR_LABEL_CHARS: usize = 12;
 /// Each direction of a relayed connection buffers at most this much.
 const RELAY_BUFFER: usize = 16 * 1024;
 
 /// Where one connection's outcome goes (the conversation: its records, log, turn).
 pub trait Report: Send + Sync + 'static {
+    /// The conversation connections are reported to (its context id), asked as each connection
+    /// arrives; None while the agent has none (a warm agent not taken yet): the connection is
+    /// refused unread and unforwarded, and the report counts it.
+    fn context_id(&self) -> Option<String>;
     /// The turn running now (its task id), for the record.
     fn task_id(&self) -> String;
     /// One connection finished or was refused.
@@ -50,7 +61,9 @@ pub trait Report: Send + Sync + 'static {
 
 /// What one agent's proxy enforces.
 pub struct ProxyConfig {
-    pub context_id: String,
+    /// What the socket directory and the log lines are named by: the agent's spawn id (the
+    /// conversation's context id, or a warm agent's pool id).
+    pub label: String,
     pub agent: String,
     pub allow: Allowlist,
     /// The only uid that may connect to the socket (the agent's).
@@ -67,15 +80,20 @@ pub struct EgressProxy {
 }
 
 impl EgressProxy {
-    /// Makes `<egress_root>/<label>-<random>/proxy.sock` and starts serving it.
+    /// Makes `<egress_root>/<label, at most 12 characters>-<random>/proxy.sock` and starts
+    /// serving it. The label is cut short because a socket's path is bounded (108 bytes): a
+    /// warm agent's pool id alone is 32 characters of label.
     pub fn start(
         egress_root: &Path,
         cfg: ProxyConfig,
         report: Arc<dyn Report>,
     ) -> Result<Self, String> {
+        let label: String = crate::records::label(&cfg.label)
+            .chars()
+            .take(DIR_LABEL_CHARS)
+            .collect();
         let dir = egress_root.join(format!(
-            "{}-{}",
-            crate::records::label(&cfg.context_id),
+            "{label}-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         ));
         std::fs::create_dir(&dir).map_err(|e| {
@@ -141,7 +159,7 @@ async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken)
             r = listener.accept() => match r {
                 Ok((s, _)) => s,
                 Err(e) => {
-                    tracing::warn!(context_id = %ctx.cfg.context_id, error = %e, "egress proxy accept failed");
+                    tracing::warn!(spawn_id = %ctx.cfg.label, error = %e, "egress proxy accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
@@ -150,10 +168,24 @@ async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken)
         match stream.peer_cred() {
             Ok(c) if c.uid() == ctx.cfg.peer_uid => {}
             other => {
-                tracing::warn!(context_id = %ctx.cfg.context_id, peer = ?other.map(|c| c.uid()), "egress proxy: a connection from another uid refused");
+                tracing::warn!(spawn_id = %ctx.cfg.label, peer = ?other.map(|c| c.uid()), "egress proxy: a connection from another uid refused");
                 continue;
             }
         }
+        // No conversation yet (a warm agent): refused before a byte of it is read.
+        let Some(context_id) = ctx.report.context_id() else {
+            tracing::warn!(spawn_id = %ctx.cfg.label, "egress proxy: a connection before the agent has a conversation refused");
+            let mut s = stream;
+            tokio::spawn(async move {
+                let _ = answer(
+                    &mut s,
+                    403,
+                    "this agent has no conversation yet: nothing is forwarded",
+                )
+                .await;
+            });
+            continue;
+        };
         let permit = match ctx.limit.clone().try_acquire_owned() {
             Ok(p) => p,
             Err(_) => {
@@ -167,7 +199,7 @@ async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken)
                     rec.refuse(503, why.clone(), "limits.egress_connections".into());
                     let mut s = stream;
                     let _ = answer(&mut s, 503, &why).await;
-                    finish(&ctx, rec, Instant::now());
+                    finish(&ctx, &context_id, rec, Instant::now());
                 });
                 continue;
             }
@@ -181,7 +213,7 @@ async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken)
                 () = cancel.cancelled() => return,
                 rec = handle(stream, &ctx) => rec,
             };
-            finish(&ctx, rec, started);
+            finish(&ctx, &context_id, rec, started);
         });
     }
 }
@@ -221,7 +253,7 @@ impl Outcome {
     }
 }
 
-fn finish(ctx: &Ctx, o: Outcome, started: Instant) {
+fn finish(ctx: &Ctx, context_id: &str, o: Outcome, started: Instant) {
     let (host, port) = o
         .dest
         .as_ref()
@@ -229,7 +261,7 @@ fn finish(ctx: &Ctx, o: Outcome, started: Instant) {
         .unwrap_or_default();
     let rec = EgressRecord {
         at_unix_ms: now_ms(),
-        context_id: ctx.cfg.context_id.clone(),
+        context_id: context_id.to_string(),
         task_id: ctx.report.task_id(),
         agent: ctx.cfg.agent.clone(),
         kind: o.kind,
@@ -462,9 +494,18 @@ mod tests {
     use std::sync::Mutex;
 
     #[derive(Default)]
-    struct Seen(Mutex<Vec<EgressRecord>>);
+    struct Seen(Mutex<Vec<EgressRecord>>, Mutex<Option<String>>);
+
+    impl Seen {
+        fn bound() -> Self {
+            Seen(Mutex::default(), Mutex::new(Some("c".into())))
+        }
+    }
 
     impl Report for Seen {
+        fn context_id(&self) -> Option<String> {
+            self.1.lock().unwrap().clone()
+        }
         fn task_id(&self) -> String {
             "t".into()
         }
@@ -474,15 +515,25 @@ mod tests {
     }
 
     fn proxy(dir: &Path, peer_uid: u32, max: usize, allow: &[&str]) -> (EgressProxy, Arc<Seen>) {
+        proxy_for(dir, peer_uid, max, allow, Seen::bound())
+    }
+
+    fn proxy_for(
+        dir: &Path,
+        peer_uid: u32,
+        max: usize,
+        allow: &[&str],
+        seen: Seen,
+    ) -> (EgressProxy, Arc<Seen>) {
         let mut l = Allowlist::new();
         for a in allow {
             l.push(warden_egress::AllowEntry::parse(a).unwrap(), "test");
         }
-        let seen = Arc::new(Seen::default());
+        let seen = Arc::new(seen);
         let p = EgressProxy::start(
             dir,
             ProxyConfig {
-                context_id: "c".into(),
+                label: "c".into(),
                 agent: "a".into(),
                 allow: l,
                 peer_uid,
@@ -579,5 +630,66 @@ mod tests {
         let d = p.dir().to_path_buf();
         drop(p);
         assert!(!d.exists());
+    }
+
+    #[tokio::test]
+    async fn before_a_conversation_nothing_is_forwarded_and_after_it_the_conversation_gets_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = dest.local_addr().unwrap().port();
+        let reached = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let r = reached.clone();
+        tokio::spawn(async move {
+            while let Ok((_s, _)) = dest.accept().await {
+                r.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        let (p, seen) = proxy_for(
+            dir.path(),
+            me(),
+            4,
+            &[&format!("127.0.0.1:{port}")],
+            Seen::default(),
+        );
+        let req = format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n");
+        let got = ask(&p, &req).await;
+        assert!(got.starts_with("HTTP/1.1 403 "), "{got}");
+        assert!(got.contains("no conversation yet"), "{got}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            reached.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "an allowed destination is not connected to before the agent has a conversation"
+        );
+        assert!(seen.0.lock().unwrap().is_empty());
+        *seen.1.lock().unwrap() = Some("taker".into());
+        let got = ask(&p, &req).await;
+        assert!(got.starts_with("HTTP/1.1 200 "), "{got}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(reached.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let recs = seen.0.lock().unwrap().clone();
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].context_id, "taker");
+        assert!(recs[0].allowed);
+    }
+
+    #[tokio::test]
+    async fn a_long_spawn_id_names_the_socket_directory_by_its_first_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = EgressProxy::start(
+            dir.path(),
+            ProxyConfig {
+                label: "warden-pool~scripted~0123456789abcdef0123456789abcdef".into(),
+                agent: "a".into(),
+                allow: Allowlist::new(),
+                peer_uid: me(),
+                max_connections: 1,
+            },
+            Arc::new(Seen::bound()),
+        )
+        .unwrap();
+        let name = p.dir().file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("warden-pool_-"), "{name}");
+        assert_eq!(name.len(), DIR_LABEL_CHARS + 1 + 8, "{name}");
     }
 }

@@ -5,13 +5,20 @@
 //! own (`POOL_PREFIX…`, a namespace callers cannot name). Opening a conversation in a fresh
 //! owned root with the pool's profile takes one ([`Pool::take`], [`Pool::claim`]): the root's
 //! registry entry, the uid, the live-agent slot and the lease are handed to the conversation,
-//! the agent's ACP handler is bound to it, and the pool refills in the background.
+//! the agent's ACP handler is bound to it — and with it, for a `network = "proxy"` agent, its
+//! egress proxy, whose connections are from then on recorded under the conversation's context,
+//! shown to its caller and counted for its turns — and the pool refills in the background.
+//! What the open asks of the session (a model, an effort, planning for its verb) is set on the
+//! taken agent by the conversation, the way a cold start sets it (`Conversation::open`); an
+//! agent that cannot honour it is killed, not given back.
 //!
 //! Why the session is made ahead: `session/new` carries only the root's path (which does not
 //! change: the directory does not move, only its record) and no MCP servers, and the mode
 //! forced is the agent's configuration; nothing of the conversation (context, principal, verb,
 //! task) reaches the agent before its first prompt. An agent that acts while it waits gains
-//! nothing: its requests are refused unbound (`bridge::Binding`); at the take its root must hold
+//! nothing: its requests are refused unbound (`bridge::Binding`), and so is every connection to
+//! its egress proxy, unread and unforwarded (`egress.rs`; counted as a request); at the take its
+//! root must hold
 //! exactly what the sandbox made (the root itself, mode 0710, and under bubblewrap the empty,
 //! read-only agent-control entries) and be as it was after the handshake; its home, outside the
 //! adapters' own state directories (`.claude`, `.codex`, `.gemini`: sessions, caches, logs the
@@ -23,7 +30,8 @@
 //! gets a cold start. Updates it sent wait for the first turn, which judges a mode change among
 //! them like those of any idle agent.
 //!
-//! Must never: hand one warm agent (root, home, uid) to two conversations (a warm agent is
+//! Must never: forward a connection a warm agent makes before it is taken, or report one to a
+//! conversation other than the taker's; hand one warm agent (root, home, uid) to two conversations (a warm agent is
 //! owned by exactly one place: the ready queue, its maker, or the taker); hand out an agent made
 //! from another configuration than the conversation's; take a live-agent slot a conversation
 //! waits for (`LiveAgents::try_acquire_spare`); respawn a crashing agent without backoff; or
@@ -334,19 +342,11 @@ impl Pool {
         let binding = Binding::unbound();
         let target = Target {
             spawn_id: id,
+            agent: &kind.name,
             boundary: boundary.clone(),
             home: Some(home.path()),
         };
-        let p = AgentProc::start(
-            sh,
-            slot,
-            target,
-            binding.clone(),
-            &kind.cfg,
-            Some(abort),
-            None,
-        )
-        .await?;
+        let p = AgentProc::start(sh, slot, target, binding.clone(), &kind.cfg, Some(abort)).await?;
         let (mut p, session) = p
             .open_session(sh, &kind.cfg, &boundary.root, false, "", Some(abort))
             .await?;

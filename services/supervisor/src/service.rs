@@ -181,20 +181,16 @@ impl Supervisor {
         let profile = warden_sandbox::Profile::from_wire(req.profile)
             .ok_or_else(|| Status::invalid_argument(format!("unknown profile {}", req.profile)))?;
         // A fresh owned root with the pool's profile: a warm agent serves, if there is one
-        // (its root, home and uid become the conversation's).
-        // Not for a request that asks the session for more than the warm agent was given (a
-        // model, an effort, planning for its verb): those are set in the handshake.
+        // (its root, home and uid become the conversation's; what the request asks of the
+        // session — a model, an effort, planning for its verb — is set at the take).
         if req.workspace.is_empty()
-            && req.model.is_empty()
-            && req.effort.is_empty()
-            && !crate::conversation::plans_for(&agent_cfg, &req.verb)
             && matches!(self.shared.roots.get(&req.context_id), Ok(None))
             && let Some(w) = self.pool.take(agent_name, &agent_cfg, profile)
-            && let Some(conv) = self
+            && let Some(res) = self
                 .start_warm(req, agent_name, &agent_cfg, profile, w)
                 .await
         {
-            return Ok(self.opened(req, guard, conv));
+            return res.map(|conv| self.opened(req, guard, conv));
         }
         // The conversation's identity (its own uid when a range is configured) before its root
         // and home are made for it; given back at close or when this open fails.
@@ -283,45 +279,55 @@ impl Supervisor {
         {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
-                let capacity = matches!(e, crate::agent::StartError::Capacity(_));
-                let not_offered = e.class() == pb::FaultClass::OptionNotOffered;
-                // No room, or a model the agent does not offer, is not the agent's fault: no
-                // incident.
-                let _ = (!capacity && !not_offered).then(|| {
-                    self.shared.records.incident(&crate::records::Incident {
-                        class: crate::fault::name(e.class()).into(),
-                        reason: e.headline(),
-                        stderr_tail: e.stderr_tail().to_string(),
-                        agent: agent_name.to_string(),
-                        verb: req.verb.clone(),
-                        profile: profile.as_str().into(),
-                        budget_secs: 0,
-                        transcript_path: String::new(),
-                        context_label: crate::records::label(&req.context_id),
-                        turn_label: String::new(),
-                        at_unix_ms: crate::records::now_ms(),
-                    })
-                });
                 // A failed start disposes of what it made: the new, still empty sandbox too.
                 if made_root && let Err(e) = self.shared.roots.remove(&req.context_id) {
                     tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
                 }
-                return Err(if capacity {
-                    crate::fault::status(tonic::Code::ResourceExhausted, e.class(), e.to_string())
-                } else if not_offered {
-                    crate::fault::status(tonic::Code::FailedPrecondition, e.class(), e.headline())
-                } else {
-                    crate::fault::status_long(
-                        tonic::Code::Unavailable,
-                        e.class(),
-                        format!("startup fault: {}", e.headline()),
-                        format!("startup fault: {e}"),
-                    )
-                });
+                return Err(self.start_failed(req, agent_name, profile, &e));
             }
         };
         Ok(self.opened(req, guard, conv))
+    }
+
+    /// What a caller is told for a start that failed, recorded as an incident unless it was no
+    /// room or a model/effort the agent does not offer (neither is the agent's fault).
+    fn start_failed(
+        &self,
+        req: &pb::OpenConversationRequest,
+        agent_name: &str,
+        profile: warden_sandbox::Profile,
+        e: &crate::agent::StartError,
+    ) -> Status {
+        tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
+        let capacity = matches!(e, crate::agent::StartError::Capacity(_));
+        let not_offered = e.class() == pb::FaultClass::OptionNotOffered;
+        if !capacity && !not_offered {
+            let _ = self.shared.records.incident(&crate::records::Incident {
+                class: crate::fault::name(e.class()).into(),
+                reason: e.headline(),
+                stderr_tail: e.stderr_tail().to_string(),
+                agent: agent_name.to_string(),
+                verb: req.verb.clone(),
+                profile: profile.as_str().into(),
+                budget_secs: 0,
+                transcript_path: String::new(),
+                context_label: crate::records::label(&req.context_id),
+                turn_label: String::new(),
+                at_unix_ms: crate::records::now_ms(),
+            });
+        }
+        if capacity {
+            crate::fault::status(tonic::Code::ResourceExhausted, e.class(), e.to_string())
+        } else if not_offered {
+            crate::fault::status(tonic::Code::FailedPrecondition, e.class(), e.headline())
+        } else {
+            crate::fault::status_long(
+                tonic::Code::Unavailable,
+                e.class(),
+                format!("startup fault: {}", e.headline()),
+                format!("startup fault: {e}"),
+            )
+        }
     }
 
     /// The conversation's shared state, for its boundary and identity.
@@ -383,8 +389,10 @@ impl Supervisor {
     }
 
     /// Opens the conversation with a warm agent of the pool (its root becomes the
-    /// conversation's); None when the warm agent could not be handed over (then the caller
-    /// starts one as usual).
+    /// conversation's) and sets what the request asks of its session; None when the warm agent
+    /// could not be handed over (then the caller starts one as usual). An agent handed over whose
+    /// session options fail (a model it does not offer) is killed, never returned to the pool
+    /// (it was used; the pool refills), and the open fails as a cold start's would.
     async fn start_warm(
         &self,
         req: &pb::OpenConversationRequest,
@@ -392,7 +400,7 @@ impl Supervisor {
         agent_cfg: &AgentConfig,
         profile: warden_sandbox::Profile,
         warm: crate::pool::Warm,
-    ) -> Option<Arc<Conversation>> {
+    ) -> Option<Result<Arc<Conversation>, Status>> {
         let boundary = warm.boundary().clone();
         let core = self.conv_core(
             req,
@@ -412,15 +420,15 @@ impl Supervisor {
         )
         .await
         {
-            Ok(c) => Some(c),
+            Ok(c) => Some(Ok(c)),
             Err(e) => {
-                // Not reached (adopting a started agent does not fail); undone like a cold one.
-                tracing::error!(context_id = %req.context_id, error = %e.headline(), "a warm agent could not be adopted");
+                // The agent is dead (killed by the failed open) and its home goes with the
+                // conversation; the rest is undone like a cold start's.
                 self.shared.spawner.release_identity(&req.context_id);
                 if let Err(e) = self.shared.roots.remove(&req.context_id) {
                     tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a failed start");
                 }
-                None
+                Some(Err(self.start_failed(req, agent_name, profile, &e)))
             }
         }
     }

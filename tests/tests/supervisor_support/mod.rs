@@ -3,8 +3,9 @@
 //! generated gRPC client over the supervisor's Unix socket.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use warden_e2e::{Deployment, Options};
@@ -239,4 +240,59 @@ pub async fn all_gone(pids: &[i32], within: Duration) -> bool {
 /// An inline scenario prompt for the scripted agent.
 pub fn scenario(v: serde_json::Value) -> String {
     v.to_string()
+}
+
+/// The supervisor's Status details.
+pub async fn status(c: &mut Client) -> HashMap<String, String> {
+    c.status(pb::StatusRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .details
+}
+
+/// Waits (bounded) until `pool.<agent>.<what>` is `want`.
+pub async fn wait_figure(
+    c: &mut Client,
+    agent: &str,
+    what: &str,
+    want: &str,
+) -> HashMap<String, String> {
+    let key = format!("pool.{agent}.{what}");
+    let t0 = Instant::now();
+    loop {
+        let st = status(c).await;
+        if st.get(&key).map(String::as_str) == Some(want) {
+            return st;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{key} never became {want}: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The agent processes (by executable name) in the supervisor's sandboxes.
+pub fn agents(d: &warden_e2e::Deployment, exe: &str) -> Vec<i32> {
+    processes_in(&state(d).join("sandboxes"), Some(exe))
+}
+
+/// Waits (bounded) for exactly one agent process of `exe` in the sandboxes other than `not`.
+pub async fn one_agent(d: &warden_e2e::Deployment, exe: &str, not: &[i32]) -> i32 {
+    let t0 = Instant::now();
+    loop {
+        let found: Vec<i32> = agents(d, exe)
+            .into_iter()
+            .filter(|p| !not.contains(p))
+            .collect();
+        if found.len() == 1 {
+            return found[0];
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "expected one {exe} agent besides {not:?}: {found:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
