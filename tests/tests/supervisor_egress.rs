@@ -110,9 +110,14 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     let allowed = server("allowed").await;
     let other = server("other").await;
     // `localhost:<other>` is named exactly: that name reaches loopback, on that port only.
+    // A cold start (`pool_size = 0`): the proxy bound when the agent is spawned. The warm path,
+    // bound at the take, has its own tests below.
     let d = deploy_proxy(
         &[format!("127.0.0.1:{allowed}"), format!("localhost:{other}")],
-        &[("supervisor", "limits.egress_refusals_end_turn=0")],
+        &[
+            ("supervisor", "limits.egress_refusals_end_turn=0"),
+            ("supervisor", "agents.scripted.pool_size=0"),
+        ],
     )
     .await;
     let mut c = client(&d);
