@@ -111,6 +111,10 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TaskStoreError> {
     serde_json::to_vec(value).map_err(TaskStoreError::Encode)
 }
 
+/// A history segment is closed once it is this long (sled keeps values up to about 32 KiB in
+/// its log; a longer one becomes a file of its own).
+pub const SEGMENT_BYTES: usize = 16 * 1024;
+
 /// A value of the `history` tree: one message, or a segment of consecutive ones.
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -191,23 +195,41 @@ impl TaskStore {
         Ok(())
     }
 
-    /// Stores the messages numbered `first_seq`, `first_seq + 1`, … of a task as one segment:
-    /// one write for a batch instead of one per message.
+    /// Stores the messages numbered `first_seq`, `first_seq + 1`, … of a task as segments
+    /// (JSON arrays) of at most about [`SEGMENT_BYTES`] each: one write per batch instead of
+    /// one per message, and small enough for sled to keep inline (a larger value becomes a file
+    /// of its own, one per write). A lone message is stored as itself.
     pub fn put_history_segment(
         &self,
         task_id: &str,
         first_seq: u64,
         msgs: &[Message],
     ) -> Result<(), TaskStoreError> {
-        match msgs {
-            [] => Ok(()),
-            [one] => self.put_history(task_id, first_seq, one),
-            many => {
-                self.history
-                    .put(format!("{task_id}/{first_seq:010}"), encode(&many)?)?;
-                Ok(())
+        if let [one] = msgs {
+            return self.put_history(task_id, first_seq, one);
+        }
+        let mut seq = first_seq;
+        let mut start = seq;
+        let mut segment: Vec<u8> = Vec::new();
+        for m in msgs {
+            segment.push(if segment.is_empty() { b'[' } else { b',' });
+            serde_json::to_writer(&mut segment, m).map_err(TaskStoreError::Encode)?;
+            seq += 1;
+            if segment.len() >= SEGMENT_BYTES {
+                segment.push(b']');
+                self.history.put(
+                    format!("{task_id}/{start:010}"),
+                    std::mem::take(&mut segment),
+                )?;
+                start = seq;
             }
         }
+        if !segment.is_empty() {
+            segment.push(b']');
+            self.history
+                .put(format!("{task_id}/{start:010}"), segment)?;
+        }
+        Ok(())
     }
 
     pub fn history(&self, task_id: &str) -> Result<Vec<Message>, TaskStoreError> {
@@ -506,21 +528,25 @@ mod tests {
             s.put_history_segment("t1", 4, &[msg("m4")])?;
             s.put_history_segment("t1", 5, &[])?;
             s.put_history_segment("t1", 5, &[msg("m5"), msg("m6")])?;
+            // Longer than a segment: split, numbered on.
+            let long: Vec<Message> = (7..400).map(|i| msg(&format!("m{i}"))).collect();
+            s.put_history_segment("t1", 7, &long)?;
             s.flush()?;
         }
         let s = TaskStore::open(dir.path())?;
         let text = |m: &Message| serde_json::to_string(&m.parts).unwrap_or_default();
         let got: Vec<String> = s.history("t1")?.iter().map(text).collect();
-        let want: Vec<String> = ["m0", "m1", "m2", "m3", "m4", "m5", "m6"]
-            .iter()
-            .map(|t| text(&msg(t)))
-            .collect();
+        let want: Vec<String> = (0..400).map(|i| text(&msg(&format!("m{i}")))).collect();
         assert_eq!(got, want);
-        // The restart's note is message number 7, after the last segment's messages.
+        assert!(
+            s.history.scan_prefix("t1/")?.len() > 6,
+            "the long batch is split"
+        );
+        // The restart's note is message number 400, after the last segment's messages.
         assert_eq!(s.recover()?.len(), 1);
         let history = s.history("t1")?;
-        assert_eq!(history.len(), 8);
-        assert!(text(&history[7]).contains("gateway restarted"));
+        assert_eq!(history.len(), 401);
+        assert!(text(&history[400]).contains("gateway restarted"));
         Ok(())
     }
 

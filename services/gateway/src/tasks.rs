@@ -245,10 +245,11 @@ struct LiveInner {
     /// Artifact chunks not yet written, and since when: streamed text is written in batches so
     /// the store stays off the per-event path (see [`LiveTask::write_pending`]).
     pending: Vec<(u32, u64, ArtifactChunk)>,
-    /// History messages not yet written (the last ones, numbered up to `history_seq`), and
-    /// whether the head changed since it was last written: a permission is three status
-    /// messages, and one store write each was about a third of the gateway's CPU per permission.
-    pending_history: Vec<Message>,
+    /// How many of the last messages of `task.history` are not yet written, and whether the
+    /// status changed since the head was last written (`record.task.status` is brought up to
+    /// date then): a permission is three status messages, and one store write each was about
+    /// a third of the gateway's CPU per permission.
+    pending_history: usize,
     head_dirty: bool,
     pending_since: Option<std::time::Instant>,
     answering: bool,
@@ -293,7 +294,7 @@ impl LiveTask {
             // No receiver is fine: nobody is watching the stream right now.
             let _ = self.tx.send(ev);
         }
-        if inner.pending.len() + inner.pending_history.len() >= PENDING_MAX
+        if inner.pending.len() + inner.pending_history >= PENDING_MAX
             || inner
                 .pending_since
                 .is_some_and(|t| t.elapsed() >= PENDING_AGE)
@@ -316,15 +317,17 @@ impl LiveTask {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist artifact chunks");
             }
         }
-        if !inner.pending_history.is_empty() {
-            let msgs = std::mem::take(&mut inner.pending_history);
+        if inner.pending_history > 0 {
+            let n = std::mem::take(&mut inner.pending_history);
+            let msgs = &inner.task.history[inner.task.history.len().saturating_sub(n)..];
             let first = inner.history_seq - msgs.len() as u64;
-            if let Err(e) = self.store.put_history_segment(&inner.task.id, first, &msgs) {
+            if let Err(e) = self.store.put_history_segment(&inner.task.id, first, msgs) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task history");
             }
         }
         if inner.head_dirty {
             inner.head_dirty = false;
+            inner.record.task.status = inner.task.status.clone();
             if let Err(e) = self.store.put_head(&inner.record) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist the task's status");
             }
@@ -333,7 +336,7 @@ impl LiveTask {
 
     /// A message joins the task's history (written with the next batch).
     fn push_history(inner: &mut LiveInner, m: Message) {
-        inner.pending_history.push(m.clone());
+        inner.pending_history += 1;
         inner.history_seq += 1;
         inner.task.history.push(m);
         inner
@@ -343,14 +346,13 @@ impl LiveTask {
 
     /// Whether something is buffered and not yet written.
     fn has_unwritten(inner: &LiveInner) -> bool {
-        !inner.pending.is_empty() || !inner.pending_history.is_empty() || inner.head_dirty
+        !inner.pending.is_empty() || inner.pending_history > 0 || inner.head_dirty
     }
 
     fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
         match ev {
             StreamResponse::StatusUpdate(s) => {
                 inner.task.status = s.status.clone();
-                inner.record.task.status = s.status.clone();
                 inner.record.status_micros = now_micros();
                 if let Some(m) = &s.status.message {
                     Self::push_history(inner, m.clone());
@@ -952,7 +954,9 @@ impl Core {
         if let Some(live) = self.live(id) {
             let inner = lock(&live.inner);
             if inner.record.principal == principal {
-                return Ok((inner.task.clone(), inner.record.clone()));
+                let mut rec = inner.record.clone();
+                rec.task.status = inner.task.status.clone();
+                return Ok((inner.task.clone(), rec));
             }
             return Err(A2aError::TaskNotFound(id.to_string()));
         }
@@ -1024,7 +1028,10 @@ impl Core {
             .into_iter()
             .map(|r| match self.live(&r.task.id) {
                 Some(live) => {
-                    let rec = lock(&live.inner).record.clone();
+                    let inner = lock(&live.inner);
+                    let mut rec = inner.record.clone();
+                    rec.task.status = inner.task.status.clone();
+                    drop(inner);
                     (rec, Some(live))
                 }
                 None => (r, None),
@@ -1460,7 +1467,7 @@ impl Core {
                 history_seq: 1,
                 artifact_chunks: HashMap::new(),
                 pending: Vec::new(),
-                pending_history: Vec::new(),
+                pending_history: 0,
                 head_dirty: false,
                 pending_since: None,
                 answering: false,
@@ -1721,7 +1728,7 @@ mod tests {
                 history_seq: 0,
                 artifact_chunks: HashMap::new(),
                 pending: Vec::new(),
-                pending_history: Vec::new(),
+                pending_history: 0,
                 head_dirty: false,
                 pending_since: None,
                 answering: false,
