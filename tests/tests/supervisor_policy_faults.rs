@@ -47,6 +47,7 @@ impl PolicyService for BadPolicy {
             rule: "bad.rule".into(),
             end_turn: false,
             end_turn_reason: 0,
+            request_id: String::new(),
         };
         Ok(Response::new(match self.0 {
             Bad::Slow => {
@@ -95,6 +96,17 @@ impl PolicyService for BadPolicy {
         _req: Request<pb::WithdrawRequest>,
     ) -> Result<Response<pb::WithdrawResponse>, Status> {
         Err(Status::unimplemented("a bad policy keeps no audit"))
+    }
+
+    type DecideStreamStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Decision, Status>> + Send>>;
+
+    /// Decide only: the supervisor falls back to it on UNIMPLEMENTED.
+    async fn decide_stream(
+        &self,
+        _req: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStreamStream>, Status> {
+        Err(Status::unimplemented("a bad policy has no stream"))
     }
 }
 
@@ -356,4 +368,67 @@ async fn the_audit_agrees_with_what_was_enforced_when_the_policy_is_late() {
         allowed < 80 && allowed > 0,
         "the pauses never made a decision late ({allowed} of 80 allowed)"
     );
+}
+
+/// Every permission of a supervisor goes over one `DecideStream` to warden-policy. When the
+/// policy is killed and started again, the permissions asked meanwhile wait (UNAVAILABLE is
+/// retried within the deadline) and are decided by the new process over a new stream; none is
+/// lost, none is answered twice, each answer is its own request's.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_killed_and_restarted_mid_turn_decides_every_permission_over_a_new_stream() {
+    let mut d = deploy(&[("supervisor", "policy.decide_deadline_ms=10000")]).await;
+    let mut c = client(&d);
+    // Half the edits inside the root (ALLOW), half outside it (DENY): a mixed-up answer shows.
+    let steps: Vec<_> = (0..60)
+        .map(|i| {
+            let path = if i % 2 == 0 {
+                format!("in{i}.txt")
+            } else {
+                format!("/etc/out{i}.txt")
+            };
+            json!({"type": "tool", "kind": "edit", "path": path, "content": "x", "ask": true})
+        })
+        .collect();
+    let mut s = start(
+        &mut c,
+        turn("restart", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    // Let some permissions be decided, then kill the policy and start it again.
+    let mut first = Vec::new();
+    while permissions(&first).len() < 10 {
+        match tokio::time::timeout(Duration::from_secs(30), s.message()).await {
+            Ok(Ok(Some(ev))) => first.push(ev),
+            other => panic!("the turn stopped early: {other:?}"),
+        }
+    }
+    let policy = d.take("policy").expect("the policy daemon");
+    policy.crash().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.start("policy").await;
+    let mut evs = first;
+    evs.extend(collect(&mut s, Duration::from_secs(120)).await);
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 60, "every edit was asked about once");
+    let by_title: Vec<(String, i32, String)> = perms
+        .iter()
+        .map(|p| (p.tool_title.clone(), p.verdict, p.rule.clone()))
+        .collect();
+    let unavailable = perms
+        .iter()
+        .filter(|p| p.rule == "policy_unavailable")
+        .count();
+    assert_eq!(unavailable, 0, "none failed closed: {by_title:#?}");
+    for (title, verdict, rule) in &by_title {
+        let outside = title.contains("/etc/out");
+        let want = if outside {
+            pb::Verdict::Deny
+        } else {
+            pb::Verdict::Allow
+        };
+        assert_eq!(*verdict, want as i32, "{title}: {rule}");
+    }
+    let ids: std::collections::HashSet<&str> =
+        perms.iter().map(|p| p.decision_id.as_str()).collect();
+    assert_eq!(ids.len(), 60, "each permission has its own decision");
 }

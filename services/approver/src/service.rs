@@ -182,6 +182,7 @@ impl ApproverState {
                             end_turn: d.end_turn.is_some(),
                             end_turn_reason: warden_policy::convert::end_turn_reason(d.end_turn)
                                 as i32,
+                            request_id: String::new(),
                         }
                     }
                     Err(m) => deny(
@@ -413,6 +414,7 @@ fn deny(decision_id: String, rule: &str, reason: String) -> pb::Decision {
         rule: rule.to_string(),
         end_turn: false,
         end_turn_reason: 0,
+        request_id: String::new(),
     }
 }
 
@@ -449,6 +451,7 @@ pub fn to_decision(a: &pb::Approval) -> pb::Decision {
             rule: rule::APPROVED.into(),
             end_turn: false,
             end_turn_reason: 0,
+            request_id: String::new(),
         },
         pb::ApprovalState::Denied => deny(
             a.id.clone(),
@@ -558,6 +561,19 @@ impl PolicyService for PolicyApi {
         _request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::PolicyDescription>, Status> {
         Ok(Response::new(self.0.config.description()))
+    }
+
+    type DecideStreamStream =
+        std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::Decision, Status>> + Send>>;
+
+    /// A person answers one question at a time: the supervisor uses Decide here.
+    async fn decide_stream(
+        &self,
+        _request: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStreamStream>, Status> {
+        Err(Status::unimplemented(
+            "warden-approver decides one call at a time: use Decide",
+        ))
     }
 }
 

@@ -113,6 +113,7 @@ pub async fn decide_with_deadline(
         rule: "policy_unavailable".to_string(),
         end_turn: false,
         end_turn_reason: 0,
+        request_id: String::new(),
     };
     match tokio::time::timeout(deadline, client.decide(r)).await {
         Err(_) => unavailable(format!("no answer within {} ms", deadline.as_millis())),
@@ -673,6 +674,7 @@ impl PolicyService for SlowPolicy {
             rule: "slow".into(),
             end_turn: false,
             end_turn_reason: 0,
+            request_id: String::new(),
         }))
     }
 
@@ -690,6 +692,18 @@ impl PolicyService for SlowPolicy {
         _request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::PolicyDescription>, Status> {
         Err(Status::unimplemented("SlowPolicy does not describe itself"))
+    }
+
+    type DecideStreamStream = crate::service::DecisionStream;
+
+    /// Without the stream, as an implementation of the contract may be: callers use Decide.
+    async fn decide_stream(
+        &self,
+        _request: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStreamStream>, Status> {
+        Err(Status::unimplemented(
+            "SlowPolicy decides one call at a time",
+        ))
     }
 }
 

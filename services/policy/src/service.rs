@@ -171,6 +171,7 @@ impl PolicyState {
                     rule: d.rule,
                     end_turn: d.end_turn.is_some(),
                     end_turn_reason: convert::end_turn_reason(d.end_turn) as i32,
+                    request_id: String::new(),
                 }
             }
             Err(m) => pb::Decision {
@@ -181,6 +182,7 @@ impl PolicyState {
                 rule: m.rule.to_string(),
                 end_turn: false,
                 end_turn_reason: 0,
+                request_id: String::new(),
             },
         };
         // Ready, but after the caller's deadline: what is recorded is what the caller enforces.
@@ -244,6 +246,7 @@ impl PolicyState {
                 rule: "audit.unavailable".to_string(),
                 end_turn: false,
                 end_turn_reason: 0,
+                request_id: String::new(),
             };
         }
         let subject = record.subject.as_ref();
@@ -399,6 +402,7 @@ fn withdrawn(decision_id: &str, why: &str) -> pb::Decision {
         rule: "withdrawn".to_string(),
         end_turn: false,
         end_turn_reason: 0,
+        request_id: String::new(),
     }
 }
 
@@ -413,7 +417,48 @@ impl PolicyService for PolicyApi {
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
         let req = request.into_inner();
-        Ok(Response::new(self.0.decide(&req).await))
+        let mut d = self.0.decide(&req).await;
+        d.request_id = req.request_id;
+        Ok(Response::new(d))
+    }
+
+    type DecideStreamStream = DecisionStream;
+
+    /// Every request on the stream is decided as `Decide` decides it, each in its own task (a
+    /// durable decision waits for the journal's sync; the others must not wait behind it), and
+    /// answered with its request id when ready. The stream ends when the caller's does, after
+    /// the answers still being decided.
+    async fn decide_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::DecideRequest>>,
+    ) -> Result<Response<Self::DecideStreamStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let state = self.0.clone();
+        tokio::spawn(async move {
+            loop {
+                match inbound.message().await {
+                    Ok(Some(req)) => {
+                        let state = state.clone();
+                        let tx = tx.clone();
+                        tokio::spawn(async move {
+                            let mut d = state.decide(&req).await;
+                            d.request_id = req.request_id;
+                            // The caller gone: it denies on its own, the record stands.
+                            let _ = tx.send(Ok(d));
+                        });
+                    }
+                    Ok(None) => break,
+                    Err(status) => {
+                        tracing::debug!(error = %status, "a decision stream ended");
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+        )))
     }
 
     async fn withdraw(
@@ -436,6 +481,10 @@ impl PolicyService for PolicyApi {
         }))
     }
 }
+
+/// The answers of one `DecideStream`.
+pub type DecisionStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Decision, Status>> + Send>>;
 
 /// `AdminService` over the shared state.
 #[derive(Clone)]
@@ -566,5 +615,6 @@ fn deadline_exceeded(decision_id: &str, req: &pb::DecideRequest) -> pb::Decision
         rule: "deadline_exceeded".to_string(),
         end_turn: false,
         end_turn_reason: 0,
+        request_id: String::new(),
     }
 }

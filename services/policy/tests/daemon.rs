@@ -834,3 +834,84 @@ async fn decisions_during_reloads_each_see_one_whole_policy_version() {
         "reloads were not interleaved: {versions:?}"
     );
 }
+
+/// `DecideStream`: many requests on one stream, each answered once, with its own request id,
+/// exactly as `Decide` answers it, and audited like it; a request past its deadline is a DENY
+/// `deadline_exceeded` there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_stream_answers_each_request_with_its_own_id_as_decide_does() {
+    let p = start("", "").await;
+    let root = p.dir.path().join("ws");
+    std::fs::create_dir_all(&root).unwrap_or_else(|e| panic!("{e}"));
+    let ask = |i: usize| {
+        let mut r = if i.is_multiple_of(2) {
+            req(&root, true, "execute", &[], "ctx-s")
+        } else {
+            req(&root, true, "edit", &["../elsewhere"], "ctx-s")
+        };
+        r.request_id = format!("s-{i}");
+        if i == 7 {
+            r.deadline_unix_ms = 1;
+        }
+        r
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = p
+        .policy()
+        .decide_stream(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+        .await
+        .unwrap_or_else(|e| panic!("decide_stream: {e}"))
+        .into_inner();
+    for i in 0..40 {
+        tx.send(ask(i)).unwrap_or_else(|e| panic!("send: {e}"));
+    }
+    drop(tx);
+    let mut got = std::collections::HashMap::new();
+    while let Some(d) = answers
+        .message()
+        .await
+        .unwrap_or_else(|e| panic!("stream: {e}"))
+    {
+        assert!(
+            got.insert(d.request_id.clone(), d).is_none(),
+            "answered twice"
+        );
+    }
+    assert_eq!(
+        got.len(),
+        40,
+        "every request answered, then the stream ends"
+    );
+    for i in 0..40 {
+        let d = &got[&format!("s-{i}")];
+        if i == 7 {
+            assert_eq!(d.verdict, pb::Verdict::Deny as i32);
+            assert_eq!(d.rule, "deadline_exceeded");
+            continue;
+        }
+        let unary = decide(&p, ask(i)).await;
+        assert_eq!(
+            (d.verdict, &d.rule, &d.option_id),
+            (unary.verdict, &unary.rule, &unary.option_id),
+            "request {i}"
+        );
+        let want = if i.is_multiple_of(2) {
+            pb::Verdict::Allow
+        } else {
+            pb::Verdict::Deny
+        };
+        assert_eq!(d.verdict, want as i32, "request {i}: {d:?}");
+        let records = p
+            .admin()
+            .audit_query(pb::AuditQueryRequest {
+                decision_id: d.decision_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into_inner()
+            .records;
+        assert_eq!(records.len(), 1, "request {i} audited");
+        assert_eq!(records[0].request_id, format!("s-{i}"));
+    }
+}

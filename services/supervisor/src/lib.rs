@@ -32,6 +32,7 @@ pub mod bridge;
 pub mod config;
 pub mod conversation;
 pub mod core;
+pub mod decide_stream;
 pub mod egress;
 pub mod fault;
 pub mod live;

@@ -116,6 +116,8 @@ pub struct PolicyClient {
     /// The last description (read on every Decide; written by one refresh at a time).
     described: std::sync::Arc<std::sync::RwLock<Option<Described>>>,
     refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
+    /// One `DecideStream` for every Decide, when the service has it (see `decide_stream`).
+    stream: std::sync::Arc<crate::decide_stream::DecisionStream>,
 }
 
 impl PolicyClient {
@@ -128,6 +130,7 @@ impl PolicyClient {
             stats: Default::default(),
             described: Default::default(),
             refreshing: Default::default(),
+            stream: Default::default(),
         }
     }
 
@@ -284,9 +287,15 @@ impl PolicyClient {
         // deadline itself, end the call.
         let res = tokio::time::timeout(wait, async {
             loop {
-                let mut r = tonic::Request::new(req.clone());
-                r.set_timeout(wait.saturating_sub(started.elapsed()));
-                match client.decide(r).await {
+                let answer = match self.stream.decide(&client, req.clone()).await {
+                    Some(a) => a,
+                    None => {
+                        let mut r = tonic::Request::new(req.clone());
+                        r.set_timeout(wait.saturating_sub(started.elapsed()));
+                        client.decide(r).await.map(tonic::Response::into_inner)
+                    }
+                };
+                match answer {
                     Err(status)
                         if status.code() == tonic::Code::Unavailable
                             && started.elapsed() + RETRY_PAUSE < deadline =>
@@ -307,27 +316,24 @@ impl PolicyClient {
                 self.grace.as_millis()
             ),
             Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
-            Ok(Ok(resp)) => {
-                let d = resp.into_inner();
-                match validate(&d, &offered) {
-                    Ok(verdict) => {
-                        let end_turn = (d.end_turn
-                            || d.end_turn_reason != pb::EndTurnReason::Unspecified as i32)
-                            .then(|| d.end_turn_reason());
-                        return Decided {
-                            decision_id: d.decision_id,
-                            verdict,
-                            option_id: d.option_id,
-                            reason: d.reason,
-                            rule: d.rule,
-                            end_turn,
-                            latency,
-                            failed_closed: false,
-                        };
-                    }
-                    Err(why) => format!("malformed answer: {why}"),
+            Ok(Ok(d)) => match validate(&d, &offered) {
+                Ok(verdict) => {
+                    let end_turn = (d.end_turn
+                        || d.end_turn_reason != pb::EndTurnReason::Unspecified as i32)
+                        .then(|| d.end_turn_reason());
+                    return Decided {
+                        decision_id: d.decision_id,
+                        verdict,
+                        option_id: d.option_id,
+                        reason: d.reason,
+                        rule: d.rule,
+                        end_turn,
+                        latency,
+                        failed_closed: false,
+                    };
                 }
-            }
+                Err(why) => format!("malformed answer: {why}"),
+            },
         };
         self.failures.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(request_id = %request_id, reason = %why, "policy unavailable: denying");
@@ -425,6 +431,7 @@ mod tests {
             rule: "floor.read".into(),
             end_turn: false,
             end_turn_reason: 0,
+            request_id: String::new(),
         }
     }
 
