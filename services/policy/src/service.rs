@@ -424,8 +424,8 @@ impl PolicyService for PolicyApi {
 
     type DecideStreamStream = DecisionStream;
 
-    /// Every request on the stream is decided as `Decide` decides it, each in its own task (a
-    /// durable decision waits for the journal's sync; the others must not wait behind it), and
+    /// Every request on the stream is decided as `Decide` decides it, concurrently (a durable
+    /// decision waits for the journal's sync and the others must not wait behind it), and
     /// answered with its request id when ready. The stream ends when the caller's does, after
     /// the answers still being decided.
     async fn decide_stream(
@@ -435,25 +435,40 @@ impl PolicyService for PolicyApi {
         let mut inbound = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let state = self.0.clone();
+        // One task per stream, the decisions under way polled in it (not a task each): a
+        // spawned decision was a hand-off to the other worker, which cost more than most
+        // decisions. A durable one waits for the journal's group commit meanwhile, so the next
+        // request is read and decided while it waits.
         tokio::spawn(async move {
+            use futures::StreamExt;
+            let mut deciding = futures::stream::FuturesUnordered::new();
+            let decide = |req: pb::DecideRequest| {
+                let state = state.clone();
+                async move {
+                    let mut d = state.decide(&req).await;
+                    d.request_id = req.request_id;
+                    d
+                }
+            };
             loop {
-                match inbound.message().await {
-                    Ok(Some(req)) => {
-                        let state = state.clone();
-                        let tx = tx.clone();
-                        tokio::spawn(async move {
-                            let mut d = state.decide(&req).await;
-                            d.request_id = req.request_id;
-                            // The caller gone: it denies on its own, the record stands.
-                            let _ = tx.send(Ok(d));
-                        });
-                    }
-                    Ok(None) => break,
-                    Err(status) => {
-                        tracing::debug!(error = %status, "a decision stream ended");
-                        break;
+                tokio::select! {
+                    next = inbound.message() => match next {
+                        Ok(Some(req)) => deciding.push(decide(req)),
+                        Ok(None) => break,
+                        Err(status) => {
+                            tracing::debug!(error = %status, "a decision stream ended");
+                            break;
+                        }
+                    },
+                    Some(d) = deciding.next(), if !deciding.is_empty() => {
+                        // The caller gone: it denies on its own, the record stands.
+                        let _ = tx.send(Ok(d));
                     }
                 }
+            }
+            // The caller's side ended: what is under way is still decided, recorded, answered.
+            while let Some(d) = deciding.next().await {
+                let _ = tx.send(Ok(d));
             }
         });
         Ok(Response::new(Box::pin(
