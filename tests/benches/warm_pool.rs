@@ -16,7 +16,12 @@
 //! A real adapter's pool is the same code: when `.ci/run` has installed the Claude adapter
 //! (`<target>/npm/claude-code-acp-0.16.2`) and node is there, the same comparison is made for
 //! it, against the fake Anthropic server of `tests/tests/real_claude.rs` (`WARDEN_WARM_CLAUDE_N`
-//! samples per side, 8); otherwise the bench says why that part is left out.
+//! samples per side, 8); otherwise the bench says why that part is left out. The four pinned
+//! adapters (`tests/src/real.rs`) are then measured as the real-adapter tests run them, under
+//! `network = "proxy"` (`WARDEN_WARM_REAL_N` samples per side, 8).
+//!
+//! With debug daemons (the lead's release build left alone): `cargo bench --profile dev -p
+//! warden-e2e --bench warm_pool` (the binaries of the profile the bench was built in are used).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -412,7 +417,84 @@ async fn main() {
             }
         }
     }
+    real_adapters_under_the_proxy().await;
     println!(
         "(each sample: a RunTurn that opens a new context's conversation, as the gateway sends for a new A2A context; the first agent message chunk is the agent's own first output)"
     );
+}
+
+/// The four pinned adapters as the real-adapter tests run them (`network = "proxy"`, against
+/// the fake model servers, `tests/src/real.rs`), cold against warm, with the settings that keep
+/// them from connecting on their own before they are taken (`real::agent_sets_quiet`); for the
+/// two that do connect without them, also warm with the usual settings (never served warm:
+/// what a discarded warm agent costs the conversation). `WARDEN_WARM_REAL_N` samples a side (8).
+async fn real_adapters_under_the_proxy() {
+    use warden_e2e::real::{self, FakeModel, Pinned};
+    let n = env_num("WARDEN_WARM_REAL_N", 8);
+    let rows: [(&str, Pinned, &str, bool); 4] = [
+        (
+            "claude-agent-acp 0.101.0",
+            real::CLAUDE_AGENT_ACP,
+            "claude",
+            false,
+        ),
+        (
+            "claude-code-acp 0.16.2",
+            real::CLAUDE_CODE_ACP,
+            "claude-code",
+            true,
+        ),
+        ("codex-acp 0.16.0", real::CODEX_ACP_016, "codex-016", false),
+        ("codex-acp 2.6.0", real::CODEX_ACP_26, "codex", true),
+    ];
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("warm");
+    std::fs::create_dir_all(&dir).ok();
+    for (label, p, agent, noisy) in rows {
+        if real::installed(p).is_none() {
+            println!("| {label}, network = \"proxy\" | not measured: not installed | | | | |");
+            continue;
+        }
+        let model = FakeModel::start(p.model, &dir).await;
+        let sets = |pool: usize, quiet: bool| {
+            let mut v: Vec<String> = real::agent_sets_quiet(agent, p, &model, quiet)
+                .into_iter()
+                .map(|(_, kv)| kv)
+                .collect();
+            if p.spec == real::CODEX_ACP_016.spec {
+                // As tests/tests/real_codex.rs configures Codex 0.137.
+                v.push(format!(
+                    "agents.{agent}.codex_config={:?}",
+                    warden_sandbox::CODEX_CONFIG_UNTRUSTED
+                ));
+                v.push(format!(
+                    "agents.{agent}.codex_requirements={:?}",
+                    warden_sandbox::CODEX_REQUIREMENTS_UNTRUSTED
+                ));
+                v.push(format!("agents.{agent}.supervised_mode=\"\""));
+            }
+            if agent != "claude" && p.model == real::ModelKind::Anthropic {
+                v.push(format!("agents.{agent}.supervised_mode=\"default\""));
+                v.push(format!("agents.{agent}.supervised_modes=[\"plan\"]"));
+            }
+            v.push("agents.scripted.pool_size=0".into());
+            v.push(format!("agents.{agent}.pool_size={pool}"));
+            v
+        };
+        let quiet = if noisy { " (quiet settings)" } else { "" };
+        let name = |what: &str| -> &'static str {
+            Box::leak(format!("{label}, network = \"proxy\"{quiet}, {what}").into_boxed_str())
+        };
+        let mut sides = vec![
+            side(name("pool_size = 0 (cold)"), agent, false, sets(0, true)).await,
+            side(name("pool_size = 1 (warm)"), agent, true, sets(1, true)).await,
+        ];
+        if noisy {
+            let usual: &'static str = Box::leak(
+                format!("{label}, network = \"proxy\" (usual settings), pool_size = 1")
+                    .into_boxed_str(),
+            );
+            sides.push(side(usual, agent, true, sets(1, false)).await);
+        }
+        run_sides(&mut sides, n, r#"SCRIPT {"steps": [], "final": "first"}"#).await;
+    }
 }

@@ -146,12 +146,41 @@ impl FakeModel {
 
 /// The supervisor settings (`--set` values) that run `p` as agent `name` against `model`.
 pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, String)> {
+    agent_sets_quiet(name, p, model, false)
+}
+
+/// [`agent_sets`], and with `quiet` what keeps the adapter from connecting anywhere on its own
+/// before its first prompt, so that it can be kept warm under `network = "proxy"` (a warm agent
+/// that connects before it is taken is never handed out):
+/// - claude-code-acp 0.16.2 (Claude Code 2.1.44) fetches
+///   `https://api.anthropic.com/api/claude_code_penguin_mode` (its fast-mode check) as it
+///   starts, whatever `ANTHROPIC_BASE_URL` and `CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC` say:
+///   `CLAUDE_CODE_DISABLE_FAST_MODE = "1"` turns it off;
+/// - codex-acp 2.6.0 (Codex 0.166) syncs its curated plugins at `initialize`
+///   (`github.com/openai/plugins.git`, `api.github.com/repos/openai/plugins`,
+///   `chatgpt.com/backend-api/plugins/export/curated`) and fetches the featured ones
+///   (`chatgpt.com/backend-api/plugins/featured`): `[features] plugins = false` in its managed
+///   configuration turns both off.
+///
+/// claude-agent-acp 0.101.0 and codex-acp 0.16.0 connect to nothing on their own: nothing is
+/// added for them.
+pub fn agent_sets_quiet(
+    name: &str,
+    p: Pinned,
+    model: &FakeModel,
+    quiet: bool,
+) -> Vec<(String, String)> {
     let sup = |kv: String| ("supervisor".to_string(), kv);
+    let no_fast_mode = if quiet && p.spec == CLAUDE_CODE_ACP.spec {
+        ", CLAUDE_CODE_DISABLE_FAST_MODE = \"1\""
+    } else {
+        ""
+    };
     let env = match p.model {
         ModelKind::Anthropic => format!(
             "{{ ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ANTHROPIC_API_KEY = \"sk-ant-fake-key\", \
              IS_SANDBOX = \"1\", CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = \"1\", \
-             DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\" }}",
+             DISABLE_AUTOUPDATER = \"1\", DISABLE_TELEMETRY = \"1\", DISABLE_ERROR_REPORTING = \"1\"{no_fast_mode} }}",
             model.port
         ),
         ModelKind::OpenAi => format!(
@@ -159,7 +188,7 @@ pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, Stri
             model.port
         ),
     };
-    vec![
+    let mut sets = vec![
         sup(format!(
             "adapters.dir={:?}",
             adapters_dir().to_string_lossy()
@@ -171,7 +200,15 @@ pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, Stri
         sup(format!("agents.{name}.network=\"proxy\"")),
         sup(format!("agents.{name}.set_env={env}")),
         sup("limits.handshake_deadline_ms=60000".into()),
-    ]
+    ];
+    if quiet && p.spec == CODEX_ACP_26.spec {
+        let config = format!(
+            "{}\n[features]\nplugins = false\n",
+            warden_sandbox::CODEX_CONFIG_ON_REQUEST
+        );
+        sets.push(sup(format!("agents.{name}.codex_config={config:?}")));
+    }
+    sets
 }
 
 /// Starts policy, supervisor and gateway with `sets` and writes the URL file `warden` reads.
@@ -704,5 +741,194 @@ impl Matrix {
             "the adapter's stderr is not in the message: {}",
             sent.shown
         );
+    }
+}
+
+/// The supervisor's `Status` figures.
+pub async fn supervisor_figures(d: &Deployment) -> std::collections::HashMap<String, String> {
+    use warden_proto::v1 as pb;
+    let mut c =
+        pb::supervisor_service_client::SupervisorServiceClient::new(d.channel("supervisor"));
+    c.status(pb::StatusRequest {})
+        .await
+        .map(|r| r.into_inner().details)
+        .unwrap_or_default()
+}
+
+/// The value of `key` in a supervisor log line (`key=value`, the value up to the next space).
+fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let at = line.find(&format!("{key}="))? + key.len() + 1;
+    line[at..].split_whitespace().next()
+}
+
+/// A conversation's first turn served from `pool_size = 1` (see [`Matrix::warm_first_turn`]).
+pub struct WarmRun {
+    pub r: Running,
+    pub sent: Sent,
+    /// The taking conversation's context id.
+    pub context: String,
+    /// The pid the pool logged for its first warm agent (`Some(<pid>)`).
+    pub warm_pid: String,
+    /// The supervisor's figures after the turn.
+    pub figures: std::collections::HashMap<String, String>,
+    /// The turn's output, the fake model's answers and the supervisor's log.
+    pub ctx: String,
+}
+
+impl WarmRun {
+    pub fn figure(&self, agent: &str, what: &str) -> String {
+        self.figures
+            .get(&format!("pool.{agent}.{what}"))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.r.d.log_file("supervisor")).unwrap_or_default()
+    }
+
+    /// The first turn worked (a command asked, allowed and run in the conversation's root) and
+    /// reached the model through the proxy, every egress record under the conversation.
+    pub fn assert_first_turn_worked_through_the_proxy(&self) {
+        let ctx = &self.ctx;
+        assert!(self.sent.shown.contains("[policy] ALLOW"), "{ctx}");
+        assert_eq!(self.r.in_state("warm.txt").len(), 1, "{ctx}");
+        self.r.assert_model_reached_through_the_proxy(ctx);
+        let records = egress_records(&self.r.d);
+        assert!(
+            records
+                .iter()
+                .all(|rec| rec["context_id"] == self.context.as_str()),
+            "{records:#?}\n{ctx}"
+        );
+    }
+}
+
+impl Matrix {
+    /// With `pool_size = 1` under `network = "proxy"` (and with `quiet`, the settings of
+    /// [`agent_sets_quiet`]): waits until the pool has a warm agent, lets it wait `idle` (what
+    /// an adapter does on its own once started happens now), then sends a new conversation's
+    /// first turn (one command).
+    pub async fn warm_first_turn(&self, idle: Duration, quiet: bool) -> Option<WarmRun> {
+        installed(self.pinned)?;
+        let d = deployment();
+        let model = FakeModel::start(self.pinned.model, d.dir.path()).await;
+        let mut sets = agent_sets_quiet(self.agent, self.pinned, &model, quiet);
+        sets.extend(self.extra_sets.iter().cloned());
+        sets.push((
+            "supervisor".into(),
+            format!("agents.{}.pool_size=1", self.agent),
+        ));
+        let r = Running {
+            d: deploy(d, sets).await,
+            model,
+        };
+        let log = || std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+        let ready = format!("pool.{}.ready", self.agent);
+        let failed = format!("pool.{}.failed", self.agent);
+        let t0 = std::time::Instant::now();
+        loop {
+            let st = supervisor_figures(&r.d).await;
+            if st.get(&ready).map(String::as_str) == Some("1") {
+                break;
+            }
+            assert!(
+                st.get(&failed).is_none_or(|v| v == "0"),
+                "a warm start failed: {st:?}\n{}",
+                log()
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "no warm agent within 120 s: {st:?}\n{}",
+                log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        eprintln!("{}: warm after {:?}", self.agent, t0.elapsed());
+        tokio::time::sleep(idle).await;
+        let warm_pid = log()
+            .lines()
+            .find(|l| {
+                l.contains("warm agent ready") && l.contains(&format!(" agent={} ", self.agent))
+            })
+            .and_then(|l| log_field(l, "pid").map(str::to_string))
+            .expect("the pool logs the warm agent's pid");
+        let sent = send(
+            &r.d,
+            self.agent,
+            &script(&[self.vocab.shell("echo warm > {CWD}/warm.txt")]),
+            &[],
+            Duration::from_secs(180),
+        )
+        .await;
+        let ctx = format!("{}\n-- supervisor --\n{}", r.ctx(&sent), log());
+        let context = context_of(&sent.shown).expect("a context id");
+        let figures = supervisor_figures(&r.d).await;
+        Some(WarmRun {
+            r,
+            sent,
+            context,
+            warm_pid,
+            figures,
+            ctx,
+        })
+    }
+
+    /// The warm agent stays warm while it waits `idle` (it connects to nothing, writes nothing,
+    /// asks for nothing on its own), the new conversation is served by that very agent (the pid
+    /// the pool made it with), and its first turn reaches the fake model through the egress
+    /// proxy, recorded under the taking conversation's context only.
+    pub async fn warm_agent_is_handed_out_through_the_proxy(&self, idle: Duration, quiet: bool) {
+        let Some(w) = self.warm_first_turn(idle, quiet).await else {
+            return;
+        };
+        let (ctx, agent) = (&w.ctx, self.agent);
+        assert_eq!(w.figure(agent, "discarded"), "0", "{:?}\n{ctx}", w.figures);
+        assert_eq!(w.figure(agent, "taken"), "1", "{:?}\n{ctx}", w.figures);
+        let log = w.log();
+        let taken = log
+            .lines()
+            .find(|l| l.contains("conversation takes a warm agent"))
+            .unwrap_or_default();
+        assert_eq!(
+            log_field(taken, "context_id"),
+            Some(w.context.as_str()),
+            "{ctx}"
+        );
+        assert_eq!(log_field(taken, "pid"), Some(w.warm_pid.as_str()), "{ctx}");
+        assert!(
+            !log.contains("before the agent has a conversation"),
+            "it connected before it was taken: {ctx}"
+        );
+        w.assert_first_turn_worked_through_the_proxy();
+    }
+
+    /// An adapter that connects on its own as it starts (with the settings every other test
+    /// uses): its warm agent's connections are refused unforwarded and counted, it is never
+    /// handed out (discarded at the take), and the conversation is served by a cold start whose
+    /// first turn works as always; nothing of the warm agent's is recorded for the conversation.
+    pub async fn warm_agent_that_connects_is_not_handed_out(&self, idle: Duration) {
+        let Some(w) = self.warm_first_turn(idle, false).await else {
+            return;
+        };
+        let (ctx, agent) = (&w.ctx, self.agent);
+        assert_eq!(w.figure(agent, "discarded"), "1", "{:?}\n{ctx}", w.figures);
+        assert_eq!(w.figure(agent, "taken"), "0", "{:?}\n{ctx}", w.figures);
+        let log = w.log();
+        let discarded = log
+            .lines()
+            .find(|l| l.contains("a warm agent is not handed out"))
+            .unwrap_or_default();
+        assert_eq!(
+            log_field(discarded, "context_id"),
+            Some(w.context.as_str()),
+            "{ctx}"
+        );
+        assert!(
+            log_field(discarded, "early_requests").is_some_and(|n| n != "0"),
+            "{ctx}"
+        );
+        assert!(log.contains("before the agent has a conversation"), "{ctx}");
+        w.assert_first_turn_worked_through_the_proxy();
     }
 }

@@ -213,3 +213,31 @@ async fn claude_code_acp_misconfigured_fails_with_its_stderr() {
         .misconfigured_fails_with_its_stderr()
         .await;
 }
+
+/// How long a warm agent waits before it is taken in the warm tests: long enough for what an
+/// adapter does on its own once started (telemetry, update checks, a model list).
+const WARM_IDLE: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn claude_agent_acp_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, false)
+        .await;
+}
+
+#[tokio::test]
+async fn claude_code_acp_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, true)
+        .await;
+}
+
+/// claude-code-acp 0.16.2 checks fast mode at api.anthropic.com as it starts (see
+/// `real::agent_sets_quiet`): without `CLAUDE_CODE_DISABLE_FAST_MODE` its warm agent is never
+/// handed out.
+#[tokio::test]
+async fn claude_code_acp_warm_that_connects_as_it_starts_is_not_handed_out() {
+    claude(CLAUDE_CODE_ACP, "claude-code")
+        .warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
+        .await;
+}

@@ -361,3 +361,30 @@ async fn codex_acp_26_misconfigured_node_fails_with_its_stderr() {
         .misconfigured_fails_with_its_stderr()
         .await;
 }
+
+/// How long a warm agent waits before it is taken in the warm tests: long enough for what an
+/// adapter does on its own once started (telemetry, update checks, a model list).
+const WARM_IDLE: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn codex_acp_016_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    codex(CODEX_ACP_016, "codex-016")
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, false)
+        .await;
+}
+
+#[tokio::test]
+async fn codex_acp_26_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    codex(CODEX_ACP_26, "codex")
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, true)
+        .await;
+}
+
+/// codex-acp 2.6.0 syncs Codex's curated plugins as it starts (see `real::agent_sets_quiet`):
+/// without `[features] plugins = false` its warm agent is never handed out.
+#[tokio::test]
+async fn codex_acp_26_warm_that_connects_as_it_starts_is_not_handed_out() {
+    codex(CODEX_ACP_26, "codex")
+        .warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
+        .await;
+}
