@@ -88,46 +88,60 @@ impl DecisionStream {
         client: &PolicyServiceClient<Channel>,
         req: pb::DecideRequest,
     ) -> Option<Result<pb::Decision, Status>> {
-        let link = match self.link(client).await {
+        let request_id = req.request_id.clone();
+        let (tx, rx) = oneshot::channel();
+        let link = match self.send(client, req, tx).await {
             Ok(Some(l)) => l,
             Ok(None) => return None,
             Err(status) => return Some(Err(status)),
         };
-        let request_id = req.request_id.clone();
-        let (tx, rx) = oneshot::channel();
-        link.waiting().insert(request_id.clone(), tx);
         let _forget = Forget {
             link: &link,
             request_id: &request_id,
         };
-        // Checked after the insert: a reader that ended before it saw no waiter to fail, and
-        // `ended` was set before its sweep, so one of the two sees this request.
-        if link.tx.send(req).is_err() || link.ended.load(Ordering::SeqCst) {
-            return Some(Err(ended()));
-        }
         Some(rx.await.unwrap_or_else(|_| Err(ended())))
     }
 
-    /// The open stream, opening one if there is none; `Ok(None)` for a service without it.
-    async fn link(
+    /// Registers `waiter` for `req` and sends it on the open stream, opening one if there is
+    /// none — with `req` already queued, so it travels with the stream's headers (a policy
+    /// that never answers still receives it, as it would a `Decide`). `Ok(None)` for a service
+    /// without the stream (`req` was not decided there: the caller uses `Decide`).
+    async fn send(
         &self,
         client: &PolicyServiceClient<Channel>,
+        req: pb::DecideRequest,
+        waiter: Waiter,
     ) -> Result<Option<Arc<Link>>, Status> {
         let mut state = self.state.lock().await;
         match &*state {
-            State::Open(l) if !l.ended.load(Ordering::SeqCst) => return Ok(Some(l.clone())),
+            State::Open(l) if !l.ended.load(Ordering::SeqCst) => {
+                let link = l.clone();
+                drop(state);
+                let id = req.request_id.clone();
+                link.waiting().insert(id.clone(), waiter);
+                // Checked after the insert: a reader that ended before it saw no waiter to
+                // fail, and `ended` was set before its sweep, so one of the two sees this one.
+                if link.tx.send(req).is_err() || link.ended.load(Ordering::SeqCst) {
+                    link.waiting().remove(&id);
+                    return Err(ended());
+                }
+                return Ok(Some(link));
+            }
             State::Unsupported(since) if since.elapsed() < UNSUPPORTED_RECHECK => return Ok(None),
             _ => {}
         }
         let (tx, rx) = mpsc::unbounded_channel();
+        let link = Arc::new(Link {
+            tx,
+            waiting: Mutex::new(HashMap::new()),
+            ended: AtomicBool::new(false),
+        });
+        link.waiting().insert(req.request_id.clone(), waiter);
+        // Cannot fail: `rx` is still here.
+        let _ = link.tx.send(req);
         let mut c = client.clone();
         match c.decide_stream(UnboundedReceiverStream::new(rx)).await {
             Ok(resp) => {
-                let link = Arc::new(Link {
-                    tx,
-                    waiting: Mutex::new(HashMap::new()),
-                    ended: AtomicBool::new(false),
-                });
                 tokio::spawn(read_answers(resp.into_inner(), link.clone()));
                 tracing::debug!("decision stream to the policy service opened");
                 *state = State::Open(link.clone());
