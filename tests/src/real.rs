@@ -160,7 +160,8 @@ pub fn agent_sets(name: &str, p: Pinned, model: &FakeModel) -> Vec<(String, Stri
 ///   (`github.com/openai/plugins.git`, `api.github.com/repos/openai/plugins`,
 ///   `chatgpt.com/backend-api/plugins/export/curated`) and fetches the featured ones
 ///   (`chatgpt.com/backend-api/plugins/featured`): `[features] plugins = false` in its managed
-///   configuration turns both off.
+///   configuration turns both off, and warden's own (`warden_sandbox::CODEX_CONFIG_ON_REQUEST`)
+///   has it, so nothing is added here.
 ///
 /// claude-agent-acp 0.101.0 and codex-acp 0.16.0 connect to nothing on their own: nothing is
 /// added for them.
@@ -188,7 +189,7 @@ pub fn agent_sets_quiet(
             model.port
         ),
     };
-    let mut sets = vec![
+    let sets = vec![
         sup(format!(
             "adapters.dir={:?}",
             adapters_dir().to_string_lossy()
@@ -201,13 +202,6 @@ pub fn agent_sets_quiet(
         sup(format!("agents.{name}.set_env={env}")),
         sup("limits.handshake_deadline_ms=60000".into()),
     ];
-    if quiet && p.spec == CODEX_ACP_26.spec {
-        let config = format!(
-            "{}\n[features]\nplugins = false\n",
-            warden_sandbox::CODEX_CONFIG_ON_REQUEST
-        );
-        sets.push(sup(format!("agents.{name}.codex_config={config:?}")));
-    }
     sets
 }
 

@@ -380,11 +380,18 @@ async fn codex_acp_26_warm_under_the_proxy_is_handed_out_and_its_first_turn_work
         .await;
 }
 
-/// codex-acp 2.6.0 syncs Codex's curated plugins as it starts (see `real::agent_sets_quiet`):
-/// without `[features] plugins = false` its warm agent is never handed out.
+/// codex-acp 2.6.0 syncs Codex's curated plugins as it starts (see `real::agent_sets_quiet`)
+/// unless its configuration says `[features] plugins = false`, as warden's does: with an
+/// operator's `codex_config` that turns them back on, its warm agent is never handed out.
 #[tokio::test]
 async fn codex_acp_26_warm_that_connects_as_it_starts_is_not_handed_out() {
-    codex(CODEX_ACP_26, "codex")
-        .warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
+    let mut m = codex(CODEX_ACP_26, "codex");
+    let config =
+        warden_sandbox::CODEX_CONFIG_ON_REQUEST.replace("plugins = false", "plugins = true");
+    m.extra_sets.push((
+        "supervisor".into(),
+        format!("agents.codex.codex_config={config:?}"),
+    ));
+    m.warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
         .await;
 }

@@ -119,9 +119,18 @@ allowed_sandbox_modes = ["danger-full-access"]
 /// (`require_escalated`) reaches warden-policy as a permission request; every edit is asked.
 /// The requirements ([`CODEX_REQUIREMENTS_TOML`]) keep `danger-full-access` (where nothing
 /// would be asked) out of reach.
+///
+/// `[features] plugins = false`: Codex 0.166 syncs its curated plugins as it starts
+/// (`github.com/openai/plugins.git`, `api.github.com`, `chatgpt.com/backend-api/plugins/…`),
+/// four connections the egress proxy refuses and shows the caller in every conversation, and
+/// that make a warm agent unusable (`tests/tests/real_codex.rs`).
 pub const CODEX_CONFIG_ON_REQUEST: &str = r#"# Written by warden: nothing runs or changes without a permission request.
 approval_policy = "on-request"
 sandbox_mode = "read-only"
+
+# No plugin sync from the network as Codex starts.
+[features]
+plugins = false
 "#;
 
 /// One mount of the sandbox's `/etc`.
