@@ -153,6 +153,16 @@ fn req(root: &Path, owned: bool, kind: &str, locs: &[&str], context: &str) -> pb
     }
 }
 
+/// The audit records a query of the policy's admin API returns.
+async fn audit(p: &Policy, q: pb::AuditQueryRequest) -> Vec<pb::AuditRecord> {
+    p.admin()
+        .audit_query(q)
+        .await
+        .unwrap_or_else(|e| panic!("audit query: {e}"))
+        .into_inner()
+        .records
+}
+
 async fn decide(p: &Policy, r: pb::DecideRequest) -> pb::Decision {
     p.policy()
         .decide(r)
@@ -260,17 +270,15 @@ async fn answered_decisions_survive_a_kill_9() {
     p.child = spawn_in(p.dir.path());
     wait_healthy(&mut p).await;
 
-    let mut admin = p.admin();
     for (i, id) in ids.iter().enumerate() {
-        let got = admin
-            .audit_query(pb::AuditQueryRequest {
+        let got = audit(
+            &p,
+            pb::AuditQueryRequest {
                 decision_id: id.clone(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .into_inner()
-            .records;
+            },
+        )
+        .await;
         assert_eq!(got.len(), 1, "decision {i} ({id}) lost by the crash");
         assert_eq!(
             got[0].subject.as_ref().map(|s| s.context_id.clone()),
@@ -278,15 +286,14 @@ async fn answered_decisions_survive_a_kill_9() {
         );
     }
     let after = decide(&p, req(&root, true, "read", &[], "after")).await;
-    let tail = admin
-        .audit_query(pb::AuditQueryRequest {
+    let tail = audit(
+        &p,
+        pb::AuditQueryRequest {
             limit: 41,
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     let mut expected: Vec<&str> = ids.iter().rev().map(String::as_str).collect();
     expected.insert(0, &after.decision_id);
     let got: Vec<&str> = tail.iter().map(|r| r.decision_id.as_str()).collect();
@@ -308,15 +315,14 @@ async fn each_decision_is_audited_before_the_answer() {
     assert_eq!(deny.option_id.as_deref(), Some("denied"));
 
     let mut admin = p.admin();
-    let got = admin
-        .audit_query(pb::AuditQueryRequest {
+    let got = audit(
+        &p,
+        pb::AuditQueryRequest {
             decision_id: allow.decision_id.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     assert_eq!(got.len(), 1);
     let r = &got[0];
     assert_eq!(r.request_id, "r-execute-ctx-a");
@@ -332,26 +338,20 @@ async fn each_decision_is_audited_before_the_answer() {
     );
     assert!(r.decided_at_unix_ms > 0);
 
-    let tail = admin
-        .audit_query(pb::AuditQueryRequest::default())
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+    let tail = audit(&p, pb::AuditQueryRequest::default()).await;
     let ids: Vec<&str> = tail.iter().map(|r| r.decision_id.as_str()).collect();
     assert_eq!(
         ids,
         vec![deny.decision_id.as_str(), allow.decision_id.as_str()]
     );
-    let by_ctx = admin
-        .audit_query(pb::AuditQueryRequest {
+    let by_ctx = audit(
+        &p,
+        pb::AuditQueryRequest {
             context_id: "ctx-b".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     assert_eq!(by_ctx.len(), 1);
     assert_eq!(by_ctx[0].decision_id, deny.decision_id);
 
@@ -483,16 +483,14 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
         "the end of the turn is typed, not only spelled in the reason"
     );
     assert!(d.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"));
-    let recs = p
-        .admin()
-        .audit_query(pb::AuditQueryRequest {
+    let recs = audit(
+        &p,
+        pb::AuditQueryRequest {
             decision_id: d.decision_id.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     assert_eq!(recs.first().map(|r| r.policy_version), Some(3));
 }
 
@@ -534,16 +532,14 @@ async fn a_caller_that_can_ask_a_person_gets_escalate_without_any_policy_setting
     };
     assert_eq!(decide(&p, outside).await.verdict, pb::Verdict::Deny as i32);
     // The audit says what was answered.
-    let recs = p
-        .admin()
-        .audit_query(pb::AuditQueryRequest {
+    let recs = audit(
+        &p,
+        pb::AuditQueryRequest {
             decision_id: approver.decision_id.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     assert_eq!(
         recs.first().map(|r| r.verdict),
         Some(pb::Verdict::Escalate as i32)
@@ -620,16 +616,14 @@ async fn a_decision_past_the_callers_deadline_is_recorded_and_answered_as_deny()
     assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{d:?}");
     assert_eq!(d.rule, "deadline_exceeded");
     assert!(d.reason.contains("deadline"), "{}", d.reason);
-    let recs = p
-        .admin()
-        .audit_query(pb::AuditQueryRequest {
+    let recs = audit(
+        &p,
+        pb::AuditQueryRequest {
             decision_id: d.decision_id.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].verdict, pb::Verdict::Deny as i32);
     assert_eq!(recs[0].rule, "deadline_exceeded");
@@ -676,16 +670,14 @@ async fn a_withdrawn_decision_is_superseded_on_the_record() {
         .as_ref()
         .map(|s| s.context_id.clone())
         .unwrap_or_default();
-    let recs = p
-        .admin()
-        .audit_query(pb::AuditQueryRequest {
+    let recs = audit(
+        &p,
+        pb::AuditQueryRequest {
             context_id: ctx,
             ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner()
-        .records;
+        },
+    )
+    .await;
     let superseding: Vec<_> = recs
         .iter()
         .filter(|r| r.supersedes_decision_id == d.decision_id)
@@ -809,18 +801,16 @@ async fn decisions_during_reloads_each_see_one_whole_policy_version() {
         decisions.extend(c.await.unwrap_or_else(|e| panic!("{e}")));
     }
     assert!(decisions.len() > 20, "only {} decisions", decisions.len());
-    let mut admin = p.admin();
     let mut versions = std::collections::BTreeSet::new();
     for d in &decisions {
-        let rec = admin
-            .audit_query(pb::AuditQueryRequest {
+        let rec = audit(
+            &p,
+            pb::AuditQueryRequest {
                 decision_id: d.decision_id.clone(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .into_inner()
-            .records;
+            },
+        )
+        .await;
         let v = rec
             .first()
             .map(|r| r.policy_version)
@@ -901,16 +891,14 @@ async fn the_decision_stream_answers_each_request_with_its_own_id_as_decide_does
             pb::Verdict::Deny
         };
         assert_eq!(d.verdict, want as i32, "request {i}: {d:?}");
-        let records = p
-            .admin()
-            .audit_query(pb::AuditQueryRequest {
+        let records = audit(
+            &p,
+            pb::AuditQueryRequest {
                 decision_id: d.decision_id.clone(),
                 ..Default::default()
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .into_inner()
-            .records;
+            },
+        )
+        .await;
         assert_eq!(records.len(), 1, "request {i} audited");
         assert_eq!(records[0].request_id, format!("s-{i}"));
     }
