@@ -19,23 +19,30 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
 
-use crate::{ContainmentError, EntryKind, FileId, FsView, RootView, has_nul, push_back_components};
+use crate::{ContainmentError, EntryKind, FileId, FsView, RootView, push_back_components};
 
 /// `inner`, with `anchor` and its ancestors known to be directories.
 #[derive(Debug, Clone)]
 pub struct Anchored<F> {
     inner: F,
     anchor: PathBuf,
+    /// The anchor as the resolver queues it (`/` first), to recognise a path beneath it.
+    anchor_components: Vec<OsString>,
 }
 
 impl<F> Anchored<F> {
     /// The caller vouches that `anchor` is an absolute, resolved path of a directory whose
     /// ancestors the agent cannot change (see the module's "must never").
     pub fn trusting(inner: F, anchor: impl Into<PathBuf>) -> Self {
+        let anchor = anchor.into();
+        let mut queued = VecDeque::new();
+        push_back_components(&mut queued, &anchor);
         Anchored {
             inner,
-            anchor: anchor.into(),
+            anchor,
+            anchor_components: queued.into(),
         }
     }
 
@@ -55,30 +62,20 @@ impl<F> Anchored<F> {
     where
         F: FsView,
     {
-        let (path, base) = (path.as_ref(), base.as_ref());
-        let beneath = if path.is_absolute() {
-            path.strip_prefix(&self.anchor).ok()
-        } else if base.is_absolute() {
-            base.strip_prefix(&self.anchor).ok()
-        } else {
-            None
-        };
-        match beneath {
-            Some(rest)
-                if self.anchor.is_absolute()
-                    && !path.as_os_str().is_empty()
-                    && !has_nul(path)
-                    && !has_nul(base) =>
-            {
-                let mut pending = VecDeque::new();
-                push_back_components(&mut pending, rest);
-                if !path.is_absolute() {
-                    push_back_components(&mut pending, path);
-                }
-                crate::walk(self.anchor.clone(), pending, path, self)
-            }
-            _ => crate::resolve(path, base, self),
+        let path = path.as_ref();
+        let mut pending = crate::components_to_walk(path, base.as_ref())?;
+        let n = self.anchor_components.len();
+        let beneath = self.anchor.is_absolute()
+            && pending.len() >= n
+            && pending
+                .iter()
+                .zip(&self.anchor_components)
+                .all(|(a, b)| a == b);
+        if !beneath {
+            return crate::walk(PathBuf::from("/"), pending, path, self);
         }
+        pending.drain(..n);
+        crate::walk(self.anchor.clone(), pending, path, self)
     }
 
     /// Whether `path` (absolute, as the resolver passes it) is the anchor or one of its

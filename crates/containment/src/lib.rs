@@ -234,7 +234,13 @@ pub fn resolve(
     fs: &(impl FsView + ?Sized),
 ) -> Result<PathBuf, ContainmentError> {
     let path = path.as_ref();
-    let base = base.as_ref();
+    let pending = components_to_walk(path, base.as_ref())?;
+    walk(PathBuf::from("/"), pending, path, fs)
+}
+
+/// What [`resolve`] walks from `/`: `path`'s components, after `base`'s when `path` is
+/// relative; the input checks every resolution makes.
+fn components_to_walk(path: &Path, base: &Path) -> Result<VecDeque<OsString>, ContainmentError> {
     if path.as_os_str().is_empty() {
         return Err(ContainmentError::EmptyPath);
     }
@@ -249,7 +255,7 @@ pub fn resolve(
         push_back_components(&mut pending, base);
     }
     push_back_components(&mut pending, path);
-    walk(PathBuf::from("/"), pending, path, fs)
+    Ok(pending)
 }
 
 /// The walk of [`resolve`]: `pending` components applied to `resolved`, which holds no
