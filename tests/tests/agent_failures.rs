@@ -12,8 +12,14 @@ const SECRET: &str = "s3cr3t-value-of-the-boom-token";
 /// An "agent" that writes a long stderr (percent signs, which a gRPC header would have to
 /// escape threefold) ending in a marker and its secret, then exits before saying anything.
 fn boom_options() -> Options {
-    let script = "head -c 6000 /dev/zero | tr '\\000' '%' >&2; echo >&2; \
-         echo \"boom-marker: cannot log in with $BOOM_API_TOKEN\" >&2; exit 3";
+    options_for(
+        "head -c 6000 /dev/zero | tr '\\000' '%' >&2; echo >&2; \
+         echo \"boom-marker: cannot log in with $BOOM_API_TOKEN\" >&2; exit 3",
+    )
+}
+
+/// The "boom" agent running `script` under `sh -c`.
+fn options_for(script: &str) -> Options {
     Options {
         sets: vec![
             (
@@ -124,4 +130,54 @@ async fn an_agent_that_exits_at_start_shows_its_stderr_masked_in_the_failed_task
     .await;
     assert!(log.contains("conversation failed to start"), "{log}");
     assert!(!log.contains(SECRET), "{log}");
+}
+
+/// Issue 24, case 6, in the operator's log and `warden send`: an agent that fails at start with a
+/// stderr holding a forged log line and terminal escapes. Its stderr tail is logged and shown,
+/// as escapes on the one line of its event, never as a line of its own.
+#[tokio::test]
+async fn an_agents_stderr_cannot_forge_a_log_line_or_reach_the_terminal_raw() {
+    const FORGED: &str = "2026-12-01T00:00:00.000000Z  INFO warden_supervisor: forged-line";
+    let d = Deployment::up(options_for(&format!(
+        "printf 'boom-marker\\n{FORGED}\\033[2K\\033]0;pwned\\007\\n' >&2; exit 3"
+    )))
+    .await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "--agent", "boom", "hello"])
+        .stdin(std::process::Stdio::null());
+    let out = run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(shown.contains("[FAILED]"), "{shown}");
+    assert!(
+        shown.contains(r"forged-line\x1b[2K\x1b]0;pwned\x07"),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{7}'),
+        "{shown:?}"
+    );
+    assert!(!shown.lines().any(|l| l.starts_with(FORGED)), "{shown}");
+
+    let log_path = d.log_file("supervisor");
+    let log = eventually(Duration::from_secs(10), "the failure in the log", || {
+        std::fs::read_to_string(&log_path)
+            .ok()
+            .filter(|l| l.contains("forged-line"))
+    })
+    .await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("forged-line"))
+        .unwrap_or_default();
+    assert!(line.contains("conversation failed to start"), "{log}");
+    assert!(
+        line.contains(r"boom-marker\n2026-12-01T00:00:00.000000Z"),
+        "{line}"
+    );
+    assert!(!log.lines().any(|l| l.starts_with(FORGED)), "{log}");
+    assert!(!log.contains('\u{1b}') && !log.contains('\u{7}'), "{log:?}");
 }

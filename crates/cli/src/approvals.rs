@@ -83,7 +83,7 @@ pub fn line(a: &pb::Approval) -> String {
     } else {
         format!("by {}", a.answered_by)
     };
-    format!(
+    let shown = format!(
         "{}  {:<11} {:<12} agent={} principal={} {} {:?}",
         a.id,
         state_name(a),
@@ -92,7 +92,9 @@ pub fn line(a: &pb::Approval) -> String {
         s.principal,
         t.kind,
         t.title
-    )
+    );
+    // One request, one line, whatever the agent put in its title or the caller in its ids.
+    warden_terminal_text::inline(&shown).into_owned()
 }
 
 /// Every field a person needs to decide, the raw input pretty-printed.
@@ -151,8 +153,14 @@ pub fn detail(a: &pb::Approval) -> String {
             a.withdrawn_reason, a.withdrawn_unix_ms
         ));
     }
+    // Each field one line; the raw input is prose (pretty-printed JSON keeps its lines), every
+    // other control character the agent wrote shown escaped.
+    let mut out: Vec<String> = out
+        .iter()
+        .map(|l| warden_terminal_text::inline(l).into_owned())
+        .collect();
     out.push("raw input:".into());
-    out.push(raw);
+    out.push(warden_terminal_text::block(&raw).into_owned());
     out.join("\n")
 }
 

@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use warden_terminal_text::Inline;
+
 use warden_proto::v1::admin_service_client::AdminServiceClient;
 use warden_proto::v1::{AuditQueryRequest, AuditRecord, Verdict};
 
@@ -23,25 +25,29 @@ fn verdict(v: i32) -> &'static str {
     }
 }
 
-/// One line per record, newest first.
+/// One line per record, newest first. Every field the agent or the caller could write (title,
+/// kind, ids, reason) is escaped: a newline or an escape sequence in a title cannot make a
+/// record look like another, or like two.
 pub fn line(r: &AuditRecord) -> String {
     format!(
-        "{}  {:<8} {:<10} {:<32} rule={} reason={:?} decision={} context={}",
+        "{}  {:<8} {:<10} {:<32} rule={} reason=\"{}\" decision={} context={}",
         r.decided_at_unix_ms,
         verdict(r.verdict),
-        r.tool_kind,
-        r.tool_title,
-        r.rule,
-        r.reason,
-        r.decision_id,
-        r.subject
-            .as_ref()
-            .map(|s| s.context_id.as_str())
-            .unwrap_or("")
+        Inline(&r.tool_kind),
+        Inline(&r.tool_title),
+        Inline(&r.rule),
+        Inline(&r.reason),
+        Inline(&r.decision_id),
+        Inline(
+            r.subject
+                .as_ref()
+                .map(|s| s.context_id.as_str())
+                .unwrap_or("")
+        )
     )
 }
 
-/// Every field of one record.
+/// Every field of one record, one line each (what the agent or the caller wrote escaped).
 pub fn detail(r: &AuditRecord) -> String {
     let s = r.subject.clone().unwrap_or_default();
     [
@@ -65,6 +71,9 @@ pub fn detail(r: &AuditRecord) -> String {
         format!("policy_version  {}", r.policy_version),
         format!("latency_us      {}", r.latency_micros),
     ]
+    .iter()
+    .map(|l| warden_terminal_text::inline(l).into_owned())
+    .collect::<Vec<_>>()
     .join("\n")
 }
 

@@ -265,7 +265,10 @@ async fn main() -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("warden approvals: {e}");
+                    eprintln!(
+                        "warden approvals: {}",
+                        warden_terminal_text::Inline(&e.to_string())
+                    );
                     ExitCode::from(e.exit_code())
                 }
             }
@@ -294,7 +297,10 @@ async fn main() -> ExitCode {
             match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
-                    eprintln!("warden audit: {e}");
+                    eprintln!(
+                        "warden audit: {}",
+                        warden_terminal_text::Inline(&e.to_string())
+                    );
                     ExitCode::FAILURE
                 }
             }
@@ -349,12 +355,13 @@ async fn main() -> ExitCode {
             let supervisor_socket =
                 supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor"));
             println!("capacity:");
+            // The daemons' answers are shown as data (an agent's name or error text among them).
             for l in warden_cli::doctor::capacity(&supervisor_socket).await {
-                println!("{l}");
+                println!("{}", warden_terminal_text::Inline(&l));
             }
             println!("adapters:");
             for l in warden_cli::doctor::adapters(&supervisor_socket).await {
-                println!("{l}");
+                println!("{}", warden_terminal_text::Inline(&l));
             }
             println!("Decide deadlines:");
             let report = warden_cli::doctor::deadlines(
@@ -363,7 +370,7 @@ async fn main() -> ExitCode {
             )
             .await;
             for l in &report.lines {
-                println!("{l}");
+                println!("{}", warden_terminal_text::Inline(l));
             }
             if report.mismatch {
                 ExitCode::FAILURE

@@ -317,15 +317,17 @@ impl View {
         let mut out = std::io::stdout().lock();
         for s in shown {
             match s {
+                // What the agent wrote is shown as data: its prose keeps its lines, a status
+                // line stays one line (a title cannot forge a `[policy]` line of its own).
                 Shown::Text(t) => {
-                    let _ = write!(out, "{t}");
+                    let _ = write!(out, "{}", warden_terminal_text::block(t));
                     self.at_line_start = t.ends_with('\n');
                 }
                 Shown::Line(l) => {
                     if !self.at_line_start {
                         let _ = writeln!(out);
                     }
-                    let _ = writeln!(out, "{l}");
+                    let _ = writeln!(out, "{}", warden_terminal_text::Inline(l));
                     self.at_line_start = true;
                 }
             }

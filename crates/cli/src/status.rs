@@ -30,7 +30,7 @@ pub async fn run(layout: &Layout) -> bool {
             && ok
             && let Some(line) = gateway_push(&socket).await
         {
-            println!("  {line}");
+            println!("  {}", warden_terminal_text::Inline(&line));
         }
     }
     all

