@@ -182,6 +182,15 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
     }
 }
 
+/// The `Authorization` value of the session a login answered.
+fn bearer_of(login_body: &str) -> String {
+    let v: serde_json::Value = serde_json::from_str(login_body)
+        .unwrap_or_else(|e| panic!("login answer {login_body}: {e}"));
+    let s = v["session"].as_str().unwrap_or_default();
+    assert!(s.len() >= 32, "a session secret: {login_body}");
+    format!("Bearer {s}")
+}
+
 /// One HTTP/1.1 request to the page's address: (status, Set-Cookie value, body).
 async fn http(
     addr: &str,
@@ -194,9 +203,13 @@ async fn http(
         .await
         .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
         body.len()
     );
+    // The address itself unless the test names another Host.
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("host: {addr}\r\n"));
+    }
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -267,9 +280,13 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
             .await
         }
     };
-    let (code, alice, _) = login("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").await;
+    let (code, cookie, body) = login("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").await;
     assert_eq!(code, 200);
-    assert!(alice.starts_with("warden_session="), "{alice}");
+    assert!(
+        cookie.is_empty(),
+        "no cookie: it would travel to every port of the host"
+    );
+    let alice = bearer_of(&body);
     // Without the header a cross-site form could send, no login.
     let (code, _, _) = http(
         &http_addr,
@@ -312,10 +329,10 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
         assert!(t0.elapsed() < Duration::from_secs(15), "nothing pending");
         tokio::time::sleep(Duration::from_millis(25)).await;
     };
-    let answer = |id: String, cookie: String, header: bool| {
+    let answer = |id: String, auth: String, header: bool| {
         let addr = http_addr.clone();
         async move {
-            let mut h = vec![("cookie", cookie.as_str())];
+            let mut h = vec![("authorization", auth.as_str())];
             if header {
                 h.push(("x-warden", "1"));
             }
@@ -331,7 +348,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     };
     let (code, _, _) = answer(id.clone(), alice.clone(), false).await;
     assert_eq!(code, 403, "no x-warden header, no answer");
-    let (code, _, _) = answer(id.clone(), "warden_session=forged".into(), true).await;
+    let (code, _, _) = answer(id.clone(), "Bearer forged".into(), true).await;
     assert_eq!(code, 401);
     let (code, _, body) = answer("no-such-id".into(), alice.clone(), true).await;
     assert_eq!(code, 404, "{body}");
@@ -347,7 +364,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
         &http_addr,
         "POST",
         "/api/answer",
-        &[("cookie", alice.as_str()), ("x-warden", "1")],
+        &[("authorization", alice.as_str()), ("x-warden", "1")],
         &format!(r#"{{"id":"{id}","verdict":"deny","reason":" "}}"#),
     )
     .await;
@@ -369,7 +386,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
         &http_addr,
         "GET",
         "/api/pending",
-        &[("cookie", alice.as_str())],
+        &[("authorization", alice.as_str())],
         "",
     )
     .await;
@@ -379,7 +396,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
         &http_addr,
         "GET",
         "/api/pending",
-        &[("cookie", alice.as_str())],
+        &[("authorization", alice.as_str())],
         "",
     )
     .await;
@@ -389,4 +406,340 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     // Still serving: a fresh login works.
     let (code, _, _) = login("aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa").await;
     assert_eq!(code, 200);
+}
+
+/// A server on another loopback port, run by another local user (`nobody`), that writes each
+/// request's head to a file: what a browser sends to a neighbour on the same host.
+struct Neighbour {
+    child: tokio::process::Child,
+    heads: std::path::PathBuf,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Neighbour {
+    async fn start() -> Neighbour {
+        let dir = tempfile::tempdir_in(parent()).unwrap_or_else(|e| panic!("tempdir: {e}"));
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777))
+            .unwrap_or_else(|e| panic!("chmod: {e}"));
+        let heads = dir.path().join("heads.txt");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let port = addr.rsplit(':').next().unwrap_or_default().to_string();
+        let server = format!(
+            "import http.server\n\
+             class H(http.server.BaseHTTPRequestHandler):\n\
+             \x20   def do_GET(self):\n\
+             \x20       open({heads:?}, 'a').write(self.requestline + '\\n' + str(self.headers) + '\\n')\n\
+             \x20       self.send_response(200); self.send_header('content-type', 'text/html'); self.end_headers()\n\
+             \x20       self.wfile.write(b'<html><body>neighbour</body></html>')\n\
+             \x20   def log_message(self, *a): pass\n\
+             http.server.HTTPServer(('127.0.0.1', {port}), H).serve_forever()\n",
+            heads = heads.to_string_lossy()
+        );
+        let child = tokio::process::Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                // Debian's interpreter: a pyenv shim under /root is closed to another uid.
+                "/usr/bin/python3",
+                "-c",
+            ])
+            .arg(server)
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("setpriv python3: {e}"));
+        let mut child = child;
+        let t0 = std::time::Instant::now();
+        while tokio::net::TcpStream::connect(&addr).await.is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = e.read_to_string(&mut err).await;
+                }
+                panic!("the neighbour exited: {status}: {err}");
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "the neighbour does not listen"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Neighbour {
+            child,
+            heads,
+            addr,
+            _dir: dir,
+        }
+    }
+}
+
+/// Issue 31, case 3, the hostile way: the operator logs in on the approver's page in Chromium,
+/// then opens a page on another loopback port served by another local uid. Before, the browser
+/// sent the `warden_session` cookie there (cookies are not port-scoped) and the neighbour
+/// replayed it to approve a held write as `web:operator`. Now nothing of the session reaches the
+/// neighbour, and whatever it replays is refused; the write stays held.
+#[tokio::test]
+async fn the_approvers_session_does_not_travel_to_another_port_of_the_host() {
+    if !nix::unistd::geteuid().is_root() {
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+        println!("SKIP: not root; cannot run the neighbour as another uid");
+        return;
+    }
+    let http_addr = format!("127.0.0.1:{}", free_port());
+    let opts = Options {
+        sets: vec![("policy".into(), r#"policy.global.escalate=["edit"]"#.into())],
+        approver: true,
+        approver_http: http_addr.clone(),
+        ..Default::default()
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    let token_file = d.layout.operator_token_file();
+    std::fs::write(&token_file, "operator 0123456789abcdef0123456789abcdef\n")
+        .unwrap_or_else(|e| panic!("token file: {e}"));
+    for n in ["policy", "approver", "supervisor"] {
+        d.start(n).await;
+    }
+    // alice's write, held for a person.
+    let mut c = client(&d);
+    let text = scenario(json!({"vocabulary": "claude-0.101", "steps": [
+        {"type": "tool", "kind": "edit", "path": "held.txt", "content": "x", "ask": true},
+        {"type": "message", "text": "done"}]}));
+    let mut s = start(&mut c, turn("leak1", "t1", &text)).await;
+    let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
+        &d.layout.approver_admin_socket(),
+    ));
+    let t0 = std::time::Instant::now();
+    let id = loop {
+        let got = api
+            .list(pb::ListApprovalsRequest { limit: 0 })
+            .await
+            .unwrap_or_else(|e| panic!("List: {e}"))
+            .into_inner()
+            .approvals;
+        if let Some(a) = got.first() {
+            break a.id.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "nothing pending");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+
+    let mut neighbour = Neighbour::start().await;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("web/approver_session_leak.py");
+    let out = tokio::time::timeout(
+        Duration::from_secs(90),
+        tokio::process::Command::new("python3")
+            .arg(&script)
+            .arg(format!("http://{http_addr}/"))
+            .arg(&token_file)
+            .arg(format!("http://{}/", neighbour.addr))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the browser script did not finish in 90 s"))
+    .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && said.contains("VISITED"),
+        "{said}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret = said
+        .lines()
+        .find_map(|l| l.strip_prefix("SESSION "))
+        .unwrap_or_default()
+        .to_string();
+    let _ = neighbour.child.start_kill();
+    let heads = std::fs::read_to_string(&neighbour.heads).unwrap_or_default();
+    assert!(
+        heads.contains("GET / "),
+        "the neighbour was visited: {heads}"
+    );
+    assert!(
+        !heads.to_ascii_lowercase().contains("cookie:"),
+        "a cookie reached the neighbour: {heads}"
+    );
+    assert!(secret.len() >= 32, "the page holds a session: {said}");
+    assert!(
+        !heads.contains(&secret),
+        "the session reached the neighbour: {heads}"
+    );
+
+    // Whatever the neighbour saw, replayed with the header a page would add, approves nothing.
+    let mut replay: Vec<(String, String)> = heads
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| {
+            let k = k.to_ascii_lowercase();
+            k == "cookie" || k == "authorization"
+        })
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    replay.push(("x-warden".into(), "1".into()));
+    let headers: Vec<(&str, &str)> = replay
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let (code, _, body) = http(
+        &http_addr,
+        "POST",
+        "/api/answer",
+        &headers,
+        &format!(r#"{{"id":"{id}","verdict":"approve"}}"#),
+    )
+    .await;
+    assert_eq!(code, 401, "{body}");
+    let a = api
+        .get(pb::GetApprovalRequest { id: id.clone() })
+        .await
+        .unwrap_or_else(|e| panic!("Get: {e}"))
+        .into_inner();
+    assert_eq!(a.state(), pb::ApprovalState::Pending, "still held: {a:?}");
+
+    // The page's own session, sent from the neighbour's origin, is refused too.
+    let bearer = format!("Bearer {secret}");
+    let origin = format!("http://{}", neighbour.addr);
+    let (code, _, body) = http(
+        &http_addr,
+        "POST",
+        "/api/answer",
+        &[
+            ("authorization", bearer.as_str()),
+            ("x-warden", "1"),
+            ("origin", origin.as_str()),
+        ],
+        &format!(r#"{{"id":"{id}","verdict":"approve"}}"#),
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    // And the page's answer, with its own session, is taken.
+    let (code, _, body) = http(
+        &http_addr,
+        "POST",
+        "/api/answer",
+        &[("authorization", bearer.as_str()), ("x-warden", "1")],
+        &format!(r#"{{"id":"{id}","verdict":"approve"}}"#),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    assert_eq!(permissions(&evs)[0].verdict, pb::Verdict::Allow as i32);
+}
+
+/// The session answers only under the Host it was issued for, a request naming another Host
+/// (a rebound DNS name) is refused, failed logins are limited per minute, and a session
+/// survives the approver's restart until it expires.
+#[tokio::test]
+async fn sessions_are_bound_to_the_host_limited_on_failure_and_survive_a_restart() {
+    let http_addr = format!("127.0.0.1:{}", free_port());
+    let port = http_addr.rsplit(':').next().unwrap_or_default().to_string();
+    let opts = Options {
+        sets: vec![("approver".into(), "web.login_failures_per_minute=3".into())],
+        approver: true,
+        approver_http: http_addr.clone(),
+        ..Default::default()
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    let token_file = d.layout.operator_token_file();
+    std::fs::write(&token_file, "operator 0123456789abcdef0123456789abcdef\n")
+        .unwrap_or_else(|e| panic!("token file: {e}"));
+    for n in ["policy", "approver"] {
+        d.start(n).await;
+    }
+    let token = r#"{"token":"0123456789abcdef0123456789abcdef"}"#;
+    let (code, _, body) = http(&http_addr, "POST", "/login", &[("x-warden", "1")], token).await;
+    assert_eq!(code, 200, "{body}");
+    let auth = bearer_of(&body);
+
+    // Another Host name for the same address: refused, page and API alike.
+    let rebound = [("host", "attacker.example:80")];
+    let (code, _, _) = http(&http_addr, "GET", "/", &rebound, "").await;
+    assert_eq!(code, 421);
+    let (code, _, _) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[
+            ("host", "attacker.example:80"),
+            ("authorization", auth.as_str()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 421);
+    // `localhost:PORT` is the same page, but not the Host this session was issued for.
+    let localhost = format!("localhost:{port}");
+    let (code, _, _) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[
+            ("host", localhost.as_str()),
+            ("authorization", auth.as_str()),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(code, 401, "a session answers under its own Host only");
+    let (code, _, _) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[("authorization", auth.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+
+    // Failed logins: three a minute, then 429 even for the right token.
+    for _ in 0..3 {
+        let (code, _, _) = http(
+            &http_addr,
+            "POST",
+            "/login",
+            &[("x-warden", "1")],
+            r#"{"token":"wrong"}"#,
+        )
+        .await;
+        assert_eq!(code, 401);
+    }
+    let (code, _, body) = http(&http_addr, "POST", "/login", &[("x-warden", "1")], token).await;
+    assert_eq!(code, 429, "{body}");
+
+    // The approver restarts: the session it issued still answers (stored with its expiry).
+    let approver = d.take("approver").unwrap_or_else(|| panic!("no approver"));
+    approver.terminate().await;
+    d.start("approver").await;
+    let (code, _, body) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[("authorization", auth.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    // Logout ends it.
+    let (code, _, _) = http(
+        &http_addr,
+        "POST",
+        "/logout",
+        &[("authorization", auth.as_str()), ("x-warden", "1")],
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    let (code, _, _) = http(
+        &http_addr,
+        "GET",
+        "/api/pending",
+        &[("authorization", auth.as_str())],
+        "",
+    )
+    .await;
+    assert_eq!(code, 401);
 }

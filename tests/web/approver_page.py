@@ -224,7 +224,8 @@ with sync_playwright() as p:
     # An answer sent anyway (a page that had not heard yet) is refused, naming who answered.
     late = page.evaluate(
         """async (id) => { const r = await fetch('/api/answer', { method: 'POST',
-             headers: { 'content-type': 'application/json', 'x-warden': '1' },
+             headers: { 'content-type': 'application/json', 'x-warden': '1',
+                        authorization: 'Bearer ' + sessionStorage.getItem('warden_session') },
              body: JSON.stringify({ id, verdict: 'approve', reason: '' }) });
            return [r.status, await r.json()]; }""", second)
     assert late[0] == 409, f"a late answer: {late}"

@@ -35,6 +35,8 @@ history = 1000
 bind = ""
 token_file = "operator-tokens"
 session_ttl_secs = 43200
+hosts = []
+login_failures_per_minute = 10
 "#;
 
 /// The environment prefix for overrides (`WARDEN_APPROVER__APPROVAL__DEADLINE_MS=60000`).
@@ -113,6 +115,20 @@ pub struct WebSection {
     /// A login lasts this long.
     #[serde(default = "default_session_ttl")]
     pub session_ttl_secs: u64,
+    /// Other `host:port` names the page is reached by (a reverse proxy's public name). The bound
+    /// address, and `localhost:PORT` for a loopback bind, are always accepted; a request naming
+    /// any other Host is refused (DNS rebinding), and a session answers only under the Host it
+    /// was issued for.
+    #[serde(default)]
+    pub hosts: Vec<String>,
+    /// Failed logins accepted per minute, all clients together; past it a login is refused with
+    /// 429 until the minute has passed (the admin socket stays open to operators).
+    #[serde(default = "default_login_failures")]
+    pub login_failures_per_minute: u64,
+}
+
+fn default_login_failures() -> u64 {
+    10
 }
 
 fn default_token_file() -> PathBuf {
@@ -215,6 +231,10 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
         ("approval.max_pending".into(), c.approval.max_pending as u64),
         ("approval.history".into(), c.approval.history as u64),
         ("web.session_ttl_secs".into(), c.web.session_ttl_secs),
+        (
+            "web.login_failures_per_minute".into(),
+            c.web.login_failures_per_minute,
+        ),
     ];
     for (name, a) in &c.approval.agents {
         positive.push((format!("approval.agents.{name}.deadline_ms"), a.deadline_ms));

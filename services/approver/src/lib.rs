@@ -96,7 +96,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     let mut listeners = server.listeners();
     if let Some(l) = web_listener {
         listeners.push(l.describe());
-        l.serve(state.clone(), server.shutdown_token());
+        l.serve(state.clone(), server.shutdown_token())?;
     }
     state.set_listeners(listeners);
     tracing::info!(

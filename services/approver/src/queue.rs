@@ -103,6 +103,11 @@ fn history_key(a: &pb::Approval) -> Vec<u8> {
 impl Queue {
     /// Opens the queue and returns it with the requests that were pending when the previous run
     /// stopped (the caller decides which have expired).
+    /// The approver's store, for the web page's sessions (their own tree).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
     pub fn open(store: Store, keep: usize) -> Result<(Self, Vec<pb::Approval>), QueueError> {
         let approvals = store.tree("approvals")?;
         let requests = store.tree("requests")?;

@@ -1,33 +1,47 @@
 //! The operators' web page: served from the binary (no build step, no CDN) on a loopback address
 //! (TLS is a reverse proxy's job). Login with an operator token from `web.token_file` (one
-//! `principal token` pair per line, read at every login so a removed token stops working), then a
-//! session cookie (HttpOnly, SameSite=Strict) for `web.session_ttl_secs`. Answers carry the
-//! principal as `web:<principal>`. State-changing calls also need the `x-warden: 1` header, which
-//! a cross-site form cannot send.
+//! `principal token` pair per line, read at every login so a removed token stops working).
+//!
+//! The session is bound to the page, not to the host. A cookie would not do: cookies are not
+//! scoped by port, so a cookie of `127.0.0.1:7421` travels to every other server on 127.0.0.1 —
+//! another local user's among them — and `SameSite` does not help, every loopback port being the
+//! same site. So login answers the session secret in its body; the page keeps it in
+//! `sessionStorage` (scoped to scheme, host *and* port) and sends it as `Authorization: Bearer`,
+//! which a browser never attaches on its own. The live stream (`EventSource` sends no headers)
+//! takes a single-use ticket of 30 s in its URL instead. Sessions are stored (by their SHA-256,
+//! never the secret) in the approver's store with their expiry and the Host they were issued
+//! for, so they survive a restart and answer under that Host only. Every request must name an
+//! accepted Host (the bound address, `localhost:PORT` on loopback, `web.hosts`): a rebound DNS
+//! name is refused. State-changing calls also need the `x-warden: 1` header, and a foreign
+//! `Origin` is refused. Failed logins are limited per minute (`web.login_failures_per_minute`).
+//! Answers carry the principal as `web:<principal>`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::StreamExt;
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 use warden_proto::v1 as pb;
+use warden_store::Tree;
 
 use crate::config::Config;
-use crate::queue::subject;
+use crate::queue::{now_ms, subject};
 use crate::service::ApproverState;
 
 const PAGE: &str = include_str!("page.html");
-const COOKIE: &str = "warden_session";
+/// How long a live-stream ticket may wait for its `GET /api/events`.
+const TICKET_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
@@ -37,6 +51,8 @@ pub enum WebError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot open the web sessions' store: {0}")]
+    Store(#[from] warden_store::StoreError),
 }
 
 /// A bound web listener, not yet serving.
@@ -51,11 +67,25 @@ impl WebListener {
     }
 
     /// Serves until `shutdown`.
-    pub fn serve(self, state: Arc<ApproverState>, shutdown: CancellationToken) {
+    pub fn serve(
+        self,
+        state: Arc<ApproverState>,
+        shutdown: CancellationToken,
+    ) -> Result<(), WebError> {
+        let sessions = state.queue.store().tree("web_sessions")?;
+        let mut hosts = vec![self.addr.to_string()];
+        if self.addr.ip().is_loopback() {
+            hosts.push(format!("localhost:{}", self.addr.port()));
+        }
+        hosts.extend(state.config.web.hosts.iter().cloned());
         let web = Arc::new(Web {
-            state: state.clone(),
-            sessions: Mutex::new(HashMap::new()),
             ttl: Duration::from_secs(state.config.web.session_ttl_secs),
+            failures_per_minute: state.config.web.login_failures_per_minute as usize,
+            state,
+            sessions,
+            hosts,
+            tickets: Mutex::new(HashMap::new()),
+            failures: Mutex::new(VecDeque::new()),
             shutdown: shutdown.clone(),
         });
         let app = axum::Router::new()
@@ -65,7 +95,12 @@ impl WebListener {
             .route("/api/pending", get(pending))
             .route("/api/history", get(history))
             .route("/api/answer", post(answer))
+            .route("/api/ticket", post(ticket))
             .route("/api/events", get(events))
+            .layer(axum::middleware::from_fn_with_state(
+                web.clone(),
+                checked_host,
+            ))
             .with_state(web);
         tracing::info!(at = %self.addr, "web page listening");
         tokio::spawn(async move {
@@ -76,6 +111,7 @@ impl WebListener {
                 tracing::error!(error = %e, "web page stopped");
             }
         });
+        Ok(())
     }
 }
 
@@ -92,35 +128,119 @@ pub async fn bind(cfg: &Config) -> Result<WebListener, WebError> {
     Ok(WebListener { listener, addr })
 }
 
+/// A stored session: who, under which Host, until when.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Session {
+    principal: String,
+    host: String,
+    expires_unix_ms: u64,
+}
+
 struct Web {
     state: Arc<ApproverState>,
-    sessions: Mutex<HashMap<String, (String, Instant)>>,
+    /// Key: hex SHA-256 of the session secret (the secret itself is never stored).
+    sessions: Tree,
     ttl: Duration,
+    /// The Host names a request may carry.
+    hosts: Vec<String>,
+    /// Live-stream tickets: ticket -> (session key, valid until).
+    tickets: Mutex<HashMap<String, (String, Instant)>>,
+    /// When recent failed logins happened (the last minute's).
+    failures: Mutex<VecDeque<Instant>>,
+    failures_per_minute: usize,
     shutdown: CancellationToken,
 }
 
+fn session_key(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+fn new_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// The request's Host header (HTTP/1.1 always has one).
+fn host_of(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The bearer secret of the request, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
 impl Web {
-    /// The principal of a live session named by the request's cookie.
-    fn principal(&self, headers: &HeaderMap) -> Option<String> {
-        let sid = headers
-            .get_all(header::COOKIE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(';'))
-            .find_map(|c| {
-                c.trim()
-                    .strip_prefix(&format!("{COOKIE}="))
-                    .map(str::to_string)
-            })?;
-        let mut s = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
-        match s.get(&sid) {
-            Some((p, until)) if *until > Instant::now() => Some(p.clone()),
-            Some(_) => {
-                s.remove(&sid);
-                None
-            }
-            None => None,
+    /// The principal of the live session whose key is `key`, issued under `host`.
+    fn session(&self, key: &str, host: &str) -> Option<String> {
+        let raw = self.sessions.get(key).ok()??;
+        let s: Session = serde_json::from_slice(&raw).ok()?;
+        if s.expires_unix_ms <= now_ms() {
+            let _ = self.sessions.delete(key);
+            return None;
         }
+        // A secret replayed under another name for this page (a rebound DNS name, a proxy's
+        // other host) is not this session.
+        (s.host == host).then_some(s.principal)
+    }
+
+    /// The principal of the request's bearer session.
+    fn principal(&self, headers: &HeaderMap) -> Option<String> {
+        self.session(&session_key(bearer(headers)?), host_of(headers))
+    }
+
+    fn open_session(&self, principal: &str, host: &str) -> Option<String> {
+        let secret = new_secret();
+        let s = Session {
+            principal: principal.to_string(),
+            host: host.to_string(),
+            expires_unix_ms: now_ms().saturating_add(self.ttl.as_millis() as u64),
+        };
+        let value = serde_json::to_vec(&s).ok()?;
+        self.sessions.put(session_key(&secret), value).ok()?;
+        // Expired sessions go at each login: the tree holds live ones (and the last expired).
+        if let Ok(all) = self.sessions.scan_prefix([]) {
+            for e in all {
+                let expired = serde_json::from_slice::<Session>(&e.1)
+                    .map(|s| s.expires_unix_ms <= now_ms())
+                    .unwrap_or(true);
+                if expired {
+                    let _ = self.sessions.delete(&e.0);
+                }
+            }
+        }
+        let _ = self.sessions.flush();
+        Some(secret)
+    }
+
+    /// Whether another failed login may be tried now; records nothing.
+    fn login_allowed(&self) -> bool {
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        while f
+            .front()
+            .is_some_and(|t| t.elapsed() >= Duration::from_secs(60))
+        {
+            f.pop_front();
+        }
+        f.len() < self.failures_per_minute
+    }
+
+    fn login_failed(&self) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(Instant::now());
     }
 
     /// The principal whose token this is, reading the token file now.
@@ -142,6 +262,37 @@ impl Web {
         }
         found
     }
+}
+
+fn refused(code: StatusCode, error: &str) -> Response {
+    (code, Json(json!({ "error": error }))).into_response()
+}
+
+/// Every request names an accepted Host, and a request that says where it comes from
+/// (`Origin`, sent by browsers on every POST and cross-origin fetch) comes from this page.
+async fn checked_host(
+    State(web): State<Arc<Web>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let host = host_of(req.headers());
+    if !web.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+        return refused(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this page is not served under that Host",
+        );
+    }
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let ok = origin.to_str().ok().is_some_and(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+                .is_some_and(|o| o.eq_ignore_ascii_case(host))
+        });
+        if !ok {
+            return refused(StatusCode::FORBIDDEN, "a request from another origin");
+        }
+    }
+    next.run(req).await
 }
 
 fn unauthorized() -> Response {
@@ -171,69 +322,70 @@ async fn login(
     Json(body): Json<Value>,
 ) -> Response {
     if headers.get("x-warden").is_none() {
+        return refused(StatusCode::FORBIDDEN, "missing x-warden header");
+    }
+    if !web.login_allowed() {
+        tracing::warn!("web login refused: too many failed logins in the last minute");
         return (
-            StatusCode::FORBIDDEN,
-            Json(json!({"error": "missing x-warden header"})),
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "60")],
+            Json(json!({"error": "too many failed logins; try again in a minute"})),
         )
             .into_response();
     }
     let token = body["token"].as_str().unwrap_or("").trim().to_string();
     let Some(principal) = web.check_token(&token).filter(|_| !token.is_empty()) else {
+        web.login_failed();
         tracing::warn!("web login refused: unknown or removed operator token");
-        return (
+        return refused(
             StatusCode::UNAUTHORIZED,
-            Json(json!({"error": "unknown or expired operator token"})),
-        )
-            .into_response();
+            "unknown or expired operator token",
+        );
     };
-    let sid = format!(
-        "{}{}",
-        uuid::Uuid::new_v4().simple(),
-        uuid::Uuid::new_v4().simple()
-    );
-    web.sessions
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(sid.clone(), (principal.clone(), Instant::now() + web.ttl));
+    let Some(secret) = web.open_session(&principal, host_of(&headers)) else {
+        return refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the session cannot be stored",
+        );
+    };
     tracing::info!(principal = %principal, "operator logged in on the web page");
     (
-        [(
-            header::SET_COOKIE,
-            format!(
-                "{COOKIE}={sid}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
-                web.ttl.as_secs()
-            ),
-        )],
-        Json(json!({"principal": principal})),
+        [(header::CACHE_CONTROL, "no-store")],
+        Json(json!({"principal": principal, "session": secret, "expires_in_secs": web.ttl.as_secs()})),
     )
         .into_response()
 }
 
 async fn logout(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
-    if let Some(sid) = headers
-        .get(header::COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.split(';').find_map(|c| {
-                c.trim()
-                    .strip_prefix(&format!("{COOKIE}="))
-                    .map(str::to_string)
-            })
-        })
-    {
-        web.sessions
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&sid);
+    if headers.get("x-warden").is_none() {
+        return refused(StatusCode::FORBIDDEN, "missing x-warden header");
     }
-    (
-        [(
-            header::SET_COOKIE,
-            format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
-        )],
-        Json(json!({})),
-    )
-        .into_response()
+    if let Some(secret) = bearer(&headers) {
+        let _ = web.sessions.delete(session_key(secret));
+        let _ = web.sessions.flush();
+    }
+    Json(json!({})).into_response()
+}
+
+/// A single-use ticket for the live stream, which a browser opens without headers.
+async fn ticket(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
+    if web.principal(&headers).is_none() {
+        return unauthorized();
+    }
+    if headers.get("x-warden").is_none() {
+        return refused(StatusCode::FORBIDDEN, "missing x-warden header");
+    }
+    let Some(secret) = bearer(&headers) else {
+        return unauthorized();
+    };
+    let t = new_secret();
+    let mut tickets = web.tickets.lock().unwrap_or_else(|p| p.into_inner());
+    tickets.retain(|_, (_, until)| *until > Instant::now());
+    tickets.insert(
+        t.clone(),
+        (session_key(secret), Instant::now() + TICKET_TTL),
+    );
+    Json(json!({ "ticket": t })).into_response()
 }
 
 /// An approval as the page shows it: locations relative to the root, raw input parsed.
@@ -272,7 +424,7 @@ pub fn view(a: &pb::Approval) -> Value {
         "answered_by": a.answered_by, "answered_ms": a.answered_unix_ms,
         "reason": a.reason, "rule": a.rule, "raw_input": raw,
         "withdrawn_reason": a.withdrawn_reason, "withdrawn_ms": a.withdrawn_unix_ms,
-        "now_ms": crate::queue::now_ms(),
+        "now_ms": now_ms(),
     })
 }
 
@@ -313,11 +465,7 @@ async fn answer(
         return unauthorized();
     };
     if headers.get("x-warden").is_none() {
-        return (
-            StatusCode::FORBIDDEN,
-            Json(json!({"error": "missing x-warden header"})),
-        )
-            .into_response();
+        return refused(StatusCode::FORBIDDEN, "missing x-warden header");
     }
     let id = body["id"].as_str().unwrap_or("");
     let verdict = match body["verdict"].as_str() {
@@ -354,8 +502,27 @@ async fn answer(
     }
 }
 
-async fn events(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
-    if web.principal(&headers).is_none() {
+#[derive(serde::Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    ticket: String,
+}
+
+async fn events(
+    State(web): State<Arc<Web>>,
+    headers: HeaderMap,
+    Query(q): Query<EventsQuery>,
+) -> Response {
+    // The ticket is used up by this request, whatever comes of it.
+    let taken = web
+        .tickets
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&q.ticket);
+    let live = taken
+        .filter(|(_, until)| *until > Instant::now())
+        .and_then(|(key, _)| web.session(&key, host_of(&headers)));
+    if live.is_none() {
         return unauthorized();
     }
     let rx = web.state.queue.subscribe();
