@@ -78,6 +78,7 @@ fn binaries() {
     warden_e2e::use_release_binaries_in_benches(&[
         "warden-policy",
         "warden-supervisor",
+        "warden-fs-servant",
         "warden-scripted-agent",
         "warden-gateway",
     ]);

@@ -693,6 +693,7 @@ async fn main() {
     warden_e2e::use_release_binaries_in_benches(&[
         "warden-policy",
         "warden-supervisor",
+        "warden-fs-servant",
         "warden-gateway",
         "warden-scripted-agent",
     ]);

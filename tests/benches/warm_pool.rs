@@ -311,6 +311,7 @@ async fn main() {
     warden_e2e::use_release_binaries_in_benches(&[
         "warden-policy",
         "warden-supervisor",
+        "warden-fs-servant",
         "warden-scripted-agent",
         "warden-egress-relay",
     ]);

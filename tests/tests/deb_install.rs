@@ -713,7 +713,7 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     // ---- a task through all three, its agent as uid 61000
     let scenario = serde_json::json!({"steps": [
         {"type": "tool", "kind": "edit", "path": "hello.txt", "content": "hello from the agent\n"},
-        // Served by the supervisor (fs/write_text_file) in the agent's root, handed to the agent.
+        // fs/write_text_file, carried out by the fs servant in the agent's sandbox as the agent.
         {"type": "tool", "kind": "edit", "path": "client.txt", "content": "written for the agent\n",
          "via": "client"},
         {"type": "tool", "kind": "execute", "command":

@@ -947,7 +947,8 @@ async fn a_daemon_under_a_watchdog_keeps_pinging_it() {
     child.kill().await.ok();
 }
 
-/// The supervisor holds CAP_DAC_OVERRIDE (to reach its agents' roots), which also passes over the
+/// The supervisor holds CAP_DAC_OVERRIDE (to start agents in their roots, walk and remove them;
+/// never for their fs/* requests, which the fs servant carries out), which also passes over the
 /// modes that close the other daemons' state and configuration: its unit must hide each of them,
 /// and leave only its own cgroup subtree writable.
 #[test]

@@ -98,6 +98,8 @@ pub struct Owner {
 pub struct RootDir {
     fd: OwnedFd,
     path: PathBuf,
+    /// Added to every walk: `RESOLVE_NO_SYMLINKS` once [`RootDir::no_symlinks`] was asked for.
+    walk: ResolveFlags,
 }
 
 fn resolve_flags() -> ResolveFlags {
@@ -178,6 +180,7 @@ impl RootDir {
         let dir = RootDir {
             fd,
             path: root.to_path_buf(),
+            walk: ResolveFlags::empty(),
         };
         // The probe: an old kernel answers ENOSYS here, once, instead of at the first write.
         open_beneath(
@@ -189,6 +192,15 @@ impl RootDir {
             ".",
         )?;
         Ok(dir)
+    }
+
+    /// Every later walk refuses a symbolic link anywhere in the path (`RESOLVE_NO_SYMLINKS`), not
+    /// only the last component of a write: for a caller handed a path that was resolved already
+    /// (the location a policy judged), so that no component is resolved differently at the open
+    /// (a link planted since is a refusal, [`BeneathError::Symlink`]).
+    pub fn no_symlinks(mut self) -> Self {
+        self.walk = ResolveFlags::NO_SYMLINKS;
+        self
     }
 
     /// The root as it was named when opened (for messages and for matching agent paths).
@@ -234,7 +246,7 @@ impl RootDir {
             &rel,
             OFlags::RDONLY | OFlags::NONBLOCK,
             Mode::empty(),
-            ResolveFlags::empty(),
+            self.walk,
             &shown,
         )?;
         let st = rustix::fs::fstat(&fd).map_err(|e| io_err(&shown, e))?;
@@ -360,7 +372,7 @@ impl RootDir {
             &rel,
             OFlags::RDONLY | OFlags::DIRECTORY,
             Mode::empty(),
-            ResolveFlags::empty(),
+            self.walk,
             &shown,
         )
     }
@@ -380,7 +392,7 @@ impl RootDir {
                 p,
                 OFlags::PATH | OFlags::DIRECTORY,
                 Mode::empty(),
-                ResolveFlags::empty(),
+                self.walk,
                 shown,
             )
         };

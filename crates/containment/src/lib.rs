@@ -14,7 +14,8 @@
 //! rules stay unit-testable with [`MemFs`]). It only reads metadata and link targets; it never
 //! opens, creates or follows anything else. Two named exceptions: `AgentHomes::from_host` reads
 //! `/etc/passwd` and the environment once at a daemon's start (the list is then passed in), and
-//! [`beneath`] opens files — beneath a root fd, on behalf of the supervisor only.
+//! [`beneath`] opens files — beneath a root fd, for the supervisor's own look at a root and for
+//! the fs servant (`warden-fs-servant`), which carries out an agent's `fs/*` with its rights.
 //!
 //! What the resolver does not protect against: a symlink planted after the check (time of check
 //! vs. time of use). That is why warden never *acts* on an agent path through it: every open of an

@@ -358,3 +358,45 @@ fn a_snapshot_sees_what_changed_and_never_follows_a_link_out() {
     // Over the bound there is no picture at all (never a partial one).
     assert!(r.snapshot(3).is_none());
 }
+
+/// A root walked with `no_symlinks` (the fs servant's: it is handed the location the policy
+/// judged, already resolved) refuses a link anywhere in the path, one that stays inside the root
+/// included: the issue's `d -> .claude` flip lands nothing in `.claude`, however the race falls.
+#[test]
+fn without_symlinks_a_link_inside_the_root_is_refused_anywhere_in_the_path() {
+    let f = fixture();
+    let r = RootDir::open(&f.root).unwrap().no_symlinks();
+    std::fs::create_dir(f.root.join(".claude")).unwrap();
+    std::fs::write(f.root.join(".claude/settings.json"), "{}").unwrap();
+    symlink(".claude", f.root.join("d")).unwrap();
+    let e = r
+        .write_text(&f.root.join("d/settings.local.json"), b"{\"x\":1}", None)
+        .unwrap_err();
+    assert!(matches!(e, BeneathError::Symlink(_)), "{e:?}");
+    assert!(!f.root.join(".claude/settings.local.json").exists());
+    let e = r
+        .read_text(&f.root.join("d/settings.json"), ALL)
+        .unwrap_err();
+    assert!(matches!(e, BeneathError::Symlink(_)), "{e:?}");
+    // A missing parent under a link is not created through it either.
+    let e = r
+        .write_text(&f.root.join("d/new/x.json"), b"x", None)
+        .unwrap_err();
+    assert!(matches!(e, BeneathError::Symlink(_)), "{e:?}");
+    assert!(!f.root.join(".claude/new").exists());
+    // The same names without the link are served.
+    std::fs::remove_file(f.root.join("d")).unwrap();
+    std::fs::create_dir(f.root.join("d")).unwrap();
+    r.write_text(&f.root.join("d/settings.local.json"), b"ok", None)
+        .unwrap();
+    assert_eq!(
+        r.read_text(&f.root.join("d/settings.local.json"), ALL)
+            .unwrap(),
+        "ok"
+    );
+    // The default walk still follows a link that stays inside (reads of a symlinked file).
+    symlink("d/settings.local.json", f.root.join("alias")).unwrap();
+    let plain = RootDir::open(&f.root).unwrap();
+    assert_eq!(plain.read_text(&f.root.join("alias"), ALL).unwrap(), "ok");
+    assert!(r.read_text(&f.root.join("alias"), ALL).is_err());
+}

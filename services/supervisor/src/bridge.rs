@@ -11,18 +11,22 @@ use warden_acp::{
     ClientHandler, ElicitationRequest, ElicitationResponse, PermissionOutcome, PermissionRequest,
     ReadTextFileRequest, RpcError, WriteTextFileRequest,
 };
-use warden_containment::beneath::{BeneathError, ReadSpec};
+use warden_containment::beneath::ReadSpec;
+use warden_fs_servant::wire::FailureKind;
 use warden_proto::v1 as pb;
 use warden_proto::v1::turn_event::Event;
 use warden_rules::{OfferedOption, Outcome, choose_option};
 
 use crate::core::ConvCore;
 use crate::policy::rules_verdict;
+use crate::servant::ServantError;
 use crate::turn::{CoveredWrite, EndRequest, TurnCtx};
 
 /// The options the supervisor offers the policy for a client write it asks about itself.
 const WRITE_OPTION: &str = "write";
 const REFUSE_OPTION: &str = "refuse";
+/// The options it offers for a client read.
+const READ_OPTION: &str = "read";
 
 /// What enforcing one decision produced.
 struct Enforced {
@@ -209,6 +213,79 @@ impl ConvCore {
         Some(st.allowed_writes.swap_remove(i))
     }
 
+    /// Whether an ALLOW of this turn already covers a client read of `key`: a read decided
+    /// earlier in the turn (client read or an ALLOWed read tool call), or an edit ALLOWed for
+    /// it and not yet written.
+    fn read_covered(&self, turn: &TurnCtx, key: &Path) -> bool {
+        let st = turn.lock();
+        st.allowed_reads.iter().any(|p| p == key) || st.allowed_writes.iter().any(|c| c.path == key)
+    }
+
+    /// A client read no ALLOW of the turn covers: decided like a read of that location (the
+    /// floor allows reads; an operator policy may refuse them). Outside a turn it is decided
+    /// too, and not remembered.
+    async fn decide_read(&self, turn: Option<&Arc<TurnCtx>>, key: &Path) -> Enforced {
+        let entered = std::time::Instant::now();
+        let path = key.to_string_lossy().into_owned();
+        let request_id = uuid::Uuid::new_v4().simple().to_string();
+        let tool_call_id = format!("fs-read-{request_id}");
+        let title = format!("fs/read_text_file {path}");
+        let options = [
+            (READ_OPTION, "Read the file", "allow_once"),
+            (REFUSE_OPTION, "Refuse the read", "reject_once"),
+        ];
+        let (session_id, current_mode) = {
+            let l = self.live();
+            (l.session_id.clone(), l.current_mode.clone())
+        };
+        let dreq = pb::DecideRequest {
+            request_id: request_id.clone(),
+            subject: Some(self.info.subject(turn.map(|t| &**t), session_id)),
+            boundary: Some(self.info.wire_boundary()),
+            tool_call: Some(pb::ToolCall {
+                id: tool_call_id.clone(),
+                kind: "read".into(),
+                title: title.clone(),
+                raw_input_json: serde_json::json!({ "path": path }).to_string(),
+                locations: vec![pb::Location { path, line: None }],
+            }),
+            options: options
+                .iter()
+                .map(|(id, name, kind)| pb::PermissionOption {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    kind: kind.to_string(),
+                })
+                .collect(),
+            current_mode,
+            deadline_unix_ms: 0,
+            // The supervisor cannot ask a person: an escalation is a refusal here.
+            return_escalations: false,
+        };
+        let offered: Vec<OfferedOption> = options
+            .iter()
+            .map(|(id, name, kind)| OfferedOption {
+                id: id.to_string(),
+                name: name.to_string(),
+                kind: warden_rules::OptionKind::parse(kind),
+            })
+            .collect();
+        if let Some(t) = turn {
+            t.lock().permissions += 1;
+            t.record(
+                "permission_request",
+                serde_json::json!({
+                    "request_id": request_id, "tool_call_id": tool_call_id, "kind": "read",
+                    "title": title, "source": "fs/read_text_file",
+                }),
+            );
+        }
+        let mut e = self.enforce(turn, dreq, &offered, entered).await;
+        // Only the read option is an ALLOW; anything else (a cancel included) refuses.
+        e.allowed &= matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == READ_OPTION);
+        e
+    }
+
     /// A client write no ALLOW covers: decided like an edit of that path.
     async fn decide_write(&self, turn: &Arc<TurnCtx>, path: &str, bytes: usize) -> Enforced {
         let entered = std::time::Instant::now();
@@ -273,15 +350,40 @@ impl ConvCore {
     }
 }
 
-/// An `fs/*` refusal in JSON-RPC terms: where the path leads is the caller's error (-32602),
-/// a missing file is "not found", the rest is internal.
-fn fs_error(e: BeneathError) -> RpcError {
-    match &e {
-        BeneathError::NotFound(_) => RpcError::not_found(e.to_string()),
-        BeneathError::Io { .. } | BeneathError::Unsupported | BeneathError::Root { .. } => {
-            RpcError::internal(e.to_string())
+/// An `fs/*` refusal in JSON-RPC terms: where the path leads is the caller's error (-32602), a
+/// missing file is "not found", the rest is internal. The text is the supervisor's own (what
+/// the servant says is not passed on: it is as untrusted as the agent).
+fn servant_error(e: ServantError, path: &str, read_limit: u64) -> RpcError {
+    let kind = match e {
+        ServantError::Refused { kind, .. } => kind,
+        ServantError::Unavailable(why) => {
+            return RpcError::internal(format!("{path} could not be served: the fs servant {why}"));
         }
-        _ => RpcError::invalid_params(e.to_string()),
+    };
+    match kind {
+        FailureKind::NotFound => RpcError::not_found(format!("no such file: {path}")),
+        FailureKind::Boundary => RpcError::invalid_params(format!(
+            "{path}: a symbolic link where none may be followed, or a way out of the session boundary"
+        )),
+        FailureKind::NotRegular => {
+            RpcError::invalid_params(format!("{path} is not a regular file"))
+        }
+        FailureKind::HardLinked => RpcError::invalid_params(format!(
+            "{path} has other hard links: it is not written through"
+        )),
+        FailureKind::TooLarge => RpcError::invalid_params(format!(
+            "{path} is larger than the read limit of {read_limit} bytes (limits.fs_read_bytes)"
+        )),
+        FailureKind::NotText => RpcError::invalid_params(format!("{path} is not UTF-8 text")),
+        FailureKind::Denied => RpcError::internal(format!(
+            "{path}: permission denied (the agent's own rights do not reach it)"
+        )),
+        FailureKind::Unavailable
+        | FailureKind::Io
+        | FailureKind::Malformed
+        | FailureKind::Unspecified => {
+            RpcError::internal(format!("{path} could not be served ({kind:?})"))
+        }
     }
 }
 
@@ -348,6 +450,13 @@ impl ClientHandler for ConvCore {
                     }
                 }
                 warden_rules::ToolKind::Execute => t.lock().allowed_exec += 1,
+                // What it read is then read through the client without asking again.
+                warden_rules::ToolKind::Read => {
+                    let covered = self.covered_by(&tool_call, &e.decision_id);
+                    t.lock()
+                        .allowed_reads
+                        .extend(covered.into_iter().map(|c| c.path));
+                }
                 warden_rules::ToolKind::Edit => {
                     let covered = self.covered_by(&tool_call, &e.decision_id);
                     t.lock().allowed_writes.extend(covered);
@@ -359,15 +468,31 @@ impl ClientHandler for ConvCore {
     }
 
     async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
-        let files = self.files(&req.path)?;
+        // Where it would be read, resolved once: the location the decision judges and the
+        // servant opens (without following any link).
+        let key = self.fs_location(&req.path)?;
+        let turn = self.turn();
+        if !turn.as_ref().is_some_and(|t| self.read_covered(t, &key)) {
+            let e = self.decide_read(turn.as_ref(), &key).await;
+            if !e.allowed {
+                return Err(RpcError::invalid_params(format!(
+                    "the read of {} was refused by the policy (decision {})",
+                    req.path, e.decision_id
+                )));
+            }
+            if let Some(t) = &turn {
+                t.lock().allowed_reads.push(key.clone());
+            }
+        }
         let spec = ReadSpec {
             line: req.line,
             limit: req.limit,
             max_bytes: self.fs_read_bytes,
         };
-        files
-            .read_text(Path::new(&req.path), spec)
-            .map_err(fs_error)
+        self.servant
+            .read(&key, spec)
+            .await
+            .map_err(|e| servant_error(e, &req.path, self.fs_read_bytes))
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
@@ -376,16 +501,12 @@ impl ClientHandler for ConvCore {
                 "this conversation is read-only: writes are refused",
             ));
         }
-        let files = self.files(&req.path)?;
         // Where it would land, resolved once, before anyone is asked: a path that leads outside
-        // now is refused outright, and the same resolution is the key an ALLOW covers. A filter,
-        // not a licence: the write is walked again by the kernel beneath the root's fd.
-        let key = self
-            .covered_key(&req.path)
-            .filter(|k| k.starts_with(&self.info.root))
-            .ok_or_else(|| {
-                RpcError::invalid_params(format!("{} is outside the session boundary", req.path))
-            })?;
+        // now is refused outright; the same resolution is the key an ALLOW covers, the location
+        // a new decision judges, and what the servant opens — with no symbolic link followed
+        // anywhere in it, so a component flipped to a link since is a refusal, never another
+        // file.
+        let key = self.fs_location(&req.path)?;
         let Some(turn) = self.turn() else {
             return Err(RpcError::invalid_params(
                 "no turn is running: a write is served only within a turn",
@@ -402,7 +523,9 @@ impl ClientHandler for ConvCore {
                     c.decision_id
                 }
                 None => {
-                    let e = self.decide_write(&turn, &req.path, req.content.len()).await;
+                    let e = self
+                        .decide_write(&turn, &key.to_string_lossy(), req.content.len())
+                        .await;
                     if !e.allowed {
                         return Err(RpcError::invalid_params(format!(
                             "the write of {} was refused by the policy (decision {})",
@@ -418,11 +541,7 @@ impl ClientHandler for ConvCore {
                     e.decision_id
                 }
             };
-        let written = files.write_text(
-            Path::new(&req.path),
-            req.content.as_bytes(),
-            self.file_owner,
-        );
+        let written = self.servant.write(&key, req.content.as_bytes()).await;
         tracing::info!(
             context_id = %self.info.context_id,
             task_id = %turn.input.task_id,
@@ -431,7 +550,7 @@ impl ClientHandler for ConvCore {
             ok = written.is_ok(),
             "client write"
         );
-        written.map_err(fs_error)
+        written.map_err(|e| servant_error(e, &req.path, self.fs_read_bytes))
     }
 
     async fn create_terminal(
@@ -667,7 +786,7 @@ mod tests {
             terminal: None,
             terminals: Default::default(),
             files: RootDir::open(root).map_err(|e| e.to_string()),
-            file_owner: None,
+            servant: crate::servant::Servant::in_process(root),
             fs_read_bytes: 1024,
         }
     }
@@ -789,8 +908,14 @@ mod tests {
             std::fs::read_to_string(dir.path().join("x")).unwrap(),
             "outside"
         );
-        // A file inside is read; a read over the bound is refused naming the limit.
+        // A file inside is read (an ALLOW of the turn covers it: there is no policy here); a read
+        // over the bound is refused naming the limit.
         std::fs::write(root.join("in.txt"), "inside\n").unwrap();
+        if let Some(t) = c.turn() {
+            t.lock()
+                .allowed_reads
+                .extend([root.join("in.txt"), root.join("big.txt")]);
+        }
         let read = |path: String| {
             c.read_text_file(ReadTextFileRequest {
                 session_id: "s1".into(),
@@ -874,6 +999,54 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_client_read_without_a_covering_allow_is_decided_and_refused_when_the_policy_is_down()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(root.join("secret.txt"), "the secret").unwrap();
+        let c = core(&root);
+        let (t, mut rx) = TurnCtx::new(
+            TurnInput {
+                id: "t".into(),
+                text: "x".into(),
+                instructions: String::new(),
+                message_id: String::new(),
+                task_id: "task-1".into(),
+                timeout_secs: 1,
+            },
+            1024,
+        );
+        c.live().turn = Some(t.clone());
+        let path = root.join("secret.txt").to_string_lossy().into_owned();
+        let read = || {
+            c.read_text_file(ReadTextFileRequest {
+                session_id: "s1".into(),
+                path: path.clone(),
+                line: None,
+                limit: None,
+            })
+        };
+        let e = read().await.unwrap_err();
+        assert!(e.message.contains("refused by the policy"), "{e:?}");
+        assert!(!e.message.contains("the secret"), "{e:?}");
+        match rx.try_recv().unwrap().unwrap().event {
+            Some(Event::Permission(p)) => {
+                assert_eq!(p.tool_kind, "read");
+                assert_eq!(p.tool_title, format!("fs/read_text_file {path}"));
+                assert_eq!(p.verdict, pb::Verdict::Deny as i32);
+            }
+            other => panic!("expected a permission event, got {other:?}"),
+        }
+        // A read ALLOW of the turn for that location covers it, as often as it is read.
+        t.lock().allowed_reads.push(root.join("secret.txt"));
+        assert_eq!(read().await.unwrap(), "the secret");
+        assert_eq!(read().await.unwrap(), "the secret");
+        // A servant that is gone is an error, and the next request starts a new one.
+        c.servant.stop().await;
+        assert_eq!(read().await.unwrap(), "the secret");
+    }
+
+    #[tokio::test]
     async fn an_allowed_edit_covers_its_locations_and_raw_input_paths_once_each() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -929,7 +1102,11 @@ mod tests {
         );
         assert_eq!(b.early_requests(), 2);
         let root = std::fs::canonicalize(dir.path()).unwrap();
-        assert!(b.bind(Arc::new(core(&root))));
+        let bound = Arc::new(core(&root));
+        let t = turn_with_seen("tc1", "/nowhere");
+        t.lock().allowed_reads.push(root.join("f.txt"));
+        bound.live().turn = Some(t);
+        assert!(b.bind(bound));
         assert!(!b.bind(Arc::new(core(&root))), "bound once");
         let req = ReadTextFileRequest {
             session_id: "s".into(),

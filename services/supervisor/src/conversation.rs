@@ -491,11 +491,14 @@ impl Conversation {
         }));
     }
 
+    /// Kills the terminals and the fs servant (the agent is being stopped; a later `fs/*`
+    /// request starts a new servant).
     async fn kill_terminals(&self) {
         self.core
             .terminals
             .kill_all(self.shared.settings.limits().kill_grace())
             .await;
+        self.core.servant.stop().await;
     }
 
     fn remember_finished(&self, id: &str) {

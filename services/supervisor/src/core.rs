@@ -1,16 +1,19 @@
 //! The state one conversation's handlers share: what never changes (`ConvInfo`, including the
 //! one conversion of its boundary to the wire and to the sandbox), what the agent last reported
-//! (`Live`), and `ConvCore` — the policy client, terminals and the root's directory fd that the
-//! ACP handler (`bridge.rs`) and the turn driver (`conversation.rs`) both use.
+//! (`Live`), and `ConvCore` — the policy client, terminals, the fs servant and the root's
+//! directory fd that the ACP handler (`bridge.rs`) and the turn driver (`conversation.rs`) both
+//! use.
 //!
-//! Must never: decide anything, or reach an agent's file other than through `files`.
+//! Must never: decide anything, or open an agent's file for `fs/*` other than through
+//! `servant` (the agent's rights); `files` is the supervisor's own view, for checking a
+//! terminal's working directory and walking the root.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use warden_acp::{PermissionRequest, RpcError};
-use warden_containment::beneath::{Owner, RootDir};
+use warden_containment::beneath::RootDir;
 use warden_proto::v1 as pb;
 
 use crate::policy::PolicyClient;
@@ -54,11 +57,11 @@ pub struct ConvCore {
     /// `Some` when the agent is configured with terminals.
     pub terminal: Option<TerminalCtx>,
     pub terminals: Terminals,
-    /// The root, held open since the conversation opened: the only way to the agent's files
-    /// (an error here, e.g. a kernel without openat2, refuses every `fs/*` request).
+    /// The root, held open since the conversation opened: the supervisor's own look at it (a
+    /// terminal's working directory, the walk of what a turn changed), never `fs/*`.
     pub files: Result<RootDir, String>,
-    /// Who owns what a client write creates (the agent's uid when the supervisor is root).
-    pub file_owner: Option<Owner>,
+    /// Carries out `fs/*` inside the agent's sandbox with the agent's rights.
+    pub servant: crate::servant::Servant,
     /// `limits.fs_read_bytes`.
     pub fs_read_bytes: u64,
 }
@@ -172,14 +175,19 @@ impl ConvCore {
         }
     }
 
-    /// The root's fd for a request naming `path`, which ACP requires to be absolute.
-    pub fn files(&self, path: &str) -> Result<&RootDir, RpcError> {
+    /// Where an `fs/*` request naming `path` (absolute, as ACP requires) lands, resolved once
+    /// against the root: the location a decision judges and the servant opens (without following
+    /// any link, so nothing resolves it differently later). A path that leads outside the root
+    /// now is refused outright.
+    pub fn fs_location(&self, path: &str) -> Result<PathBuf, RpcError> {
         if !Path::new(path).is_absolute() {
             return Err(RpcError::invalid_params("path must be absolute"));
         }
-        self.files
-            .as_ref()
-            .map_err(|e| RpcError::internal(format!("agent files are not served: {e}")))
+        self.covered_key(path)
+            .filter(|k| k.starts_with(&self.info.root))
+            .ok_or_else(|| {
+                RpcError::invalid_params(format!("{path} is outside the session boundary"))
+            })
     }
 
     /// The root-relative spelling of a path the agent sent, for matching against what an ALLOW

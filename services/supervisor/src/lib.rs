@@ -18,6 +18,7 @@
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
 //   terminal                                           ACP terminals (a narrow context)
+//   servant                                            the fs servant (fs/* with the agent's rights)
 //   core                                               one conversation's shared state
 //   bridge                                             the ACP handler (agent -> supervisor)
 //   agent                                              spawn + handshake of one agent
@@ -41,6 +42,7 @@ pub mod options;
 pub mod policy;
 pub mod pool;
 pub mod records;
+pub mod servant;
 pub mod service;
 pub mod shared;
 pub mod terminal;

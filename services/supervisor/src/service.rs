@@ -260,7 +260,7 @@ impl Supervisor {
                 .validate(&w.path, w.allow_execute, profile)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?
         };
-        let core = self.conv_core(req, agent_name, &agent_cfg, profile, &boundary, ident);
+        let core = self.conv_core(req, agent_name, &agent_cfg, profile, &boundary);
         let home = match self
             .shared
             .homes
@@ -330,7 +330,8 @@ impl Supervisor {
         }
     }
 
-    /// The conversation's shared state, for its boundary and identity.
+    /// The conversation's shared state, for its boundary (its identity is the spawner's: the
+    /// agent, its terminals and its fs servant all run as it).
     fn conv_core(
         &self,
         req: &pb::OpenConversationRequest,
@@ -338,7 +339,6 @@ impl Supervisor {
         agent_cfg: &AgentConfig,
         profile: warden_sandbox::Profile,
         boundary: &warden_sandbox::Boundary,
-        ident: Option<warden_sandbox::AgentIdentity>,
     ) -> Arc<ConvCore> {
         let s = &self.shared.settings;
         Arc::new(ConvCore {
@@ -379,11 +379,12 @@ impl Supervisor {
             terminals: Default::default(),
             files: warden_containment::beneath::RootDir::open(&boundary.root)
                 .map_err(|e| e.to_string()),
-            // What a client write creates belongs to the agent, not to the supervisor's uid.
-            file_owner: ident.map(|i| warden_containment::beneath::Owner {
-                uid: i.uid,
-                gid: i.gid,
-            }),
+            // fs/* carried out by the agent's own rights (what it creates is the agent's).
+            servant: crate::servant::Servant::spawned(
+                self.shared.clone(),
+                req.context_id.clone(),
+                boundary.clone(),
+            ),
             fs_read_bytes: s.limits().fs_read_bytes,
         })
     }
@@ -402,14 +403,7 @@ impl Supervisor {
         warm: crate::pool::Warm,
     ) -> Option<Result<Arc<Conversation>, Status>> {
         let boundary = warm.boundary().clone();
-        let core = self.conv_core(
-            req,
-            agent_name,
-            agent_cfg,
-            profile,
-            &boundary,
-            warm.identity(),
-        );
+        let core = self.conv_core(req, agent_name, agent_cfg, profile, &boundary);
         let claimed = self.pool.claim(warm, &core).await?;
         match Conversation::open(
             core,

@@ -61,6 +61,9 @@ pub struct TurnMut {
     /// Paths an ALLOWed edit of this turn named (resolved against the root), not yet written
     /// through `fs/write_text_file`: one ALLOW covers one client write of each of its paths.
     pub allowed_writes: Vec<CoveredWrite>,
+    /// Locations a read ALLOW of this turn judged (a client read decided, or an ALLOWed read
+    /// tool call's paths): read through `fs/read_text_file` without asking again.
+    pub allowed_reads: Vec<std::path::PathBuf>,
     pub transcript: Option<Transcript>,
     /// Egress refusals of this turn by destination (`host:port`).
     pub egress_refused: HashMap<String, u32>,
