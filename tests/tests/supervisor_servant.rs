@@ -73,8 +73,14 @@ async fn a_symlink_flipped_to_claude_never_gets_a_client_write_into_it() {
         .into_inner();
     let root = PathBuf::from(&info.root);
     // Made by the sandbox (read-only to the agent) when bubblewrap is on; made here otherwise,
-    // so the link always has somewhere to lead.
-    std::fs::create_dir_all(root.join(".claude")).unwrap();
+    // the agent's like the rest of its root, so that only the refusal to follow the link (not a
+    // file mode) keeps the writes out of it.
+    if !root.join(".claude").exists() {
+        std::fs::create_dir(root.join(".claude")).unwrap();
+        let owner = std::fs::metadata(&root).unwrap();
+        std::os::unix::fs::chown(root.join(".claude"), Some(owner.uid()), Some(owner.gid()))
+            .unwrap();
+    }
     let target = root.join(".claude/settings.local.json");
     assert!(!target.exists());
     let flipper = "nohup sh -c 'while true; do rm -rf d; mkdir d; rm -rf d; ln -s .claude d; done' \
