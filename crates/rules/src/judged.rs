@@ -283,7 +283,10 @@ mod tests {
         let ls = s(&["ls"]);
         assert!(command_matches(&ls, &s(&["ls"])));
         assert!(command_matches(&ls, &s(&["sh", "-c", "ls"])));
-        assert!(command_matches(&s(&["ls -la"]), &s(&["/bin/sh", "-c", "ls -la"])));
+        assert!(command_matches(
+            &s(&["ls -la"]),
+            &s(&["/bin/sh", "-c", "ls -la"])
+        ));
         for run in [
             s(&["sh", "-c", "echo pwned > marker"]),
             s(&["bash", "-lc", "ls"]),
