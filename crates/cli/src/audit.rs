@@ -23,10 +23,11 @@ fn verdict(v: i32) -> &'static str {
     }
 }
 
-/// One line per record, newest first.
+/// One line per record, newest first; it ends with the digest of the action the decision
+/// judged (what an ALLOW is bound to).
 pub fn line(r: &AuditRecord) -> String {
     format!(
-        "{}  {:<8} {:<10} {:<32} rule={} reason={:?} decision={} context={}",
+        "{}  {:<8} {:<10} {:<32} rule={} reason={:?} decision={} context={} action={}",
         r.decided_at_unix_ms,
         verdict(r.verdict),
         r.tool_kind,
@@ -37,13 +38,15 @@ pub fn line(r: &AuditRecord) -> String {
         r.subject
             .as_ref()
             .map(|s| s.context_id.as_str())
-            .unwrap_or("")
+            .unwrap_or(""),
+        r.judged.as_ref().map(|j| j.digest.as_str()).unwrap_or("")
     )
 }
 
 /// Every field of one record.
 pub fn detail(r: &AuditRecord) -> String {
     let s = r.subject.clone().unwrap_or_default();
+    let j = r.judged.clone().unwrap_or_default();
     [
         format!("decision_id     {}", r.decision_id),
         format!("request_id      {}", r.request_id),
@@ -58,6 +61,10 @@ pub fn detail(r: &AuditRecord) -> String {
         format!("reason          {}", r.reason),
         format!("tool            {} {:?}", r.tool_kind, r.tool_title),
         format!("raw_input_sha256 {}", r.raw_input_sha256),
+        format!("action_digest   {}", j.digest),
+        format!("judged argv     {:?} (cwd {:?})", j.argv, j.cwd),
+        format!("judged content  {}", j.content_sha256),
+        format!("judged paths    {}", j.locations.join(", ")),
         format!("principal       {}", s.principal),
         format!("context/task    {} / {}", s.context_id, s.task_id),
         format!("session/agent   {} / {}", s.session_id, s.agent),

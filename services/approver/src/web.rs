@@ -250,6 +250,18 @@ pub fn view(a: &pb::Approval) -> Value {
     };
     let raw: Value = serde_json::from_str(&t.raw_input_json)
         .unwrap_or_else(|_| Value::String(t.raw_input_json.clone()));
+    // What an approval is bound to (held with the request; computed from it for one held
+    // before the field existed).
+    let j = a
+        .judged
+        .clone()
+        .unwrap_or_else(|| warden_policy::convert::judged(&req));
+    let judged = json!({
+        "kind": j.kind, "digest": j.digest,
+        "locations": j.locations.iter().map(|l| rel(l)).collect::<Vec<_>>(),
+        "argv": j.argv, "command_line": warden_rules::shell_line(&j.argv), "cwd": j.cwd,
+        "content_sha256": j.content_sha256,
+    });
     let state = match a.state() {
         pb::ApprovalState::Pending => "pending",
         pb::ApprovalState::Approved => "approved",
@@ -272,6 +284,7 @@ pub fn view(a: &pb::Approval) -> Value {
         "answered_by": a.answered_by, "answered_ms": a.answered_unix_ms,
         "reason": a.reason, "rule": a.rule, "raw_input": raw,
         "withdrawn_reason": a.withdrawn_reason, "withdrawn_ms": a.withdrawn_unix_ms,
+        "judged": judged,
         "now_ms": crate::queue::now_ms(),
     })
 }
