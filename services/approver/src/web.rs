@@ -389,3 +389,39 @@ async fn events(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
         .keep_alive(KeepAlive::default())
         .into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_shows_what_an_approval_binds() {
+        let req = pb::DecideRequest {
+            boundary: Some(pb::Boundary {
+                root: "/r".into(),
+                ..Default::default()
+            }),
+            tool_call: Some(pb::ToolCall {
+                kind: "execute".into(),
+                title: "sh -c 'echo hi > x'".into(),
+                raw_input_json: r#"{"command":["sh","-c","echo hi > x"],"cwd":"/r/sub"}"#.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let digest = warden_policy::convert::judged(&req).digest;
+        // Held before the field existed: computed from the request, the same digest.
+        for judged in [None, Some(warden_policy::convert::judged(&req))] {
+            let a = pb::Approval {
+                id: "a1".into(),
+                request: Some(req.clone()),
+                judged,
+                ..Default::default()
+            };
+            let v = view(&a);
+            assert_eq!(v["judged"]["digest"], digest.as_str());
+            assert_eq!(v["judged"]["command_line"], "sh -c 'echo hi > x'");
+            assert_eq!(v["judged"]["cwd"], "/r/sub");
+        }
+    }
+}
