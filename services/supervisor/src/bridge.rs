@@ -803,7 +803,7 @@ mod tests {
     use super::*;
     use crate::core::{ConvInfo, Live};
     use crate::policy::PolicyClient;
-    use crate::turn::{ToolSeen, TurnCtx, TurnInput};
+    use crate::turn::{AllowedExec, ToolSeen, TurnCtx, TurnInput};
 
     fn core(root: &Path) -> ConvCore {
         ConvCore {
@@ -1074,6 +1074,87 @@ mod tests {
             && c.digest == "sha256:11"));
         // Without the content judged, an edit covers no write.
         assert!(c.covered_by(&tc, &e, "").is_empty());
+    }
+
+    fn bare_turn() -> Arc<TurnCtx> {
+        TurnCtx::new(
+            TurnInput {
+                id: "t".into(),
+                text: "x".into(),
+                instructions: String::new(),
+                message_id: String::new(),
+                task_id: "task-1".into(),
+                timeout_secs: 1,
+            },
+            1024,
+        )
+        .0
+    }
+
+    #[tokio::test]
+    async fn racing_writes_of_the_judged_content_get_one_through_on_one_allow() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Arc::new(core(dir.path()));
+        let t = bare_turn();
+        c.live().turn = Some(t.clone());
+        t.lock().allowed_writes.push(CoveredWrite {
+            path: dir.path().join("r.txt"),
+            content_sha256: warden_rules::sha256_hex(b"judged"),
+            decision_id: "d1".into(),
+            digest: "sha256:00".into(),
+            tool_call_id: "tc1".into(),
+        });
+        let path = format!("{}/r.txt", dir.path().display());
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (c, path) = (c.clone(), path.clone());
+                tokio::spawn(async move {
+                    c.write_text_file(WriteTextFileRequest {
+                        session_id: "s1".into(),
+                        path,
+                        content: "judged".into(),
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for task in tasks {
+            if task.await.unwrap().is_ok() {
+                ok += 1;
+            }
+        }
+        // The rest were decided on their own (and refused: there is no policy here).
+        assert_eq!(ok, 1, "one ALLOW, one write");
+        assert!(t.lock().allowed_writes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_allowed_execute_covers_only_its_command_in_its_cwd_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        let c = core(&root);
+        let t = bare_turn();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        t.lock().allowed_exec.push(AllowedExec {
+            argv: s(&["ls"]),
+            cwd: root.display().to_string(),
+            decision_id: "d1".into(),
+            digest: "sha256:00".into(),
+            tool_call_id: "tc1".into(),
+        });
+        let r = root.display().to_string();
+        let sub = root.join("sub").display().to_string();
+        assert!(
+            c.take_exec(&t, &s(&["sh", "-c", "echo pwned > m"]), &r)
+                .is_none()
+        );
+        assert!(c.take_exec(&t, &s(&["ls"]), &sub).is_none(), "another cwd");
+        assert!(c.take_exec(&t, &s(&["bash", "-lc", "ls"]), &r).is_none());
+        let got = c.take_exec(&t, &s(&["sh", "-c", "ls"]), &format!("{r}/."));
+        assert_eq!(got.map(|a| a.decision_id).as_deref(), Some("d1"));
+        assert!(c.take_exec(&t, &s(&["ls"]), &r).is_none(), "used once");
     }
 
     #[tokio::test]
