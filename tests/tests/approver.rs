@@ -696,3 +696,83 @@ async fn history_shows_an_approval_the_caller_withdrew_as_not_enforced() {
     assert_eq!(again.verdict, pb::Verdict::Deny as i32, "{again:?}");
     assert_eq!(again.rule, "approval.withdrawn");
 }
+
+/// Issue 24, case 4: what a person approves is what is carried out. The agent asks to write
+/// "harmless" (escalated; `warden approvals show` names the digest and the content's hash the
+/// approval binds), is approved, then asks the client to write other content: that write is not
+/// covered by the approval, it is put to a person again carrying the real content, and denied.
+#[tokio::test]
+async fn an_approval_binds_the_content_the_person_saw() {
+    use sha2::Digest;
+    let sha = |s: &str| hex::encode(sha2::Sha256::digest(s.as_bytes()));
+    let d = deploy_approver(&[], false).await;
+    let mut c = client(&d);
+    let hostile = scenario(json!({"vocabulary": "claude-0.16", "steps": [
+        {"type": "tool", "kind": "edit", "path": "x.txt", "content": "harmless", "ask": true,
+         "via": "client", "then_write": "pwned"},
+        {"type": "message", "text": "done"}]}));
+    let mut s = start(&mut c, turn("apdig", "t1", &hostile)).await;
+    let first = pending(&d, 1).await.remove(0);
+    let j = first.judged.clone().unwrap_or_default();
+    assert_eq!(j.content_sha256, sha("harmless"), "{first:?}");
+    assert!(j.digest.starts_with("sha256:"), "{j:?}");
+    let (code, shown, err) = warden(&d, &["approvals", "show", &first.id]).await;
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        shown.contains(&format!("binds           {}", j.digest)),
+        "{shown}"
+    );
+    assert!(shown.contains(&sha("harmless")), "{shown}");
+    let (code, _, err) = warden(&d, &["approvals", "approve", &first.id]).await;
+    assert_eq!(code, Some(0), "{err}");
+
+    // The write of other content comes back to a person, as what it really is.
+    let mut ap = approvals_client(&d);
+    let start_wait = Instant::now();
+    let second = loop {
+        let list = ap
+            .list(pb::ListApprovalsRequest { limit: 0 })
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        if let Some(a) = list.into_iter().find(|a| a.id != first.id) {
+            break a;
+        }
+        assert!(
+            start_wait.elapsed() < Duration::from_secs(15),
+            "the other write was not put to a person"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let j2 = second.judged.clone().unwrap_or_default();
+    assert_eq!(j2.content_sha256, sha("pwned"), "{second:?}");
+    assert_ne!(j2.digest, j.digest);
+    let (_, shown, _) = warden(&d, &["approvals", "show", &second.id]).await;
+    assert!(shown.contains("fs/write_text_file"), "{shown}");
+    assert!(
+        shown.contains("pwned"),
+        "the content itself is shown: {shown}"
+    );
+    let (code, _, err) = warden(
+        &d,
+        &[
+            "approvals",
+            "deny",
+            &second.id,
+            "--reason",
+            "not what I approved",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 2, "{perms:#?}");
+    assert_eq!(perms[0].verdict, pb::Verdict::Allow as i32);
+    assert_eq!(perms[1].verdict, pb::Verdict::Deny as i32);
+    assert!(
+        !root_of(&evs).join("x.txt").exists(),
+        "the other content was written"
+    );
+}

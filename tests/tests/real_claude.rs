@@ -104,6 +104,10 @@ async fn claude_code_acp_writes_inside_the_root_when_allowed_and_nothing_outside
     assert!(shown.contains("[policy] ALLOW"), "{ctx}");
     assert!(shown.contains("[policy] DENY"), "{ctx}");
     assert!(shown.contains("/etc/warden-claude-denied"), "{ctx}");
+    // The adapter's fs/write_text_file carried exactly the content its Write's raw input held:
+    // covered by that ALLOW (issue 24: bound to what it judged), no decision of its own.
+    assert_eq!(shown.matches("[policy] ALLOW").count(), 1, "{ctx}");
+    assert!(!shown.contains("fs/write_text_file"), "{ctx}");
     // Completed, with a refused permission.
     assert_eq!(out.status.code(), Some(4), "{ctx}");
 

@@ -1,5 +1,6 @@
 //! Supervisor end to end against a misbehaving PolicyService: a policy that answers too late,
-//! names an option that was not offered, or answers without a reason. Each is a DENY with reason
+//! names an option that was not offered, answers without a reason, or ALLOWs without naming the
+//! digest of the action asked about (or naming another's). Each is a DENY with reason
 //! `policy_unavailable` (fail closed), and the agent still gets an id it offered. A policy that
 //! answers ESCALATE is refused (the supervisor asks no person); one that describes a longer
 //! deadline is waited for, but never beyond `MAX_DECIDE_DEADLINE_MS`.
@@ -29,6 +30,10 @@ enum Bad {
     Patient,
     /// Describes ten hours (and eleven for one agent), far beyond the contract's cap.
     Greedy,
+    /// ALLOWs without naming the action it judged.
+    NoDigest,
+    /// ALLOWs naming the digest of another action (a different command).
+    OtherDigest,
 }
 
 struct BadPolicy(Bad);
@@ -48,6 +53,7 @@ impl PolicyService for BadPolicy {
             end_turn: false,
             end_turn_reason: 0,
             request_id: String::new(),
+            action_digest: warden_policy::convert::judged(req.get_ref()).digest,
         };
         Ok(Response::new(match self.0 {
             Bad::Slow => {
@@ -72,6 +78,20 @@ impl PolicyService for BadPolicy {
                 ok
             }
             Bad::Greedy => ok,
+            Bad::NoDigest => pb::Decision {
+                action_digest: String::new(),
+                ..ok
+            },
+            Bad::OtherDigest => {
+                let mut other = req.get_ref().clone();
+                if let Some(t) = other.tool_call.as_mut() {
+                    t.raw_input_json = r#"{"command":"true"}"#.into();
+                }
+                pb::Decision {
+                    action_digest: warden_policy::convert::judged(&other).digest,
+                    ..ok
+                }
+            }
         }))
     }
 
@@ -131,6 +151,8 @@ async fn late_invented_or_reasonless_decisions_fail_closed() {
         (Bad::Slow, "slow"),
         (Bad::UnofferedOption, "invented"),
         (Bad::NoReason, "noreason"),
+        (Bad::NoDigest, "nodigest"),
+        (Bad::OtherDigest, "otherdigest"),
     ] {
         let (sock, h) = serve_bad(bad, name).await;
         let d = deploy_without_policy(&[(

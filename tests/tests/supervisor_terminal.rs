@@ -1,5 +1,6 @@
 //! Supervisor end to end, ACP terminals: served only to an agent configured with terminals, and
-//! only after an ALLOW of an execute tool call; the command runs contained inside the root.
+//! only once decided (an ALLOW of an execute tool call that judged the command, or a decision of
+//! its own); the command runs contained inside the root.
 
 mod supervisor_support;
 
@@ -27,7 +28,7 @@ fn last_tool(evs: &[pb::TurnEvent]) -> (String, String) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn terminals_run_only_after_an_allowed_execute() {
+async fn terminals_run_only_once_decided() {
     let d = deploy(&[("supervisor", "agents.scripted.terminal=true")]).await;
     let mut c = client(&d);
     let evs = run(
@@ -58,15 +59,41 @@ async fn terminals_run_only_after_an_allowed_execute() {
         "the command ran in the root"
     );
 
-    // No permission asked, so no ALLOW: the terminal is refused.
+    // No permission asked, so no ALLOW: the terminal is not run on nothing, it is decided on
+    // its own, as the command it really is (the default floor allows it in an owned root).
     let evs = run(&mut c, turn("term", "t2", &exec(false, "touch sneaky.txt"))).await;
+    let p = permissions(&evs);
+    assert_eq!(p.len(), 1, "{evs:#?}");
+    assert_eq!(p[0].tool_kind, "execute");
+    assert_eq!(p[0].tool_title, "sh -c 'touch sneaky.txt'");
+    assert_eq!(p[0].verdict, pb::Verdict::Allow as i32);
+    assert_eq!(last_tool(&evs).0, "completed", "{evs:#?}");
+    assert!(root.join("sneaky.txt").exists());
+
+    // Refused by the policy (an operator rule on the command's head), it does not run.
+    let d = deploy(&[
+        ("supervisor", "agents.scripted.terminal=true"),
+        ("policy", "policy.global.auto_deny=[\"sh\"]"),
+    ])
+    .await;
+    let mut c = client(&d);
+    let evs = run(
+        &mut c,
+        turn("term2", "t1", &exec(false, "touch sneaky.txt")),
+    )
+    .await;
+    let p = permissions(&evs);
+    assert_eq!(p.len(), 1, "{evs:#?}");
+    assert_eq!(p[0].verdict, pb::Verdict::Deny as i32, "{p:?}");
     let (status, out) = last_tool(&evs);
     assert_eq!(status, "failed", "{evs:#?}");
-    assert!(
-        out.contains("allowed execute") || out.contains("-32602"),
-        "{out}"
-    );
-    assert!(!root.join("sneaky.txt").exists());
+    assert!(out.contains("refused by the policy"), "{out}");
+    let info = c
+        .open_conversation(open("term2", pb::Profile::WorkspaceWrite))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!PathBuf::from(info.root).join("sneaky.txt").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -153,6 +153,20 @@ pub fn detail(a: &pb::Approval) -> String {
             a.withdrawn_reason, a.withdrawn_unix_ms
         ));
     }
+    // What an approval is bound to: the supervisor lets through only this command or content.
+    let j = a.judged.clone().unwrap_or_default();
+    out.push(format!("binds           {}", j.digest));
+    if !j.argv.is_empty() {
+        let line: Vec<String> = j.argv.iter().map(|w| format!("{w:?}")).collect();
+        out.push(format!(
+            "runs exactly    [{}] in {}",
+            line.join(", "),
+            j.cwd
+        ));
+    }
+    if !j.content_sha256.is_empty() {
+        out.push(format!("content sha256  {}", j.content_sha256));
+    }
     // Each field one line; the raw input is prose (pretty-printed JSON keeps its lines), every
     // other control character the agent wrote shown escaped.
     let mut out: Vec<String> = out

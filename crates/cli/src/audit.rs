@@ -25,12 +25,13 @@ fn verdict(v: i32) -> &'static str {
     }
 }
 
-/// One line per record, newest first. Every field the agent or the caller could write (title,
+/// One line per record, newest first; it ends with the digest of the action the decision
+/// judged (what an ALLOW is bound to). Every field the agent or the caller could write (title,
 /// kind, ids, reason) is escaped: a newline or an escape sequence in a title cannot make a
 /// record look like another, or like two.
 pub fn line(r: &AuditRecord) -> String {
     format!(
-        "{}  {:<8} {:<10} {:<32} rule={} reason=\"{}\" decision={} context={}",
+        "{}  {:<8} {:<10} {:<32} rule={} reason=\"{}\" decision={} context={} action={}",
         r.decided_at_unix_ms,
         verdict(r.verdict),
         Inline(&r.tool_kind),
@@ -43,13 +44,15 @@ pub fn line(r: &AuditRecord) -> String {
                 .as_ref()
                 .map(|s| s.context_id.as_str())
                 .unwrap_or("")
-        )
+        ),
+        Inline(r.judged.as_ref().map(|j| j.digest.as_str()).unwrap_or(""))
     )
 }
 
 /// Every field of one record, one line each (what the agent or the caller wrote escaped).
 pub fn detail(r: &AuditRecord) -> String {
     let s = r.subject.clone().unwrap_or_default();
+    let j = r.judged.clone().unwrap_or_default();
     [
         format!("decision_id     {}", r.decision_id),
         format!("request_id      {}", r.request_id),
@@ -64,6 +67,10 @@ pub fn detail(r: &AuditRecord) -> String {
         format!("reason          {}", r.reason),
         format!("tool            {} {:?}", r.tool_kind, r.tool_title),
         format!("raw_input_sha256 {}", r.raw_input_sha256),
+        format!("action_digest   {}", j.digest),
+        format!("judged argv     {:?} (cwd {:?})", j.argv, j.cwd),
+        format!("judged content  {}", j.content_sha256),
+        format!("judged paths    {}", j.locations.join(", ")),
         format!("principal       {}", s.principal),
         format!("context/task    {} / {}", s.context_id, s.task_id),
         format!("session/agent   {} / {}", s.session_id, s.agent),

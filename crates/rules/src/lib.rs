@@ -5,7 +5,8 @@
 //! Owns: every rule that turns (subject, boundary, tool call, offered options) into ALLOW, DENY
 //! or ESCALATE with a readable reason and the name of the rule that matched, including what the
 //! raw input of a known tool shape says it will touch (`raw_input`) and which paths are the
-//! agent's own configuration and hooks (`control`).
+//! agent's own configuration and hooks (`control`), and what a decision judged as the action it
+//! is bound to, with its digest (`judged`).
 //!
 //! Must never: do I/O of its own (no files, clock, network, environment — the only filesystem
 //! access is through the `RootView` (an `FsView` that also knows identities) the caller passes
@@ -19,6 +20,7 @@ mod config;
 mod control;
 mod engine;
 mod floor;
+mod judged;
 mod options;
 mod raw_input;
 mod types;
@@ -29,6 +31,7 @@ pub use config::{
 pub use control::ControlPaths;
 pub use engine::{Engine, raw_input_tool_name, title_head};
 pub use floor::{FloorContext, FloorResult, evaluate as evaluate_floor};
+pub use judged::{DIGEST_PREFIX, JudgedAction, command_matches, sha256_hex, shell_line};
 pub use options::{
     Answer, Outcome, SWITCH_MODE_TABLE, SwitchModeEffect, SwitchModeRow, choose_option,
     switch_mode_effect,

@@ -108,6 +108,12 @@ pub struct ToolStep {
     /// (the client must still answer it, with `cancelled`).
     #[serde(default)]
     pub withdraw_after_ms: Option<u64>,
+    /// A hostile agent: once allowed, run this command instead of `command`.
+    #[serde(default)]
+    pub then_run: Option<String>,
+    /// A hostile agent: once allowed, write this content instead of `content`.
+    #[serde(default)]
+    pub then_write: Option<String>,
 }
 
 /// How a `connect` step reaches its destination.

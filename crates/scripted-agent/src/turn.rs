@@ -663,7 +663,8 @@ impl Turn {
                 let result = match kind.as_str() {
                     "edit" => {
                         let client = via_client("/fs/writeTextFile");
-                        self.write_file(abs.as_deref(), &content_new, client)
+                        let written = t.then_write.as_deref().unwrap_or(&content_new);
+                        self.write_file(abs.as_deref(), written, client)
                             .await
                             .map(|_| format!("wrote {abs_s}"))
                     }
@@ -679,8 +680,9 @@ impl Turn {
                     },
                     "execute" => {
                         let client = via_client("/terminal");
+                        let ran = t.then_run.as_deref().unwrap_or(&command);
                         tokio::select! {
-                            r = self.execute(&command, &cwd, client) => r,
+                            r = self.execute(ran, &cwd, client) => r,
                             _ = self.wait_cancel() => {
                                 self.agent.update(&sid, json!({"sessionUpdate": "tool_call_update", "toolCallId": tcid, "status": "failed"}));
                                 return Flow::Cancelled;

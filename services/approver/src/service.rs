@@ -183,6 +183,7 @@ impl ApproverState {
                             end_turn_reason: warden_policy::convert::end_turn_reason(d.end_turn)
                                 as i32,
                             request_id: String::new(),
+                            action_digest: warden_policy::convert::judged(req).digest,
                         }
                     }
                     Err(m) => deny(
@@ -247,6 +248,7 @@ impl ApproverState {
             _ => own,
         };
         let upstream = matches!(self.first, First::Upstream(_));
+        let judged = warden_policy::convert::judged(&req);
         let a = pb::Approval {
             id: uuid::Uuid::new_v4().to_string(),
             request: Some(req),
@@ -260,6 +262,7 @@ impl ApproverState {
             created_unix_ms: now,
             deadline_unix_ms: deadline,
             escalated_option_id: first.option_id,
+            judged: Some(judged),
             ..Default::default()
         };
         if let Err(e) = self.queue.hold(a.clone()) {
@@ -415,6 +418,7 @@ fn deny(decision_id: String, rule: &str, reason: String) -> pb::Decision {
         end_turn: false,
         end_turn_reason: 0,
         request_id: String::new(),
+        action_digest: String::new(),
     }
 }
 
@@ -452,6 +456,13 @@ pub fn to_decision(a: &pb::Approval) -> pb::Decision {
             end_turn: false,
             end_turn_reason: 0,
             request_id: String::new(),
+            // What the person saw is what the approval is bound to: the digest of the request
+            // as held (computed again from it, so a record from before the field still binds).
+            action_digest: a
+                .request
+                .as_ref()
+                .map(|r| warden_policy::convert::judged(r).digest)
+                .unwrap_or_default(),
         },
         pb::ApprovalState::Denied => deny(
             a.id.clone(),

@@ -402,6 +402,18 @@ pub fn view(a: &pb::Approval) -> Value {
     };
     let raw: Value = serde_json::from_str(&t.raw_input_json)
         .unwrap_or_else(|_| Value::String(t.raw_input_json.clone()));
+    // What an approval is bound to (held with the request; computed from it for one held
+    // before the field existed).
+    let j = a
+        .judged
+        .clone()
+        .unwrap_or_else(|| warden_policy::convert::judged(&req));
+    let judged = json!({
+        "kind": j.kind, "digest": j.digest,
+        "locations": j.locations.iter().map(|l| rel(l)).collect::<Vec<_>>(),
+        "argv": j.argv, "command_line": warden_rules::shell_line(&j.argv), "cwd": j.cwd,
+        "content_sha256": j.content_sha256,
+    });
     let state = match a.state() {
         pb::ApprovalState::Pending => "pending",
         pb::ApprovalState::Approved => "approved",
@@ -424,6 +436,7 @@ pub fn view(a: &pb::Approval) -> Value {
         "answered_by": a.answered_by, "answered_ms": a.answered_unix_ms,
         "reason": a.reason, "rule": a.rule, "raw_input": raw,
         "withdrawn_reason": a.withdrawn_reason, "withdrawn_ms": a.withdrawn_unix_ms,
+        "judged": judged,
         "now_ms": now_ms(),
     })
 }
@@ -542,4 +555,40 @@ async fn events(
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_shows_what_an_approval_binds() {
+        let req = pb::DecideRequest {
+            boundary: Some(pb::Boundary {
+                root: "/r".into(),
+                ..Default::default()
+            }),
+            tool_call: Some(pb::ToolCall {
+                kind: "execute".into(),
+                title: "sh -c 'echo hi > x'".into(),
+                raw_input_json: r#"{"command":["sh","-c","echo hi > x"],"cwd":"/r/sub"}"#.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let digest = warden_policy::convert::judged(&req).digest;
+        // Held before the field existed: computed from the request, the same digest.
+        for judged in [None, Some(warden_policy::convert::judged(&req))] {
+            let a = pb::Approval {
+                id: "a1".into(),
+                request: Some(req.clone()),
+                judged,
+                ..Default::default()
+            };
+            let v = view(&a);
+            assert_eq!(v["judged"]["digest"], digest.as_str());
+            assert_eq!(v["judged"]["command_line"], "sh -c 'echo hi > x'");
+            assert_eq!(v["judged"]["cwd"], "/r/sub");
+        }
+    }
 }

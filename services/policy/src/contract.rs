@@ -11,6 +11,9 @@
 //!   like the root, foreign-root execution, the read-only profile, elevated plan exits; paths
 //!   named only in the raw input, a command's cwd outside the root, raw input that is not JSON,
 //!   the agent's own configuration and hooks, boundary roots that are `/`, missing or relative);
+//! * `action-digest`: an ALLOW names the digest of the action it judged
+//!   (`Decision.action_digest` = [`crate::convert::judged`] of the request), the only ALLOW a
+//!   caller acts on;
 //! * `deadline`: [`decide_with_deadline`], the caller-side helper the supervisor uses, cuts a
 //!   slow implementation off at the deadline and fails closed (see [`SlowPolicy`]).
 //!
@@ -114,6 +117,7 @@ pub async fn decide_with_deadline(
         end_turn: false,
         end_turn_reason: 0,
         request_id: String::new(),
+        action_digest: String::new(),
     };
     match tokio::time::timeout(deadline, client.decide(r)).await {
         Err(_) => unavailable(format!("no answer within {} ms", deadline.as_millis())),
@@ -533,6 +537,7 @@ pub async fn check_policy_service(
     }
     for (check, name, req, want) in cases {
         let offered = req.options.clone();
+        let digest = crate::convert::judged(&req).digest;
         let d = decide_with_deadline(&mut client, req, opts.deadline).await;
         let v = |check: &'static str, detail: String| Violation {
             check,
@@ -586,6 +591,16 @@ pub async fn check_policy_service(
                     "ALLOW although no allow_once option was offered".into(),
                 ));
             }
+        }
+        if d.verdict == pb::Verdict::Allow as i32 && d.action_digest != digest {
+            // The caller acts on an ALLOW only for the action it asked about.
+            out.push(v(
+                "action-digest",
+                format!(
+                    "ALLOW names action digest {:?}, the request's is {digest:?}",
+                    d.action_digest
+                ),
+            ));
         }
         if name == "plan exit with a safe option"
             && d.verdict == pb::Verdict::Allow as i32
@@ -675,6 +690,7 @@ impl PolicyService for SlowPolicy {
             end_turn: false,
             end_turn_reason: 0,
             request_id: String::new(),
+            action_digest: String::new(),
         }))
     }
 

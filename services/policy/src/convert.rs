@@ -127,7 +127,30 @@ pub fn to_input(
     })
 }
 
-/// The proto verdict.
+/// What the request asks to do, as a decision of it is bound to it (the digest every party
+/// computes alike: `warden_rules::JudgedAction`). A request without a tool call judged nothing.
+pub fn judged(req: &pb::DecideRequest) -> pb::JudgedAction {
+    let Some(tool) = req.tool_call.as_ref() else {
+        return pb::JudgedAction::default();
+    };
+    let root = req.boundary.as_ref().map(|b| b.root.as_str()).unwrap_or("");
+    let a = warden_rules::JudgedAction::of(
+        std::path::Path::new(root),
+        &tool.kind,
+        tool.locations.iter().map(|l| l.path.as_str()),
+        &tool.raw_input_json,
+    );
+    let digest = a.digest();
+    pb::JudgedAction {
+        kind: a.kind,
+        locations: a.locations,
+        argv: a.argv,
+        cwd: a.cwd,
+        content_sha256: a.content_sha256,
+        digest,
+    }
+}
+
 /// The wire form of why a decision ends the turn.
 pub fn end_turn_reason(r: Option<warden_rules::EndTurnReason>) -> pb::EndTurnReason {
     match r {

@@ -172,6 +172,7 @@ impl PolicyState {
                     end_turn: d.end_turn.is_some(),
                     end_turn_reason: convert::end_turn_reason(d.end_turn) as i32,
                     request_id: String::new(),
+                    action_digest: String::new(),
                 }
             }
             Err(m) => pb::Decision {
@@ -183,6 +184,7 @@ impl PolicyState {
                 end_turn: false,
                 end_turn_reason: 0,
                 request_id: String::new(),
+                action_digest: String::new(),
             },
         };
         // Ready, but after the caller's deadline: what is recorded is what the caller enforces.
@@ -191,12 +193,19 @@ impl PolicyState {
         } else {
             outcome
         };
+        // Every answer names what it judged: the caller acts on an ALLOW only for this digest.
+        let judged = convert::judged(req);
+        let mut outcome = outcome;
+        outcome.action_digest = judged.digest.clone();
         // Withdrawn before it was decided: the caller has already refused it. Otherwise the
         // decision is in the ledger before it is written, so a Withdraw racing the write finds it.
         let outcome = {
             let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
             match ledger.take_withdrawn(&req.request_id) {
-                Some(why) => withdrawn(&decision_id, &why),
+                Some(why) => pb::Decision {
+                    action_digest: judged.digest.clone(),
+                    ..withdrawn(&decision_id, &why)
+                },
                 None => {
                     ledger.decided(&req.request_id, &decision_id, outcome.verdict);
                     outcome
@@ -228,6 +237,7 @@ impl PolicyState {
                 .unwrap_or(0),
             end_turn: outcome.end_turn,
             supersedes_decision_id: String::new(),
+            judged: Some(judged),
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
         let written = if active.audit.sync {
@@ -247,6 +257,7 @@ impl PolicyState {
                 end_turn: false,
                 end_turn_reason: 0,
                 request_id: String::new(),
+                action_digest: String::new(),
             };
         }
         let subject = record.subject.as_ref();
@@ -403,6 +414,7 @@ fn withdrawn(decision_id: &str, why: &str) -> pb::Decision {
         end_turn: false,
         end_turn_reason: 0,
         request_id: String::new(),
+        action_digest: String::new(),
     }
 }
 
@@ -631,5 +643,6 @@ fn deadline_exceeded(decision_id: &str, req: &pb::DecideRequest) -> pb::Decision
         end_turn: false,
         end_turn_reason: 0,
         request_id: String::new(),
+        action_digest: String::new(),
     }
 }

@@ -1,8 +1,14 @@
 //! The agent -> supervisor side of one conversation: permissions go to the policy service
 //! (never to the caller), questions go to the caller (never to the policy), `fs/*` is served
-//! inside the boundary only, through the root's directory fd (`warden_containment::beneath`),
-//! and a client write is served only when an ALLOW of this turn covers its path — otherwise the
-//! supervisor asks `Decide` for it like for an edit.
+//! inside the boundary only, through the root's directory fd (`warden_containment::beneath`).
+//!
+//! A decision is bound to what it judged (`warden_rules::JudgedAction`): a client write is
+//! served on an ALLOW of this turn only when that ALLOW judged its path *and* its content (the
+//! hash of the raw input's `content`), and a `terminal/create` runs on one only when it judged
+//! that command (argv) in that working directory; each ALLOW once. Anything else — another
+//! command, other content, an edit whose raw input held no content — is a `Decide` of its own
+//! that carries what will really run (argv and cwd, the content or its hash), and its answer is
+//! enforced.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -20,19 +26,39 @@ use warden_rules::{OfferedOption, Outcome, choose_option};
 use crate::core::ConvCore;
 use crate::policy::rules_verdict;
 use crate::servant::ServantError;
-use crate::turn::{CoveredWrite, EndRequest, TurnCtx};
+use crate::turn::{AllowedExec, CoveredWrite, EndRequest, TurnCtx};
 
-/// The options the supervisor offers the policy for a client write it asks about itself.
+/// The options the supervisor offers the policy for a client write or terminal it asks about
+/// itself.
 const WRITE_OPTION: &str = "write";
+const RUN_OPTION: &str = "run";
 const REFUSE_OPTION: &str = "refuse";
 /// The options it offers for a client read.
 const READ_OPTION: &str = "read";
+
+/// A client write's content up to this size travels in its decision's raw input (so a person
+/// at the approver reads what would be written); a longer one by its hash only.
+const INLINE_CONTENT_BYTES: usize = 64 * 1024;
 
 /// What enforcing one decision produced.
 struct Enforced {
     outcome: PermissionOutcome,
     allowed: bool,
     decision_id: String,
+    /// The digest of the action the request asked about (what an ALLOW is bound to).
+    action_digest: String,
+}
+
+/// A decision the supervisor asks for itself, for what an agent does through the client
+/// (a write, a terminal) that no ALLOW of the turn judged.
+struct OwnRequest<'a> {
+    kind: &'a str,
+    title: String,
+    raw_input: serde_json::Value,
+    locations: Vec<String>,
+    /// (id, name, ACP kind) of the allow option; the refusal is always offered.
+    allow: (&'a str, &'a str),
+    source: &'a str,
 }
 
 impl ConvCore {
@@ -61,6 +87,7 @@ impl ConvCore {
             outcome: PermissionOutcome::Cancelled,
             allowed: false,
             decision_id: String::new(),
+            action_digest: String::new(),
         };
         let decided = match turn {
             Some(t) => {
@@ -126,6 +153,7 @@ impl ConvCore {
             t.record("permission_decision", serde_json::json!({
                 "decision_id": decided.decision_id, "verdict": verdict.as_str_name(),
                 "rule": decided.rule, "reason": reason, "option_sent": sent, "cancelled": cancelled,
+                "action_digest": decided.action_digest,
             }));
             if !allowed {
                 t.lock().refusals.push(pb::Refusal {
@@ -167,13 +195,24 @@ impl ConvCore {
             outcome,
             allowed,
             decision_id: decided.decision_id,
+            action_digest: decided.action_digest,
         }
     }
 
     /// What an ALLOW of `tc` covers: its locations and the paths its raw input names (Claude's
-    /// Write has `file_path`, Codex's patches name files), as the policy judged them; one write
-    /// per path, however many times the call names it.
-    fn covered_by(&self, tc: &pb::ToolCall, decision_id: &str) -> Vec<CoveredWrite> {
+    /// Write has `file_path`, Codex's patches name files), as the policy judged them, each with
+    /// the content the raw input carried (`content_sha256`); one write per path, however many
+    /// times the call names it. An edit whose raw input carries no content (Claude's Edit names
+    /// strings to replace, not the file) covers no write: each is decided with its content.
+    fn covered_by(
+        &self,
+        tc: &pb::ToolCall,
+        e: &Enforced,
+        content_sha256: &str,
+    ) -> Vec<CoveredWrite> {
+        if content_sha256.is_empty() {
+            return Vec::new();
+        }
         let mut paths: Vec<PathBuf> = tc
             .locations
             .iter()
@@ -197,7 +236,9 @@ impl ConvCore {
             .filter_map(|p| self.covered_key(p))
             .map(|path| CoveredWrite {
                 path,
-                decision_id: decision_id.to_string(),
+                content_sha256: content_sha256.to_string(),
+                decision_id: e.decision_id.clone(),
+                digest: e.action_digest.clone(),
                 tool_call_id: tc.id.clone(),
             })
             .collect();
@@ -206,10 +247,19 @@ impl ConvCore {
         covered
     }
 
-    /// The ALLOW covering a client write of `key` in this turn, consumed (one ALLOW, one write).
-    fn take_covering(&self, turn: &TurnCtx, key: &Path) -> Option<CoveredWrite> {
+    /// The ALLOW covering a client write of `content_sha256` to `key` in this turn, consumed
+    /// (one ALLOW, one write): it judged that path and that content.
+    fn take_covering(
+        &self,
+        turn: &TurnCtx,
+        key: &Path,
+        content_sha256: &str,
+    ) -> Option<CoveredWrite> {
         let mut st = turn.lock();
-        let i = st.allowed_writes.iter().position(|c| c.path == key)?;
+        let i = st
+            .allowed_writes
+            .iter()
+            .position(|c| c.path == key && c.content_sha256 == content_sha256)?;
         Some(st.allowed_writes.swap_remove(i))
     }
 
@@ -225,14 +275,90 @@ impl ConvCore {
     /// floor allows reads; an operator policy may refuse them). Outside a turn it is decided
     /// too, and not remembered.
     async fn decide_read(&self, turn: Option<&Arc<TurnCtx>>, key: &Path) -> Enforced {
-        let entered = std::time::Instant::now();
         let path = key.to_string_lossy().into_owned();
+        self.decide_own(
+            turn,
+            OwnRequest {
+                kind: "read",
+                title: format!("fs/read_text_file {path}"),
+                raw_input: serde_json::json!({ "path": path }),
+                locations: vec![path],
+                allow: (READ_OPTION, "Read the file"),
+                source: "fs/read_text_file",
+            },
+        )
+        .await
+    }
+
+    /// The ALLOW of this turn that judged running `run` in `cwd`, consumed (one ALLOW, one
+    /// terminal). Both working directories are compared as resolved now (beneath the root).
+    fn take_exec(&self, turn: &TurnCtx, run: &[String], cwd: &str) -> Option<AllowedExec> {
+        let key = |c: &str| self.covered_key(c).unwrap_or_else(|| PathBuf::from(c));
+        let want = key(cwd);
+        let mut st = turn.lock();
+        let i = st
+            .allowed_exec
+            .iter()
+            .position(|a| warden_rules::command_matches(&a.argv, run) && key(&a.cwd) == want)?;
+        Some(st.allowed_exec.swap_remove(i))
+    }
+
+    /// A client write no ALLOW covers: decided like an edit of that path, carrying the content
+    /// (or, past `INLINE_CONTENT_BYTES`, its hash), so the decision judges and names this write.
+    async fn decide_write(&self, turn: &Arc<TurnCtx>, path: &str, content: &str) -> Enforced {
+        let sha = warden_rules::sha256_hex(content.as_bytes());
+        let mut raw = serde_json::json!({"path": path, "bytes": content.len()});
+        if content.len() <= INLINE_CONTENT_BYTES {
+            raw["content"] = serde_json::Value::from(content);
+        } else {
+            raw["content_sha256"] = serde_json::Value::from(sha);
+        }
+        self.decide_own(
+            Some(turn),
+            OwnRequest {
+                kind: "edit",
+                title: format!("fs/write_text_file {path}"),
+                raw_input: raw,
+                locations: vec![path.to_string()],
+                allow: (WRITE_OPTION, "Write the file"),
+                source: "fs/write_text_file",
+            },
+        )
+        .await
+    }
+
+    /// A `terminal/create` no ALLOW judged: decided as an execute of exactly this argv in this
+    /// working directory (the title is the command line, the raw input its argv and cwd, which
+    /// is what policy rules and a person judge).
+    async fn decide_exec(&self, turn: &Arc<TurnCtx>, run: &[String], cwd: &str) -> Enforced {
+        self.decide_own(
+            Some(turn),
+            OwnRequest {
+                kind: "execute",
+                title: warden_rules::shell_line(run),
+                raw_input: serde_json::json!({"command": run, "cwd": cwd}),
+                locations: Vec::new(),
+                allow: (RUN_OPTION, "Run the command"),
+                source: "terminal/create",
+            },
+        )
+        .await
+    }
+
+    /// Asks `Decide` for something the agent does through the client, offering one allow-once
+    /// and one refusal; only the allow option is an ALLOW (a cancel included refuses).
+    async fn decide_own(&self, turn: Option<&Arc<TurnCtx>>, own: OwnRequest<'_>) -> Enforced {
+        let entered = std::time::Instant::now();
         let request_id = uuid::Uuid::new_v4().simple().to_string();
-        let tool_call_id = format!("fs-read-{request_id}");
-        let title = format!("fs/read_text_file {path}");
+        let prefix = match own.source {
+            "terminal/create" => "terminal",
+            "fs/read_text_file" => "fs-read",
+            _ => "fs-write",
+        };
+        let tool_call_id = format!("{prefix}-{request_id}");
         let options = [
-            (READ_OPTION, "Read the file", "allow_once"),
-            (REFUSE_OPTION, "Refuse the read", "reject_once"),
+            (own.allow.0, own.allow.1, "allow_once"),
+            (REFUSE_OPTION, "Refuse", "reject_once"),
         ];
         let (session_id, current_mode) = {
             let l = self.live();
@@ -244,10 +370,17 @@ impl ConvCore {
             boundary: Some(self.info.wire_boundary()),
             tool_call: Some(pb::ToolCall {
                 id: tool_call_id.clone(),
-                kind: "read".into(),
-                title: title.clone(),
-                raw_input_json: serde_json::json!({ "path": path }).to_string(),
-                locations: vec![pb::Location { path, line: None }],
+                kind: own.kind.into(),
+                title: own.title.clone(),
+                raw_input_json: own.raw_input.to_string(),
+                locations: own
+                    .locations
+                    .iter()
+                    .map(|p| pb::Location {
+                        path: p.clone(),
+                        line: None,
+                    })
+                    .collect(),
             }),
             options: options
                 .iter()
@@ -270,82 +403,20 @@ impl ConvCore {
                 kind: warden_rules::OptionKind::parse(kind),
             })
             .collect();
-        if let Some(t) = turn {
-            t.lock().permissions += 1;
-            t.record(
+        if let Some(turn) = turn {
+            turn.lock().permissions += 1;
+            turn.record(
                 "permission_request",
                 serde_json::json!({
-                    "request_id": request_id, "tool_call_id": tool_call_id, "kind": "read",
-                    "title": title, "source": "fs/read_text_file",
+                    "request_id": request_id, "tool_call_id": tool_call_id, "kind": own.kind,
+                    "title": own.title, "source": own.source,
                 }),
             );
         }
         let mut e = self.enforce(turn, dreq, &offered, entered).await;
-        // Only the read option is an ALLOW; anything else (a cancel included) refuses.
-        e.allowed &= matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == READ_OPTION);
-        e
-    }
-
-    /// A client write no ALLOW covers: decided like an edit of that path.
-    async fn decide_write(&self, turn: &Arc<TurnCtx>, path: &str, bytes: usize) -> Enforced {
-        let entered = std::time::Instant::now();
-        let request_id = uuid::Uuid::new_v4().simple().to_string();
-        let tool_call_id = format!("fs-write-{request_id}");
-        let title = format!("fs/write_text_file {path}");
-        let options = [
-            (WRITE_OPTION, "Write the file", "allow_once"),
-            (REFUSE_OPTION, "Refuse the write", "reject_once"),
-        ];
-        let (session_id, current_mode) = {
-            let l = self.live();
-            (l.session_id.clone(), l.current_mode.clone())
-        };
-        let dreq = pb::DecideRequest {
-            request_id: request_id.clone(),
-            subject: Some(self.info.subject(Some(turn), session_id)),
-            boundary: Some(self.info.wire_boundary()),
-            tool_call: Some(pb::ToolCall {
-                id: tool_call_id.clone(),
-                kind: "edit".into(),
-                title: title.clone(),
-                raw_input_json: serde_json::json!({"path": path, "bytes": bytes}).to_string(),
-                locations: vec![pb::Location {
-                    path: path.to_string(),
-                    line: None,
-                }],
-            }),
-            options: options
-                .iter()
-                .map(|(id, name, kind)| pb::PermissionOption {
-                    id: id.to_string(),
-                    name: name.to_string(),
-                    kind: kind.to_string(),
-                })
-                .collect(),
-            current_mode,
-            deadline_unix_ms: 0,
-            // The supervisor cannot ask a person: an escalation is a refusal here.
-            return_escalations: false,
-        };
-        let offered: Vec<OfferedOption> = options
-            .iter()
-            .map(|(id, name, kind)| OfferedOption {
-                id: id.to_string(),
-                name: name.to_string(),
-                kind: warden_rules::OptionKind::parse(kind),
-            })
-            .collect();
-        turn.lock().permissions += 1;
-        turn.record(
-            "permission_request",
-            serde_json::json!({
-                "request_id": request_id, "tool_call_id": tool_call_id, "kind": "edit",
-                "title": title, "source": "fs/write_text_file",
-            }),
-        );
-        let mut e = self.enforce(Some(turn), dreq, &offered, entered).await;
-        // Only the write option is an ALLOW; anything else (a cancel included) refuses.
-        e.allowed &= matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == WRITE_OPTION);
+        let allow = own.allow.0;
+        e.allowed &=
+            matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == allow);
         e
     }
 }
@@ -439,6 +510,7 @@ impl ClientHandler for ConvCore {
             }));
         }
         let tool_call = dreq.tool_call.clone().unwrap_or_default();
+        let judged = crate::translate::judged(&dreq);
         let e = self.enforce(turn.as_ref(), dreq, &offered, entered).await;
         if let Some(t) = &turn
             && e.allowed
@@ -449,16 +521,25 @@ impl ClientHandler for ConvCore {
                         t.lock().allowed_switches.push(option_id.clone());
                     }
                 }
-                warden_rules::ToolKind::Execute => t.lock().allowed_exec += 1,
                 // What it read is then read through the client without asking again.
                 warden_rules::ToolKind::Read => {
-                    let covered = self.covered_by(&tool_call, &e.decision_id);
+                    let covered = self.covered_by(&tool_call, &e, &judged.content_sha256);
                     t.lock()
                         .allowed_reads
                         .extend(covered.into_iter().map(|c| c.path));
                 }
+                // A command the raw input does not name covers no terminal (each is decided).
+                warden_rules::ToolKind::Execute if !judged.argv.is_empty() => {
+                    t.lock().allowed_exec.push(AllowedExec {
+                        argv: judged.argv,
+                        cwd: judged.cwd,
+                        decision_id: e.decision_id.clone(),
+                        digest: e.action_digest.clone(),
+                        tool_call_id: tc_id.clone(),
+                    });
+                }
                 warden_rules::ToolKind::Edit => {
-                    let covered = self.covered_by(&tool_call, &e.decision_id);
+                    let covered = self.covered_by(&tool_call, &e, &judged.content_sha256);
                     t.lock().allowed_writes.extend(covered);
                 }
                 _ => {}
@@ -512,35 +593,41 @@ impl ClientHandler for ConvCore {
                 "no turn is running: a write is served only within a turn",
             ));
         };
-        let covering = self.take_covering(&turn, &key);
-        let decision_id =
-            match covering {
-                Some(c) => {
-                    turn.record("fs_write", serde_json::json!({
-                    "path": req.path, "bytes": req.content.len(), "covered_by": c.decision_id,
-                    "tool_call_id": c.tool_call_id,
-                }));
-                    c.decision_id
+        // Covered only by an ALLOW that judged this path and this content.
+        let sha = warden_rules::sha256_hex(req.content.as_bytes());
+        let covering = self.take_covering(&turn, &key, &sha);
+        let decision_id = match covering {
+            Some(c) => {
+                turn.record(
+                    "fs_write",
+                    serde_json::json!({
+                        "path": req.path, "bytes": req.content.len(), "content_sha256": sha,
+                        "covered_by": c.decision_id, "action_digest": c.digest,
+                        "tool_call_id": c.tool_call_id,
+                    }),
+                );
+                c.decision_id
+            }
+            None => {
+                let e = self
+                    .decide_write(&turn, &key.to_string_lossy(), &req.content)
+                    .await;
+                if !e.allowed {
+                    return Err(RpcError::invalid_params(format!(
+                        "the write of {} was refused by the policy (decision {})",
+                        req.path, e.decision_id
+                    )));
                 }
-                None => {
-                    let e = self
-                        .decide_write(&turn, &key.to_string_lossy(), req.content.len())
-                        .await;
-                    if !e.allowed {
-                        return Err(RpcError::invalid_params(format!(
-                            "the write of {} was refused by the policy (decision {})",
-                            req.path, e.decision_id
-                        )));
-                    }
-                    turn.record(
-                        "fs_write",
-                        serde_json::json!({
-                            "path": req.path, "bytes": req.content.len(), "decided": e.decision_id,
-                        }),
-                    );
-                    e.decision_id
-                }
-            };
+                turn.record(
+                    "fs_write",
+                    serde_json::json!({
+                        "path": req.path, "bytes": req.content.len(), "content_sha256": sha,
+                        "decided": e.decision_id, "action_digest": e.action_digest,
+                    }),
+                );
+                e.decision_id
+            }
+        };
         let written = self.servant.write(&key, req.content.as_bytes()).await;
         tracing::info!(
             context_id = %self.info.context_id,
@@ -557,13 +644,46 @@ impl ClientHandler for ConvCore {
         &self,
         req: warden_acp::CreateTerminalRequest,
     ) -> Result<String, RpcError> {
+        self.terminal_enabled("terminal/create")?;
+        let Some(turn) = self.turn() else {
+            return Err(RpcError::invalid_params("no turn is running"));
+        };
+        // What would run: the command and its args, in the cwd asked for (the root by default).
+        let run: Vec<String> = std::iter::once(req.command.clone())
+            .chain(req.args.iter().cloned())
+            .collect();
+        let cwd = req
+            .cwd
+            .clone()
+            .unwrap_or_else(|| self.info.root.to_string_lossy().into_owned());
+        let (decision_id, digest) = match self.take_exec(&turn, &run, &cwd) {
+            Some(a) => (a.decision_id, a.digest),
+            None => {
+                let e = self.decide_exec(&turn, &run, &cwd).await;
+                if !e.allowed {
+                    return Err(RpcError::invalid_params(format!(
+                        "the command {} was refused by the policy (decision {}): a terminal runs \
+                         only what an allowed execute judged",
+                        warden_rules::shell_line(&run),
+                        e.decision_id
+                    )));
+                }
+                (e.decision_id, e.action_digest)
+            }
+        };
+        turn.record(
+            "terminal",
+            serde_json::json!({
+                "argv": run, "cwd": cwd, "decision_id": decision_id, "action_digest": digest,
+            }),
+        );
         let target = crate::terminal::Target {
             context_id: &self.info.context_id,
             boundary: self.info.sandbox_boundary(),
             files: self.files.as_ref().ok(),
         };
         self.terminals
-            .create(self.terminal.as_ref(), self.turn(), target, req)
+            .create(self.terminal.as_ref(), Some(turn), target, req)
             .await
     }
 
@@ -759,7 +879,7 @@ mod tests {
     use super::*;
     use crate::core::{ConvInfo, Live};
     use crate::policy::PolicyClient;
-    use crate::turn::{ToolSeen, TurnCtx, TurnInput};
+    use crate::turn::{AllowedExec, ToolSeen, TurnCtx, TurnInput};
 
     fn core(root: &Path) -> ConvCore {
         ConvCore {
@@ -973,10 +1093,13 @@ mod tests {
             }
             other => panic!("expected a permission event, got {other:?}"),
         }
-        // An ALLOW of this turn covering the path lets exactly one write through.
+        // An ALLOW of this turn that judged the path and the content lets exactly one write of
+        // that content through; other content is decided (and refused here: no policy).
         t.lock().allowed_writes.push(CoveredWrite {
             path: dir.path().join("new.txt"),
+            content_sha256: warden_rules::sha256_hex(b"covered"),
             decision_id: "d1".into(),
+            digest: "sha256:00".into(),
             tool_call_id: "tc1".into(),
         });
         let w = |content: &str| {
@@ -986,6 +1109,9 @@ mod tests {
                 content: content.into(),
             })
         };
+        let e = w("pwned").await.unwrap_err();
+        assert!(e.message.contains("refused by the policy"), "{e:?}");
+        assert!(!dir.path().join("new.txt").exists());
         w("covered").await.unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.path().join("new.txt")).unwrap(),
@@ -1063,14 +1189,102 @@ mod tests {
                 line: None,
             }],
         };
-        let covered = c.covered_by(&tc, "d1");
+        let e = Enforced {
+            outcome: PermissionOutcome::Cancelled,
+            allowed: true,
+            decision_id: "d1".into(),
+            action_digest: "sha256:11".into(),
+        };
+        let covered = c.covered_by(&tc, &e, "abcd");
         let paths: Vec<PathBuf> = covered.iter().map(|c| c.path.clone()).collect();
         assert_eq!(paths, vec![root.join("a.txt"), root.join("nb/b.ipynb")]);
+        assert!(covered.iter().all(|c| c.decision_id == "d1"
+            && c.tool_call_id == "tc1"
+            && c.content_sha256 == "abcd"
+            && c.digest == "sha256:11"));
+        // Without the content judged, an edit covers no write.
+        assert!(c.covered_by(&tc, &e, "").is_empty());
+    }
+
+    fn bare_turn() -> Arc<TurnCtx> {
+        TurnCtx::new(
+            TurnInput {
+                id: "t".into(),
+                text: "x".into(),
+                instructions: String::new(),
+                message_id: String::new(),
+                task_id: "task-1".into(),
+                timeout_secs: 1,
+            },
+            1024,
+        )
+        .0
+    }
+
+    #[tokio::test]
+    async fn racing_writes_of_the_judged_content_get_one_through_on_one_allow() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = Arc::new(core(dir.path()));
+        let t = bare_turn();
+        c.live().turn = Some(t.clone());
+        t.lock().allowed_writes.push(CoveredWrite {
+            path: dir.path().join("r.txt"),
+            content_sha256: warden_rules::sha256_hex(b"judged"),
+            decision_id: "d1".into(),
+            digest: "sha256:00".into(),
+            tool_call_id: "tc1".into(),
+        });
+        let path = format!("{}/r.txt", dir.path().display());
+        let tasks: Vec<_> = (0..16)
+            .map(|_| {
+                let (c, path) = (c.clone(), path.clone());
+                tokio::spawn(async move {
+                    c.write_text_file(WriteTextFileRequest {
+                        session_id: "s1".into(),
+                        path,
+                        content: "judged".into(),
+                    })
+                    .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for task in tasks {
+            if task.await.unwrap().is_ok() {
+                ok += 1;
+            }
+        }
+        // The rest were decided on their own (and refused: there is no policy here).
+        assert_eq!(ok, 1, "one ALLOW, one write");
+        assert!(t.lock().allowed_writes.is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_allowed_execute_covers_only_its_command_in_its_cwd_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        let c = core(&root);
+        let t = bare_turn();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        t.lock().allowed_exec.push(AllowedExec {
+            argv: s(&["ls"]),
+            cwd: root.display().to_string(),
+            decision_id: "d1".into(),
+            digest: "sha256:00".into(),
+            tool_call_id: "tc1".into(),
+        });
+        let r = root.display().to_string();
+        let sub = root.join("sub").display().to_string();
         assert!(
-            covered
-                .iter()
-                .all(|c| c.decision_id == "d1" && c.tool_call_id == "tc1")
+            c.take_exec(&t, &s(&["sh", "-c", "echo pwned > m"]), &r)
+                .is_none()
         );
+        assert!(c.take_exec(&t, &s(&["ls"]), &sub).is_none(), "another cwd");
+        assert!(c.take_exec(&t, &s(&["bash", "-lc", "ls"]), &r).is_none());
+        let got = c.take_exec(&t, &s(&["sh", "-c", "ls"]), &format!("{r}/."));
+        assert_eq!(got.map(|a| a.decision_id).as_deref(), Some("d1"));
+        assert!(c.take_exec(&t, &s(&["ls"]), &r).is_none(), "used once");
     }
 
     #[tokio::test]

@@ -31,6 +31,9 @@ pub struct Decided {
     pub latency: Duration,
     /// True when this is the supervisor's own fail-closed DENY.
     pub failed_closed: bool,
+    /// The digest of the action the request asked about (`translate::judged`); an ALLOW named
+    /// exactly this one (see `validate`).
+    pub action_digest: String,
 }
 
 /// The default of `policy.answer_grace_ms`.
@@ -280,6 +283,7 @@ impl PolicyClient {
         let request_id = req.request_id.clone();
         let subject = req.subject.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
+        let digest = crate::translate::judged(&req).digest();
         let mut client = self.client.clone();
         // UNAVAILABLE (nothing listening, a broken connection, an approver restarting) is retried
         // with the same request id until the deadline: an approver that restarts while a person
@@ -316,7 +320,7 @@ impl PolicyClient {
                 self.grace.as_millis()
             ),
             Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
-            Ok(Ok(d)) => match validate(&d, &offered) {
+            Ok(Ok(d)) => match validate(&d, &offered, &digest) {
                 Ok(verdict) => {
                     let end_turn = (d.end_turn
                         || d.end_turn_reason != pb::EndTurnReason::Unspecified as i32)
@@ -330,6 +334,7 @@ impl PolicyClient {
                         end_turn,
                         latency,
                         failed_closed: false,
+                        action_digest: digest,
                     };
                 }
                 Err(why) => format!("malformed answer: {why}"),
@@ -348,6 +353,7 @@ impl PolicyClient {
             end_turn: None,
             latency,
             failed_closed: true,
+            action_digest: digest,
         }
     }
 }
@@ -383,8 +389,10 @@ impl PolicyClient {
 /// How long a withdrawal waits for a paused or busy policy.
 const WITHDRAW_PATIENCE: Duration = Duration::from_secs(60);
 
-/// Checks a decision against the contract; the verdict when it holds.
-fn validate(d: &pb::Decision, offered: &[String]) -> Result<pb::Verdict, String> {
+/// Checks a decision against the contract; the verdict when it holds. An ALLOW must name the
+/// digest of the action asked about (`digest`): one that names none, or another, was not made
+/// for this request and is acted on as nothing (a malformed answer, so DENY).
+fn validate(d: &pb::Decision, offered: &[String], digest: &str) -> Result<pb::Verdict, String> {
     let verdict = pb::Verdict::try_from(d.verdict).map_err(|_| format!("verdict {}", d.verdict))?;
     if d.decision_id.is_empty() {
         return Err("empty decision_id".into());
@@ -399,6 +407,12 @@ fn validate(d: &pb::Decision, offered: &[String]) -> Result<pb::Verdict, String>
         && !offered.iter().any(|o| o == id)
     {
         return Err(format!("option {id:?} was not offered"));
+    }
+    if verdict == pb::Verdict::Allow && d.action_digest != digest {
+        return Err(format!(
+            "the ALLOW names action digest {:?}, not the request's {digest}",
+            d.action_digest
+        ));
     }
     Ok(verdict)
 }
@@ -432,13 +446,24 @@ mod tests {
             end_turn: false,
             end_turn_reason: 0,
             request_id: String::new(),
+            action_digest: "sha256:ab".into(),
         }
     }
 
     #[test]
     fn malformed_decisions_are_refused() {
         let offered = vec!["allow-once".to_string()];
+        let validate = |d: &pb::Decision, o: &[String]| validate(d, o, "sha256:ab");
         assert_eq!(validate(&d(), &offered).unwrap(), pb::Verdict::Allow);
+        // An ALLOW that names no digest, or another action's, is not an ALLOW of this request;
+        // a DENY needs none.
+        for other in ["", "sha256:cd"] {
+            let mut x = d();
+            x.action_digest = other.into();
+            assert!(validate(&x, &offered).is_err(), "{other:?}");
+            x.verdict = pb::Verdict::Deny as i32;
+            assert_eq!(validate(&x, &offered).unwrap(), pb::Verdict::Deny);
+        }
         let mut x = d();
         x.verdict = 99;
         assert!(validate(&x, &offered).is_err());

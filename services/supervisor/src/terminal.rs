@@ -2,8 +2,9 @@
 //!
 //! A command runs contained exactly like the agent (same `Spawner`: clean environment, own
 //! process group and cgroup, bubblewrap when enabled, a lease, `WARDEN_TREE` marker), with its
-//! working directory inside the root, and only after an ALLOW of an `execute` tool call in the
-//! current turn (each ALLOW opens one terminal). Output is kept as a tail bounded by the
+//! working directory inside the root, and only once decided (`bridge.rs`: an ALLOW of an
+//! `execute` tool call in the current turn that judged exactly this command and cwd, each ALLOW
+//! opening one terminal, or a decision of its own). Output is kept as a tail bounded by the
 //! request's `outputByteLimit` (and the turn's output bound).
 
 use std::collections::HashMap;
@@ -118,23 +119,10 @@ impl Terminals {
         target: Target<'_>,
         req: CreateTerminalRequest,
     ) -> Result<String, RpcError> {
-        let Some(turn) = turn else {
+        // Decided by the caller (`bridge.rs`: an ALLOW that judged exactly this command, or a
+        // decision of its own); only ever within a turn.
+        if turn.is_none() {
             return Err(RpcError::invalid_params("no turn is running"));
-        };
-        // One ALLOWed execute tool call opens one terminal.
-        let allowed = {
-            let mut st = turn.lock();
-            if st.allowed_exec > 0 {
-                st.allowed_exec -= 1;
-                true
-            } else {
-                false
-            }
-        };
-        if !allowed {
-            return Err(RpcError::invalid_params(
-                "a terminal runs only after an allowed execute tool call",
-            ));
         }
         let Some(ctx) = ctx else {
             return Err(RpcError::method_not_found("terminal/create"));

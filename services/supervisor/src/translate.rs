@@ -22,6 +22,22 @@ pub fn locations(ls: &[ToolCallLocation]) -> Vec<pb::Location> {
     ls.iter().map(location).collect()
 }
 
+/// What a Decide request asks to do, as its decision is bound to it: the pure
+/// `warden_rules::JudgedAction` of its boundary root and tool call (the policy and the approver
+/// read the same request the same way; a request without a tool call judged nothing).
+pub fn judged(req: &pb::DecideRequest) -> warden_rules::JudgedAction {
+    let Some(tool) = req.tool_call.as_ref() else {
+        return warden_rules::JudgedAction::default();
+    };
+    let root = req.boundary.as_ref().map(|b| b.root.as_str()).unwrap_or("");
+    warden_rules::JudgedAction::of(
+        std::path::Path::new(root),
+        &tool.kind,
+        tool.locations.iter().map(|l| l.path.as_str()),
+        &tool.raw_input_json,
+    )
+}
+
 /// A chunk's `_meta` as JSON text for `TextChunk.meta_json` ("" when absent or null).
 pub fn chunk_meta_json(c: &ContentChunk) -> String {
     match &c.meta {

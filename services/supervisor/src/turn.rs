@@ -56,10 +56,13 @@ pub struct TurnMut {
     pub usage: pb::Usage,
     /// Option ids of ALLOWed switch_mode decisions not yet matched by a mode update.
     pub allowed_switches: Vec<String>,
-    /// ALLOWed execute tool calls not yet used to open a terminal.
-    pub allowed_exec: usize,
-    /// Paths an ALLOWed edit of this turn named (resolved against the root), not yet written
-    /// through `fs/write_text_file`: one ALLOW covers one client write of each of its paths.
+    /// Commands ALLOWed execute tool calls of this turn judged, not yet run: a `terminal/create`
+    /// of exactly one of them (argv and cwd) runs on that ALLOW, once; any other is decided.
+    pub allowed_exec: Vec<AllowedExec>,
+    /// Writes an ALLOWed edit of this turn judged — a path it named (resolved against the root)
+    /// with the hash of the content its raw input carried —, not yet written through
+    /// `fs/write_text_file`: one ALLOW covers one client write of each of its paths, of exactly
+    /// that content; any other write is decided.
     pub allowed_writes: Vec<CoveredWrite>,
     /// Locations a read ALLOW of this turn judged (a client read decided, or an ALLOWed read
     /// tool call's paths): read through `fs/read_text_file` without asking again.
@@ -71,11 +74,27 @@ pub struct TurnMut {
     pub egress_events: u32,
 }
 
-/// A path an ALLOWed edit covers, with the decision that allowed it.
+/// A path an ALLOWed edit covers, with the content it judged and the decision that allowed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CoveredWrite {
     pub path: std::path::PathBuf,
+    /// Hex SHA-256 of the content the ALLOW judged (its raw input's `content`).
+    pub content_sha256: String,
     pub decision_id: String,
+    /// The digest of the action the decision judged (`Decision.action_digest`).
+    pub digest: String,
+    pub tool_call_id: String,
+}
+
+/// A command an ALLOWed execute judged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllowedExec {
+    /// As the raw input named it (`warden_rules::JudgedAction::argv`).
+    pub argv: Vec<String>,
+    /// Where it was judged to run, absolute.
+    pub cwd: String,
+    pub decision_id: String,
+    pub digest: String,
     pub tool_call_id: String,
 }
 
