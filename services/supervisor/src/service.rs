@@ -538,8 +538,9 @@ impl Supervisor {
         if conv.is_none() {
             // No agent to stop: the root is what is left of the context (a restart forgot its
             // conversation). Removed under the slot's lock, then the slot goes.
-            if ending == Ending::Ended {
-                self.remove_root(context_id, principal).await;
+            if ending == Ending::Ended && self.remove_root(context_id, principal).await {
+                // Its next conversation is told the context was reset, as after any close.
+                self.remember_ended(context_id);
             }
             drop(guard);
             self.forget(context_id, &slot);
@@ -549,18 +550,12 @@ impl Supervisor {
         self.forget(context_id, &slot);
         match conv {
             Some(c) => {
-                {
-                    let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-                    ended.push_back(context_id.to_string());
-                    while ended.len() > ENDED_MEMORY {
-                        ended.pop_front();
-                    }
-                }
+                self.remember_ended(context_id);
                 let (forced, processes) = c.close(ending == Ending::Shutdown).await;
                 if ending == Ending::Ended && c.core.info.owned {
                     // The tree is dead and every turn ended (close waited for the active one),
                     // so nothing writes into the root any more.
-                    self.remove_root(context_id, &c.core.info.principal).await;
+                    let _ = self.remove_root(context_id, &c.core.info.principal).await;
                 }
                 pb::CloseConversationResponse {
                     closed: true,
@@ -575,7 +570,16 @@ impl Supervisor {
     /// Removes the owned root registered for `context_id` if `principal` owns it (empty: any
     /// owner). A root may be large: removed off the runtime thread, before the close is
     /// answered (a caller that reopens the context finds a fresh root).
-    async fn remove_root(&self, context_id: &str, principal: &str) {
+    fn remember_ended(&self, context_id: &str) {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        ended.push_back(context_id.to_string());
+        while ended.len() > ENDED_MEMORY {
+            ended.pop_front();
+        }
+    }
+
+    /// True when it removed one.
+    async fn remove_root(&self, context_id: &str, principal: &str) -> bool {
         let roots = self.shared.roots.clone();
         let id = context_id.to_string();
         let who = principal.to_string();
@@ -591,12 +595,19 @@ impl Supervisor {
         })
         .await;
         match res {
-            Ok(Ok(true)) => tracing::info!(context_id, "removed the ended conversation's sandbox"),
-            Ok(Ok(false)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox")
+            Ok(Ok(true)) => {
+                tracing::info!(context_id, "removed the ended conversation's sandbox");
+                true
             }
-            Err(e) => tracing::warn!(context_id, error = %e, "sandbox removal did not finish"),
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(context_id, error = %e, "sandbox removal did not finish");
+                false
+            }
         }
     }
 
