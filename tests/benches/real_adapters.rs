@@ -85,7 +85,10 @@ async fn sample(d: &warden_e2e::Deployment, agent: &str, n: usize) -> (Duration,
         }
     }
     let _ = c
-        .close_conversation(pb::CloseConversationRequest { context_id: ctx })
+        .close_conversation(pb::CloseConversationRequest {
+            context_id: ctx,
+            ..Default::default()
+        })
         .await;
     (
         started.unwrap_or(Duration::MAX),

@@ -256,6 +256,7 @@ async fn main() {
     let _ = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "bench".into(),
+            ..Default::default()
         })
         .await;
 

@@ -620,6 +620,7 @@ async fn kill_latency(w: &Warden, agent: &str, i: usize) -> Result<(f64, f64, us
     let t = Instant::now();
     c.close_conversation(pb::CloseConversationRequest {
         context_id: ctx.clone(),
+        ..Default::default()
     })
     .await
     .map_err(|e| format!("close {agent}: {e}"))?;

@@ -113,6 +113,7 @@ async fn sample(
                 let _ = c
                     .close_conversation(pb::CloseConversationRequest {
                         context_id: ctx.into(),
+                        ..Default::default()
                     })
                     .await;
                 return Ok((started.unwrap_or(end), first.unwrap_or(end), end));

@@ -263,6 +263,7 @@ async fn close_kills_the_term_ignoring_setsid_tree() {
     let r = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "c".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -166,6 +166,7 @@ async fn a_turn_in_an_ended_context_says_the_context_was_reset() {
     let closed = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "ended".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -194,6 +194,7 @@ async fn each_conversation_has_its_own_home_removed_when_it_closes() {
     let closed = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "conv-a".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -243,6 +244,7 @@ async fn with_a_uid_range_each_open_conversation_has_its_own_uid() {
     // and the context's next task starts afresh under a free uid.
     c.close_conversation(pb::CloseConversationRequest {
         context_id: "range-a".into(),
+        ..Default::default()
     })
     .await
     .unwrap();

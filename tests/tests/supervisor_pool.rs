@@ -143,6 +143,7 @@ async fn a_new_conversation_is_served_by_the_warm_agent_and_the_pool_refills() {
     // A close removes the conversation's root and home as always.
     c.close_conversation(pb::CloseConversationRequest {
         context_id: "warm-a".into(),
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -533,6 +534,7 @@ async fn at_the_live_agent_limit_a_conversation_takes_the_slot_of_another_kinds_
     // Once the conversation is gone, the pool fills again.
     c.close_conversation(pb::CloseConversationRequest {
         context_id: "needs-room".into(),
+        ..Default::default()
     })
     .await
     .unwrap();

@@ -158,6 +158,7 @@ async fn no_zombie_outlives_a_moment_under_the_supervisor() {
         assert_eq!(stop(&evs).stop_reason, "end_turn");
         c.close_conversation(pb::CloseConversationRequest {
             context_id: format!("z-{i}"),
+            ..Default::default()
         })
         .await
         .unwrap();

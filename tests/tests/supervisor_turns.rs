@@ -51,6 +51,7 @@ async fn demo_turn_writes_the_file_after_a_real_policy_allow() {
     let closed = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "demo".into(),
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -152,6 +153,7 @@ async fn concurrent_opens_start_one_agent() {
     let closed = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "same".into(),
+            ..Default::default()
         })
         .await
         .unwrap()

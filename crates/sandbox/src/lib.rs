@@ -50,7 +50,7 @@ pub use kill::{
 };
 pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;
-pub use roots::{Boundary, OwnedRoots, Profile, WorkspacePolicy, sanitize_label};
+pub use roots::{Boundary, OwnedRoots, Profile, RootOwner, WorkspacePolicy, sanitize_label};
 pub use spawn::{
     Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, Network, SpawnSpec,
     SpawnedAgent, Spawner,

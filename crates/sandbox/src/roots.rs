@@ -3,7 +3,8 @@
 //! Owned sandboxes are made by this crate with `mkdtemp` (the call fails unless the directory is
 //! new) under `<state dir>/sandboxes`, never under a temp tree; the conversation id survives only
 //! as a sanitized label at the front of the name, and the owner's store maps conversation →
-//! directory (with device and inode, so a swapped directory is noticed). Operator workspaces are
+//! directory (with device and inode, so a swapped directory is noticed) and to the principal that
+//! owns it, so a restart does not turn an owned root into anybody's. Operator workspaces are
 //! validated: an existing directory, not `/`, not a home directory or anything above one, not an
 //! agent configuration home or anything inside one — by spelling and by (device, inode).
 
@@ -58,6 +59,26 @@ struct RootRecord {
     btime_ns: Option<u128>,
     allow_execute: bool,
     profile: Profile,
+    /// The principal (the gateway's authenticated caller) the root belongs to. `None`: recorded
+    /// before owners were, which nobody may reopen (see [`OwnedRoots::owner`]).
+    #[serde(default)]
+    principal: Option<String>,
+}
+
+/// Who a registered root belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootOwner {
+    /// The principal that made it (through a conversation it opened).
+    Principal(String),
+    /// A root recorded before owners were: it belongs to no caller any more.
+    Unrecorded,
+}
+
+impl RootOwner {
+    /// Whether `principal` may reopen the root.
+    pub fn is(&self, principal: &str) -> bool {
+        matches!(self, RootOwner::Principal(p) if p == principal)
+    }
 }
 
 /// Directories that are temp trees: owned sandboxes never go there, because agents (Codex in
@@ -134,12 +155,14 @@ impl OwnedRoots {
         &self.dir
     }
 
-    /// Creates a new sandbox for `conversation_id` and registers it. Fails if the conversation
-    /// already has one (use [`OwnedRoots::get`]). `owner`: the identity the agent runs as; the
-    /// directory is chowned to it (the group stays the supervisor's, for the policy's search).
+    /// Creates a new sandbox for `conversation_id` and registers it as `principal`'s. Fails if
+    /// the conversation already has one (use [`OwnedRoots::get`]). `owner`: the identity the
+    /// agent runs as; the directory is chowned to it (the group stays the supervisor's, for the
+    /// policy's search).
     pub fn create(
         &self,
         conversation_id: &str,
+        principal: &str,
         allow_execute: bool,
         profile: Profile,
         owner: Option<crate::AgentIdentity>,
@@ -173,6 +196,7 @@ impl OwnedRoots {
             btime_ns: birth_ns(&meta),
             allow_execute,
             profile,
+            principal: Some(principal.to_string()),
         };
         let bytes = serde_json::to_vec(&rec).map_err(|e| SandboxError::Lease(e.to_string()))?;
         self.registry.put(conversation_id.as_bytes(), bytes)?;
@@ -203,6 +227,20 @@ impl OwnedRoots {
         }))
     }
 
+    /// Who the sandbox registered for `conversation_id` belongs to (None: there is none). Read
+    /// from the record alone: an owner survives restarts with its root.
+    pub fn owner(&self, conversation_id: &str) -> Result<Option<RootOwner>, SandboxError> {
+        let Some(bytes) = self.registry.get(conversation_id.as_bytes())? else {
+            return Ok(None);
+        };
+        let rec: RootRecord =
+            serde_json::from_slice(&bytes).map_err(|e| SandboxError::Lease(e.to_string()))?;
+        Ok(Some(match rec.principal {
+            Some(p) => RootOwner::Principal(p),
+            None => RootOwner::Unrecorded,
+        }))
+    }
+
     fn verify(&self, rec: &RootRecord) -> Result<(), SandboxError> {
         let bad = || {
             SandboxError::InvalidInput(format!(
@@ -225,11 +263,12 @@ impl OwnedRoots {
     }
 
     /// Hands the sandbox registered for `from` (a warm agent's, see the supervisor's pool) to
-    /// `to`, in one atomic write of the registry, flushed like [`OwnedRoots::create`]: the
-    /// directory does not move (an agent bound to it keeps its path), only the record that
-    /// names its conversation. Refused when `to` already has a sandbox or `from` has none, or
-    /// when the directory is no longer the one that was created.
-    pub fn rename(&self, from: &str, to: &str) -> Result<Boundary, SandboxError> {
+    /// `to`, owned by `principal` from then on, in one atomic write of the registry, flushed
+    /// like [`OwnedRoots::create`]: the directory does not move (an agent bound to it keeps its
+    /// path), only the record that names its conversation and owner. Refused when `to` already
+    /// has a sandbox or `from` has none, or when the directory is no longer the one that was
+    /// created.
+    pub fn rename(&self, from: &str, to: &str, principal: &str) -> Result<Boundary, SandboxError> {
         if self.registry.get(to.as_bytes())?.is_some() {
             return Err(SandboxError::InvalidInput(
                 "conversation already has a sandbox".into(),
@@ -240,9 +279,11 @@ impl OwnedRoots {
                 "no sandbox is registered for {from:?}"
             )));
         };
-        let rec: RootRecord =
+        let mut rec: RootRecord =
             serde_json::from_slice(&bytes).map_err(|e| SandboxError::Lease(e.to_string()))?;
         self.verify(&rec)?;
+        rec.principal = Some(principal.to_string());
+        let bytes = serde_json::to_vec(&rec).map_err(|e| SandboxError::Lease(e.to_string()))?;
         let mut batch = warden_store::Batch::default();
         batch.delete(from.as_bytes());
         batch.put(to.as_bytes(), &bytes);

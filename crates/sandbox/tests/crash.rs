@@ -41,7 +41,7 @@ fn crash_helper() {
         let spawner = Spawner::new(&store, cgroups, None).expect("spawner");
         let root = warden_sandbox::OwnedRoots::open(&state, &store)
             .expect("roots")
-            .create("crash", true, Profile::WorkspaceWrite, None)
+            .create("crash", "p", true, Profile::WorkspaceWrite, None)
             .expect("root");
         let env = EnvPolicy::new([""; 0], [""; 0])
             .expect("policy")

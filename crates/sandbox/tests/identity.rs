@@ -33,7 +33,7 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
     std::fs::set_permissions(roots.dir(), std::fs::Permissions::from_mode(0o711)).unwrap();
     assert_eq!(warden_sandbox::first_unsearchable(roots.dir(), AGENT), None);
     let boundary = roots
-        .create("ident", true, Profile::WorkspaceWrite, Some(AGENT))
+        .create("ident", "p", true, Profile::WorkspaceWrite, Some(AGENT))
         .unwrap();
     assert_eq!(std::fs::metadata(&boundary.root).unwrap().uid(), AGENT.uid);
     let homes = AgentHomes::open(&state, true).unwrap();

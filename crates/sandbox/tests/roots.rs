@@ -4,7 +4,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use warden_sandbox::{OwnedRoots, Profile, SandboxError, WorkspacePolicy};
+use warden_sandbox::{OwnedRoots, Profile, RootOwner, SandboxError, WorkspacePolicy};
 use warden_store::Store;
 
 fn state() -> (tempfile::TempDir, PathBuf, Store) {
@@ -40,7 +40,7 @@ fn hostile_conversation_ids_never_move_the_sandbox() {
     let mut dirs = Vec::new();
     for id in hostile {
         let b = roots
-            .create(id, true, Profile::WorkspaceWrite, None)
+            .create(id, "p", true, Profile::WorkspaceWrite, None)
             .expect("create");
         assert!(b.owned);
         assert_eq!(
@@ -75,7 +75,7 @@ fn hostile_conversation_ids_never_move_the_sandbox() {
     // One conversation, one sandbox.
     assert!(
         roots
-            .create("ctx-1", true, Profile::ReadOnly, None)
+            .create("ctx-1", "p", true, Profile::ReadOnly, None)
             .is_err()
     );
 }
@@ -85,7 +85,7 @@ fn a_swapped_or_symlinked_sandbox_is_not_adopted() {
     let (_d, state, store) = state();
     let roots = OwnedRoots::open(&state, &store).expect("roots");
     let b = roots
-        .create("victim", false, Profile::ReadOnly, None)
+        .create("victim", "p", false, Profile::ReadOnly, None)
         .expect("create");
     // Replace the directory with a symlink of the same name pointing elsewhere.
     std::fs::remove_dir(&b.root).expect("rm");
@@ -105,6 +105,45 @@ fn a_swapped_or_symlinked_sandbox_is_not_adopted() {
         "an unverified directory must not be deleted"
     );
     assert_eq!(roots.get("victim").expect("get"), None);
+}
+
+#[test]
+fn a_root_keeps_its_owner_across_a_reopen_and_a_hand_over() {
+    let (_d, state, store) = state();
+    {
+        let roots = OwnedRoots::open(&state, &store).expect("roots");
+        roots
+            .create("team-ctx", "alice", false, Profile::WorkspaceWrite, None)
+            .expect("create");
+        roots
+            .create("warm-1", "", false, Profile::WorkspaceWrite, None)
+            .expect("create warm");
+        roots.rename("warm-1", "bob-ctx", "bob").expect("hand over");
+    }
+    // A new allocator over the same store (a restart) reads the owners back.
+    let roots = OwnedRoots::open(&state, &store).expect("reopen");
+    let alice = roots.owner("team-ctx").expect("owner").expect("registered");
+    assert_eq!(alice, RootOwner::Principal("alice".into()));
+    assert!(alice.is("alice") && !alice.is("bob") && !alice.is(""));
+    assert_eq!(
+        roots.owner("bob-ctx").expect("owner"),
+        Some(RootOwner::Principal("bob".into()))
+    );
+    assert_eq!(roots.owner("warm-1").expect("owner"), None);
+    assert_eq!(roots.owner("nobody").expect("owner"), None);
+    // A record written before owners were recorded belongs to nobody, not to everybody.
+    let legacy = serde_json::json!({
+        "dir": state.join("sandboxes").join("old"), "dev": 0, "ino": 0,
+        "allow_execute": false, "profile": Profile::WorkspaceWrite
+    });
+    store
+        .tree("sandbox-roots")
+        .expect("tree")
+        .put(b"old-ctx", serde_json::to_vec(&legacy).expect("json"))
+        .expect("put");
+    let old = roots.owner("old-ctx").expect("owner").expect("registered");
+    assert_eq!(old, RootOwner::Unrecorded);
+    assert!(!old.is("") && !old.is("alice"));
 }
 
 #[test]

@@ -212,19 +212,27 @@ pub struct AgentsSection {
     /// while the supervisor has not answered yet.
     #[serde(default)]
     pub list: Vec<AgentEntry>,
-    /// Which agents a principal may use: a principal with an entry may use only the agents it
-    /// names (as the agent of a new context, asked or by default); one without an entry may use
-    /// every agent. The extended agent card shows each caller its own agents.
+    /// Which agents and operator workspaces a principal may use, on every front (A2A in each
+    /// binding, gRPC, 0.3, MCP): a principal with an entry may use only the agents it names (as
+    /// the agent of a new context, asked or by default) and, when the entry has `workspaces`,
+    /// only those workspaces (MCP `bind_workspace`); one without an entry, or a list left out,
+    /// may use every one. The extended agent card and MCP `status` show each caller its own.
     #[serde(default)]
     pub access: Vec<AgentAccessEntry>,
 }
 
-/// `[[agents.access]]`: the agents one principal may use.
+/// `[[agents.access]]`: the agents (and operator workspaces) one principal may use.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentAccessEntry {
     pub principal: String,
-    pub agents: Vec<String>,
+    /// The agents it may use (left out: every agent).
+    #[serde(default)]
+    pub agents: Option<Vec<String>>,
+    /// The operator workspaces (names of the supervisor's `[workspaces]`) it may bind (left
+    /// out: every workspace).
+    #[serde(default)]
+    pub workspaces: Option<Vec<String>>,
 }
 
 /// `[card]`: how the agent card describes this gateway.

@@ -179,6 +179,9 @@ pub struct AgentList {
     /// `ListAgents`: a caller connecting as one of them is inside a warden-run agent.
     pub agent_uids: Vec<(u32, u32)>,
     pub supervisor_uid: Option<u32>,
+    /// The supervisor's task text limit (`ListAgents`; None until it answered): a longer text
+    /// is refused before anything of the request is stored.
+    pub task_text_bytes: Option<usize>,
 }
 
 impl AgentList {
@@ -200,11 +203,12 @@ impl AgentList {
     }
 }
 
-/// Which agents each principal may use (`[[agents.access]]`); a principal without an entry may
-/// use every agent.
+/// Which agents and workspaces each principal may use (`[[agents.access]]`): the one rule every
+/// front asks, through [`Core::may_use`], [`Core::may_use_workspace`] and [`Core::resolve_agent`].
+/// A principal without an entry, or an entry without a list, may use every one.
 #[derive(Debug, Clone, Default)]
 pub struct AgentAccess {
-    by_principal: HashMap<String, Vec<String>>,
+    by_principal: HashMap<String, crate::config::AgentAccessEntry>,
 }
 
 impl AgentAccess {
@@ -212,7 +216,7 @@ impl AgentAccess {
         Self {
             by_principal: entries
                 .iter()
-                .map(|e| (e.principal.clone(), e.agents.clone()))
+                .map(|e| (e.principal.clone(), e.clone()))
                 .collect(),
         }
     }
@@ -220,7 +224,22 @@ impl AgentAccess {
     pub fn allows(&self, principal: &str, agent: &str) -> bool {
         self.by_principal
             .get(principal)
+            .and_then(|e| e.agents.as_ref())
             .is_none_or(|list| list.iter().any(|a| a == agent))
+    }
+
+    pub fn allows_workspace(&self, principal: &str, workspace: &str) -> bool {
+        self.by_principal
+            .get(principal)
+            .and_then(|e| e.workspaces.as_ref())
+            .is_none_or(|list| list.iter().any(|w| w == workspace))
+    }
+
+    /// Whether `principal` is limited to some agents.
+    fn restricts_agents(&self, principal: &str) -> bool {
+        self.by_principal
+            .get(principal)
+            .is_some_and(|e| e.agents.is_some())
     }
 }
 
@@ -512,6 +531,7 @@ impl Core {
             generation: 0,
             agent_uids: Vec::new(),
             supervisor_uid: None,
+            task_text_bytes: None,
         };
         Arc::new(Self {
             store,
@@ -541,7 +561,17 @@ impl Core {
     fn restricted(&self, principal: &str) -> bool {
         self.access
             .get()
-            .is_some_and(|a| a.by_principal.contains_key(principal))
+            .is_some_and(|a| a.restricts_agents(principal))
+    }
+
+    /// Whether `principal` may use the operator workspace `workspace` ("" = an owned sandbox,
+    /// always).
+    pub fn may_use_workspace(&self, principal: &str, workspace: &str) -> bool {
+        workspace.is_empty()
+            || self
+                .access
+                .get()
+                .is_none_or(|a| a.allows_workspace(principal, workspace))
     }
 
     /// The agents `principal` may use now (for its extended card).
@@ -551,7 +581,9 @@ impl Core {
         list
     }
 
-    fn refuse_agent(&self, principal: &str, agent: &str) -> A2aError {
+    /// The refusal of an agent: it names only the caller's own agents, and a restricted caller
+    /// is told the same whether the agent exists or not.
+    pub fn refuse_agent(&self, principal: &str, agent: &str) -> A2aError {
         let mine: Vec<String> = self
             .agents_for(principal)
             .agents
@@ -566,6 +598,45 @@ impl Core {
                 mine.join(", ")
             }
         ))
+    }
+
+    /// The agent a new conversation of `principal` runs: the one it asked for or the default,
+    /// refused (naming only its own agents) unless it is configured and the principal may use
+    /// it. Every front opens conversations through this (A2A in each binding, MCP verbs).
+    pub async fn resolve_agent(
+        &self,
+        principal: &str,
+        asked: Option<&str>,
+    ) -> Result<String, A2aError> {
+        let Some(a) = asked else {
+            let default = self.agents().default;
+            // The default too must be one of the caller's agents: for a restricted caller
+            // "the supervisor's default" ("") is named, so it can be checked.
+            if self.restricted(principal)
+                && (default.is_empty() || !self.may_use(principal, &default))
+            {
+                return Err(self.refuse_agent(principal, &default));
+            }
+            return Ok(default);
+        };
+        if !self.agents().contains(a) {
+            // The supervisor may have been configured with it since the list was fetched.
+            if let Err(e) = self.refresh_agents().await {
+                tracing::warn!(error = %e, "cannot list the supervisor's agents");
+            }
+        }
+        let list = self.agents();
+        if list.contains(a) && self.may_use(principal, a) {
+            return Ok(a.to_string());
+        }
+        if self.restricted(principal) {
+            return Err(self.refuse_agent(principal, a));
+        }
+        let names: Vec<&str> = list.agents.iter().map(|k| k.name.as_str()).collect();
+        Err(A2aError::InvalidParams(format!(
+            "unknown agent {a:?}; configured agents: {}",
+            names.join(", ")
+        )))
     }
 
     /// Turns push notifications on (once; later calls are ignored).
@@ -760,8 +831,10 @@ impl Core {
         let mut closed = false;
         if unchanged && !self.context_busy(context_id) {
             let mut client = self.supervisor.clone();
+            // The supervisor closes and removes only what is this principal's.
             let req = CloseConversationRequest {
                 context_id: context_id.to_string(),
+                principal: seen.principal.clone(),
             };
             match tokio::time::timeout(CLOSE_TIMEOUT, client.close_conversation(req)).await {
                 Ok(Ok(r)) => {
@@ -901,6 +974,7 @@ impl Core {
         let mut list = self.agents.write().unwrap_or_else(|p| p.into_inner());
         list.agent_uids = resp.agent_uids.iter().map(|r| (r.first, r.last)).collect();
         list.supervisor_uid = Some(resp.supervisor_uid);
+        list.task_text_bytes = (resp.task_text_bytes > 0).then_some(resp.task_text_bytes as usize);
         if list.generation == 0 || list.agents != agents || list.default != default {
             if !agents.iter().any(|a| a.name == default) {
                 tracing::warn!(default = %default, "the default agent is not one the supervisor lists");
@@ -1155,7 +1229,11 @@ impl Core {
         Ok(snapshot)
     }
 
-    async fn choose_agent(&self, req: &SendMessageRequest) -> Result<Option<String>, A2aError> {
+    async fn choose_agent(
+        &self,
+        principal: &str,
+        req: &SendMessageRequest,
+    ) -> Result<Option<String>, A2aError> {
         let from = |m: &Option<crate::a2a::Metadata>| -> Option<String> {
             let m = m.as_ref()?;
             m.get(META_KEY)
@@ -1167,22 +1245,7 @@ impl Core {
         };
         let asked = from(&req.message.metadata).or_else(|| from(&req.metadata));
         let Some(a) = asked else { return Ok(None) };
-        if self.agents().contains(&a) {
-            return Ok(Some(a));
-        }
-        // The supervisor may have been configured with it since the list was fetched.
-        if let Err(e) = self.refresh_agents().await {
-            tracing::warn!(error = %e, "cannot list the supervisor's agents");
-        }
-        let list = self.agents();
-        if list.contains(&a) {
-            return Ok(Some(a));
-        }
-        let names: Vec<&str> = list.agents.iter().map(|k| k.name.as_str()).collect();
-        Err(A2aError::InvalidParams(format!(
-            "unknown agent {a:?}; configured agents: {}",
-            names.join(", ")
-        )))
+        self.resolve_agent(principal, Some(&a)).await.map(Some)
     }
 
     /// SendMessage / SendStreamingMessage.
@@ -1236,7 +1299,12 @@ impl Core {
                 "historyLength must not be negative".into(),
             ));
         }
-        let agent_asked = self.choose_agent(&req).await?;
+        let agent_asked = self.choose_agent(principal, &req).await?;
+        if self.agents().task_text_bytes.is_none()
+            && let Err(e) = self.refresh_agents().await
+        {
+            tracing::warn!(error = %e, "cannot list the supervisor's agents");
+        }
 
         let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
             Some(task_id) => {
@@ -1356,6 +1424,17 @@ impl Core {
         push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
     ) -> Result<Arc<LiveTask>, A2aError> {
         let msg = &req.message;
+        // A text the supervisor would refuse is refused here, before a byte of it is stored:
+        // a rejected request must not cost disk for the retention period.
+        let text = msg.prompt_text();
+        if let Some(limit) = self.agents().task_text_bytes
+            && text.len() > limit
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "prompt-too-large: task text is {} bytes, the limit is {limit}",
+                text.len()
+            )));
+        }
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
             Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
                 return Err(A2aError::InvalidParams(format!(
@@ -1398,12 +1477,9 @@ impl Core {
                     ctx.agent
                 }
                 None => {
-                    let mut agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    let agent = agent_asked.unwrap_or_else(|| self.agents().default);
                     // The default too must be one of the caller's agents: for a restricted
                     // caller "the supervisor's default" ("") is named, so it can be checked.
-                    if agent.is_empty() && self.restricted(principal) {
-                        agent = self.agents().default;
-                    }
                     if (agent.is_empty() && self.restricted(principal))
                         || !self.may_use(principal, &agent)
                     {
@@ -1489,7 +1565,7 @@ impl Core {
         let run = RunTurnRequest {
             context_id: context_id.clone(),
             turn_id: task_id.clone(),
-            text: msg.prompt_text(),
+            text,
             message_id: msg.message_id.clone(),
             task_id: task_id.clone(),
             timeout_seconds: self.settings.turn_timeout_seconds,

@@ -499,7 +499,8 @@ async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
         status_text(task).starts_with("the agent could not start"),
         "{task}"
     );
-    // A prompt over the supervisor's 16 KiB task limit is refused before anything starts.
+    // A prompt over the supervisor's 16 KiB task limit is refused before anything starts, or
+    // is stored: the request is invalid, and no task of it exists.
     let big = "x".repeat(20_000);
     let r = gw
         .rpc(
@@ -507,9 +508,14 @@ async fn a_context_whose_agent_cannot_start_fails_with_the_startup_fault() {
             json!({"message": message("m-big", &big, json!({}))}),
         )
         .await;
-    let task = &r["result"]["task"];
-    assert_eq!(state(task), "TASK_STATE_REJECTED", "{r}");
-    assert!(status_text(task).contains("prompt-too-large"), "{task}");
+    assert_eq!(r["error"]["code"], -32602, "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("prompt-too-large"),
+        "{r}"
+    );
     // The card lists the supervisor's agents (its built-ins and `broken`) as skills; an agent
     // neither knows is refused.
     let card = gw

@@ -332,7 +332,7 @@ impl Pool {
         };
         let boundary = sh
             .roots
-            .create(id, false, POOL_PROFILE, ident)
+            .create(id, "", false, POOL_PROFILE, ident)
             .map_err(|e| fail("cannot make a sandbox", &e))?;
         undo.root = true;
         let home = sh
@@ -538,7 +538,7 @@ impl Pool {
             dispose(&self.shared, w).await;
             return None;
         }
-        if let Err(e) = self.shared.roots.rename(&w.id, &ctx) {
+        if let Err(e) = self.shared.roots.rename(&w.id, &ctx, &core.info.principal) {
             tracing::error!(context_id = %ctx, pool_id = %w.id, error = %e, "cannot hand the warm root over: discarded");
             self.shared.spawner.release_identity(&ctx);
             dispose(&self.shared, w).await;

@@ -86,6 +86,18 @@ fn check_id(what: &str, s: &str) -> Result<(), Status> {
     Ok(())
 }
 
+/// What a principal is told for a context that is another principal's (a live conversation or
+/// a root registered to someone else): the same words the gateway uses for a context it knows
+/// to be another's, so the answer says nothing the caller could not learn there. Typed
+/// REJECTED: the gateway ends the task with it, nothing started.
+fn not_yours(context_id: &str) -> Status {
+    crate::fault::status(
+        tonic::Code::NotFound,
+        pb::FaultClass::Rejected,
+        format!("context {context_id} not found"),
+    )
+}
+
 /// The longest model or effort name a caller may ask for.
 const MAX_OPTION: usize = 128;
 
@@ -154,10 +166,22 @@ impl Supervisor {
                 st,
                 pb::ConversationState::Closed | pb::ConversationState::Failed
             ) {
+                if c.core.info.principal != req.principal {
+                    tracing::warn!(context_id = %req.context_id, principal = %req.principal, "open of another principal's conversation refused");
+                    return Err(not_yours(&req.context_id));
+                }
                 return Ok(c.clone());
             }
         }
-        let res = self.start_locked(req, &mut guard).await;
+        // A root outlives its agent (idle stop, restart): it is reopened by its owner only.
+        let res = match self.shared.roots.owner(&req.context_id) {
+            Ok(Some(o)) if req.workspace.is_empty() && !o.is(&req.principal) => {
+                tracing::warn!(context_id = %req.context_id, principal = %req.principal, "open of another principal's sandbox refused");
+                Err(not_yours(&req.context_id))
+            }
+            Ok(_) => self.start_locked(req, &mut guard).await,
+            Err(e) => Err(Status::internal(format!("sandbox registry: {e}"))),
+        };
         if res.is_err() && guard.is_none() {
             // A refused or failed open leaves no slot behind.
             drop(guard);
@@ -247,7 +271,7 @@ impl Supervisor {
                     made_root = true;
                     self.shared
                         .roots
-                        .create(&req.context_id, false, profile, ident)
+                        .create(&req.context_id, &req.principal, false, profile, ident)
                         .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
                 }
             }
@@ -473,42 +497,59 @@ impl Supervisor {
     /// the tree is killed, the home removed, and an owned root removed after its turns'
     /// transcripts are closed (they live in the state directory, not in the root). An operator
     /// workspace is never removed.
-    pub async fn close(&self, context_id: &str) -> pb::CloseConversationResponse {
-        self.close_as(context_id, Ending::Ended).await
+    ///
+    /// `principal` (empty: the gateway's own housekeeping, any owner) closes only what is its
+    /// own: another principal's conversation or root is left alone and the answer is "not
+    /// found". A context with no conversation in memory (the supervisor restarted since) still
+    /// has its owned root removed: nothing of an ended context outlives its close.
+    pub async fn close(&self, context_id: &str, principal: &str) -> pb::CloseConversationResponse {
+        self.close_as(context_id, Ending::Ended, principal).await
     }
 
-    async fn close_as(&self, context_id: &str, ending: Ending) -> pb::CloseConversationResponse {
-        let Some(slot) = self.existing(context_id) else {
-            return pb::CloseConversationResponse::default();
+    async fn close_as(
+        &self,
+        context_id: &str,
+        ending: Ending,
+        principal: &str,
+    ) -> pb::CloseConversationResponse {
+        // Held like an open holds it, so no open can take up the root while it is removed.
+        let slot = match ending {
+            Ending::Ended => self.slot(context_id),
+            Ending::Shutdown => match self.existing(context_id) {
+                Some(s) => s,
+                None => return pb::CloseConversationResponse::default(),
+            },
         };
-        let conv = slot.conv.lock().await.take();
+        let mut guard = slot.conv.lock().await;
+        if !principal.is_empty()
+            && guard
+                .as_ref()
+                .is_some_and(|c| c.core.info.principal != principal)
+        {
+            return pb::CloseConversationResponse::default();
+        }
+        let conv = guard.take();
+        if conv.is_none() {
+            // No agent to stop: the root is what is left of the context (a restart forgot its
+            // conversation). Removed under the slot's lock, then the slot goes.
+            if ending == Ending::Ended && self.remove_root(context_id, principal).await {
+                // Its next conversation is told the context was reset, as after any close.
+                self.remember_ended(context_id);
+            }
+            drop(guard);
+            self.forget(context_id, &slot);
+            return pb::CloseConversationResponse::default();
+        }
+        drop(guard);
         self.forget(context_id, &slot);
         match conv {
             Some(c) => {
-                {
-                    let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-                    ended.push_back(context_id.to_string());
-                    while ended.len() > ENDED_MEMORY {
-                        ended.pop_front();
-                    }
-                }
+                self.remember_ended(context_id);
                 let (forced, processes) = c.close(ending == Ending::Shutdown).await;
                 if ending == Ending::Ended && c.core.info.owned {
                     // The tree is dead and every turn ended (close waited for the active one),
                     // so nothing writes into the root any more.
-                    // A root may be large: removed off the runtime thread, before the close is
-                    // answered (a caller that reopens the context finds a fresh root).
-                    let roots = self.shared.roots.clone();
-                    let id = context_id.to_string();
-                    match tokio::task::spawn_blocking(move || roots.remove(&id)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
-                            tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox")
-                        }
-                        Err(e) => {
-                            tracing::warn!(context_id, error = %e, "sandbox removal did not finish")
-                        }
-                    }
+                    let _ = self.remove_root(context_id, &c.core.info.principal).await;
                 }
                 pb::CloseConversationResponse {
                     closed: true,
@@ -517,6 +558,50 @@ impl Supervisor {
                 }
             }
             None => pb::CloseConversationResponse::default(),
+        }
+    }
+
+    /// Removes the owned root registered for `context_id` if `principal` owns it (empty: any
+    /// owner). A root may be large: removed off the runtime thread, before the close is
+    /// answered (a caller that reopens the context finds a fresh root).
+    fn remember_ended(&self, context_id: &str) {
+        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        ended.push_back(context_id.to_string());
+        while ended.len() > ENDED_MEMORY {
+            ended.pop_front();
+        }
+    }
+
+    /// True when it removed one.
+    async fn remove_root(&self, context_id: &str, principal: &str) -> bool {
+        let roots = self.shared.roots.clone();
+        let id = context_id.to_string();
+        let who = principal.to_string();
+        let res = tokio::task::spawn_blocking(move || match roots.owner(&id)? {
+            // A root recorded before owners were belongs to no caller: any close of its
+            // context takes it.
+            Some(o)
+                if who.is_empty() || o.is(&who) || o == warden_sandbox::RootOwner::Unrecorded =>
+            {
+                roots.remove(&id).map(|()| true)
+            }
+            _ => Ok(false),
+        })
+        .await;
+        match res {
+            Ok(Ok(true)) => {
+                tracing::info!(context_id, "removed the ended conversation's sandbox");
+                true
+            }
+            Ok(Ok(false)) => false,
+            Ok(Err(e)) => {
+                tracing::warn!(context_id, error = %e, "cannot remove the ended conversation's sandbox");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(context_id, error = %e, "sandbox removal did not finish");
+                false
+            }
         }
     }
 
@@ -536,7 +621,7 @@ impl Supervisor {
             let me = self.clone();
             // A stop of the supervisor is not the end of the conversation: its root stays for
             // the context's next task after the restart.
-            set.spawn(async move { me.close_as(&id, Ending::Shutdown).await });
+            set.spawn(async move { me.close_as(&id, Ending::Shutdown, "").await });
         }
         while set.join_next().await.is_some() {}
     }
@@ -687,8 +772,11 @@ impl SupervisorService for Api {
         &self,
         req: Request<pb::CloseConversationRequest>,
     ) -> Result<Response<pb::CloseConversationResponse>, Status> {
-        check_context_id(&req.get_ref().context_id)?;
-        Ok(Response::new(self.0.close(&req.get_ref().context_id).await))
+        let r = req.get_ref();
+        check_context_id(&r.context_id)?;
+        Ok(Response::new(
+            self.0.close(&r.context_id, &r.principal).await,
+        ))
     }
 
     type RunTurnStream = EventStream;
@@ -721,6 +809,7 @@ impl SupervisorService for Api {
                 r.instructions.len()
             )));
         }
+        let principal = r.open.as_ref().map(|o| o.principal.as_str()).unwrap_or("");
         let conv = match self.0.get(&r.context_id).await {
             Some(c)
                 if !matches!(
@@ -728,6 +817,10 @@ impl SupervisorService for Api {
                     pb::ConversationState::Closed | pb::ConversationState::Failed
                 ) =>
             {
+                // A turn runs in its own principal's conversation only.
+                if c.core.info.principal != principal {
+                    return Err(not_yours(&r.context_id));
+                }
                 c
             }
             _ => {
@@ -906,6 +999,7 @@ impl SupervisorService for Api {
                 .map(|(first, last)| pb::UidRange { first, last })
                 .collect(),
             supervisor_uid: nix::unistd::getuid().as_raw(),
+            task_text_bytes: u32::try_from(s.limits().task_text_bytes).unwrap_or(u32::MAX),
         }))
     }
 

@@ -53,7 +53,7 @@ impl Fixture {
     pub fn owned_root(&self, conv: &str, profile: Profile) -> Boundary {
         OwnedRoots::open(&self.state_dir(), &self.store)
             .expect("owned roots")
-            .create(conv, true, profile, None)
+            .create(conv, "p", true, profile, None)
             .expect("create root")
     }
 

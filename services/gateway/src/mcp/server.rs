@@ -156,7 +156,7 @@ impl McpFront {
     /// A session ended (DELETE): its binding goes, and its conversations are closed at the
     /// supervisor unless a background job still runs in one.
     pub fn session_closed(self: &Arc<Self>, sid: &str) {
-        lock(&self.sessions).remove(sid);
+        let principal = lock(&self.sessions).remove(sid).unwrap_or_default();
         let Some(scope) = lock(&self.scopes).remove(&format!("s:{sid}")) else {
             return;
         };
@@ -173,6 +173,7 @@ impl McpFront {
                     .supervisor()
                     .close_conversation(CloseConversationRequest {
                         context_id: context_id.clone(),
+                        principal: principal.clone(),
                     })
                     .await;
                 tracing::info!(context_id = %context_id, ok = r.is_ok(), "MCP session ended; conversation closed");
@@ -223,26 +224,13 @@ impl McpFront {
             .clone()
     }
 
-    async fn resolve_agent(&self, asked: Option<&str>) -> Result<String, String> {
-        let Some(a) = asked else {
-            return Ok(self.core.agents().default);
-        };
-        if !self.core.agents().contains(a) {
-            let _ = self.core.refresh_agents().await;
-        }
-        let list = self.core.agents();
-        if list.contains(a) {
-            Ok(a.to_string())
-        } else {
-            Err(format!(
-                "unknown agent {a:?}; configured agents: {}",
-                list.agents
-                    .iter()
-                    .map(|k| k.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        }
+    /// The agent a verb runs, by the gateway's one access rule (the same as A2A's): a refusal
+    /// names only the caller's own agents.
+    async fn resolve_agent(&self, principal: &str, asked: Option<&str>) -> Result<String, String> {
+        self.core
+            .resolve_agent(principal, asked)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// One verb call, from its parsed arguments to its envelope.
@@ -283,7 +271,10 @@ impl McpFront {
                 ),
             );
         }
-        let agent = match self.resolve_agent(args.agent.as_deref()).await {
+        let agent = match self
+            .resolve_agent(&caller.principal, args.agent.as_deref())
+            .await
+        {
             Ok(a) => a,
             Err(e) => return refused(h, "mcp.agent.unknown", e),
         };
@@ -296,6 +287,14 @@ impl McpFront {
             .as_ref()
             .map(|b| b.workspace.clone())
             .unwrap_or_default();
+        if !self.core.may_use_workspace(&caller.principal, &workspace) {
+            *lock(&scope.binding) = None;
+            return refused(
+                h,
+                "mcp.binding.void",
+                "the bound workspace is not available to you; the binding was cleared".into(),
+            );
+        }
         let profile = verb.profile() as i32;
         let context_id = self.context_for(scope, profile, &workspace, &agent);
         if let Err(e) = self
@@ -624,12 +623,16 @@ impl McpFront {
         let scope = self.scope(scope_key);
         // A stateless retry carrying the human's answer (MRTR).
         if let (Some(state), Some(responses)) = (&req.request_state, &req.input_responses) {
-            let pending = lock(&self.pending).remove(state);
-            let Some(p) = pending.filter(|p| {
-                p.principal == caller.principal
-                    && p.scope == scope_key
-                    && p.at.elapsed() < PENDING_BIND_TTL
-            }) else {
+            // The handle is its owner's: checked before it is used up, so a leaked one
+            // presented by another caller changes nothing.
+            let pending = {
+                let mut m = lock(&self.pending);
+                let mine = m
+                    .get(state)
+                    .is_some_and(|p| p.principal == caller.principal && p.scope == scope_key);
+                if mine { m.remove(state) } else { None }
+            };
+            let Some(p) = pending.filter(|p| p.at.elapsed() < PENDING_BIND_TTL) else {
                 return bind_result(
                     None,
                     "this bind request expired or is unknown; call bind_workspace again".into(),
@@ -660,8 +663,12 @@ impl McpFront {
         if let Err((_, why)) = tools::check_names(args, &["proposed_path"]) {
             return bind_result(None, why).into();
         }
+        // Only the workspaces this caller may use are offered, matched or named in a refusal.
         let allowed = match self.workspaces().await {
-            Ok(w) => w,
+            Ok(w) => w
+                .into_iter()
+                .filter(|w| self.core.may_use_workspace(&caller.principal, &w.name))
+                .collect::<Vec<_>>(),
             Err(e) => return bind_result(None, e).into(),
         };
         let proposed = match args.get("proposed_path") {
@@ -680,7 +687,7 @@ impl McpFront {
             None if allowed.is_empty() => {
                 return bind_result(
                     None,
-                    "the operator has allowed no workspace (the supervisor's [workspaces] is empty)"
+                    "no workspace is available to you (the supervisor's [workspaces], the gateway's [[agents.access]])"
                         .into(),
                 )
                 .into();
@@ -763,7 +770,7 @@ impl McpFront {
                 "workspace_fingerprint": b.as_ref().map(|b| b.fingerprint.clone()),
                 "tools": tools::INVENTORY,
                 "depth": caller.depth,
-                "agents": self.core.agents().agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+                "agents": self.core.agents_for(&caller.principal).agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
                 "limits": {"task_max_bytes": self.cfg.task_max_bytes, "max_timeout_seconds": self.cfg.max_timeout_seconds,
                            "default_timeout_seconds": self.cfg.default_timeout_seconds},
             }),
@@ -891,10 +898,17 @@ impl McpFront {
         principal: &str,
         ct: CancellationToken,
     ) -> CallToolResponse {
-        let run = lock(&self.runs).remove(state);
-        let Some(run) =
-            run.filter(|r| r.principal == principal && r.at.elapsed() < PENDING_BIND_TTL)
-        else {
+        // The handle is its owner's: checked before it is taken, so a leaked one presented by
+        // another caller neither answers nor ends the waiting call.
+        let run = {
+            let mut m = lock(&self.runs);
+            if m.get(state).is_some_and(|r| r.principal == principal) {
+                m.remove(state)
+            } else {
+                None
+            }
+        };
+        let Some(run) = run.filter(|r| r.at.elapsed() < PENDING_BIND_TTL) else {
             return json_result(json!({"error": "this call's requestState is unknown or expired; call the tool again"}), true).into();
         };
         let answer = responses

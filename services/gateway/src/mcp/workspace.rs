@@ -86,7 +86,7 @@ pub fn match_proposed(proposed: &str, allowed: &[WorkspaceInfo]) -> Result<Works
     match found {
         Some(w) => Ok(w.clone()),
         None if allowed.is_empty() => Err(
-            "the operator has allowed no workspace (the supervisor's [workspaces] is empty); warden runs unbound in its own sandboxes"
+            "no workspace is available to you (the supervisor's [workspaces], the gateway's [[agents.access]]); warden runs unbound in its own sandboxes"
                 .into(),
         ),
         None => Err(format!(
