@@ -133,6 +133,7 @@ async fn a_symlink_flipped_to_claude_never_gets_a_client_write_into_it() {
     let _ = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "flip".into(),
+            principal: String::new(),
         })
         .await;
     assert!(!target.exists());
@@ -268,6 +269,7 @@ async fn fs_requests_in_an_operator_workspace_have_only_the_agents_rights() {
     let _ = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "deputy".into(),
+            principal: String::new(),
         })
         .await;
     let _ = std::fs::remove_dir_all(&ws);
@@ -422,6 +424,7 @@ async fn the_servant_runs_as_the_agent_and_a_read_only_bind_stops_it() {
     let _ = c
         .close_conversation(pb::CloseConversationRequest {
             context_id: "servant".into(),
+            principal: String::new(),
         })
         .await;
     assert!(
