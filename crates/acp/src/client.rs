@@ -1,9 +1,13 @@
 //! The connection: one reader task, one writer task, a table of our pending
-//! requests, and one spawned task per incoming agent request.
+//! requests, and one spawned task per incoming agent request — at most
+//! `max_incoming_requests` of them at once (one more is answered with an error at
+//! once), and at most `max_queued_bytes` of lines waiting for the agent to read
+//! its stdin (an agent that stops reading faults the connection instead of
+//! growing the queue).
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,6 +27,10 @@ use crate::types::{
 
 /// Default bound on one incoming line: 16 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Default bound on the agent's requests being handled at once.
+pub const DEFAULT_MAX_INCOMING_REQUESTS: usize = 64;
+/// Default bound on the bytes queued for the agent's stdin and not written yet: 32 MiB.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 
 /// Which JSON type our outgoing request ids use (the agent must echo either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,6 +67,14 @@ pub struct ClientConfig {
     /// How many permission timings are kept (oldest dropped first), so a
     /// long-lived connection does not grow without bound.
     pub permission_timing_capacity: usize,
+    /// The agent's requests handled at once (each is a task holding its answer until it
+    /// is queued); one more is answered at once with an error saying so, unhandled.
+    pub max_incoming_requests: usize,
+    /// Bytes queued for the agent's stdin and not written yet. A line that would pass it
+    /// while the queue is not empty faults the connection (`Fault::InputNotRead`): the
+    /// agent stopped reading what it asked for, and the queue must not hold the
+    /// supervisor's memory for it. One line alone is always queued, whatever its size.
+    pub max_queued_bytes: usize,
 }
 
 impl Default for ClientConfig {
@@ -73,6 +89,8 @@ impl Default for ClientConfig {
             enforce_offered_options: true,
             max_malformed_lines: None,
             permission_timing_capacity: 4096,
+            max_incoming_requests: DEFAULT_MAX_INCOMING_REQUESTS,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
         }
     }
 }
@@ -196,6 +214,8 @@ struct Inner {
     advertised: Mutex<Option<ClientCapabilities>>,
     agent: Mutex<Option<InitializeResponse>>,
     fault: watch::Sender<Option<Fault>>,
+    /// Bytes handed to the writer and not written yet (`config.max_queued_bytes`).
+    queued_bytes: AtomicUsize,
     /// Set by `close_stdin`: nothing more can be sent (reading goes on).
     stdin_closed: std::sync::atomic::AtomicBool,
     unknown_updates: AtomicU64,
@@ -211,6 +231,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Inner {
     fn send_line(&self, line: Vec<u8>) {
+        let n = line.len();
+        let before = self.queued_bytes.fetch_add(n, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(n) > self.config.max_queued_bytes {
+            // The agent is not reading its stdin: refuse to buffer for it (this line and the
+            // queue are dropped with the writer, which stops at the fault).
+            self.queued_bytes.fetch_sub(n, Ordering::AcqRel);
+            self.set_fault(Fault::InputNotRead {
+                limit: self.config.max_queued_bytes,
+            });
+            return;
+        }
         // The writer task only goes away after a fault, which is recorded already.
         let _ = self.out.send(WriterMsg::Line(line));
     }
@@ -348,12 +379,14 @@ impl AcpClient {
             advertised: Mutex::new(None),
             agent: Mutex::new(None),
             fault: fault_tx,
+            queued_bytes: AtomicUsize::new(0),
             stdin_closed: std::sync::atomic::AtomicBool::new(false),
             unknown_updates: AtomicU64::new(0),
             malformed_lines: AtomicU64::new(0),
             stray_responses: AtomicU64::new(0),
         });
-        tokio::spawn(write_loop(writer, out_rx, Arc::downgrade(&inner)));
+        let fault_rx = inner.fault.subscribe();
+        tokio::spawn(write_loop(writer, out_rx, fault_rx, Arc::downgrade(&inner)));
         tokio::spawn(read_loop(reader, inner.clone(), handler));
         (AcpClient { inner }, ev_rx)
     }
@@ -706,12 +739,20 @@ const WRITE_BATCH_BYTES: usize = 64 * 1024;
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
+    mut fault: watch::Receiver<Option<Fault>>,
     inner: std::sync::Weak<Inner>,
 ) {
     let mut batch: Vec<u8> = Vec::new();
     let mut closing = false;
     while !closing {
-        let Some(msg) = rx.recv().await else { break };
+        // After a fault nothing is sent any more: what is queued is dropped (with the
+        // receiver) instead of waiting, perhaps forever, for an agent that does not read.
+        let msg = tokio::select! {
+            biased;
+            _ = fault.wait_for(Option::is_some) => return,
+            m = rx.recv() => m,
+        };
+        let Some(msg) = msg else { break };
         let mut line = match msg {
             WriterMsg::Line(l) => l,
             WriterMsg::Close => break,
@@ -737,16 +778,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             }
         }
         let out = if batch.is_empty() { &line } else { &batch };
-        let res = async {
-            writer.write_all(out).await?;
-            writer.flush().await
-        }
-        .await;
+        let res = tokio::select! {
+            biased;
+            _ = fault.wait_for(Option::is_some) => return,
+            r = async {
+                writer.write_all(out).await?;
+                writer.flush().await
+            } => r,
+        };
         if let Err(e) = res {
             if let Some(inner) = inner.upgrade() {
                 inner.set_fault(Fault::WriteFailed(e.to_string()));
             }
             return;
+        }
+        if let Some(inner) = inner.upgrade() {
+            inner.queued_bytes.fetch_sub(out.len(), Ordering::AcqRel);
         }
         batch.clear();
         // A burst must not pin a large buffer for the life of the connection.
@@ -872,6 +919,20 @@ fn on_request<H: ClientHandler>(
     let is_permission = method == "session/request_permission";
     {
         let mut incoming = lock(&inner.incoming);
+        if incoming.len() >= inner.config.max_incoming_requests {
+            // Not handled: no task, no answer held. The agent must wait for its answers.
+            drop(incoming);
+            tracing::warn!(request_id = %id, method, limit = inner.config.max_incoming_requests,
+                "agent request refused: too many of its requests in flight");
+            inner.send_line(rpc::response_line(
+                &id,
+                Err(RpcError::internal(format!(
+                    "too many requests in flight: at most {} of this agent's requests are handled at once; wait for their answers",
+                    inner.config.max_incoming_requests
+                ))),
+            ));
+            return;
+        }
         if incoming.contains_key(&id) {
             // Two live requests with one id could not be told apart when answered.
             drop(incoming);

@@ -248,6 +248,8 @@ impl AgentProc {
             request_timeout: Some(shared.settings.limits().handshake()),
             cancel_deadline: shared.settings.limits().cancel_grace(),
             client_name: "warden-supervisor".into(),
+            max_incoming_requests: shared.settings.limits().agent_requests_in_flight.max(1),
+            max_queued_bytes: shared.settings.limits().agent_queue_bytes,
             ..ClientConfig::default()
         };
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);

@@ -18,7 +18,7 @@ use warden_rules::{OfferedOption, Outcome, choose_option};
 
 use crate::core::ConvCore;
 use crate::policy::rules_verdict;
-use crate::turn::{CoveredWrite, EndRequest, TurnCtx};
+use crate::turn::{Counted, CoveredWrite, EndRequest, TurnCtx};
 
 /// The options the supervisor offers the policy for a client write it asks about itself.
 const WRITE_OPTION: &str = "write";
@@ -273,6 +273,17 @@ impl ConvCore {
     }
 }
 
+impl ConvCore {
+    /// Counts one request of the agent against this turn's bound (`limits.*_per_turn`); none
+    /// is counted outside a turn.
+    fn count(&self, turn: Option<&TurnCtx>, what: Counted) -> Result<(), RpcError> {
+        match turn {
+            Some(t) => t.count(what, &self.quotas),
+            None => Ok(()),
+        }
+    }
+}
+
 /// An `fs/*` refusal in JSON-RPC terms: where the path leads is the caller's error (-32602),
 /// a missing file is "not found", the rest is internal.
 fn fs_error(e: BeneathError) -> RpcError {
@@ -308,6 +319,7 @@ impl ClientHandler for ConvCore {
     ) -> Result<PermissionOutcome, RpcError> {
         let entered = std::time::Instant::now();
         let turn = self.turn();
+        self.count(turn.as_deref(), Counted::Permission)?;
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
         let (kind, title) = dreq
@@ -359,6 +371,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
+        self.count(self.turn().as_deref(), Counted::Fs)?;
         let files = self.files(&req.path)?;
         let spec = ReadSpec {
             line: req.line,
@@ -371,6 +384,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
+        self.count(self.turn().as_deref(), Counted::Fs)?;
         if self.info.profile == warden_sandbox::Profile::ReadOnly {
             return Err(RpcError::invalid_params(
                 "this conversation is read-only: writes are refused",
@@ -478,6 +492,7 @@ impl ClientHandler for ConvCore {
         let Some(turn) = self.turn() else {
             return Ok(ElicitationResponse::Cancel);
         };
+        self.count(Some(&turn), Counted::Question)?;
         if turn.cancel.is_cancelled() {
             return Ok(ElicitationResponse::Cancel);
         }
@@ -669,6 +684,7 @@ mod tests {
             files: RootDir::open(root).map_err(|e| e.to_string()),
             file_owner: None,
             fs_read_bytes: 1024,
+            quotas: Default::default(),
         }
     }
 

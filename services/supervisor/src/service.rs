@@ -385,6 +385,7 @@ impl Supervisor {
                 gid: i.gid,
             }),
             fs_read_bytes: s.limits().fs_read_bytes,
+            quotas: s.limits().turn_quotas(),
         })
     }
 

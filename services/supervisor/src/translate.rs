@@ -122,6 +122,7 @@ pub fn fault_class(f: &warden_acp::Fault) -> pb::FaultClass {
         warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => {
             pb::FaultClass::Protocol
         }
+        warden_acp::Fault::InputNotRead { .. } => pb::FaultClass::RequestLimit,
         _ => pb::FaultClass::Crash,
     }
 }
