@@ -765,6 +765,28 @@ fn the_units_agree_with_sysusers_tmpfiles_and_the_configs() {
     }
 }
 
+/// The supervisor's egress proxies refuse warden's own listeners: the example lists the
+/// gateway's HTTP listener (and the approver's page when the example serves one).
+#[test]
+fn the_supervisor_knows_wardens_own_listeners() {
+    let sup = parsed(&example("supervisor"));
+    let listed: Vec<&str> = sup
+        .pointer("/egress/warden_listeners")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let gw = parsed(&example("gateway"));
+    assert!(
+        listed.contains(&s(&gw, "/http/bind")),
+        "supervisor.toml [egress] warden_listeners {listed:?} lacks the gateway's http.bind"
+    );
+    let web = s(&parsed(&example("approver")), "/web/bind").to_string();
+    assert!(
+        web.is_empty() || listed.contains(&web.as_str()),
+        "{listed:?} lacks {web}"
+    );
+}
+
 /// Every unit bounds its memory (issue 24: one agent took the supervisor to 1.1 GiB; nothing
 /// stopped a daemon from taking the host): `MemoryMax=` a size, or for the supervisor (whose
 /// agents live in its delegated cgroup) a share of the host that leaves the rest some room, and

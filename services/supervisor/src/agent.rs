@@ -658,6 +658,7 @@ fn start_egress(
             allow,
             peer_uid,
             max_connections: shared.settings.limits().egress_connections,
+            warden: shared.settings.warden_listeners(),
         },
         report,
     )

@@ -75,6 +75,12 @@ egress_connections = 64
 # egress-refused (0 = never): a model endpoint that is not allowed fails the turn in seconds.
 egress_refusals_end_turn = 3
 
+[egress]
+# The TCP listeners of the warden this supervisor belongs to (the gateway's HTTP and gRPC, the
+# approver's page), "ip:port": no agent's egress proxy connects to them, whatever its allowlist
+# says. 0.0.0.0 and [::] stand for every address of this host. `warden up` sets its own.
+warden_listeners = ["127.0.0.1:8080"]
+
 [agents]
 default = "scripted"
 "#;
@@ -102,6 +108,18 @@ pub struct SupervisorConfig {
     pub runtime: RuntimeSection,
     #[serde(default)]
     pub adapters: AdaptersSection,
+    #[serde(default)]
+    pub egress: EgressSection,
+}
+
+/// What every agent's egress proxy refuses whatever its allowlist says.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSection {
+    /// The TCP listeners of this warden (gateway HTTP and gRPC, the approver's page) as
+    /// `ip:port`: an agent never reaches warden's own doors through its proxy. `0.0.0.0:p` and
+    /// `[::]:p` stand for port p on every address of this host.
+    pub warden_listeners: Vec<String>,
 }
 
 /// Where installed ACP adapters are found (`adapter = "<package>@<version>"` entries).
@@ -605,6 +623,18 @@ impl Settings {
         &self.file.limits
     }
 
+    /// `[egress] warden_listeners`, checked at load.
+    pub fn warden_listeners(&self) -> crate::egress::WardenListeners {
+        crate::egress::WardenListeners::new(
+            self.file
+                .egress
+                .warden_listeners
+                .iter()
+                .filter_map(|l| l.parse().ok())
+                .collect(),
+        )
+    }
+
     /// The cap on agents starting at once in force.
     pub fn max_starting_agents(&self) -> usize {
         match self.file.limits.max_starting_agents {
@@ -783,6 +813,15 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(&origin, key, "must be > 0"));
+        }
+    }
+    for l in &cfg.egress.warden_listeners {
+        if l.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                &origin,
+                "egress.warden_listeners",
+                format!("{l:?} is not an address like 127.0.0.1:8080"),
+            ));
         }
     }
     let mut agents = builtin_agents();
