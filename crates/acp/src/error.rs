@@ -35,6 +35,13 @@ pub enum Fault {
         /// `ClientConfig::max_queued_bytes`.
         limit: usize,
     },
+    /// More than `limit` bytes of the agent's updates were queued and not taken by the caller
+    /// (an agent flooding updates while no turn reads them): reading stops.
+    #[error("the agent sent more than {limit} bytes of updates that were not taken")]
+    UpdatesNotTaken {
+        /// `ClientConfig::max_queued_event_bytes`.
+        limit: usize,
+    },
     /// The client closed the connection itself.
     #[error("connection closed by the client")]
     ClosedByClient,

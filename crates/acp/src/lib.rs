@@ -65,9 +65,9 @@ mod rpc;
 mod types;
 
 pub use client::{
-    AcpClient, AcpEvent, CancelOutcome, CancelReport, ClientConfig, ClientStats,
-    DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_QUEUED_BYTES, IdStyle,
-    PermissionAnswer, PermissionTiming, PromptEnd,
+    AcpClient, AcpEvent, AcpEvents, CancelOutcome, CancelReport, ClientConfig, ClientStats,
+    DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle, PermissionAnswer, PermissionTiming, PromptEnd,
 };
 pub use error::{AcpError, Fault};
 pub use handler::ClientHandler;

@@ -14,7 +14,7 @@ use warden_acp::*;
 
 struct Peer {
     client: AcpClient,
-    events: tokio::sync::mpsc::UnboundedReceiver<AcpEvent>,
+    events: AcpEvents,
     tx: WriteHalf<DuplexStream>,
     rx: Lines<BufReader<ReadHalf<DuplexStream>>>,
     _dir: tempfile::TempDir,
@@ -268,4 +268,42 @@ async fn an_agent_that_stops_reading_faults_the_connection_instead_of_growing_th
         .await
         .unwrap_err();
     assert_eq!(e, AcpError::Fault(Fault::InputNotRead { limit }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_nobody_takes_fault_the_connection_at_their_bound() {
+    let limit = 1024 * 1024;
+    let p = peer(ClientConfig {
+        max_queued_event_bytes: limit,
+        ..config()
+    });
+    let mut tx = p.tx;
+    let line = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+        "update": {"sessionUpdate": "agent_message_chunk",
+                   "content": {"type": "text", "text": "x".repeat(100_000)}}}})
+    .to_string();
+    // Nobody takes the events (between turns nobody does): 30 updates of 100 KB pass 1 MiB.
+    for _ in 0..30 {
+        if tx.write_all(format!("{line}\n").as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let fault = tokio::time::timeout(Duration::from_secs(5), p.client.faulted())
+        .await
+        .expect("a fault");
+    assert_eq!(fault, Fault::UpdatesNotTaken { limit });
+    // What was queued is still there to take, the fault last.
+    let mut events = p.events;
+    let mut updates = 0;
+    while let Ok(ev) = events.try_recv() {
+        match ev {
+            AcpEvent::Update(_) => updates += 1,
+            AcpEvent::Fault(f) => {
+                assert_eq!(f, Fault::UpdatesNotTaken { limit });
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!((10..=11).contains(&updates), "{updates} updates queued");
 }

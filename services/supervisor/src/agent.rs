@@ -5,9 +5,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
+use warden_acp::{AcpClient, ClientCapabilities, ClientConfig, FsCapabilities};
 
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
@@ -146,7 +145,7 @@ pub struct AgentProc {
     /// This agent's live-agent slot, given back when the agent is dropped (killed, stopped).
     pub slot: crate::live::LiveSlot,
     pub client: AcpClient,
-    pub events: mpsc::UnboundedReceiver<AcpEvent>,
+    pub events: warden_acp::AcpEvents,
     pub tree: Option<warden_sandbox::ProcessTree>,
     pub stderr: Arc<Mutex<StderrRing>>,
     /// The task copying the agent's stderr into the ring; it ends at EOF (the tree is dead).

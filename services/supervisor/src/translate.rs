@@ -123,6 +123,8 @@ pub fn fault_class(f: &warden_acp::Fault) -> pb::FaultClass {
             pb::FaultClass::Protocol
         }
         warden_acp::Fault::InputNotRead { .. } => pb::FaultClass::RequestLimit,
+        // Updates nobody took (between turns): the agent's output passed a bound.
+        warden_acp::Fault::UpdatesNotTaken { .. } => pb::FaultClass::OutputLimit,
         _ => pb::FaultClass::Crash,
     }
 }
