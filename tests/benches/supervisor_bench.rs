@@ -119,6 +119,8 @@ async fn main() {
         format!("agents.bench.read_only_paths=[\"{}\"]", scen.display()),
         "limits.output_bytes=1073741824".to_string(),
         "limits.turn_timeout_secs=3600".to_string(),
+        // Thousands of permissions in one turn are the measurement, not a flood.
+        "limits.permissions_per_turn=0".to_string(),
     ];
     let mut d = d;
     d.opts.sets = sets

@@ -378,6 +378,8 @@ impl Warden {
         let mut sets = vec![
             "limits.output_bytes=1073741824".to_string(),
             "limits.turn_timeout_secs=3600".to_string(),
+            // Thousands of permissions in one turn are the measurement, not a flood.
+            "limits.permissions_per_turn=0".to_string(),
             "limits.max_conversations=1024".to_string(),
             "limits.max_live_agents=1024".to_string(),
         ];

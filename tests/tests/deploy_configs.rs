@@ -765,6 +765,70 @@ fn the_units_agree_with_sysusers_tmpfiles_and_the_configs() {
     }
 }
 
+/// The supervisor's egress proxies refuse warden's own listeners: the example lists the
+/// gateway's HTTP listener (and the approver's page when the example serves one).
+#[test]
+fn the_supervisor_knows_wardens_own_listeners() {
+    let sup = parsed(&example("supervisor"));
+    let listed: Vec<&str> = sup
+        .pointer("/egress/warden_listeners")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let gw = parsed(&example("gateway"));
+    assert!(
+        listed.contains(&s(&gw, "/http/bind")),
+        "supervisor.toml [egress] warden_listeners {listed:?} lacks the gateway's http.bind"
+    );
+    let web = s(&parsed(&example("approver")), "/web/bind").to_string();
+    assert!(
+        web.is_empty() || listed.contains(&web.as_str()),
+        "{listed:?} lacks {web}"
+    );
+}
+
+/// Every unit bounds its memory (issue 24: one agent took the supervisor to 1.1 GiB; nothing
+/// stopped a daemon from taking the host): `MemoryMax=` a size, or for the supervisor (whose
+/// agents live in its delegated cgroup) a share of the host that leaves the rest some room, and
+/// the supervisor's unit survives one agent killed for memory (`OOMPolicy=continue`). The
+/// figures are deploy/README.md's.
+#[test]
+fn every_unit_bounds_its_memory() {
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).unwrap();
+    for unit in units() {
+        let name = unit_name(&unit);
+        let entries = unit_entries(&unit);
+        let get = |k: &str| {
+            entries
+                .iter()
+                .filter(|(s, key, _)| s == "Service" && key == k)
+                .map(|(_, _, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        let max = get("MemoryMax");
+        assert_eq!(max.len(), 1, "{name}: MemoryMax= {max:?}");
+        let v = max[0].as_str();
+        let ok = if let Some(pct) = v.strip_suffix('%') {
+            pct.parse::<u32>().is_ok_and(|p| (1..=90).contains(&p))
+        } else {
+            let (num, unit_suffix) = v.split_at(v.len() - 1);
+            matches!(unit_suffix, "M" | "G") && num.parse::<u32>().is_ok_and(|n| n > 0)
+        };
+        assert!(ok, "{name}: MemoryMax={v} is not a bounded size");
+        assert!(
+            readme.contains(&format!("`{name}` | `MemoryMax={v}`")),
+            "{name}: deploy/README.md does not state MemoryMax={v}"
+        );
+        if name == "warden-supervisor.service" {
+            assert_eq!(get("OOMPolicy"), ["continue"], "{name}");
+            assert!(
+                v.ends_with('%'),
+                "{name}: its agents live under it: a share of the host"
+            );
+        }
+    }
+}
+
 /// `systemd-analyze verify` on every unit, with nothing installed: it runs against a temporary
 /// root holding the units, the host's own systemd units (for network.target and friends) and,
 /// at each path an `Exec*=` names, an executable file. verify only checks that such a path is

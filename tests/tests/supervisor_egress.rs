@@ -685,3 +685,249 @@ async fn a_warm_proxy_agent_that_connects_before_it_is_taken_forwards_nothing_an
     );
     assert_eq!(egress_files(&d), ["after-early.jsonl"]);
 }
+
+/// The uid owning the client end of a loopback connection (`peer` is the client's address as
+/// the server saw it), from the kernel's socket table: what the gateway's `peer.rs` reads.
+fn socket_owner(peer: std::net::SocketAddr) -> Option<u32> {
+    let std::net::IpAddr::V4(ip) = peer.ip() else {
+        return None;
+    };
+    let want = format!(
+        "{:08X}:{:04X}",
+        u32::from_ne_bytes(ip.octets()),
+        peer.port()
+    );
+    std::fs::read_to_string("/proc/net/tcp")
+        .ok()?
+        .lines()
+        .skip(1)
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1) == Some(&want.as_str()))
+                .then(|| f.get(7)?.parse().ok())
+                .flatten()
+        })
+}
+
+/// A deployment of policy, supervisor and gateway whose scripted agent has `network = "proxy"`
+/// and an allowlist naming `allow(gateway address)`, with `extra` supervisor `--set`s.
+async fn deploy_with_gateway(
+    allow: impl Fn(&str) -> Vec<String>,
+    extra: &[&str],
+) -> warden_e2e::Deployment {
+    let mut d = warden_e2e::Deployment::new(Default::default());
+    let list = allow(&d.http)
+        .iter()
+        .map(|a| format!("{a:?}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut sets = vec![
+        "agents.scripted.network=\"proxy\"".to_string(),
+        format!("agents.scripted.egress_allow=[{list}]"),
+        "limits.egress_refusals_end_turn=0".to_string(),
+    ];
+    sets.extend(extra.iter().map(|s| s.to_string()));
+    for kv in sets {
+        d.opts.sets.push(("supervisor".into(), kv));
+    }
+    for name in ["policy", "supervisor", "gateway"] {
+        d.start(name).await;
+    }
+    d
+}
+
+/// What the gateway answers a plain request for its agent card (a positive control: the address
+/// the agent is refused is really the gateway's).
+async fn card_status(gw: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(gw).await.unwrap();
+    s.write_all(b"GET /.well-known/agent-card.json HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Issue 24, case 7: an agent whose allowlist names warden's own gateway (its HTTP listener, by
+/// address and by a name resolving to it) does not reach it through its egress proxy, whatever
+/// it sends (here the MCP endpoint a caller token would open); every other destination the
+/// allowlist names still works in the same turn. The refusal names the setting, and the
+/// supervisor learnt the gateway's address from the flags `warden up` gives it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_proxy_never_reaches_wardens_own_listeners_whatever_the_allowlist_names() {
+    if !bwrap_works() {
+        return;
+    }
+    let allowed = server("allowed").await;
+    let d = deploy_with_gateway(
+        |gw| {
+            let port = gw.rsplit_once(':').unwrap().1;
+            vec![
+                gw.to_string(),
+                format!("localhost:{port}"),
+                format!("127.0.0.1:{allowed}"),
+            ]
+        },
+        &["agents.scripted.pool_size=0"],
+    )
+    .await;
+    let gw = d.http.clone();
+    let port: u16 = gw.rsplit_once(':').unwrap().1.parse().unwrap();
+    assert!(
+        card_status(&gw).await.contains(" 200 "),
+        "the gateway answers at {gw}"
+    );
+    let mcp = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: 2\r\n\r\n{{}}",
+        d.token()
+    );
+    let steps = vec![
+        connect("127.0.0.1", port, "proxy", &mcp),
+        connect("localhost", port, "proxy", &mcp),
+        connect("::ffff:127.0.0.1", port, "proxy", &mcp),
+        json!({"type": "connect", "via": "proxy_raw", "send": format!("GET http://127.0.0.1:{port}/.well-known/agent-card.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")}),
+        connect("127.0.0.1", allowed, "proxy", "still-works\n"),
+        // The mirrored loopback port inside the sandbox leads to the same proxy.
+        connect("127.0.0.1", port, "direct", &mcp),
+    ];
+    let mut c = client(&d);
+    let evs = run(
+        &mut c,
+        turn("doors", "t1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let r = results(&evs);
+    assert_eq!(r.len(), 6, "{r:#?}\n{evs:#?}");
+    for (i, res) in r.iter().enumerate().filter(|(i, _)| *i != 4) {
+        let status = res["status"].as_str().unwrap_or("");
+        let received = res["received"].as_str().unwrap_or("");
+        // Through the proxy the refusal is a 403; through the mirrored port the relay closes
+        // the connection the proxy refused (nothing arrives).
+        assert!(
+            status.contains(" 403 ")
+                || received.contains(" 403 ")
+                || (i == 5 && received.is_empty()),
+            "connection {i} reached the gateway: {res}"
+        );
+        assert!(
+            !received.contains("jsonrpc")
+                && !received.contains("agent-card")
+                && !received.contains("\"name\""),
+            "connection {i} got a gateway answer: {res}"
+        );
+    }
+    assert_eq!(r[4]["received"], "allowed:still-works\n", "{}", r[4]);
+    // The record says why, naming the setting; no connection to the gateway was allowed.
+    let rec = egress_record(&d, "doors");
+    let to_gw: Vec<&Value> = rec.iter().filter(|e| e["port"] == port).collect();
+    assert!(to_gw.len() >= 5, "{rec:#?}");
+    for e in &to_gw {
+        assert_eq!(e["allowed"], false, "{e}");
+        // What the allowlist names is refused as warden's own door (another spelling of the
+        // address is not even on the allowlist).
+        if e["host"] == "127.0.0.1" || e["host"] == "localhost" {
+            assert_eq!(e["setting"], "egress.warden_listeners", "{e}");
+            assert!(
+                e["reason"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("this warden's own listener"),
+                "{e}"
+            );
+        }
+    }
+    assert!(
+        to_gw
+            .iter()
+            .filter(|e| e["setting"] == "egress.warden_listeners")
+            .count()
+            >= 4,
+        "{rec:#?}"
+    );
+    assert!(
+        rec.iter()
+            .any(|e| e["port"] == allowed && e["allowed"] == true),
+        "{rec:#?}"
+    );
+}
+
+/// Issue 24, case 7, the other half: a connection the egress proxy makes for an agent is the
+/// agent's in the kernel's socket table (its uid owns the socket), which is what the gateway
+/// reads to count a caller as nested (`peer.rs`). So a call that reaches the gateway through the
+/// proxy by a route the supervisor does not know (here: the gateway's address left out of
+/// `egress.warden_listeners`) is still counted as deep, not as the supervisor's own uid — the
+/// same as the gateway's under `warden up` as root.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_the_proxy_makes_for_an_agent_is_owned_by_the_agents_uid() {
+    if !bwrap_works() {
+        return;
+    }
+    let (port, seen) = recording_owner_server().await;
+    let d = deploy_proxy(
+        &[format!("127.0.0.1:{port}")],
+        &[("supervisor", "agents.scripted.pool_size=0")],
+    )
+    .await;
+    let agents = client(&d)
+        .list_agents(pb::ListAgentsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(range) = agents.agent_uids.first().cloned() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root: agents must have a uid of their own"
+        );
+        println!("SKIP: this supervisor cannot switch agents to a uid of their own (not root)");
+        return;
+    };
+    let mut c = client(&d);
+    let evs = run(
+        &mut c,
+        turn(
+            "owner",
+            "t1",
+            &scenario(json!({"steps": [connect("127.0.0.1", port, "proxy", "who
+")]})),
+        ),
+    )
+    .await;
+    assert_eq!(
+        results(&evs)[0]["received"],
+        "owner
+",
+        "{evs:#?}"
+    );
+    let owners = seen.lock().unwrap().clone();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    let uid = owners[0].expect("the connection's socket is in the table");
+    assert!(
+        (range.first..=range.last).contains(&uid),
+        "the proxy's connection is owned by uid {uid}, not by an agent uid {range:?}"
+    );
+    assert_ne!(
+        uid,
+        nix::unistd::geteuid().as_raw(),
+        "not the supervisor's uid"
+    );
+}
+
+/// A loopback server that records the owner uid of each client's socket (from the socket
+/// table, while the connection is open) and answers `owner`.
+async fn recording_owner_server() -> (u16, Arc<Mutex<Vec<Option<u32>>>>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, peer)) = l.accept().await {
+            s2.lock().unwrap().push(socket_owner(peer));
+            let _ = s.write_all(b"owner\n").await;
+        }
+    });
+    (port, seen)
+}

@@ -1,9 +1,13 @@
 //! The connection: one reader task, one writer task, a table of our pending
-//! requests, and one spawned task per incoming agent request.
+//! requests, and one spawned task per incoming agent request — at most
+//! `max_incoming_requests` of them at once (one more is answered with an error at
+//! once), and at most `max_queued_bytes` of lines waiting for the agent to read
+//! its stdin (an agent that stops reading faults the connection instead of
+//! growing the queue).
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,6 +27,12 @@ use crate::types::{
 
 /// Default bound on one incoming line: 16 MiB.
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+/// Default bound on the agent's requests being handled at once.
+pub const DEFAULT_MAX_INCOMING_REQUESTS: usize = 64;
+/// Default bound on the bytes queued for the agent's stdin and not written yet: 32 MiB.
+pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
+/// Default bound on the bytes of the agent's updates queued for the caller and not taken: 64 MiB.
+pub const DEFAULT_MAX_QUEUED_EVENT_BYTES: usize = 64 * 1024 * 1024;
 
 /// Which JSON type our outgoing request ids use (the agent must echo either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,6 +69,19 @@ pub struct ClientConfig {
     /// How many permission timings are kept (oldest dropped first), so a
     /// long-lived connection does not grow without bound.
     pub permission_timing_capacity: usize,
+    /// The agent's requests handled at once (each is a task holding its answer until it
+    /// is queued); one more is answered at once with an error saying so, unhandled.
+    pub max_incoming_requests: usize,
+    /// Bytes queued for the agent's stdin and not written yet. A line that would pass it
+    /// while the queue is not empty faults the connection (`Fault::InputNotRead`): the
+    /// agent stopped reading what it asked for, and the queue must not hold the
+    /// supervisor's memory for it. One line alone is always queued, whatever its size.
+    pub max_queued_bytes: usize,
+    /// Bytes of the agent's updates (and protocol errors) queued for the caller and not
+    /// taken from [`AcpEvents`] yet (between turns nobody takes them). One more line past it
+    /// faults the connection (`Fault::UpdatesNotTaken`): reading stops, so the agent, not the
+    /// caller's memory, waits. One event alone is always queued.
+    pub max_queued_event_bytes: usize,
 }
 
 impl Default for ClientConfig {
@@ -73,6 +96,9 @@ impl Default for ClientConfig {
             enforce_offered_options: true,
             max_malformed_lines: None,
             permission_timing_capacity: 4096,
+            max_incoming_requests: DEFAULT_MAX_INCOMING_REQUESTS,
+            max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
+            max_queued_event_bytes: DEFAULT_MAX_QUEUED_EVENT_BYTES,
         }
     }
 }
@@ -90,6 +116,29 @@ pub enum AcpEvent {
     ProtocolError(String),
     /// The connection is dead (sent once).
     Fault(Fault),
+}
+
+/// The receiving end of a connection's events, from [`AcpClient::connect`]. What it holds
+/// counts against `ClientConfig::max_queued_event_bytes` until it is taken: drain it.
+pub struct AcpEvents {
+    rx: mpsc::UnboundedReceiver<(AcpEvent, usize)>,
+    bytes: Arc<AtomicUsize>,
+}
+
+impl AcpEvents {
+    /// The next event; `None` once the connection is gone and everything was taken.
+    pub async fn recv(&mut self) -> Option<AcpEvent> {
+        let (ev, n) = self.rx.recv().await?;
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        Some(ev)
+    }
+
+    /// The next event if one is queued.
+    pub fn try_recv(&mut self) -> Result<AcpEvent, mpsc::error::TryRecvError> {
+        let (ev, n) = self.rx.try_recv()?;
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        Ok(ev)
+    }
 }
 
 /// How a permission request was answered.
@@ -187,7 +236,9 @@ enum WriterMsg {
 struct Inner {
     config: ClientConfig,
     out: mpsc::UnboundedSender<WriterMsg>,
-    events: mpsc::UnboundedSender<AcpEvent>,
+    events: mpsc::UnboundedSender<(AcpEvent, usize)>,
+    /// Bytes of events sent and not taken (`config.max_queued_event_bytes`).
+    event_bytes: Arc<AtomicUsize>,
     next_id: AtomicI64,
     pending: Mutex<HashMap<RequestId, Pending>>,
     prompts: Mutex<HashMap<String, PromptTrack>>,
@@ -196,6 +247,8 @@ struct Inner {
     advertised: Mutex<Option<ClientCapabilities>>,
     agent: Mutex<Option<InitializeResponse>>,
     fault: watch::Sender<Option<Fault>>,
+    /// Bytes handed to the writer and not written yet (`config.max_queued_bytes`).
+    queued_bytes: AtomicUsize,
     /// Set by `close_stdin`: nothing more can be sent (reading goes on).
     stdin_closed: std::sync::atomic::AtomicBool,
     unknown_updates: AtomicU64,
@@ -211,8 +264,34 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Inner {
     fn send_line(&self, line: Vec<u8>) {
+        let n = line.len();
+        let before = self.queued_bytes.fetch_add(n, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(n) > self.config.max_queued_bytes {
+            // The agent is not reading its stdin: refuse to buffer for it (this line and the
+            // queue are dropped with the writer, which stops at the fault).
+            self.queued_bytes.fetch_sub(n, Ordering::AcqRel);
+            self.set_fault(Fault::InputNotRead {
+                limit: self.config.max_queued_bytes,
+            });
+            return;
+        }
         // The writer task only goes away after a fault, which is recorded already.
         let _ = self.out.send(WriterMsg::Line(line));
+    }
+
+    /// Queues an event of about `n` bytes for the caller, within `config.max_queued_event_bytes`.
+    fn event(&self, ev: AcpEvent, n: usize) {
+        let before = self.event_bytes.fetch_add(n, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(n) > self.config.max_queued_event_bytes {
+            self.event_bytes.fetch_sub(n, Ordering::AcqRel);
+            self.set_fault(Fault::UpdatesNotTaken {
+                limit: self.config.max_queued_event_bytes,
+            });
+            return;
+        }
+        if self.events.send((ev, n)).is_err() {
+            self.event_bytes.fetch_sub(n, Ordering::AcqRel);
+        }
     }
 
     fn current_fault(&self) -> Option<Fault> {
@@ -235,7 +314,7 @@ impl Inner {
         tracing::warn!(%fault, "ACP connection fault");
         // The event goes first, so a caller whose request fails below finds
         // the fault already queued behind the last update.
-        let _ = self.events.send(AcpEvent::Fault(fault.clone()));
+        let _ = self.events.send((AcpEvent::Fault(fault.clone()), 0));
         // Dropping the senders wakes the waiting callers, who read the fault.
         lock(&self.pending).clear();
         for (_, track) in lock(&self.prompts).drain() {
@@ -248,7 +327,8 @@ impl Inner {
     fn malformed(&self, detail: String) {
         let count = self.malformed_lines.fetch_add(1, Ordering::Relaxed) + 1;
         tracing::error!(%detail, "agent sent a line that is not JSON-RPC");
-        let _ = self.events.send(AcpEvent::ProtocolError(detail));
+        let n = detail.len();
+        self.event(AcpEvent::ProtocolError(detail), n);
         if let Some(max) = self.config.max_malformed_lines
             && count >= max
         {
@@ -320,14 +400,14 @@ pub struct AcpClient {
 
 impl AcpClient {
     /// Start the reader and writer tasks. Returns the client and the event
-    /// receiver. Events are queued without bound so the read loop never waits
+    /// receiver. Events are queued (up to `max_queued_event_bytes`) so the read loop never waits
     /// on the caller: drain the receiver.
     pub fn connect<R, W, H>(
         reader: R,
         writer: W,
         handler: Arc<H>,
         config: ClientConfig,
-    ) -> (AcpClient, mpsc::UnboundedReceiver<AcpEvent>)
+    ) -> (AcpClient, AcpEvents)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
@@ -335,11 +415,13 @@ impl AcpClient {
     {
         let (out_tx, out_rx) = mpsc::unbounded_channel();
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
+        let event_bytes = Arc::new(AtomicUsize::new(0));
         let (fault_tx, _) = watch::channel(None);
         let inner = Arc::new(Inner {
             config,
             out: out_tx,
             events: ev_tx,
+            event_bytes: event_bytes.clone(),
             next_id: AtomicI64::new(0),
             pending: Mutex::new(HashMap::new()),
             prompts: Mutex::new(HashMap::new()),
@@ -348,14 +430,22 @@ impl AcpClient {
             advertised: Mutex::new(None),
             agent: Mutex::new(None),
             fault: fault_tx,
+            queued_bytes: AtomicUsize::new(0),
             stdin_closed: std::sync::atomic::AtomicBool::new(false),
             unknown_updates: AtomicU64::new(0),
             malformed_lines: AtomicU64::new(0),
             stray_responses: AtomicU64::new(0),
         });
-        tokio::spawn(write_loop(writer, out_rx, Arc::downgrade(&inner)));
+        let fault_rx = inner.fault.subscribe();
+        tokio::spawn(write_loop(writer, out_rx, fault_rx, Arc::downgrade(&inner)));
         tokio::spawn(read_loop(reader, inner.clone(), handler));
-        (AcpClient { inner }, ev_rx)
+        (
+            AcpClient { inner },
+            AcpEvents {
+                rx: ev_rx,
+                bytes: event_bytes,
+            },
+        )
     }
 
     /// The fault, if the connection is dead.
@@ -706,12 +796,20 @@ const WRITE_BATCH_BYTES: usize = 64 * 1024;
 async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
+    mut fault: watch::Receiver<Option<Fault>>,
     inner: std::sync::Weak<Inner>,
 ) {
     let mut batch: Vec<u8> = Vec::new();
     let mut closing = false;
     while !closing {
-        let Some(msg) = rx.recv().await else { break };
+        // After a fault nothing is sent any more: what is queued is dropped (with the
+        // receiver) instead of waiting, perhaps forever, for an agent that does not read.
+        let msg = tokio::select! {
+            biased;
+            _ = fault.wait_for(Option::is_some) => return,
+            m = rx.recv() => m,
+        };
+        let Some(msg) = msg else { break };
         let mut line = match msg {
             WriterMsg::Line(l) => l,
             WriterMsg::Close => break,
@@ -737,16 +835,22 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             }
         }
         let out = if batch.is_empty() { &line } else { &batch };
-        let res = async {
-            writer.write_all(out).await?;
-            writer.flush().await
-        }
-        .await;
+        let res = tokio::select! {
+            biased;
+            _ = fault.wait_for(Option::is_some) => return,
+            r = async {
+                writer.write_all(out).await?;
+                writer.flush().await
+            } => r,
+        };
         if let Err(e) = res {
             if let Some(inner) = inner.upgrade() {
                 inner.set_fault(Fault::WriteFailed(e.to_string()));
             }
             return;
+        }
+        if let Some(inner) = inner.upgrade() {
+            inner.queued_bytes.fetch_sub(out.len(), Ordering::AcqRel);
         }
         batch.clear();
         // A burst must not pin a large buffer for the life of the connection.
@@ -799,7 +903,7 @@ where
             }
             Ok(Incoming::Response { id, result }) => inner.on_response(id, result),
             Ok(Incoming::Notification { method, params }) => {
-                on_notification(&inner, &method, params)
+                on_notification(&inner, &method, params, buf.len())
             }
             Ok(Incoming::Request { id, method, params }) => {
                 on_request(&inner, &handler, id, method, params)
@@ -808,7 +912,7 @@ where
     }
 }
 
-fn on_notification(inner: &Arc<Inner>, method: &str, params: Value) {
+fn on_notification(inner: &Arc<Inner>, method: &str, params: Value, line_bytes: usize) {
     match method {
         "session/update" => {
             let Some(session_id) = params.get("sessionId").and_then(Value::as_str) else {
@@ -818,11 +922,14 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value) {
             let update = params.get("update").unwrap_or(&Value::Null);
             match SessionEvent::from_update(update) {
                 Ok(Some(event)) => {
-                    let _ = inner.events.send(AcpEvent::Update(SessionNotification {
-                        session_id: session_id.to_string(),
-                        event,
-                        meta: params.get("_meta").cloned(),
-                    }));
+                    inner.event(
+                        AcpEvent::Update(SessionNotification {
+                            session_id: session_id.to_string(),
+                            event,
+                            meta: params.get("_meta").cloned(),
+                        }),
+                        line_bytes,
+                    );
                 }
                 Ok(None) => {
                     inner.unknown_updates.fetch_add(1, Ordering::Relaxed);
@@ -834,9 +941,9 @@ fn on_notification(inner: &Arc<Inner>, method: &str, params: Value) {
                 }
                 Err(detail) => {
                     tracing::warn!(session_id, %detail, "malformed session/update skipped");
-                    let _ = inner.events.send(AcpEvent::ProtocolError(format!(
-                        "malformed session/update: {detail}"
-                    )));
+                    let text = format!("malformed session/update: {detail}");
+                    let n = text.len();
+                    inner.event(AcpEvent::ProtocolError(text), n);
                 }
             }
         }
@@ -872,6 +979,20 @@ fn on_request<H: ClientHandler>(
     let is_permission = method == "session/request_permission";
     {
         let mut incoming = lock(&inner.incoming);
+        if incoming.len() >= inner.config.max_incoming_requests {
+            // Not handled: no task, no answer held. The agent must wait for its answers.
+            drop(incoming);
+            tracing::warn!(request_id = %id, method, limit = inner.config.max_incoming_requests,
+                "agent request refused: too many of its requests in flight");
+            inner.send_line(rpc::response_line(
+                &id,
+                Err(RpcError::internal(format!(
+                    "too many requests in flight: at most {} of this agent's requests are handled at once; wait for their answers",
+                    inner.config.max_incoming_requests
+                ))),
+            ));
+            return;
+        }
         if incoming.contains_key(&id) {
             // Two live requests with one id could not be told apart when answered.
             drop(incoming);

@@ -27,6 +27,21 @@ pub enum Fault {
     /// Writing to the agent's stdin failed.
     #[error("writing to the agent failed: {0}")]
     WriteFailed(String),
+    /// The agent left more than `limit` bytes of what was sent to it unread (it stopped
+    /// reading its stdin while it made requests): the connection is not usable and the
+    /// queue is dropped rather than held.
+    #[error("the agent stopped reading its input: more than {limit} bytes were queued for it")]
+    InputNotRead {
+        /// `ClientConfig::max_queued_bytes`.
+        limit: usize,
+    },
+    /// More than `limit` bytes of the agent's updates were queued and not taken by the caller
+    /// (an agent flooding updates while no turn reads them): reading stops.
+    #[error("the agent sent more than {limit} bytes of updates that were not taken")]
+    UpdatesNotTaken {
+        /// `ClientConfig::max_queued_event_bytes`.
+        limit: usize,
+    },
     /// The client closed the connection itself.
     #[error("connection closed by the client")]
     ClosedByClient,

@@ -11,7 +11,9 @@
 //!
 //! It must never: decide a permission (that is the handler's job), pick an
 //! option that was not offered, answer `cancelled` except for a cancel, spawn
-//! or kill processes (the supervisor does), or panic on anything an agent sends.
+//! or kill processes (the supervisor does), panic on anything an agent sends, or
+//! hold memory without bound for it: the agent's requests in flight and the bytes
+//! queued for an agent that does not read them are bounded (`ClientConfig`).
 //!
 //! Entry point: [`AcpClient::connect`]:
 //!
@@ -63,8 +65,9 @@ mod rpc;
 mod types;
 
 pub use client::{
-    AcpClient, AcpEvent, CancelOutcome, CancelReport, ClientConfig, ClientStats,
-    DEFAULT_MAX_LINE_BYTES, IdStyle, PermissionAnswer, PermissionTiming, PromptEnd,
+    AcpClient, AcpEvent, AcpEvents, CancelOutcome, CancelReport, ClientConfig, ClientStats,
+    DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_QUEUED_BYTES,
+    DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle, PermissionAnswer, PermissionTiming, PromptEnd,
 };
 pub use error::{AcpError, Fault};
 pub use handler::ClientHandler;

@@ -14,7 +14,7 @@ use warden_acp::*;
 
 struct Peer {
     client: AcpClient,
-    events: tokio::sync::mpsc::UnboundedReceiver<AcpEvent>,
+    events: AcpEvents,
     tx: WriteHalf<DuplexStream>,
     rx: Lines<BufReader<ReadHalf<DuplexStream>>>,
     _dir: tempfile::TempDir,
@@ -205,4 +205,105 @@ async fn slow_handler_never_blocks_the_read_loop() {
         answered.unwrap()["result"],
         json!({"outcome": {"outcome": "cancelled"}})
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_in_flight_bound_are_refused_unhandled() {
+    let mut p = peer(ClientConfig {
+        max_incoming_requests: 4,
+        ..config()
+    });
+    // Four permissions hang (the handler never answers); the fifth and sixth are refused at
+    // once, and the four stay pending.
+    for i in 0..6 {
+        p.send(&perm(json!(i))).await;
+    }
+    for want in [4, 5] {
+        let a = p.recv().await;
+        assert_eq!(a["id"], want, "{a}");
+        assert_eq!(a["error"]["code"], -32603, "{a}");
+        let msg = a["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("too many requests in flight") && msg.contains("at most 4"),
+            "{msg}"
+        );
+    }
+    assert_eq!(p.client.pending_permissions(), 4);
+    assert!(p.client.fault().is_none(), "refusing is not a fault");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_stops_reading_faults_the_connection_instead_of_growing_the_queue() {
+    let limit = 2 * 1024 * 1024;
+    let mut p = peer(ClientConfig {
+        max_queued_bytes: limit,
+        ..config()
+    });
+    // Each request's answer (an error naming the 100 KB method) is about 100 KB; the pipe holds
+    // 1 MiB and the peer never reads it: the queue passes 2 MiB within 40 requests.
+    let method = format!("_x{}", "a".repeat(100_000));
+    for i in 0..40 {
+        let line = json!({"jsonrpc": "2.0", "id": i, "method": method, "params": {}}).to_string();
+        // Once the connection faulted the client stops reading: the pipe breaks.
+        if p.tx
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    let fault = tokio::time::timeout(Duration::from_secs(5), p.client.faulted())
+        .await
+        .expect("a fault");
+    assert_eq!(fault, Fault::InputNotRead { limit });
+    assert!(
+        fault.to_string().contains("stopped reading its input"),
+        "{fault}"
+    );
+    // Nothing more is sent to it: a request fails with the fault at once.
+    let e = p
+        .client
+        .request("session/new", json!({}))
+        .await
+        .unwrap_err();
+    assert_eq!(e, AcpError::Fault(Fault::InputNotRead { limit }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_nobody_takes_fault_the_connection_at_their_bound() {
+    let limit = 1024 * 1024;
+    let p = peer(ClientConfig {
+        max_queued_event_bytes: limit,
+        ..config()
+    });
+    let mut tx = p.tx;
+    let line = json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": "s1",
+        "update": {"sessionUpdate": "agent_message_chunk",
+                   "content": {"type": "text", "text": "x".repeat(100_000)}}}})
+    .to_string();
+    // Nobody takes the events (between turns nobody does): 30 updates of 100 KB pass 1 MiB.
+    for _ in 0..30 {
+        if tx.write_all(format!("{line}\n").as_bytes()).await.is_err() {
+            break;
+        }
+    }
+    let fault = tokio::time::timeout(Duration::from_secs(5), p.client.faulted())
+        .await
+        .expect("a fault");
+    assert_eq!(fault, Fault::UpdatesNotTaken { limit });
+    // What was queued is still there to take, the fault last.
+    let mut events = p.events;
+    let mut updates = 0;
+    while let Ok(ev) = events.try_recv() {
+        match ev {
+            AcpEvent::Update(_) => updates += 1,
+            AcpEvent::Fault(f) => {
+                assert_eq!(f, Fault::UpdatesNotTaken { limit });
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!((10..=11).contains(&updates), "{updates} updates queued");
 }

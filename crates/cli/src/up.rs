@@ -128,6 +128,14 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
             // (`PolicyService.Describe`).
             let to = if o.approver { "approver" } else { "policy" };
             sets.push(format!("policy.socket={}", toml_str(&l.socket_of(to))));
+            // warden's own doors, which no agent's egress proxy may connect to whatever its
+            // allowlist names: the gateway's HTTP listener, its gRPC one when the operator's
+            // gateway.toml has one on TCP, and the approver's page.
+            let listeners: Vec<String> = warden_listeners(o)
+                .iter()
+                .map(|a| toml_str(Path::new(a)))
+                .collect();
+            sets.push(format!("egress.warden_listeners=[{}]", listeners.join(",")));
         }
         "gateway" => {
             sets.push(format!(
@@ -153,6 +161,45 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
     }
     args.extend(sets.into_iter().flat_map(|s| ["--set".to_string(), s]));
     args
+}
+
+/// The TCP listeners of the deployment `o` starts: the gateway's HTTP (`--http`), its gRPC
+/// listener when `<config>/gateway.toml` puts one on TCP, the approver's page when it is
+/// served, and whatever `<config>/supervisor.toml` lists already (the `--set` replaces the
+/// file's list, so it is carried over).
+pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
+    let mut out = vec![o.http.clone()];
+    let read = |daemon: &str| {
+        o.config_dir.as_ref().and_then(|dir| {
+            std::fs::read_to_string(crate::init::file_of(dir, daemon))
+                .ok()?
+                .parse::<toml::Table>()
+                .ok()
+        })
+    };
+    if let Some(tcp) =
+        read("gateway").and_then(|g| g.get("grpc")?.get("tcp")?.as_str().map(str::to_string))
+    {
+        out.push(tcp);
+    }
+    if o.approver && !o.approver_http.is_empty() {
+        out.push(o.approver_http.clone());
+    }
+    if let Some(listed) = read("supervisor").and_then(|s| {
+        s.get("egress")?
+            .get("warden_listeners")?
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect::<Vec<_>>()
+            })
+    }) {
+        out.extend(listed);
+    }
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// A TOML string literal (so paths with spaces or quotes survive `--set`).
@@ -482,5 +529,43 @@ mod tests {
         let policy = daemon_args("policy", &options(true)).join(" ");
         assert!(!policy.contains("return_escalations"), "{policy}");
         assert!(!with.join(" ").contains("decide_deadline_ms"), "{with:?}");
+    }
+
+    /// The supervisor learns every TCP listener of the deployment it is part of, so its egress
+    /// proxies refuse them: the gateway's, the approver's page, a gRPC listener and the
+    /// listeners the operator's supervisor.toml names.
+    #[test]
+    fn the_supervisor_is_told_every_listener_of_its_warden() {
+        let dir = std::env::temp_dir().join(format!("warden-up-listeners-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            crate::init::file_of(&dir, "gateway"),
+            "[grpc]\ntcp = \"127.0.0.1:50051\"\nallow_any_peer = true\n",
+        )
+        .unwrap();
+        std::fs::write(
+            crate::init::file_of(&dir, "supervisor"),
+            "[egress]\nwarden_listeners = [\"10.0.0.5:443\"]\n",
+        )
+        .unwrap();
+        let mut o = options(true);
+        o.approver_http = "127.0.0.1:7421".into();
+        o.config_dir = Some(dir.clone());
+        assert_eq!(
+            warden_listeners(&o),
+            [
+                "10.0.0.5:443",
+                "127.0.0.1:50051",
+                "127.0.0.1:7420",
+                "127.0.0.1:7421"
+            ]
+        );
+        let args = daemon_args("supervisor", &o).join(" ");
+        assert!(
+            args.contains(r#"egress.warden_listeners=["10.0.0.5:443","127.0.0.1:50051","127.0.0.1:7420","127.0.0.1:7421"]"#),
+            "{args}"
+        );
+        assert_eq!(warden_listeners(&options(false)), ["127.0.0.1:7420"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

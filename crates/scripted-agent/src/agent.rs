@@ -72,6 +72,8 @@ pub struct Agent {
     client_caps: Mutex<Value>,
     /// Set by an inline scenario asking to ignore stdin EOF.
     pub ignore_eof: AtomicBool,
+    /// Set by a `flood` step with `stop_reading`: stdin is not read any more.
+    pub stop_reading: watch::Sender<bool>,
 }
 
 impl Agent {
@@ -433,9 +435,19 @@ pub async fn run(cfg: Config) -> ExitCode {
         sessions: Mutex::new(HashMap::new()),
         client_caps: Mutex::new(Value::Null),
         ignore_eof: AtomicBool::new(ignore),
+        stop_reading: watch::Sender::new(false),
     });
+    let mut stop = agent.stop_reading.subscribe();
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    loop {
+        let line = tokio::select! {
+            biased;
+            // A hostile agent that asks and never reads the answers: stdin is left alone
+            // from now on (the process lives until it is killed).
+            _ = stop.wait_for(|s| *s) => std::future::pending::<Result<Option<String>, std::io::Error>>().await,
+            l = lines.next_line() => l,
+        };
+        let Ok(Some(line)) = line else { break };
         if !line.trim().is_empty() {
             agent.on_line(&line);
         }

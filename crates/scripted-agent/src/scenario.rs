@@ -259,6 +259,23 @@ pub enum Step {
         #[serde(default)]
         read_ms: Option<u64>,
     },
+    /// Send `count` requests of `method` at once, without waiting for answers (a hostile
+    /// agent's flood), then report `flood-result: {"ok","errors","first_error"}` once every one
+    /// is answered — or, with `stop_reading`, stop reading stdin first and never finish (the
+    /// answers pile up at the client).
+    Flood {
+        /// `fs/read_text_file` (default), `session/request_permission` or `elicitation/create`.
+        #[serde(default = "default_flood_method")]
+        method: String,
+        /// How many.
+        count: usize,
+        /// The file read (relative to the cwd or absolute), for `fs/read_text_file`.
+        #[serde(default)]
+        path: Option<String>,
+        /// Stop reading stdin before sending.
+        #[serde(default)]
+        stop_reading: bool,
+    },
     /// Write this many bytes to stderr.
     Stderr {
         /// Size.
@@ -285,6 +302,10 @@ pub enum Step {
         /// Message.
         message: String,
     },
+}
+
+fn default_flood_method() -> String {
+    "fs/read_text_file".into()
 }
 
 /// Inline scenario in a prompt: the whole text is a JSON object, or it has a

@@ -14,6 +14,8 @@ use crate::vocab::{self, Answer, PlanReaction, Reaction, Vocab};
 
 /// Cap on `oversized` / `stderr` sizes: a scenario typo must not exhaust memory.
 const MAX_SIZE_STEP: usize = 1 << 30;
+/// A flood step sends at most this many requests.
+const MAX_FLOOD: usize = 100_000;
 
 /// How the step list ended.
 enum Flow {
@@ -253,6 +255,9 @@ impl Turn {
                 };
                 self.chunk("agent_message_chunk", &format!("connect-result: {out}\n"));
             }
+            Step::Flood { method, count, path, stop_reading } => {
+                return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading).await;
+            }
             Step::Stderr { bytes } => {
                 use std::io::Write;
                 let line = format!("{}\n", "e".repeat(1023));
@@ -281,6 +286,70 @@ impl Turn {
             Step::Stop { reason } => return Flow::End(reason),
             Step::Error { code, message } => return Flow::Fail(json!({"code": code, "message": message})),
         }
+        Flow::Continue
+    }
+
+    /// `count` requests of `method` sent at once; see `Step::Flood`.
+    async fn flood(
+        &mut self,
+        method: &str,
+        count: usize,
+        path: Option<&str>,
+        stop_reading: bool,
+    ) -> Flow {
+        let sid = self.sid();
+        if stop_reading {
+            self.agent.stop_reading.send_replace(true);
+        }
+        let file = path.map(|p| self.session.cwd.join(p));
+        let string_ids = self.settings.string_ids.unwrap_or(false);
+        let mut answers = Vec::with_capacity(count);
+        for i in 0..count {
+            let params = match method {
+                "session/request_permission" => json!({"sessionId": sid,
+                    "toolCall": {"toolCallId": format!("flood-{i}"), "kind": "read", "title": format!("Read flood-{i}"),
+                        "locations": [{"path": self.session.cwd.join(format!("flood-{i}"))}]},
+                    "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                                {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}),
+                "elicitation/create" => {
+                    json!({"sessionId": sid, "mode": "form", "message": format!("flood question {i}"),
+                    "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}})
+                }
+                _ => {
+                    json!({"sessionId": sid, "path": file.clone().unwrap_or_else(|| self.session.cwd.join("flood.txt"))})
+                }
+            };
+            answers.push(self.agent.call(method, params, string_ids).1);
+        }
+        self.agent.flush().await;
+        if stop_reading {
+            self.wait_cancel().await;
+            return Flow::Cancelled;
+        }
+        let (mut ok, mut errors, mut first_error) = (0usize, 0usize, Value::Null);
+        for rx in answers {
+            let a = tokio::select! {
+                a = rx => a,
+                _ = self.wait_cancel() => return Flow::Cancelled,
+            };
+            match a {
+                Ok(Ok(_)) => ok += 1,
+                Ok(Err(e)) => {
+                    errors += 1;
+                    if first_error.is_null() {
+                        first_error = e.get("message").cloned().unwrap_or(e);
+                    }
+                }
+                Err(_) => errors += 1,
+            }
+        }
+        self.chunk(
+            "agent_message_chunk",
+            &format!(
+                "flood-result: {}\n",
+                json!({"ok": ok, "errors": errors, "first_error": first_error})
+            ),
+        );
         Flow::Continue
     }
 

@@ -3,8 +3,11 @@
 //!
 //! The MCP front uses it so a call made from inside a warden-run agent counts as deep whatever
 //! headers it sends: the supervisor lists the uids its agents run as (`ListAgentsResponse`), and
-//! a connection whose socket one of them owns (or the supervisor's own uid, when its egress proxy
-//! made the connection for an agent) is at recursion depth 1 or more. Headers can be omitted;
+//! a connection whose socket one of them owns is at recursion depth 1 or more. That includes a
+//! connection the supervisor's egress proxy made for an agent: the proxy creates each such socket
+//! with the agent's uid as owner (where it may switch; else it is the supervisor's uid, also
+//! counted when it differs from ours), so a call that reaches us through it by any route is
+//! nested even under `warden up` as root, where every daemon is uid 0. Headers can be omitted;
 //! the owner of a socket cannot be chosen by the process that made it.
 //!
 //! Must never: trust a header over the kernel, or block the runtime thread (the table is read in

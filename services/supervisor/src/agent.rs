@@ -5,9 +5,8 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use warden_acp::{AcpClient, AcpEvent, ClientCapabilities, ClientConfig, FsCapabilities};
+use warden_acp::{AcpClient, ClientCapabilities, ClientConfig, FsCapabilities};
 
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
@@ -146,7 +145,7 @@ pub struct AgentProc {
     /// This agent's live-agent slot, given back when the agent is dropped (killed, stopped).
     pub slot: crate::live::LiveSlot,
     pub client: AcpClient,
-    pub events: mpsc::UnboundedReceiver<AcpEvent>,
+    pub events: warden_acp::AcpEvents,
     pub tree: Option<warden_sandbox::ProcessTree>,
     pub stderr: Arc<Mutex<StderrRing>>,
     /// The task copying the agent's stderr into the ring; it ends at EOF (the tree is dead).
@@ -248,6 +247,8 @@ impl AgentProc {
             request_timeout: Some(shared.settings.limits().handshake()),
             cancel_deadline: shared.settings.limits().cancel_grace(),
             client_name: "warden-supervisor".into(),
+            max_incoming_requests: shared.settings.limits().agent_requests_in_flight.max(1),
+            max_queued_bytes: shared.settings.limits().agent_queue_bytes,
             ..ClientConfig::default()
         };
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
@@ -656,6 +657,7 @@ fn start_egress(
             allow,
             peer_uid,
             max_connections: shared.settings.limits().egress_connections,
+            warden: shared.settings.warden_listeners(),
         },
         report,
     )

@@ -26,7 +26,7 @@ use warden_rules::{OfferedOption, Outcome, choose_option};
 use crate::core::ConvCore;
 use crate::policy::rules_verdict;
 use crate::servant::ServantError;
-use crate::turn::{AllowedExec, CoveredWrite, EndRequest, TurnCtx};
+use crate::turn::{AllowedExec, Counted, CoveredWrite, EndRequest, TurnCtx};
 
 /// The options the supervisor offers the policy for a client write or terminal it asks about
 /// itself.
@@ -421,6 +421,17 @@ impl ConvCore {
     }
 }
 
+impl ConvCore {
+    /// Counts one request of the agent against this turn's bound (`limits.*_per_turn`); none
+    /// is counted outside a turn.
+    fn count(&self, turn: Option<&TurnCtx>, what: Counted) -> Result<(), RpcError> {
+        match turn {
+            Some(t) => t.count(what, &self.quotas),
+            None => Ok(()),
+        }
+    }
+}
+
 /// An `fs/*` refusal in JSON-RPC terms: where the path leads is the caller's error (-32602), a
 /// missing file is "not found", the rest is internal. The text is the supervisor's own (what
 /// the servant says is not passed on: it is as untrusted as the agent).
@@ -481,6 +492,7 @@ impl ClientHandler for ConvCore {
     ) -> Result<PermissionOutcome, RpcError> {
         let entered = std::time::Instant::now();
         let turn = self.turn();
+        self.count(turn.as_deref(), Counted::Permission)?;
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
         let (kind, title) = dreq
@@ -549,6 +561,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
+        self.count(self.turn().as_deref(), Counted::Fs)?;
         // Where it would be read, resolved once: the location the decision judges and the
         // servant opens (without following any link).
         let key = self.fs_location(&req.path)?;
@@ -577,6 +590,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
+        self.count(self.turn().as_deref(), Counted::Fs)?;
         if self.info.profile == warden_sandbox::Profile::ReadOnly {
             return Err(RpcError::invalid_params(
                 "this conversation is read-only: writes are refused",
@@ -717,6 +731,7 @@ impl ClientHandler for ConvCore {
         let Some(turn) = self.turn() else {
             return Ok(ElicitationResponse::Cancel);
         };
+        self.count(Some(&turn), Counted::Question)?;
         if turn.cancel.is_cancelled() {
             return Ok(ElicitationResponse::Cancel);
         }
@@ -908,6 +923,7 @@ mod tests {
             files: RootDir::open(root).map_err(|e| e.to_string()),
             servant: crate::servant::Servant::in_process(root),
             fs_read_bytes: 1024,
+            quotas: Default::default(),
         }
     }
 

@@ -57,11 +57,29 @@ max_queued_turns = 64
 # Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
 max_starting_agents = 0
 fs_read_bytes = 2097152
+# One agent's requests (fs/*, permissions, questions, terminals) handled at once; one more is
+# answered with an error at once.
+agent_requests_in_flight = 64
+# Answers queued for an agent and not read by it yet: past this the agent has stopped reading its
+# stdin, and it is stopped (fault request-limit) instead of holding the supervisor's memory.
+agent_queue_bytes = 33554432
+# Requests of one turn; the next is refused and ends the turn with fault request-limit
+# (0 = unbounded): fs/read_text_file + fs/write_text_file, permission requests (each an audit
+# record written durably), elicitation/create (each a question stored at the gateway).
+fs_requests_per_turn = 2048
+permissions_per_turn = 1024
+questions_per_turn = 16
 # Connections one agent's egress proxy holds open at once (network = "proxy"); more get 503.
 egress_connections = 64
 # A turn whose agent is refused the same destination this many times ends with fault
 # egress-refused (0 = never): a model endpoint that is not allowed fails the turn in seconds.
 egress_refusals_end_turn = 3
+
+[egress]
+# The TCP listeners of the warden this supervisor belongs to (the gateway's HTTP and gRPC, the
+# approver's page), "ip:port": no agent's egress proxy connects to them, whatever its allowlist
+# says. 0.0.0.0 and [::] stand for every address of this host. `warden up` sets its own.
+warden_listeners = ["127.0.0.1:8080"]
 
 [agents]
 default = "scripted"
@@ -90,6 +108,18 @@ pub struct SupervisorConfig {
     pub runtime: RuntimeSection,
     #[serde(default)]
     pub adapters: AdaptersSection,
+    #[serde(default)]
+    pub egress: EgressSection,
+}
+
+/// What every agent's egress proxy refuses whatever its allowlist says.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSection {
+    /// The TCP listeners of this warden (gateway HTTP and gRPC, the approver's page) as
+    /// `ip:port`: an agent never reaches warden's own doors through its proxy. `0.0.0.0:p` and
+    /// `[::]:p` stand for port p on every address of this host.
+    pub warden_listeners: Vec<String>,
 }
 
 /// Where installed ACP adapters are found (`adapter = "<package>@<version>"` entries).
@@ -194,6 +224,20 @@ pub struct Limits {
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
     /// lines); a larger one is refused with an error naming this key.
     pub fs_read_bytes: u64,
+    /// One agent's requests handled at once (`warden_acp::ClientConfig::max_incoming_requests`);
+    /// one more is answered with an error at once, unhandled.
+    pub agent_requests_in_flight: usize,
+    /// Bytes queued for one agent's stdin and not read by it
+    /// (`warden_acp::ClientConfig::max_queued_bytes`); past it the agent is stopped with fault
+    /// `request-limit`.
+    pub agent_queue_bytes: usize,
+    /// `fs/read_text_file` and `fs/write_text_file` requests of one turn (0 = unbounded).
+    pub fs_requests_per_turn: u32,
+    /// Permission requests of one turn (0 = unbounded). A client write no ALLOW covers is
+    /// decided too; it counts among `fs_requests_per_turn`.
+    pub permissions_per_turn: u32,
+    /// `elicitation/create` requests of one turn (0 = unbounded).
+    pub questions_per_turn: u32,
     /// Connections one agent's egress proxy holds open at once; more are answered 503.
     pub egress_connections: usize,
     /// Refusals of one destination within a turn that end the turn (fault `egress-refused`);
@@ -219,6 +263,11 @@ impl Default for Limits {
             max_queued_turns: 64,
             max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
+            agent_requests_in_flight: warden_acp::DEFAULT_MAX_INCOMING_REQUESTS,
+            agent_queue_bytes: warden_acp::DEFAULT_MAX_QUEUED_BYTES,
+            fs_requests_per_turn: 2048,
+            permissions_per_turn: 1024,
+            questions_per_turn: 16,
             egress_connections: 64,
             egress_refusals_end_turn: 3,
         }
@@ -226,6 +275,14 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// The per-turn request bounds.
+    pub fn turn_quotas(&self) -> crate::turn::Quotas {
+        crate::turn::Quotas {
+            fs_requests: self.fs_requests_per_turn,
+            permissions: self.permissions_per_turn,
+            questions: self.questions_per_turn,
+        }
+    }
     pub fn handshake(&self) -> Duration {
         Duration::from_millis(self.handshake_deadline_ms)
     }
@@ -566,6 +623,18 @@ impl Settings {
         &self.file.limits
     }
 
+    /// `[egress] warden_listeners`, checked at load.
+    pub fn warden_listeners(&self) -> crate::egress::WardenListeners {
+        crate::egress::WardenListeners::new(
+            self.file
+                .egress
+                .warden_listeners
+                .iter()
+                .filter_map(|l| l.parse().ok())
+                .collect(),
+        )
+    }
+
     /// The cap on agents starting at once in force.
     pub fn max_starting_agents(&self) -> usize {
         match self.file.limits.max_starting_agents {
@@ -736,9 +805,23 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         ("limits.transcript_bytes", l.transcript_bytes as u64),
         ("limits.handshake_deadline_ms", l.handshake_deadline_ms),
         ("limits.egress_connections", l.egress_connections as u64),
+        (
+            "limits.agent_requests_in_flight",
+            l.agent_requests_in_flight as u64,
+        ),
+        ("limits.agent_queue_bytes", l.agent_queue_bytes as u64),
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(&origin, key, "must be > 0"));
+        }
+    }
+    for l in &cfg.egress.warden_listeners {
+        if l.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                &origin,
+                "egress.warden_listeners",
+                format!("{l:?} is not an address like 127.0.0.1:8080"),
+            ));
         }
     }
     let mut agents = builtin_agents();

@@ -912,6 +912,10 @@ impl Conversation {
                             o.fail_conversation = true;
                             return o;
                         }
+                        // A flood is not cancelled politely: the agent is stopped at once.
+                        Some(EndRequest::RequestLimit(m)) => {
+                            return DriveOut::kill(Stop::fault(pb::FaultClass::RequestLimit, m));
+                        }
                         _ => {}
                     }
                     // Cancel: our pending permission handlers answer `cancelled` (they watch
@@ -983,6 +987,9 @@ impl Conversation {
                 let mut o = DriveOut::kill(Stop::fault(pb::FaultClass::ModeEscalation, m));
                 o.fail_conversation = true;
                 return o;
+            }
+            EndRequest::RequestLimit(m) => {
+                return DriveOut::kill(Stop::fault(pb::FaultClass::RequestLimit, m));
             }
         };
         // The design's cancel sequence ends with a kill: whatever the agent started for the

@@ -64,6 +64,8 @@ pub struct ConvCore {
     pub servant: crate::servant::Servant,
     /// `limits.fs_read_bytes`.
     pub fs_read_bytes: u64,
+    /// `limits.*_per_turn`: the agent's requests each turn may make.
+    pub quotas: crate::turn::Quotas,
 }
 
 impl ConvInfo {

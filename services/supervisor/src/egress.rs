@@ -16,18 +16,26 @@
 //! handed out). After the take every connection is reported to the taking conversation.
 //!
 //! Must never: connect anywhere the allowlist does not name (it runs with the supervisor's
-//! rights, so a connection it makes is made as the supervisor); resolve a name twice for one
-//! connection; block the runtime; trust anything that arrives on the socket (the agent may speak
-//! to it directly). The address classification is `warden_egress`'s, not this file's.
+//! rights, so a connection it makes is made as the supervisor); connect to a listener of the
+//! warden it belongs to (`[egress] warden_listeners`: the gateway, the approver's page), whatever
+//! the allowlist names — an agent does not come back in through warden's own doors; resolve a
+//! name twice for one connection; block the runtime; trust anything that arrives on the socket
+//! (the agent may speak to it directly). The address classification is `warden_egress`'s, not
+//! this file's.
+//!
+//! Each connection it makes is the agent's in the kernel's eyes: its socket is created with the
+//! agent's uid as its owner (`setfsuid` around `socket(2)`), so the socket table shows the
+//! agent's uid (the gateway counts a call arriving that way as nested, `peer.rs`) and a host
+//! firewall's owner match sees the agent, not the supervisor.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpSocket, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use warden_egress::{
@@ -70,6 +78,81 @@ pub struct ProxyConfig {
     pub peer_uid: u32,
     /// Connections open at once; more are answered 503.
     pub max_connections: usize,
+    /// The listeners of this warden: refused whatever `allow` says.
+    pub warden: WardenListeners,
+}
+
+/// The TCP listeners of the warden a supervisor belongs to (`[egress] warden_listeners`).
+#[derive(Debug, Clone, Default)]
+pub struct WardenListeners(Vec<SocketAddr>);
+
+impl WardenListeners {
+    pub fn new(listeners: Vec<SocketAddr>) -> Self {
+        WardenListeners(listeners)
+    }
+
+    /// The listener a connection to `to` would reach: the same port and the same address (an
+    /// IPv4-mapped spelling is its IPv4 address), or any address of this host for a listener
+    /// on 0.0.0.0 / `::`; a connection to 0.0.0.0 / `::` itself reaches this host too.
+    pub fn reached_by(&self, to: SocketAddr) -> Option<SocketAddr> {
+        let ip = canonical(to.ip());
+        self.0.iter().copied().find(|l| {
+            if l.port() != to.port() {
+                return false;
+            }
+            let lip = canonical(l.ip());
+            if lip == ip {
+                return true;
+            }
+            if ip.is_unspecified() {
+                return is_local(lip);
+            }
+            lip.is_unspecified() && is_local(ip)
+        })
+    }
+}
+
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+/// Whether `ip` is an address of this host: loopback, unspecified, or one a socket can be
+/// bound to here (the kernel's own answer, whatever the interfaces are named). Any answer but
+/// "not available here" counts as local: a doubt refuses.
+fn is_local(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    match std::net::UdpSocket::bind(SocketAddr::new(ip, 0)) {
+        Ok(_) => true,
+        Err(e) => e.raw_os_error() != Some(libc::EADDRNOTAVAIL),
+    }
+}
+
+/// A TCP socket for a connection made for the agent, owned by the agent's uid: the socket's
+/// owner is its creator's fsuid, set for this thread around `socket(2)` and set back at once
+/// (nothing awaits in between, so nothing else runs on this thread meanwhile). Without the
+/// right to switch (a supervisor that is neither root nor holds CAP_SETUID) the fsuid does
+/// not change and the socket is the supervisor's, as it always was.
+fn agent_socket(to: SocketAddr, uid: u32) -> std::io::Result<TcpSocket> {
+    let me = nix::unistd::geteuid();
+    let switch = uid != me.as_raw();
+    let before = switch.then(|| nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid)));
+    let sock = if to.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    };
+    if let Some(prev) = before {
+        nix::unistd::setfsuid(prev);
+    }
+    sock
 }
 
 /// A running proxy; dropping it closes the socket, ends every connection and removes the
@@ -358,7 +441,16 @@ async fn handle(mut s: UnixStream, ctx: &Ctx) -> Outcome {
         }
     };
     o.address = addr.to_string();
-    let mut up = match tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(addr)).await {
+    if let Some(l) = ctx.cfg.warden.reached_by(addr) {
+        let why = format!(
+            "{addr} reaches this warden's own listener {l} (egress.warden_listeners): agents do not come back in through the egress proxy"
+        );
+        o.refuse(403, why, "egress.warden_listeners".into());
+        let _ = answer(&mut s, 403, &refusal_text(&dest, &o.reason)).await;
+        return o;
+    }
+    let connect = async { agent_socket(addr, ctx.cfg.peer_uid)?.connect(addr).await };
+    let mut up: TcpStream = match tokio::time::timeout(CONNECT_DEADLINE, connect).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             o.refuse(
@@ -538,6 +630,7 @@ mod tests {
                 allow: l,
                 peer_uid,
                 max_connections: max,
+                warden: WardenListeners::default(),
             },
             seen.clone(),
         )
@@ -684,6 +777,7 @@ mod tests {
                 allow: Allowlist::new(),
                 peer_uid: me(),
                 max_connections: 1,
+                warden: WardenListeners::default(),
             },
             Arc::new(Seen::bound()),
         )
@@ -691,5 +785,45 @@ mod tests {
         let name = p.dir().file_name().unwrap().to_string_lossy().into_owned();
         assert!(name.starts_with("warden-pool_-"), "{name}");
         assert_eq!(name.len(), DIR_LABEL_CHARS + 1 + 8, "{name}");
+    }
+
+    #[test]
+    fn every_spelling_of_a_warden_listener_is_recognised() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let w = WardenListeners::new(vec![
+            a("127.0.0.1:8080"),
+            a("0.0.0.0:7421"),
+            a("[::]:50051"),
+        ]);
+        // The loopback listener: its own address, its IPv4-mapped form and 0.0.0.0 (which
+        // connects to this host); not another port, not another loopback address.
+        assert_eq!(w.reached_by(a("127.0.0.1:8080")), Some(a("127.0.0.1:8080")));
+        assert!(w.reached_by(a("[::ffff:127.0.0.1]:8080")).is_some());
+        assert!(w.reached_by(a("0.0.0.0:8080")).is_some());
+        assert!(w.reached_by(a("127.0.0.1:8081")).is_none());
+        assert!(w.reached_by(a("127.0.0.2:8080")).is_none());
+        // Wildcard listeners: every address of this host, loopback or not, either family.
+        for to in [
+            "127.0.0.1:7421",
+            "127.0.0.9:7421",
+            "[::1]:50051",
+            "127.0.0.1:50051",
+        ] {
+            assert!(w.reached_by(a(to)).is_some(), "{to}");
+        }
+        // This host's own non-loopback addresses, as the kernel lists them.
+        if let Ok(sock) = std::net::UdpSocket::bind("0.0.0.0:0")
+            && sock.connect("192.0.2.1:9").is_ok()
+            && let Ok(local) = sock.local_addr()
+            && !local.ip().is_unspecified()
+        {
+            assert!(
+                w.reached_by(SocketAddr::new(local.ip(), 7421)).is_some(),
+                "{local}"
+            );
+        }
+        // Not this host: a documentation address on the wildcard's port.
+        assert!(w.reached_by(a("192.0.2.1:7421")).is_none());
+        assert!(w.reached_by(a("[2001:db8::1]:50051")).is_none());
     }
 }

@@ -24,6 +24,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::Capacity => "capacity",
         pb::FaultClass::OptionNotOffered => "option-not-offered",
         pb::FaultClass::EgressRefused => "egress-refused",
+        pb::FaultClass::RequestLimit => "request-limit",
     }
 }
 
@@ -89,6 +90,9 @@ mod tests {
             pb::FaultClass::Rejected,
             pb::FaultClass::SupervisorUnavailable,
             pb::FaultClass::Capacity,
+            pb::FaultClass::OptionNotOffered,
+            pb::FaultClass::EgressRefused,
+            pb::FaultClass::RequestLimit,
         ];
         let mut names: Vec<&str> = all.iter().map(|c| name(*c)).collect();
         names.sort();

@@ -410,6 +410,7 @@ impl Supervisor {
                 boundary.clone(),
             ),
             fs_read_bytes: s.limits().fs_read_bytes,
+            quotas: s.limits().turn_quotas(),
         })
     }
 

@@ -138,6 +138,9 @@ pub fn fault_class(f: &warden_acp::Fault) -> pb::FaultClass {
         warden_acp::Fault::OversizedLine { .. } | warden_acp::Fault::Garbage { .. } => {
             pb::FaultClass::Protocol
         }
+        warden_acp::Fault::InputNotRead { .. } => pb::FaultClass::RequestLimit,
+        // Updates nobody took (between turns): the agent's output passed a bound.
+        warden_acp::Fault::UpdatesNotTaken { .. } => pb::FaultClass::OutputLimit,
         _ => pb::FaultClass::Crash,
     }
 }

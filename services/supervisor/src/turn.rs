@@ -28,6 +28,32 @@ pub enum EndRequest {
     OutputLimit,
     /// The agent escalated its mode and it could not be set back.
     ModeEscalation(String),
+    /// The agent passed a per-turn request bound (`Quotas`): fault `request-limit`.
+    RequestLimit(String),
+}
+
+/// Per-turn bounds on the agent's requests (`limits.*_per_turn`; 0 = unbounded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quotas {
+    pub fs_requests: u32,
+    pub permissions: u32,
+    pub questions: u32,
+}
+
+/// What a request counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    Fs,
+    Permission,
+    Question,
+}
+
+/// The agent's requests of a turn so far, by [`Counted`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Counts {
+    pub fs_requests: u32,
+    pub permissions: u32,
+    pub questions: u32,
 }
 
 /// What the turn was asked to do.
@@ -72,6 +98,8 @@ pub struct TurnMut {
     pub egress_refused: HashMap<String, u32>,
     /// Egress refusal events sent to the caller in this turn.
     pub egress_events: u32,
+    /// The agent's requests of this turn, against `Quotas`.
+    pub counts: Counts,
 }
 
 /// A path an ALLOWed edit covers, with the content it judged and the decision that allowed it.
@@ -191,6 +219,54 @@ impl TurnCtx {
         if over {
             self.request_end(EndRequest::OutputLimit);
         }
+    }
+
+    /// Counts one request of the agent; past its bound the request is refused (the error the
+    /// agent gets) and the turn is asked to end with fault `request-limit`. Each flood of
+    /// requests that costs something outside the supervisor (a durable audit record per
+    /// permission, a stored question per elicitation, a file read) stops at its bound.
+    pub fn count(&self, what: Counted, quotas: &Quotas) -> Result<(), warden_acp::RpcError> {
+        let (n, limit, key, name) = {
+            let mut st = self.lock();
+            let c = &mut st.counts;
+            match what {
+                Counted::Fs => {
+                    c.fs_requests = c.fs_requests.saturating_add(1);
+                    (
+                        c.fs_requests,
+                        quotas.fs_requests,
+                        "fs_requests_per_turn",
+                        "fs/* requests",
+                    )
+                }
+                Counted::Permission => {
+                    c.permissions = c.permissions.saturating_add(1);
+                    (
+                        c.permissions,
+                        quotas.permissions,
+                        "permissions_per_turn",
+                        "permission requests",
+                    )
+                }
+                Counted::Question => {
+                    c.questions = c.questions.saturating_add(1);
+                    (
+                        c.questions,
+                        quotas.questions,
+                        "questions_per_turn",
+                        "elicitation/create requests",
+                    )
+                }
+            }
+        };
+        if limit == 0 || n <= limit {
+            return Ok(());
+        }
+        let why = format!("the agent made more than {limit} {name} in one turn (limits.{key})");
+        self.request_end(EndRequest::RequestLimit(why.clone()));
+        Err(warden_acp::RpcError::internal(format!(
+            "{why}: refused, and the turn is ended"
+        )))
     }
 
     /// Answers every open question `cancel` (the turn is over or cancelled).

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::process::{Child, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use warden_acp::*;
 
 /// How the test handler answers one permission request.
@@ -275,7 +275,7 @@ pub fn agent_bin() -> PathBuf {
 
 pub struct Harness {
     pub client: AcpClient,
-    pub events: mpsc::UnboundedReceiver<AcpEvent>,
+    pub events: AcpEvents,
     pub child: Child,
     pub handler: Arc<TestHandler>,
     pub dir: tempfile::TempDir,
