@@ -31,6 +31,7 @@ use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
 use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
 use crate::etc::{AdapterPolicy, EtcBind, etc_plan};
+use crate::git::GitBind;
 use crate::identity::{AGENT_NAME, AgentIdentity, UidPool, UidRange, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
@@ -394,9 +395,21 @@ impl Spawner {
         // What bubblewrap binds read-only over the writable root and home: checked and created
         // here, before any process of this spawn exists (see control.rs on planted symlinks).
         let mut control = Vec::new();
+        let mut git = Vec::new();
         if self.bwrap.is_some() {
             if spec.boundary.profile == Profile::WorkspaceWrite {
                 control.extend(prepare_root(root)?);
+                // Every `.git` in the root by allowlist (git.rs); the copies' fds are raised
+                // above the gate's fd like the generated /etc files'.
+                for b in crate::git::plan(root)? {
+                    git.push(match b {
+                        GitBind::Copy { fd, path } => GitBind::Copy {
+                            fd: high_fd(&fd)?,
+                            path,
+                        },
+                        other => other,
+                    });
+                }
             }
             if let Some(h) = &home {
                 control.extend(prepare_home(h, identity)?);
@@ -475,6 +488,7 @@ impl Spawner {
                 etc: &etc,
                 data_fds: &data_fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>(),
                 control: &control,
+                git: &git,
             };
             cmd.args(bwrap_args(&plan));
         }
@@ -518,7 +532,14 @@ impl Spawner {
         let parent = std::process::id() as libc::pid_t;
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
-        let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let keep: Vec<i32> = data_fds
+            .iter()
+            .map(|f| f.as_raw_fd())
+            .chain(git.iter().filter_map(|b| match b {
+                GitBind::Copy { fd, .. } => Some(fd.as_raw_fd()),
+                _ => None,
+            }))
+            .collect();
         let cwd_raw = cwd_fd.as_raw_fd();
         let nice = self.nice;
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
@@ -594,6 +615,7 @@ impl Spawner {
         drop(gate_r);
         drop(procs_file);
         drop(data_fds);
+        drop(git);
         let (Some(stdout), Some(stderr), Some(pid)) =
             (child.stdout.take(), child.stderr.take(), child.id())
         else {
@@ -694,6 +716,14 @@ const SYSTEM_DIRS: &[&str] = &[
 /// child's `dup2` would otherwise close) and the standard streams.
 const DATA_FD_MIN: i32 = 10;
 
+/// A copy of `fd` at or above [`DATA_FD_MIN`] (close-on-exec until the child clears it).
+fn high_fd(fd: &OwnedFd) -> Result<OwnedFd, SandboxError> {
+    rustix::io::fcntl_dupfd_cloexec(fd, DATA_FD_MIN).map_err(|e| SandboxError::Os {
+        what: "dup git file copy",
+        source: e.into(),
+    })
+}
+
 /// One sealed-in-memory file per generated `/etc` entry, for `--ro-bind-data FD DEST`.
 fn data_fds(etc: &[EtcBind]) -> Result<Vec<OwnedFd>, SandboxError> {
     use nix::sys::memfd::{MFdFlags, memfd_create};
@@ -738,6 +768,8 @@ pub(crate) struct BwrapPlan<'a> {
     pub data_fds: &'a [i32],
     /// Agent-control paths in the root and home, bound over them in this order.
     pub control: &'a [ControlBind],
+    /// The root's git directories by allowlist (git.rs), after the control paths.
+    pub git: &'a [GitBind],
 }
 
 pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
@@ -819,6 +851,20 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         let p = c.path.as_os_str();
         let how = if c.pin_only { "--bind" } else { "--ro-bind" };
         push(&[how.as_ref(), p, p]);
+    }
+    for g in plan.git {
+        let p = g.path().as_os_str();
+        match g {
+            GitBind::Tmpfs(_) => push(&["--tmpfs".as_ref(), p]),
+            GitBind::Dir(_) => push(&["--dir".as_ref(), p]),
+            GitBind::Writable(_) => push(&["--bind".as_ref(), p, p]),
+            GitBind::ReadOnly(_) => push(&["--ro-bind".as_ref(), p, p]),
+            GitBind::Symlink { target, .. } => push(&["--symlink".as_ref(), target.as_os_str(), p]),
+            GitBind::Copy { fd, .. } => {
+                let fd = OsString::from(fd.as_raw_fd().to_string());
+                push(&["--file".as_ref(), fd.as_os_str(), p])
+            }
+        }
     }
     // The program's own directory (e.g. `target/debug`) when nothing above binds it, and the
     // egress relay's.
@@ -940,6 +986,7 @@ mod tests {
             etc: &etc,
             data_fds: &fds,
             control,
+            git: &[],
         };
         bwrap_args(&plan)
             .into_iter()
