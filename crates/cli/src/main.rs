@@ -342,6 +342,7 @@ async fn main() -> ExitCode {
                 "warden-gateway",
                 "warden-scripted-agent",
                 "warden-egress-relay",
+                "warden-exec-limit",
             ] {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });

@@ -39,7 +39,9 @@ pub use etc::{
     CODEX_CONFIG_UNTRUSTED, CODEX_MANAGED_CONFIG, CODEX_REQUIREMENTS, CODEX_REQUIREMENTS_TOML,
     CODEX_REQUIREMENTS_UNTRUSTED, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
 };
-pub use features::{BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features};
+pub use features::{
+    BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features, landlock_abi,
+};
 pub use git::{GIT_COPIED_FILES, GIT_NESTED_DIRS, GIT_WRITABLE_DIRS};
 pub use homes::{AgentHome, AgentHomes};
 pub use identity::{
@@ -54,7 +56,7 @@ pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;
 pub use roots::{Boundary, OwnedRoots, Profile, WorkspacePolicy, sanitize_label};
 pub use spawn::{
-    Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, Network, SpawnSpec,
+    Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, ExecOnly, Network, SpawnSpec,
     SpawnedAgent, Spawner,
 };
 

@@ -75,6 +75,39 @@ pub struct EgressSpec {
     pub mirrors: Vec<std::net::SocketAddr>,
 }
 
+/// `allow_execute = false` in a root warden did not create: no program outside the agent's own
+/// install may run. `launcher` (`warden-exec-limit`) restricts itself with Landlock's execute
+/// right inside the sandbox, after bubblewrap's mounts (a Landlock-restricted process cannot
+/// mount), and becomes the agent; the restriction holds for everything the agent starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOnly {
+    /// The `warden-exec-limit` binary (its directory bound read-only).
+    pub launcher: PathBuf,
+    /// Beyond the program file itself, the egress relay and the dynamic loader (added by the
+    /// spawner): where the agent's install lies (an npm adapter's package directory).
+    pub allow: Vec<PathBuf>,
+}
+
+/// The dynamic loaders of this host (`/lib64/ld-linux-x86-64.so.2`, `/lib/ld-musl-*.so.1`, …):
+/// the kernel executes one for every dynamically linked program, so the execute right must
+/// cover it.
+fn dynamic_loaders() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["/lib64", "/lib", "/usr/lib64", "/usr/lib"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let n = name.to_string_lossy();
+            if n.starts_with("ld-linux") || n.starts_with("ld-musl") {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
 /// Everything needed to start one agent.
 #[derive(Debug, Clone)]
 pub struct SpawnSpec {
@@ -99,6 +132,9 @@ pub struct SpawnSpec {
     pub egress: Option<EgressSpec>,
     /// This agent's adapter files in the sandbox's `/etc` (Codex's managed configuration).
     pub adapter_policy: AdapterPolicy,
+    /// Only the agent's own install may be executed (`allow_execute = false`); needs Landlock,
+    /// a spawn without it is refused.
+    pub exec_only: Option<ExecOnly>,
 }
 
 impl SpawnSpec {
@@ -123,6 +159,7 @@ impl SpawnSpec {
             extra_ro_binds: Vec::new(),
             egress: None,
             adapter_policy: AdapterPolicy::default(),
+            exec_only: None,
         }
     }
 }
@@ -311,6 +348,11 @@ impl Spawner {
                 ));
             }
         }
+        if spec.exec_only.is_some() && crate::features::landlock_abi().is_none() {
+            return Err(SandboxError::InvalidInput(
+                "this workspace has allow_execute = false, which is enforced with Landlock's execute right, and this kernel has no Landlock (warden doctor says so); refusing to start an agent whose own shell nothing would stop".into(),
+            ));
+        }
         let identity = self.identity_for_spawn(&spec.conversation_id)?;
         let root = &spec.boundary.root;
         let cwd = match &spec.cwd {
@@ -358,19 +400,25 @@ impl Spawner {
                 .egress
                 .as_ref()
                 .map(|e| [e.relay.parent(), Some(e.socket_dir.as_path())]);
-            let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
-                .into_iter()
-                .chain(egress_dirs.into_iter().flatten())
-                .flatten()
-                .map(Path::to_path_buf)
-                .chain(spec.extra_ro_binds.iter().filter_map(|p| {
-                    let p = std::fs::canonicalize(p).ok()?;
-                    if p.is_dir() {
-                        Some(p)
-                    } else {
-                        p.parent().map(Path::to_path_buf)
-                    }
-                }));
+            let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
+            let dirs = [
+                Some(root.as_path()),
+                program.parent(),
+                home.as_deref(),
+                launcher_dir,
+            ]
+            .into_iter()
+            .chain(egress_dirs.into_iter().flatten())
+            .flatten()
+            .map(Path::to_path_buf)
+            .chain(spec.extra_ro_binds.iter().filter_map(|p| {
+                let p = std::fs::canonicalize(p).ok()?;
+                if p.is_dir() {
+                    Some(p)
+                } else {
+                    p.parent().map(Path::to_path_buf)
+                }
+            }));
             for d in dirs {
                 if let Some(blocked) = first_unsearchable(&d, who) {
                     return Err(SandboxError::InvalidInput(format!(
@@ -491,6 +539,24 @@ impl Spawner {
                 git: &git,
             };
             cmd.args(bwrap_args(&plan));
+        }
+        if let Some(x) = &spec.exec_only {
+            cmd.arg(&x.launcher);
+            let relay = match (spec.network, &spec.egress) {
+                (Network::Proxy, Some(e)) => Some(e.relay.clone()),
+                _ => None,
+            };
+            for p in x
+                .allow
+                .iter()
+                .cloned()
+                .chain([program.clone()])
+                .chain(relay)
+                .chain(dynamic_loaders())
+            {
+                cmd.arg("--allow").arg(p);
+            }
+            cmd.arg("--");
         }
         if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
             cmd.arg(&e.relay)
@@ -872,7 +938,11 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         (Network::Proxy, Some(e)) => e.relay.parent(),
         _ => None,
     };
-    for dir in [plan.program.parent(), relay_dir].into_iter().flatten() {
+    let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
+    for dir in [plan.program.parent(), relay_dir, launcher_dir]
+        .into_iter()
+        .flatten()
+    {
         if !bound.iter().any(|b| dir.starts_with(b)) {
             push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
             bound.push(dir.to_path_buf());
