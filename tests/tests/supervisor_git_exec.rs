@@ -3,7 +3,8 @@
 //!
 //! Case 3 (host code execution through git): the agent writes `.git/commondir = ../.wip` next to
 //! a `.wip/config` with `core.fsmonitor` (what was measured), `.git/info/attributes` with a filter,
-//! `.git/modules/sub/config`, `.git/worktrees/wt/commondir`, and hooks through `commondir`; then
+//! `.git/modules/sub/config`, `.git/worktrees/wt/commondir`, hooks through `commondir`, and a
+//! `.git/logs/HEAD` symlink (the host's git appends its reflog line through it); then
 //! this test runs real `git status`, `git log` and `git commit` as root on the host in that
 //! workspace (and in its submodule and linked worktree). None of the agent's commands may run,
 //! and the agent's own `git add` + `git commit` must still land on the host.
@@ -172,6 +173,7 @@ printf '[core]\n\tfsmonitor = "touch {m}/module-ran; false"\n' >> .git/modules/s
 printf '[core]\n\tfsmonitor = "touch {m}/worktree-config-ran; false"\n' >> .git/worktrees/wt/config.worktree && echo W-worktree-config
 echo '{w}/.wip' > .git/worktrees/wt/commondir && echo W-worktree-commondir
 echo x > .git/hooks/pre-commit && echo W-hook
+rm -f .git/logs/HEAD; ln -s {m}/reflog-victim .git/logs/HEAD && echo W-reflog-link
 echo ../.wip > .git/commondir && echo W-commondir
 exit 0"#
     );
@@ -327,4 +329,37 @@ async fn allow_execute_false_stops_the_agents_own_shell() {
         "with allow_execute = true the agent's shell runs: {}",
         output(&evs)
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_execute_false_holds_behind_the_egress_relay() {
+    if !runs_contained() || warden_sandbox::landlock_abi().is_none() {
+        println!("SKIP: not contained here, or no Landlock (the test above covers the refusal)");
+        return;
+    }
+    // network = "proxy": the relay is exec'd after the restriction and starts the agent; both
+    // must still run, the agent's shell must not.
+    let no = fresh("noexec-proxy-ws");
+    open_to_everyone(&no);
+    let d = deploy(&[
+        (
+            "supervisor",
+            &format!("workspaces.noexec.path=\"{}\"", no.display()),
+        ),
+        ("supervisor", "agents.scripted.network=\"proxy\""),
+    ])
+    .await;
+    let mut c = client(&d);
+    let evs = run(
+        &mut c,
+        workspace_turn(
+            "noexec-proxy",
+            "noexec",
+            &shell_then_message("echo ran > marker"),
+        ),
+    )
+    .await;
+    assert!(!no.join("marker").exists(), "{}", output(&evs));
+    assert_eq!(stop(&evs).stop_reason, "end_turn", "{:?}", stop(&evs));
+    assert!(text(&evs).contains("agent-still-here"), "{evs:#?}");
 }

@@ -11,8 +11,12 @@
 //! So under bubblewrap every `.git` directory found in the root at spawn (nested repositories
 //! included; `.git/modules/*` and `.git/worktrees/*` as git directories of their own) is shown to
 //! the agent as a fresh tmpfs holding:
-//! - `objects`, `refs`, `logs`: the host's directories, bound read-write (a commit's objects,
-//!   the branch it moves, their reflogs reach the host);
+//! - `objects`, `refs`: the host's directories, bound read-write (a commit's objects and the
+//!   branch it moves reach the host);
+//! - `logs`: an empty directory of the agent's own. The host's git appends to reflogs without
+//!   refusing symlinks (measured: a `logs/HEAD` link made root's `git commit` append its line to
+//!   the file it named, and a branch name chosen by the agent can put `;cmd` in such a line), so
+//!   the agent never writes into the host's `logs`; its reflog entries stay in the sandbox;
 //! - `index`, `HEAD`, `packed-refs`, `COMMIT_EDITMSG` and the `*_HEAD` files: the agent's own
 //!   copies, writable in the tmpfs. git replaces them by writing `NAME.lock` beside them and
 //!   renaming it over them, which needs a writable `.git`, and a writable `.git` is exactly what
@@ -45,7 +49,10 @@ use warden_containment::beneath::{EntryKind, RootDir};
 use crate::SandboxError;
 
 /// Directories a commit writes into, bound read-write.
-pub const GIT_WRITABLE_DIRS: &[&str] = &["objects", "refs", "logs"];
+pub const GIT_WRITABLE_DIRS: &[&str] = &["objects", "refs"];
+
+/// Directories git writes into that the agent gets empty, of its own (reflogs).
+pub const GIT_OWN_DIRS: &[&str] = &["logs"];
 
 /// Files git replaces by lock-and-rename that a commit (or checkout, merge) touches: the agent
 /// gets its own writable copy.
@@ -139,6 +146,7 @@ fn git_dir(
             EntryKind::Dir if GIT_WRITABLE_DIRS.contains(&text) => {
                 out.push(GitBind::Writable(path))
             }
+            EntryKind::Dir if GIT_OWN_DIRS.contains(&text) => out.push(GitBind::Dir(path)),
             EntryKind::Dir if GIT_NESTED_DIRS.contains(&text) && depth < MAX_NESTING => {
                 out.push(GitBind::Dir(path));
                 nested(dir, root, &rel.join(&name), depth, out)?;
@@ -272,7 +280,7 @@ mod tests {
             "ro .git/hooks",
             "copy .git/index",
             "ro .git/info",
-            "rw .git/logs",
+            "dir .git/logs",
             "dir .git/modules",
             "dir .git/modules/lib",
             "copy .git/modules/lib/HEAD",
