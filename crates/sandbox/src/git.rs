@@ -322,4 +322,21 @@ mod tests {
         assert!(plan(t.path()).unwrap().is_empty());
         assert!(!t.path().join(".git").exists(), "no repository is invented");
     }
+
+    /// The walk's cost on a large tree (run by hand: `cargo test -p warden-sandbox --lib
+    /// walk_cost -- --ignored --nocapture`; `WARDEN_WALK_ROOT` names the tree, default /usr).
+    #[test]
+    #[ignore]
+    fn walk_cost() {
+        let root = std::env::var_os("WARDEN_WALK_ROOT").map_or("/usr".into(), PathBuf::from);
+        let dir = RootDir::open(&root).unwrap();
+        let t = std::time::Instant::now();
+        let found = dir.find_named(".git".as_ref(), GIT_WALK_MAX_ENTRIES);
+        println!(
+            "walked {} in {:?}: {:?} .git entries",
+            root.display(),
+            t.elapsed(),
+            found.map(|f| f.len())
+        );
+    }
 }
