@@ -349,6 +349,7 @@ async fn main() -> ExitCode {
                 "warden-scripted-agent",
                 "warden-egress-relay",
                 "warden-fs-servant",
+                "warden-exec-limit",
             ] {
                 let found = bins.join(b).is_file();
                 println!("  {b:<22} {}", if found { "found" } else { "MISSING" });

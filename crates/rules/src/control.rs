@@ -4,7 +4,16 @@
 //! commands nobody decided (`PreToolUse`, `.git/hooks/*`), or add MCP servers (`.mcp.json`).
 //!
 //! Owns: deciding whether an already resolved path names such a file — by whole path
-//! components, never by substring (`.claude-notes`, `..claude` and `x.mcp.json` are ordinary).
+//! components, never by substring (`.claude-notes`, `..claude` and `x.mcp.json` are ordinary),
+//! and without regard to case (`.Claude`, `.GIT/hooks`: on a case-insensitive filesystem they
+//! are the same files, and nothing legitimate needs the other spelling).
+//!
+//! git, by allowlist: inside any `.git` (at any depth, and inside its `modules/*` and
+//! `worktrees/*` git directories) only what a commit needs is ordinary — `objects`, `refs`,
+//! `logs`, `index`, `HEAD`, `packed-refs`, `COMMIT_EDITMSG`, the `*_HEAD` files and their
+//! `.lock` files. Everything else there (`config`, `hooks`, `info`, `commondir`, `gitdir`,
+//! `config.worktree`, a name git may read tomorrow) is a control file: git reads configuration
+//! and hooks from more places than any list of names can follow (issue 24).
 //!
 //! Must never: do I/O (paths arrive resolved), or let an operator entry loosen the built-in list.
 
@@ -13,6 +22,63 @@ use std::path::{Component, Path};
 
 /// Directory names whose contents (and themselves) configure an agent, wherever they sit.
 const CONTROL_DIRS: &[&str] = &[".claude", ".codex", ".gemini"];
+
+/// What a commit writes inside a git directory (the first component below it).
+const GIT_COMMIT_DIRS: &[&str] = &["objects", "refs", "logs"];
+const GIT_COMMIT_FILES: &[&str] = &["index", "HEAD", "packed-refs", "COMMIT_EDITMSG"];
+/// Directories of further git directories (`modules/<name>/`, `worktrees/<name>/`).
+const GIT_NESTED: &[&str] = &["modules", "worktrees"];
+
+fn is(c: &OsStr, name: &str) -> bool {
+    c.as_encoded_bytes().eq_ignore_ascii_case(name.as_bytes())
+}
+
+/// Whether `name` (directly in a git directory) is a file a commit writes, or its lock file.
+fn commit_file(name: &OsStr) -> bool {
+    let Some(n) = name.to_str() else {
+        return false;
+    };
+    let n = n.strip_suffix(".lock").unwrap_or(n);
+    GIT_COMMIT_FILES.contains(&n) || (n.len() > "_HEAD".len() && n.ends_with("_HEAD"))
+}
+
+/// What, below a git directory, `rest` (the components after it) names, if it is not what a
+/// commit needs.
+fn git_control(rest: &[&OsStr]) -> Option<String> {
+    let mut rest = rest;
+    loop {
+        let first = rest.first()?;
+        if rest.len() == 1 && commit_file(first) {
+            return None;
+        }
+        if GIT_COMMIT_DIRS.iter().any(|d| *first == OsStr::new(d)) {
+            return None;
+        }
+        if GIT_NESTED.iter().any(|d| *first == OsStr::new(d)) {
+            match rest.len() {
+                // `modules` itself, or one submodule's directory: replacing either swaps in
+                // another git directory.
+                1 | 2 => {
+                    return Some(format!(
+                        "the git directory {}",
+                        rest.iter()
+                            .map(|c| c.to_string_lossy())
+                            .collect::<Vec<_>>()
+                            .join("/")
+                    ));
+                }
+                _ => {
+                    rest = &rest[2..];
+                    continue;
+                }
+            }
+        }
+        return Some(format!(
+            "the git control entry {} (only objects, refs, logs, index, HEAD and the files a commit writes may change)",
+            first.to_string_lossy()
+        ));
+    }
+}
 
 /// The built-in names and the operator's extra patterns (`[floor] agent_control_paths`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,26 +122,25 @@ impl ControlPaths {
             .collect();
         if let Some(d) = comps
             .iter()
-            .find_map(|c| CONTROL_DIRS.iter().find(|d| OsStr::new(d) == *c))
+            .find_map(|c| CONTROL_DIRS.iter().find(|d| is(c, d)))
         {
             return Some(format!("the agent configuration directory {d}"));
         }
-        let n = comps.len();
-        if comps.last() == Some(&OsStr::new(".mcp.json")) {
+        if comps.last().is_some_and(|c| is(c, ".mcp.json")) {
             return Some("the MCP server configuration .mcp.json".into());
         }
         // `.git` itself too: replacing it (or a worktree's `.git` file) swaps in other hooks.
-        if comps.last() == Some(&OsStr::new(".git")) {
+        if comps.last().is_some_and(|c| is(c, ".git")) {
             return Some("the git directory .git itself".into());
         }
-        if comps
-            .windows(2)
-            .any(|w| w[0] == OsStr::new(".git") && w[1] == OsStr::new("hooks"))
-        {
-            return Some("the git hooks .git/hooks".into());
-        }
-        if n >= 2 && comps[n - 2] == OsStr::new(".git") && comps[n - 1] == OsStr::new("config") {
-            return Some("the git configuration .git/config (core.hooksPath, aliases)".into());
+        // Below every `.git` on the path (a nested repository's inside another's objects is
+        // still judged by the outer one first).
+        for (i, c) in comps.iter().enumerate() {
+            if is(c, ".git")
+                && let Some(what) = git_control(&comps[i + 1..])
+            {
+                return Some(what);
+            }
         }
         if inside.is_some() {
             // Patterns are UTF-8 text; a non-UTF-8 name stands in as "", which only a bare `*`
@@ -150,6 +215,26 @@ mod tests {
             "/work/root/.git/hooks/pre-commit",
             "/work/root/.git/config",
             "/work/root/vendor/.git/config",
+            "/work/root/.Claude/settings.json",
+            "/work/root/.CODEX/config.toml",
+            "/work/root/.Mcp.json",
+            "/work/root/.GIT/hooks/pre-commit",
+            "/work/root/.Git",
+            "/work/root/.git/commondir",
+            "/work/root/.git/gitdir",
+            "/work/root/.git/info/attributes",
+            "/work/root/.git/config.worktree",
+            "/work/root/.git/description",
+            "/work/root/.git/modules",
+            "/work/root/.git/modules/x",
+            "/work/root/.git/modules/x/config",
+            "/work/root/.git/modules/x/hooks/post-checkout",
+            "/work/root/.git/modules/x/modules/y/commondir",
+            "/work/root/.git/worktrees/w/commondir",
+            "/work/root/.git/worktrees/w/gitdir",
+            "/work/root/.git/worktrees/w/config.worktree",
+            "/work/root/a/b/c/.git/info/exclude",
+            "/work/root/.git/Config",
             "/root/.claude/settings.json",
             "/home/u/.codex/rules/default.rules",
         ] {
@@ -165,7 +250,19 @@ mod tests {
             "/work/root/.mcp.json/x",
             "/work/root/.git/objects/ab/cdef",
             "/work/root/.git/HEAD",
-            "/work/root/.git/config.d",
+            "/work/root/.git/HEAD.lock",
+            "/work/root/.git/index",
+            "/work/root/.git/index.lock",
+            "/work/root/.git/ORIG_HEAD",
+            "/work/root/.git/MERGE_HEAD",
+            "/work/root/.git/COMMIT_EDITMSG",
+            "/work/root/.git/packed-refs",
+            "/work/root/.git/refs/heads/main.lock",
+            "/work/root/.git/logs/refs/heads/main",
+            "/work/root/.git/modules/x/objects/pack/p.pack",
+            "/work/root/.git/modules/x/index",
+            "/work/root/.git/worktrees/w/HEAD",
+            "/work/root/sub/.git/refs/tags/v1",
             "/work/root/.gitignore",
             "/work/root/hooks/pre-commit",
             "/work/root/src/lib.rs",

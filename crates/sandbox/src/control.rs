@@ -11,8 +11,10 @@
 //!
 //! A read-only bind of a file does not stop a rename of the directory holding it (the mount
 //! moves along, and a fresh directory with a fresh file takes the old name), so the directories
-//! holding bound entries (`.git`, `~/.claude`, `~/.codex`, `~/.gemini`) are bound onto
-//! themselves read-write first: a mount point cannot be renamed or removed (EBUSY).
+//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`) are bound onto themselves
+//! read-write first: a mount point cannot be renamed or removed (EBUSY).
+//!
+//! git directories in the root are laid out by allowlist in git.rs, not here.
 
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -66,15 +68,6 @@ pub const ROOT_CONTROL: &[(&str, ControlKind)] = &[
     (".codex", ControlKind::Dir),
     (".gemini", ControlKind::Dir),
     (".mcp.json", ControlKind::File("{}\n")),
-];
-
-/// Control paths inside `<root>/.git`, only when `.git` is a real directory: making a `.git`
-/// where there is none would turn a plain directory into a (broken) repository for every git
-/// command run in it, and a `.git` file (worktree, submodule) points outside the root, where the
-/// sandbox cannot see anyway.
-pub const GIT_CONTROL: &[(&str, ControlKind)] = &[
-    ("hooks", ControlKind::Dir),
-    ("config", ControlKind::File("")),
 ];
 
 /// The adapters' configuration files in the agent home, bound read-only; the directories that
@@ -189,24 +182,6 @@ pub fn prepare_root(root: &Path) -> Result<Vec<ControlBind>, SandboxError> {
     for (name, kind) in ROOT_CONTROL {
         out.push(ControlBind::ro(ensure(&dir, root, name, *kind)?));
     }
-    let git = root.join(".git");
-    match look(&dir, ".git", &git)? {
-        Found::Symlink => return Err(refuse_symlink(&git)),
-        Found::Dir => {
-            let gdir = nix::fcntl::openat(
-                &dir,
-                ".git",
-                OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
-                Mode::empty(),
-            )
-            .map_err(|e| os("open", &git, e))?;
-            out.push(ControlBind::pin(git.clone()));
-            for (name, kind) in GIT_CONTROL {
-                out.push(ControlBind::ro(ensure(&gdir, &git, name, *kind)?));
-            }
-        }
-        Found::Absent | Found::Other => {}
-    }
     Ok(out)
 }
 
@@ -273,7 +248,7 @@ mod tests {
         std::fs::create_dir(root.join(".claude")).unwrap();
         std::fs::write(root.join(".claude/settings.json"), "{\"x\":1}").unwrap();
         let binds = prepare_root(root).unwrap();
-        assert_eq!(binds.len(), ROOT_CONTROL.len(), "no .git, no git entries");
+        assert_eq!(binds.len(), ROOT_CONTROL.len());
         assert!(binds.iter().all(|b| !b.pin_only));
         assert!(root.join(".codex").is_dir() && root.join(".gemini").is_dir());
         assert_eq!(
@@ -285,18 +260,11 @@ mod tests {
             "{\"x\":1}"
         );
         assert!(!root.join(".git").exists(), "no repository is invented");
-        std::fs::create_dir(root.join(".git")).unwrap();
-        let binds = prepare_root(root).unwrap();
-        let at = |p: &str| binds.iter().position(|b| b.path == root.join(p)).unwrap();
-        assert!(binds[at(".git")].pin_only, ".git is pinned, not read-only");
-        assert!(at(".git") < at(".git/hooks") && at(".git") < at(".git/config"));
-        assert!(!binds[at(".git/hooks")].pin_only && !binds[at(".git/config")].pin_only);
-        assert!(root.join(".git/hooks").is_dir());
     }
 
     #[test]
     fn a_planted_symlink_refuses_the_spawn_and_is_not_followed() {
-        for planted in [".claude", ".mcp.json", ".git"] {
+        for planted in [".claude", ".mcp.json"] {
             let t = tempfile::tempdir().unwrap();
             let outside = tempfile::tempdir().unwrap();
             std::os::unix::fs::symlink(outside.path(), t.path().join(planted)).unwrap();

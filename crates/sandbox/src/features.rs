@@ -170,7 +170,8 @@ fn unshare_works(flag: libc::c_int) -> bool {
     cmd.status().is_ok_and(|s| s.success())
 }
 
-fn landlock_abi() -> Option<u32> {
+/// The kernel's Landlock ABI version, `None` without Landlock (or with it disabled).
+pub fn landlock_abi() -> Option<u32> {
     const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
     // SAFETY: with a null attr and size 0 this only queries the ABI version.
     let v = unsafe {
@@ -257,8 +258,14 @@ impl fmt::Display for HostFeatures {
             )?,
         }
         match self.landlock_abi {
-            Some(v) => writeln!(f, "  landlock:           ABI {v}")?,
-            None => writeln!(f, "  landlock:           unavailable")?,
+            Some(v) => writeln!(
+                f,
+                "  landlock:           ABI {v} (allow_execute = false workspaces: only the agent's own install may be executed)"
+            )?,
+            None => writeln!(
+                f,
+                "  landlock:           unavailable (an agent in an allow_execute = false workspace is refused: nothing could stop its own shell)"
+            )?,
         }
         writeln!(f, "  pidfd:              {}", yn(self.pidfd))?;
         match &self.agent_identity {

@@ -20,6 +20,7 @@ mod control;
 mod env;
 mod etc;
 mod features;
+mod git;
 mod homes;
 mod identity;
 mod kill;
@@ -29,7 +30,7 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
-pub use control::{ControlBind, GIT_CONTROL, HOME_CONTROL, ROOT_CONTROL};
+pub use control::{ControlBind, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
@@ -38,7 +39,10 @@ pub use etc::{
     CODEX_CONFIG_UNTRUSTED, CODEX_MANAGED_CONFIG, CODEX_REQUIREMENTS, CODEX_REQUIREMENTS_TOML,
     CODEX_REQUIREMENTS_UNTRUSTED, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
 };
-pub use features::{BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features};
+pub use features::{
+    BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features, landlock_abi,
+};
+pub use git::{GIT_COPIED_FILES, GIT_NESTED_DIRS, GIT_WRITABLE_DIRS};
 pub use homes::{AgentHome, AgentHomes};
 pub use identity::{
     AGENT_NAME, AgentIdentity, DEFAULT_AGENT_UID, IdentityPlan, UidRange, can_switch_ids,
@@ -52,7 +56,7 @@ pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
 pub use procfs::ProcessIdentity;
 pub use roots::{Boundary, OwnedRoots, Profile, RootOwner, WorkspacePolicy, sanitize_label};
 pub use spawn::{
-    Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, Network, SpawnSpec,
+    Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, ExecOnly, Network, SpawnSpec,
     SpawnedAgent, Spawner,
 };
 

@@ -31,6 +31,7 @@ use crate::cgroup::{CgroupBase, Limits, LimitsOutcome};
 use crate::control::{ControlBind, prepare_home, prepare_root};
 use crate::env::{ChildEnv, DEPTH_ENV, DepthGuard, TREE_MARKER_ENV};
 use crate::etc::{AdapterPolicy, EtcBind, etc_plan};
+use crate::git::GitBind;
 use crate::identity::{AGENT_NAME, AgentIdentity, UidPool, UidRange, first_unsearchable};
 use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
@@ -74,6 +75,39 @@ pub struct EgressSpec {
     pub mirrors: Vec<std::net::SocketAddr>,
 }
 
+/// `allow_execute = false` in a root warden did not create: no program outside the agent's own
+/// install may run. `launcher` (`warden-exec-limit`) restricts itself with Landlock's execute
+/// right inside the sandbox, after bubblewrap's mounts (a Landlock-restricted process cannot
+/// mount), and becomes the agent; the restriction holds for everything the agent starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecOnly {
+    /// The `warden-exec-limit` binary (its directory bound read-only).
+    pub launcher: PathBuf,
+    /// Beyond the program file itself, the egress relay and the dynamic loader (added by the
+    /// spawner): where the agent's install lies (an npm adapter's package directory).
+    pub allow: Vec<PathBuf>,
+}
+
+/// The dynamic loaders of this host (`/lib64/ld-linux-x86-64.so.2`, `/lib/ld-musl-*.so.1`, …):
+/// the kernel executes one for every dynamically linked program, so the execute right must
+/// cover it.
+fn dynamic_loaders() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in ["/lib64", "/lib", "/usr/lib64", "/usr/lib"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let n = name.to_string_lossy();
+            if n.starts_with("ld-linux") || n.starts_with("ld-musl") {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
 /// Everything needed to start one agent.
 #[derive(Debug, Clone)]
 pub struct SpawnSpec {
@@ -98,6 +132,9 @@ pub struct SpawnSpec {
     pub egress: Option<EgressSpec>,
     /// This agent's adapter files in the sandbox's `/etc` (Codex's managed configuration).
     pub adapter_policy: AdapterPolicy,
+    /// Only the agent's own install may be executed (`allow_execute = false`); needs Landlock,
+    /// a spawn without it is refused.
+    pub exec_only: Option<ExecOnly>,
 }
 
 impl SpawnSpec {
@@ -122,6 +159,7 @@ impl SpawnSpec {
             extra_ro_binds: Vec::new(),
             egress: None,
             adapter_policy: AdapterPolicy::default(),
+            exec_only: None,
         }
     }
 }
@@ -310,6 +348,11 @@ impl Spawner {
                 ));
             }
         }
+        if spec.exec_only.is_some() && crate::features::landlock_abi().is_none() {
+            return Err(SandboxError::InvalidInput(
+                "this workspace has allow_execute = false, which is enforced with Landlock's execute right, and this kernel has no Landlock (warden doctor says so); refusing to start an agent whose own shell nothing would stop".into(),
+            ));
+        }
         let identity = self.identity_for_spawn(&spec.conversation_id)?;
         let root = &spec.boundary.root;
         let cwd = match &spec.cwd {
@@ -357,19 +400,25 @@ impl Spawner {
                 .egress
                 .as_ref()
                 .map(|e| [e.relay.parent(), Some(e.socket_dir.as_path())]);
-            let dirs = [Some(root.as_path()), program.parent(), home.as_deref()]
-                .into_iter()
-                .chain(egress_dirs.into_iter().flatten())
-                .flatten()
-                .map(Path::to_path_buf)
-                .chain(spec.extra_ro_binds.iter().filter_map(|p| {
-                    let p = std::fs::canonicalize(p).ok()?;
-                    if p.is_dir() {
-                        Some(p)
-                    } else {
-                        p.parent().map(Path::to_path_buf)
-                    }
-                }));
+            let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
+            let dirs = [
+                Some(root.as_path()),
+                program.parent(),
+                home.as_deref(),
+                launcher_dir,
+            ]
+            .into_iter()
+            .chain(egress_dirs.into_iter().flatten())
+            .flatten()
+            .map(Path::to_path_buf)
+            .chain(spec.extra_ro_binds.iter().filter_map(|p| {
+                let p = std::fs::canonicalize(p).ok()?;
+                if p.is_dir() {
+                    Some(p)
+                } else {
+                    p.parent().map(Path::to_path_buf)
+                }
+            }));
             for d in dirs {
                 if let Some(blocked) = first_unsearchable(&d, who) {
                     return Err(SandboxError::InvalidInput(format!(
@@ -394,9 +443,21 @@ impl Spawner {
         // What bubblewrap binds read-only over the writable root and home: checked and created
         // here, before any process of this spawn exists (see control.rs on planted symlinks).
         let mut control = Vec::new();
+        let mut git = Vec::new();
         if self.bwrap.is_some() {
             if spec.boundary.profile == Profile::WorkspaceWrite {
                 control.extend(prepare_root(root)?);
+                // Every `.git` in the root by allowlist (git.rs); the copies' fds are raised
+                // above the gate's fd like the generated /etc files'.
+                for b in crate::git::plan(root)? {
+                    git.push(match b {
+                        GitBind::Copy { fd, path } => GitBind::Copy {
+                            fd: high_fd(&fd)?,
+                            path,
+                        },
+                        other => other,
+                    });
+                }
             }
             if let Some(h) = &home {
                 control.extend(prepare_home(h, identity)?);
@@ -475,8 +536,27 @@ impl Spawner {
                 etc: &etc,
                 data_fds: &data_fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>(),
                 control: &control,
+                git: &git,
             };
             cmd.args(bwrap_args(&plan));
+        }
+        if let Some(x) = &spec.exec_only {
+            cmd.arg(&x.launcher);
+            let relay = match (spec.network, &spec.egress) {
+                (Network::Proxy, Some(e)) => Some(e.relay.clone()),
+                _ => None,
+            };
+            for p in x
+                .allow
+                .iter()
+                .cloned()
+                .chain([program.clone()])
+                .chain(relay)
+                .chain(dynamic_loaders())
+            {
+                cmd.arg("--allow").arg(p);
+            }
+            cmd.arg("--");
         }
         if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
             cmd.arg(&e.relay)
@@ -518,7 +598,14 @@ impl Spawner {
         let parent = std::process::id() as libc::pid_t;
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
-        let keep: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let keep: Vec<i32> = data_fds
+            .iter()
+            .map(|f| f.as_raw_fd())
+            .chain(git.iter().filter_map(|b| match b {
+                GitBind::Copy { fd, .. } => Some(fd.as_raw_fd()),
+                _ => None,
+            }))
+            .collect();
         let cwd_raw = cwd_fd.as_raw_fd();
         let nice = self.nice;
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
@@ -594,6 +681,7 @@ impl Spawner {
         drop(gate_r);
         drop(procs_file);
         drop(data_fds);
+        drop(git);
         let (Some(stdout), Some(stderr), Some(pid)) =
             (child.stdout.take(), child.stderr.take(), child.id())
         else {
@@ -694,6 +782,14 @@ const SYSTEM_DIRS: &[&str] = &[
 /// child's `dup2` would otherwise close) and the standard streams.
 const DATA_FD_MIN: i32 = 10;
 
+/// A copy of `fd` at or above [`DATA_FD_MIN`] (close-on-exec until the child clears it).
+fn high_fd(fd: &OwnedFd) -> Result<OwnedFd, SandboxError> {
+    rustix::io::fcntl_dupfd_cloexec(fd, DATA_FD_MIN).map_err(|e| SandboxError::Os {
+        what: "dup git file copy",
+        source: e.into(),
+    })
+}
+
 /// One sealed-in-memory file per generated `/etc` entry, for `--ro-bind-data FD DEST`.
 fn data_fds(etc: &[EtcBind]) -> Result<Vec<OwnedFd>, SandboxError> {
     use nix::sys::memfd::{MFdFlags, memfd_create};
@@ -738,6 +834,8 @@ pub(crate) struct BwrapPlan<'a> {
     pub data_fds: &'a [i32],
     /// Agent-control paths in the root and home, bound over them in this order.
     pub control: &'a [ControlBind],
+    /// The root's git directories by allowlist (git.rs), after the control paths.
+    pub git: &'a [GitBind],
 }
 
 pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
@@ -820,13 +918,31 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         let how = if c.pin_only { "--bind" } else { "--ro-bind" };
         push(&[how.as_ref(), p, p]);
     }
+    for g in plan.git {
+        let p = g.path().as_os_str();
+        match g {
+            GitBind::Tmpfs(_) => push(&["--tmpfs".as_ref(), p]),
+            GitBind::Dir(_) => push(&["--dir".as_ref(), p]),
+            GitBind::Writable(_) => push(&["--bind".as_ref(), p, p]),
+            GitBind::ReadOnly(_) => push(&["--ro-bind".as_ref(), p, p]),
+            GitBind::Symlink { target, .. } => push(&["--symlink".as_ref(), target.as_os_str(), p]),
+            GitBind::Copy { fd, .. } => {
+                let fd = OsString::from(fd.as_raw_fd().to_string());
+                push(&["--file".as_ref(), fd.as_os_str(), p])
+            }
+        }
+    }
     // The program's own directory (e.g. `target/debug`) when nothing above binds it, and the
     // egress relay's.
     let relay_dir = match (spec.network, &spec.egress) {
         (Network::Proxy, Some(e)) => e.relay.parent(),
         _ => None,
     };
-    for dir in [plan.program.parent(), relay_dir].into_iter().flatten() {
+    let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
+    for dir in [plan.program.parent(), relay_dir, launcher_dir]
+        .into_iter()
+        .flatten()
+    {
         if !bound.iter().any(|b| dir.starts_with(b)) {
             push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
             bound.push(dir.to_path_buf());
@@ -940,6 +1056,7 @@ mod tests {
             etc: &etc,
             data_fds: &fds,
             control,
+            git: &[],
         };
         bwrap_args(&plan)
             .into_iter()

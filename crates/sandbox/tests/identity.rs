@@ -60,6 +60,7 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
          mv '{root}/.git' '{root}/.git-moved' 2>/dev/null && echo MOVED-GIT; \
          echo x > '{root}/.git/hooks/pre-commit' 2>/dev/null && echo WROTE-HOOK; \
          echo x > '{root}/.git/HEAD' && echo WROTE-GIT-HEAD; \
+         echo ../.wip > '{root}/.git/commondir' && echo WROTE-COMMONDIR-IN-SANDBOX; \
          echo '{{}}' > \"$HOME/.claude/settings.json\" 2>/dev/null && echo WROTE-HOME-SETTINGS; \
          echo x > \"$HOME/.claude/state.json\" && echo WROTE-HOME-STATE; \
          echo x > '{root}/work.txt' && echo WROTE-WORK; \
@@ -95,9 +96,14 @@ async fn a_root_spawner_runs_the_agent_unprivileged_with_a_minimal_etc_and_locke
         "WROTE-HOME-STATE",
         "WROTE-WORK",
         "WROTE-GIT-HEAD",
+        "WROTE-COMMONDIR-IN-SANDBOX",
     ] {
         assert!(out.contains(must), "{must}: {out}\n{err}");
     }
+    // What the agent writes at the top of a .git stays in its sandbox's tmpfs: the host's
+    // repository never sees a commondir (issue 24) nor the agent's HEAD.
+    assert!(!boundary.root.join(".git/commondir").exists(), "{out}");
+    assert!(!boundary.root.join(".git/HEAD").exists(), "{out}");
     // What the agent made is the agent's on the host too.
     let work = boundary.root.join("work.txt");
     assert_eq!(std::fs::metadata(&work).unwrap().uid(), AGENT.uid);

@@ -730,6 +730,16 @@ fn spawn(
     if let Some(a) = &adapter {
         spec.extra_ro_binds.push(a.modules.clone());
     }
+    // allow_execute = false (in a root warden did not create): the floor denies execute tool
+    // calls and terminals, and Landlock stops the agent's own shell — only its program (and an
+    // adapter's package directory) may be executed.
+    if !target.boundary.owned && !target.boundary.allow_execute {
+        spec.exec_only = Some(warden_sandbox::ExecOnly {
+            launcher: crate::config::shipped_binary("warden-exec-limit")
+                .map_err(StartError::Spawn)?,
+            allow: adapter.iter().map(|a| a.modules.clone()).collect(),
+        });
+    }
     spec.adapter_policy =
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
