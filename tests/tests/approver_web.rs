@@ -182,6 +182,24 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
     }
 }
 
+/// The id of the first request held for a person, waiting up to 15 s for one.
+async fn first_pending(api: &mut ApprovalServiceClient<tonic::transport::Channel>) -> String {
+    let t0 = std::time::Instant::now();
+    loop {
+        let got = api
+            .list(pb::ListApprovalsRequest { limit: 0 })
+            .await
+            .unwrap_or_else(|e| panic!("List: {e}"))
+            .into_inner()
+            .approvals;
+        if let Some(a) = got.first() {
+            return a.id.clone();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "nothing pending");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// The `Authorization` value of the session a login answered.
 fn bearer_of(login_body: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(login_body)
@@ -315,20 +333,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
         &d.layout.approver_admin_socket(),
     ));
-    let t0 = std::time::Instant::now();
-    let id = loop {
-        let got = api
-            .list(pb::ListApprovalsRequest { limit: 0 })
-            .await
-            .unwrap_or_else(|e| panic!("List: {e}"))
-            .into_inner()
-            .approvals;
-        if let Some(a) = got.first() {
-            break a.id.clone();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "nothing pending");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
+    let id = first_pending(&mut api).await;
     let answer = |id: String, auth: String, header: bool| {
         let addr = http_addr.clone();
         async move {
@@ -511,20 +516,7 @@ async fn the_approvers_session_does_not_travel_to_another_port_of_the_host() {
     let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
         &d.layout.approver_admin_socket(),
     ));
-    let t0 = std::time::Instant::now();
-    let id = loop {
-        let got = api
-            .list(pb::ListApprovalsRequest { limit: 0 })
-            .await
-            .unwrap_or_else(|e| panic!("List: {e}"))
-            .into_inner()
-            .approvals;
-        if let Some(a) = got.first() {
-            break a.id.clone();
-        }
-        assert!(t0.elapsed() < Duration::from_secs(15), "nothing pending");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
+    let id = first_pending(&mut api).await;
 
     let mut neighbour = Neighbour::start().await;
     let script =

@@ -25,18 +25,6 @@ use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
 
-fn runs_contained() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: not root; the supervisor cannot switch agents to their own uid");
-        return false;
-    }
-    if warden_sandbox::find_bwrap().is_none_or(|b| !warden_sandbox::bwrap_works(&b)) {
-        println!("SKIP: bubblewrap missing or not working on this host");
-        return false;
-    }
-    true
-}
-
 /// The text of the last tool-call update: the command's output (or its failure).
 fn output(evs: &[pb::TurnEvent]) -> String {
     evs.iter()

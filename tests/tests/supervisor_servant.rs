@@ -26,18 +26,6 @@ use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
 
-fn runs_contained() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: not root; the supervisor cannot switch agents to their own uid");
-        return false;
-    }
-    if warden_sandbox::find_bwrap().is_none_or(|b| !warden_sandbox::bwrap_works(&b)) {
-        println!("SKIP: bubblewrap missing or not working on this host");
-        return false;
-    }
-    true
-}
-
 /// Status and content of every tool-call update that ended (what the agent made of each fs
 /// answer), in order.
 fn tool_results(evs: &[pb::TurnEvent]) -> Vec<(String, String)> {

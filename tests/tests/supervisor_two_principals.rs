@@ -17,18 +17,6 @@ use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
 
-fn runs_contained() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        println!("SKIP: not root; the supervisor cannot switch agents to their own uid");
-        return false;
-    }
-    if warden_sandbox::find_bwrap().is_none_or(|b| !warden_sandbox::bwrap_works(&b)) {
-        println!("SKIP: bubblewrap missing or not working on this host");
-        return false;
-    }
-    true
-}
-
 fn open_ws(ctx: &str, principal: &str) -> pb::OpenConversationRequest {
     let mut o = open(ctx, pb::Profile::WorkspaceWrite);
     o.workspace = "shared".into();
