@@ -161,10 +161,15 @@ async fn fs_requests_in_an_operator_workspace_have_only_the_agents_rights() {
         return;
     }
     let ws = deputy_workspace();
-    let d = deploy(&[(
-        "supervisor",
-        &format!("workspaces.ops.path=\"{}\"", ws.display()),
-    )])
+    // The agent's own shell runs here (the control below): with allow_execute = false it would
+    // not run at all (Landlock's execute right, supervisor_git_exec.rs).
+    let d = deploy(&[
+        (
+            "supervisor",
+            &format!("workspaces.ops.path=\"{}\"", ws.display()),
+        ),
+        ("supervisor", "workspaces.ops.allow_execute=true"),
+    ])
     .await;
     let mut c = client(&d);
     let mut o = open("deputy", pb::Profile::WorkspaceWrite);
