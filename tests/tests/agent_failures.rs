@@ -40,6 +40,18 @@ fn options_for(script: &str) -> Options {
     }
 }
 
+/// `warden send --agent boom hello` against `d` (the URL file written as `warden up` does).
+async fn send_to_boom(d: &Deployment) -> std::process::Output {
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "--agent", "boom", "hello"])
+        .stdin(std::process::Stdio::null());
+    run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap()
+}
+
 /// Polls `read` until it returns Some, or panics with `what` after `limit`.
 async fn eventually<T>(limit: Duration, what: &str, mut read: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
@@ -55,15 +67,7 @@ async fn eventually<T>(limit: Duration, what: &str, mut read: impl FnMut() -> Op
 #[tokio::test]
 async fn an_agent_that_exits_at_start_shows_its_stderr_masked_in_the_failed_task() {
     let d = Deployment::up(boom_options()).await;
-    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
-
-    let state = d.dir.path().to_string_lossy().to_string();
-    let mut send = tokio::process::Command::new(binary("warden"));
-    send.args(["--state-dir", &state, "send", "--agent", "boom", "hello"])
-        .stdin(std::process::Stdio::null());
-    let out = run_with_deadline(&mut send, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let out = send_to_boom(&d).await;
     let shown = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -142,14 +146,7 @@ async fn an_agents_stderr_cannot_forge_a_log_line_or_reach_the_terminal_raw() {
         "printf 'boom-marker\\n{FORGED}\\033[2K\\033]0;pwned\\007\\n' >&2; exit 3"
     )))
     .await;
-    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
-    let state = d.dir.path().to_string_lossy().to_string();
-    let mut send = tokio::process::Command::new(binary("warden"));
-    send.args(["--state-dir", &state, "send", "--agent", "boom", "hello"])
-        .stdin(std::process::Stdio::null());
-    let out = run_with_deadline(&mut send, Duration::from_secs(60))
-        .await
-        .unwrap();
+    let out = send_to_boom(&d).await;
     let shown = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(shown.contains("[FAILED]"), "{shown}");
     assert!(

@@ -21,20 +21,7 @@ use warden_proto::v1::approval_service_client::ApprovalServiceClient;
 #[tokio::test]
 async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard() {
     let http = format!("127.0.0.1:{}", free_port());
-    let opts = Options {
-        sets: vec![("policy".into(), r#"policy.global.escalate=["edit"]"#.into())],
-        approver: true,
-        approver_http: http.clone(),
-        ..Default::default()
-    };
-    let mut d = Deployment::new_in(&parent(), opts);
-    // As `warden up --approver` writes it: `operator <token>`, mode 0600.
-    let token_file = d.layout.operator_token_file();
-    std::fs::write(&token_file, "operator 0123456789abcdef0123456789abcdef\n")
-        .unwrap_or_else(|e| panic!("token file: {e}"));
-    for n in ["policy", "approver", "supervisor"] {
-        d.start(n).await;
-    }
+    let (d, token_file) = operator_deployment(&http).await;
     let artifacts = test_root()
         .parent()
         .map(|t| t.join("artifacts/approver-web"))
@@ -180,6 +167,25 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
     ] {
         assert!(artifacts.join(shot).is_file(), "screenshot {shot} missing");
     }
+}
+
+/// Policy (escalating edits), approver with its page on `http` and supervisor, and the token
+/// file as `warden up --approver` writes it (`operator <token>`, mode 0600).
+async fn operator_deployment(http: &str) -> (Deployment, std::path::PathBuf) {
+    let opts = Options {
+        sets: vec![("policy".into(), r#"policy.global.escalate=["edit"]"#.into())],
+        approver: true,
+        approver_http: http.to_string(),
+        ..Default::default()
+    };
+    let mut d = Deployment::new_in(&parent(), opts);
+    let token_file = d.layout.operator_token_file();
+    std::fs::write(&token_file, "operator 0123456789abcdef0123456789abcdef\n")
+        .unwrap_or_else(|e| panic!("token file: {e}"));
+    for n in ["policy", "approver", "supervisor"] {
+        d.start(n).await;
+    }
+    (d, token_file)
 }
 
 /// The id of the first request held for a person, waiting up to 15 s for one.
@@ -494,19 +500,7 @@ async fn the_approvers_session_does_not_travel_to_another_port_of_the_host() {
         return;
     }
     let http_addr = format!("127.0.0.1:{}", free_port());
-    let opts = Options {
-        sets: vec![("policy".into(), r#"policy.global.escalate=["edit"]"#.into())],
-        approver: true,
-        approver_http: http_addr.clone(),
-        ..Default::default()
-    };
-    let mut d = Deployment::new_in(&parent(), opts);
-    let token_file = d.layout.operator_token_file();
-    std::fs::write(&token_file, "operator 0123456789abcdef0123456789abcdef\n")
-        .unwrap_or_else(|e| panic!("token file: {e}"));
-    for n in ["policy", "approver", "supervisor"] {
-        d.start(n).await;
-    }
+    let (d, token_file) = operator_deployment(&http_addr).await;
     // alice's write, held for a person.
     let mut c = client(&d);
     let text = scenario(json!({"vocabulary": "claude-0.101", "steps": [
