@@ -932,17 +932,7 @@ mod tests {
     }
 
     fn turn_with_seen(id: &str, path: &str) -> Arc<TurnCtx> {
-        let (t, _rx) = TurnCtx::new(
-            TurnInput {
-                id: "t".into(),
-                text: "x".into(),
-                instructions: String::new(),
-                message_id: String::new(),
-                task_id: "task-1".into(),
-                timeout_secs: 1,
-            },
-            1024,
-        );
+        let (t, _rx) = test_turn();
         t.lock().tools.insert(
             id.into(),
             ToolSeen {
@@ -1076,17 +1066,7 @@ mod tests {
      {
         let dir = tempfile::tempdir().unwrap();
         let c = core(dir.path());
-        let (t, mut rx) = TurnCtx::new(
-            TurnInput {
-                id: "t".into(),
-                text: "x".into(),
-                instructions: String::new(),
-                message_id: String::new(),
-                task_id: "task-1".into(),
-                timeout_secs: 1,
-            },
-            1024,
-        );
+        let (t, mut rx) = test_turn();
         c.live().turn = Some(t.clone());
         let path = format!("{}/new.txt", dir.path().display());
         let e = c
@@ -1147,17 +1127,7 @@ mod tests {
         let root = std::fs::canonicalize(dir.path()).unwrap();
         std::fs::write(root.join("secret.txt"), "the secret").unwrap();
         let c = core(&root);
-        let (t, mut rx) = TurnCtx::new(
-            TurnInput {
-                id: "t".into(),
-                text: "x".into(),
-                instructions: String::new(),
-                message_id: String::new(),
-                task_id: "task-1".into(),
-                timeout_secs: 1,
-            },
-            1024,
-        );
+        let (t, mut rx) = test_turn();
         c.live().turn = Some(t.clone());
         let path = root.join("secret.txt").to_string_lossy().into_owned();
         let read = || {
@@ -1222,7 +1192,8 @@ mod tests {
         assert!(c.covered_by(&tc, &e, "").is_empty());
     }
 
-    fn bare_turn() -> Arc<TurnCtx> {
+    /// A running turn of task `task-1` and its event receiver.
+    fn test_turn() -> (Arc<TurnCtx>, crate::turn::EventRx) {
         TurnCtx::new(
             TurnInput {
                 id: "t".into(),
@@ -1234,7 +1205,10 @@ mod tests {
             },
             1024,
         )
-        .0
+    }
+
+    fn bare_turn() -> Arc<TurnCtx> {
+        test_turn().0
     }
 
     #[tokio::test]
