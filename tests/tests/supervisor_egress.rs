@@ -85,6 +85,23 @@ fn egress_record(d: &warden_e2e::Deployment, ctx: &str) -> Vec<Value> {
         .collect()
 }
 
+/// The conversation's egress record once `want` holds of it (or as it is after 30 s): a
+/// connection is recorded when it ends, which can be after its destination saw its bytes.
+async fn egress_record_when(
+    d: &warden_e2e::Deployment,
+    ctx: &str,
+    want: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let rec = egress_record(d, ctx);
+        if want(&rec) || t0.elapsed() > Duration::from_secs(30) {
+            return rec;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 async fn deploy_proxy(allow: &[String], extra: &[(&str, &str)]) -> warden_e2e::Deployment {
     let allow = format!(
         "agents.scripted.egress_allow=[{}]",
@@ -560,14 +577,16 @@ async fn a_warm_proxy_agent_reports_its_connections_to_the_conversation_that_tak
         .unwrap_or_else(|| panic!("no fault: {evs:#?}"));
     assert_eq!(f.fault_class(), pb::FaultClass::EgressRefused, "{f:?}");
     // Recorded under the taking conversation's context and task, nowhere else.
-    let rec = egress_record(&d, "taker");
-    assert!(
-        rec.iter().any(|r| r["allowed"] == true
-            && r["port"] == allowed
-            && r["context_id"] == "taker"
-            && r["task_id"] == "t-t1"),
-        "{rec:#?}"
-    );
+    let taken = |rec: &[Value]| {
+        rec.iter().any(|r| {
+            r["allowed"] == true
+                && r["port"] == allowed
+                && r["context_id"] == "taker"
+                && r["task_id"] == "t-t1"
+        })
+    };
+    let rec = egress_record_when(&d, "taker", taken).await;
+    assert!(taken(&rec), "{rec:#?}");
     assert_eq!(
         rec.iter()
             .filter(|r| r["allowed"] == false && r["host"] == "evil.example")
@@ -678,12 +697,12 @@ async fn a_warm_proxy_agent_that_connects_before_it_is_taken_forwards_nothing_an
     }
     let lines = seen.lock().unwrap().clone();
     assert_eq!(lines, [format!("from {}", info.root)], "{lines:?}");
-    let rec = egress_record(&d, "after-early");
-    assert!(
+    let allowed = |rec: &[Value]| {
         rec.iter()
-            .any(|r| r["allowed"] == true && r["port"] == port),
-        "{rec:#?}"
-    );
+            .any(|r| r["allowed"] == true && r["port"] == port)
+    };
+    let rec = egress_record_when(&d, "after-early", allowed).await;
+    assert!(allowed(&rec), "{rec:#?}");
     assert_eq!(egress_files(&d), ["after-early.jsonl"]);
 }
 
