@@ -20,14 +20,9 @@ pub enum InitError {
     },
 }
 
-/// The file each daemon reads from a configuration directory.
-pub fn file_of(dir: &Path, daemon: &str) -> PathBuf {
-    dir.join(format!("{daemon}.toml"))
-}
-
 /// The starter files for `layout`: (daemon, text).
 pub fn starter(layout: &Layout) -> Vec<(&'static str, String)> {
-    let q = |p: PathBuf| crate::up::toml_str(&p);
+    let q = |p: PathBuf| crate::layout::toml_str(&p);
     let policy = format!(
         r#"# warden-policy: decides every permission an agent asks for, and audits each decision.
 # Used by `warden up --config DIR`; check it with `warden-policy --check-config --config FILE`.
@@ -204,14 +199,14 @@ pub fn write(dir: &Path, layout: &Layout) -> Result<Vec<PathBuf>, InitError> {
     }
     let files = starter(layout);
     for (daemon, _) in &files {
-        let p = file_of(dir, daemon);
+        let p = crate::layout::file_of(dir, daemon);
         if p.symlink_metadata().is_ok() {
             return Err(InitError::Exists(p));
         }
     }
     let mut written = Vec::new();
     for (daemon, text) in files {
-        let p = file_of(dir, daemon);
+        let p = crate::layout::file_of(dir, daemon);
         use std::os::unix::fs::OpenOptionsExt;
         let mut f = std::fs::OpenOptions::new()
             .write(true)

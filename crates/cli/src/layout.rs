@@ -125,3 +125,33 @@ pub fn resolve(state_dir: Option<&Path>) -> Layout {
     };
     Layout::new(root)
 }
+
+/// The configuration file of `daemon` in an operator's `--config DIR` (`warden init` writes it).
+pub fn file_of(dir: &Path, daemon: &str) -> PathBuf {
+    dir.join(format!("{daemon}.toml"))
+}
+
+/// `p` as a TOML string literal (quotes and control characters escaped by the `toml` crate), for
+/// the `--set key=value` flags and the starter files that name paths.
+pub fn toml_str(p: &Path) -> String {
+    toml::Value::String(p.to_string_lossy().into_owned()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_path_written_as_toml_reads_back_as_the_same_path() {
+        for p in [
+            "/tmp/plain",
+            "/tmp/with space/and \"quotes\"",
+            "/tmp/back\\slash/it's",
+            "/tmp/line\nbreak\tand\u{7f}del",
+        ] {
+            let text = format!("v = {}", toml_str(Path::new(p)));
+            let back: toml::Table = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(back["v"].as_str(), Some(p), "{text}");
+        }
+    }
+}

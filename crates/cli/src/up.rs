@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout};
+use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout, toml_str};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -153,7 +153,7 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
     }
     let mut args = Vec::new();
     if let Some(dir) = &o.config_dir {
-        let file = crate::init::file_of(dir, name);
+        let file = crate::layout::file_of(dir, name);
         if file.is_file() {
             args.push("--config".to_string());
             args.push(file.to_string_lossy().into_owned());
@@ -171,7 +171,7 @@ pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
     let mut out = vec![o.http.clone()];
     let read = |daemon: &str| {
         o.config_dir.as_ref().and_then(|dir| {
-            std::fs::read_to_string(crate::init::file_of(dir, daemon))
+            std::fs::read_to_string(crate::layout::file_of(dir, daemon))
                 .ok()?
                 .parse::<toml::Table>()
                 .ok()
@@ -199,23 +199,6 @@ pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
     }
     out.sort();
     out.dedup();
-    out
-}
-
-/// A TOML string literal (so paths with spaces or quotes survive `--set`).
-pub(crate) fn toml_str(p: &Path) -> String {
-    let s = p.to_string_lossy();
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
     out
 }
 
@@ -539,12 +522,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("warden-up-listeners-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
-            crate::init::file_of(&dir, "gateway"),
+            crate::layout::file_of(&dir, "gateway"),
             "[grpc]\ntcp = \"127.0.0.1:50051\"\nallow_any_peer = true\n",
         )
         .unwrap();
         std::fs::write(
-            crate::init::file_of(&dir, "supervisor"),
+            crate::layout::file_of(&dir, "supervisor"),
             "[egress]\nwarden_listeners = [\"10.0.0.5:443\"]\n",
         )
         .unwrap();
