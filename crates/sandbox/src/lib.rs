@@ -26,6 +26,7 @@ mod identity;
 mod kill;
 mod lease;
 mod procfs;
+mod reap;
 mod roots;
 mod spawn;
 
@@ -52,8 +53,9 @@ pub use kill::{
     DEFAULT_GRACE, DEFAULT_KILL_TIMEOUT, KillOptions, KillReport, ProcessTree, reap_orphan_zombies,
     set_child_subreaper,
 };
-pub use lease::{Lease, Leases, ReapReport, reap_leftovers};
+pub use lease::{Lease, Leases};
 pub use procfs::ProcessIdentity;
+pub use reap::{ReapReport, reap_leftovers};
 pub use roots::{Boundary, OwnedRoots, Profile, RootOwner, WorkspacePolicy, sanitize_label};
 pub use spawn::{
     Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, ExecOnly, Network, SpawnSpec,
