@@ -63,8 +63,18 @@ pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// What runs one `session/prompt` (the turn): given by `main.rs`, so this wire layer never
+/// imports the turn logic that sits on top of it.
+pub type OnPrompt = fn(
+    Arc<Agent>,
+    Arc<Session>,
+    Value,
+    Value,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 pub struct Agent {
     pub cfg: Config,
+    on_prompt: OnPrompt,
     out: mpsc::UnboundedSender<Out>,
     pending: Mutex<HashMap<String, oneshot::Sender<Result<Value, Value>>>>,
     next_id: AtomicU64,
@@ -352,7 +362,7 @@ impl Agent {
                 Err(e) => self.respond_err(&id, e),
                 Ok(s) => {
                     let agent = self.clone();
-                    tokio::spawn(crate::turn::run_turn(agent, s, id, params));
+                    tokio::spawn((self.on_prompt)(agent, s, id, params));
                 }
             },
             other => self.respond_err(
@@ -423,12 +433,13 @@ async fn write_loop(mut rx: mpsc::UnboundedReceiver<Out>) {
     }
 }
 
-pub async fn run(cfg: Config) -> ExitCode {
+pub async fn run(cfg: Config, on_prompt: OnPrompt) -> ExitCode {
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(write_loop(rx));
     let ignore = cfg.ignore_stdin_eof;
     let agent = Arc::new(Agent {
         cfg,
+        on_prompt,
         out: tx,
         pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(0),

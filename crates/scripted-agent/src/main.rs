@@ -123,5 +123,7 @@ fn main() -> ExitCode {
             || file_scenario.as_ref().is_some_and(|s| s.ignore_stdin_eof),
         file_scenario,
     };
-    runtime.block_on(agent::run(config))
+    runtime.block_on(agent::run(config, |a, s, id, params| {
+        Box::pin(turn::run_turn(a, s, id, params))
+    }))
 }
