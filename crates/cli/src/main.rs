@@ -2,6 +2,8 @@
 //!
 //! Owns: argument parsing and exit codes; the work lives in the `warden_cli` library.
 
+#![forbid(unsafe_code)]
+
 use warden_cli::{approvals, audit, layout, status, up};
 
 mod send;

@@ -16,6 +16,8 @@
 //! Must never: decide anything, drop or reorder characters (an escape shows what was there), or
 //! be applied to machine-readable output (`--json`, JSON log lines), whose encoders escape.
 
+#![forbid(unsafe_code)]
+
 use std::borrow::Cow;
 use std::fmt;
 

@@ -1,6 +1,8 @@
 //! The `warden-approver` binary: parses the shared daemon flags and runs [`warden_approver::run`].
 //! It must never decide anything itself; all logic lives in the library.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 
 /// warden-approver: people decide what the policy escalates.

@@ -2,6 +2,8 @@
 //! [`warden_gateway::daemon::GatewayDaemon`]. It holds no logic of its own; it never spawns agents and never
 //! decides permissions.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 
 /// warden-gateway: A2A 1.0 for callers, mapped onto warden-supervisor conversations.

@@ -2,6 +2,8 @@
 //! [`warden_policy::PolicyDaemon`].
 //! It must never decide anything itself; all logic lives in the library.
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 
 /// warden-policy: decides agents' permission requests and keeps the audit log.

@@ -1,6 +1,8 @@
 //! The `warden-supervisor` daemon: loads configuration, reaps what a crashed predecessor left
 //! behind, and serves `SupervisorService` + `AdminService` on its Unix socket (gateway only).
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -21,6 +21,8 @@
 //! Usage: `cargo run --release -p warden-gateway --bin gateway-bench -- [CHUNKS] [PACED_RATE]
 //! [WAVES] [PER_WAVE]`
 
+#![forbid(unsafe_code)]
+
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
