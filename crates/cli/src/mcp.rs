@@ -271,9 +271,9 @@ pub async fn run(layout: &Layout) -> Result<(), RelayError> {
         .trim()
         .to_string();
     let addr = client::gateway_addr(&url)?;
-    // Forwarded as written: the gateway applies the sandbox's rule (a mangled value is deep).
+    // Forwarded as written: the gateway applies `warden_daemon::depth` (a mangled value is deep).
     let depth =
-        std::env::var_os(warden_sandbox::DEPTH_ENV).map(|v| v.to_string_lossy().into_owned());
+        std::env::var_os(warden_daemon::depth::DEPTH_ENV).map(|v| v.to_string_lossy().into_owned());
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();

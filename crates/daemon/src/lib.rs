@@ -12,6 +12,7 @@
 pub mod args;
 pub mod client;
 pub mod config;
+pub mod depth;
 pub mod listener;
 pub mod logging;
 pub mod notify;

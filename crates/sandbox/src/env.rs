@@ -5,8 +5,9 @@ use std::ffi::{OsStr, OsString};
 
 use crate::SandboxError;
 
-/// Depth marker: how many warden supervisors are above this process.
-pub const DEPTH_ENV: &str = "WARDEN_DEPTH";
+/// Depth marker: how many warden supervisors are above this process (read by one rule,
+/// `warden_daemon::depth`, shared with the gateway).
+pub use warden_daemon::depth::DEPTH_ENV;
 /// Tree marker: every process of one spawned tree inherits `WARDEN_TREE=<id>`.
 pub const TREE_MARKER_ENV: &str = "WARDEN_TREE";
 /// Default maximum inherited depth: a supervisor that itself runs under a warden agent refuses.
@@ -167,15 +168,10 @@ impl DepthGuard {
     /// An absent marker is depth 0. A marker that is not a plain number counts as infinitely
     /// deep, so a mangled value can only refuse, never permit.
     pub fn from_marker(value: Option<&OsStr>, max: u32) -> Self {
-        let inherited = match value {
-            None => 0,
-            Some(v) => v
-                .to_str()
-                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|s| s.parse::<u32>().ok())
-                .unwrap_or(u32::MAX),
-        };
-        Self { inherited, max }
+        Self {
+            inherited: warden_daemon::depth::inherited(value),
+            max,
+        }
     }
 
     pub fn inherited(&self) -> u32 {

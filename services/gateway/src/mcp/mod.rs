@@ -43,7 +43,7 @@ pub const MCP_PATH: &str = "/mcp";
 /// RFC 9728 metadata for the MCP resource (also served at the root well-known path).
 pub const RESOURCE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource/mcp";
 /// The header `warden mcp` sets from the inherited `WARDEN_DEPTH`.
-pub const DEPTH_HEADER: &str = "warden-depth";
+pub use warden_daemon::depth::DEPTH_HEADER;
 
 /// The DNS-rebinding checks: which `Host` and `Origin` values `/mcp` serves.
 pub struct Gate {
@@ -234,11 +234,9 @@ async fn inside_agent(edge: &Edge, conn: Option<Arc<crate::peer::ConnPeer>>) -> 
 pub fn depth_of(headers: &HeaderMap) -> u32 {
     match headers.get(DEPTH_HEADER) {
         None => 0,
-        Some(v) => warden_sandbox::DepthGuard::from_marker(
-            Some(std::ffi::OsStr::new(v.to_str().unwrap_or("x"))),
-            1,
-        )
-        .inherited(),
+        Some(v) => {
+            warden_daemon::depth::inherited(Some(std::ffi::OsStr::new(v.to_str().unwrap_or("x"))))
+        }
     }
 }
 
