@@ -1,12 +1,12 @@
-//! The `PolicyService` contract kit (`warden_policy::contract`) against the real warden-approver
+//! The `PolicyService` contract kit (`warden_decide::contract`) against the real warden-approver
 //! binary: chained to the real warden-policy, and on its own (the floor here, every mutating call
 //! escalated). Escalated kit cases wait for a person nobody is, and end as DENY
 //! `approval.no-response` at the approver's (short) deadline.
 
 use std::time::Duration;
 
+use warden_decide::contract::{Fixture, KitOptions, check_policy_service};
 use warden_e2e::{Deployment, Options};
-use warden_policy::contract::{Fixture, KitOptions, check_policy_service};
 use warden_proto::v1 as pb;
 use warden_proto::v1::admin_service_client::AdminServiceClient;
 use warden_proto::v1::policy_service_client::PolicyServiceClient;

@@ -53,7 +53,7 @@ impl PolicyService for BadPolicy {
             end_turn: false,
             end_turn_reason: 0,
             request_id: String::new(),
-            action_digest: warden_policy::convert::judged(req.get_ref()).digest,
+            action_digest: warden_decide::convert::judged(req.get_ref()).digest,
         };
         Ok(Response::new(match self.0 {
             Bad::Slow => {
@@ -88,7 +88,7 @@ impl PolicyService for BadPolicy {
                     t.raw_input_json = r#"{"command":"true"}"#.into();
                 }
                 pb::Decision {
-                    action_digest: warden_policy::convert::judged(&other).digest,
+                    action_digest: warden_decide::convert::judged(&other).digest,
                     ..ok
                 }
             }

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use warden_daemon::config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig, Origin};
-use warden_policy::config::DecideSection;
+use warden_decide::DecideSection;
 
 /// The embedded default: chained to a warden-policy next to it, five minutes for a person.
 pub const EMBEDDED: &str = r#"

@@ -154,7 +154,7 @@ impl ApproverState {
                 // configuration need not change when the approver is swapped in.
                 let mut upstream_req = req.clone();
                 upstream_req.return_escalations = true;
-                let mut d = warden_policy::contract::decide_with_deadline(
+                let mut d = warden_decide::contract::decide_with_deadline(
                     &mut client,
                     upstream_req,
                     budget,
@@ -169,21 +169,21 @@ impl ApproverState {
             }
             First::Local(engine) => {
                 let decision_id = uuid::Uuid::new_v4().to_string();
-                match warden_policy::convert::to_input(req, &self.config.decide) {
+                match warden_decide::convert::to_input(req, &self.config.decide) {
                     Ok(input) => {
-                        let fs = warden_policy::fsview::DecisionFs::new(RealFs);
+                        let fs = warden_decide::fsview::DecisionFs::new(RealFs);
                         let d = engine.decide_with_approver(&input, &fs);
                         pb::Decision {
                             decision_id,
-                            verdict: warden_policy::convert::verdict(d.verdict) as i32,
+                            verdict: warden_decide::convert::verdict(d.verdict) as i32,
                             option_id: d.option_id,
                             reason: d.reason,
                             rule: d.rule,
                             end_turn: d.end_turn.is_some(),
-                            end_turn_reason: warden_policy::convert::end_turn_reason(d.end_turn)
+                            end_turn_reason: warden_decide::convert::end_turn_reason(d.end_turn)
                                 as i32,
                             request_id: String::new(),
-                            action_digest: warden_policy::convert::judged(req).digest,
+                            action_digest: warden_decide::convert::judged(req).digest,
                         }
                     }
                     Err(m) => deny(
@@ -248,7 +248,7 @@ impl ApproverState {
             _ => own,
         };
         let upstream = matches!(self.first, First::Upstream(_));
-        let judged = warden_policy::convert::judged(&req);
+        let judged = warden_decide::convert::judged(&req);
         let a = pb::Approval {
             id: uuid::Uuid::new_v4().to_string(),
             request: Some(req),
@@ -461,7 +461,7 @@ pub fn to_decision(a: &pb::Approval) -> pb::Decision {
             action_digest: a
                 .request
                 .as_ref()
-                .map(|r| warden_policy::convert::judged(r).digest)
+                .map(|r| warden_decide::convert::judged(r).digest)
                 .unwrap_or_default(),
         },
         pb::ApprovalState::Denied => deny(

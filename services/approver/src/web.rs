@@ -407,7 +407,7 @@ pub fn view(a: &pb::Approval) -> Value {
     let j = a
         .judged
         .clone()
-        .unwrap_or_else(|| warden_policy::convert::judged(&req));
+        .unwrap_or_else(|| warden_decide::convert::judged(&req));
     let judged = json!({
         "kind": j.kind, "digest": j.digest,
         "locations": j.locations.iter().map(|l| rel(l)).collect::<Vec<_>>(),
@@ -576,9 +576,9 @@ mod tests {
             }),
             ..Default::default()
         };
-        let digest = warden_policy::convert::judged(&req).digest;
+        let digest = warden_decide::convert::judged(&req).digest;
         // Held before the field existed: computed from the request, the same digest.
-        for judged in [None, Some(warden_policy::convert::judged(&req))] {
+        for judged in [None, Some(warden_decide::convert::judged(&req))] {
             let a = pb::Approval {
                 id: "a1".into(),
                 request: Some(req.clone()),

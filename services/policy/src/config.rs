@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use warden_daemon::config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig, Origin};
+use warden_decide::DecideSection;
 use warden_rules::{PolicyConfig, PolicyError};
 
 /// The embedded default: warden's default policy (`approve-all`: the boundary floor alone
@@ -37,46 +38,6 @@ non_interactive = "deny"
 
 /// The environment prefix for overrides (`WARDEN_POLICY__POLICY__GLOBAL__MODE=deny-all`).
 pub const ENV_PREFIX: &str = "WARDEN_POLICY";
-
-/// Limits on a Decide request; anything beyond them is malformed and denied.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct DecideSection {
-    /// Largest raw input (JSON text) accepted, in bytes.
-    #[serde(default = "default_raw")]
-    pub max_raw_input_bytes: usize,
-    /// Most locations one tool call may name.
-    #[serde(default = "default_locations")]
-    pub max_locations: usize,
-    /// Most options one request may carry.
-    #[serde(default = "default_options")]
-    pub max_options: usize,
-    /// Return ESCALATE as is (set when an approver chains to this service); otherwise an
-    /// escalation becomes DENY per `non_interactive`.
-    #[serde(default)]
-    pub return_escalations: bool,
-}
-
-fn default_raw() -> usize {
-    256 * 1024
-}
-fn default_locations() -> usize {
-    256
-}
-fn default_options() -> usize {
-    32
-}
-
-impl Default for DecideSection {
-    fn default() -> Self {
-        Self {
-            max_raw_input_bytes: default_raw(),
-            max_locations: default_locations(),
-            max_options: default_options(),
-            return_escalations: false,
-        }
-    }
-}
 
 /// Audit durability.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
@@ -135,23 +96,6 @@ impl Sources {
             Some(p) => p.display().to_string(),
             None => "the embedded default configuration".to_string(),
         }
-    }
-}
-
-impl DecideSection {
-    /// Every limit at least 1: a zero would deny every request, which is never meant (used by
-    /// warden-policy and by warden-approver, which shares this section).
-    pub fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
-        for (key, v) in [
-            ("decide.max_raw_input_bytes", self.max_raw_input_bytes),
-            ("decide.max_locations", self.max_locations),
-            ("decide.max_options", self.max_options),
-        ] {
-            if v == 0 {
-                return Err(ConfigError::invalid(origin, key, "must be at least 1"));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -3,9 +3,9 @@
 //! Reload) to operators on a second socket, and writes one audit record per decision to its own
 //! sled store before answering.
 //!
-//! Owns: turning wire requests into rule inputs (refusing malformed ones with DENY), the audit
-//! log, atomic reloads (SIGHUP or admin Reload; a bad file changes nothing), and the contract kit
-//! ([`contract`]) any PolicyService implementation must pass.
+//! Owns: the audit log, atomic reloads (SIGHUP or admin Reload; a bad file changes nothing), and
+//! serving the rules; what every PolicyService implementation shares (the request conversion,
+//! the decision's filesystem view, the contract kit) is `warden-decide`'s.
 //!
 //! Must never: answer ALLOW to anything it could not judge, answer before the audit record is
 //! written, name an option that was not offered, or spawn, edit or execute anything itself.
@@ -13,9 +13,6 @@
 
 pub mod audit;
 pub mod config;
-pub mod contract;
-pub mod convert;
-pub mod fsview;
 pub mod journal;
 pub mod service;
 

@@ -14,9 +14,10 @@ use warden_proto::v1::policy_service_server::PolicyService;
 use warden_rules::{AgentHomes, Engine, RootCheck};
 
 use crate::audit::AuditLog;
-use crate::config::{AuditSection, Config, DecideSection, Sources};
-use crate::convert;
-use crate::fsview::DecisionFs;
+use crate::config::{AuditSection, Config, Sources};
+use warden_decide::DecideSection;
+use warden_decide::convert;
+use warden_decide::fsview::DecisionFs;
 
 /// What decides right now. Replaced as a whole, so a request sees one version throughout.
 pub struct Active {
@@ -509,9 +510,7 @@ impl PolicyService for PolicyApi {
     }
 }
 
-/// The answers of one `DecideStream`.
-pub type DecisionStream =
-    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::Decision, Status>> + Send>>;
+pub use warden_decide::DecisionStream;
 
 /// `AdminService` over the shared state.
 #[derive(Clone)]

@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use warden_policy::contract::{
+use warden_decide::contract::{
     Fixture, KitOptions, SlowPolicy, check_deadline_cutoff, check_policy_service, serve_on_socket,
 };
 use warden_proto::v1 as pb;

@@ -7,7 +7,7 @@ use warden_rules::{
     Boundary, DecisionInput, OfferedOption, OptionKind, Profile, Subject, ToolCall, ToolKind,
 };
 
-use crate::config::DecideSection;
+use crate::DecideSection;
 
 /// Why a request cannot be decided on its merits; it is denied with this rule and reason.
 #[derive(Debug, Clone, PartialEq, Eq)]

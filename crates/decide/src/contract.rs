@@ -710,7 +710,7 @@ impl PolicyService for SlowPolicy {
         Err(Status::unimplemented("SlowPolicy does not describe itself"))
     }
 
-    type DecideStreamStream = crate::service::DecisionStream;
+    type DecideStreamStream = crate::DecisionStream;
 
     /// Without the stream, as an implementation of the contract may be: callers use Decide.
     async fn decide_stream(
