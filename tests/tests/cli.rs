@@ -360,3 +360,53 @@ async fn an_agents_crafted_title_cannot_forge_a_line_or_reach_the_terminal_raw()
     );
     assert!(!detail.contains('\u{1b}'), "{detail:?}");
 }
+
+/// The README's example: three lines piped into `warden mcp`, stdin closed right after. Every
+/// request read is answered before it exits, the tool call included (it used to exit with only
+/// the `initialize` answer).
+#[tokio::test]
+async fn warden_mcp_answers_every_request_it_read_before_stdin_closed() {
+    use tokio::io::AsyncWriteExt;
+    let d = deployment_for_send().await;
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut c = tokio::process::Command::new(binary("warden"));
+    c.args(["--state-dir", &state, "mcp"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = c.spawn().unwrap();
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"shell","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"review","arguments":{"task":"write notes.txt"}}}"#,
+    ];
+    let mut stdin = child.stdin.take().unwrap();
+    stdin
+        .write_all(format!("{}\n", lines.join("\n")).as_bytes())
+        .await
+        .unwrap();
+    drop(stdin);
+    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+        .await
+        .expect("warden mcp exits once it has answered")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answers: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v.get("id").is_some() && v.get("method").is_none())
+        .collect();
+    let ids: Vec<i64> = answers.iter().filter_map(|a| a["id"].as_i64()).collect();
+    assert_eq!(ids, [1, 2], "{stdout}");
+    let call = &answers[1];
+    assert!(
+        call["result"]["structuredContent"].is_object(),
+        "the tool call's result envelope: {call:#}"
+    );
+}

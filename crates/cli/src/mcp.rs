@@ -357,13 +357,38 @@ pub async fn run(layout: &Layout) -> Result<(), RelayError> {
             m.insert(key, handle);
         }
     }
-    // stdin closed: nobody reads answers any more; the calls in flight are dropped (a
-    // stateless call's stream closes, which cancels it) and the session is ended.
-    tasks.shutdown().await;
+    // stdin closed: every request already read is still answered — a host or a script that
+    // pipes its messages in and closes its end expects the answers (the MCP stdio shutdown is
+    // "close stdin, wait for the server to exit, then SIGTERM"). SIGTERM or Ctrl-C stops the
+    // wait: the calls in flight are dropped (a stateless call's stream closes, which cancels
+    // it). Then the session is ended.
+    let drained = async { while tasks.join_next().await.is_some() {} };
+    tokio::select! {
+        _ = drained => {}
+        _ = stop_signal() => tasks.shutdown().await,
+    }
     relay.close().await;
     drop(relay);
     let _ = writer.await;
     Ok(())
+}
+
+/// SIGTERM or SIGINT; pending forever if neither can be watched (the default action of an
+/// unwatched signal still ends the process).
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
 }
 
 #[cfg(test)]
