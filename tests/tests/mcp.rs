@@ -509,6 +509,40 @@ async fn a_model_or_effort_the_agent_does_not_offer_is_refused_naming_what_it_of
         )
         .await;
     assert_eq!(envelope(&r)["status"], "complete", "{}", envelope(&r));
+    // The same session's next calls reuse its conversation, whose model and effort were chosen
+    // when it opened: another value is refused naming what the session runs (it used to run
+    // silently with the first call's), an unknown one too; the same values, or none, run.
+    for (k, v) in [
+        ("model", "scripted-large"),
+        ("effort", "low"),
+        ("model", "no-such-model"),
+    ] {
+        let mut args = json!({"task": run});
+        args[k] = json!(v);
+        let r = m.call("implement", args).await;
+        let e = envelope(&r);
+        assert_eq!(e["status"], "refused", "{k}={v}: {e}");
+        let b = &e["blockers"][0];
+        assert_eq!(b["rule"], "supervisor.option-not-offered", "{e}");
+        let reason = b["reason"].as_str().unwrap();
+        assert!(
+            reason.contains(v) && reason.contains("new conversation"),
+            "{reason}"
+        );
+    }
+    for args in [
+        json!({"task": run, "model": "scripted-default", "effort": "medium"}),
+        json!({"task": run}),
+    ] {
+        let r = m.call("implement", args).await;
+        let e = envelope(&r);
+        assert_eq!(e["status"], "complete", "{e}");
+        let said = std::fs::read_to_string(e["transcript_path"].as_str().unwrap()).unwrap();
+        assert!(
+            said.contains("model=scripted-default thought_level=medium"),
+            "the session still runs what it opened with: {e}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

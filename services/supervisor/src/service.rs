@@ -98,6 +98,38 @@ fn not_yours(context_id: &str) -> Status {
     )
 }
 
+/// A turn of an existing conversation that names a model or effort: the session's were chosen
+/// when the conversation opened (set on the agent's session before its first prompt), so a
+/// different value is refused (`option-not-offered`, naming what the session runs) rather than
+/// silently ignored; the same value, or none, runs. A different model needs a new conversation.
+fn same_session_options(
+    open: &pb::OpenConversationRequest,
+    info: &crate::core::ConvInfo,
+) -> Result<(), Status> {
+    for (what, wanted, current) in [
+        ("model", &open.model, &info.model),
+        ("effort", &open.effort, &info.effort),
+    ] {
+        if wanted.is_empty() || wanted == current {
+            continue;
+        }
+        check_option(what, wanted)?;
+        let runs = if current.is_empty() {
+            format!("the agent's default {what} (none was asked for when it opened)")
+        } else {
+            format!("{what} {current:?}")
+        };
+        return Err(crate::fault::status(
+            tonic::Code::FailedPrecondition,
+            pb::FaultClass::OptionNotOffered,
+            format!(
+                "option-not-offered: this conversation's session runs {runs}, chosen when it opened; {what} {wanted:?} needs a new conversation (close this one or use another context)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The longest model or effort name a caller may ask for.
 const MAX_OPTION: usize = 128;
 
@@ -821,6 +853,9 @@ impl SupervisorService for Api {
                 // A turn runs in its own principal's conversation only.
                 if c.core.info.principal != principal {
                     return Err(not_yours(&r.context_id));
+                }
+                if let Some(open) = &r.open {
+                    same_session_options(open, &c.core.info)?;
                 }
                 c
             }
