@@ -74,6 +74,8 @@ pub struct Daemon {
     pub name: String,
     pub child: Child,
     pub socket: PathBuf,
+    /// Where its stderr goes, when to a file (shown when it fails to start).
+    pub log: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -123,8 +125,8 @@ pub struct Options {
     pub approver_http: String,
     /// `warden up --config DIR`: the daemons read `DIR/<daemon>.toml` where present.
     pub config_dir: Option<PathBuf>,
-    /// Write each daemon's stderr (its log) to `<state>/<daemon>.log`, for tests that assert on
-    /// what an operator reads there (ignored with `show_logs`).
+    /// Says that a test reads `<state>/<daemon>.log` (what an operator reads there). Every
+    /// daemon's stderr goes there anyway unless `show_logs` (or `WARDEN_TEST_LOGS`) shows it.
     pub log_files: bool,
 }
 
@@ -137,15 +139,41 @@ pub struct Deployment {
     pub daemons: Vec<Daemon>,
 }
 
-/// Where test deployments live: `WARDEN_TEST_ROOT`, else `<target>/tmp`.
+/// Where test deployments live: `WARDEN_TEST_ROOT`, else `<target>/tmp` — unless the checkout
+/// is inside a temp tree (a clone in `/tmp` or `/var/tmp`), where the supervisor refuses its
+/// state directory: then [`outside_temp_trees`] picks a place it accepts.
 pub fn test_root() -> PathBuf {
     if let Some(d) = std::env::var_os("WARDEN_TEST_ROOT") {
         return PathBuf::from(d);
     }
-    bin_dir()
+    let target = bin_dir()
         .parent()
-        .map(|t| t.join("tmp"))
-        .unwrap_or_else(|| PathBuf::from("target/tmp"))
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    outside_temp_trees(&target.join("tmp"), nix::unistd::Uid::effective().is_root())
+}
+
+/// `preferred` when it is outside the temp trees; else `/var/lib/warden-e2e` for root (a path
+/// the agent uids it switches to can traverse, unlike `/root`), `$HOME/.cache/warden-e2e` for
+/// anyone else.
+pub fn outside_temp_trees(preferred: &Path, root: bool) -> PathBuf {
+    let probe = std::fs::canonicalize(preferred)
+        .or_else(|_| {
+            preferred
+                .parent()
+                .map(std::fs::canonicalize)
+                .unwrap_or(Ok(preferred.into()))
+        })
+        .unwrap_or_else(|_| preferred.to_path_buf());
+    if warden_sandbox::temp_tree_of(&probe).is_none() {
+        return preferred.to_path_buf();
+    }
+    if root {
+        return PathBuf::from("/var/lib/warden-e2e");
+    }
+    std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache/warden-e2e"))
+        .unwrap_or_else(|| PathBuf::from("/var/lib/warden-e2e"))
 }
 
 /// A free loopback TCP port for the gateway.
@@ -243,6 +271,7 @@ impl Deployment {
             name: name.to_string(),
             child,
             socket: socket.clone(),
+            log: (!self.shows_logs()).then(|| self.log_file(name)),
         };
         wait_healthy(&mut daemon, Duration::from_secs(10)).await;
         self.daemons.retain(|d| d.name != name);
@@ -260,10 +289,16 @@ impl Deployment {
         }
         args.extend(extra.iter().map(|s| s.to_string()));
         let bin = binary(&format!("warden-{name}"));
-        if self.opts.log_files && !self.opts.show_logs {
+        // Its log goes to a file in the deployment's directory unless it is shown: a daemon that
+        // fails to start then says why in the test's failure (`wait_healthy`).
+        if !self.shows_logs() {
             return spawn_group_logging(&bin, &args, Some(&self.log_file(name)));
         }
-        spawn_group(&bin, &args, self.opts.show_logs)
+        spawn_group(&bin, &args, true)
+    }
+
+    fn shows_logs(&self) -> bool {
+        self.opts.show_logs || std::env::var_os("WARDEN_TEST_LOGS").is_some()
     }
 
     /// Where a daemon's log goes with [`Options::log_files`].
@@ -339,23 +374,42 @@ fn spawn_group_with(bin: &Path, args: &[String], logs: bool, log: Option<&Path>)
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
 }
 
-/// Waits until the daemon's socket reports SERVING; panics (with its exit status) if it dies.
+/// Waits until the daemon's socket reports SERVING; panics if it dies or stays unhealthy, with
+/// its exit status and the end of its own log (its reason) when the log went to a file.
 pub async fn wait_healthy(d: &mut Daemon, timeout: Duration) {
     let start = Instant::now();
     loop {
         if let Ok(Some(s)) = d.child.try_wait() {
-            panic!("warden-{} exited during start-up: {s}", d.name);
+            panic!(
+                "warden-{} exited during start-up: {s}{}",
+                d.name,
+                log_tail(d.log.as_deref())
+            );
         }
         if warden_daemon::client::healthy(&d.socket).await {
             return;
         }
         assert!(
             start.elapsed() < timeout,
-            "warden-{} not healthy within {timeout:?}",
-            d.name
+            "warden-{} not healthy within {timeout:?}{}",
+            d.name,
+            log_tail(d.log.as_deref())
         );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// The last lines of a daemon's log, for a start-up failure's message ("" without a log file).
+fn log_tail(log: Option<&Path>) -> String {
+    let Some(text) = log.and_then(|p| std::fs::read_to_string(p).ok()) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+    format!(
+        "\n--- the end of its log ({}):\n{tail}",
+        log.map(|p| p.display().to_string()).unwrap_or_default()
+    )
 }
 
 /// Runs a command to completion with a deadline, capturing its output.
@@ -398,4 +452,27 @@ pub fn use_release_binaries_in_benches(packages: &[&str]) {
     assert!(st.success(), "release build failed");
     // SAFETY: benches call this first, before any other thread exists.
     unsafe { std::env::set_var("WARDEN_BIN_DIR", dir) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkout_in_a_temp_tree_gets_its_deployments_somewhere_the_supervisor_accepts() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("target-probe/tmp");
+        if warden_sandbox::temp_tree_of(Path::new(env!("CARGO_MANIFEST_DIR"))).is_none() {
+            assert_eq!(outside_temp_trees(&here, true), here);
+        }
+        for cloned in [
+            "/tmp/warden/target/tmp",
+            "/var/tmp/w/target/tmp",
+            "/dev/shm/x",
+        ] {
+            let root = outside_temp_trees(Path::new(cloned), true);
+            assert_eq!(root, Path::new("/var/lib/warden-e2e"));
+            let user = outside_temp_trees(Path::new(cloned), false);
+            assert!(warden_sandbox::temp_tree_of(&user).is_none(), "{user:?}");
+        }
+    }
 }

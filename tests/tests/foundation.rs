@@ -449,3 +449,28 @@ async fn warden_up_with_approver_runs_four_daemons_and_a_write_waits_for_a_perso
         "daemon processes left behind"
     );
 }
+
+/// A daemon that cannot start says why in the test's failure, not only its exit status: here a
+/// supervisor whose state directory is in `/tmp` (where a checkout cloned into `/tmp` used to
+/// put every deployment) refuses, and its own reason reaches the panic message.
+#[tokio::test]
+async fn a_daemon_that_fails_to_start_shows_its_own_reason() {
+    let parent = std::path::Path::new("/tmp").join(format!("warden-e2e-{}", std::process::id()));
+    let task = tokio::spawn(async move {
+        let mut d = Deployment::new_in(&parent, Options::default());
+        d.start("policy").await;
+        d.start("supervisor").await;
+    });
+    let err = task
+        .await
+        .expect_err("the supervisor refuses a state directory in /tmp");
+    let msg = err
+        .into_panic()
+        .downcast::<String>()
+        .map(|s| *s)
+        .unwrap_or_default();
+    assert!(
+        msg.contains("exited during start-up") && msg.contains("temp tree"),
+        "{msg}"
+    );
+}

@@ -466,6 +466,7 @@ async fn a_stop_or_crash_leaves_nothing_of_the_pool_and_a_restart_uses_the_new_c
         name: "supervisor".into(),
         child,
         socket: d.layout.socket_of("supervisor"),
+        log: Some(d.log_file("supervisor")),
     };
     warden_e2e::wait_healthy(&mut sup, Duration::from_secs(10)).await;
     let mut c = client(&d);

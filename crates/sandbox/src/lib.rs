@@ -56,7 +56,9 @@ pub use kill::{
 pub use lease::{Lease, Leases};
 pub use procfs::ProcessIdentity;
 pub use reap::{ReapReport, reap_leftovers};
-pub use roots::{Boundary, OwnedRoots, Profile, RootOwner, WorkspacePolicy, sanitize_label};
+pub use roots::{
+    Boundary, OwnedRoots, Profile, RootOwner, WorkspacePolicy, sanitize_label, temp_tree_of,
+};
 pub use spawn::{
     Containment, EGRESS_DIR_INSIDE, EGRESS_SOCKET_NAME, EgressSpec, ExecOnly, Network, SpawnSpec,
     SpawnedAgent, Spawner,

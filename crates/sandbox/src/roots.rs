@@ -85,6 +85,16 @@ impl RootOwner {
 /// particular) keep `/tmp` writable without asking, so two conversations could meet there.
 const TEMP_TREES: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
+/// The temp tree `dir` is inside (resolved as far as it exists), if any: a state directory
+/// there is refused. Also what the test harness asks before it puts deployments under a
+/// checkout (a clone in `/tmp` must not make every test fail).
+pub fn temp_tree_of(dir: &Path) -> Option<&'static str> {
+    TEMP_TREES
+        .iter()
+        .copied()
+        .find(|t| is_inside(t, dir, &RealFs).unwrap_or(true))
+}
+
 /// The owned-sandbox allocator and its registry.
 #[derive(Clone)]
 pub struct OwnedRoots {
@@ -121,13 +131,11 @@ impl OwnedRoots {
         }
         let state = std::fs::canonicalize(state_dir)
             .map_err(|e| SandboxError::io("resolve state directory", state_dir, e))?;
-        for t in TEMP_TREES {
-            if is_inside(t, &state, &RealFs).unwrap_or(true) {
-                return Err(SandboxError::InvalidInput(format!(
-                    "state directory {} is inside {t}; sandboxes never live in a temp tree",
-                    state.display()
-                )));
-            }
+        if let Some(t) = temp_tree_of(&state) {
+            return Err(SandboxError::InvalidInput(format!(
+                "state directory {} is inside {t}; sandboxes never live in a temp tree",
+                state.display()
+            )));
         }
         let dir = state.join("sandboxes");
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
