@@ -29,6 +29,17 @@ async fn warden_init_writes_a_starter_set_every_daemon_accepts_and_never_overwri
         String::from_utf8_lossy(&out.stderr)
     );
     let dir = d.layout.config_dir();
+    // The command it suggests names this state directory (it used to suggest `warden up`, which
+    // would read another one).
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "start with: warden --state-dir {} up --config {}",
+            d.dir.path().display(),
+            dir.display()
+        )),
+        "{said}"
+    );
     for daemon in ["policy", "supervisor", "gateway", "approver"] {
         let file = dir.join(format!("{daemon}.toml"));
         let text = std::fs::read_to_string(&file).unwrap();

@@ -56,6 +56,24 @@ impl Layout {
         home.join(".local/state/warden")
     }
 
+    /// How a person runs `warden` against this layout, for the hints the CLI prints: `warden`
+    /// for the default state directory, `warden --deployed` for the installed host, else
+    /// `warden --state-dir DIR` (quoted for a POSIX shell when it needs it).
+    pub fn command(&self) -> String {
+        if self.deployed {
+            return "warden --deployed".into();
+        }
+        if self.root == Self::default_root() {
+            return "warden".into();
+        }
+        let dir = self.root.to_string_lossy();
+        match shlex::try_quote(&dir) {
+            Ok(q) => format!("warden --state-dir {q}"),
+            // A path with a NUL cannot be typed; shown as it is.
+            Err(_) => format!("warden --state-dir {dir}"),
+        }
+    }
+
     /// Where `warden init` writes and `warden up` reads configuration by default.
     pub fn config_dir(&self) -> PathBuf {
         self.root.join("config")
@@ -140,6 +158,17 @@ pub fn toml_str(p: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hints_name_the_state_directory_that_was_given() {
+        assert_eq!(Layout::new(Layout::default_root()).command(), "warden");
+        assert_eq!(Layout::deployed().command(), "warden --deployed");
+        assert_eq!(Layout::new("/srv/w").command(), "warden --state-dir /srv/w");
+        // Quoted so that a shell gives back the same path.
+        let odd = "/srv/my state/it's $HOME";
+        let words = shlex::split(&Layout::new(odd).command()).unwrap();
+        assert_eq!(words, ["warden", "--state-dir", odd]);
+    }
 
     #[test]
     fn a_path_written_as_toml_reads_back_as_the_same_path() {

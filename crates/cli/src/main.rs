@@ -237,7 +237,9 @@ async fn main() -> ExitCode {
                     for f in files {
                         println!("wrote {}", f.display());
                     }
-                    println!("start with: warden up --config {}", dir.display());
+                    let dir_arg = dir.to_string_lossy();
+                    let dir_arg = shlex::try_quote(&dir_arg).unwrap_or(dir_arg.clone());
+                    println!("start with: {} up --config {dir_arg}", layout.command());
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -439,7 +439,10 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
             );
         }
     }
-    println!("Try: warden send \"write hello.txt\"    Stop: Ctrl-C");
+    println!(
+        "Try: {} send \"write hello.txt\"    Stop: Ctrl-C",
+        l.command()
+    );
 
     let died = loop {
         tokio::select! {
