@@ -474,3 +474,56 @@ async fn a_daemon_that_fails_to_start_shows_its_own_reason() {
         "{msg}"
     );
 }
+
+/// `warden up` checks its own flags and every daemon's configuration before starting any
+/// daemon, and blames the flag or the file (with the TOML caret diagram) that is wrong. It used
+/// to start the policy, then report `--http 7541` as a fault of "the embedded default
+/// configuration" of the supervisor.
+#[tokio::test]
+async fn warden_up_blames_a_bad_flag_or_file_before_starting_anything() {
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().display().to_string();
+    let up = |extra: &[&str]| {
+        let mut c = tokio::process::Command::new(binary("warden"));
+        c.args(["--state-dir", &state, "up"]).args(extra);
+        c
+    };
+    let out = run_with_deadline(&mut up(&["--http", "7541"]), Duration::from_secs(30))
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--http \"7541\": not an address"), "{said}");
+    assert!(!said.contains("embedded default"), "{said}");
+    assert!(!said.contains("[    policy]"), "nothing started: {said}");
+
+    let config = d.dir.path().join("conf");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("supervisor.toml"), "[limits\n").unwrap();
+    let config_arg = config.display().to_string();
+    let out = run_with_deadline(
+        &mut up(&["--http", &d.http, "--config", &config_arg]),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("warden-supervisor refuses its configuration (nothing was started)"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(
+            "{}: TOML parse error at line 1",
+            config.join("supervisor.toml").display()
+        )),
+        "{said}"
+    );
+    assert!(said.contains("1 | [limits"), "the caret diagram: {said}");
+    assert!(!said.contains("[    policy]"), "nothing started: {said}");
+    assert!(
+        !d.layout.socket_of("policy").exists(),
+        "no daemon was started"
+    );
+}

@@ -49,6 +49,65 @@ pub enum UpError {
     },
     #[error("signal handling: {0}")]
     Signal(#[source] std::io::Error),
+    #[error("{flag} {value:?}: {why}")]
+    Flag {
+        flag: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("warden-{daemon} refuses its configuration (nothing was started):\n{message}")]
+    Config { daemon: String, message: String },
+}
+
+/// Checks `warden up`'s own flags, then every daemon's whole configuration (its file under
+/// `--config`, the keys `warden up` sets) with the daemon's own `--check-config`, before any
+/// daemon starts: a mistake is blamed on the flag or the file that holds it, not found by the
+/// third daemon after the first two started.
+pub async fn preflight(o: &UpOptions) -> Result<(), UpError> {
+    let addr = |flag: &'static str, value: &str| -> Result<(), UpError> {
+        value
+            .parse::<std::net::SocketAddr>()
+            .map(|_| ())
+            .map_err(|_| UpError::Flag {
+                flag,
+                value: value.to_string(),
+                why: "not an address like 127.0.0.1:7541 (HOST:PORT, the host an IP address)"
+                    .into(),
+            })
+    };
+    addr("--http", &o.http)?;
+    if o.approver && !o.approver_http.is_empty() {
+        addr("--approver-http", &o.approver_http)?;
+    }
+    for name in o.daemons().iter().copied() {
+        let bin = o.bin_dir.join(format!("warden-{name}"));
+        if !bin.is_file() {
+            return Err(UpError::MissingBinary(bin));
+        }
+        let out = Command::new(&bin)
+            .args(daemon_args(name, o))
+            .arg("--check-config")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|source| UpError::Spawn {
+                daemon: name.to_string(),
+                source,
+            })?;
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.trim_end();
+            let message = said
+                .strip_prefix(&format!("warden-{name}: error: "))
+                .unwrap_or(said);
+            return Err(UpError::Config {
+                daemon: name.to_string(),
+                message: message.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Options of `warden up`.
@@ -364,6 +423,7 @@ async fn stop_all(running: &mut Vec<Running>) {
 pub async fn run(o: UpOptions) -> Result<(), UpError> {
     use tokio::signal::unix::{SignalKind, signal};
     let l = &o.layout;
+    preflight(&o).await?;
     make_dir(&l.root)?;
     if nix::unistd::geteuid().is_root() {
         // Agents of a root supervisor run as their own uid and need search (not listing) on the

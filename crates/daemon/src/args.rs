@@ -20,8 +20,8 @@ pub struct DaemonArgs {
     pub check_config: bool,
 }
 
-/// Prints one clear line for a fatal start-up error (the error and its causes, no backtrace) and
-/// exits with status 2. Binaries call this instead of panicking or returning `Err` from `main`.
+/// Prints a fatal start-up error clearly (the error and its causes on one line, no backtrace;
+/// a TOML syntax error keeps its caret diagram below it) and exits with status 2. Binaries call this instead of panicking or returning `Err` from `main`.
 pub fn fail(daemon: &str, err: &dyn std::error::Error) -> ! {
     let mut line = format!("{daemon}: error: {err}");
     let mut source = err.source();

@@ -85,7 +85,9 @@ pub fn load<T: DeserializeOwned>(
         text.parse()
             .map_err(|e: toml::de::Error| ConfigError::Syntax {
                 origin: origin.clone(),
-                message: e.to_string().trim().replace('\n', " "),
+                // Kept as the toml crate writes it: the line, the caret under the column, the
+                // reason (on one line the caret points nowhere).
+                message: e.to_string().trim_end().to_string(),
             })?;
     let prefix = format!("{env_prefix}__");
     let mut env: Vec<(String, String)> = std::env::vars()
@@ -334,6 +336,28 @@ mod tests {
     }
 
     const BASE: &str = "[daemon]\nstate_dir = \"/var/lib/x\"\n[listen]\nsocket = \"x.sock\"\n";
+
+    #[test]
+    fn a_syntax_error_keeps_its_caret_diagram() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, "[daemon\nstate_dir = \"x\"\n").unwrap();
+        let e = load::<Cfg>(Some(&file), BASE, "WARDEN_TEST_SYNTAX", &[])
+            .err()
+            .expect("a syntax error");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("{}: TOML parse error at line 1", file.display())),
+            "{text}"
+        );
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.len() >= 4,
+            "on one line the caret points nowhere: {text}"
+        );
+        assert!(lines.iter().any(|l| l.ends_with("[daemon")), "{text}");
+        assert!(lines.iter().any(|l| l.trim_end().ends_with('^')), "{text}");
+    }
 
     #[test]
     fn an_unknown_key_is_named_with_its_file() {
