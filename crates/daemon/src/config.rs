@@ -342,9 +342,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("bad.toml");
         std::fs::write(&file, "[daemon\nstate_dir = \"x\"\n").unwrap();
-        let e = load::<Cfg>(Some(&file), BASE, "WARDEN_TEST_SYNTAX", &[])
-            .err()
-            .expect("a syntax error");
+        let Err(e) = load::<Cfg>(Some(&file), BASE, "WARDEN_TEST_SYNTAX", &[]) else {
+            panic!("a syntax error is refused");
+        };
         let text = e.to_string();
         assert!(
             text.starts_with(&format!("{}: TOML parse error at line 1", file.display())),
