@@ -410,3 +410,113 @@ async fn warden_mcp_answers_every_request_it_read_before_stdin_closed() {
         "the tool call's result envelope: {call:#}"
     );
 }
+
+/// Scripts and shells: completion scripts load in bash, the manual page is roff generated from
+/// the same definitions, a typo gets a suggestion, `--deployed` is refused where it means
+/// nothing, and `warden send -` / `--file` read the task instead of sending a literal "-".
+#[tokio::test]
+async fn the_cli_serves_shells_and_scripts() {
+    let warden = binary("warden").display().to_string();
+    let script = format!(
+        "source <({warden} completion bash) && complete -p warden && COMP_WORDS=(warden sta) && COMP_CWORD=1 && COMP_LINE='warden sta' && COMP_POINT=10 && _warden warden sta warden; echo \"words: ${{COMPREPLY[*]}}\""
+    );
+    let out = run_with_deadline(
+        tokio::process::Command::new("bash").args(["-c", &script]),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("-F _warden warden"), "{said}");
+    let words = said
+        .lines()
+        .find_map(|l| l.strip_prefix("words: "))
+        .unwrap_or("");
+    assert!(
+        words.split(' ').any(|w| w == "status"),
+        "completing `sta`: {said}"
+    );
+
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden).arg("manpage"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let man = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        man.starts_with(".ie") && man.contains(".TH warden 1"),
+        "{man}"
+    );
+    assert!(man.contains("completion") && man.contains("send"), "{man}");
+
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden).arg("stauts"),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("'status'"), "a suggestion: {said}");
+
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden).args(["--deployed", "init", "/nonexistent/x"]),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--deployed applies to status, audit, approvals and doctor"),
+        "{said}"
+    );
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden).args(["init", "--help"]),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("--deployed"));
+
+    // The task from standard input and from a file.
+    let d = deployment_for_send().await;
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut c = tokio::process::Command::new(&warden);
+    c.args(["--state-dir", &state, "send", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = c.spawn().unwrap();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"write from-stdin.txt\n").await.unwrap();
+    }
+    let out = tokio::time::timeout(Duration::from_secs(90), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("from-stdin.txt"), "{shown}");
+    let file = d.dir.path().join("task.txt");
+    std::fs::write(&file, "write from-file.txt").unwrap();
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden)
+            .args(["--state-dir", &state, "send", "--file"])
+            .arg(&file)
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(90),
+    )
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(shown.contains("from-file.txt"), "{shown}");
+}

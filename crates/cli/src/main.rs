@@ -25,8 +25,9 @@ struct Cli {
     #[arg(long, global = true, env = "WARDEN_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Use the host installed from the Debian package (deploy/): sockets in /run/warden, as a
-    /// member of warden-operators (status, audit, approvals), and `doctor --deployed`.
-    #[arg(long, global = true, conflicts_with = "state_dir")]
+    /// member of warden-operators. For status, audit, approvals and doctor (also accepted after
+    /// them: `warden doctor --deployed`).
+    #[arg(long, conflicts_with = "state_dir")]
     deployed: bool,
     #[command(subcommand)]
     command: Command,
@@ -70,7 +71,11 @@ enum Command {
         dir: Option<PathBuf>,
     },
     /// Report each daemon's health; exits non-zero if any is down.
-    Status,
+    Status {
+        /// The host installed from the Debian package.
+        #[arg(long)]
+        deployed: bool,
+    },
     /// A stdio MCP server for hosts that launch tools as processes (`claude mcp add warden --
     /// warden mcp`): relays to the running gateway's /mcp with the caller token from the state
     /// directory. Never talks to the supervisor.
@@ -91,8 +96,12 @@ enum Command {
         /// A file holding your bearer token (default: the one `warden up` generated).
         #[arg(long, env = "WARDEN_TOKEN_FILE")]
         token_file: Option<PathBuf>,
-        /// What to ask the agent.
-        text: String,
+        /// Read what to ask from this file instead of the command line.
+        #[arg(long, value_name = "PATH", conflicts_with = "text")]
+        file: Option<PathBuf>,
+        /// What to ask the agent; `-` reads it from standard input.
+        #[arg(required_unless_present = "file")]
+        text: Option<String>,
     },
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
     /// landlock) and what warden falls back to where one is missing; with an approver running,
@@ -107,6 +116,9 @@ enum Command {
                       full report."
     )]
     Doctor {
+        /// Check the host installed from the Debian package instead of the local deployment.
+        #[arg(long)]
+        deployed: bool,
         /// The supervisor's socket (default: the local deployment's; on a deploy/ host
         /// /run/warden/supervisor/supervisor.sock).
         #[arg(long)]
@@ -121,14 +133,26 @@ enum Command {
         after_help = "Exit codes: 0 done, 1 error, 3 no such request, 4 someone answered first."
     )]
     Approvals {
+        /// The host installed from the Debian package.
+        #[arg(long)]
+        deployed: bool,
         #[command(subcommand)]
         what: ApprovalsCommand,
     },
     /// Read the policy service's audit log.
     Audit {
+        /// The host installed from the Debian package.
+        #[arg(long)]
+        deployed: bool,
         #[command(subcommand)]
         what: AuditCommand,
     },
+    /// Print a shell completion script: `source <(warden completion bash)`, or write it where
+    /// your shell loads completions (bash, zsh, fish, elvish, powershell).
+    Completion { shell: clap_complete::Shell },
+    /// Print the manual page (roff) generated from these definitions:
+    /// `warden manpage | man -l -`.
+    Manpage,
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,6 +199,22 @@ enum AuditCommand {
     Show { decision_id: String },
 }
 
+/// The task text of `warden send`: the argument, `-` for standard input, or `--file PATH`.
+fn prompt_text(text: Option<String>, file: Option<PathBuf>) -> Result<String, String> {
+    let read = match (text.as_deref(), file) {
+        (_, Some(path)) => std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read --file {}: {e}", path.display()))?,
+        (Some("-"), None) => std::io::read_to_string(std::io::stdin())
+            .map_err(|e| format!("cannot read the task from standard input: {e}"))?,
+        (Some(t), None) => return Ok(t.to_string()),
+        (None, None) => return Err("no task: give it as an argument, `-` or --file".into()),
+    };
+    if read.trim().is_empty() {
+        return Err("the task read is empty".into());
+    }
+    Ok(read)
+}
+
 fn exe_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
@@ -185,7 +225,21 @@ fn exe_dir() -> PathBuf {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let layout = if cli.deployed {
+    // `--deployed` means something only where a command reads a daemon's sockets.
+    let deployed = match &cli.command {
+        Command::Status { deployed }
+        | Command::Doctor { deployed, .. }
+        | Command::Approvals { deployed, .. }
+        | Command::Audit { deployed, .. } => cli.deployed || *deployed,
+        _ if cli.deployed => {
+            eprintln!(
+                "warden: --deployed applies to status, audit, approvals and doctor (the installed host); this command uses a local state directory (--state-dir)"
+            );
+            return ExitCode::from(2);
+        }
+        _ => false,
+    };
+    let layout = if deployed {
         layout::Layout::deployed()
     } else {
         layout::resolve(cli.state_dir.as_deref())
@@ -248,7 +302,7 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Approvals { what } => {
+        Command::Approvals { what, .. } => {
             let socket = layout.approver_admin_socket();
             let result = match what {
                 ApprovalsCommand::List => approvals::list(&socket, false, 0).await,
@@ -277,7 +331,7 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Audit { what } => {
+        Command::Audit { what, .. } => {
             let socket = layout.policy_admin_socket();
             let result = match what {
                 AuditCommand::Tail { limit, context } => audit::query(
@@ -321,6 +375,7 @@ async fn main() -> ExitCode {
         Command::Doctor {
             supervisor_socket,
             approver_admin,
+            ..
         } => {
             let features = warden_sandbox::host_features();
             println!("{features}");
@@ -389,8 +444,16 @@ async fn main() -> ExitCode {
             context,
             url,
             token_file,
+            file,
             text,
         } => {
+            let text = match prompt_text(text, file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("warden send: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             send::run(
                 &layout,
                 send::SendArgs {
@@ -410,11 +473,27 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Status => {
+        Command::Status { .. } => {
             if status::run(&layout).await {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
+            }
+        }
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "warden", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Manpage => {
+            use clap::CommandFactory;
+            let man = clap_mangen::Man::new(Cli::command());
+            match man.render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("warden manpage: {e}");
+                    ExitCode::FAILURE
+                }
             }
         }
     }
