@@ -151,6 +151,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         cancel_grace: Duration::from_millis(cfg.supervisor.cancel_grace_ms),
         coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
         retention: Retention::from_config(&cfg.store),
+        max_streams_per_principal: cfg.http.max_streams_per_principal,
+        stream_keepalive: Duration::from_millis(cfg.http.stream_keepalive_ms),
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
     let core = Core::new(store.clone(), channel, settings);
@@ -224,6 +226,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
     let core_for_mcp = core.clone();
+    let edge_auth = auth.clone();
     let state = Arc::new(HttpState {
         core,
         auth,
@@ -249,8 +252,10 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         header_read_timeout: Duration::from_millis(cfg.http.header_read_timeout_ms),
         idle_timeout: Duration::from_millis(cfg.http.idle_timeout_ms),
         max_connections: cfg.http.max_connections,
+        max_unauthenticated_connections: cfg.http.unauthenticated_share(),
+        max_connections_per_principal: cfg.http.principal_connection_share(),
     };
-    let mut http_task = tokio::spawn(crate::serve::serve(http, app, limits, token));
+    let mut http_task = tokio::spawn(crate::serve::serve(http, app, limits, edge_auth, token));
     let shutdown = server.shutdown_token();
     let run = server.run();
     tokio::pin!(run);

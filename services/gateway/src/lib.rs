@@ -32,6 +32,7 @@ pub mod mcp;
 pub mod peer;
 pub mod push;
 pub mod serve;
+pub mod shares;
 pub mod store;
 pub mod tasks;
 pub mod time;

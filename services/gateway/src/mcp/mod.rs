@@ -276,6 +276,26 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         // Another principal's session does not exist for this caller.
         return jsonrpc_error(StatusCode::NOT_FOUND, -32600, "Session not found");
     }
+    // Every GET (the session's SSE stream) and POST (whose answer may be an SSE stream) holds
+    // one of the caller's stream share until its response is written out; a caller at its
+    // limit is refused before rmcp sees the request.
+    let permit = if req.method() == Method::GET || req.method() == Method::POST {
+        match edge.front.core.streams().open(&principal) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                let mut r = jsonrpc_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    crate::error::RESOURCE_EXHAUSTED_CODE,
+                    &e.to_string(),
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return r;
+            }
+        }
+    } else {
+        None
+    };
     let conn = req
         .extensions()
         .get::<Arc<crate::peer::ConnPeer>>()
@@ -342,7 +362,10 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             *resp.status_mut() = StatusCode::NO_CONTENT;
         }
     }
-    resp
+    match permit {
+        Some(p) => resp.map(|b| crate::shares::HeldBody::wrap(b, p)),
+        None => resp,
+    }
 }
 
 async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
@@ -387,7 +410,9 @@ pub fn routes(edge: Arc<Edge>, shutdown: CancellationToken) -> Router {
             // The edge (above) checks Host and Origin with the gateway's own rules.
             .disable_allowed_hosts()
             .disable_allowed_origins()
-            .with_max_request_body_bytes(edge.max_body),
+            .with_max_request_body_bytes(edge.max_body)
+            // A silent SSE stream (a queued or quiet turn) hears a comment this often.
+            .with_sse_keep_alive(Some(edge.front.core.stream_keepalive())),
     );
     Router::new()
         .route_service(MCP_PATH, service)
