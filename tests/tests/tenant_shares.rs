@@ -549,13 +549,16 @@ async fn half_sent_headers_never_lock_bob_out() {
     );
     assert!(
         refused.is_empty(),
-        "bob was refused {} times: {refused:?}",
-        refused.len()
+        "bob was refused {} of {} times, first: {:?}",
+        refused.len(),
+        refused.len() + answered,
+        refused.first()
     );
     assert!(answered >= 20, "bob was answered {answered} times");
 
     // The attacker's old connections were closed for newer ones long before the header
-    // timeout; at most its share are still open.
+    // timeout; at most its share (twice it for a burst younger than the eviction grace) are
+    // still open.
     let mut open = 0;
     for (_, mut s) in held {
         let mut b = [0u8; 64];
@@ -565,7 +568,7 @@ async fn half_sent_headers_never_lock_bob_out() {
         }
     }
     assert!(
-        open <= SHARE,
+        open <= 2 * SHARE,
         "{open} unauthenticated connections still open"
     );
 }

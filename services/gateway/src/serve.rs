@@ -260,18 +260,24 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
+        // A slot, then a place in the unauthenticated share (`None`: a burst of new connections
+        // past twice that share, none of them old enough to be closed for it).
+        let admitted = slots
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .and_then(|slot| Some((slot, table.accept()?)));
+        match admitted {
+            Some((slot, share)) => {
                 let app = app.clone();
                 let shutdown = shutdown.clone();
                 let auth = auth.clone();
-                let share = table.accept();
                 tokio::spawn(async move {
                     connection(stream, app, limits, auth, share, shutdown).await;
                     drop(slot);
                 });
             }
-            Err(_) => match refusing.clone().try_acquire_owned() {
+            None => match refusing.clone().try_acquire_owned() {
                 Ok(permit) => {
                     tokio::spawn(async move {
                         refuse(stream).await;
@@ -420,6 +426,32 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["status"], "UNAVAILABLE");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_at_the_share_speaks_the_routes_protocol_and_closes() {
+        for (path, jsonrpc) in [
+            ("/a2a/jsonrpc", true),
+            ("/a2a/jsonrpc/", true),
+            ("/", true),
+            ("/mcp", true),
+            ("/a2a/rest/tasks/t1", false),
+            ("/v1/tasks/t1:subscribe", false),
+        ] {
+            let r = at_share(path, 7);
+            assert_eq!(r.status(), 429, "{path}");
+            assert_eq!(r.headers()["connection"], "close", "{path}");
+            assert_eq!(r.headers()["retry-after"], "1", "{path}");
+            let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if jsonrpc {
+                assert_eq!(v["jsonrpc"], "2.0", "{path}");
+                assert_eq!(v["error"]["code"], -32029, "{path}");
+            } else {
+                assert_eq!(v["error"]["status"], "RESOURCE_EXHAUSTED", "{path}");
+                assert_eq!(v["error"]["code"], 429, "{path}");
+            }
+        }
     }
 
     #[test]

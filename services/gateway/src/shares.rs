@@ -2,11 +2,14 @@
 //! bounded per principal, and connections that have not authenticated have a small share of
 //! their own, so one caller at its limit slows only itself.
 //!
-//! - [`ConnTable`]: every accepted HTTP connection starts *unauthenticated*; at most
-//!   `max_unauthenticated` of those exist at once, and a new one closes the oldest (refusing the
-//!   new one instead would refuse the honest caller's fresh connection, which presents its token
-//!   in its first packet, while the half-sent heads that filled the share keep it). The first
-//!   authenticated request moves its connection into its principal's share, at most
+//! - [`ConnTable`]: every accepted HTTP connection starts *unauthenticated*; when
+//!   `max_unauthenticated` of those exist, a new one closes the oldest (refusing the new one
+//!   instead would refuse the honest caller's fresh connection, which presents its token in its
+//!   first packet, while the half-sent heads that filled the share keep it). Only a connection
+//!   older than [`EVICTION_GRACE`] is closed so: a burst of new connections must not close each
+//!   other before the gateway has read their heads; while the oldest is younger, up to twice
+//!   the share are admitted, and beyond that a new connection is refused (503, like the cap).
+//!   The first authenticated request moves its connection into its principal's share, at most
 //!   `max_per_principal` at once.
 //! - [`StreamShares`]: streams (A2A SSE and gRPC streams, `/mcp` requests in flight) one
 //!   principal holds open, at most `max_per_principal`; a permit is taken before anything of
@@ -17,6 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -89,6 +93,10 @@ impl Drop for StreamPermit {
     }
 }
 
+/// How long an unauthenticated connection is safe from being closed for a newer one: time for
+/// the gateway to read the head its client sent with the connect, on a busy host.
+pub const EVICTION_GRACE: Duration = Duration::from_millis(250);
+
 /// The connection shares of the HTTP edge.
 #[derive(Debug)]
 pub struct ConnTable {
@@ -101,7 +109,7 @@ pub struct ConnTable {
 struct ConnInner {
     next_id: u64,
     /// Unauthenticated connections by accept order (ids only grow): the first is the oldest.
-    unauthenticated: BTreeMap<u64, CancellationToken>,
+    unauthenticated: BTreeMap<u64, (Instant, CancellationToken)>,
     principals: HashMap<String, usize>,
 }
 
@@ -136,27 +144,41 @@ impl ConnTable {
         })
     }
 
-    /// A connection just accepted: unauthenticated. When their share is full the oldest
-    /// unauthenticated connection is told to close (its `closed()` fires).
-    pub fn accept(self: &Arc<Self>) -> Arc<ConnShare> {
+    /// A connection just accepted: unauthenticated, or `None` when it must be refused. When
+    /// their share is full the oldest unauthenticated connection is told to close (its
+    /// `closed()` fires) if it is older than [`EVICTION_GRACE`].
+    pub fn accept(self: &Arc<Self>) -> Option<Arc<ConnShare>> {
+        self.accept_at(Instant::now())
+    }
+
+    fn accept_at(self: &Arc<Self>, now: Instant) -> Option<Arc<ConnShare>> {
         let close = CancellationToken::new();
         let mut inner = lock(&self.inner);
-        let id = inner.next_id;
-        inner.next_id += 1;
         while inner.unauthenticated.len() >= self.max_unauthenticated {
-            let Some((_, oldest)) = inner.unauthenticated.pop_first() else {
+            let Some(mut oldest) = inner.unauthenticated.first_entry() else {
                 break;
             };
-            oldest.cancel();
+            let (since, _) = oldest.get_mut();
+            if now.saturating_duration_since(*since) < EVICTION_GRACE {
+                // A burst: nobody here has had the time to present a token yet.
+                if inner.unauthenticated.len() >= 2 * self.max_unauthenticated {
+                    return None;
+                }
+                break;
+            }
+            let (_, token) = oldest.remove();
+            token.cancel();
         }
-        inner.unauthenticated.insert(id, close.clone());
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.unauthenticated.insert(id, (now, close.clone()));
         drop(inner);
-        Arc::new(ConnShare {
+        Some(Arc::new(ConnShare {
             table: self.clone(),
             id,
             close,
             owner: Mutex::new(Owner::Unauthenticated),
-        })
+        }))
     }
 
     /// Unauthenticated connections counted now.
@@ -285,10 +307,12 @@ mod tests {
     #[test]
     fn a_new_connection_closes_the_oldest_unauthenticated_one() {
         let t = ConnTable::new(2, 8);
-        let c1 = t.accept();
-        let c2 = t.accept();
+        let t0 = Instant::now();
+        let later = t0 + EVICTION_GRACE;
+        let c1 = t.accept_at(t0).unwrap();
+        let c2 = t.accept_at(t0).unwrap();
         assert!(!c1.close.is_cancelled());
-        let c3 = t.accept();
+        let c3 = t.accept_at(later).unwrap();
         assert!(c1.close.is_cancelled(), "the oldest is closed");
         assert!(!c2.close.is_cancelled() && !c3.close.is_cancelled());
         assert_eq!(t.unauthenticated(), 2);
@@ -300,8 +324,9 @@ mod tests {
         );
         // An authenticated connection leaves the unauthenticated share: it is never evicted.
         c2.attribute("bob").unwrap();
-        let _c4 = t.accept();
-        let _c5 = t.accept();
+        let evict_at = later + EVICTION_GRACE;
+        let _c4 = t.accept_at(evict_at).unwrap();
+        let _c5 = t.accept_at(evict_at).unwrap();
         assert!(!c2.close.is_cancelled());
         assert!(c3.close.is_cancelled());
         assert_eq!(t.of("bob"), 1);
@@ -310,17 +335,35 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_is_not_closed_before_its_heads_are_read() {
+        let t = ConnTable::new(2, 8);
+        let t0 = Instant::now();
+        let burst: Vec<_> = (0..4).map(|_| t.accept_at(t0).unwrap()).collect();
+        assert!(burst.iter().all(|c| !c.close.is_cancelled()));
+        assert!(
+            t.accept_at(t0).is_none(),
+            "past twice the share, a young burst is refused, not evicted"
+        );
+        // Once the oldest have had their grace, a new one closes them, oldest first, until the
+        // share holds it.
+        let c = t.accept_at(t0 + EVICTION_GRACE).unwrap();
+        assert!(burst[..3].iter().all(|c| c.close.is_cancelled()));
+        assert!(!burst[3].close.is_cancelled() && !c.close.is_cancelled());
+        assert_eq!(t.unauthenticated(), 2);
+    }
+
+    #[test]
     fn a_principal_at_its_connection_share_is_refused_and_others_are_not() {
         let t = ConnTable::new(4, 2);
-        let a1 = t.accept();
-        let a2 = t.accept();
-        let a3 = t.accept();
+        let a1 = t.accept().unwrap();
+        let a2 = t.accept().unwrap();
+        let a3 = t.accept().unwrap();
         a1.attribute("alice").unwrap();
         a2.attribute("alice").unwrap();
         a2.attribute("alice").unwrap();
         assert_eq!(a3.attribute("alice"), Err(AtConnectionLimit(2)));
         assert_eq!(t.of("alice"), 2);
-        let b = t.accept();
+        let b = t.accept().unwrap();
         b.attribute("bob").unwrap();
         // Moving a connection to another principal gives the first one's share back.
         a1.attribute("bob").unwrap();

@@ -177,6 +177,9 @@ async fn over_the_cap_new_connections_get_503_fast_while_streams_and_idle_rules_
         );
         s.write_all(head.as_bytes()).await.expect("head");
         held.push(s);
+        // Paced, so each head is read (and its connection counted for its caller) before the
+        // next connects: the unauthenticated share here is one.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The last slot: a connection that has not authenticated (its own share is one; a new one
     // closes the oldest unauthenticated one, so the held heads are given time to be read first).
