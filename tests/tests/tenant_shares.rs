@@ -9,8 +9,8 @@
 //!   share comes back when she lets go.
 //! - a slowloris of half-sent headers, far more connections than the gateway's whole cap, while
 //!   every one of bob's requests is answered.
-//! - a silent stream (a hanging task) hears a keep-alive within the configured interval, on SSE
-//!   and on the gRPC binding.
+//! - a silent stream (a hanging task, an MCP session's own stream) hears a keep-alive within the
+//!   configured interval: an SSE comment on A2A and `/mcp`, the current status on A2A gRPC.
 
 use std::time::Duration;
 
@@ -664,4 +664,72 @@ async fn a_silent_stream_hears_a_keepalive_within_the_interval() {
         }
     }
     assert!(statuses >= 3, "{statuses} status updates in 6 s");
+
+    // MCP: a session's own SSE stream (GET /mcp), silent, hears comments.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "e2e", "version": "0"}}})
+    .to_string();
+    let mut sock = mcp_request(&addr, "POST", None, Some(&init)).await;
+    let (status, head, _) = read_head(&mut sock).await;
+    assert_eq!(status, 200, "{head}");
+    let sid = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .expect("a session id");
+    drop(sock);
+    let note = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let mut sock = mcp_request(&addr, "POST", Some(&sid), Some(&note)).await;
+    let (status, head, _) = read_head(&mut sock).await;
+    assert_eq!(status, 202, "{head}");
+    let mut sock = mcp_request(&addr, "GET", Some(&sid), None).await;
+    let (status, head, _) = read_head(&mut sock).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("text/event-stream"),
+        "{head}"
+    );
+    let mut comments = 0;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(5) {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_millis(1800), sock.read(&mut buf))
+            .await
+            .expect("the silent MCP stream hears something within 1.8 s")
+            .expect("read");
+        assert!(n > 0, "the MCP stream closed");
+        comments += String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .filter(|l| l.starts_with(':'))
+            .count();
+    }
+    assert!(comments >= 3, "{comments} keep-alive comments in 5 s");
+}
+
+/// A request to `/mcp` as alice (HTTP/1.0), in the session `sid` when given.
+async fn mcp_request(addr: &str, method: &str, sid: Option<&str>, body: Option<&str>) -> TcpStream {
+    let mut sock = TcpStream::connect(addr).await.expect("connect");
+    let mut req = format!(
+        "{method} /mcp HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\nAccept: application/json, text/event-stream\r\n"
+    );
+    if let Some(sid) = sid {
+        req.push_str(&format!(
+            "Mcp-Session-Id: {sid}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+        ));
+    }
+    let b = body.unwrap_or("");
+    if body.is_some() {
+        req.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    req.push_str("\r\n");
+    req.push_str(b);
+    sock.write_all(req.as_bytes()).await.expect("write request");
+    sock
 }
