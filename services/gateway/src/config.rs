@@ -78,7 +78,8 @@ pub struct HttpSection {
     pub max_connections_per_principal: Option<usize>,
     /// Streams one principal holds open at once, over every front: A2A SSE
     /// (`SendStreamingMessage`, `SubscribeToTask`, their 0.3 forms and REST routes), the A2A
-    /// gRPC streaming calls, and `/mcp` requests in flight (each may be an SSE stream). One
+    /// gRPC streaming calls, and `/mcp` GETs and requests in flight (each may be an SSE stream;
+    /// a POST of only notifications or responses takes none). One
     /// more is refused in the protocol's shape (HTTP 429, a JSON-RPC error, gRPC
     /// RESOURCE_EXHAUSTED) before anything is stored.
     #[serde(default = "default_max_streams_per_principal")]
