@@ -300,6 +300,20 @@ async fn alice_holding_her_whole_stream_share_slows_only_herself() {
         held.push(s);
     }
 
+    // The operator sees them in the gateway's Status.
+    let status =
+        warden_proto::v1::admin_service_client::AdminServiceClient::new(d.channel("gateway"))
+            .status(warden_proto::v1::StatusRequest::default())
+            .await
+            .expect("Status")
+            .into_inner();
+    assert_eq!(
+        status.details.get("streams_open").map(String::as_str),
+        Some(STREAMS.to_string().as_str()),
+        "{:?}",
+        status.details
+    );
+
     // One more is refused, in each protocol's own shape.
     let (status, r) = rpc(&addr, ALICE, "SubscribeToTask", json!({"id": task})).await;
     assert_eq!(status, 429, "{r}");

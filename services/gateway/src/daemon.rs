@@ -59,6 +59,7 @@ pub fn load_config(
 
 struct AdminApi {
     core: Arc<Core>,
+    conns: Arc<crate::shares::ConnTable>,
     push: Arc<crate::push::Push>,
     started: Instant,
     listeners: Arc<Mutex<Vec<String>>>,
@@ -74,6 +75,18 @@ impl AdminService for AdminApi {
         if let Ok(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
         }
+        details.insert(
+            "streams_open".to_string(),
+            self.core.streams().total().to_string(),
+        );
+        details.insert(
+            "connections_authenticated".to_string(),
+            self.conns.authenticated().to_string(),
+        );
+        details.insert(
+            "connections_unauthenticated".to_string(),
+            self.conns.unauthenticated().to_string(),
+        );
         if self.push.enabled() {
             let p = self.push.stats();
             details.insert("push_delivered".to_string(), p.delivered.to_string());
@@ -186,11 +199,16 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let listeners = Arc::new(Mutex::new(Vec::new()));
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
+    let conns = crate::shares::ConnTable::new(
+        cfg.http.unauthenticated_share(),
+        cfg.http.principal_connection_share(),
+    );
     // The gateway's gRPC socket is the operators' (health and Status).
     server.serve_admin(
         listen,
         Routes::new(AdminServiceServer::new(AdminApi {
             core: core.clone(),
+            conns: conns.clone(),
             push: push.clone(),
             started: Instant::now(),
             listeners: listeners.clone(),
@@ -255,7 +273,9 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         max_unauthenticated_connections: cfg.http.unauthenticated_share(),
         max_connections_per_principal: cfg.http.principal_connection_share(),
     };
-    let mut http_task = tokio::spawn(crate::serve::serve(http, app, limits, edge_auth, token));
+    let mut http_task = tokio::spawn(crate::serve::serve_with(
+        http, app, limits, edge_auth, conns, token,
+    ));
     let shutdown = server.shutdown_token();
     let run = server.run();
     tokio::pin!(run);

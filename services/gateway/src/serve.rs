@@ -230,11 +230,23 @@ pub async fn serve(
     auth: Authenticator,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let table = ConnTable::new(
         limits.max_unauthenticated_connections,
         limits.max_connections_per_principal,
     );
+    serve_with(listener, app, limits, auth, table, shutdown).await
+}
+
+/// [`serve`] with the connection table given (the daemon reports it in `Status`).
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: EdgeLimits,
+    auth: Authenticator,
+    table: Arc<ConnTable>,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
     let mut accept_errors = 0u32;
     loop {

@@ -75,6 +75,11 @@ impl StreamShares {
         })
     }
 
+    /// Streams open now, of every principal.
+    pub fn total(&self) -> usize {
+        lock(&self.open).values().sum()
+    }
+
     /// Streams `principal` holds open now.
     pub fn open_of(&self, principal: &str) -> usize {
         lock(&self.open).get(principal).copied().unwrap_or(0)
@@ -184,6 +189,11 @@ impl ConnTable {
     /// Unauthenticated connections counted now.
     pub fn unauthenticated(&self) -> usize {
         lock(&self.inner).unauthenticated.len()
+    }
+
+    /// Connections attributed to a principal now, of every principal.
+    pub fn authenticated(&self) -> usize {
+        lock(&self.inner).principals.values().sum()
     }
 
     /// Connections attributed to `principal` now.
