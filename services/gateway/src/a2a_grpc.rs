@@ -60,7 +60,7 @@ pub fn status_of(err: &A2aError) -> Status {
         | A2aError::ContentTypeNotSupported(_) => Code::InvalidArgument,
         A2aError::MethodNotFound(_) => Code::Unimplemented,
         A2aError::Internal(_) | A2aError::InvalidAgentResponse(_) => Code::Internal,
-        A2aError::PayloadTooLarge(_) => Code::ResourceExhausted,
+        A2aError::PayloadTooLarge(_) | A2aError::ResourceExhausted(_) => Code::ResourceExhausted,
         A2aError::RequestTimeout(_) => Code::DeadlineExceeded,
         A2aError::TaskNotCancelable(_)
         | A2aError::PushNotificationNotSupported
@@ -130,10 +130,57 @@ impl Grpc {
 /// A subscription as a gRPC stream: the snapshot, then events, ending after the first terminal or
 /// interrupted status (the same sequence as the SSE bindings).
 fn grpc_stream(sub: Subscription) -> EventStream {
-    Box::pin(stream_items(sub).map(|item| match item {
-        StreamItem::Event(ev) => Ok(cv::stream_response_to_pb(&ev)),
-        StreamItem::Error(e) => Err(status_of(&e)),
-    }))
+    let every = sub.keepalive;
+    Box::pin(
+        with_keepalive(stream_items(sub), every).map(|item| match item {
+            StreamItem::Event(ev) => Ok(cv::stream_response_to_pb(&ev)),
+            StreamItem::Error(e) => Err(status_of(&e)),
+        }),
+    )
+}
+
+/// gRPC has no comment frame: a stream silent for `every` (a queued or quiet task) is sent its
+/// task's current status again, so a caller can tell waiting from dead. The repeated status is
+/// never terminal (the stream ends at a terminal one).
+fn with_keepalive(
+    items: impl Stream<Item = StreamItem> + Send + 'static,
+    every: std::time::Duration,
+) -> impl Stream<Item = StreamItem> + Send + 'static {
+    use crate::a2a::{StreamResponse, TaskStatusUpdateEvent};
+    let items: Pin<Box<dyn Stream<Item = StreamItem> + Send>> = Box::pin(items);
+    futures::stream::unfold(
+        (items, None::<TaskStatusUpdateEvent>),
+        move |(mut items, mut last)| async move {
+            loop {
+                match tokio::time::timeout(every, items.next()).await {
+                    Ok(Some(item)) => {
+                        if let StreamItem::Event(ev) = &item {
+                            match &**ev {
+                                StreamResponse::Task(t) => {
+                                    last = Some(TaskStatusUpdateEvent {
+                                        task_id: t.id.clone(),
+                                        context_id: t.context_id.clone(),
+                                        status: t.status.clone(),
+                                        metadata: None,
+                                    });
+                                }
+                                StreamResponse::StatusUpdate(u) => last = Some(u.clone()),
+                                _ => {}
+                            }
+                        }
+                        return Some((item, (items, last)));
+                    }
+                    Ok(None) => return None,
+                    Err(_) => {
+                        if let Some(status) = &last {
+                            let again = Arc::new(StreamResponse::StatusUpdate(status.clone()));
+                            return Some((StreamItem::Event(again), (items, last)));
+                        }
+                    }
+                }
+            }
+        },
+    )
 }
 
 fn single(ev: crate::a2a::StreamResponse) -> EventStream {

@@ -348,6 +348,8 @@ fn error_type(e: &A2aError) -> &'static str {
         A2aError::InvalidRequest(_)
         | A2aError::PayloadTooLarge(_)
         | A2aError::RequestTimeout(_) => "InvalidRequestError",
+        // 0.3 has no error class for it; the SDKs show the message of an unknown type.
+        A2aError::ResourceExhausted(_) => "ResourceExhaustedError",
         A2aError::MethodNotFound(_) => "MethodNotFoundError",
         A2aError::InvalidParams(_) => "InvalidParamsError",
         A2aError::Internal(_) => "InternalError",
@@ -570,7 +572,10 @@ fn rpc_result(id: &Value, result: Value) -> Response {
 /// A 0.3 JSON-RPC error (HTTP 200, code and message).
 pub fn rpc_error(id: &Value, e: &A2aError) -> Response {
     json_response(
-        StatusCode::OK,
+        match e {
+            A2aError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::OK,
+        },
         &json!({"jsonrpc": "2.0", "id": id, "error": error_out(e)}),
     )
 }
@@ -594,6 +599,7 @@ pub async fn jsonrpc(
 }
 
 fn rpc_stream(sub: Subscription, id: Value) -> Response {
+    let keepalive = sub.keepalive;
     let stream = stream_items(sub).map(move |item| {
         Ok::<_, std::convert::Infallible>(match item {
             StreamItem::Event(ev) => Event::default().data(
@@ -605,7 +611,7 @@ fn rpc_stream(sub: Subscription, id: Value) -> Response {
         })
     });
     Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .keep_alive(KeepAlive::new().interval(keepalive))
         .into_response()
 }
 
@@ -805,6 +811,7 @@ fn admit(
 }
 
 fn rest_sse(sub: Subscription) -> Response {
+    let keepalive = sub.keepalive;
     let stream = stream_items(sub).map(|item| {
         Ok::<_, std::convert::Infallible>(match item {
             StreamItem::Event(ev) => {
@@ -816,7 +823,7 @@ fn rest_sse(sub: Subscription) -> Response {
         })
     });
     Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .keep_alive(KeepAlive::new().interval(keepalive))
         .into_response()
 }
 

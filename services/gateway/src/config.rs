@@ -63,6 +63,32 @@ pub struct HttpSection {
     /// well below the process's file limit (`LimitNOFILE=` in the unit).
     #[serde(default = "default_max_connections")]
     pub max_connections: usize,
+    /// Connections that have not yet presented an authenticated request (a client connecting,
+    /// sending its first head, or only fetching the agent card) get this share of
+    /// `max_connections` of their own. When it is full, a new connection closes the oldest
+    /// unauthenticated one: half-sent headers can never fill the gateway, and a caller's fresh
+    /// connection, which presents its token at once, is served. Default: `max_connections` / 16
+    /// (256 of 4096).
+    #[serde(default)]
+    pub max_unauthenticated_connections: Option<usize>,
+    /// Connections attributed to one principal (from its first authenticated request on) at
+    /// once. A request that would take a principal past it is answered 429 and its connection
+    /// closed; only that principal is slowed. Default: `max_connections` / 4 (1024 of 4096).
+    #[serde(default)]
+    pub max_connections_per_principal: Option<usize>,
+    /// Streams one principal holds open at once, over every front: A2A SSE
+    /// (`SendStreamingMessage`, `SubscribeToTask`, their 0.3 forms and REST routes), the A2A
+    /// gRPC streaming calls, and `/mcp` GETs and requests in flight (each may be an SSE stream;
+    /// a POST of only notifications or responses takes none). One
+    /// more is refused in the protocol's shape (HTTP 429, a JSON-RPC error, gRPC
+    /// RESOURCE_EXHAUSTED) before anything is stored.
+    #[serde(default = "default_max_streams_per_principal")]
+    pub max_streams_per_principal: usize,
+    /// A stream with nothing to say (a queued or silent task) gets an SSE comment (A2A, MCP) or
+    /// its current status again (A2A gRPC) at least this often, so a caller can tell waiting
+    /// from dead.
+    #[serde(default = "default_stream_keepalive")]
+    pub stream_keepalive_ms: u64,
 }
 
 fn default_bind() -> String {
@@ -85,6 +111,28 @@ fn default_idle_timeout() -> u64 {
 }
 fn default_max_connections() -> usize {
     4096
+}
+fn default_max_streams_per_principal() -> usize {
+    1024
+}
+fn default_stream_keepalive() -> u64 {
+    15_000
+}
+
+impl HttpSection {
+    /// `max_unauthenticated_connections`, or its default.
+    pub fn unauthenticated_share(&self) -> usize {
+        self.max_unauthenticated_connections
+            .unwrap_or(self.max_connections / 16)
+            .max(1)
+    }
+
+    /// `max_connections_per_principal`, or its default.
+    pub fn principal_connection_share(&self) -> usize {
+        self.max_connections_per_principal
+            .unwrap_or(self.max_connections / 4)
+            .max(1)
+    }
 }
 
 /// `[store]`: the task store and what it keeps.
@@ -359,6 +407,47 @@ impl GatewayConfig {
                 "must be between 1 and 1000000",
             ));
         }
+        // The shares leave room for others: unauthenticated connections can never take the
+        // whole cap, and neither can one principal.
+        let max = self.http.max_connections;
+        for (key, value, limit) in [
+            (
+                "http.max_unauthenticated_connections",
+                self.http.max_unauthenticated_connections,
+                max.saturating_sub(1),
+            ),
+            (
+                "http.max_connections_per_principal",
+                self.http.max_connections_per_principal,
+                max.saturating_sub(self.http.unauthenticated_share()),
+            ),
+        ] {
+            if let Some(value) = value
+                && (value == 0 || value > limit)
+            {
+                return Err(ConfigError::invalid(
+                    origin,
+                    key,
+                    format!(
+                        "must be between 1 and {limit} (leaving room under http.max_connections = {max})"
+                    ),
+                ));
+            }
+        }
+        if !(1..=1_000_000).contains(&self.http.max_streams_per_principal) {
+            return Err(ConfigError::invalid(
+                origin,
+                "http.max_streams_per_principal",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if !(100..=15_000).contains(&self.http.stream_keepalive_ms) {
+            return Err(ConfigError::invalid(
+                origin,
+                "http.stream_keepalive_ms",
+                "must be between 100 and 15000 (milliseconds): a waiting stream is never silent longer than 15 s",
+            ));
+        }
         if self.store.max_tasks == 0 {
             return Err(ConfigError::invalid(
                 origin,
@@ -475,6 +564,10 @@ mod tests {
         assert_eq!(c.value.http.max_body_bytes, 1024 * 1024);
         assert_eq!(c.value.http.header_read_timeout_ms, 10_000);
         assert_eq!(c.value.http.max_connections, 4096);
+        assert_eq!(c.value.http.unauthenticated_share(), 256);
+        assert_eq!(c.value.http.principal_connection_share(), 1024);
+        assert_eq!(c.value.http.max_streams_per_principal, 1024);
+        assert_eq!(c.value.http.stream_keepalive_ms, 15_000);
         assert_eq!(c.value.store.task_retention_seconds, 7 * 24 * 3600);
         assert_eq!(c.value.store.conversation_ttl_seconds, 3600);
         assert_eq!(
@@ -495,6 +588,19 @@ mod tests {
             ),
             ("http.max_connections=0", "http.max_connections"),
             ("http.max_connections=99999999999", "http.max_connections"),
+            (
+                "http.max_unauthenticated_connections=4096",
+                "http.max_unauthenticated_connections",
+            ),
+            (
+                "http.max_connections_per_principal=4000",
+                "http.max_connections_per_principal",
+            ),
+            (
+                "http.max_streams_per_principal=0",
+                "http.max_streams_per_principal",
+            ),
+            ("http.stream_keepalive_ms=60000", "http.stream_keepalive_ms"),
             ("store.max_tasks=0", "store.max_tasks"),
             ("store.sweep_interval_ms=5", "store.sweep_interval_ms"),
             ("http.listn=1", "listn"),

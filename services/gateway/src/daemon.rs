@@ -59,6 +59,7 @@ pub fn load_config(
 
 struct AdminApi {
     core: Arc<Core>,
+    conns: Arc<crate::shares::ConnTable>,
     push: Arc<crate::push::Push>,
     started: Instant,
     listeners: Arc<Mutex<Vec<String>>>,
@@ -74,6 +75,18 @@ impl AdminService for AdminApi {
         if let Ok(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
         }
+        details.insert(
+            "streams_open".to_string(),
+            self.core.streams().total().to_string(),
+        );
+        details.insert(
+            "connections_authenticated".to_string(),
+            self.conns.authenticated().to_string(),
+        );
+        details.insert(
+            "connections_unauthenticated".to_string(),
+            self.conns.unauthenticated().to_string(),
+        );
         if self.push.enabled() {
             let p = self.push.stats();
             details.insert("push_delivered".to_string(), p.delivered.to_string());
@@ -151,6 +164,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         cancel_grace: Duration::from_millis(cfg.supervisor.cancel_grace_ms),
         coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
         retention: Retention::from_config(&cfg.store),
+        max_streams_per_principal: cfg.http.max_streams_per_principal,
+        stream_keepalive: Duration::from_millis(cfg.http.stream_keepalive_ms),
     };
     let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
     let core = Core::new(store.clone(), channel, settings);
@@ -184,11 +199,16 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let listeners = Arc::new(Mutex::new(Vec::new()));
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
+    let conns = crate::shares::ConnTable::new(
+        cfg.http.unauthenticated_share(),
+        cfg.http.principal_connection_share(),
+    );
     // The gateway's gRPC socket is the operators' (health and Status).
     server.serve_admin(
         listen,
         Routes::new(AdminServiceServer::new(AdminApi {
             core: core.clone(),
+            conns: conns.clone(),
             push: push.clone(),
             started: Instant::now(),
             listeners: listeners.clone(),
@@ -224,6 +244,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
     let core_for_mcp = core.clone();
+    let edge_auth = auth.clone();
     let state = Arc::new(HttpState {
         core,
         auth,
@@ -249,8 +270,12 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         header_read_timeout: Duration::from_millis(cfg.http.header_read_timeout_ms),
         idle_timeout: Duration::from_millis(cfg.http.idle_timeout_ms),
         max_connections: cfg.http.max_connections,
+        max_unauthenticated_connections: cfg.http.unauthenticated_share(),
+        max_connections_per_principal: cfg.http.principal_connection_share(),
     };
-    let mut http_task = tokio::spawn(crate::serve::serve(http, app, limits, token));
+    let mut http_task = tokio::spawn(crate::serve::serve_with(
+        http, app, limits, edge_auth, conns, token,
+    ));
     let shutdown = server.shutdown_token();
     let run = server.run();
     tokio::pin!(run);

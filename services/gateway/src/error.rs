@@ -46,7 +46,14 @@ pub enum A2aError {
     /// The body did not arrive within `http.body_read_timeout_ms` (the value, in ms).
     #[error("the request body did not arrive within {0} ms")]
     RequestTimeout(u64),
+    /// The caller holds its whole share of something (streams, connections): only it waits.
+    #[error("{0}")]
+    ResourceExhausted(String),
 }
+
+/// The JSON-RPC code of [`A2aError::ResourceExhausted`]: in the implementation-defined server
+/// range, beside the A2A codes (-32001..-32009); 429 echoed for recognisability.
+pub const RESOURCE_EXHAUSTED_CODE: i64 = -32029;
 
 impl A2aError {
     /// The JSON-RPC error code.
@@ -66,6 +73,7 @@ impl A2aError {
             Self::ExtendedAgentCardNotConfigured => -32007,
             Self::ExtensionSupportRequired(_) => -32008,
             Self::VersionNotSupported(_) => -32009,
+            Self::ResourceExhausted(_) => RESOURCE_EXHAUSTED_CODE,
         }
     }
 
@@ -93,6 +101,7 @@ impl A2aError {
             Self::Internal(_) | Self::InvalidAgentResponse(_) => S::INTERNAL_SERVER_ERROR,
             Self::PayloadTooLarge(_) => S::PAYLOAD_TOO_LARGE,
             Self::RequestTimeout(_) => S::REQUEST_TIMEOUT,
+            Self::ResourceExhausted(_) => S::TOO_MANY_REQUESTS,
             _ => S::BAD_REQUEST,
         }
     }
@@ -108,6 +117,7 @@ impl A2aError {
             | Self::PayloadTooLarge(_) => "INVALID_ARGUMENT",
             Self::Internal(_) | Self::InvalidAgentResponse(_) => "INTERNAL",
             Self::RequestTimeout(_) => "DEADLINE_EXCEEDED",
+            Self::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
             _ => "FAILED_PRECONDITION",
         }
     }
@@ -216,6 +226,7 @@ mod tests {
             (A2aError::MethodNotFound("x".into()), -32601, 404, None),
             (A2aError::InvalidParams("x".into()), -32602, 400, None),
             (A2aError::Internal("x".into()), -32603, 500, None),
+            (A2aError::ResourceExhausted("x".into()), -32029, 429, None),
         ];
         for (err, code, status, reason) in rows {
             assert_eq!(err.code(), code, "{err:?}");

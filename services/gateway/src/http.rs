@@ -170,6 +170,7 @@ fn error_response(binding: &Binding, err: &A2aError) -> Response {
             let status = match err {
                 A2aError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
                 A2aError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+                A2aError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
                 _ => StatusCode::OK,
             };
             json_response(status, &err.jsonrpc_response(id.clone()))
@@ -297,6 +298,9 @@ pub(crate) fn params<T: DeserializeOwned>(value: Value) -> Result<T, A2aError> {
 
 /// The events of one stream, ending after the first terminal or interrupted status.
 fn events(sub: Subscription) -> impl Stream<Item = Result<StreamItem, Infallible>> {
+    use futures::StreamExt;
+    // The caller's stream share is held for as long as the stream exists.
+    let permit = sub.permit;
     enum St {
         First(Box<Task>, Option<broadcast::Receiver<SharedEvent>>),
         Events(broadcast::Receiver<SharedEvent>),
@@ -334,6 +338,10 @@ fn events(sub: Subscription) -> impl Stream<Item = Result<StreamItem, Infallible
             St::Done => None,
         }
     })
+    .map(move |item| {
+        let _held = &permit;
+        item
+    })
 }
 
 /// One item of a task's event stream (shared by the SSE and gRPC bindings).
@@ -354,6 +362,7 @@ pub fn stream_items(sub: Subscription) -> impl Stream<Item = StreamItem> {
 
 fn sse(binding: Binding, sub: Subscription) -> Response {
     use futures::StreamExt;
+    let keepalive = sub.keepalive;
     let stream = events(sub).map(move |item| {
         let Ok(item) = item;
         let ev = match (&binding, item) {
@@ -372,7 +381,7 @@ fn sse(binding: Binding, sub: Subscription) -> Response {
         Ok::<_, Infallible>(ev)
     });
     Sse::new(stream)
-        .keep_alive(KeepAlive::new().interval(std::time::Duration::from_secs(15)))
+        .keep_alive(KeepAlive::new().interval(keepalive))
         .into_response()
 }
 

@@ -4,8 +4,10 @@
 //! conversation, over the supervisor's gRPC contract on a Unix socket.
 //!
 //! Owns: the A2A wire types and error table, bearer authentication and per-principal isolation,
-//! the durable task store, the TurnEvent → A2A mapping, and webhook delivery with its
-//! address checks (`push.rs`: never a connection to an address it has not checked).
+//! the durable task store, the TurnEvent → A2A mapping, webhook delivery with its
+//! address checks (`push.rs`: never a connection to an address it has not checked), and the
+//! fair shares of connections and streams per principal (`shares.rs`: one caller at its limit
+//! slows only itself; connections without a valid token cannot fill the cap).
 //! Must never: spawn a process, decide a permission, or forward a permission request to the
 //! caller (a permission is reported, never turned into INPUT_REQUIRED — seed 000); only an
 //! agent's *question* becomes INPUT_REQUIRED.
@@ -32,6 +34,7 @@ pub mod mcp;
 pub mod peer;
 pub mod push;
 pub mod serve;
+pub mod shares;
 pub mod store;
 pub mod tasks;
 pub mod time;

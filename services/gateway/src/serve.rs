@@ -10,7 +10,14 @@
 //! - a kept-alive connection with no request in flight is closed after `idle_timeout`. A request
 //!   is in flight until its response body has been written to the end, so an SSE stream keeps
 //!   its connection however quiet it is;
-//! - request bodies are timed by the handlers (`http.body_read_timeout_ms`), never responses.
+//! - request bodies are timed by the handlers (`http.body_read_timeout_ms`), never responses;
+//! - connections have fair shares (`shares.rs`, issue 31 case 4): a connection is
+//!   unauthenticated until a request on it presents a valid token, and the unauthenticated ones
+//!   have a share of their own (a new one closes the oldest), so half-sent headers cannot fill
+//!   the cap; from its first authenticated request a connection counts against its principal,
+//!   and a request that would take a principal past its share is answered 429 and its
+//!   connection closed, in the shape of the route's protocol (a JSON-RPC error on the JSON-RPC
+//!   and MCP endpoints, a `google.rpc.Status` body elsewhere), before any handler sees it.
 //!
 //! hyper's own `header_read_timeout` is not used: it is armed whenever hyper waits for a head,
 //! including on an idle kept-alive connection, so it would also be the idle timeout.
@@ -31,12 +38,19 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::auth::Authenticator;
+use crate::shares::{AtConnectionLimit, ConnShare, ConnTable};
+
 /// The limits of the HTTP edge (from `[http]`).
 #[derive(Debug, Clone, Copy)]
 pub struct EdgeLimits {
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// Connections that have not authenticated, at once (`http.max_unauthenticated_connections`).
+    pub max_unauthenticated_connections: usize,
+    /// Connections of one principal, at once (`http.max_connections_per_principal`).
+    pub max_connections_per_principal: usize,
 }
 
 /// Refusals being written at once; beyond it an over-the-cap connection is closed without a 503
@@ -51,6 +65,34 @@ Retry-After: 1\r\n\
 Connection: close\r\n\
 Content-Length: 114\r\n\r\n\
 {\"error\":{\"code\":503,\"status\":\"UNAVAILABLE\",\"message\":\"the gateway is serving its maximum number of connections\"}}";
+
+/// The answer to a request whose principal holds its whole connection share: 429 in the route's
+/// own shape, and the connection closed after it (it is not counted for the principal).
+fn at_share(path: &str, limit: usize) -> axum::response::Response {
+    use axum::http::{HeaderValue, StatusCode, header};
+    use axum::response::IntoResponse;
+    let message = format!(
+        "this caller already holds {limit} connections to the gateway, its limit (http.max_connections_per_principal); reuse or close one"
+    );
+    let jsonrpc = path == crate::mcp::MCP_PATH
+        || path == "/"
+        || path.trim_end_matches('/') == crate::http::JSONRPC_PATH;
+    let body = if jsonrpc {
+        serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {
+            "code": crate::error::RESOURCE_EXHAUSTED_CODE, "message": message}})
+    } else {
+        serde_json::json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": message}})
+    };
+    let mut r = (StatusCode::TOO_MANY_REQUESTS, body.to_string()).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
+}
 
 /// What a connection is doing, shared by its IO, its requests and its watchdog (all on the
 /// connection's own task; atomics only because hyper requires `Send`).
@@ -185,6 +227,23 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: EdgeLimits,
+    auth: Authenticator,
+    shutdown: CancellationToken,
+) {
+    let table = ConnTable::new(
+        limits.max_unauthenticated_connections,
+        limits.max_connections_per_principal,
+    );
+    serve_with(listener, app, limits, auth, table, shutdown).await
+}
+
+/// [`serve`] with the connection table given (the daemon reports it in `Status`).
+pub async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: EdgeLimits,
+    auth: Authenticator,
+    table: Arc<ConnTable>,
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -213,16 +272,24 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
-        match slots.clone().try_acquire_owned() {
-            Ok(slot) => {
+        // A slot, then a place in the unauthenticated share (`None`: a burst of new connections
+        // past twice that share, none of them old enough to be closed for it).
+        let admitted = slots
+            .clone()
+            .try_acquire_owned()
+            .ok()
+            .and_then(|slot| Some((slot, table.accept()?)));
+        match admitted {
+            Some((slot, share)) => {
                 let app = app.clone();
                 let shutdown = shutdown.clone();
+                let auth = auth.clone();
                 tokio::spawn(async move {
-                    connection(stream, app, limits, shutdown).await;
+                    connection(stream, app, limits, auth, share, shutdown).await;
                     drop(slot);
                 });
             }
-            Err(_) => match refusing.clone().try_acquire_owned() {
+            None => match refusing.clone().try_acquire_owned() {
                 Ok(permit) => {
                     tokio::spawn(async move {
                         refuse(stream).await;
@@ -258,6 +325,8 @@ async fn connection(
     stream: TcpStream,
     app: Router,
     limits: EdgeLimits,
+    auth: Authenticator,
+    share: Arc<ConnShare>,
     shutdown: CancellationToken,
 ) {
     let activity = Arc::new(Activity {
@@ -278,14 +347,34 @@ async fn connection(
         activity: activity.clone(),
     };
     let service_activity = activity.clone();
+    let service_share = share.clone();
     let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         let in_flight = InFlight::begin(&service_activity);
         let app = app.clone();
         if let Some(p) = &conn_peer {
             req.extensions_mut().insert(p.clone());
         }
+        // The token is checked here as well as by the handler (which answers a bad one): a
+        // valid one makes the connection its principal's, within that principal's share.
+        let refused = match auth.authenticate(req.headers()) {
+            Ok(principal) => match service_share.attribute(&principal) {
+                Ok(()) => None,
+                Err(AtConnectionLimit(limit)) => {
+                    tracing::info!(
+                        principal,
+                        limit,
+                        "connection refused: the principal holds its whole connection share"
+                    );
+                    Some(at_share(req.uri().path(), limit))
+                }
+            },
+            Err(_) => None,
+        };
         async move {
-            let response = app.oneshot(req.map(Body::new)).await?;
+            let response = match refused {
+                Some(r) => r,
+                None => app.oneshot(req.map(Body::new)).await?,
+            };
             Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
                 inner,
                 _in_flight: in_flight,
@@ -322,6 +411,10 @@ async fn connection(
                     return;
                 }
             }
+            _ = share.closed() => {
+                // The oldest unauthenticated connection, closed for a newer one (`shares.rs`).
+                return;
+            }
             _ = shutdown.cancelled(), if !draining => {
                 draining = true;
                 conn.as_mut().graceful_shutdown();
@@ -347,12 +440,40 @@ mod tests {
         assert_eq!(v["error"]["status"], "UNAVAILABLE");
     }
 
+    #[tokio::test]
+    async fn a_refusal_at_the_share_speaks_the_routes_protocol_and_closes() {
+        for (path, jsonrpc) in [
+            ("/a2a/jsonrpc", true),
+            ("/a2a/jsonrpc/", true),
+            ("/", true),
+            ("/mcp", true),
+            ("/a2a/rest/tasks/t1", false),
+            ("/v1/tasks/t1:subscribe", false),
+        ] {
+            let r = at_share(path, 7);
+            assert_eq!(r.status(), 429, "{path}");
+            assert_eq!(r.headers()["connection"], "close", "{path}");
+            assert_eq!(r.headers()["retry-after"], "1", "{path}");
+            let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if jsonrpc {
+                assert_eq!(v["jsonrpc"], "2.0", "{path}");
+                assert_eq!(v["error"]["code"], -32029, "{path}");
+            } else {
+                assert_eq!(v["error"]["status"], "RESOURCE_EXHAUSTED", "{path}");
+                assert_eq!(v["error"]["code"], 429, "{path}");
+            }
+        }
+    }
+
     #[test]
     fn heads_are_timed_from_their_start_and_idleness_from_the_last_response() {
         let limits = EdgeLimits {
             header_read_timeout: Duration::from_millis(100),
             idle_timeout: Duration::from_millis(1000),
             max_connections: 1,
+            max_unauthenticated_connections: 1,
+            max_connections_per_principal: 1,
         };
         let a = Arc::new(Activity {
             epoch: Instant::now(),

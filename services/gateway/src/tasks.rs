@@ -57,6 +57,10 @@ pub struct CoreSettings {
     pub cancel_grace: Duration,
     pub coalesce_bytes: usize,
     pub retention: Retention,
+    /// Streams one principal holds open at once (`http.max_streams_per_principal`).
+    pub max_streams_per_principal: usize,
+    /// How often a silent stream hears something (`http.stream_keepalive_ms`).
+    pub stream_keepalive: Duration,
 }
 
 /// What the store keeps and when conversations end (`[store]`).
@@ -243,6 +247,9 @@ impl AgentAccess {
     }
 }
 
+/// A stream's keep-alive interval until its core sets the configured one.
+const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+
 /// One event as delivered to subscribers.
 pub type SharedEvent = Arc<StreamResponse>;
 
@@ -251,6 +258,10 @@ pub struct Subscription {
     pub task: Task,
     /// `None` when the snapshot is already terminal (the stream ends with it).
     pub events: Option<broadcast::Receiver<SharedEvent>>,
+    /// The caller's stream share, held until the stream is dropped.
+    pub permit: Option<crate::shares::StreamPermit>,
+    /// How often the stream says something while it has nothing to say.
+    pub keepalive: Duration,
 }
 
 struct LiveInner {
@@ -435,7 +446,12 @@ impl LiveTask {
         } else {
             Some(self.tx.subscribe())
         };
-        Subscription { task, events }
+        Subscription {
+            task,
+            events,
+            permit: None,
+            keepalive: DEFAULT_KEEPALIVE,
+        }
     }
 
     /// Waits until the task is terminal or interrupted.
@@ -514,6 +530,8 @@ pub struct Core {
     push: std::sync::OnceLock<Arc<Push>>,
     /// Per-principal agent access ([`Core::set_access`]; unset: everyone may use every agent).
     access: std::sync::OnceLock<AgentAccess>,
+    /// Streams open per principal, over every front.
+    streams: Arc<crate::shares::StreamShares>,
 }
 
 impl Core {
@@ -537,14 +555,32 @@ impl Core {
             store,
             supervisor: SupervisorServiceClient::new(channel),
             live: Mutex::new(HashMap::new()),
-            settings,
             contexts_guard: Mutex::new(()),
             closing: Mutex::new(HashMap::new()),
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
             access: std::sync::OnceLock::new(),
+            streams: crate::shares::StreamShares::new(settings.max_streams_per_principal),
+            settings,
         })
+    }
+
+    /// The per-principal stream shares (the MCP front takes its permits here too).
+    pub fn streams(&self) -> &Arc<crate::shares::StreamShares> {
+        &self.streams
+    }
+
+    /// How often a silent stream hears something.
+    pub fn stream_keepalive(&self) -> Duration {
+        self.settings.stream_keepalive
+    }
+
+    /// `sub` holding `permit` and the configured keep-alive.
+    fn held(&self, mut sub: Subscription, permit: crate::shares::StreamPermit) -> Subscription {
+        sub.permit = Some(permit);
+        sub.keepalive = self.settings.stream_keepalive;
+        sub
     }
 
     /// Sets who may use which agent (once; later calls are ignored).
@@ -1174,10 +1210,17 @@ impl Core {
                 task.status.state.as_str()
             )));
         }
-        match self.live(id) {
-            Some(live) => Ok(live.subscribe()),
-            None => Ok(Subscription { task, events: None }),
-        }
+        let permit = self.streams.open(principal)?;
+        let sub = match self.live(id) {
+            Some(live) => live.subscribe(),
+            None => Subscription {
+                task,
+                events: None,
+                permit: None,
+                keepalive: DEFAULT_KEEPALIVE,
+            },
+        };
+        Ok(self.held(sub, permit))
     }
 
     /// CancelTask: asks the supervisor to cancel the turn and returns the task once it is
@@ -1256,6 +1299,12 @@ impl Core {
         streaming: bool,
     ) -> Result<SendOutcome, A2aError> {
         let msg = &req.message;
+        // A stream is counted against its caller's share before anything of it is stored.
+        let permit = if streaming {
+            Some(self.streams.open(principal)?)
+        } else {
+            None
+        };
         if msg.message_id.trim().is_empty() {
             return Err(A2aError::InvalidParams(
                 "message.messageId is required".into(),
@@ -1316,8 +1365,10 @@ impl Core {
             None => self.start(principal, &req, agent_asked, push_cfg)?,
         };
 
-        if streaming {
-            return Ok(SendOutcome::Stream(Box::new(live.subscribe())));
+        if let Some(permit) = permit {
+            return Ok(SendOutcome::Stream(Box::new(
+                self.held(live.subscribe(), permit),
+            )));
         }
         if !return_immediately {
             live.settled().await;

@@ -80,10 +80,12 @@ async fn status_line(sock: &mut TcpStream, within: Duration) -> String {
 async fn slow_headers_are_closed_after_the_header_timeout_while_a_caller_keeps_working() {
     const SLOW: usize = 600;
     let header_timeout = Duration::from_millis(3000);
-    let (_d, gw) = deploy(vec![format!(
-        "http.header_read_timeout_ms={}",
-        header_timeout.as_millis()
-    )])
+    // Their own share is large enough here that none is closed for a newer one: this test is
+    // about the header timeout (tests/tests/tenant_shares.rs has the share's own).
+    let (_d, gw) = deploy(vec![
+        format!("http.header_read_timeout_ms={}", header_timeout.as_millis()),
+        format!("http.max_unauthenticated_connections={}", 2 * SLOW),
+    ])
     .await;
     let task = completed_task(&gw, "m-before-slow", json!({})).await;
     let id = task["id"].as_str().unwrap().to_string();
@@ -136,6 +138,10 @@ async fn over_the_cap_new_connections_get_503_fast_while_streams_and_idle_rules_
         format!("http.idle_timeout_ms={}", idle.as_millis()),
         "http.header_read_timeout_ms=1000".into(),
         "http.body_read_timeout_ms=3000".into(),
+        // One caller may hold all but one slot here (its share, `shares.rs`); the last slot
+        // is taken by an unauthenticated connection below.
+        format!("http.max_connections_per_principal={}", CAP - 1),
+        "http.max_unauthenticated_connections=1".into(),
     ])
     .await;
     let done = completed_task(&gw, "m-cap-first", json!({})).await;
@@ -163,7 +169,7 @@ async fn over_the_cap_new_connections_get_503_fast_while_streams_and_idle_rules_
     // Fill every other slot with connections that are mid-request: each has sent its head and
     // half of its body, so it is in flight and not timed out by the idle or header rules.
     let mut held = Vec::new();
-    for _ in 0..CAP - 1 {
+    for _ in 0..CAP - 2 {
         let mut s = TcpStream::connect(&gw.addr).await.expect("connect");
         let head = format!(
             "POST /a2a/jsonrpc HTTP/1.1\r\nHost: x\r\nA2A-Version: 1.0\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{",
@@ -171,7 +177,18 @@ async fn over_the_cap_new_connections_get_503_fast_while_streams_and_idle_rules_
         );
         s.write_all(head.as_bytes()).await.expect("head");
         held.push(s);
+        // Paced, so each head is read (and its connection counted for its caller) before the
+        // next connects: the unauthenticated share here is one.
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // The last slot: a connection that has not authenticated (its own share is one; a new one
+    // closes the oldest unauthenticated one, so the held heads are given time to be read first).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut anonymous = TcpStream::connect(&gw.addr).await.expect("connect");
+    anonymous
+        .write_all(b"POST /a2a/jsonrpc HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("half a head");
     // Over the cap: refused with 503 at once, without the gateway waiting for the request.
     let t0 = Instant::now();
     let mut probe = TcpStream::connect(&gw.addr).await.expect("connect");
@@ -196,6 +213,7 @@ async fn over_the_cap_new_connections_get_503_fast_while_streams_and_idle_rules_
     // Slots come back as connections end; then new callers are served again.
     drop(held);
     drop(first_held);
+    drop(anonymous);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let r = gw

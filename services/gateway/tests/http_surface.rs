@@ -70,6 +70,8 @@ fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router
             cancel_grace: Duration::from_millis(500),
             coalesce_bytes: 1024,
             retention: warden_gateway::tasks::Retention::default(),
+            max_streams_per_principal: 1024,
+            stream_keepalive: Duration::from_secs(15),
         },
     );
     let da = token_digest_hex(ALICE);

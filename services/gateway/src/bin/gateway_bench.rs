@@ -353,6 +353,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 max_tasks: 2 * per_wave.max(1),
                 ..warden_gateway::tasks::Retention::default()
             },
+            max_streams_per_principal: 1024,
+            stream_keepalive: Duration::from_secs(15),
         },
     );
     let digest = token_digest_hex(TOKEN);
@@ -370,11 +372,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         header_read_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
         max_connections: 4096,
+        max_unauthenticated_connections: 256,
+        max_connections_per_principal: 4096 - 256,
     };
     tokio::spawn(warden_gateway::serve::serve(
         http,
         app,
         limits,
+        Authenticator::from_digests([("bench", digest.as_str())]),
         tokio_util::sync::CancellationToken::new(),
     ));
 

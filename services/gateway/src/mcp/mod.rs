@@ -240,6 +240,36 @@ pub fn depth_of(headers: &HeaderMap) -> u32 {
     }
 }
 
+/// One of `principal`'s stream share, or the 429 JSON-RPC error that refuses the request.
+fn stream_permit(
+    edge: &Edge,
+    principal: &str,
+) -> Result<crate::shares::StreamPermit, Box<Response>> {
+    edge.front.core.streams().open(principal).map_err(|e| {
+        let mut r = jsonrpc_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            crate::error::RESOURCE_EXHAUSTED_CODE,
+            &e.to_string(),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        Box::new(r)
+    })
+}
+
+/// Whether a POST body holds a JSON-RPC request (a `method` with an `id`), alone or in a batch;
+/// a body that is not JSON counts as one (rmcp refuses it, and the share is given back at once).
+fn carries_request(body: &[u8]) -> bool {
+    fn is_request(v: &serde_json::Value) -> bool {
+        v.get("method").is_some() && v.get("id").is_some_and(|id| !id.is_null())
+    }
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(items)) => items.iter().any(is_request),
+        Ok(v @ serde_json::Value::Object(_)) => is_request(&v),
+        _ => true,
+    }
+}
+
 /// Host, Origin, bearer token, session owner, body limit and timeout, then rmcp.
 async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
@@ -274,6 +304,17 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         // Another principal's session does not exist for this caller.
         return jsonrpc_error(StatusCode::NOT_FOUND, -32600, "Session not found");
     }
+    // A GET (the session's SSE stream) and a POST carrying a request (whose answer may be an SSE
+    // stream) hold one of the caller's stream share until the response is written out; a caller
+    // at its limit is refused before rmcp sees the request. A POST of only notifications or
+    // responses (an answer to an elicitation) takes none: it must get through to end a wait.
+    let mut permit = None;
+    if req.method() == Method::GET {
+        match stream_permit(&edge, &principal) {
+            Ok(p) => permit = Some(p),
+            Err(r) => return *r,
+        }
+    }
     let conn = req
         .extensions()
         .get::<Arc<crate::peer::ConnPeer>>()
@@ -298,7 +339,15 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         match tokio::time::timeout(edge.body_timeout, axum::body::to_bytes(body, edge.max_body))
             .await
         {
-            Ok(Ok(b)) => Body::from(b),
+            Ok(Ok(b)) => {
+                if carries_request(&b) {
+                    match stream_permit(&edge, &principal) {
+                        Ok(p) => permit = Some(p),
+                        Err(r) => return *r,
+                    }
+                }
+                Body::from(b)
+            }
             Ok(Err(_)) => {
                 return jsonrpc_error(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -340,7 +389,10 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             *resp.status_mut() = StatusCode::NO_CONTENT;
         }
     }
-    resp
+    match permit {
+        Some(p) => resp.map(|b| crate::shares::HeldBody::wrap(b, p)),
+        None => resp,
+    }
 }
 
 async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
@@ -385,7 +437,9 @@ pub fn routes(edge: Arc<Edge>, shutdown: CancellationToken) -> Router {
             // The edge (above) checks Host and Origin with the gateway's own rules.
             .disable_allowed_hosts()
             .disable_allowed_origins()
-            .with_max_request_body_bytes(edge.max_body),
+            .with_max_request_body_bytes(edge.max_body)
+            // A silent SSE stream (a queued or quiet turn) hears a comment this often.
+            .with_sse_keep_alive(Some(edge.front.core.stream_keepalive())),
     );
     Router::new()
         .route_service(MCP_PATH, service)
@@ -489,6 +543,23 @@ mod tests {
         );
         assert!(!g.origin_ok(&with(header::ORIGIN, "http://localhost:3000")));
         assert!(g.origin_ok(&with(header::ORIGIN, "https://gw.example")));
+    }
+
+    #[test]
+    fn only_requests_take_a_stream_share() {
+        assert!(carries_request(
+            br#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#
+        ));
+        assert!(carries_request(
+            br#"[{"jsonrpc":"2.0","method":"notifications/x"},{"jsonrpc":"2.0","id":"a","method":"ping"}]"#
+        ));
+        assert!(!carries_request(
+            br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#
+        ));
+        assert!(!carries_request(
+            br#"{"jsonrpc":"2.0","id":4,"result":{"action":"accept"}}"#
+        ));
+        assert!(carries_request(b"not json"));
     }
 
     #[test]
