@@ -129,7 +129,8 @@ async fn turns_beyond_the_active_limit_wait_their_turn_in_order() {
         queued,
         vec![pb::TurnQueued {
             position: 1,
-            admission: true
+            admission: true,
+            agent: false,
         }],
         "{eb:#?}"
     );
