@@ -1321,7 +1321,10 @@ impl Conversation {
     fn finish(&self, turn: &Arc<TurnCtx>, stop: Stop, started: Instant, timeout_secs: u64) {
         let duration = started.elapsed();
         if let Some((class, msg)) = &stop.fault {
-            self.incident(*class, msg, turn, timeout_secs);
+            // No agent free within the wait is not the agent's fault: no incident (as at open).
+            if *class != pb::FaultClass::Capacity {
+                self.incident(*class, msg, turn, timeout_secs);
+            }
             turn.emit(Event::Fault(fault::fault(*class, msg.clone())));
         }
         let (refusals, permissions, usage, transcript_path, (files_changed, files_changed_unknown)) = {
