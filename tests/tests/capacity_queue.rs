@@ -98,8 +98,79 @@ fn is_terminal(state: &str) -> bool {
     )
 }
 
-/// Streams one message (`message:stream`) in context `ctx` as `token`, reading events until
-/// the task is terminal or `limit` passes; `first` is told when the first event arrives.
+type Events = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<sse_stream::Sse, sse_stream::Error>> + Send>,
+>;
+
+/// One streamed task as its caller reads it.
+struct Streaming {
+    sse: Events,
+    seen: Seen,
+}
+
+impl Streaming {
+    /// Sends one message (`message:stream`) in context `ctx` as `token`.
+    async fn open(addr: &str, token: &str, ctx: &str, text: &str) -> Streaming {
+        let body = json!({"message": {
+            "messageId": format!("m-{ctx}"),
+            "role": "ROLE_USER",
+            "contextId": ctx,
+            "parts": [{"text": text}],
+        }});
+        let resp = warden_cli::client::request(
+            addr,
+            http::Method::POST,
+            "/a2a/rest/message:stream",
+            token,
+            Some(&body),
+        )
+        .await
+        .expect("gateway reachable");
+        assert_eq!(resp.status(), http::StatusCode::OK, "{ctx}");
+        Streaming {
+            sse: Box::pin(sse_stream::SseStream::new(resp.into_body())),
+            seen: Seen { events: Vec::new() },
+        }
+    }
+
+    /// Reads events until `done` holds for what was seen (true), the stream ends or `limit`
+    /// passes (false).
+    async fn until(&mut self, limit: Duration, done: impl Fn(&Seen) -> bool) -> bool {
+        let sse = &mut self.sse;
+        let seen = &mut self.seen;
+        tokio::time::timeout(limit, async {
+            while let Some(Ok(ev)) = sse.next().await {
+                let Some(data) = ev.data.filter(|d| !d.is_empty()) else {
+                    continue;
+                };
+                seen.events
+                    .push(serde_json::from_str(&data).unwrap_or(Value::Null));
+                if done(seen) {
+                    return true;
+                }
+            }
+            false
+        })
+        .await
+        .unwrap_or(false)
+    }
+
+    /// The task's id (from its first event).
+    fn task_id(&self) -> String {
+        self.seen
+            .events
+            .iter()
+            .find_map(|e| {
+                e["task"]["id"]
+                    .as_str()
+                    .or(e["statusUpdate"]["taskId"].as_str())
+            })
+            .expect("a task id")
+            .to_string()
+    }
+}
+
+/// Streams one message to its end (a terminal state), or until `limit` passes.
 async fn stream(
     addr: String,
     token: &'static str,
@@ -107,38 +178,9 @@ async fn stream(
     text: String,
     limit: Duration,
 ) -> Seen {
-    let body = json!({"message": {
-        "messageId": format!("m-{ctx}"),
-        "role": "ROLE_USER",
-        "contextId": ctx,
-        "parts": [{"text": text}],
-    }});
-    let resp = warden_cli::client::request(
-        &addr,
-        http::Method::POST,
-        "/a2a/rest/message:stream",
-        token,
-        Some(&body),
-    )
-    .await
-    .expect("gateway reachable");
-    assert_eq!(resp.status(), http::StatusCode::OK, "{ctx}");
-    let mut sse = sse_stream::SseStream::new(resp.into_body());
-    let mut seen = Seen { events: Vec::new() };
-    let _ = tokio::time::timeout(limit, async {
-        while let Some(Ok(ev)) = sse.next().await {
-            let Some(data) = ev.data.filter(|d| !d.is_empty()) else {
-                continue;
-            };
-            let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-            seen.events.push(v);
-            if is_terminal(&seen.state()) {
-                return;
-            }
-        }
-    })
-    .await;
-    seen
+    let mut s = Streaming::open(&addr, token, &ctx, &text).await;
+    s.until(limit, |seen| is_terminal(&seen.state())).await;
+    s.seen
 }
 
 fn sleeper(ms: u64, said: &str) -> String {
@@ -199,6 +241,74 @@ async fn more_tasks_than_live_agents_all_complete_and_a_waiting_caller_is_told_q
     // Six tasks of 1.5 s each on two agents: at least the last ones waited for one.
     assert!(queued >= 1, "no caller was told it waited for an agent");
     eprintln!("{queued} of {TASKS} tasks waited for an agent");
+}
+
+/// Issue 30, the caller's view of a cancel while queued: with both live agents held by hanging
+/// tasks, a third task is WORKING "queued for an agent"; `tasks/{id}:cancel` ends it CANCELED
+/// at once, and it never started (no agent was spawned for it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_queued_for_an_agent_is_cancelled_while_it_waits() {
+    let d = up(&[
+        ("supervisor", "limits.max_live_agents=2"),
+        ("supervisor", "limits.max_active_turns_per_principal=8"),
+    ])
+    .await;
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let mut s = Streaming::open(&d.http, ALICE, &format!("hold-{i}"), &hang()).await;
+        // Running: the agent has the task.
+        assert!(
+            s.until(Duration::from_secs(30), |seen| seen.state()
+                == "TASK_STATE_WORKING")
+                .await,
+            "{:#?}",
+            s.seen.events
+        );
+        held.push(s);
+    }
+    let mut sup = supervisor_support::client(&d);
+    let t0 = Instant::now();
+    while supervisor_support::status(&mut sup).await["turns_running"] != "2" {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the hanging tasks never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut w = Streaming::open(&d.http, BOB, "waits", "write w.txt").await;
+    assert!(
+        w.until(Duration::from_secs(30), Seen::queued_for_an_agent)
+            .await,
+        "{:#?}",
+        w.seen.events
+    );
+    let st = supervisor_support::status(&mut sup).await;
+    assert_eq!(st["turns_waiting_agent"], "1", "{st:?}");
+    let id = w.task_id();
+    let resp = warden_cli::client::request(
+        &d.http,
+        http::Method::POST,
+        &format!("/a2a/rest/tasks/{id}:cancel"),
+        BOB,
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.status(), http::StatusCode::OK);
+    assert!(
+        w.until(Duration::from_secs(10), |seen| is_terminal(&seen.state()))
+            .await,
+        "{:#?}",
+        w.seen.events
+    );
+    assert_eq!(w.seen.state(), "TASK_STATE_CANCELED");
+    let st = supervisor_support::status(&mut sup).await;
+    assert_eq!(st["turns_waiting_agent"], "0", "{st:?}");
+    assert_eq!(
+        st["live_agents"], "2",
+        "no agent was started for it: {st:?}"
+    );
+    drop(held);
 }
 
 /// Issue 31 case 5: alice fills her whole share of the turn slots (the default, three quarters:
