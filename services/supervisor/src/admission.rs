@@ -200,6 +200,7 @@ impl Admission {
         };
         self.bump();
         let mut told = 0usize;
+        let mut again = tokio::time::Instant::now() + crate::fair::REANNOUNCE;
         loop {
             let mut rx = self.changed.subscribe();
             let pos = {
@@ -214,13 +215,15 @@ impl Admission {
                 s.waiting.position(principal, waiter.ticket)
             };
             if let Some(p) = pos
-                && p != told
+                && (p != told || tokio::time::Instant::now() >= again)
             {
                 told = p;
+                again = tokio::time::Instant::now() + crate::fair::REANNOUNCE;
                 queued(p);
             }
             tokio::select! {
                 _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(again) => {}
                 // The waiter's drop leaves the queue.
                 _ = cancel.cancelled() => return None,
             }
@@ -429,6 +432,21 @@ mod tests {
         let _ = waiter.await;
         assert_eq!(a.figures(), (0, 0, 1));
         assert!(a.admit("r", &never, |_| panic!("free")).await.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_turn_is_told_its_place_again_while_it_waits() {
+        let a = Admission::new(1, 1);
+        let never = CancellationToken::new();
+        let _held = a.admit("p", &never, |_| {}).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let _w = queue(&a, "q", "w", &tx, never.clone());
+        assert_eq!(rx.recv().await, Some(("w", 1)));
+        // Unchanged, but said again within REANNOUNCE (the clock is paused: it advances only
+        // when every task waits).
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(rx.recv().await, Some(("w", 1)));
+        assert!(t0.elapsed() <= crate::fair::REANNOUNCE + Duration::from_millis(1));
     }
 
     #[test]

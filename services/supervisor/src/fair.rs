@@ -7,6 +7,11 @@
 //! principal the caller says is not eligible (at its share).
 
 use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+/// A waiter is told its place again at least this often, changed or not: its caller's stream
+/// carries a status while it waits, so "waiting" can be told from "dead" (issue 30).
+pub const REANNOUNCE: Duration = Duration::from_secs(10);
 
 /// Waiting entries (ids) by principal, and the order principals are served in.
 #[derive(Default)]

@@ -430,6 +430,7 @@ impl LiveAgents {
         };
         let started = Instant::now();
         let mut told = 0usize;
+        let mut again = tokio::time::Instant::now() + crate::fair::REANNOUNCE;
         loop {
             let mut rx = self.released.subscribe();
             let pos = {
@@ -441,13 +442,15 @@ impl LiveAgents {
                 g.queue.position(principal, waiter.ticket)
             };
             if let Some(p) = pos
-                && p != told
+                && (p != told || tokio::time::Instant::now() >= again)
             {
                 told = p;
+                again = tokio::time::Instant::now() + crate::fair::REANNOUNCE;
                 queued(p);
             }
             tokio::select! {
                 _ = rx.changed() => {}
+                _ = tokio::time::sleep_until(again) => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     drop(waiter);
                     return Err(self.full(format!(
