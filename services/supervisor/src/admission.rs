@@ -394,6 +394,29 @@ mod tests {
         assert_eq!(a.figures(), (2, 0, 4));
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_crowd_of_one_principals_turns_never_holds_more_than_its_share() {
+        let a = Admission::new(8, 6);
+        let never = CancellationToken::new();
+        let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..64 {
+            let (a, never, peak) = (a.clone(), never.clone(), peak.clone());
+            let who = if i % 8 == 0 { "bob" } else { "alice" };
+            set.spawn(async move {
+                let p = a.admit(who, &never, |_| {}).await.unwrap();
+                peak.fetch_max(a.held_by("alice"), std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                drop(p);
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap();
+        }
+        assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 6);
+        assert_eq!(a.figures(), (0, 0, 8));
+    }
+
     #[tokio::test]
     async fn a_cancelled_waiter_leaves_the_queue() {
         let a = Admission::new(1, 1);
