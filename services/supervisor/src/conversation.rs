@@ -155,8 +155,9 @@ impl Conversation {
             },
         };
         *conv.proc_.lock().await = Some(p);
-        // Started, and idle until its first turn.
-        conv.shared.live.set_busy(&conv.core.info.context_id, false);
+        // Still busy (as while it started) until the caller says whether a turn follows
+        // (`idle_if_unused`): a RunTurn's open is followed by its turn at once, and a start
+        // waiting for an agent must not take this one in between.
         let worker = conv.clone();
         tokio::spawn(async move { worker.worker().await });
         Ok(conv)
@@ -416,6 +417,16 @@ impl Conversation {
             .plan_config_option
             .split_once('=')
             .filter(|(id, value)| !id.is_empty() && !value.is_empty())
+    }
+
+    /// Marks the agent idle (it may be stopped to make room) unless a turn is queued or
+    /// running: called after an open, once the caller's turn (if any) is queued. The worker
+    /// takes over from there (waiting for a slot, busy, idle again).
+    pub fn idle_if_unused(&self) {
+        let st = self.st();
+        if st.active.is_none() && st.queue.is_empty() {
+            self.shared.live.set_busy(&self.core.info.context_id, false);
+        }
     }
 
     /// Queues a turn; returns its 1-based queue position (0 = it will start now).

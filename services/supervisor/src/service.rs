@@ -791,6 +791,8 @@ impl SupervisorService for Api {
         req: Request<pb::OpenConversationRequest>,
     ) -> Result<Response<pb::ConversationInfo>, Status> {
         let c = self.0.open(req.get_ref()).await?;
+        // No turn follows this open: its agent is idle from now on.
+        c.idle_if_unused();
         Ok(Response::new(c.info()))
     }
 
@@ -873,7 +875,10 @@ impl SupervisorService for Api {
             },
             self.0.shared.settings.limits().output_bytes,
         );
-        let pos = conv.enqueue(turn.clone())?;
+        let queued = conv.enqueue(turn.clone());
+        // An agent started by this call's open stays busy until its turn is queued (or refused).
+        conv.idle_if_unused();
+        let pos = queued?;
         if pos > 0 {
             turn.emit(Event::Queued(pb::TurnQueued {
                 position: pos as u32,
