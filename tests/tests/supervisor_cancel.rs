@@ -96,7 +96,8 @@ async fn cancelling_a_queued_turn_leaves_the_active_one_alone() {
             first.event,
             Some(Event::Queued(pb::TurnQueued {
                 position: 1,
-                admission: false
+                admission: false,
+                agent: false,
             }))
         ),
         "{first:?}"

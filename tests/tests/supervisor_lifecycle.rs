@@ -194,8 +194,8 @@ async fn operator_workspaces_are_named_never_pathed() {
 }
 
 /// Limits refuse instead of growing — once nothing can make room: idle agents are stopped to
-/// make room for new conversations (see supervisor_capacity.rs), so the conversation limit
-/// refuses only while every live agent is busy.
+/// make room for new conversations, and with every live agent busy a new conversation opens
+/// without one and its turn waits (see supervisor_capacity.rs); a conversation's queue refuses.
 #[tokio::test(flavor = "multi_thread")]
 async fn conversation_and_queue_limits_refuse_instead_of_growing() {
     let d = deploy(&[
@@ -210,11 +210,14 @@ async fn conversation_and_queue_limits_refuse_instead_of_growing() {
     let _ = active.message().await;
     let mut other = start(&mut c, turn("b", "t1", hang)).await;
     let _ = other.message().await;
-    let err = c
+    // At the live-agent limit an open is not refused (issue 30): the conversation opens
+    // without an agent (idle-stopped, not counted) and its first turn waits for one.
+    let waiting = c
         .open_conversation(open("c", pb::Profile::ReadOnly))
         .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+        .unwrap()
+        .into_inner();
+    assert_eq!(waiting.state, pb::ConversationState::IdleStopped as i32);
     let mut bad = open("d", pb::Profile::ReadOnly);
     bad.agent = "no-such-agent".into();
     assert_eq!(
@@ -226,7 +229,13 @@ async fn conversation_and_queue_limits_refuse_instead_of_growing() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(list.conversations.len(), 2, "{list:?}");
+    assert_eq!(list.conversations.len(), 3, "{list:?}");
+    let with_agent = list
+        .conversations
+        .iter()
+        .filter(|c| c.state == pb::ConversationState::Ready as i32)
+        .count();
+    assert_eq!(with_agent, 2, "{list:?}");
     // One active, one queued, the next refused.
     let _queued = start(&mut c, turn("a", "t2", hang)).await;
     let err = c.run_turn(turn("a", "t3", hang)).await.unwrap_err();

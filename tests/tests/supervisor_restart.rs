@@ -41,6 +41,7 @@ async fn a_restart_over_many_leftover_trees_is_healthy_at_once_and_reaps_them_in
         ("supervisor", "limits.kill_grace_ms=1000"),
         // All 24 turns run at once (admission would queue most of them on a small host).
         ("supervisor", "limits.max_active_turns=64"),
+        ("supervisor", "limits.max_active_turns_per_principal=64"),
     ])
     .await;
     let mut c = client(&d);
@@ -249,6 +250,8 @@ fn many_settings_bwrap() -> Vec<(&'static str, &'static str)> {
     vec![
         ("supervisor", "limits.kill_grace_ms=1000"),
         ("supervisor", "limits.max_active_turns=600"),
+        // One principal's 500 hanging turns (its default share is three quarters).
+        ("supervisor", "limits.max_active_turns_per_principal=600"),
         ("supervisor", "limits.max_live_agents=600"),
         ("supervisor", "limits.max_conversations=600"),
     ]

@@ -220,8 +220,17 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
             get("max_live_agents")
         ),
         format!(
-            "  active turns:       max_active_turns {} (beyond it turns wait in order, \"queued, position N\")",
-            get("max_active_turns")
+            "  active turns:       max_active_turns {}, one principal at most {} (beyond them turns wait, round robin across principals, \"queued, position N\"); {} running, {} waiting",
+            get("max_active_turns"),
+            get("max_active_turns_per_principal"),
+            get("turns_running"),
+            get("turns_waiting_admission")
+        ),
+        format!(
+            "  waiting for agents: {} turns (at most max_agent_waiters {}, each for capacity_wait_ms {}, \"queued for an agent, position N\")",
+            get("turns_waiting_agent"),
+            get("max_agent_waiters"),
+            get("capacity_wait_ms")
         ),
     ];
     // One line per agent with warm agents (`agents.<name>.pool_size`), sorted by name.
@@ -292,7 +301,8 @@ mod tests {
         let l = capacity_lines(&d);
         assert!(l[0].contains("3 of max_live_agents 78"), "{l:?}");
         assert!(l[1].contains("max_active_turns 32"), "{l:?}");
-        assert!(l[2].contains("warm agents:        none"), "{l:?}");
+        assert!(l[2].starts_with("  waiting for agents:"), "{l:?}");
+        assert!(l[3].contains("warm agents:        none"), "{l:?}");
         let mut d = d;
         for (k, v) in [
             ("size", "2"),
@@ -304,7 +314,7 @@ mod tests {
         }
         let l = capacity_lines(&d);
         assert!(
-            l[2].contains("scripted: 1 ready of pool_size 2 (1 starting; 5 taken"),
+            l[3].contains("scripted: 1 ready of pool_size 2 (1 starting; 5 taken"),
             "{l:?}"
         );
     }

@@ -485,6 +485,17 @@ impl TurnMapper {
             out.extend(self.flush(now));
         }
         match event {
+            Event::Queued(q) if q.agent => {
+                // Holds its turn slot and waits for a live agent to be free: working, with its
+                // place; it starts as soon as a turn ends and gives an agent back.
+                let text = format!("queued for an agent, position {}", q.position);
+                out.push(self.status(
+                    TaskState::Working,
+                    Some(text),
+                    Some(json!({"kind": "agent", "position": q.position})),
+                    now,
+                ));
+            }
             Event::Queued(q) if q.admission => {
                 // Accepted and about to run once a turn slot frees: working, with its place.
                 let text = format!(
@@ -1456,6 +1467,7 @@ mod tests {
             vec![Event::Queued(TurnQueued {
                 position: 3,
                 admission: true,
+                agent: false,
             })],
         );
         let s = out
@@ -1473,6 +1485,35 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_waiting_for_an_agent_is_working_with_its_place() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let out = run(
+            &mut m,
+            vec![Event::Queued(TurnQueued {
+                position: 2,
+                admission: false,
+                agent: true,
+            })],
+        );
+        let s = out
+            .iter()
+            .find_map(|e| match e {
+                StreamResponse::StatusUpdate(s) => Some(s),
+                _ => None,
+            })
+            .expect("a status update");
+        assert_eq!(s.status.state, TaskState::Working);
+        let msg = s.status.message.as_ref().expect("a status message");
+        assert_eq!(
+            msg.parts,
+            vec![Part::text("queued for an agent, position 2")]
+        );
+        let md = msg.metadata.as_ref().expect("metadata");
+        assert_eq!(md[META_KEY]["kind"], "agent");
+        assert_eq!(md[META_KEY]["position"], 2);
+    }
+
+    #[test]
     fn queue_plan_mode_and_thoughts_are_reported() {
         let mut m = TurnMapper::new("t1", "c1");
         let out = run(
@@ -1481,6 +1522,7 @@ mod tests {
                 Event::Queued(TurnQueued {
                     position: 2,
                     admission: false,
+                    agent: false,
                 }),
                 started(),
                 Event::ThoughtChunk(TextChunk {

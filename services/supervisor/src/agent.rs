@@ -201,11 +201,51 @@ async fn within<F: std::future::Future>(
 pub async fn live_slot(
     shared: &Shared,
     context_id: &str,
+    wait: SlotWait<'_>,
 ) -> Result<crate::live::LiveSlot, StartError> {
     let mut reaped = shared.reaped.clone();
     let _ = reaped.wait_for(|done| *done).await;
-    let wait = shared.settings.limits().kill_grace() + std::time::Duration::from_secs(1);
-    Ok(shared.live.acquire(context_id, wait).await?)
+    let limits = shared.settings.limits();
+    Ok(match wait {
+        SlotWait::Open => {
+            let wait = limits.kill_grace() + std::time::Duration::from_secs(1);
+            shared.live.acquire_now(context_id, wait).await?
+        }
+        SlotWait::Turn { turn, principal } => {
+            shared
+                .live
+                .acquire_queued(
+                    principal,
+                    context_id,
+                    limits.capacity_wait(),
+                    &turn.end,
+                    |position| {
+                        tracing::info!(context_id, turn_id = %turn.id(), position, "every live agent is busy: the turn waits for one");
+                        turn.emit(warden_proto::v1::turn_event::Event::Queued(
+                            warden_proto::v1::TurnQueued {
+                                position: u32::try_from(position).unwrap_or(u32::MAX),
+                                admission: false,
+                                agent: true,
+                            },
+                        ))
+                    },
+                )
+                .await?
+        }
+    })
+}
+
+/// How a start waits for its live-agent slot.
+pub enum SlotWait<'a> {
+    /// A conversation's open: never queued (`LiveAgents::acquire_now`); with no agent free the
+    /// conversation opens without one.
+    Open,
+    /// A turn's start: queued fairly, its place told on the turn's stream, at most
+    /// `limits.capacity_wait_ms`, ended by the turn's cancel.
+    Turn {
+        turn: &'a crate::turn::TurnCtx,
+        principal: &'a str,
+    },
 }
 
 impl AgentProc {

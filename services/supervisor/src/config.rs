@@ -53,6 +53,14 @@ max_live_agents = 0
 # Turns running at once across all conversations (0 = sixteen per core); more wait in one FIFO,
 # told their place, instead of competing for the CPU their permissions need.
 max_active_turns = 0
+# Turn slots one principal may hold at once (0 = three quarters of max_active_turns, or of
+# max_live_agents when that is smaller, at least 1): one caller's hanging tasks leave room for
+# the others. Waiting turns and waiting agent starts are served round robin across principals.
+max_active_turns_per_principal = 0
+# A turn whose conversation needs an agent while every live agent is busy waits for one this
+# long (fault `capacity` after it); at most max_agent_waiters wait at once (more are refused).
+capacity_wait_ms = 60000
+max_agent_waiters = 1024
 max_queued_turns = 64
 # Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
 max_starting_agents = 0
@@ -214,8 +222,15 @@ pub struct Limits {
     /// the limit the least recently used idle agent is stopped; with every one busy a start is
     /// refused (RESOURCE_EXHAUSTED / fault `capacity`).
     pub max_live_agents: usize,
-    /// Turns running at once across all conversations; 0 = sixteen per core. More wait, in order.
+    /// Turns running at once across all conversations; 0 = sixteen per core. More wait, in
+    /// the fair order (round robin across principals).
     pub max_active_turns: usize,
+    /// Turn slots one principal may hold; 0 = `admission::default_share`.
+    pub max_active_turns_per_principal: usize,
+    /// How long a turn waits for a live agent when every one is busy (then fault `capacity`).
+    pub capacity_wait_ms: u64,
+    /// Turn starts waiting for a live agent at most; one more is refused (fault `capacity`).
+    pub max_agent_waiters: usize,
     /// Turns waiting in one conversation's queue at most; more are refused.
     pub max_queued_turns: usize,
     /// Agents starting at once (spawn to `session/new`); 0 = two per core. More wait their turn
@@ -260,6 +275,9 @@ impl Default for Limits {
             max_conversations: 512,
             max_live_agents: 0,
             max_active_turns: 0,
+            max_active_turns_per_principal: 0,
+            capacity_wait_ms: 60_000,
+            max_agent_waiters: 1024,
             max_queued_turns: 64,
             max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
@@ -291,6 +309,9 @@ impl Limits {
     }
     pub fn kill_grace(&self) -> Duration {
         Duration::from_millis(self.kill_grace_ms)
+    }
+    pub fn capacity_wait(&self) -> Duration {
+        Duration::from_millis(self.capacity_wait_ms)
     }
     pub fn idle(&self) -> Option<Duration> {
         (self.idle_timeout_secs > 0).then(|| Duration::from_secs(self.idle_timeout_secs))
@@ -651,6 +672,15 @@ impl Settings {
         match self.file.limits.max_active_turns {
             0 => crate::admission::default_cap(),
             n => n,
+        }
+    }
+
+    /// The turn slots one principal may hold: the configured share (never above the cap), or
+    /// `admission::default_share`.
+    pub fn max_active_turns_per_principal(&self) -> usize {
+        match self.file.limits.max_active_turns_per_principal {
+            0 => crate::admission::default_share(self.max_active_turns(), self.max_live_agents()),
+            n => n.min(self.max_active_turns()),
         }
     }
 

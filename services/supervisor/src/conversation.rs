@@ -98,6 +98,11 @@ impl Conversation {
     /// Starts the agent (spawn, initialize, session/new, supervised mode) and the worker; with
     /// `warm`, the agent a warm start (`pool.rs`) already made that way, in this conversation's
     /// root and home, is adopted instead.
+    ///
+    /// With every live agent busy the conversation opens without one, as if idle-stopped: its
+    /// first turn starts the agent, waiting for one in the live-agent queue and telling its
+    /// caller so on the turn's stream (an open has no stream to say it on, and waiting here
+    /// would hold the caller with nothing to see).
     pub async fn open(
         core: Arc<ConvCore>,
         agent_cfg: AgentConfig,
@@ -137,11 +142,22 @@ impl Conversation {
                 conv.adopt_session(session);
                 p
             }
-            None => conv.start_agent(false).await?.0,
+            None => match conv.start_agent(false, None).await {
+                Ok((p, _)) => p,
+                Err(StartError::Capacity(full)) => {
+                    tracing::info!(context_id = %conv.core.info.context_id, reason = %full, "no live agent free: opened without one; its first turn waits for one");
+                    conv.st().status = pb::ConversationState::IdleStopped;
+                    let worker = conv.clone();
+                    tokio::spawn(async move { worker.worker().await });
+                    return Ok(conv);
+                }
+                Err(e) => return Err(e),
+            },
         };
         *conv.proc_.lock().await = Some(p);
-        // Started, and idle until its first turn.
-        conv.shared.live.set_busy(&conv.core.info.context_id, false);
+        // Still busy (as while it started) until the caller says whether a turn follows
+        // (`idle_if_unused`): a RunTurn's open is followed by its turn at once, and a start
+        // waiting for an agent must not take this one in between.
         let worker = conv.clone();
         tokio::spawn(async move { worker.worker().await });
         Ok(conv)
@@ -153,7 +169,23 @@ impl Conversation {
 
     /// Spawns the agent and makes a session: `session/load` of the last one when `resume` and
     /// the agent supports it, else `session/new` (the bool is true when context was reset).
-    async fn start_agent(&self, resume: bool) -> Result<(AgentProc, bool), StartError> {
+    /// For `turn` the live-agent slot is waited for in the queue (see `live`); for an open it is
+    /// taken only when free.
+    async fn start_agent(
+        &self,
+        resume: bool,
+        turn: Option<&TurnCtx>,
+    ) -> Result<(AgentProc, bool), StartError> {
+        let wait = match turn {
+            Some(turn) => crate::agent::SlotWait::Turn {
+                turn,
+                principal: &self.core.info.principal,
+            },
+            None => crate::agent::SlotWait::Open,
+        };
+        // The live slot before the start slot: a start waiting for an agent must not hold one
+        // of the few start slots the agents it waits for may need.
+        let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id, wait).await?;
         // One of `limits.max_starting_agents` slots from spawn to the end of the handshake: a
         // crowd of starts (hundreds of new contexts at once) must not eat each other's
         // handshake deadlines.
@@ -163,7 +195,6 @@ impl Conversation {
             .lock()
             .ok()
             .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()));
-        let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id).await?;
         let target = crate::agent::Target {
             spawn_id: &self.core.info.context_id,
             agent: &self.core.info.agent,
@@ -386,6 +417,16 @@ impl Conversation {
             .plan_config_option
             .split_once('=')
             .filter(|(id, value)| !id.is_empty() && !value.is_empty())
+    }
+
+    /// Marks the agent idle (it may be stopped to make room) unless a turn is queued or
+    /// running: called after an open, once the caller's turn (if any) is queued. The worker
+    /// takes over from there (waiting for a slot, busy, idle again).
+    pub fn idle_if_unused(&self) {
+        let st = self.st();
+        if st.active.is_none() && st.queue.is_empty() {
+            self.shared.live.set_busy(&self.core.info.context_id, false);
+        }
     }
 
     /// Queues a turn; returns its 1-based queue position (0 = it will start now).
@@ -650,8 +691,9 @@ impl Conversation {
                 }
                 continue;
             };
-            // A busy agent is never stopped to make room; an idle one is, least recently used first.
-            self.shared.live.set_busy(&self.core.info.context_id, true);
+            // Idle while its turn waits for a turn slot: a start that holds a turn slot may ask
+            // it to make room (`live`); busy, never stopped, once the turn is admitted.
+            self.shared.live.set_waiting(&self.core.info.context_id);
             self.run_turn(turn.clone()).await;
             {
                 let mut st = self.st();
@@ -669,7 +711,7 @@ impl Conversation {
     async fn idle_stop(&self) {
         let mut p = self.proc_.lock().await;
         if let Some(mut proc_) = p.take() {
-            tracing::info!(context_id = %self.core.info.context_id, "idle timeout: stopping the agent");
+            tracing::info!(context_id = %self.core.info.context_id, "stopping the idle agent (idle timeout, or to make room)");
             self.kill_terminals().await;
             proc_.kill(&self.shared).await;
             let mut st = self.st();
@@ -700,15 +742,7 @@ impl Conversation {
         let permit = if turn.cancel.is_cancelled() {
             None
         } else {
-            self.shared
-                .admission
-                .admit(&turn.end, |position| {
-                    turn.emit(Event::Queued(pb::TurnQueued {
-                        position: position as u32,
-                        admission: true,
-                    }))
-                })
-                .await
+            self.admit(&turn).await
         };
         let stop = match &permit {
             Some(_) if !turn.cancel.is_cancelled() => self.drive(&turn, timeout_secs).await,
@@ -718,16 +752,71 @@ impl Conversation {
         drop(permit);
     }
 
+    /// Waits for the turn's slot (`admission`), telling the caller its place. Meanwhile this
+    /// conversation's agent is idle and may be asked to make room for a turn that holds a slot
+    /// and waits for an agent: it is stopped then (restarted once this turn is admitted), so
+    /// the two limits never wait on each other. None when the turn was cancelled first.
+    async fn admit(&self, turn: &Arc<TurnCtx>) -> Option<crate::admission::Permit> {
+        let ctx = &self.core.info.context_id;
+        let admit = self
+            .shared
+            .admission
+            .admit(&self.core.info.principal, &turn.end, |position| {
+                turn.emit(Event::Queued(pb::TurnQueued {
+                    position: u32::try_from(position).unwrap_or(u32::MAX),
+                    admission: true,
+                    agent: false,
+                }))
+            });
+        tokio::pin!(admit);
+        let evict = self.shared.live.evict_token(ctx);
+        let mut stopped = false;
+        let permit = loop {
+            tokio::select! {
+                p = &mut admit => break p,
+                _ = async {
+                    match &evict {
+                        Some(t) => t.cancelled().await,
+                        None => std::future::pending().await,
+                    }
+                }, if !stopped => {
+                    stopped = true;
+                    self.idle_stop().await;
+                }
+            }
+        };
+        if permit.is_some() {
+            if !stopped && evict.as_ref().is_some_and(|t| t.is_cancelled()) {
+                // Asked to make room just as the slot came: the start that asked counts on it.
+                self.idle_stop().await;
+            }
+            // A busy agent is never stopped to make room.
+            self.shared.live.set_busy(ctx, true);
+        }
+        permit
+    }
+
     async fn drive(&self, turn: &Arc<TurnCtx>, timeout_secs: u64) -> Stop {
         let mut guard = self.proc_.lock().await;
         let mut context_reset = false;
         if guard.is_none() {
-            // Idle-stopped (or killed by an earlier turn): restart, never silently losing context.
-            match self.start_agent(true).await {
+            // Idle-stopped (or killed by an earlier turn, or opened while every agent was
+            // busy): start it, never silently losing context (session/load of the last
+            // session, when there was one).
+            let resume = self.last_session.lock().is_ok_and(|s| !s.is_empty());
+            match self.start_agent(resume, Some(turn)).await {
                 Ok((p, reset)) => {
                     *guard = Some(p);
                     self.st().status = pb::ConversationState::Ready;
                     context_reset = reset;
+                }
+                Err(_) if turn.end.is_cancelled() => {
+                    return match turn.end_reason() {
+                        Some(EndRequest::Decision {
+                            fault: Some((c, m)),
+                        }) => Stop::fault(c, m),
+                        _ => Stop::reason("cancelled"),
+                    };
                 }
                 Err(e) => return Stop::fault(e.class(), e.to_string()),
             }
@@ -1243,7 +1332,10 @@ impl Conversation {
     fn finish(&self, turn: &Arc<TurnCtx>, stop: Stop, started: Instant, timeout_secs: u64) {
         let duration = started.elapsed();
         if let Some((class, msg)) = &stop.fault {
-            self.incident(*class, msg, turn, timeout_secs);
+            // No agent free within the wait is not the agent's fault: no incident (as at open).
+            if *class != pb::FaultClass::Capacity {
+                self.incident(*class, msg, turn, timeout_secs);
+            }
             turn.emit(Event::Fault(fault::fault(*class, msg.clone())));
         }
         let (refusals, permissions, usage, transcript_path, (files_changed, files_changed_unknown)) = {

@@ -13,7 +13,8 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, adapters, records, fault, policy, translate, mode, options, live, admission   leaves
+//   config, adapters, records, fault, policy, translate, mode, options, fair, live,
+//   admission                                          leaves (live, admission: over fair)
 //   egress                                             an agent's egress proxy (reports through a trait)
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
@@ -35,6 +36,7 @@ pub mod conversation;
 pub mod core;
 pub mod decide_stream;
 pub mod egress;
+pub mod fair;
 pub mod fault;
 pub mod live;
 pub mod mode;

@@ -206,8 +206,14 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         workspaces: warden_sandbox::WorkspacePolicy::from_host(),
         spawner,
         homes,
-        live: warden_supervisor::live::LiveAgents::new(settings.max_live_agents()),
-        admission: warden_supervisor::admission::Admission::new(settings.max_active_turns()),
+        live: warden_supervisor::live::LiveAgents::new(
+            settings.max_live_agents(),
+            settings.limits().max_agent_waiters,
+        ),
+        admission: warden_supervisor::admission::Admission::new(
+            settings.max_active_turns(),
+            settings.max_active_turns_per_principal(),
+        ),
         starts: std::sync::Arc::new(tokio::sync::Semaphore::new(settings.max_starting_agents())),
         reaped,
     };

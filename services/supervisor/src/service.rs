@@ -743,10 +743,35 @@ impl Supervisor {
             self.shared.live.pooled().to_string(),
         );
         details.extend(self.pool.figures());
+        // Turns holding their slot and waiting for a live agent (all busy), and how many
+        // principals they are of.
+        let (agent_waiters, agent_waiting_principals) = self.shared.live.waiting();
+        details.insert("turns_waiting_agent".to_string(), agent_waiters.to_string());
+        details.insert(
+            "principals_waiting_agent".to_string(),
+            agent_waiting_principals.to_string(),
+        );
+        let limits = self.shared.settings.limits();
+        details.insert(
+            "capacity_wait_ms".to_string(),
+            limits.capacity_wait_ms.to_string(),
+        );
+        details.insert(
+            "max_agent_waiters".to_string(),
+            limits.max_agent_waiters.to_string(),
+        );
         let (running, waiting, cap) = self.shared.admission.figures();
         details.insert("turns_running".to_string(), running.to_string());
         details.insert("turns_waiting_admission".to_string(), waiting.to_string());
+        details.insert(
+            "principals_waiting_admission".to_string(),
+            self.shared.admission.principals_waiting().to_string(),
+        );
         details.insert("max_active_turns".to_string(), cap.to_string());
+        details.insert(
+            "max_active_turns_per_principal".to_string(),
+            self.shared.admission.share().to_string(),
+        );
         details.insert(
             "policy_failures".to_string(),
             self.shared.policy.failures().to_string(),
@@ -798,6 +823,8 @@ impl SupervisorService for Api {
         req: Request<pb::OpenConversationRequest>,
     ) -> Result<Response<pb::ConversationInfo>, Status> {
         let c = self.0.open(req.get_ref()).await?;
+        // No turn follows this open: its agent is idle from now on.
+        c.idle_if_unused();
         Ok(Response::new(c.info()))
     }
 
@@ -883,11 +910,15 @@ impl SupervisorService for Api {
             },
             self.0.shared.settings.limits().output_bytes,
         );
-        let pos = conv.enqueue(turn.clone())?;
+        let queued = conv.enqueue(turn.clone());
+        // An agent started by this call's open stays busy until its turn is queued (or refused).
+        conv.idle_if_unused();
+        let pos = queued?;
         if pos > 0 {
             turn.emit(Event::Queued(pb::TurnQueued {
                 position: pos as u32,
                 admission: false,
+                agent: false,
             }));
         }
         // Sent in batches: a permission's three events in one frame (see `batch`).

@@ -133,7 +133,9 @@ pub async fn run(
         };
         let Some(event) = ev.event else { continue };
         match event {
-            Event::Queued(q) => progress(if q.admission {
+            Event::Queued(q) => progress(if q.agent {
+                format!("queued for an agent, position {}", q.position)
+            } else if q.admission {
                 format!("waiting for a turn slot (position {})", q.position)
             } else {
                 format!(
