@@ -27,6 +27,7 @@
 mod anchored;
 pub mod beneath;
 mod boundary;
+pub mod rights;
 
 pub use anchored::Anchored;
 pub use boundary::{Boundary, Profile};
