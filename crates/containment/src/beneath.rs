@@ -668,6 +668,10 @@ fn walk(
                 Ok(sub) => walk(sub.as_fd(), &path, depth + 1, skip_git, snap, budget)?,
                 // Replaced by something else since the stat: recorded as it was.
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
+                // Closed to the rights of this walk (the agent's): what is inside is out of
+                // the agent's reach too; a change of the directory itself (its mode, to open it)
+                // is its own entry's stamp.
+                Err(Errno::ACCESS) => {}
                 Err(_) => return Err(()),
             }
         }
@@ -777,8 +781,47 @@ impl RootDir {
                     Ok(sub) => go(sub.as_fd(), &path, depth + 1, name, out, budget)?,
                     // Gone or replaced since the stat: not a directory to walk any more.
                     Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
+                    // Closed to the rights of this walk (the agent's, see `RootDir::open_as`).
+                    Err(Errno::ACCESS) => closed(dir, this, &path, name, out)?,
                     Err(e) => return Err(io_err(&path.display().to_string(), e)),
                 }
+            }
+            Ok(())
+        }
+        /// A directory the walk may not list. Its own owner's (the agent's) is refused: the
+        /// agent can open it again at any moment, and what is inside cannot be seen now. Another
+        /// owner's is out of the agent's reach but for what it names without listing: with
+        /// search permission, `name` directly inside is looked up and kept.
+        fn closed(
+            dir: BorrowedFd<'_>,
+            this: &OsStr,
+            path: &Path,
+            name: &OsStr,
+            out: &mut Vec<(PathBuf, EntryKind)>,
+        ) -> Result<(), BeneathError> {
+            let shown = || path.display().to_string();
+            let st = rustix::fs::statat(dir, this, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| io_err(&shown(), e))?;
+            if st.st_uid == crate::rights::current_fs_ids().0 {
+                return Err(io_err(
+                    &shown(),
+                    std::io::Error::other(
+                        "a directory its owner closed to itself cannot be walked (its owner may open it again)",
+                    ),
+                ));
+            }
+            let Ok(sub) = rustix::fs::openat(
+                dir,
+                this,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                return Ok(());
+            };
+            match kind_at(sub.as_fd(), name) {
+                Ok(Some(kind)) => out.push((path.join(name), kind)),
+                // Absent, or no search permission either: nothing there the agent can reach.
+                Ok(None) | Err(_) => {}
             }
             Ok(())
         }

@@ -24,6 +24,8 @@ pub struct AgentHomes {
 #[derive(Debug)]
 pub struct AgentHome {
     path: Option<PathBuf>,
+    /// The agent it was made for: whose rights its removal runs with.
+    owner: Option<(u32, u32)>,
 }
 
 impl AgentHomes {
@@ -65,10 +67,11 @@ impl AgentHomes {
         let mut n = 0;
         for e in entries.flatten() {
             let p = e.path();
-            // remove_dir_all does not follow symlinks; a planted link is removed as a link.
+            // A home is removed as the agent that owns it (the directory's owner), links as
+            // links; anything else here is the supervisor's own.
             let r = match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-                _ => std::fs::remove_file(&p),
+                Ok(m) if m.is_dir() => crate::roots::remove_as_owner(&p, None, "remove agent home"),
+                _ => std::fs::remove_file(&p).map_err(|e| SandboxError::io("remove", &p, e)),
             };
             match r {
                 Ok(()) => n += 1,
@@ -105,6 +108,7 @@ impl AgentHomes {
             .map_err(|e| SandboxError::io("create agent home", &path, e))?;
         let home = AgentHome {
             path: Some(path.clone()),
+            owner: owner.map(|o| (o.uid, o.gid)),
         };
         if let Some(t) = template {
             let meta = std::fs::symlink_metadata(t)
@@ -130,10 +134,10 @@ impl AgentHome {
         self.path.as_deref().unwrap_or(Path::new(""))
     }
 
-    /// Deletes the home and everything in it.
+    /// Deletes the home and everything in it, with its agent's rights (links removed as links).
     pub fn remove(mut self) -> Result<(), SandboxError> {
         match self.path.take() {
-            Some(p) => remove(&p),
+            Some(p) => crate::roots::remove_as_owner(&p, self.owner, "remove agent home"),
             None => Ok(()),
         }
     }
@@ -142,18 +146,10 @@ impl AgentHome {
 impl Drop for AgentHome {
     fn drop(&mut self) {
         if let Some(p) = self.path.take()
-            && let Err(e) = remove(&p)
+            && let Err(e) = crate::roots::remove_as_owner(&p, self.owner, "remove agent home")
         {
             tracing::warn!(error = %e, "cannot remove an agent home");
         }
-    }
-}
-
-fn remove(p: &Path) -> Result<(), SandboxError> {
-    match std::fs::remove_dir_all(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(SandboxError::io("remove agent home", p, e)),
     }
 }
 
