@@ -818,10 +818,9 @@ impl RootDir {
             ) else {
                 return Ok(());
             };
-            match kind_at(sub.as_fd(), name) {
-                Ok(Some(kind)) => out.push((path.join(name), kind)),
-                // Absent, or no search permission either: nothing there the agent can reach.
-                Ok(None) | Err(_) => {}
+            // Absent, or no search permission either: nothing there the agent can reach.
+            if let Ok(Some(kind)) = kind_at(sub.as_fd(), name) {
+                out.push((path.join(name), kind));
             }
             Ok(())
         }

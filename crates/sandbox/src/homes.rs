@@ -33,6 +33,16 @@ impl AgentHomes {
     /// previous run left. `switching`: agents run as their own uid(s), which then need search
     /// on this directory.
     pub fn open(state_dir: &Path, switching: bool) -> Result<Self, SandboxError> {
+        let me = Self::open_keeping_leftovers(state_dir, switching)?;
+        me.remove_leftovers()?;
+        Ok(me)
+    }
+
+    /// [`AgentHomes::open`] without removing what a previous run left: for a caller that must
+    /// first give the agent uids their way to the homes (search on the state directory, which
+    /// the unit's `StateDirectoryMode=` resets at each start), since each leftover is removed
+    /// with its agent's rights; then [`AgentHomes::remove_leftovers`].
+    pub fn open_keeping_leftovers(state_dir: &Path, switching: bool) -> Result<Self, SandboxError> {
         let dir = state_dir.join("homes");
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -52,16 +62,15 @@ impl AgentHomes {
         let mode = if switching { 0o711 } else { 0o700 };
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
             .map_err(|e| SandboxError::io("set homes directory mode", &dir, e))?;
-        let me = Self { dir };
-        me.reap()?;
-        Ok(me)
+        Ok(Self { dir })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    fn reap(&self) -> Result<(), SandboxError> {
+    /// Removes every home a previous run left (each with the rights of the agent that owns it).
+    pub fn remove_leftovers(&self) -> Result<(), SandboxError> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| SandboxError::io("list homes", &self.dir, e))?;
         let mut n = 0;

@@ -597,15 +597,16 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
     // past a mode that stops that uid. Its gid is the range's group when there is one, else
     // its uid (UidRange::identity). Every path is listed first and chowned deepest first, the
     // root last: a directory already handed over could no longer be passed by the earlier uid.
-    let rights =
-        (previous != nix::unistd::geteuid().as_raw()).then(|| warden_containment::rights::Rights {
+    let rights = (previous != nix::unistd::geteuid().as_raw()).then_some(
+        warden_containment::rights::Rights {
             uid: previous,
             gid: if who.gid != who.uid {
                 who.gid
             } else {
                 previous
             },
-        });
+        },
+    );
     warden_containment::rights::with_rights_keeping(
         rights,
         warden_containment::rights::Capabilities::CHOWN,

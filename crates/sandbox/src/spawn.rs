@@ -1004,6 +1004,16 @@ fn drop_all_capabilities() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Runs `f` with the agent's filesystem rights (`None`: the supervisor's own, which is then the
+/// agent's): what the supervisor lays out in an agent's root and home.
+fn as_agent<T: Send>(
+    rights: Option<Rights>,
+    f: impl FnOnce() -> Result<T, SandboxError> + Send,
+) -> Result<T, SandboxError> {
+    warden_containment::rights::with_rights(rights, f)
+        .map_err(|e| SandboxError::InvalidInput(e.to_string()))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1146,14 +1156,4 @@ mod tests {
             last = i;
         }
     }
-}
-
-/// Runs `f` with the agent's filesystem rights (`None`: the supervisor's own, which is then the
-/// agent's): what the supervisor lays out in an agent's root and home.
-fn as_agent<T: Send>(
-    rights: Option<Rights>,
-    f: impl FnOnce() -> Result<T, SandboxError> + Send,
-) -> Result<T, SandboxError> {
-    warden_containment::rights::with_rights(rights, f)
-        .map_err(|e| SandboxError::InvalidInput(e.to_string()))?
 }
