@@ -617,8 +617,7 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         &format!("\nagent_user = \"{agent}\"\n"),
     );
     // No systemd here, so nothing delegates a cgroup subtree to the supervisor (Delegate=yes):
-    // as on such a host, no cgroups. (As root-run stand-in the supervisor's CAP_DAC_OVERRIDE
-    // would otherwise let it make cgroups in this machine's root cgroup.) Its agents are then
+    // as on such a host, no cgroups. Its agents are then
     // stopped by signals, across the uid boundary: what CAP_KILL is for.
     assert!(
         sup.contains("\ncgroup = true\n"),
