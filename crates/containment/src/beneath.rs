@@ -1185,6 +1185,75 @@ mod remove_tests {
     }
 
     #[test]
+    fn a_link_swapped_in_while_the_root_is_removed_never_reaches_the_agents_other_files() {
+        if !as_root() {
+            return;
+        }
+        // Another conversation's root of the same agent uid: the agent's rights could delete
+        // everything in it, so only never following a link keeps it. A racer swaps a full
+        // directory `d` of the root being removed with a link `l` to it (RENAME_EXCHANGE:
+        // atomic), as fast as it can, for the whole removal.
+        for round in 0..30 {
+            let t = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let (root, _, sandboxes) = agents_tree(t.path());
+            let other = sandboxes.join("conv-2");
+            std::fs::create_dir_all(other.join("sub")).unwrap();
+            std::fs::write(other.join("precious"), "p").unwrap();
+            std::fs::write(other.join("sub/precious"), "p").unwrap();
+            for e in ["", "sub", "precious", "sub/precious"] {
+                agent_owns(&other.join(e));
+            }
+            std::fs::create_dir(root.join("d")).unwrap();
+            for i in 0..50 {
+                std::fs::write(root.join(format!("d/f{i}")), "x").unwrap();
+            }
+            agent_owns(&root.join("d"));
+            symlink(&other, root.join("l")).unwrap();
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if rustix::fs::renameat_with(
+                            rustix::fs::CWD,
+                            root.join("d").as_path(),
+                            rustix::fs::CWD,
+                            root.join("l").as_path(),
+                            rustix::fs::RenameFlags::EXCHANGE,
+                        )
+                        .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                // A refusal (an entry that changed under the walk) is allowed; a reach into
+                // conv-2 is not.
+                let _ = remove_tree(&root, Some(AGENT));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            assert_eq!(
+                std::fs::read_to_string(other.join("precious"))
+                    .ok()
+                    .as_deref(),
+                Some("p"),
+                "round {round}: the other root's file went"
+            );
+            assert_eq!(
+                std::fs::read_to_string(other.join("sub/precious"))
+                    .ok()
+                    .as_deref(),
+                Some("p"),
+                "round {round}: the other root's nested file went"
+            );
+            // Once nothing races it, the rest of the root goes.
+            remove_tree(&root, Some(AGENT)).unwrap();
+            assert!(!root.exists());
+            assert!(other.join("precious").exists());
+        }
+    }
+
+    #[test]
     fn walks_with_the_agents_rights_see_what_the_agent_sees() {
         if !as_root() {
             return;
