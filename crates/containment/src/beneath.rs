@@ -1254,6 +1254,45 @@ mod remove_tests {
     }
 
     #[test]
+    fn the_git_walk_with_the_agents_rights_finds_what_the_agent_can_reach_and_refuses_what_it_hid()
+    {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, _, _) = agents_tree(t.path());
+        std::fs::set_permissions(root.join("a/b"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let host_dir = |rel: &str, mode: u32| {
+            std::fs::create_dir_all(root.join(rel).join(".git")).unwrap();
+            std::fs::set_permissions(root.join(rel), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        // The operator's: searchable, not listable (the agent reaches `.git` by its name);
+        // closed (the agent reaches nothing in it); and a plain one.
+        host_dir("search-only", 0o711);
+        host_dir("closed", 0o700);
+        host_dir("open", 0o755);
+        let agents = RootDir::open_as(&root, Some(AGENT)).unwrap();
+        let mut found: Vec<String> = agents
+            .find_named(OsStr::new(".git"), 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        found.sort();
+        assert_eq!(found, ["open/.git", "search-only/.git"]);
+        // A directory of the agent's own it closed to itself: it can open it again whenever it
+        // likes, so a walk that cannot see inside refuses rather than miss a `.git`.
+        std::fs::create_dir_all(root.join("mine/.git")).unwrap();
+        agent_owns(&root.join("mine"));
+        std::fs::set_permissions(root.join("mine"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        let err = agents.find_named(OsStr::new(".git"), 10_000).unwrap_err();
+        assert!(err.to_string().contains("closed to itself"), "{err}");
+    }
+
+    #[test]
     fn walks_with_the_agents_rights_see_what_the_agent_sees() {
         if !as_root() {
             return;
