@@ -617,8 +617,7 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         &format!("\nagent_user = \"{agent}\"\n"),
     );
     // No systemd here, so nothing delegates a cgroup subtree to the supervisor (Delegate=yes):
-    // as on such a host, no cgroups. (As root-run stand-in the supervisor's CAP_DAC_OVERRIDE
-    // would otherwise let it make cgroups in this machine's root cgroup.) Its agents are then
+    // as on such a host, no cgroups. Its agents are then
     // stopped by signals, across the uid boundary: what CAP_KILL is for.
     assert!(
         sup.contains("\ncgroup = true\n"),
@@ -637,70 +636,7 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
     std::fs::create_dir_all(&logs).expect("logs");
     let mut units = BTreeMap::new();
     for d in DAEMONS {
-        let unit = parse_unit(Path::new(&format!(
-            "/usr/lib/systemd/system/warden-{d}.service"
-        )));
-        assert_eq!(unit.user, format!("warden-{d}"));
-        for (base, dirs, mode) in [
-            ("/var/lib", &unit.state_dirs, &unit.state_mode),
-            ("/run", &unit.runtime_dirs, &unit.runtime_mode),
-        ] {
-            for rel in dirs {
-                let p = Path::new(base).join(rel);
-                std::fs::create_dir_all(&p).expect("state dir");
-                ok(Command::new("chown")
-                    .arg(format!("{}:{}", unit.user, unit.group))
-                    .arg(&p));
-                ok(Command::new("chmod")
-                    .arg(mode.as_deref().unwrap_or("0755"))
-                    .arg(&p));
-            }
-        }
-        let mut cmd = Command::new("setpriv");
-        cmd.arg(format!("--reuid={}", unit.user))
-            .arg(format!("--regid={}", unit.group))
-            .arg("--init-groups");
-        if !unit.ambient.is_empty() {
-            cmd.arg(format!("--inh-caps={}", setpriv_caps(&unit.ambient)))
-                .arg(format!("--ambient-caps={}", setpriv_caps(&unit.ambient)));
-        }
-        if let Some(b) = &unit.bounding {
-            let mut set = "-all".to_string();
-            if !b.is_empty() {
-                set.push(',');
-                set.push_str(&setpriv_caps(b));
-            }
-            cmd.arg(format!("--bounding-set={set}"));
-        }
-        if unit.no_new_privs {
-            cmd.arg("--no-new-privs");
-        }
-        let umask = unit.umask.clone().unwrap_or_else(|| "0022".into());
-        cmd.args([
-            "--",
-            "/bin/sh",
-            "-c",
-            &format!("umask {umask} && exec \"$@\""),
-            "sh",
-        ])
-        .args(&unit.exec);
-        let log = std::fs::File::create(logs.join(format!("{d}.log"))).expect("log");
-        cmd.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .process_group(0);
-        let child = cmd.spawn().expect("start daemon");
-        host.daemons.push((d.to_string(), child));
-        // In dependency order, each one serving before the next starts (After=).
-        let (socket, who) = match d {
-            "policy" => ("/run/warden/policy/policy.sock", "warden-supervisor"),
-            "approver" => ("/run/warden/approver/approver.sock", "warden-supervisor"),
-            "supervisor" => ("/run/warden/supervisor/supervisor.sock", "warden-gateway"),
-            _ => ("/run/warden/gateway/gateway.sock", OPERATOR),
-        };
-        wait_serving(&probe, socket, who, &logs.join(format!("{d}.log")));
+        let unit = start_daemon(&mut host, d, &probe, &logs);
         units.insert(d, unit);
     }
     let show_logs = || {
@@ -801,6 +737,118 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         let uid = id_of("passwd", &format!("warden-{d}")).expect("uid");
         assert_ne!(uid, agent);
     }
+
+    // ---- a close removes the conversation's root and home with the agent's rights (the unit
+    // gives the supervisor no CAP_DAC_OVERRIDE): what the agent closed to itself goes too, and
+    // the links it planted to what it cannot delete (the supervisor's own file and directory)
+    // are removed as links, their targets untouched
+    let sandboxes = Path::new("/var/lib/warden/supervisor/sandboxes");
+    let homes = Path::new("/var/lib/warden/supervisor/homes");
+    let named = |dir: &Path, prefix: &str| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let victim = Path::new("/var/lib/warden/supervisor/victim");
+    std::fs::create_dir_all(victim).expect("victim dir");
+    std::fs::write(victim.join("keep"), "the supervisor's\n").expect("victim file");
+    ok(Command::new("chown")
+        .args(["-R", "warden-supervisor:warden-supervisor"])
+        .arg(victim));
+    ok(Command::new("chmod").arg("0700").arg(victim));
+    let send_in = |context: &str, scenario: &serde_json::Value| {
+        let out = run(Command::new("/usr/bin/warden")
+            .args([
+                "send",
+                "--agent",
+                "scripted",
+                "--context",
+                context,
+                "--url",
+                &format!("http://127.0.0.1:{port}"),
+            ])
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg(scenario.to_string()));
+        assert!(
+            out.status.success(),
+            "the task in {context} did not complete ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // `closed`: whether a live conversation was there (after a restart only its root is).
+    let close = |context: &str, closed: bool| {
+        let out = run(&mut as_user(
+            "warden-gateway",
+            &[
+                &probe_s,
+                "/run/warden/supervisor/supervisor.sock",
+                "close",
+                context,
+            ],
+        ));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            format!("CLOSED {closed}"),
+            "closing {context}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    send_in(
+        "deb-close",
+        &serde_json::json!({"steps": [
+            {"type": "tool", "kind": "execute", "command": format!(
+                "mkdir -p closed/inner deep/a/b && echo x > closed/inner/f && echo y > deep/a/b/g \
+                 && ln -s {v} deep/a/b/planted && chmod 000 closed && chmod 500 deep/a \
+                 && ln -s {v}/keep planted-file && ln -s {v} planted-dir && touch planted.done",
+                v = victim.display())},
+            {"type": "message", "text": "planted"}
+        ]}),
+    );
+    let planted_root = std::fs::read_dir(sandboxes)
+        .expect("sandboxes")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("planted.done").is_file())
+        .expect("the root the agent planted its links in");
+    assert!(
+        std::fs::symlink_metadata(planted_root.join("planted-file"))
+            .expect("planted-file")
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(
+        named(homes, "deb-close-").len(),
+        1,
+        "the conversation's home"
+    );
+    close("deb-close", true);
+    if planted_root.exists() || !named(homes, "deb-close-").is_empty() {
+        show_logs();
+    }
+    assert!(
+        !planted_root.exists(),
+        "the closed conversation's root {} is still there",
+        planted_root.display()
+    );
+    assert!(
+        named(homes, "deb-close-").is_empty(),
+        "the closed conversation's home is still there"
+    );
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep")).expect("the supervisor's file survives"),
+        "the supervisor's\n"
+    );
+    let vm = std::fs::metadata(victim).expect("the supervisor's directory survives");
+    assert_eq!(vm.mode() & 0o7777, 0o700);
+    assert_eq!(vm.uid(), id_of("passwd", "warden-supervisor").expect("uid"));
 
     // ---- a cancelled turn whose agent ignores the cancel: the supervisor kills the agent's
     // tree across the uid boundary (CAP_KILL), while it keeps running
@@ -1038,6 +1086,103 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         host.agents_left, "",
         "the supervisor's shutdown left agent processes (uid {agent}) running"
     );
+    // ---- warm agents and crash recovery, still without CAP_DAC_OVERRIDE: the pool's checks of
+    // a warm root and home (walked with the agent's rights) hand a warm agent to a task; after
+    // the supervisor is killed, its next start removes the warm roots and the homes it left
+    let sup_conf = std::fs::read_to_string("/etc/warden/supervisor.toml").expect("read");
+    let warm_conf = sup_conf.replace(
+        "\n[agents.scripted]\npool_size = 0\n",
+        "\n[agents.scripted]\npool_size = 1\n",
+    );
+    assert_ne!(warm_conf, sup_conf, "supervisor.toml has no pool_size = 0");
+    std::fs::write("/etc/warden/supervisor.toml", &warm_conf).expect("write");
+    let sup_log = logs.join("supervisor.log");
+    let count = |what: &str| {
+        std::fs::read_to_string(&sup_log)
+            .unwrap_or_default()
+            .matches(what)
+            .count()
+    };
+    let wait_for = |what: &str, n: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while count(what) < n {
+            if Instant::now() > deadline {
+                show_logs();
+                panic!("the supervisor's log has fewer than {n} lines saying {what:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for d in DAEMONS {
+        start_daemon(&mut host, d, &probe, &logs);
+    }
+    wait_for("warm agent ready", 1);
+    send_in(
+        "deb-warm",
+        &serde_json::json!({"steps": [
+            {"type": "tool", "kind": "edit", "path": "warm.txt", "content": "from a warm agent\n"},
+            {"type": "message", "text": "done"}
+        ]}),
+    );
+    assert_eq!(
+        count("conversation takes a warm agent"),
+        1,
+        "the task did not take the warm agent"
+    );
+    assert_eq!(count("a warm agent is not handed out"), 0);
+    let warm_root = std::fs::read_dir(sandboxes)
+        .expect("sandboxes")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("warm.txt").is_file())
+        .expect("the warm agent's root, now the task's");
+    assert_eq!(
+        std::fs::metadata(warm_root.join("warm.txt"))
+            .expect("warm.txt")
+            .uid(),
+        agent
+    );
+    // The pool refills; then the supervisor dies without a word.
+    wait_for("warm agent ready", 2);
+    // The warm roots waiting (the task's root keeps its warm name: it is the task's now).
+    let left_roots: Vec<PathBuf> = named(sandboxes, "warden-pool_")
+        .into_iter()
+        .filter(|p| *p != warm_root)
+        .collect();
+    let left_homes: Vec<PathBuf> = named(homes, "");
+    assert!(!left_roots.is_empty() && !left_homes.is_empty());
+    let i = host
+        .daemons
+        .iter()
+        .position(|(n, _)| n == "supervisor")
+        .expect("the supervisor runs");
+    let (_, mut sup) = host.daemons.remove(i);
+    sup.kill().expect("SIGKILL the supervisor");
+    sup.wait().expect("reap the supervisor");
+    start_daemon(&mut host, "supervisor", &probe, &logs);
+    wait_for("removed the warm roots of a previous run", 1);
+    wait_for("removed agent homes left by a previous run", 1);
+    if left_roots.iter().chain(&left_homes).any(|p| p.exists()) {
+        show_logs();
+    }
+    for p in left_roots.iter().chain(&left_homes) {
+        assert!(
+            !p.exists(),
+            "{} survived the restart after the crash",
+            p.display()
+        );
+    }
+    // The task's own root is its context's until a close: the close removes it.
+    assert!(warm_root.is_dir(), "the task's root went with the crash");
+    close("deb-warm", false);
+    assert!(!warm_root.exists(), "the closed task's root is still there");
+    host.stop_daemons();
+    assert_eq!(
+        host.agents_left, "",
+        "the supervisor's shutdown left agent processes (uid {agent}) running"
+    );
+    std::fs::write("/etc/warden/supervisor.toml", &sup_conf).expect("restore");
+
     std::fs::write("/var/lib/warden/keep-on-purge", "").expect("keep marker");
     ok(Command::new("dpkg").args(["--purge", "warden"]));
     host.installed = false;
@@ -1083,6 +1228,82 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
         "/var/lib/warden survived the purge"
     );
     drop(host);
+}
+
+/// Starts warden-`d` as its installed unit says (`User=`/`Group=`, capabilities,
+/// `NoNewPrivileges=`, `UMask=`, `StateDirectory=`, `ExecStart`) under `setpriv`, and returns once
+/// it serves (in dependency order, each one serving before the next starts: `After=`).
+fn start_daemon(host: &mut Host, d: &'static str, probe: &Path, logs: &Path) -> Unit {
+    let unit = parse_unit(Path::new(&format!(
+        "/usr/lib/systemd/system/warden-{d}.service"
+    )));
+    assert_eq!(unit.user, format!("warden-{d}"));
+    for (base, dirs, mode) in [
+        ("/var/lib", &unit.state_dirs, &unit.state_mode),
+        ("/run", &unit.runtime_dirs, &unit.runtime_mode),
+    ] {
+        for rel in dirs {
+            let p = Path::new(base).join(rel);
+            std::fs::create_dir_all(&p).expect("state dir");
+            ok(Command::new("chown")
+                .arg(format!("{}:{}", unit.user, unit.group))
+                .arg(&p));
+            ok(Command::new("chmod")
+                .arg(mode.as_deref().unwrap_or("0755"))
+                .arg(&p));
+        }
+    }
+    let mut cmd = Command::new("setpriv");
+    cmd.arg(format!("--reuid={}", unit.user))
+        .arg(format!("--regid={}", unit.group))
+        .arg("--init-groups");
+    if !unit.ambient.is_empty() {
+        cmd.arg(format!("--inh-caps={}", setpriv_caps(&unit.ambient)))
+            .arg(format!("--ambient-caps={}", setpriv_caps(&unit.ambient)));
+    }
+    if let Some(b) = &unit.bounding {
+        let mut set = "-all".to_string();
+        if !b.is_empty() {
+            set.push(',');
+            set.push_str(&setpriv_caps(b));
+        }
+        cmd.arg(format!("--bounding-set={set}"));
+    }
+    if unit.no_new_privs {
+        cmd.arg("--no-new-privs");
+    }
+    let umask = unit.umask.clone().unwrap_or_else(|| "0022".into());
+    cmd.args([
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("umask {umask} && exec \"$@\""),
+        "sh",
+    ])
+    .args(&unit.exec);
+    // Appended to: a daemon started again (the test's restarts) keeps its earlier lines.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("{d}.log")))
+        .expect("log");
+    cmd.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .process_group(0);
+    let child = cmd.spawn().expect("start daemon");
+    host.daemons.push((d.to_string(), child));
+    // In dependency order, each one serving before the next starts (After=).
+    let (socket, who) = match d {
+        "policy" => ("/run/warden/policy/policy.sock", "warden-supervisor"),
+        "approver" => ("/run/warden/approver/approver.sock", "warden-supervisor"),
+        "supervisor" => ("/run/warden/supervisor/supervisor.sock", "warden-gateway"),
+        _ => ("/run/warden/gateway/gateway.sock", OPERATOR),
+    };
+    wait_serving(probe, socket, who, &logs.join(format!("{d}.log")));
+    unit
 }
 
 /// A random enough token suffix without a new dependency (the pid and the clock).

@@ -24,6 +24,7 @@ use std::path::{Component, Path, PathBuf};
 use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use crate::rights::{Rights, with_rights};
 use crate::{RealFs, resolve};
 
 /// How often an open that raced a rename (`EAGAIN` from `openat2`) is tried before refusing.
@@ -59,6 +60,8 @@ pub enum BeneathError {
     NotText(String),
     #[error("{0}: the path names no file")]
     NoFileName(String),
+    #[error(transparent)]
+    Rights(#[from] crate::rights::RightsError),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -98,6 +101,10 @@ pub struct Owner {
 pub struct RootDir {
     fd: OwnedFd,
     path: PathBuf,
+    /// Whose filesystem rights every open and walk through this root runs with (the agent's,
+    /// for the supervisor's own look at an agent's root or home; `None`: this process's own, as
+    /// in the fs servant, which already is the agent).
+    rights: Option<Rights>,
     /// Added to every walk: `RESOLVE_NO_SYMLINKS` once [`RootDir::no_symlinks`] was asked for.
     walk: ResolveFlags,
 }
@@ -163,8 +170,28 @@ fn io_err(shown: &str, e: impl Into<std::io::Error>) -> BeneathError {
 }
 
 impl RootDir {
-    /// Opens `root` (absolute; a final symlink is refused) and proves `openat2` works here.
+    /// Opens `root` (absolute; a final symlink is refused) and proves `openat2` works here, with
+    /// this process's own rights.
     pub fn open(root: &Path) -> Result<Self, BeneathError> {
+        Self::open_as(root, None)
+    }
+
+    /// [`RootDir::open`] with `rights`: the open, and every later open, walk and removal through
+    /// this root, run with those filesystem rights and no capability ([`crate::rights`]), so the
+    /// modes the agent set stop warden exactly as they stop the agent.
+    pub fn open_as(root: &Path, rights: Option<Rights>) -> Result<Self, BeneathError> {
+        with_rights(rights, || Self::open_here(root, rights))?
+    }
+
+    /// Runs `f` with this root's rights.
+    fn as_owner<T: Send>(
+        &self,
+        f: impl FnOnce() -> Result<T, BeneathError> + Send,
+    ) -> Result<T, BeneathError> {
+        with_rights(self.rights, f)?
+    }
+
+    fn open_here(root: &Path, rights: Option<Rights>) -> Result<Self, BeneathError> {
         if !root.is_absolute() {
             return Err(BeneathError::RelativeRoot(root.to_path_buf()));
         }
@@ -180,6 +207,7 @@ impl RootDir {
         let dir = RootDir {
             fd,
             path: root.to_path_buf(),
+            rights,
             walk: ResolveFlags::empty(),
         };
         // The probe: an old kernel answers ENOSYS here, once, instead of at the first write.
@@ -239,6 +267,10 @@ impl RootDir {
     /// Reads a text file beneath the root, at most `spec.max_bytes` of it. FIFOs, devices and
     /// directories are refused without blocking.
     pub fn read_text(&self, path: &Path, spec: ReadSpec) -> Result<String, BeneathError> {
+        self.as_owner(|| self.read_text_here(path, spec))
+    }
+
+    fn read_text_here(&self, path: &Path, spec: ReadSpec) -> Result<String, BeneathError> {
         let shown = path.display().to_string();
         let rel = self.relative(path)?;
         let fd = open_beneath(
@@ -313,6 +345,15 @@ impl RootDir {
         content: &[u8],
         owner: Option<Owner>,
     ) -> Result<(), BeneathError> {
+        self.as_owner(|| self.write_text_here(path, content, owner))
+    }
+
+    fn write_text_here(
+        &self,
+        path: &Path,
+        content: &[u8],
+        owner: Option<Owner>,
+    ) -> Result<(), BeneathError> {
         let shown = path.display().to_string();
         let rel = self.relative(path)?;
         let (parent, name) =
@@ -365,6 +406,10 @@ impl RootDir {
     /// A directory beneath the root, as an fd (for a working directory: `fchdir` it, never
     /// `chdir` to the name).
     pub fn open_dir(&self, path: &Path) -> Result<OwnedFd, BeneathError> {
+        self.as_owner(|| self.open_dir_here(path))
+    }
+
+    fn open_dir_here(&self, path: &Path) -> Result<OwnedFd, BeneathError> {
         let shown = path.display().to_string();
         let rel = self.relative(path)?;
         open_beneath(
@@ -524,6 +569,12 @@ impl RootDir {
     /// than `max_entries` entries (a partial picture would report changes that are not there) or
     /// cannot be read.
     pub fn snapshot(&self, max_entries: usize) -> Option<Snapshot> {
+        with_rights(self.rights, || self.snapshot_here(max_entries))
+            .ok()
+            .flatten()
+    }
+
+    fn snapshot_here(&self, max_entries: usize) -> Option<Snapshot> {
         let mut snap = Snapshot::default();
         let mut budget = max_entries;
         walk(
@@ -543,6 +594,12 @@ impl RootDir {
     /// added anywhere is seen. For a root or home that must still be exactly as it was made
     /// (a warm agent's, before it is handed to a conversation).
     pub fn snapshot_whole(&self, max_entries: usize) -> Option<Snapshot> {
+        with_rights(self.rights, || self.snapshot_whole_here(max_entries))
+            .ok()
+            .flatten()
+    }
+
+    fn snapshot_whole_here(&self, max_entries: usize) -> Option<Snapshot> {
         let mut snap = Snapshot::default();
         let mut budget = max_entries;
         let st = rustix::fs::fstat(self.fd.as_fd()).ok()?;
@@ -611,6 +668,10 @@ fn walk(
                 Ok(sub) => walk(sub.as_fd(), &path, depth + 1, skip_git, snap, budget)?,
                 // Replaced by something else since the stat: recorded as it was.
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
+                // Closed to the rights of this walk (the agent's): what is inside is out of
+                // the agent's reach too; a change of the directory itself (its mode, to open it)
+                // is its own entry's stamp.
+                Err(Errno::ACCESS) => {}
                 Err(_) => return Err(()),
             }
         }
@@ -658,6 +719,14 @@ impl RootDir {
     /// when the root holds more than `max_entries` entries or is deeper than [`FIND_MAX_DEPTH`]:
     /// a caller that must see every such entry cannot act on part of them.
     pub fn find_named(
+        &self,
+        name: &OsStr,
+        max_entries: usize,
+    ) -> Result<Vec<(PathBuf, EntryKind)>, BeneathError> {
+        self.as_owner(|| self.find_named_here(name, max_entries))
+    }
+
+    fn find_named_here(
         &self,
         name: &OsStr,
         max_entries: usize,
@@ -712,8 +781,46 @@ impl RootDir {
                     Ok(sub) => go(sub.as_fd(), &path, depth + 1, name, out, budget)?,
                     // Gone or replaced since the stat: not a directory to walk any more.
                     Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {}
+                    // Closed to the rights of this walk (the agent's, see `RootDir::open_as`).
+                    Err(Errno::ACCESS) => closed(dir, this, &path, name, out)?,
                     Err(e) => return Err(io_err(&path.display().to_string(), e)),
                 }
+            }
+            Ok(())
+        }
+        /// A directory the walk may not list. Its own owner's (the agent's) is refused: the
+        /// agent can open it again at any moment, and what is inside cannot be seen now. Another
+        /// owner's is out of the agent's reach but for what it names without listing: with
+        /// search permission, `name` directly inside is looked up and kept.
+        fn closed(
+            dir: BorrowedFd<'_>,
+            this: &OsStr,
+            path: &Path,
+            name: &OsStr,
+            out: &mut Vec<(PathBuf, EntryKind)>,
+        ) -> Result<(), BeneathError> {
+            let shown = || path.display().to_string();
+            let st = rustix::fs::statat(dir, this, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                .map_err(|e| io_err(&shown(), e))?;
+            if st.st_uid == crate::rights::current_fs_ids().0 {
+                return Err(io_err(
+                    &shown(),
+                    std::io::Error::other(
+                        "a directory its owner closed to itself cannot be walked (its owner may open it again)",
+                    ),
+                ));
+            }
+            let Ok(sub) = rustix::fs::openat(
+                dir,
+                this,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) else {
+                return Ok(());
+            };
+            // Absent, or no search permission either: nothing there the agent can reach.
+            if let Ok(Some(kind)) = kind_at(sub.as_fd(), name) {
+                out.push((path.join(name), kind));
             }
             Ok(())
         }
@@ -733,6 +840,10 @@ impl RootDir {
     /// The entries of the directory `rel` beneath the root (itself opened beneath, a final
     /// symlink refused), each seen without following it.
     pub fn list(&self, rel: &Path) -> Result<Vec<(std::ffi::OsString, EntryKind)>, BeneathError> {
+        self.as_owner(|| self.list_here(rel))
+    }
+
+    fn list_here(&self, rel: &Path) -> Result<Vec<(std::ffi::OsString, EntryKind)>, BeneathError> {
         let shown = rel.display().to_string();
         let dir = open_beneath(
             self.fd.as_fd(),
@@ -761,6 +872,10 @@ impl RootDir {
     /// The regular file `rel` beneath the root opened for reading (no component may leave the
     /// root, the last is never followed, a FIFO or device is refused without blocking).
     pub fn open_file(&self, rel: &Path) -> Result<OwnedFd, BeneathError> {
+        self.as_owner(|| self.open_file_here(rel))
+    }
+
+    fn open_file_here(&self, rel: &Path) -> Result<OwnedFd, BeneathError> {
         let shown = rel.display().to_string();
         let fd = open_beneath(
             self.fd.as_fd(),
@@ -775,5 +890,439 @@ impl RootDir {
             return Err(BeneathError::NotRegular(shown));
         }
         Ok(fd)
+    }
+}
+
+/// Directory levels [`remove_tree`] descends at most: each level holds one fd while its entries
+/// are removed, and deeper is refused (the tree is left, the error says why) rather than
+/// running out of fds half-way.
+pub const REMOVE_MAX_DEPTH: usize = 512;
+
+/// Removes the directory `path` and everything beneath it: the contents with `rights` (the
+/// agent's, for its root or home), walked through directory fds only — every entry unlinked by
+/// name beneath its parent's fd (`unlinkat`), every directory entered by one name with
+/// `O_NOFOLLOW` — so a symbolic link is removed as a link and never followed, and nothing
+/// outside the tree is touched; a directory the owner closed to itself (`chmod 000`) is opened
+/// again as its owner could (`u+rwx`, through the fd, never by name). The directory itself is
+/// then removed with the caller's own rights, from its parent (the caller's own directory of
+/// roots or homes, where `rights` may not write). Absent: nothing to do.
+pub fn remove_tree(path: &Path, rights: Option<Rights>) -> Result<(), BeneathError> {
+    let shown = path.display().to_string();
+    let emptied = with_rights(rights, || {
+        let top = match rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(false),
+            Err(e) => return Err(map_errno(e, &shown)),
+        };
+        let top = enter(top, &shown)?;
+        empty_beneath(top, &shown)?;
+        Ok(true)
+    })??;
+    if emptied {
+        match std::fs::remove_dir(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&shown, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The directory behind `path_fd` (an `O_PATH` fd) opened for listing, after giving its owner
+/// back `rwx` when the owner is who this thread is and closed it to itself (a `chmod` through
+/// `/proc/self/fd`, which names exactly this directory: a name could be swapped for a link).
+fn enter(path_fd: OwnedFd, shown: &str) -> Result<OwnedFd, BeneathError> {
+    let st = rustix::fs::fstat(&path_fd).map_err(|e| io_err(shown, e))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Err(BeneathError::NotRegular(shown.to_string()));
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o700 != 0o700 && st.st_uid == crate::rights::current_fs_ids().0 {
+        use std::os::fd::AsRawFd;
+        let by_fd = format!("/proc/self/fd/{}", path_fd.as_raw_fd());
+        rustix::fs::chmod(by_fd.as_str(), Mode::from_raw_mode(mode | 0o700))
+            .map_err(|e| io_err(shown, e))?;
+    }
+    rustix::fs::openat(
+        &path_fd,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err(shown, e))
+}
+
+/// Removes every entry beneath `top` (iteratively: one fd per level, at most
+/// [`REMOVE_MAX_DEPTH`] levels). Entries that vanish meanwhile are simply gone; the first
+/// failure ends the removal with that error.
+fn empty_beneath(top: OwnedFd, shown: &str) -> Result<(), BeneathError> {
+    struct Level {
+        fd: OwnedFd,
+        names: Vec<std::ffi::OsString>,
+        /// The name of this level in its parent (removed there once this level is empty).
+        name: Option<std::ffi::OsString>,
+    }
+    let names_of = |fd: &OwnedFd| -> Result<Vec<std::ffi::OsString>, BeneathError> {
+        let mut out = Vec::new();
+        for entry in rustix::fs::Dir::read_from(fd).map_err(|e| io_err(shown, e))? {
+            let entry = entry.map_err(|e| io_err(shown, e))?;
+            let b = entry.file_name().to_bytes();
+            if b != b"." && b != b".." {
+                out.push(OsStr::from_bytes(b).to_os_string());
+            }
+        }
+        Ok(out)
+    };
+    let names = names_of(&top)?;
+    let mut stack = vec![Level {
+        fd: top,
+        names,
+        name: None,
+    }];
+    loop {
+        let depth = stack.len();
+        let Some(level) = stack.last_mut() else { break };
+        let Some(name) = level.names.pop() else {
+            let Some(done) = stack.pop() else { break };
+            if let (Some(parent), Some(name)) = (stack.last(), done.name) {
+                drop(done.fd);
+                match rustix::fs::unlinkat(
+                    &parent.fd,
+                    name.as_os_str(),
+                    rustix::fs::AtFlags::REMOVEDIR,
+                ) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(io_err(shown, e)),
+                }
+            }
+            continue;
+        };
+        let st = match rustix::fs::statat(
+            &level.fd,
+            name.as_os_str(),
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(io_err(shown, e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            match rustix::fs::unlinkat(&level.fd, name.as_os_str(), rustix::fs::AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(io_err(shown, e)),
+            }
+            continue;
+        }
+        if depth > REMOVE_MAX_DEPTH {
+            return Err(io_err(
+                shown,
+                std::io::Error::other("the tree is nested too deeply to be removed"),
+            ));
+        }
+        let sub = match rustix::fs::openat(
+            &level.fd,
+            name.as_os_str(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => continue,
+            // Swapped for a link or a file since the stat: removed as what it is now (a
+            // directory again by then is left, and the removal of its parent says so).
+            Err(Errno::NOTDIR | Errno::LOOP) => {
+                match rustix::fs::unlinkat(
+                    &level.fd,
+                    name.as_os_str(),
+                    rustix::fs::AtFlags::empty(),
+                ) {
+                    Ok(()) | Err(Errno::NOENT | Errno::ISDIR) => {}
+                    Err(e) => return Err(io_err(shown, e)),
+                }
+                continue;
+            }
+            Err(e) => return Err(io_err(shown, e)),
+        };
+        let fd = enter(sub, shown)?;
+        let names = names_of(&fd)?;
+        stack.push(Level {
+            fd,
+            names,
+            name: Some(name),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod remove_tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+
+    const AGENT: Rights = Rights {
+        uid: 61_321,
+        gid: 61_321,
+    };
+
+    fn as_root() -> bool {
+        if rustix::process::geteuid().is_root() {
+            return true;
+        }
+        println!("SKIP: an agent's tree needs root to make");
+        false
+    }
+
+    fn agent_owns(p: &Path) {
+        std::os::unix::fs::lchown(p, Some(AGENT.uid), Some(AGENT.gid)).unwrap();
+    }
+
+    /// A root as an agent leaves it: nested files, a directory it closed to itself, links to a
+    /// host file and a host directory it cannot delete from, a FIFO.
+    fn agents_tree(base: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let outside = base.join("host");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "host").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sandboxes = base.join("sandboxes");
+        std::fs::create_dir(&sandboxes).unwrap();
+        std::fs::set_permissions(&sandboxes, std::fs::Permissions::from_mode(0o711)).unwrap();
+        let root = sandboxes.join("conv-1");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o710)).unwrap();
+        std::fs::create_dir_all(root.join("a/b/c")).unwrap();
+        std::fs::write(root.join("a/b/c/f"), "x").unwrap();
+        std::fs::write(root.join("top"), "x").unwrap();
+        symlink(outside.join("keep"), root.join("a/to-file")).unwrap();
+        symlink(&outside, root.join("to-dir")).unwrap();
+        symlink(&outside, root.join("a/b/c/to-dir")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            root.join("fifo").as_path(),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        for e in [
+            "",
+            "a",
+            "a/b",
+            "a/b/c",
+            "a/b/c/f",
+            "top",
+            "a/to-file",
+            "to-dir",
+            "a/b/c/to-dir",
+            "fifo",
+        ] {
+            agent_owns(&root.join(e));
+        }
+        // Closed to itself, as `chmod 000` leaves it: its owner may open it again.
+        std::fs::set_permissions(root.join("a/b"), std::fs::Permissions::from_mode(0o000)).unwrap();
+        (root, outside, sandboxes)
+    }
+
+    #[test]
+    fn a_root_is_removed_as_its_agent_and_no_planted_link_is_followed() {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, outside, _) = agents_tree(t.path());
+        remove_tree(&root, Some(AGENT)).unwrap();
+        assert!(!root.exists(), "the root and all in it are gone");
+        // What the links named is the host's, which the agent could not delete: it stays.
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "host"
+        );
+        assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o7777, 0o755);
+        // Absent: nothing to do.
+        remove_tree(&root, Some(AGENT)).unwrap();
+    }
+
+    #[test]
+    fn what_the_agent_cannot_delete_in_its_root_survives_the_removal() {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, _, _) = agents_tree(t.path());
+        // A directory of the host's in the root (an operator put it there, or a mount): the
+        // agent cannot empty it, and neither does warden on its behalf.
+        let hosts = root.join("hosts");
+        std::fs::create_dir(&hosts).unwrap();
+        std::fs::write(hosts.join("precious"), "p").unwrap();
+        std::fs::set_permissions(&hosts, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let err = remove_tree(&root, Some(AGENT)).unwrap_err();
+        assert!(err.to_string().contains("Permission denied"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(hosts.join("precious")).unwrap(),
+            "p"
+        );
+        // With the supervisor's own (root's) rights the same call would have removed it: the
+        // rights are what stopped it.
+        remove_tree(&root, None).unwrap();
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_root_the_agent_closed_to_itself_is_still_removed() {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, _, _) = agents_tree(t.path());
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o000)).unwrap();
+        remove_tree(&root, Some(AGENT)).unwrap();
+        assert!(!root.exists());
+    }
+
+    #[test]
+    fn a_link_swapped_in_while_the_root_is_removed_never_reaches_the_agents_other_files() {
+        if !as_root() {
+            return;
+        }
+        // Another conversation's root of the same agent uid: the agent's rights could delete
+        // everything in it, so only never following a link keeps it. A racer swaps a full
+        // directory `d` of the root being removed with a link `l` to it (RENAME_EXCHANGE:
+        // atomic), as fast as it can, for the whole removal.
+        for round in 0..30 {
+            let t = tempfile::tempdir().unwrap();
+            std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+            let (root, _, sandboxes) = agents_tree(t.path());
+            let other = sandboxes.join("conv-2");
+            std::fs::create_dir_all(other.join("sub")).unwrap();
+            std::fs::write(other.join("precious"), "p").unwrap();
+            std::fs::write(other.join("sub/precious"), "p").unwrap();
+            for e in ["", "sub", "precious", "sub/precious"] {
+                agent_owns(&other.join(e));
+            }
+            std::fs::create_dir(root.join("d")).unwrap();
+            for i in 0..50 {
+                std::fs::write(root.join(format!("d/f{i}")), "x").unwrap();
+            }
+            agent_owns(&root.join("d"));
+            symlink(&other, root.join("l")).unwrap();
+            let stop = std::sync::atomic::AtomicBool::new(false);
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        if rustix::fs::renameat_with(
+                            rustix::fs::CWD,
+                            root.join("d").as_path(),
+                            rustix::fs::CWD,
+                            root.join("l").as_path(),
+                            rustix::fs::RenameFlags::EXCHANGE,
+                        )
+                        .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                // A refusal (an entry that changed under the walk) is allowed; a reach into
+                // conv-2 is not.
+                let _ = remove_tree(&root, Some(AGENT));
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            assert_eq!(
+                std::fs::read_to_string(other.join("precious"))
+                    .ok()
+                    .as_deref(),
+                Some("p"),
+                "round {round}: the other root's file went"
+            );
+            assert_eq!(
+                std::fs::read_to_string(other.join("sub/precious"))
+                    .ok()
+                    .as_deref(),
+                Some("p"),
+                "round {round}: the other root's nested file went"
+            );
+            // Once nothing races it, the rest of the root goes.
+            remove_tree(&root, Some(AGENT)).unwrap();
+            assert!(!root.exists());
+            assert!(other.join("precious").exists());
+        }
+    }
+
+    #[test]
+    fn the_git_walk_with_the_agents_rights_finds_what_the_agent_can_reach_and_refuses_what_it_hid()
+    {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, _, _) = agents_tree(t.path());
+        std::fs::set_permissions(root.join("a/b"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let host_dir = |rel: &str, mode: u32| {
+            std::fs::create_dir_all(root.join(rel).join(".git")).unwrap();
+            std::fs::set_permissions(root.join(rel), std::fs::Permissions::from_mode(mode))
+                .unwrap();
+        };
+        // The operator's: searchable, not listable (the agent reaches `.git` by its name);
+        // closed (the agent reaches nothing in it); and a plain one.
+        host_dir("search-only", 0o711);
+        host_dir("closed", 0o700);
+        host_dir("open", 0o755);
+        let agents = RootDir::open_as(&root, Some(AGENT)).unwrap();
+        let mut found: Vec<String> = agents
+            .find_named(OsStr::new(".git"), 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        found.sort();
+        assert_eq!(found, ["open/.git", "search-only/.git"]);
+        // A directory of the agent's own it closed to itself: it can open it again whenever it
+        // likes, so a walk that cannot see inside refuses rather than miss a `.git`.
+        std::fs::create_dir_all(root.join("mine/.git")).unwrap();
+        agent_owns(&root.join("mine"));
+        std::fs::set_permissions(root.join("mine"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        let err = agents.find_named(OsStr::new(".git"), 10_000).unwrap_err();
+        assert!(err.to_string().contains("closed to itself"), "{err}");
+    }
+
+    #[test]
+    fn walks_with_the_agents_rights_see_what_the_agent_sees() {
+        if !as_root() {
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (root, _, _) = agents_tree(t.path());
+        let hidden = root.join("private");
+        std::fs::create_dir(&hidden).unwrap();
+        std::fs::write(hidden.join("secret"), "s").unwrap();
+        std::fs::set_permissions(&hidden, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // Root (this process) sees everything; the agent's rights cannot list `private`.
+        let mine = RootDir::open(&root).unwrap();
+        assert!(mine.list(Path::new("private")).is_ok());
+        let agents = RootDir::open_as(&root, Some(AGENT)).unwrap();
+        assert!(agents.list(Path::new("top")).is_err());
+        let err = agents.list(Path::new("private")).unwrap_err();
+        assert!(err.to_string().contains("Permission denied"), "{err}");
+        assert!(
+            agents
+                .read_text(
+                    Path::new("private/secret"),
+                    ReadSpec {
+                        line: None,
+                        limit: None,
+                        max_bytes: 10
+                    }
+                )
+                .is_err()
+        );
+        assert!(agents.list(Path::new("")).is_ok(), "its own root is listed");
     }
 }

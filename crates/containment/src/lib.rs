@@ -21,12 +21,14 @@
 //! vs. time of use). That is why warden never *acts* on an agent path through it: every open of an
 //! agent's file goes through [`beneath::RootDir`] (`openat2` beneath a directory fd of the root),
 //! the only primitive for that in the whole tree. The resolver answers questions ("would this edit
-//! stay inside?"); `beneath` does the opening.
+//! stay inside?"); `beneath` does the opening, and [`rights`] makes the supervisor's own opening,
+//! walking and removing run with the agent's filesystem rights (never with more than the agent).
 #![forbid(unsafe_code)]
 
 mod anchored;
 pub mod beneath;
 mod boundary;
+pub mod rights;
 
 pub use anchored::Anchored;
 pub use boundary::{Boundary, Profile};

@@ -159,7 +159,9 @@ fn failure(e: BeneathError) -> Failure {
         BeneathError::HardLinked(_) => FailureKind::HardLinked,
         BeneathError::TooLarge { .. } => FailureKind::TooLarge,
         BeneathError::NotText(_) => FailureKind::NotText,
-        BeneathError::Unsupported | BeneathError::Root { .. } => FailureKind::Unavailable,
+        BeneathError::Unsupported | BeneathError::Root { .. } | BeneathError::Rights(_) => {
+            FailureKind::Unavailable
+        }
         BeneathError::Io { source, .. } => match source.raw_os_error() {
             // The agent's own rights refused it: a mode, a read-only bind, no capability.
             Some(n) if n == EACCES || n == EPERM || n == EROFS => FailureKind::Denied,

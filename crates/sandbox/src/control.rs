@@ -127,22 +127,26 @@ fn look(dir: &OwnedFd, name: &str, shown: &Path) -> Result<Found, SandboxError> 
 }
 
 /// Makes sure `name` exists below `dir` as a real entry (creating it as `kind` when absent,
-/// owned by the caller, mode 0755/0644) and returns its path for a read-only bind.
+/// owned by the caller, mode 0755/0644) and returns its path for a read-only bind. None: it is
+/// absent and the caller may not create it (`EACCES`, `EROFS`). The caller runs with the
+/// agent's rights (spawn.rs), so then the agent cannot create it either — an operator workspace
+/// the agent may not write — and there is nothing to bind.
 fn ensure(
     dir: &OwnedFd,
     base: &Path,
     name: &str,
     kind: ControlKind,
-) -> Result<PathBuf, SandboxError> {
+) -> Result<Option<PathBuf>, SandboxError> {
     let path = base.join(name);
     match look(dir, name, &path)? {
         Found::Symlink => return Err(refuse_symlink(&path)),
-        Found::Dir | Found::Other => return Ok(path),
+        Found::Dir | Found::Other => return Ok(Some(path)),
         Found::Absent => {}
     }
     match kind {
         ControlKind::Dir => match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
             Ok(()) | Err(Errno::EEXIST) => {}
+            Err(Errno::EACCES | Errno::EROFS) => return Ok(None),
             Err(e) => return Err(os("create", &path, e)),
         },
         ControlKind::File(content) => {
@@ -160,6 +164,7 @@ fn ensure(
                     .write_all(content.as_bytes())
                     .map_err(|e| SandboxError::io("write", &path, e))?,
                 Err(Errno::EEXIST) => {}
+                Err(Errno::EACCES | Errno::EROFS) => return Ok(None),
                 Err(e) => return Err(os("create", &path, e)),
             }
         }
@@ -171,7 +176,7 @@ fn ensure(
             "{} vanished while it was being created",
             path.display()
         ))),
-        _ => Ok(path),
+        _ => Ok(Some(path)),
     }
 }
 
@@ -180,7 +185,9 @@ pub fn prepare_root(root: &Path) -> Result<Vec<ControlBind>, SandboxError> {
     let dir = open_dir(root)?;
     let mut out = Vec::new();
     for (name, kind) in ROOT_CONTROL {
-        out.push(ControlBind::ro(ensure(&dir, root, name, *kind)?));
+        if let Some(p) = ensure(&dir, root, name, *kind)? {
+            out.push(ControlBind::ro(p));
+        }
     }
     Ok(out)
 }
@@ -232,7 +239,9 @@ pub fn prepare_home(
         if !out.iter().any(|b| b.path == ppath) {
             out.push(ControlBind::pin(ppath.clone()));
         }
-        out.push(ControlBind::ro(ensure(&pdir, &ppath, name, *kind)?));
+        if let Some(p) = ensure(&pdir, &ppath, name, *kind)? {
+            out.push(ControlBind::ro(p));
+        }
     }
     Ok(out)
 }
@@ -240,6 +249,39 @@ pub fn prepare_home(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_the_agents_rights_nothing_is_made_where_the_agent_may_not_write() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIP: the agent's rights need root to take");
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        // An operator workspace the agent may read but not write: it cannot create `.claude`
+        // there, so neither does the supervisor on its behalf, and there is nothing to bind.
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let agent = warden_containment::rights::Rights {
+            uid: 61_322,
+            gid: 61_322,
+        };
+        let binds = warden_containment::rights::with_rights(Some(agent), || prepare_root(t.path()))
+            .unwrap()
+            .unwrap();
+        assert!(binds.is_empty(), "{binds:?}");
+        assert!(!t.path().join(".claude").exists());
+        // One it may write: made, and the agent's.
+        nix::unistd::chown(t.path(), Some(Uid::from_raw(agent.uid)), None).unwrap();
+        let binds = warden_containment::rights::with_rights(Some(agent), || prepare_root(t.path()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(binds.len(), ROOT_CONTROL.len());
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(
+            std::fs::metadata(t.path().join(".claude")).unwrap().uid(),
+            agent.uid
+        );
+    }
 
     #[test]
     fn absent_control_paths_are_created_and_present_ones_kept() {

@@ -45,6 +45,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
 use warden_containment::beneath::{EntryKind, RootDir};
+use warden_containment::rights::Rights;
 
 use crate::SandboxError;
 
@@ -106,8 +107,10 @@ fn walk_err(root: &Path, e: impl std::fmt::Display) -> SandboxError {
 }
 
 /// The sandbox's view of every `.git` in `root` (found at this moment), in bind order.
-pub fn plan(root: &Path) -> Result<Vec<GitBind>, SandboxError> {
-    let dir = RootDir::open(root).map_err(|e| walk_err(root, e))?;
+/// Walked with `rights` (the agent's): what the agent cannot reach is not laid out, and a
+/// directory of its own it closed to itself refuses the start (see `RootDir::find_named`).
+pub fn plan(root: &Path, rights: Option<Rights>) -> Result<Vec<GitBind>, SandboxError> {
+    let dir = RootDir::open_as(root, rights).map_err(|e| walk_err(root, e))?;
     let found = dir
         .find_named(".git".as_ref(), GIT_WALK_MAX_ENTRIES)
         .map_err(|e| walk_err(root, e))?;
@@ -269,7 +272,7 @@ mod tests {
         }
         std::os::unix::fs::symlink("../elsewhere", r.join("sub/deep/.git/objects")).unwrap();
         std::os::unix::fs::symlink("/tmp", r.join("src/.git")).unwrap();
-        let got = shown(&plan(r).unwrap(), r);
+        let got = shown(&plan(r, None).unwrap(), r);
         let want = [
             "tmpfs .git",
             "copy .git/COMMIT_EDITMSG",
@@ -319,7 +322,7 @@ mod tests {
     fn a_root_without_git_has_no_git_binds() {
         let t = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(t.path().join("a/b")).unwrap();
-        assert!(plan(t.path()).unwrap().is_empty());
+        assert!(plan(t.path(), None).unwrap().is_empty());
         assert!(!t.path().join(".git").exists(), "no repository is invented");
     }
 

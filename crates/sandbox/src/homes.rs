@@ -24,6 +24,8 @@ pub struct AgentHomes {
 #[derive(Debug)]
 pub struct AgentHome {
     path: Option<PathBuf>,
+    /// The agent it was made for: whose rights its removal runs with.
+    owner: Option<(u32, u32)>,
 }
 
 impl AgentHomes {
@@ -31,6 +33,16 @@ impl AgentHomes {
     /// previous run left. `switching`: agents run as their own uid(s), which then need search
     /// on this directory.
     pub fn open(state_dir: &Path, switching: bool) -> Result<Self, SandboxError> {
+        let me = Self::open_keeping_leftovers(state_dir, switching)?;
+        me.remove_leftovers()?;
+        Ok(me)
+    }
+
+    /// [`AgentHomes::open`] without removing what a previous run left: for a caller that must
+    /// first give the agent uids their way to the homes (search on the state directory, which
+    /// the unit's `StateDirectoryMode=` resets at each start), since each leftover is removed
+    /// with its agent's rights; then [`AgentHomes::remove_leftovers`].
+    pub fn open_keeping_leftovers(state_dir: &Path, switching: bool) -> Result<Self, SandboxError> {
         let dir = state_dir.join("homes");
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -50,25 +62,25 @@ impl AgentHomes {
         let mode = if switching { 0o711 } else { 0o700 };
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode))
             .map_err(|e| SandboxError::io("set homes directory mode", &dir, e))?;
-        let me = Self { dir };
-        me.reap()?;
-        Ok(me)
+        Ok(Self { dir })
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
     }
 
-    fn reap(&self) -> Result<(), SandboxError> {
+    /// Removes every home a previous run left (each with the rights of the agent that owns it).
+    pub fn remove_leftovers(&self) -> Result<(), SandboxError> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| SandboxError::io("list homes", &self.dir, e))?;
         let mut n = 0;
         for e in entries.flatten() {
             let p = e.path();
-            // remove_dir_all does not follow symlinks; a planted link is removed as a link.
+            // A home is removed as the agent that owns it (the directory's owner), links as
+            // links; anything else here is the supervisor's own.
             let r = match std::fs::symlink_metadata(&p) {
-                Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-                _ => std::fs::remove_file(&p),
+                Ok(m) if m.is_dir() => crate::roots::remove_as_owner(&p, None, "remove agent home"),
+                _ => std::fs::remove_file(&p).map_err(|e| SandboxError::io("remove", &p, e)),
             };
             match r {
                 Ok(()) => n += 1,
@@ -105,6 +117,7 @@ impl AgentHomes {
             .map_err(|e| SandboxError::io("create agent home", &path, e))?;
         let home = AgentHome {
             path: Some(path.clone()),
+            owner: owner.map(|o| (o.uid, o.gid)),
         };
         if let Some(t) = template {
             let meta = std::fs::symlink_metadata(t)
@@ -130,10 +143,10 @@ impl AgentHome {
         self.path.as_deref().unwrap_or(Path::new(""))
     }
 
-    /// Deletes the home and everything in it.
+    /// Deletes the home and everything in it, with its agent's rights (links removed as links).
     pub fn remove(mut self) -> Result<(), SandboxError> {
         match self.path.take() {
-            Some(p) => remove(&p),
+            Some(p) => crate::roots::remove_as_owner(&p, self.owner, "remove agent home"),
             None => Ok(()),
         }
     }
@@ -142,18 +155,10 @@ impl AgentHome {
 impl Drop for AgentHome {
     fn drop(&mut self) {
         if let Some(p) = self.path.take()
-            && let Err(e) = remove(&p)
+            && let Err(e) = crate::roots::remove_as_owner(&p, self.owner, "remove agent home")
         {
             tracing::warn!(error = %e, "cannot remove an agent home");
         }
-    }
-}
-
-fn remove(p: &Path) -> Result<(), SandboxError> {
-    match std::fs::remove_dir_all(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(SandboxError::io("remove agent home", p, e)),
     }
 }
 

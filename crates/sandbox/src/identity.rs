@@ -27,6 +27,15 @@ pub struct AgentIdentity {
     pub gid: u32,
 }
 
+impl From<AgentIdentity> for warden_containment::rights::Rights {
+    fn from(i: AgentIdentity) -> Self {
+        Self {
+            uid: i.uid,
+            gid: i.gid,
+        }
+    }
+}
+
 /// How the supervisor's agents are run, decided once at start-up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdentityPlan {
@@ -584,29 +593,50 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
     }
     let dev = top.dev();
     let previous = top.uid();
-    let mut stack = vec![dir.to_path_buf()];
-    let own = |p: &Path| {
-        std::os::unix::fs::lchown(p, Some(who.uid), Some(who.gid))
-            .map_err(|e| SandboxError::io("chown", p, e))
-    };
-    own(dir)?;
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|e| SandboxError::io("list", &d, e))?;
-        for e in entries.flatten() {
-            let p = e.path();
-            let Ok(m) = std::fs::symlink_metadata(&p) else {
-                continue;
-            };
-            if m.dev() != dev || m.uid() != previous || (!m.is_dir() && m.nlink() > 1) {
-                continue;
+    // Walked with the earlier uid's rights (it owns what is walked) and CAP_CHOWN alone, never
+    // past a mode that stops that uid. Its gid is the range's group when there is one, else
+    // its uid (UidRange::identity). Every path is listed first and chowned deepest first, the
+    // root last: a directory already handed over could no longer be passed by the earlier uid.
+    let rights = (previous != nix::unistd::geteuid().as_raw()).then_some(
+        warden_containment::rights::Rights {
+            uid: previous,
+            gid: if who.gid != who.uid {
+                who.gid
+            } else {
+                previous
+            },
+        },
+    );
+    warden_containment::rights::with_rights_keeping(
+        rights,
+        warden_containment::rights::Capabilities::CHOWN,
+        || {
+            let mut all = vec![dir.to_path_buf()];
+            let mut stack = vec![dir.to_path_buf()];
+            while let Some(d) = stack.pop() {
+                let entries = std::fs::read_dir(&d).map_err(|e| SandboxError::io("list", &d, e))?;
+                for e in entries.flatten() {
+                    let p = e.path();
+                    let Ok(m) = std::fs::symlink_metadata(&p) else {
+                        continue;
+                    };
+                    if m.dev() != dev || m.uid() != previous || (!m.is_dir() && m.nlink() > 1) {
+                        continue;
+                    }
+                    if m.is_dir() {
+                        stack.push(p.clone());
+                    }
+                    all.push(p);
+                }
             }
-            own(&p)?;
-            if m.is_dir() {
-                stack.push(p);
+            for p in all.iter().rev() {
+                std::os::unix::fs::lchown(p, Some(who.uid), Some(who.gid))
+                    .map_err(|e| SandboxError::io("chown", p, e))?;
             }
-        }
-    }
-    Ok(())
+            Ok(())
+        },
+    )
+    .map_err(|e| SandboxError::InvalidInput(e.to_string()))?
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use warden_containment::rights::Rights;
 use warden_containment::{AgentHomes, RealFs, RootCheck, is_inside};
 use warden_store::{Store, Tree};
 
@@ -63,6 +64,11 @@ struct RootRecord {
     /// before owners were, which nobody may reopen (see [`OwnedRoots::owner`]).
     #[serde(default)]
     principal: Option<String>,
+    /// The agent identity it was made for (uid, gid): whose rights its removal runs with.
+    /// `None`: made for the supervisor's own uid, or recorded before owners were (then the
+    /// directory's owner is taken).
+    #[serde(default)]
+    owner: Option<(u32, u32)>,
 }
 
 /// Who a registered root belongs to.
@@ -205,6 +211,7 @@ impl OwnedRoots {
             allow_execute,
             profile,
             principal: Some(principal.to_string()),
+            owner: owner.map(|o| (o.uid, o.gid)),
         };
         let bytes = serde_json::to_vec(&rec).map_err(|e| SandboxError::Lease(e.to_string()))?;
         self.registry.put(conversation_id.as_bytes(), bytes)?;
@@ -317,7 +324,9 @@ impl OwnedRoots {
             .collect())
     }
 
-    /// Deletes the conversation's sandbox directory and its registry entry.
+    /// Deletes the conversation's sandbox directory and its registry entry. What is in it is
+    /// removed with the rights of the agent that owns it (see [`remove_as_owner`]); the emptied
+    /// directory with the supervisor's own, from its directory of sandboxes.
     pub fn remove(&self, conversation_id: &str) -> Result<(), SandboxError> {
         let Some(bytes) = self.registry.get(conversation_id.as_bytes())? else {
             return Ok(());
@@ -325,13 +334,50 @@ impl OwnedRoots {
         if let Ok(rec) = serde_json::from_slice::<RootRecord>(&bytes)
             && self.verify(&rec).is_ok()
         {
-            std::fs::remove_dir_all(&rec.dir)
-                .map_err(|e| SandboxError::io("remove sandbox", &rec.dir, e))?;
+            remove_as_owner(&rec.dir, rec.owner, "remove sandbox")?;
         }
         self.registry.delete(conversation_id.as_bytes())?;
         self.store.flush()?;
         Ok(())
     }
+}
+
+/// Removes `dir` (a root or an agent home the supervisor made in a directory of its own) with
+/// the rights of the agent that owns it: the directory's owner, when that is not this process
+/// (with the recorded gid when the record names that uid, else the directory's own gid; the
+/// groups list is empty either way). Links are removed as links, never followed, and what the
+/// agent could not delete stays, with an error saying so
+/// (`warden_containment::beneath::remove_tree`).
+pub(crate) fn remove_as_owner(
+    dir: &Path,
+    recorded: Option<(u32, u32)>,
+    what: &'static str,
+) -> Result<(), SandboxError> {
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(SandboxError::io(what, dir, e)),
+    };
+    let rights = (meta.uid() != nix::unistd::geteuid().as_raw()).then(|| {
+        let gid = match recorded {
+            Some((uid, gid)) if uid == meta.uid() => gid,
+            _ => meta.gid(),
+        };
+        Rights {
+            uid: meta.uid(),
+            gid,
+        }
+    });
+    warden_containment::beneath::remove_tree(dir, rights).map_err(|e| {
+        SandboxError::InvalidInput(format!(
+            "{what} {}{}: {e}",
+            dir.display(),
+            match rights {
+                Some(r) => format!(" (as its agent, uid {})", r.uid),
+                None => String::new(),
+            }
+        ))
+    })
 }
 
 fn birth_ns(meta: &std::fs::Metadata) -> Option<u128> {

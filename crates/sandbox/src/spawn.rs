@@ -37,6 +37,7 @@ use crate::kill::ProcessTree;
 use crate::lease::{Lease, Leases, now_unix_ms};
 use crate::procfs::ProcessIdentity;
 use crate::roots::{Boundary, Profile, sanitize_label};
+use warden_containment::rights::Rights;
 
 const GATE: &str = "IFS= read -r _warden_gate <&3 || exit 111; exec 3<&-; exec \"$@\"";
 const SH: &str = "/bin/sh";
@@ -372,7 +373,10 @@ impl Spawner {
         // The working directory is opened beneath the root's fd and entered by that fd
         // (fchdir in the child), never by name: a component swapped for a symlink after the
         // check above cannot move the agent out of its root.
-        let cwd_fd = warden_containment::beneath::RootDir::open(root)
+        // With the agent's rights (crates/containment rights.rs): its root is its own (0710),
+        // and a directory it closed stops this open as it stops the agent.
+        let rights = identity.map(Rights::from);
+        let cwd_fd = warden_containment::beneath::RootDir::open_as(root, rights)
             .and_then(|r| r.open_dir(&cwd))
             .map_err(|e| {
                 SandboxError::InvalidInput(format!("working directory {}: {e}", cwd.display()))
@@ -446,10 +450,13 @@ impl Spawner {
         let mut git = Vec::new();
         if self.bwrap.is_some() {
             if spec.boundary.profile == Profile::WorkspaceWrite {
-                control.extend(prepare_root(root)?);
-                // Every `.git` in the root by allowlist (git.rs); the copies' fds are raised
-                // above the gate's fd like the generated /etc files'.
-                for b in crate::git::plan(root)? {
+                // Made with the agent's rights (what is created is the agent's, bound read-only
+                // over it below), never with more than the agent has in its own root.
+                control.extend(as_agent(rights, || prepare_root(root))?);
+                // Every `.git` in the root by allowlist (git.rs), found with the agent's
+                // rights; the copies' fds are raised above the gate's fd like the generated
+                // /etc files'.
+                for b in crate::git::plan(root, rights)? {
                     git.push(match b {
                         GitBind::Copy { fd, path } => GitBind::Copy {
                             fd: high_fd(&fd)?,
@@ -460,7 +467,7 @@ impl Spawner {
                 }
             }
             if let Some(h) = &home {
-                control.extend(prepare_home(h, identity)?);
+                control.extend(as_agent(rights, || prepare_home(h, identity))?);
             }
         }
         let who = identity.unwrap_or(AgentIdentity {
@@ -995,6 +1002,16 @@ fn drop_all_capabilities() -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Runs `f` with the agent's filesystem rights (`None`: the supervisor's own, which is then the
+/// agent's): what the supervisor lays out in an agent's root and home.
+fn as_agent<T: Send>(
+    rights: Option<Rights>,
+    f: impl FnOnce() -> Result<T, SandboxError> + Send,
+) -> Result<T, SandboxError> {
+    warden_containment::rights::with_rights(rights, f)
+        .map_err(|e| SandboxError::InvalidInput(e.to_string()))?
 }
 
 #[cfg(test)]

@@ -189,10 +189,14 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
             "agents run as one uid per conversation"
         );
     }
-    let homes = warden_sandbox::AgentHomes::open(&state, some_agent.is_some())?;
+    let homes = warden_sandbox::AgentHomes::open_keeping_leftovers(&state, some_agent.is_some())?;
     if let Some(i) = some_agent {
         open_path_to_agents(&state, roots.dir(), homes.dir(), i)?;
     }
+    // After the way in is open: a leftover home is removed with its agent's rights, which
+    // need search on the state directory (the unit's StateDirectoryMode= takes it away at
+    // every start).
+    homes.remove_leftovers()?;
     let records = Records::new(&state, settings.limits().transcript_bytes)?;
     let policy = PolicyClient::new(&settings.policy_socket()).with_answer_grace(
         std::time::Duration::from_millis(settings.file.policy.answer_grace_ms),

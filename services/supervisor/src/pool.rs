@@ -355,10 +355,12 @@ impl Pool {
         // checked again at the take.
         let opened = {
             let (root_path, home_path) = (boundary.root.clone(), home.path().to_path_buf());
+            // Looked at with the agent's rights, like every look at an agent's root or home.
+            let rights = ident.map(Into::into);
             tokio::task::spawn_blocking(move || {
                 Some((
-                    Arc::new(RootDir::open(&root_path).ok()?),
-                    Arc::new(RootDir::open(&home_path).ok()?),
+                    Arc::new(RootDir::open_as(&root_path, rights).ok()?),
+                    Arc::new(RootDir::open_as(&home_path, rights).ok()?),
                 ))
             })
             .await

@@ -316,7 +316,7 @@ impl Supervisor {
                 .validate(&w.path, w.allow_execute, profile)
                 .map_err(|e| Status::failed_precondition(e.to_string()))?
         };
-        let core = self.conv_core(req, agent_name, &agent_cfg, profile, &boundary);
+        let core = self.conv_core(req, agent_name, &agent_cfg, profile, &boundary, ident);
         let home = match self
             .shared
             .homes
@@ -395,6 +395,7 @@ impl Supervisor {
         agent_cfg: &AgentConfig,
         profile: warden_sandbox::Profile,
         boundary: &warden_sandbox::Boundary,
+        ident: Option<warden_sandbox::AgentIdentity>,
     ) -> Arc<ConvCore> {
         let s = &self.shared.settings;
         Arc::new(ConvCore {
@@ -433,8 +434,13 @@ impl Supervisor {
                 },
             }),
             terminals: Default::default(),
-            files: warden_containment::beneath::RootDir::open(&boundary.root)
-                .map_err(|e| e.to_string()),
+            // Every look the supervisor takes at the root (the files a turn changed) runs
+            // with the agent's rights: its root is its own, and what it closed stays closed.
+            files: warden_containment::beneath::RootDir::open_as(
+                &boundary.root,
+                ident.map(Into::into),
+            )
+            .map_err(|e| e.to_string()),
             // fs/* carried out by the agent's own rights (what it creates is the agent's).
             servant: crate::servant::Servant::spawned(
                 self.shared.clone(),
@@ -460,7 +466,14 @@ impl Supervisor {
         warm: crate::pool::Warm,
     ) -> Option<Result<Arc<Conversation>, Status>> {
         let boundary = warm.boundary().clone();
-        let core = self.conv_core(req, agent_name, agent_cfg, profile, &boundary);
+        let core = self.conv_core(
+            req,
+            agent_name,
+            agent_cfg,
+            profile,
+            &boundary,
+            warm.identity(),
+        );
         let claimed = self.pool.claim(warm, &core).await?;
         match Conversation::open(
             core,

@@ -8,6 +8,10 @@
 //! - `DENIED <code> <message>` (3): connected, and the daemon refused the call (the peer
 //!   allowlist answers PERMISSION_DENIED) or dropped the connection.
 //!
+//! `warden-e2e-probe SOCKET close CONTEXT`: instead of the health check, `CloseConversation` of
+//! CONTEXT on the supervisor's socket (principal "", the gateway's housekeeping close), as the
+//! gateway's uid: `CLOSED <closed>` (0), or the same `UNREACHABLE`/`DENIED` as above.
+//!
 //! Must never: retry or fall back to anything else; a test asserts exactly what it saw.
 
 use std::path::PathBuf;
@@ -34,6 +38,26 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if std::env::args().nth(2).as_deref() == Some("close") {
+        let context_id = std::env::args().nth(3).unwrap_or_default();
+        let answer =
+            warden_proto::v1::supervisor_service_client::SupervisorServiceClient::new(channel)
+                .close_conversation(warden_proto::v1::CloseConversationRequest {
+                    context_id,
+                    principal: String::new(),
+                })
+                .await;
+        return match answer {
+            Ok(r) => {
+                println!("CLOSED {}", r.into_inner().closed);
+                ExitCode::SUCCESS
+            }
+            Err(s) => {
+                println!("DENIED {:?} {}", s.code(), s.message());
+                ExitCode::from(3)
+            }
+        };
+    }
     let answer = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: String::new(),
