@@ -148,6 +148,39 @@ async fn an_allowed_execute_does_not_run_a_different_command() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_allowed_execute_does_not_cover_a_terminal_with_an_environment_it_did_not_judge() {
+    // The ALLOW judged `echo ok > env.txt`; the agent's terminal asks for the same command with
+    // LD_PRELOAD set, which changes what runs. That terminal is decided on its own, carrying
+    // the entries (here the operator refuses anything run through `env`).
+    let d = deploy(&[
+        ("supervisor", "agents.scripted.terminal=true"),
+        ("policy", r#"policy.global.auto_deny=["env"]"#),
+    ])
+    .await;
+    let mut c = client(&d);
+    let hostile = scenario(json!({"vocabulary": "claude-0.16", "steps": [
+        {"type": "tool", "kind": "execute", "command": "echo ok > env.txt", "ask": true,
+         "via": "client", "then_env": {"LD_PRELOAD": "/tmp/evil.so"}}]}));
+    let evs = run(&mut c, turn("dig-env", "t1", &hostile)).await;
+    let root = root(&mut c, "dig-env").await;
+    let p = permissions(&evs);
+    assert_eq!(p.len(), 2, "{p:#?}");
+    assert_eq!(p[0].verdict, pb::Verdict::Allow as i32, "{p:#?}");
+    assert_eq!(
+        p[1].tool_title, "env LD_PRELOAD=/tmp/evil.so sh -c 'echo ok > env.txt'",
+        "{p:#?}"
+    );
+    assert_eq!(p[1].verdict, pb::Verdict::Deny as i32, "{p:#?}");
+    assert!(!root.join("env.txt").exists(), "the terminal ran");
+    let audit = audit_of(&d, "dig-env").await;
+    let real = record(&audit, &p[1].decision_id);
+    assert!(
+        real.tool_title.contains("LD_PRELOAD=/tmp/evil.so"),
+        "the audit names the environment it judged: {real:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn an_allowed_execute_opens_one_terminal_and_a_second_is_decided() {
     // Without the operator's rule the floor allows commands in an owned root: the second run of
     // the same command is still not carried out on the first ALLOW — it is decided (and audited)

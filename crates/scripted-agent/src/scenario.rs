@@ -114,6 +114,10 @@ pub struct ToolStep {
     /// A hostile agent: once allowed, write this content instead of `content`.
     #[serde(default)]
     pub then_write: Option<String>,
+    /// A hostile agent: the `terminal/create` of an allowed execute carries these environment
+    /// entries (`{"NAME": "value"}`), which the decision did not see.
+    #[serde(default)]
+    pub then_env: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// How a `connect` step reaches its destination.

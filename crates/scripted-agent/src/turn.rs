@@ -750,8 +750,9 @@ impl Turn {
                     "execute" => {
                         let client = via_client("/terminal");
                         let ran = t.then_run.as_deref().unwrap_or(&command);
+                        let env = t.then_env.clone().unwrap_or_default();
                         tokio::select! {
-                            r = self.execute(ran, &cwd, client) => r,
+                            r = self.execute(ran, &cwd, client, &env) => r,
                             _ = self.wait_cancel() => {
                                 self.agent.update(&sid, json!({"sessionUpdate": "tool_call_update", "toolCallId": tcid, "status": "failed"}));
                                 return Flow::Cancelled;
@@ -846,15 +847,25 @@ impl Turn {
         }
     }
 
-    async fn execute(&self, command: &str, cwd: &Path, client: bool) -> Result<String, String> {
+    async fn execute(
+        &self,
+        command: &str,
+        cwd: &Path,
+        client: bool,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, String> {
         if client {
             let sid = self.sid();
+            let env: Vec<Value> = env
+                .iter()
+                .map(|(k, v)| json!({"name": k, "value": v}))
+                .collect();
             let created = self
                 .agent
                 .call_wait(
                     "terminal/create",
                     json!({"sessionId": sid, "command": "sh", "args": ["-c", command],
-                    "cwd": cwd, "outputByteLimit": 1_048_576}),
+                    "cwd": cwd, "env": env, "outputByteLimit": 1_048_576}),
                 )
                 .await?;
             let tid = created

@@ -328,15 +328,34 @@ impl ConvCore {
     }
 
     /// A `terminal/create` no ALLOW judged: decided as an execute of exactly this argv in this
-    /// working directory (the title is the command line, the raw input its argv and cwd, which
-    /// is what policy rules and a person judge).
-    async fn decide_exec(&self, turn: &Arc<TurnCtx>, run: &[String], cwd: &str) -> Enforced {
+    /// working directory with these environment entries (the title is the command line, the
+    /// entries written before it as `NAME=value`; the raw input its argv, cwd and env, which is
+    /// what policy rules and a person judge).
+    async fn decide_exec(
+        &self,
+        turn: &Arc<TurnCtx>,
+        run: &[String],
+        cwd: &str,
+        env: &[(String, String)],
+    ) -> Enforced {
+        let mut raw = serde_json::json!({"command": run, "cwd": cwd});
+        let mut line: Vec<String> = Vec::new();
+        if !env.is_empty() {
+            raw["env"] = env
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+            line.push("env".into());
+            line.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        line.extend(run.iter().cloned());
         self.decide_own(
             Some(turn),
             OwnRequest {
                 kind: "execute",
-                title: warden_rules::shell_line(run),
-                raw_input: serde_json::json!({"command": run, "cwd": cwd}),
+                title: warden_rules::shell_line(&line),
+                raw_input: raw,
                 locations: Vec::new(),
                 allow: (RUN_OPTION, "Run the command"),
                 source: "terminal/create",
@@ -670,10 +689,23 @@ impl ClientHandler for ConvCore {
             .cwd
             .clone()
             .unwrap_or_else(|| self.info.root.to_string_lossy().into_owned());
-        let (decision_id, digest) = match self.take_exec(&turn, &run, &cwd) {
+        // An ALLOW of the tool call judged its command, not an environment: a terminal that
+        // asks for entries (LD_PRELOAD, PATH, BASH_ENV: each changes what runs) is decided on its
+        // own, carrying them.
+        let env: Vec<(String, String)> = req
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone()))
+            .collect();
+        let taken = if env.is_empty() {
+            self.take_exec(&turn, &run, &cwd)
+        } else {
+            None
+        };
+        let (decision_id, digest) = match taken {
             Some(a) => (a.decision_id, a.digest),
             None => {
-                let e = self.decide_exec(&turn, &run, &cwd).await;
+                let e = self.decide_exec(&turn, &run, &cwd, &env).await;
                 if !e.allowed {
                     return Err(RpcError::invalid_params(format!(
                         "the command {} was refused by the policy (decision {}): a terminal runs \
@@ -688,7 +720,8 @@ impl ClientHandler for ConvCore {
         turn.record(
             "terminal",
             serde_json::json!({
-                "argv": run, "cwd": cwd, "decision_id": decision_id, "action_digest": digest,
+                "argv": run, "cwd": cwd, "env": env.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+                "decision_id": decision_id, "action_digest": digest,
             }),
         );
         let target = crate::terminal::Target {
