@@ -160,7 +160,7 @@ async fn an_allowed_execute_does_not_cover_a_terminal_with_an_environment_it_did
     let mut c = client(&d);
     let hostile = scenario(json!({"vocabulary": "claude-0.16", "steps": [
         {"type": "tool", "kind": "execute", "command": "echo ok > env.txt", "ask": true,
-         "via": "client", "then_env": {"LD_PRELOAD": "/tmp/evil.so"}}]}));
+         "via": "client", "then_env": {"LD_PRELOAD": "/tmp/evil.so", "CLAUDECODE": "1"}}]}));
     let evs = run(&mut c, turn("dig-env", "t1", &hostile)).await;
     let root = root(&mut c, "dig-env").await;
     let p = permissions(&evs);
@@ -178,6 +178,16 @@ async fn an_allowed_execute_does_not_cover_a_terminal_with_an_environment_it_did
         real.tool_title.contains("LD_PRELOAD=/tmp/evil.so"),
         "the audit names the environment it judged: {real:?}"
     );
+    // The marker claude-code-acp puts on every terminal (CLAUDECODE=1) changes nothing that
+    // runs: the ALLOW of the command covers it, no second decision.
+    let honest = scenario(json!({"vocabulary": "claude-0.16", "steps": [
+        {"type": "tool", "kind": "execute", "command": "echo ok > env.txt", "ask": true,
+         "via": "client", "then_env": {"CLAUDECODE": "1"}}]}));
+    let evs = run(&mut c, turn("dig-env", "t2", &honest)).await;
+    let p = permissions(&evs);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert_eq!(last_tool(&evs).0, "completed", "{evs:#?}");
+    assert!(root.join("env.txt").exists());
 }
 
 #[tokio::test(flavor = "multi_thread")]

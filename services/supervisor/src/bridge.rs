@@ -28,6 +28,20 @@ use crate::policy::rules_verdict;
 use crate::servant::ServantError;
 use crate::turn::{AllowedExec, Counted, CoveredWrite, EndRequest, TurnCtx};
 
+/// Environment entries of a `terminal/create` that an ALLOW of its command still covers: they
+/// change how output looks or mark an adapter's own terminal (claude-code-acp sends
+/// `CLAUDECODE=1` with every command), never which program runs or what it loads. Every other
+/// entry makes the terminal a decision of its own.
+const INERT_ENV: &[&str] = &[
+    "CLAUDECODE",
+    "TERM",
+    "COLUMNS",
+    "LINES",
+    "NO_COLOR",
+    "FORCE_COLOR",
+    "CLICOLOR",
+];
+
 /// The options the supervisor offers the policy for a client write or terminal it asks about
 /// itself.
 const WRITE_OPTION: &str = "write";
@@ -691,10 +705,12 @@ impl ClientHandler for ConvCore {
             .unwrap_or_else(|| self.info.root.to_string_lossy().into_owned());
         // An ALLOW of the tool call judged its command, not an environment: a terminal that
         // asks for entries (LD_PRELOAD, PATH, BASH_ENV: each changes what runs) is decided on its
-        // own, carrying them.
+        // own, carrying them — all but the few that only say how output looks or that an
+        // adapter marks its own terminals with (`INERT_ENV`).
         let env: Vec<(String, String)> = req
             .env
             .iter()
+            .filter(|e| !INERT_ENV.contains(&e.name.as_str()))
             .map(|e| (e.name.clone(), e.value.clone()))
             .collect();
         let taken = if env.is_empty() {
