@@ -17,7 +17,12 @@
 //! `WARDEN_WAVE_RUNS` (1: whole runs, each on fresh daemons), `WARDEN_WAVE_STALL_S` (15),
 //! `WARDEN_WAVE_READ_TIMEOUT_S` (90, the outside tester's read timeout), `WARDEN_WAVE_MAX_TASKS`
 //! (200), `WARDEN_WAVE_SWEEP_MS` (1000), `WARDEN_WAVE_CACHE_BYTES` (8 MiB),
-//! `WARDEN_WAVE_GDB` (1; 0 = no user stacks in the dump). A smaller run for this 2-core machine:
+//! `WARDEN_WAVE_ACTIVE_TURNS` (0 = the supervisor's default, sixteen per core: on 2 cores 32
+//! turns run at once and the rest queue, so the live agents are never all busy; the outside
+//! tester's larger host ran every turn of a wave at once, 128 does that here),
+//! `WARDEN_WAVE_TURN_MS` (0: the scripted agent echoes at once; n: each turn says a line, sleeps
+//! n ms, says another, so a wave's turns overlap and hold their agents), `WARDEN_WAVE_PAUSE_MS`
+//! (0: the pause between waves), `WARDEN_WAVE_GDB` (1; 0 = no user stacks in the dump). A smaller run for this 2-core machine:
 //! `WARDEN_WAVE_STREAMS=30 WARDEN_WAVE_LIVE_AGENTS=20`.
 
 use std::path::{Path, PathBuf};
@@ -47,6 +52,9 @@ struct Knobs {
     max_tasks: u64,
     sweep_ms: u64,
     cache_bytes: u64,
+    active_turns: u64,
+    turn_ms: u64,
+    pause_ms: u64,
     gdb: bool,
 }
 
@@ -62,6 +70,9 @@ impl Knobs {
             max_tasks: env_num("WARDEN_WAVE_MAX_TASKS", 200),
             sweep_ms: env_num("WARDEN_WAVE_SWEEP_MS", 1000),
             cache_bytes: env_num("WARDEN_WAVE_CACHE_BYTES", 8 * 1024 * 1024),
+            active_turns: env_num("WARDEN_WAVE_ACTIVE_TURNS", 0),
+            turn_ms: env_num("WARDEN_WAVE_TURN_MS", 0),
+            pause_ms: env_num("WARDEN_WAVE_PAUSE_MS", 0),
             gdb: env_num("WARDEN_WAVE_GDB", 1) != 0,
         }
     }
@@ -82,6 +93,10 @@ struct Outcome {
     /// The longest time without a byte of the stream (an event or a keep-alive), including the
     /// wait for the response head.
     longest_silence: Duration,
+    /// How long the response head took (the gateway answering at all).
+    head_wait: Duration,
+    /// The longest time between two events with data (keep-alives not counted), from the head.
+    longest_event_gap: Duration,
     events: usize,
 }
 
@@ -152,7 +167,9 @@ async fn one_stream(
         }
         Ok(Ok(r)) => r,
     };
+    out.head_wait = last.elapsed();
     note(&mut out, &mut last);
+    let mut last_event = Instant::now();
     if resp.status().as_u16() != 200 {
         out.error = Some(format!("HTTP {}", resp.status()));
         return out;
@@ -162,6 +179,7 @@ async fn one_stream(
         let item = match tokio::time::timeout(read_timeout, events.next()).await {
             Err(_) => {
                 out.longest_silence = out.longest_silence.max(last.elapsed());
+                out.longest_event_gap = out.longest_event_gap.max(last_event.elapsed());
                 out.error = Some(format!("silent for {read_timeout:?} (read timeout)"));
                 return out;
             }
@@ -177,6 +195,8 @@ async fn one_stream(
             continue;
         };
         out.events += 1;
+        out.longest_event_gap = out.longest_event_gap.max(last_event.elapsed());
+        last_event = Instant::now();
         let ev: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
         if ev.get("error").is_some() {
             out.error = Some(format!("error event: {}", ev["error"]));
@@ -193,6 +213,19 @@ async fn one_stream(
         out.error = Some(format!("the stream ended at state {:?}", out.state));
     }
     out
+}
+
+/// What a turn asks the scripted agent: an echo, or an inline scenario that takes `turn_ms`.
+fn text_of(turn_ms: u64, wave: u64, i: usize) -> String {
+    if turn_ms == 0 {
+        return format!("hello from wave {wave}, stream {i}");
+    }
+    json!({"steps": [
+        {"type": "message", "text": format!("wave {wave}, stream {i}: working")},
+        {"type": "sleep", "ms": turn_ms},
+        {"type": "message", "text": "done"},
+    ]})
+    .to_string()
 }
 
 /// A message id unique to this process, readable in the logs.
@@ -322,6 +355,8 @@ struct WaveFigures {
     broken: usize,
     stalled: usize,
     longest: Duration,
+    head: Duration,
+    gap: Duration,
     secs: f64,
     rss_mib: f64,
     faults: std::collections::BTreeMap<String, usize>,
@@ -337,6 +372,10 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
             (
                 "supervisor".into(),
                 format!("limits.max_conversations={}", knobs.streams.max(512)),
+            ),
+            (
+                "supervisor".into(),
+                format!("limits.max_active_turns={}", knobs.active_turns),
             ),
             (
                 "gateway".into(),
@@ -365,21 +404,24 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
     let gw = d.daemon("gateway").map(|x| x.pid()).unwrap_or(0);
     let epoch = Instant::now();
     println!(
-        "run {run}: {} waves × {} streams over the same {} contexts, {} live agents, store.max_tasks {}, sweep {} ms, cache {} B (state {})",
+        "run {run}: {} waves × {} streams over the same {} contexts, {} live agents, max_active_turns {}, turns of {} ms, {} ms between waves, store.max_tasks {}, sweep {} ms, cache {} B (state {})",
         knobs.waves,
         knobs.streams,
         knobs.streams,
         knobs.live_agents,
+        knobs.active_turns,
+        knobs.turn_ms,
+        knobs.pause_ms,
         knobs.max_tasks,
         knobs.sweep_ms,
         knobs.cache_bytes,
         d.dir.path().display()
     );
     println!(
-        "| wave | completed | failed | broken | stalled (> {} s) | longest silence s | wave s | gateway RSS MiB | open conns after | failures |",
+        "| wave | completed | failed | broken | stalled (> {} s) | longest silence s | longest head wait s | longest event gap s | wave s | gateway RSS MiB | open conns after | failures |",
         knobs.stall.as_secs()
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let (mut stalled_waves, mut bad_tasks) = (0, 0);
     for wave in 0..knobs.waves {
         let t0 = Instant::now();
@@ -392,7 +434,7 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
                 addr.clone(),
                 token.clone(),
                 format!("wave-ctx-{i}"),
-                format!("hello from wave {wave}, stream {i}"),
+                text_of(knobs.turn_ms, wave, i),
                 knobs.read_timeout,
                 h.clone(),
                 epoch,
@@ -444,6 +486,8 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
         };
         for o in &outcomes {
             f.longest = f.longest.max(o.longest_silence);
+            f.head = f.head.max(o.head_wait);
+            f.gap = f.gap.max(o.longest_event_gap);
             if o.longest_silence > knobs.stall {
                 f.stalled += 1;
             }
@@ -463,14 +507,19 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
         if f.stalled > 0 {
             stalled_waves += 1;
         }
+        if knobs.pause_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(knobs.pause_ms)).await;
+        }
         bad_tasks += f.failed + f.broken;
         println!(
-            "| {wave} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {:?} |",
+            "| {wave} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:?} |",
             f.completed,
             f.failed,
             f.broken,
             f.stalled,
             f.longest.as_secs_f64(),
+            f.head.as_secs_f64(),
+            f.gap.as_secs_f64(),
             f.secs,
             f.rss_mib,
             established_to(port),
@@ -486,8 +535,21 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
     (stalled_waves, bad_tasks)
 }
 
-#[tokio::main(flavor = "multi_thread")]
-async fn main() {
+fn main() {
+    let threads = env_num("WARDEN_WAVE_DAEMON_THREADS", 0);
+    if threads > 0 {
+        // SAFETY: no other thread exists yet; the daemons the bench starts inherit it.
+        unsafe { std::env::set_var("TOKIO_WORKER_THREADS", threads.to_string()) };
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the bench's runtime");
+    rt.block_on(bench());
+}
+
+async fn bench() {
     warden_e2e::use_release_binaries_in_benches(&[
         "warden-cli",
         "warden-policy",
