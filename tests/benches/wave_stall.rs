@@ -4,7 +4,8 @@
 //! (`SendStreamingMessage` over SSE, a real HTTP/1.1 client, one connection per stream), each
 //! wave reusing the same contexts. Per wave it prints how many tasks completed, failed or broke,
 //! how many streams were silent longer than the stall bound, the longest silence of any stream
-//! (keep-alives count as heard), and the gateway's RSS.
+//! (keep-alives count as heard), the longest answer to an agent-card request made every 250 ms
+//! during the wave (the gateway answering anything at all), and the gateway's RSS.
 //!
 //! When a stream has been silent past the stall bound the bench dumps what it can while the
 //! daemons still wait: `warden status`, every gateway and supervisor thread's kernel wait
@@ -228,6 +229,18 @@ fn text_of(turn_ms: u64, wave: u64, i: usize) -> String {
     .to_string()
 }
 
+/// Asks for the agent card every 250 ms (a request that touches neither the store nor the
+/// supervisor): how long the gateway takes to answer anything at all while the wave runs.
+async fn probe_card(addr: String, max_ms: Arc<AtomicU64>) {
+    loop {
+        let t = Instant::now();
+        let card = warden_cli::client::get_json(&addr, "/.well-known/agent-card.json", "");
+        let _ = tokio::time::timeout(Duration::from_secs(60), card).await;
+        max_ms.fetch_max(t.elapsed().as_millis() as u64, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// A message id unique to this process, readable in the logs.
 fn uuid_like(ctx: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
@@ -355,6 +368,8 @@ struct WaveFigures {
     broken: usize,
     stalled: usize,
     longest: Duration,
+    /// The longest answer to the agent-card probe during the wave (ms).
+    probe_ms: u64,
     head: Duration,
     gap: Duration,
     secs: f64,
@@ -393,6 +408,16 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
         log_files: true,
         ..Options::default()
     };
+    let mut opts = opts;
+    // Any other setting, e.g. `supervisor:limits.idle_timeout_secs=5,gateway:store.max_tasks=50`.
+    for kv in std::env::var("WARDEN_WAVE_SETS")
+        .unwrap_or_default()
+        .split(',')
+    {
+        if let Some((daemon, set)) = kv.trim().split_once(':') {
+            opts.sets.push((daemon.to_string(), set.to_string()));
+        }
+    }
     let mut d = Deployment::up(opts).await;
     let addr = d.http.clone();
     let port: u16 = addr
@@ -418,19 +443,20 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
         d.dir.path().display()
     );
     println!(
-        "| wave | completed | failed | broken | stalled (> {} s) | longest silence s | longest head wait s | longest event gap s | wave s | gateway RSS MiB | open conns after | failures |",
+        "| wave | completed | failed | broken | stalled (> {} s) | longest silence s | longest head wait s | longest event gap s | card probe max ms | wave s | gateway RSS MiB | open conns after | failures |",
         knobs.stall.as_secs()
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     let (mut stalled_waves, mut bad_tasks) = (0, 0);
     for wave in 0..knobs.waves {
         let t0 = Instant::now();
         let heard: Vec<Arc<AtomicU64>> = (0..knobs.streams)
             .map(|_| Arc::new(AtomicU64::new(now_ms(epoch))))
             .collect();
+        let mut finished = vec![false; heard.len()];
         let mut set = tokio::task::JoinSet::new();
         for (i, h) in heard.iter().enumerate() {
-            set.spawn(one_stream(
+            let stream = one_stream(
                 addr.clone(),
                 token.clone(),
                 format!("wave-ctx-{i}"),
@@ -438,15 +464,19 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
                 knobs.read_timeout,
                 h.clone(),
                 epoch,
-            ));
+            );
+            set.spawn(async move { (i, stream.await) });
         }
+        let probe_max = Arc::new(AtomicU64::new(0));
+        let probe = tokio::spawn(probe_card(addr.clone(), probe_max.clone()));
         let mut outcomes = Vec::new();
         let mut dumped = false;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         while !set.is_empty() {
             tokio::select! {
                 r = set.join_next() => {
-                    if let Some(Ok(o)) = r {
+                    if let Some(Ok((i, o))) = r {
+                        finished[i] = true;
                         outcomes.push(o);
                     }
                 }
@@ -455,21 +485,24 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
                         continue;
                     }
                     let now = now_ms(epoch);
-                    let done = outcomes.len();
+                    // Only streams still open: a finished stream is not heard any more.
                     let silent = heard
                         .iter()
-                        .filter(|h| now.saturating_sub(h.load(Ordering::Relaxed)) > knobs.stall.as_millis() as u64)
+                        .zip(&finished)
+                        .filter(|(h, done)| {
+                            !**done
+                                && now.saturating_sub(h.load(Ordering::Relaxed))
+                                    > knobs.stall.as_millis() as u64
+                        })
                         .count();
-                    // Finished streams stop being heard: count only the ones still open.
-                    if silent > done {
+                    if silent > 0 {
                         dumped = true;
                         let dir = dumps.join(format!("run{run}-wave{wave}"));
                         let why = format!(
-                            "{} of {} streams silent > {:?} ({} finished) at {:.1} s into wave {wave}; gateway connections {}",
-                            silent - done,
+                            "{silent} of {} streams silent > {:?} ({} finished) at {:.1} s into wave {wave}; gateway connections {}",
                             knobs.streams,
                             knobs.stall,
-                            done,
+                            outcomes.len(),
                             t0.elapsed().as_secs_f64(),
                             established_to(port)
                         );
@@ -479,7 +512,9 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
                 }
             }
         }
+        probe.abort();
         let mut f = WaveFigures {
+            probe_ms: probe_max.load(Ordering::Relaxed),
             secs: t0.elapsed().as_secs_f64(),
             rss_mib: status_kib(gw, "VmRSS:") as f64 / 1024.0,
             ..WaveFigures::default()
@@ -512,7 +547,7 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
         }
         bad_tasks += f.failed + f.broken;
         println!(
-            "| {wave} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:?} |",
+            "| {wave} | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {} | {:.1} | {:.1} | {} | {:?} |",
             f.completed,
             f.failed,
             f.broken,
@@ -520,6 +555,7 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
             f.longest.as_secs_f64(),
             f.head.as_secs_f64(),
             f.gap.as_secs_f64(),
+            f.probe_ms,
             f.secs,
             f.rss_mib,
             established_to(port),
