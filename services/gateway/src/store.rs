@@ -90,6 +90,10 @@ pub struct TaskStore {
     artifacts: Tree,
     contexts: Tree,
     push: Tree,
+    /// Tests hold this (write) to make every flush of this store wait, as a disk that takes its
+    /// time with an fsync does.
+    #[cfg(test)]
+    pub(crate) flush_gate: std::sync::Arc<std::sync::RwLock<()>>,
 }
 
 impl std::fmt::Debug for TaskStore {
@@ -155,6 +159,8 @@ impl TaskStore {
             contexts: store.tree("contexts")?,
             push: store.tree("push")?,
             store,
+            #[cfg(test)]
+            flush_gate: Default::default(),
         })
     }
 
@@ -399,6 +405,8 @@ impl TaskStore {
 
     /// Flushes everything to disk (called at terminal and interrupted states).
     pub fn flush(&self) -> Result<(), TaskStoreError> {
+        #[cfg(test)]
+        let _gate = self.flush_gate.read();
         self.store.flush()?;
         Ok(())
     }

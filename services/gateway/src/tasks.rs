@@ -289,6 +289,30 @@ fn lock(m: &Mutex<LiveInner>) -> MutexGuard<'_, LiveInner> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Runs store work that waits for the disk (a flush waits for the fsync; any sled call may wait
+/// behind one, sled's lock being process-wide) without stopping the runtime: the worker hands its
+/// other tasks — every other stream, the HTTP accept loop, the SSE keep-alives — to another
+/// thread meanwhile. Without it, as many starts or ends waiting on a slow disk as there are
+/// workers (one per core) stopped the whole gateway: issue 30's wave in which no stream received
+/// anything. On a current-thread runtime (unit tests) the work just runs.
+fn off_runtime<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
+        }
+        _ => work(),
+    }
+}
+
+/// Whether applying `events` writes to the disk and waits for it (a terminal or interrupted
+/// status is flushed before anyone is told).
+fn waits_for_disk(events: &[StreamResponse]) -> bool {
+    events.iter().any(|e| {
+        matches!(e, StreamResponse::StatusUpdate(s)
+            if s.status.state.is_terminal() || s.status.state.is_interrupted())
+    })
+}
+
 fn store_err(e: TaskStoreError) -> A2aError {
     tracing::error!(error = %e, "task store failure");
     A2aError::Internal(format!("task store failure: {e}"))
@@ -749,7 +773,7 @@ impl Core {
         };
         let retention_micros = micros(retention.task_retention);
         let mut to_close = Vec::new();
-        for (cid, rec) in self.store.contexts()? {
+        for (cid, rec) in off_runtime(|| self.store.contexts())? {
             let tasks = remaining.get(&cid).copied().unwrap_or_default();
             if tasks.busy {
                 continue;
@@ -1221,9 +1245,11 @@ impl Core {
             Err(_) => false,
         };
         if !reached || !live.terminal(self.settings.cancel_grace).await {
-            let mut inner = lock(&live.inner);
-            let events = inner.mapper.force_cancel(now_micros());
-            live.apply(&mut inner, events);
+            off_runtime(|| {
+                let mut inner = lock(&live.inner);
+                let events = inner.mapper.force_cancel(now_micros());
+                live.apply(&mut inner, events);
+            });
         }
         let snapshot = lock(&live.inner).task.clone();
         Ok(snapshot)
@@ -1313,7 +1339,8 @@ impl Core {
                 }
                 self.answer(principal, task_id, &req).await?
             }
-            None => self.start(principal, &req, agent_asked, push_cfg)?,
+            // The task is on disk before it is answered: that wait must not stop the others.
+            None => off_runtime(|| self.start(principal, &req, agent_asked, push_cfg))?,
         };
 
         if streaming {
@@ -1605,17 +1632,21 @@ impl Core {
         }
         let mut client = self.supervisor.clone();
         let ended = |live: &LiveTask, reason: String| {
-            let mut inner = lock(&live.inner);
-            let events = inner.mapper.stream_ended(&reason, now_micros());
-            live.apply(&mut inner, events);
+            off_runtime(|| {
+                let mut inner = lock(&live.inner);
+                let events = inner.mapper.stream_ended(&reason, now_micros());
+                live.apply(&mut inner, events);
+            })
         };
         match client.run_turn(run).await {
             Err(status) => {
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
                 let fault = fault_of_refused_turn(&status);
-                let mut inner = lock(&live.inner);
-                let events = inner.mapper.not_started(fault, now_micros());
-                live.apply(&mut inner, events);
+                off_runtime(|| {
+                    let mut inner = lock(&live.inner);
+                    let events = inner.mapper.not_started(fault, now_micros());
+                    live.apply(&mut inner, events);
+                });
             }
             Ok(resp) => {
                 let mut stream = resp.into_inner();
@@ -1651,7 +1682,11 @@ impl Core {
                         Some(Ok(ev)) => {
                             let mut inner = lock(&live.inner);
                             let events = inner.mapper.on_event(&ev, now_micros());
-                            live.apply(&mut inner, events);
+                            if waits_for_disk(&events) {
+                                off_runtime(|| live.apply(&mut inner, events));
+                            } else {
+                                live.apply(&mut inner, events);
+                            }
                             if inner.mapper.is_finished() {
                                 break;
                             }
@@ -1898,5 +1933,91 @@ mod tests {
         assert_eq!(stored, lock(&l.inner).task);
         // A terminal task gives a snapshot and no event stream.
         assert!(l.subscribe().events.is_none());
+    }
+
+    /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
+    /// keep-alives run on the runtime's workers, and a task's start writes to the store and
+    /// waits for the disk (`flush`). More starts waiting on a slow disk than there are workers
+    /// stopped the whole gateway — no answer, no keep-alive, for any stream — until the disk
+    /// came back. Here the store's flushes wait on a gate while four tasks start on a
+    /// two-worker runtime; a task that only needs the runtime must still run.
+    #[test]
+    fn tasks_waiting_on_the_disk_do_not_stop_the_runtime() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let gate = store.flush_gate.clone();
+        let closed = gate.write().unwrap();
+        let core = {
+            let _rt = rt.enter();
+            // Nobody listens there: a turn that gets as far as RunTurn fails, which is fine.
+            let channel =
+                warden_daemon::client::unix_channel(&dir.path().join("no-supervisor.sock"));
+            Core::new(
+                store,
+                channel,
+                CoreSettings {
+                    agents: vec!["scripted".into()],
+                    default_agent: "scripted".into(),
+                    turn_timeout_seconds: 0,
+                    cancel_grace: Duration::from_secs(1),
+                    coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
+                    retention: Retention::default(),
+                },
+            )
+        };
+        // Known limits, so no send asks the (absent) supervisor first.
+        core.agents.write().unwrap().task_text_bytes = Some(16384);
+        let message = |i: usize| SendMessageRequest {
+            tenant: None,
+            message: Message {
+                message_id: format!("m{i}"),
+                context_id: Some(format!("ctx-{i}")),
+                task_id: None,
+                role: Role::User,
+                parts: vec![crate::a2a::Part::text("hello")],
+                metadata: None,
+                extensions: vec![],
+                reference_task_ids: vec![],
+            },
+            configuration: None,
+            metadata: None,
+        };
+        let mut sends = Vec::new();
+        for i in 0..4 {
+            let core = core.clone();
+            let req = message(i);
+            sends.push(rt.spawn(async move { core.send("alice", req, true).await.is_ok() }));
+        }
+        // Give the starts time to reach the disk and wait there.
+        std::thread::sleep(Duration::from_millis(300));
+        let ran = Arc::new(AtomicBool::new(false));
+        {
+            let ran = ran.clone();
+            rt.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ran.store(true, Ordering::SeqCst);
+            });
+        }
+        let t0 = std::time::Instant::now();
+        while !ran.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alive = ran.load(Ordering::SeqCst);
+        // The disk comes back: every start finishes.
+        drop(closed);
+        for s in sends {
+            assert!(rt.block_on(s).unwrap(), "a send failed");
+        }
+        assert!(
+            alive,
+            "while the store's flushes waited, a task needing only the runtime did not run within 3 s"
+        );
+        rt.shutdown_timeout(Duration::from_secs(5));
     }
 }
