@@ -90,10 +90,44 @@ pub struct TaskStore {
     artifacts: Tree,
     contexts: Tree,
     push: Tree,
+    /// Every durability point of the gateway goes through one flush at a time (see [`Flushes`]).
+    flushes: std::sync::Arc<Flushes>,
     /// Tests hold this (write) to make every flush of this store wait, as a disk that takes its
     /// time with an fsync does.
     #[cfg(test)]
     pub(crate) flush_gate: std::sync::Arc<std::sync::RwLock<()>>,
+}
+
+/// Group commit: callers that need their writes on disk wait for one flush that began after
+/// they asked, and at most one flush of the database runs at a time, however many tasks start
+/// or end at once.
+///
+/// Why (issue 30's wave stall): each sled flush seals the current log buffer, and each sealed
+/// buffer is written by a job on sled's IO thread pool that ends by taking sled's segment
+/// accountant lock. sled 0.34.7 (the last 0.34 release) also queues a file truncation on that
+/// pool when the segment at the end of the log is freed (the sweep's deletes free segments),
+/// and the next new segment waits for that truncation *while holding the accountant lock*
+/// (`SegmentAccountant::bump_tip`). With seven or more buffer writes queued ahead of it — a
+/// wave of tasks each flushing on its own — every pool thread waits for the lock, the
+/// truncation never runs, and no flush ever returns (fixed upstream after 0.34.7, sled PR
+/// 1269, "a specific truncation thread"). One flush at a time keeps the gateway's buffer writes
+/// far below the pool's seven threads, so a queued truncation always finds one.
+#[derive(Default)]
+struct Flushes {
+    state: std::sync::Mutex<FlushState>,
+    done: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct FlushState {
+    /// Requests so far (each caller takes the next number).
+    asked: u64,
+    /// Every request up to this number is on disk.
+    covered: u64,
+    /// A flush is running (its caller leads; the others wait for it).
+    running: bool,
+    /// Underlying database flushes made (for tests and figures).
+    made: u64,
 }
 
 impl std::fmt::Debug for TaskStore {
@@ -159,6 +193,7 @@ impl TaskStore {
             contexts: store.tree("contexts")?,
             push: store.tree("push")?,
             store,
+            flushes: Default::default(),
             #[cfg(test)]
             flush_gate: Default::default(),
         })
@@ -404,11 +439,53 @@ impl TaskStore {
     }
 
     /// Flushes everything to disk (called at terminal and interrupted states).
+    ///
+    /// Everything this caller wrote before calling is on disk when it returns Ok: it waits for a
+    /// flush that began after it asked, made by whichever caller leads (see [`Flushes`]).
     pub fn flush(&self) -> Result<(), TaskStoreError> {
+        let f = &self.flushes;
+        let lock = || f.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock();
+        st.asked += 1;
+        let mine = st.asked;
+        loop {
+            if st.covered >= mine {
+                return Ok(());
+            }
+            if !st.running {
+                // Lead: one flush for every request made so far.
+                st.running = true;
+                let upto = st.asked;
+                drop(st);
+                let result = self.flush_now();
+                st = lock();
+                st.running = false;
+                st.made += 1;
+                if result.is_ok() {
+                    st.covered = st.covered.max(upto);
+                }
+                f.done.notify_all();
+                // A failed flush is the leader's error; the others try again themselves.
+                return result;
+            }
+            st = f.done.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn flush_now(&self) -> Result<(), TaskStoreError> {
         #[cfg(test)]
         let _gate = self.flush_gate.read();
         self.store.flush()?;
         Ok(())
+    }
+
+    /// Database flushes made so far (each served every caller waiting then).
+    pub fn flushes_made(&self) -> u64 {
+        self.flushes
+            .state
+            .lock()
+            .map(|s| s.made)
+            .unwrap_or_else(|p| p.into_inner().made)
     }
 
     /// Startup recovery: every task a previous gateway process left submitted, working or waiting
@@ -613,6 +690,49 @@ mod tests {
         let s = TaskStore::open(dir.path())?;
         s.tasks.put("bad", "{not json")?;
         assert!(matches!(s.head("bad"), Err(TaskStoreError::Corrupt { .. })));
+        Ok(())
+    }
+
+    /// Sixteen tasks needing the disk at once get two database flushes, not sixteen: the first
+    /// caller's, and one for everyone who asked while it ran. (Each flush is a log buffer written
+    /// by sled's IO pool; sixteen at once were what left a truncation queued behind writes that
+    /// wait for a lock its waiter holds — see `Flushes`.)
+    #[test]
+    fn tasks_flushing_at_once_share_flushes() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let s = TaskStore::open(dir.path())?;
+        let closed = s.flush_gate.write().map_err(|_| "gate")?;
+        let mut threads = Vec::new();
+        for i in 0..16 {
+            let s = s.clone();
+            threads.push(std::thread::spawn(move || {
+                s.put_head(&record(&format!("t{i}"), TaskState::Completed))?;
+                s.flush()
+            }));
+        }
+        // Every caller has asked (the first leads and waits at the gate) before the disk answers.
+        let t0 = std::time::Instant::now();
+        while s.flushes.state.lock().map(|st| st.asked).unwrap_or(0) < 16 {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the callers did not ask"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        drop(closed);
+        for t in threads {
+            t.join().map_err(|_| "a caller panicked")??;
+        }
+        assert_eq!(
+            s.flushes_made(),
+            2,
+            "one flush, then one for the fifteen that waited"
+        );
+        // And what they wrote is there.
+        assert_eq!(s.heads()?.len(), 16);
+        // A caller alone still gets its own flush.
+        s.flush()?;
+        assert_eq!(s.flushes_made(), 3);
         Ok(())
     }
 
