@@ -736,26 +736,28 @@ mod tests {
         Ok(())
     }
 
-    /// The gateway's store traffic of issue 30's waves, without the daemons: writers doing what
-    /// a task's start, stream and end do (context, head, history, flush; artifact batches; the
-    /// terminal head and flush) while a sweeper prunes to `max_tasks` (heads, deletes by batch,
-    /// flush), on an 8 MiB page cache. Fails when no task finishes for 20 s, printing every
-    /// thread's stack (gdb). By hand: `WARDEN_STORE_STRESS_SECS=120 cargo test -p
-    /// warden-gateway --lib store_traffic -- --ignored --nocapture`.
+    /// The gateway's store traffic of issue 30's waves, without the daemons: waves of tasks
+    /// at once, each doing what a task's start and end do (context, head, history, flush;
+    /// artifact batches; the terminal head and flush), a sweep pruning to 200 tasks between
+    /// waves, on an 8 MiB page cache. Fails when a wave does not finish within 20 s, printing
+    /// every thread's stack (gdb). `WARDEN_STORE_STRESS_UNGROUPED=1` makes each task flush the
+    /// database itself, as before the group commit. By hand: `WARDEN_STORE_STRESS_SECS=120
+    /// cargo test -p warden-gateway --lib store_traffic -- --ignored --nocapture`.
     #[test]
     #[ignore = "a long stress run, by hand"]
     fn store_traffic_of_the_waves_keeps_moving() -> Result<(), Box<dyn std::error::Error>> {
         use std::sync::Arc;
-        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::atomic::{AtomicU64, Ordering};
         use std::time::{Duration, Instant};
-        let secs: u64 = std::env::var("WARDEN_STORE_STRESS_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(60);
-        let writers: usize = std::env::var("WARDEN_STORE_STRESS_WRITERS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8);
+        let num = |k: &str, d: u64| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(d)
+        };
+        let secs = num("WARDEN_STORE_STRESS_SECS", 60);
+        let per_wave = num("WARDEN_STORE_STRESS_TASKS", 100) as usize;
+        let ungrouped = num("WARDEN_STORE_STRESS_UNGROUPED", 0) == 1;
         let dir = tempfile::tempdir()?;
         let store = TaskStore::open_with(
             dir.path(),
@@ -763,29 +765,31 @@ mod tests {
                 cache_capacity_bytes: 8 * 1024 * 1024,
             },
         )?;
+        let flush = move |s: &TaskStore| if ungrouped { s.flush_now() } else { s.flush() };
         let done = Arc::new(AtomicU64::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for w in 0..writers {
-            let (store, done, stop) = (store.clone(), done.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || -> Result<(), TaskStoreError> {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    let id = format!("w{w}-t{n}");
-                    let ctx = format!("ctx-{}", (w as u64 * 1000 + n) % 100);
+        let start = Instant::now();
+        let mut wave = 0u64;
+        while start.elapsed() < Duration::from_secs(secs) {
+            let before = done.load(Ordering::Relaxed);
+            let mut threads = Vec::new();
+            for i in 0..per_wave {
+                let (store, done) = (store.clone(), done.clone());
+                threads.push(std::thread::spawn(move || -> Result<(), TaskStoreError> {
+                    let id = format!("w{wave}-t{i}");
+                    let ctx = format!("ctx-{i}");
                     store.put_context(
                         &ctx,
                         &ContextRecord {
                             principal: "alice".into(),
                             agent: "scripted".into(),
                             created_micros: 1,
-                            last_task_micros: n as i64,
+                            last_task_micros: wave as i64,
                             closed_micros: None,
                         },
                     )?;
                     let mut rec = record(&id, TaskState::Submitted);
                     rec.task.context_id = ctx.clone();
-                    rec.status_micros = (n * 100 + w as u64) as i64;
+                    rec.status_micros = (wave * 1000 + i as u64) as i64;
                     store.put_head(&rec)?;
                     let user = Message {
                         message_id: format!("m-{id}"),
@@ -798,7 +802,7 @@ mod tests {
                         reference_task_ids: vec![],
                     };
                     store.put_history(&id, 0, &user)?;
-                    store.flush()?;
+                    flush(&store)?;
                     for c in 0..3u64 {
                         store.put_artifact_chunks(
                             &id,
@@ -808,59 +812,51 @@ mod tests {
                     store.put_history_segment(&id, 1, &[user.clone(), user])?;
                     rec.task.status.state = TaskState::Completed;
                     store.put_head(&rec)?;
-                    store.flush()?;
+                    flush(&store)?;
                     done.fetch_add(1, Ordering::Relaxed);
-                    n += 1;
-                }
-                Ok(())
-            }));
-        }
-        {
-            let (store, stop) = (store.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || -> Result<(), TaskStoreError> {
-                while !stop.load(Ordering::Relaxed) {
-                    let mut heads = store.heads()?;
-                    heads.sort_by_key(|h| h.status_micros);
-                    let over = heads.len().saturating_sub(200);
-                    for h in heads
-                        .iter()
-                        .filter(|h| h.task.status.state.is_terminal())
-                        .take(over)
-                    {
-                        store.delete_task(&h.task.id)?;
-                    }
-                    store.flush()?;
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Ok(())
-            }));
-        }
-        let start = Instant::now();
-        let (mut last, mut moved) = (0, Instant::now());
-        while start.elapsed() < Duration::from_secs(secs) {
-            std::thread::sleep(Duration::from_secs(1));
-            let now = done.load(Ordering::Relaxed);
-            if now != last {
-                (last, moved) = (now, Instant::now());
-            } else if moved.elapsed() > Duration::from_secs(20) {
-                let gdb = std::process::Command::new("gdb")
-                    .args(["-p", &std::process::id().to_string(), "-batch", "-nx"])
-                    .args(["-ex", "thread apply all bt 30"])
-                    .output();
-                if let Ok(o) = gdb {
-                    println!("{}", String::from_utf8_lossy(&o.stdout));
-                }
-                panic!("no task finished for 20 s after {now} tasks: the store is stuck");
+                    Ok(())
+                }));
             }
-        }
-        stop.store(true, Ordering::Relaxed);
-        for t in threads {
-            t.join().map_err(|_| "a store thread panicked")??;
+            let t0 = Instant::now();
+            while done.load(Ordering::Relaxed) < before + per_wave as u64 {
+                if t0.elapsed() > Duration::from_secs(20) {
+                    let gdb = std::process::Command::new("gdb")
+                        .args(["-p", &std::process::id().to_string(), "-batch", "-nx"])
+                        .args(["-ex", "thread apply all bt 30"])
+                        .output();
+                    if let Ok(o) = gdb {
+                        println!("{}", String::from_utf8_lossy(&o.stdout));
+                    }
+                    panic!(
+                        "wave {wave}: {} of {per_wave} tasks finished in 20 s: the store is stuck",
+                        done.load(Ordering::Relaxed) - before
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            for t in threads {
+                t.join().map_err(|_| "a store thread panicked")??;
+            }
+            // The sweep: the oldest terminal tasks beyond 200 go.
+            let mut heads = store.heads()?;
+            heads.sort_by_key(|h| h.status_micros);
+            let over = heads.len().saturating_sub(200);
+            for h in heads.iter().take(over) {
+                store.delete_task(&h.task.id)?;
+            }
+            flush(&store)?;
+            wave += 1;
         }
         println!(
-            "{} tasks through the store in {:?} with {writers} writers and a sweeper",
+            "{wave} waves, {} tasks through the store in {:?} ({}), {} database flushes",
             done.load(Ordering::Relaxed),
-            start.elapsed()
+            start.elapsed(),
+            if ungrouped {
+                "each task flushing itself"
+            } else {
+                "group commit"
+            },
+            store.flushes_made()
         );
         Ok(())
     }
