@@ -112,10 +112,22 @@ pub struct TaskStore {
 /// truncation never runs, and no flush ever returns (fixed upstream after 0.34.7, sled PR
 /// 1269, "a specific truncation thread"). One flush at a time keeps the gateway's buffer writes
 /// far below the pool's seven threads, so a queued truncation always finds one.
-#[derive(Default)]
 struct Flushes {
     state: std::sync::Mutex<FlushState>,
+    /// Woken when a flush ends (callers waiting on a thread)…
     done: std::sync::Condvar,
+    /// …and callers waiting on the runtime ([`TaskStore::flush_async`]).
+    ended: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Flushes {
+    fn default() -> Self {
+        Self {
+            state: Default::default(),
+            done: Default::default(),
+            ended: tokio::sync::watch::Sender::new(0),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -457,19 +469,84 @@ impl TaskStore {
                 st.running = true;
                 let upto = st.asked;
                 drop(st);
-                let result = self.flush_now();
-                st = lock();
-                st.running = false;
-                st.made += 1;
-                if result.is_ok() {
-                    st.covered = st.covered.max(upto);
-                }
-                f.done.notify_all();
                 // A failed flush is the leader's error; the others try again themselves.
-                return result;
+                return self.lead_flush(upto);
             }
             st = f.done.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// [`TaskStore::flush`] for async callers: waiting holds no runtime worker, and the one
+    /// flush that leads runs on a blocking thread.
+    pub async fn flush_async(&self) -> Result<(), TaskStoreError> {
+        let f = &self.flushes;
+        let lock = || f.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = {
+            let mut st = lock();
+            st.asked += 1;
+            st.asked
+        };
+        loop {
+            // Subscribed before looking, so a flush that ends in between is not missed.
+            let mut ended = f.ended.subscribe();
+            let lead = {
+                let mut st = lock();
+                if st.covered >= mine {
+                    return Ok(());
+                }
+                if st.running {
+                    None
+                } else {
+                    st.running = true;
+                    Some(st.asked)
+                }
+            };
+            let Some(upto) = lead else {
+                let _ = ended.changed().await;
+                continue;
+            };
+            // The whole lead runs on the blocking thread, so a caller that goes away (its
+            // request dropped) cannot leave a flush marked running for ever.
+            let store = self.clone();
+            return match tokio::task::spawn_blocking(move || store.lead_flush(upto)).await {
+                Ok(r) => r,
+                Err(e) => Err(TaskStoreError::Background(e.to_string())),
+            };
+        }
+    }
+
+    /// Flushes for every request up to `upto` (the caller has set `running`), then lets the
+    /// waiters look again. The state is put back however the flush ends (even a panic).
+    fn lead_flush(&self, upto: u64) -> Result<(), TaskStoreError> {
+        struct Leading<'a> {
+            flushes: &'a Flushes,
+            covered: Option<u64>,
+        }
+        impl Drop for Leading<'_> {
+            fn drop(&mut self) {
+                let f = self.flushes;
+                {
+                    let mut st = f.state.lock().unwrap_or_else(|p| p.into_inner());
+                    st.running = false;
+                    st.made += 1;
+                    if let Some(upto) = self.covered {
+                        st.covered = st.covered.max(upto);
+                    }
+                }
+                f.done.notify_all();
+                f.ended.send_modify(|n| *n += 1);
+            }
+        }
+        let mut leading = Leading {
+            flushes: &self.flushes,
+            covered: None,
+        };
+        let result = self.flush_now();
+        if result.is_ok() {
+            leading.covered = Some(upto);
+        }
+        drop(leading);
+        result
     }
 
     fn flush_now(&self) -> Result<(), TaskStoreError> {
@@ -733,6 +810,44 @@ mod tests {
         // A caller alone still gets its own flush.
         s.flush()?;
         assert_eq!(s.flushes_made(), 3);
+        Ok(())
+    }
+
+    /// A caller that goes away while its flush leads (its request dropped) leaves no flush
+    /// marked running: later callers still get theirs.
+    #[test]
+    fn a_leader_that_goes_away_does_not_hold_up_later_flushes()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let dir = tempfile::tempdir()?;
+        let s = TaskStore::open(dir.path())?;
+        let closed = s.flush_gate.write().map_err(|_| "gate")?;
+        let leader = {
+            let s = s.clone();
+            rt.spawn(async move { s.flush_async().await })
+        };
+        let t0 = std::time::Instant::now();
+        while !s.flushes.state.lock().map(|st| st.running).unwrap_or(false) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "no leader"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        leader.abort();
+        drop(closed);
+        let later = {
+            let s = s.clone();
+            rt.spawn(async move { s.flush_async().await })
+        };
+        rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), later).await
+        })
+        .map_err(|_| "a later flush waited for the caller that went away")???;
+        assert_eq!(s.flushes_made(), 2);
         Ok(())
     }
 

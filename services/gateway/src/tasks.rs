@@ -289,30 +289,6 @@ fn lock(m: &Mutex<LiveInner>) -> MutexGuard<'_, LiveInner> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Runs store work that waits for the disk (a flush waits for the fsync; any sled call may wait
-/// behind one, sled's lock being process-wide) without stopping the runtime: the worker hands its
-/// other tasks — every other stream, the HTTP accept loop, the SSE keep-alives — to another
-/// thread meanwhile. Without it, as many starts or ends waiting on a slow disk as there are
-/// workers (one per core) stopped the whole gateway: issue 30's wave in which no stream received
-/// anything. On a current-thread runtime (unit tests) the work just runs.
-fn off_runtime<R>(work: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(work)
-        }
-        _ => work(),
-    }
-}
-
-/// Whether applying `events` writes to the disk and waits for it (a terminal or interrupted
-/// status is flushed before anyone is told).
-fn waits_for_disk(events: &[StreamResponse]) -> bool {
-    events.iter().any(|e| {
-        matches!(e, StreamResponse::StatusUpdate(s)
-            if s.status.state.is_terminal() || s.status.state.is_interrupted())
-    })
-}
-
 fn store_err(e: TaskStoreError) -> A2aError {
     tracing::error!(error = %e, "task store failure");
     A2aError::Internal(format!("task store failure: {e}"))
@@ -773,7 +749,7 @@ impl Core {
         };
         let retention_micros = micros(retention.task_retention);
         let mut to_close = Vec::new();
-        for (cid, rec) in off_runtime(|| self.store.contexts())? {
+        for (cid, rec) in self.store.contexts()? {
             let tasks = remaining.get(&cid).copied().unwrap_or_default();
             if tasks.busy {
                 continue;
@@ -1245,11 +1221,9 @@ impl Core {
             Err(_) => false,
         };
         if !reached || !live.terminal(self.settings.cancel_grace).await {
-            off_runtime(|| {
-                let mut inner = lock(&live.inner);
-                let events = inner.mapper.force_cancel(now_micros());
-                live.apply(&mut inner, events);
-            });
+            let mut inner = lock(&live.inner);
+            let events = inner.mapper.force_cancel(now_micros());
+            live.apply(&mut inner, events);
         }
         let snapshot = lock(&live.inner).task.clone();
         Ok(snapshot)
@@ -1339,8 +1313,25 @@ impl Core {
                 }
                 self.answer(principal, task_id, &req).await?
             }
-            // The task is on disk before it is answered: that wait must not stop the others.
-            None => off_runtime(|| self.start(principal, &req, agent_asked, push_cfg))?,
+            None => {
+                let (live, run) = self.start(principal, &req, agent_asked, push_cfg)?;
+                // On disk before the caller is answered and the turn starts. Waited for without
+                // holding a runtime worker: a wave of tasks starting at once each waited for the
+                // disk on a worker, and with every worker waiting the gateway answered nothing,
+                // kept no SSE stream alive and accepted no connection (issue 30).
+                if let Err(e) = self.store.flush_async().await {
+                    if let Ok(mut m) = self.live.lock() {
+                        m.remove(&run.task_id);
+                    }
+                    return Err(store_err(e));
+                }
+                let core = self.clone();
+                let driven = live.clone();
+                tokio::spawn(async move {
+                    core.drive(driven, run).await;
+                });
+                live
+            }
         };
 
         if streaming {
@@ -1442,14 +1433,15 @@ impl Core {
         }
     }
 
-    /// A new task: records it, then starts its turn in the background.
+    /// A new task: records it (not yet flushed: the caller waits for the disk, then starts its
+    /// turn with the returned request).
     fn start(
         self: &Arc<Self>,
         principal: &str,
         req: &SendMessageRequest,
         agent_asked: Option<String>,
         push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
-    ) -> Result<Arc<LiveTask>, A2aError> {
+    ) -> Result<(Arc<LiveTask>, RunTurnRequest), A2aError> {
         let msg = &req.message;
         // A text the supervisor would refuse is refused here, before a byte of it is stored:
         // a rejected request must not cost disk for the retention period.
@@ -1556,7 +1548,6 @@ impl Core {
         self.store
             .put_history(&task_id, 0, &user)
             .map_err(store_err)?;
-        self.store.flush().map_err(store_err)?;
         let mut task = head;
         task.history.push(user.clone());
         let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
@@ -1609,12 +1600,7 @@ impl Core {
                 effort: String::new(),
             }),
         };
-        let core = self.clone();
-        let driven = live.clone();
-        tokio::spawn(async move {
-            core.drive(driven, run).await;
-        });
-        Ok(live)
+        Ok((live, run))
     }
 
     /// Follows one turn to its end.
@@ -1632,21 +1618,17 @@ impl Core {
         }
         let mut client = self.supervisor.clone();
         let ended = |live: &LiveTask, reason: String| {
-            off_runtime(|| {
-                let mut inner = lock(&live.inner);
-                let events = inner.mapper.stream_ended(&reason, now_micros());
-                live.apply(&mut inner, events);
-            })
+            let mut inner = lock(&live.inner);
+            let events = inner.mapper.stream_ended(&reason, now_micros());
+            live.apply(&mut inner, events);
         };
         match client.run_turn(run).await {
             Err(status) => {
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
                 let fault = fault_of_refused_turn(&status);
-                off_runtime(|| {
-                    let mut inner = lock(&live.inner);
-                    let events = inner.mapper.not_started(fault, now_micros());
-                    live.apply(&mut inner, events);
-                });
+                let mut inner = lock(&live.inner);
+                let events = inner.mapper.not_started(fault, now_micros());
+                live.apply(&mut inner, events);
             }
             Ok(resp) => {
                 let mut stream = resp.into_inner();
@@ -1682,11 +1664,7 @@ impl Core {
                         Some(Ok(ev)) => {
                             let mut inner = lock(&live.inner);
                             let events = inner.mapper.on_event(&ev, now_micros());
-                            if waits_for_disk(&events) {
-                                off_runtime(|| live.apply(&mut inner, events));
-                            } else {
-                                live.apply(&mut inner, events);
-                            }
+                            live.apply(&mut inner, events);
                             if inner.mapper.is_finished() {
                                 break;
                             }
@@ -1936,11 +1914,12 @@ mod tests {
     }
 
     /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
-    /// keep-alives run on the runtime's workers, and a task's start writes to the store and
-    /// waits for the disk (`flush`). More starts waiting on a slow disk than there are workers
-    /// stopped the whole gateway — no answer, no keep-alive, for any stream — until the disk
-    /// came back. Here the store's flushes wait on a gate while four tasks start on a
-    /// two-worker runtime; a task that only needs the runtime must still run.
+    /// keep-alives run on the runtime's workers, and a task's start waited for the disk
+    /// (`flush`) on one. As many starts waiting on a slow disk as there are workers stopped the
+    /// whole gateway — no answer, no keep-alive, for any stream — until the disk came back.
+    /// Here the store's flushes wait on a gate while four tasks start on a two-worker runtime;
+    /// a task that only needs the runtime must still run, and every start finishes once the
+    /// disk answers.
     #[test]
     fn tasks_waiting_on_the_disk_do_not_stop_the_runtime() {
         use std::sync::atomic::{AtomicBool, Ordering};
