@@ -108,6 +108,9 @@ struct ContextTasks {
     last_status_micros: i64,
 }
 
+/// Tasks a sweep deletes per store batch.
+const PRUNE_BATCH: usize = 256;
+
 /// How long the sweep waits for the supervisor to close one conversation.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -128,7 +131,7 @@ fn prune(
     for h in heads {
         by_principal.entry(h.principal.clone()).or_default().push(h);
     }
-    let mut deleted = 0;
+    let mut doomed: Vec<String> = Vec::new();
     let mut contexts: HashMap<String, ContextTasks> = HashMap::new();
     for (_, mut tasks) in by_principal {
         // Oldest status first: the order in which terminal tasks are given up.
@@ -142,8 +145,7 @@ fn prune(
             let terminal = t.task.status.state.is_terminal();
             let expired = t.status_micros < cutoff;
             if terminal && (expired || remaining > retention.max_tasks) {
-                store.delete_task(&t.task.id)?;
-                deleted += 1;
+                doomed.push(t.task.id);
                 remaining -= 1;
                 continue;
             }
@@ -153,6 +155,12 @@ fn prune(
             c.last_status_micros = c.last_status_micros.max(t.status_micros);
         }
     }
+    // A few batches for the whole sweep, not three per task (see `TaskStore::delete_tasks`).
+    for ids in doomed.chunks(PRUNE_BATCH) {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        store.delete_tasks(&ids)?;
+    }
+    let deleted = doomed.len();
     if deleted > 0 {
         store.flush()?;
     }
