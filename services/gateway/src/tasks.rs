@@ -44,6 +44,15 @@ const PENDING_MAX: usize = 256;
 /// …or once the oldest is this old, or the stream has been quiet this long.
 const PENDING_AGE: Duration = Duration::from_millis(50);
 
+/// Whether applying `events` waits for the disk (a terminal or interrupted status is flushed
+/// before anyone is told).
+fn waits_for_disk(events: &[StreamResponse]) -> bool {
+    events.iter().any(|e| {
+        matches!(e, StreamResponse::StatusUpdate(s)
+            if s.status.state.is_terminal() || s.status.state.is_interrupted())
+    })
+}
+
 /// Longest accepted `contextId` (it becomes a store key and a supervisor label).
 pub const MAX_CONTEXT_ID: usize = 256;
 
@@ -306,21 +315,48 @@ impl LiveTask {
     /// Applies mapped events: updates the task, persists each change, broadcasts it.
     fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
         for ev in events {
-            if let Err(e) = self.persist(inner, &ev) {
+            if let Err(e) = self.persist(inner, &ev, true) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
             }
-            let status = matches!(&ev, StreamResponse::StatusUpdate(_));
-            if let StreamResponse::StatusUpdate(s) = &ev {
-                self.state.send_replace(s.status.state);
-            }
-            let ev = Arc::new(ev);
-            // Queued in the order applied (the task is locked), so webhooks see changes in order.
-            if status && let Some(push) = &self.push {
-                push.task_event(&inner.task.id, &ev);
-            }
-            // No receiver is fine: nobody is watching the stream right now.
-            let _ = self.tx.send(ev);
+            self.announce(inner, ev);
         }
+        self.write_if_due(inner);
+    }
+
+    /// [`LiveTask::apply`] in two halves for events that end or interrupt the task, so that the
+    /// flush between them is awaited without holding a runtime worker: this half writes them
+    /// (not flushed); the caller flushes, then calls [`LiveTask::announce_all`].
+    fn persist_unflushed(&self, inner: &mut LiveInner, events: &[StreamResponse]) {
+        for ev in events {
+            if let Err(e) = self.persist(inner, ev, false) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
+            }
+        }
+    }
+
+    /// The second half: subscribers, webhooks and waiters are told, in order.
+    fn announce_all(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
+        for ev in events {
+            self.announce(inner, ev);
+        }
+        self.write_if_due(inner);
+    }
+
+    fn announce(&self, inner: &LiveInner, ev: StreamResponse) {
+        let status = matches!(&ev, StreamResponse::StatusUpdate(_));
+        if let StreamResponse::StatusUpdate(s) = &ev {
+            self.state.send_replace(s.status.state);
+        }
+        let ev = Arc::new(ev);
+        // Queued in the order applied (the task is locked), so webhooks see changes in order.
+        if status && let Some(push) = &self.push {
+            push.task_event(&inner.task.id, &ev);
+        }
+        // No receiver is fine: nobody is watching the stream right now.
+        let _ = self.tx.send(ev);
+    }
+
+    fn write_if_due(&self, inner: &mut LiveInner) {
         if inner.pending.len() + inner.pending_history >= PENDING_MAX
             || inner
                 .pending_since
@@ -376,7 +412,14 @@ impl LiveTask {
         !inner.pending.is_empty() || inner.pending_history > 0 || inner.head_dirty
     }
 
-    fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
+    /// Takes one event into the task and the store's buffers; a terminal or interrupted status
+    /// writes them at once, and with `flush` waits for the disk too.
+    fn persist(
+        &self,
+        inner: &mut LiveInner,
+        ev: &StreamResponse,
+        flush: bool,
+    ) -> Result<(), TaskStoreError> {
         match ev {
             StreamResponse::StatusUpdate(s) => {
                 inner.task.status = s.status.clone();
@@ -392,7 +435,9 @@ impl LiveTask {
                 // on disk before anyone is told.
                 if s.status.state.is_terminal() || s.status.state.is_interrupted() {
                     self.write_pending(inner);
-                    self.store.flush()?;
+                    if flush {
+                        self.store.flush()?;
+                    }
                 }
             }
             StreamResponse::ArtifactUpdate(a) => {
@@ -1670,10 +1715,26 @@ impl Core {
                     };
                     match next {
                         Some(Ok(ev)) => {
-                            let mut inner = lock(&live.inner);
-                            let events = inner.mapper.on_event(&ev, now_micros());
-                            live.apply(&mut inner, events);
-                            if inner.mapper.is_finished() {
+                            let settling = {
+                                let mut inner = lock(&live.inner);
+                                let events = inner.mapper.on_event(&ev, now_micros());
+                                if waits_for_disk(&events) {
+                                    live.persist_unflushed(&mut inner, &events);
+                                    Some(events)
+                                } else {
+                                    live.apply(&mut inner, events);
+                                    None
+                                }
+                            };
+                            // The end of a task is on disk before anyone is told, and that
+                            // wait holds no runtime worker (a wave's tasks end together).
+                            if let Some(events) = settling {
+                                if let Err(e) = self.store.flush_async().await {
+                                    tracing::error!(task_id = %task_id, error = %e, "cannot persist task update");
+                                }
+                                live.announce_all(&mut lock(&live.inner), events);
+                            }
+                            if lock(&live.inner).mapper.is_finished() {
                                 break;
                             }
                         }
@@ -1919,6 +1980,52 @@ mod tests {
         assert_eq!(stored, lock(&l.inner).task);
         // A terminal task gives a snapshot and no event stream.
         assert!(l.subscribe().events.is_none());
+    }
+
+    /// A task's end is written under the task's lock but waited for outside it: writing it
+    /// does not wait for the disk (held shut here), nobody is told before the disk answered,
+    /// and then every subscriber hears the end, once, in order.
+    #[test]
+    fn the_end_of_a_task_is_told_only_after_it_is_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let l = live(&store);
+        let mut sub = l.subscribe();
+        feed(&l, Event::Started(TurnStarted::default()), false);
+        assert_eq!(drain(&mut sub).len(), 1, "WORKING is told at once");
+        let closed = store.flush_gate.write().unwrap();
+        let events = {
+            let mut inner = lock(&l.inner);
+            let events = inner.mapper.on_event(
+                &TurnEvent {
+                    turn_id: "t1".into(),
+                    seq: 0,
+                    event: Some(Event::Stop(TurnStop {
+                        stop_reason: "end_turn".into(),
+                        ..Default::default()
+                    })),
+                },
+                3,
+            );
+            assert!(waits_for_disk(&events));
+            // Returns with the disk shut: no flush under the lock.
+            l.persist_unflushed(&mut inner, &events);
+            events
+        };
+        assert!(
+            drain(&mut sub).is_empty(),
+            "nobody is told before the flush"
+        );
+        assert_eq!(*l.state.borrow(), TaskState::Working);
+        drop(closed);
+        store.flush().unwrap();
+        l.announce_all(&mut lock(&l.inner), events);
+        let told = drain(&mut sub);
+        assert_eq!(told.len(), 1, "{told:#?}");
+        assert!(told[0].contains("TASK_STATE_COMPLETED"), "{told:#?}");
+        assert_eq!(*l.state.borrow(), TaskState::Completed);
+        let (stored, _) = store.load("t1").unwrap().unwrap();
+        assert_eq!(stored.status.state, TaskState::Completed);
     }
 
     /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
