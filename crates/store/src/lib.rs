@@ -231,6 +231,24 @@ impl Tree {
         Ok(n)
     }
 
+    /// Deletes every entry whose key starts with one of `prefixes`, in one atomic batch (none
+    /// when nothing matches); returns how many. One batch for many prefixes matters with sled:
+    /// each batch seals log buffers, each written by a job on sled's IO pool.
+    pub fn delete_prefixes<P: AsRef<[u8]>>(&self, prefixes: &[P]) -> Result<usize, StoreError> {
+        let mut batch = sled::Batch::default();
+        let mut n = 0;
+        for p in prefixes {
+            for k in self.tree.scan_prefix(p).keys() {
+                batch.remove(k.map_err(|e| self.err(e))?);
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.tree.apply_batch(batch).map_err(|e| self.err(e))?;
+        }
+        Ok(n)
+    }
+
     /// Applies all writes of `batch` atomically.
     pub fn apply(&self, batch: Batch) -> Result<(), StoreError> {
         self.tree.apply_batch(batch.inner).map_err(|e| self.err(e))

@@ -44,6 +44,15 @@ const PENDING_MAX: usize = 256;
 /// …or once the oldest is this old, or the stream has been quiet this long.
 const PENDING_AGE: Duration = Duration::from_millis(50);
 
+/// Whether applying `events` waits for the disk (a terminal or interrupted status is flushed
+/// before anyone is told).
+fn waits_for_disk(events: &[StreamResponse]) -> bool {
+    events.iter().any(|e| {
+        matches!(e, StreamResponse::StatusUpdate(s)
+            if s.status.state.is_terminal() || s.status.state.is_interrupted())
+    })
+}
+
 /// Longest accepted `contextId` (it becomes a store key and a supervisor label).
 pub const MAX_CONTEXT_ID: usize = 256;
 
@@ -112,6 +121,9 @@ struct ContextTasks {
     last_status_micros: i64,
 }
 
+/// Tasks a sweep deletes per store batch.
+const PRUNE_BATCH: usize = 256;
+
 /// How long the sweep waits for the supervisor to close one conversation.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -132,7 +144,7 @@ fn prune(
     for h in heads {
         by_principal.entry(h.principal.clone()).or_default().push(h);
     }
-    let mut deleted = 0;
+    let mut doomed: Vec<String> = Vec::new();
     let mut contexts: HashMap<String, ContextTasks> = HashMap::new();
     for (_, mut tasks) in by_principal {
         // Oldest status first: the order in which terminal tasks are given up.
@@ -146,8 +158,7 @@ fn prune(
             let terminal = t.task.status.state.is_terminal();
             let expired = t.status_micros < cutoff;
             if terminal && (expired || remaining > retention.max_tasks) {
-                store.delete_task(&t.task.id)?;
-                deleted += 1;
+                doomed.push(t.task.id);
                 remaining -= 1;
                 continue;
             }
@@ -157,6 +168,12 @@ fn prune(
             c.last_status_micros = c.last_status_micros.max(t.status_micros);
         }
     }
+    // A few batches for the whole sweep, not three per task (see `TaskStore::delete_tasks`).
+    for ids in doomed.chunks(PRUNE_BATCH) {
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        store.delete_tasks(&ids)?;
+    }
+    let deleted = doomed.len();
     if deleted > 0 {
         store.flush()?;
     }
@@ -309,21 +326,48 @@ impl LiveTask {
     /// Applies mapped events: updates the task, persists each change, broadcasts it.
     fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
         for ev in events {
-            if let Err(e) = self.persist(inner, &ev) {
+            if let Err(e) = self.persist(inner, &ev, true) {
                 tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
             }
-            let status = matches!(&ev, StreamResponse::StatusUpdate(_));
-            if let StreamResponse::StatusUpdate(s) = &ev {
-                self.state.send_replace(s.status.state);
-            }
-            let ev = Arc::new(ev);
-            // Queued in the order applied (the task is locked), so webhooks see changes in order.
-            if status && let Some(push) = &self.push {
-                push.task_event(&inner.task.id, &ev);
-            }
-            // No receiver is fine: nobody is watching the stream right now.
-            let _ = self.tx.send(ev);
+            self.announce(inner, ev);
         }
+        self.write_if_due(inner);
+    }
+
+    /// [`LiveTask::apply`] in two halves for events that end or interrupt the task, so that the
+    /// flush between them is awaited without holding a runtime worker: this half writes them
+    /// (not flushed); the caller flushes, then calls [`LiveTask::announce_all`].
+    fn persist_unflushed(&self, inner: &mut LiveInner, events: &[StreamResponse]) {
+        for ev in events {
+            if let Err(e) = self.persist(inner, ev, false) {
+                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
+            }
+        }
+    }
+
+    /// The second half: subscribers, webhooks and waiters are told, in order.
+    fn announce_all(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
+        for ev in events {
+            self.announce(inner, ev);
+        }
+        self.write_if_due(inner);
+    }
+
+    fn announce(&self, inner: &LiveInner, ev: StreamResponse) {
+        let status = matches!(&ev, StreamResponse::StatusUpdate(_));
+        if let StreamResponse::StatusUpdate(s) = &ev {
+            self.state.send_replace(s.status.state);
+        }
+        let ev = Arc::new(ev);
+        // Queued in the order applied (the task is locked), so webhooks see changes in order.
+        if status && let Some(push) = &self.push {
+            push.task_event(&inner.task.id, &ev);
+        }
+        // No receiver is fine: nobody is watching the stream right now.
+        let _ = self.tx.send(ev);
+    }
+
+    fn write_if_due(&self, inner: &mut LiveInner) {
         if inner.pending.len() + inner.pending_history >= PENDING_MAX
             || inner
                 .pending_since
@@ -379,7 +423,14 @@ impl LiveTask {
         !inner.pending.is_empty() || inner.pending_history > 0 || inner.head_dirty
     }
 
-    fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) -> Result<(), TaskStoreError> {
+    /// Takes one event into the task and the store's buffers; a terminal or interrupted status
+    /// writes them at once, and with `flush` waits for the disk too.
+    fn persist(
+        &self,
+        inner: &mut LiveInner,
+        ev: &StreamResponse,
+        flush: bool,
+    ) -> Result<(), TaskStoreError> {
         match ev {
             StreamResponse::StatusUpdate(s) => {
                 inner.task.status = s.status.clone();
@@ -395,7 +446,9 @@ impl LiveTask {
                 // on disk before anyone is told.
                 if s.status.state.is_terminal() || s.status.state.is_interrupted() {
                     self.write_pending(inner);
-                    self.store.flush()?;
+                    if flush {
+                        self.store.flush()?;
+                    }
                 }
             }
             StreamResponse::ArtifactUpdate(a) => {
@@ -1362,7 +1415,25 @@ impl Core {
                 }
                 self.answer(principal, task_id, &req).await?
             }
-            None => self.start(principal, &req, agent_asked, push_cfg)?,
+            None => {
+                let (live, run) = self.start(principal, &req, agent_asked, push_cfg)?;
+                // On disk before the caller is answered and the turn starts. Waited for without
+                // holding a runtime worker: a wave of tasks starting at once each waited for the
+                // disk on a worker, and with every worker waiting the gateway answered nothing,
+                // kept no SSE stream alive and accepted no connection (issue 30).
+                if let Err(e) = self.store.flush_async().await {
+                    if let Ok(mut m) = self.live.lock() {
+                        m.remove(&run.task_id);
+                    }
+                    return Err(store_err(e));
+                }
+                let core = self.clone();
+                let driven = live.clone();
+                tokio::spawn(async move {
+                    core.drive(driven, run).await;
+                });
+                live
+            }
         };
 
         if let Some(permit) = permit {
@@ -1466,14 +1537,15 @@ impl Core {
         }
     }
 
-    /// A new task: records it, then starts its turn in the background.
+    /// A new task: records it (not yet flushed: the caller waits for the disk, then starts its
+    /// turn with the returned request).
     fn start(
         self: &Arc<Self>,
         principal: &str,
         req: &SendMessageRequest,
         agent_asked: Option<String>,
         push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
-    ) -> Result<Arc<LiveTask>, A2aError> {
+    ) -> Result<(Arc<LiveTask>, RunTurnRequest), A2aError> {
         let msg = &req.message;
         // A text the supervisor would refuse is refused here, before a byte of it is stored:
         // a rejected request must not cost disk for the retention period.
@@ -1580,7 +1652,6 @@ impl Core {
         self.store
             .put_history(&task_id, 0, &user)
             .map_err(store_err)?;
-        self.store.flush().map_err(store_err)?;
         let mut task = head;
         task.history.push(user.clone());
         let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
@@ -1633,12 +1704,7 @@ impl Core {
                 effort: String::new(),
             }),
         };
-        let core = self.clone();
-        let driven = live.clone();
-        tokio::spawn(async move {
-            core.drive(driven, run).await;
-        });
-        Ok(live)
+        Ok((live, run))
     }
 
     /// Follows one turn to its end.
@@ -1700,10 +1766,26 @@ impl Core {
                     };
                     match next {
                         Some(Ok(ev)) => {
-                            let mut inner = lock(&live.inner);
-                            let events = inner.mapper.on_event(&ev, now_micros());
-                            live.apply(&mut inner, events);
-                            if inner.mapper.is_finished() {
+                            let settling = {
+                                let mut inner = lock(&live.inner);
+                                let events = inner.mapper.on_event(&ev, now_micros());
+                                if waits_for_disk(&events) {
+                                    live.persist_unflushed(&mut inner, &events);
+                                    Some(events)
+                                } else {
+                                    live.apply(&mut inner, events);
+                                    None
+                                }
+                            };
+                            // The end of a task is on disk before anyone is told, and that
+                            // wait holds no runtime worker (a wave's tasks end together).
+                            if let Some(events) = settling {
+                                if let Err(e) = self.store.flush_async().await {
+                                    tracing::error!(task_id = %task_id, error = %e, "cannot persist task update");
+                                }
+                                live.announce_all(&mut lock(&live.inner), events);
+                            }
+                            if lock(&live.inner).mapper.is_finished() {
                                 break;
                             }
                         }
@@ -1949,5 +2031,140 @@ mod tests {
         assert_eq!(stored, lock(&l.inner).task);
         // A terminal task gives a snapshot and no event stream.
         assert!(l.subscribe().events.is_none());
+    }
+
+    /// A task's end is written under the task's lock but waited for outside it: writing it
+    /// does not wait for the disk (held shut here), nobody is told before the disk answered,
+    /// and then every subscriber hears the end, once, in order.
+    #[test]
+    fn the_end_of_a_task_is_told_only_after_it_is_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let l = live(&store);
+        let mut sub = l.subscribe();
+        feed(&l, Event::Started(TurnStarted::default()), false);
+        assert_eq!(drain(&mut sub).len(), 1, "WORKING is told at once");
+        let closed = store.flush_gate.write().unwrap();
+        let events = {
+            let mut inner = lock(&l.inner);
+            let events = inner.mapper.on_event(
+                &TurnEvent {
+                    turn_id: "t1".into(),
+                    seq: 0,
+                    event: Some(Event::Stop(TurnStop {
+                        stop_reason: "end_turn".into(),
+                        ..Default::default()
+                    })),
+                },
+                3,
+            );
+            assert!(waits_for_disk(&events));
+            // Returns with the disk shut: no flush under the lock.
+            l.persist_unflushed(&mut inner, &events);
+            events
+        };
+        assert!(
+            drain(&mut sub).is_empty(),
+            "nobody is told before the flush"
+        );
+        assert_eq!(*l.state.borrow(), TaskState::Working);
+        drop(closed);
+        store.flush().unwrap();
+        l.announce_all(&mut lock(&l.inner), events);
+        let told = drain(&mut sub);
+        assert_eq!(told.len(), 1, "{told:#?}");
+        assert!(told[0].contains("TASK_STATE_COMPLETED"), "{told:#?}");
+        assert_eq!(*l.state.borrow(), TaskState::Completed);
+        let (stored, _) = store.load("t1").unwrap().unwrap();
+        assert_eq!(stored.status.state, TaskState::Completed);
+    }
+
+    /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
+    /// keep-alives run on the runtime's workers, and a task's start waited for the disk
+    /// (`flush`) on one. As many starts waiting on a slow disk as there are workers stopped the
+    /// whole gateway — no answer, no keep-alive, for any stream — until the disk came back.
+    /// Here the store's flushes wait on a gate while four tasks start on a two-worker runtime;
+    /// a task that only needs the runtime must still run, and every start finishes once the
+    /// disk answers.
+    #[test]
+    fn tasks_waiting_on_the_disk_do_not_stop_the_runtime() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let gate = store.flush_gate.clone();
+        let closed = gate.write().unwrap();
+        let core = {
+            let _rt = rt.enter();
+            // Nobody listens there: a turn that gets as far as RunTurn fails, which is fine.
+            let channel =
+                warden_daemon::client::unix_channel(&dir.path().join("no-supervisor.sock"));
+            Core::new(
+                store,
+                channel,
+                CoreSettings {
+                    agents: vec!["scripted".into()],
+                    default_agent: "scripted".into(),
+                    turn_timeout_seconds: 0,
+                    cancel_grace: Duration::from_secs(1),
+                    coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
+                    retention: Retention::default(),
+                    max_streams_per_principal: 1024,
+                    stream_keepalive: Duration::from_secs(15),
+                },
+            )
+        };
+        // Known limits, so no send asks the (absent) supervisor first.
+        core.agents.write().unwrap().task_text_bytes = Some(16384);
+        let message = |i: usize| SendMessageRequest {
+            tenant: None,
+            message: Message {
+                message_id: format!("m{i}"),
+                context_id: Some(format!("ctx-{i}")),
+                task_id: None,
+                role: Role::User,
+                parts: vec![crate::a2a::Part::text("hello")],
+                metadata: None,
+                extensions: vec![],
+                reference_task_ids: vec![],
+            },
+            configuration: None,
+            metadata: None,
+        };
+        let mut sends = Vec::new();
+        for i in 0..4 {
+            let core = core.clone();
+            let req = message(i);
+            sends.push(rt.spawn(async move { core.send("alice", req, true).await.is_ok() }));
+        }
+        // Give the starts time to reach the disk and wait there.
+        std::thread::sleep(Duration::from_millis(300));
+        let ran = Arc::new(AtomicBool::new(false));
+        {
+            let ran = ran.clone();
+            rt.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ran.store(true, Ordering::SeqCst);
+            });
+        }
+        let t0 = std::time::Instant::now();
+        while !ran.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alive = ran.load(Ordering::SeqCst);
+        // The disk comes back: every start finishes.
+        drop(closed);
+        for s in sends {
+            assert!(rt.block_on(s).unwrap(), "a send failed");
+        }
+        assert!(
+            alive,
+            "while the store's flushes waited, a task needing only the runtime did not run within 3 s"
+        );
+        rt.shutdown_timeout(Duration::from_secs(5));
     }
 }
