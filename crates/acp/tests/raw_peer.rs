@@ -37,9 +37,14 @@ fn peer(cfg: ClientConfig) -> Peer {
 }
 
 impl Peer {
+    /// One write of the line and its newline: written apart, a client that refuses an oversized
+    /// line before its newline arrives (it need not wait for it) has closed the pipe by then
+    /// (seen once in CI as BrokenPipe on the newline).
     async fn send(&mut self, line: &str) {
-        self.tx.write_all(line.as_bytes()).await.unwrap();
-        self.tx.write_all(b"\n").await.unwrap();
+        self.tx
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
     }
     async fn recv(&mut self) -> Value {
         let l = tokio::time::timeout(Duration::from_secs(5), self.rx.next_line())
