@@ -56,9 +56,12 @@ impl<W: Write> Write for OneLineWriter<W> {
             Some(body) => (body, "\n"),
             None => (text.as_ref(), ""),
         };
-        let shown = warden_terminal_text::inline(body);
+        // One write of the line with its newline: stderr is shared by every thread, and a line
+        // written in two pieces could have another thread's line land between them (seen in the
+        // gateway's log as two events on one line).
+        let mut shown = warden_terminal_text::inline(body).into_owned();
+        shown.push_str(end);
         self.0.write_all(shown.as_bytes())?;
-        self.0.write_all(end.as_bytes())?;
         Ok(buf.len())
     }
 
@@ -85,6 +88,46 @@ mod tests {
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
+        }
+    }
+
+    /// Each write the sink receives, apart.
+    #[derive(Clone, Default)]
+    struct Writes(Arc<Mutex<Vec<Vec<u8>>>>);
+
+    impl Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .map_err(|_| std::io::ErrorKind::Other)?
+                .push(buf.to_vec());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn each_event_reaches_the_shared_stream_in_one_write_with_its_newline() {
+        let writes = Writes::default();
+        let sink = writes.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(OneLine(move || sink.clone()))
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!(task_id = "t1", "first");
+            tracing::info!("second");
+        });
+        let got = writes.0.lock().unwrap().clone();
+        assert_eq!(got.len(), 2, "{got:?}");
+        for w in &got {
+            let text = String::from_utf8_lossy(w);
+            assert!(
+                text.ends_with('\n') && text.matches('\n').count() == 1,
+                "{text:?}"
+            );
         }
     }
 
