@@ -145,3 +145,44 @@ async fn an_agent_configured_only_in_the_supervisors_file_is_usable_through_the_
     assert!(shown.contains("unknown agent \"nobody\""), "{shown}");
     assert!(shown.contains("my-agent"), "{shown}");
 }
+
+/// A misspelt agent command fails `--check-config` naming the key (it used to pass, and the
+/// agent failed at its first task), so `warden up` refuses it before starting anything; a
+/// command that exists passes, and the summary says which built-in adapters are not installed.
+#[tokio::test]
+async fn check_config_finds_an_agent_command_that_does_not_exist() {
+    let check = |set: &str| {
+        let mut c = tokio::process::Command::new(binary("warden-supervisor"));
+        c.args(["--check-config", "--set", set]);
+        c
+    };
+    let out = run_with_deadline(
+        &mut check(r#"agents.mine.command="claud-code-acp""#),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains(r#"agents.mine.command "claud-code-acp": not found on PATH"#),
+        "{said}"
+    );
+    let out = run_with_deadline(
+        &mut check(r#"agents.mine.command="/nonexistent/agent""#),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such executable file"));
+    let out = run_with_deadline(
+        &mut check(r#"agents.mine.command="/usr/bin/python3""#),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(said.contains("mine"), "{said}");
+}

@@ -26,6 +26,13 @@ pub trait Daemon: Sized {
     /// came from, and anything worth confirming).
     fn summary(&self) -> String;
 
+    /// What `--check-config` checks beyond the file itself, on this host (a program an agent
+    /// entry names exists, say). Not run at start: a daemon starts on a valid file and reports
+    /// such a fault where it is met.
+    fn check_host(&self) -> Result<(), Box<dyn std::error::Error>> {
+        Ok(())
+    }
+
     /// Runtime worker threads: 0 = one per core, 1 = a single thread, n = n threads.
     fn worker_threads(&self) -> usize {
         0
@@ -43,6 +50,9 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         Err(e) => fail(D::NAME, &*e),
     };
     if args.check_config {
+        if let Err(e) = daemon.check_host() {
+            fail(D::NAME, &*e);
+        }
         println!("{}: configuration OK ({})", D::NAME, daemon.summary());
         return;
     }

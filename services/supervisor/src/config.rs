@@ -739,6 +739,30 @@ impl Settings {
     }
 }
 
+/// Where an agent's `command` is found: a path (with a `/`) as it is, a bare name on the
+/// supervisor's `PATH`. Refused unless it is a regular file someone may execute.
+pub fn find_program(command: &str) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    if command.contains('/') {
+        let p = PathBuf::from(command);
+        return if executable(&p) {
+            Ok(p)
+        } else {
+            Err("no such executable file".into())
+        };
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join(command))
+        .find(|p| executable(p))
+        .ok_or_else(|| "not found on PATH".into())
+}
+
 /// A binary shipped with warden, next to this executable (`warden-scripted-agent`,
 /// `warden-egress-relay`).
 pub fn shipped_binary(name: &str) -> Result<PathBuf, String> {

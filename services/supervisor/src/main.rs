@@ -61,12 +61,39 @@ impl warden_daemon::Daemon for SupervisorDaemon {
         &self.0.file.daemon
     }
 
+    /// Every enabled agent that names a `command` must name a program that exists and may be
+    /// executed (a misspelt command used to pass here and fail at the first task). An installed
+    /// adapter that is missing is not a fault of the file — the operator installs adapters after
+    /// the package — so the summary says so instead.
+    fn check_host(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let s = &self.0;
+        for (name, agent) in s.agents.iter().filter(|(_, a)| a.enabled) {
+            if agent.command.is_empty() {
+                continue;
+            }
+            if let Err(why) = config::find_program(&agent.command) {
+                return Err(format!(
+                    "{}: agents.{name}.command {:?}: {why}",
+                    s.origin, agent.command
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
     fn summary(&self) -> String {
-        format!(
-            "{}; agents: {}",
-            self.0.origin,
-            self.0.agents.keys().cloned().collect::<Vec<_>>().join(", ")
-        )
+        let agents: Vec<String> = self
+            .0
+            .agents
+            .iter()
+            .map(|(name, a)| match self.0.adapter(a) {
+                _ if !a.enabled => format!("{name} (disabled)"),
+                Some(Err(_)) => format!("{name} (adapter not installed: its tasks fail)"),
+                _ => name.clone(),
+            })
+            .collect();
+        format!("{}; agents: {}", self.0.origin, agents.join(", "))
     }
 
     fn worker_threads(&self) -> usize {
