@@ -22,21 +22,6 @@ fn sha(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
-async fn audit_of(d: &warden_e2e::Deployment, ctx: &str) -> Vec<pb::AuditRecord> {
-    let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
-    let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
-    admin
-        .audit_query(pb::AuditQueryRequest {
-            limit: 1000,
-            decision_id: String::new(),
-            context_id: ctx.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records
-}
-
 fn record<'a>(audit: &'a [pb::AuditRecord], id: &str) -> &'a pb::AuditRecord {
     audit
         .iter()

@@ -122,22 +122,6 @@ async fn a_read_only_conversation_refuses_client_writes() {
     assert!(!PathBuf::from(info.root).join("ro.txt").exists());
 }
 
-/// The audit records of one context, newest first, from the policy's admin socket.
-async fn audit_of(d: &warden_e2e::Deployment, ctx: &str) -> Vec<pb::AuditRecord> {
-    let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
-    let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
-    admin
-        .audit_query(pb::AuditQueryRequest {
-            limit: 1000,
-            decision_id: String::new(),
-            context_id: ctx.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .records
-}
-
 /// The containment issue's finding 1, reproduced through the real daemons: the agent flips `l`
 /// between a directory and a symlink to a host directory in a background loop while it asks the
 /// supervisor (which runs outside the sandbox) for hundreds of writes and reads through `l`. Not a

@@ -954,6 +954,16 @@ mod tests {
         out
     }
 
+    /// The first status update a batch of events was mapped to.
+    fn first_status_update(out: &[StreamResponse]) -> &TaskStatusUpdateEvent {
+        out.iter()
+            .find_map(|e| match e {
+                StreamResponse::StatusUpdate(s) => Some(s),
+                _ => None,
+            })
+            .expect("a status update")
+    }
+
     fn final_status(out: &[StreamResponse]) -> (&TaskStatus, String, Value) {
         match out.last() {
             Some(StreamResponse::StatusUpdate(s)) => {
@@ -1470,13 +1480,7 @@ mod tests {
                 agent: false,
             })],
         );
-        let s = out
-            .iter()
-            .find_map(|e| match e {
-                StreamResponse::StatusUpdate(s) => Some(s),
-                _ => None,
-            })
-            .expect("a status update");
+        let s = first_status_update(&out);
         assert_eq!(s.status.state, TaskState::Working);
         let msg = s.status.message.as_ref().expect("a status message");
         let md = msg.metadata.as_ref().expect("metadata");
@@ -1495,13 +1499,7 @@ mod tests {
                 agent: true,
             })],
         );
-        let s = out
-            .iter()
-            .find_map(|e| match e {
-                StreamResponse::StatusUpdate(s) => Some(s),
-                _ => None,
-            })
-            .expect("a status update");
+        let s = first_status_update(&out);
         assert_eq!(s.status.state, TaskState::Working);
         let msg = s.status.message.as_ref().expect("a status message");
         assert_eq!(

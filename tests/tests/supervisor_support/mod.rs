@@ -313,3 +313,19 @@ pub async fn one_agent(d: &warden_e2e::Deployment, exe: &str, not: &[i32]) -> i3
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The audit records of one context, newest first, from the policy's admin socket.
+pub async fn audit_of(d: &Deployment, ctx: &str) -> Vec<pb::AuditRecord> {
+    let ch = warden_daemon::client::unix_channel(&d.layout.policy_admin_socket());
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(ch);
+    admin
+        .audit_query(pb::AuditQueryRequest {
+            limit: 1000,
+            decision_id: String::new(),
+            context_id: ctx.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .records
+}
