@@ -43,6 +43,9 @@ pub const SUBSCRIBER_BUFFER: usize = 4096;
 const PENDING_MAX: usize = 256;
 /// …or once the oldest is this old, or the stream has been quiet this long.
 const PENDING_AGE: Duration = Duration::from_millis(50);
+/// How long an answer waits for the question it answers to be announced (it is written, and
+/// waits for the disk before it is told: [`LiveTask::take_question`]).
+const ANNOUNCE_WAIT: Duration = Duration::from_secs(10);
 
 /// Whether applying `events` waits for the disk (a terminal or interrupted status is flushed
 /// before anyone is told).
@@ -508,6 +511,40 @@ impl LiveTask {
     }
 
     /// Waits until the task is terminal or interrupted.
+    /// Takes the task's pending question for an answer (marks it being answered), or says the
+    /// state the task is in instead.
+    ///
+    /// An INPUT_REQUIRED is written before it is announced (its flush is awaited in between,
+    /// see [`LiveTask::persist_unflushed`]), and a caller that read it with GetTask may answer in
+    /// that gap. The answer's WORKING was then announced first and the late INPUT_REQUIRED
+    /// after it: a blocking SendMessage returned at once with the task still working, and
+    /// webhooks and streams heard WORKING before INPUT_REQUIRED. So the answer waits for the
+    /// announcement (bounded: a store that never answers must not hold the caller forever).
+    async fn take_question(&self) -> Result<String, TaskState> {
+        let written = lock(&self.inner).task.status.state;
+        if written == TaskState::InputRequired {
+            let mut rx = self.state.subscribe();
+            let _ = tokio::time::timeout(
+                ANNOUNCE_WAIT,
+                rx.wait_for(|s| s.is_interrupted() || s.is_terminal()),
+            )
+            .await;
+        }
+        let mut inner = lock(&self.inner);
+        let announced = *self.state.borrow();
+        match inner.mapper.pending_question().map(str::to_string) {
+            Some(q)
+                if inner.task.status.state == TaskState::InputRequired
+                    && announced == TaskState::InputRequired
+                    && !inner.answering =>
+            {
+                inner.answering = true;
+                Ok(q)
+            }
+            _ => Err(inner.task.status.state),
+        }
+    }
+
     async fn settled(&self) {
         let mut rx = self.state.subscribe();
         let _ = rx.wait_for(|s| s.is_terminal() || s.is_interrupted()).await;
@@ -1482,24 +1519,12 @@ impl Core {
         let live = self.live(task_id).ok_or_else(|| {
             A2aError::UnsupportedOperation(format!("task {task_id} is not waiting for input"))
         })?;
-        let question_id = {
-            let mut inner = lock(&live.inner);
-            let q = inner.mapper.pending_question().map(str::to_string);
-            match q {
-                Some(q)
-                    if inner.task.status.state == TaskState::InputRequired && !inner.answering =>
-                {
-                    inner.answering = true;
-                    q
-                }
-                _ => {
-                    return Err(A2aError::UnsupportedOperation(format!(
-                        "task {task_id} is {} and not waiting for input; wait for it or cancel it",
-                        inner.task.status.state.as_str()
-                    )));
-                }
-            }
-        };
+        let question_id = live.take_question().await.map_err(|state| {
+            A2aError::UnsupportedOperation(format!(
+                "task {task_id} is {} and not waiting for input; wait for it or cancel it",
+                state.as_str()
+            ))
+        })?;
         let (action, content_json) = answer_content(&req.message);
         let mut client = self.supervisor.clone();
         let result = client
@@ -2077,6 +2102,65 @@ mod tests {
         assert_eq!(*l.state.borrow(), TaskState::Completed);
         let (stored, _) = store.load("t1").unwrap().unwrap();
         assert_eq!(stored.status.state, TaskState::Completed);
+    }
+
+    /// An answer that arrives between a question's write and its announcement (the caller read
+    /// INPUT_REQUIRED with GetTask while the flush was awaited) waits for the announcement, so
+    /// everyone hears INPUT_REQUIRED and then the answer's WORKING, and a blocking answer waits
+    /// for the turn instead of returning at once (seen in CI: the task came back WORKING).
+    #[test]
+    fn an_answer_waits_for_its_question_to_be_announced() {
+        use warden_proto::v1::Question;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = TaskStore::open(dir.path()).unwrap();
+        let l = Arc::new(live(&store));
+        let mut sub = l.subscribe();
+        feed(&l, Event::Started(TurnStarted::default()), false);
+        let events = {
+            let mut inner = lock(&l.inner);
+            let events = inner.mapper.on_event(
+                &TurnEvent {
+                    turn_id: "t1".into(),
+                    seq: 0,
+                    event: Some(Event::Question(Question {
+                        question_id: "q1".into(),
+                        message: "Which colour?".into(),
+                        requested_schema_json: String::new(),
+                    })),
+                },
+                3,
+            );
+            assert!(waits_for_disk(&events));
+            l.persist_unflushed(&mut inner, &events);
+            events
+        };
+        assert_eq!(lock(&l.inner).task.status.state, TaskState::InputRequired);
+        rt.block_on(async {
+            let answering = tokio::spawn({
+                let l = l.clone();
+                async move { l.take_question().await }
+            });
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                !answering.is_finished(),
+                "the answer waits for the announcement"
+            );
+            l.announce_all(&mut lock(&l.inner), events);
+            assert_eq!(answering.await.unwrap(), Ok("q1".to_string()));
+            // A second answer to the same question is refused while the first is delivered.
+            assert_eq!(l.take_question().await, Err(TaskState::InputRequired));
+        });
+        let told = drain(&mut sub);
+        assert!(told[1].contains("TASK_STATE_INPUT_REQUIRED"), "{told:#?}");
+        let resumed = lock(&l.inner).mapper.question_answered(4);
+        l.apply(&mut lock(&l.inner), resumed);
+        assert_eq!(*l.state.borrow(), TaskState::Working);
+        let told = drain(&mut sub);
+        assert!(told[0].contains("TASK_STATE_WORKING"), "{told:#?}");
     }
 
     /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
