@@ -40,6 +40,10 @@ pub enum AuditError {
     Sync(#[source] std::io::Error),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    #[error("audit database: {0}")]
+    Pg(#[from] warden_pgstate::PgError),
+    #[error("audit database: {0}")]
+    Unavailable(String),
     #[error("audit record {key} is corrupt: {source}")]
     Decode {
         key: String,

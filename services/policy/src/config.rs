@@ -72,6 +72,9 @@ pub struct Config {
     pub audit: AuditSection,
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// Where the audit log lives: sled under `state_dir` (default) or PostgreSQL.
+    #[serde(default)]
+    pub store: warden_pgstate::StoreSection,
 }
 
 /// Where the configuration is read from, so a reload reads the same sources again.
@@ -108,6 +111,7 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
         "the admin API is for operators, Decide for the supervisor",
     )?;
     c.decide.validate(origin)?;
+    c.store.validate(origin)?;
     c.policy.validate().map_err(|e| match e {
         PolicyError::EmptyMatcher { key, index } => ConfigError::invalid(
             origin,

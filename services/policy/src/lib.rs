@@ -12,6 +12,8 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod audit_pg;
+pub mod audit_store;
 pub mod config;
 pub mod journal;
 pub mod service;
@@ -25,6 +27,7 @@ use warden_proto::v1::admin_service_server::AdminServiceServer;
 use warden_proto::v1::policy_service_server::PolicyServiceServer;
 
 use crate::audit::{AuditError, AuditLog};
+use crate::audit_store::AuditStore;
 use crate::config::Sources;
 use crate::service::{AdminApi, PolicyApi, PolicyState, ReloadError};
 
@@ -37,6 +40,8 @@ pub enum RunError {
     Store(#[from] warden_store::StoreError),
     #[error(transparent)]
     Audit(#[from] AuditError),
+    #[error("audit database: {0}")]
+    Database(#[from] warden_pgstate::PgError),
     #[error("policy: {0}")]
     Policy(#[from] ReloadError),
     #[error("listener: {0}")]
@@ -72,7 +77,29 @@ impl warden_daemon::Daemon for PolicyDaemon {
     }
 
     fn summary(&self) -> String {
-        self.loaded.origin.to_string()
+        format!(
+            "{}; audit store: {}",
+            self.loaded.origin,
+            self.loaded.value.store.describe()
+        )
+    }
+
+    /// With the PostgreSQL backend: the database answers and its schema is migrated to what
+    /// this binary knows (nothing is changed).
+    fn check_host(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let store = &self.loaded.value.store;
+        if store.backend != warden_pgstate::Backend::Postgres {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pg = warden_pgstate::Pg::new(store)?;
+            warden_pgstate::migrate::check(&pg).await
+        })
+        .map_err(|e| format!("store ({}): {e}", store.describe()))?;
+        Ok(())
     }
 
     fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
@@ -82,8 +109,18 @@ impl warden_daemon::Daemon for PolicyDaemon {
 
 /// Serves until SIGTERM/SIGINT.
 async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
-    let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
-    let audit = AuditLog::open(store)?;
+    let audit: Arc<dyn AuditStore> = match cfg.store.backend {
+        warden_pgstate::Backend::Sled => {
+            let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
+            Arc::new(AuditLog::open(store)?)
+        }
+        warden_pgstate::Backend::Postgres => {
+            let pg = warden_pgstate::Pg::new(&cfg.store)?;
+            // Replicas starting together queue on the migration's advisory lock.
+            warden_pgstate::migrate::migrate(&pg).await?;
+            Arc::new(audit_pg::PgAudit::start(pg))
+        }
+    };
     let state = Arc::new(PolicyState::new(&cfg, sources, audit)?);
 
     let listen =
@@ -127,6 +164,7 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
     });
     tracing::info!(
         policy_version = state.active().version,
+        store = %cfg.store.describe(),
         "warden-policy serving"
     );
     server.run().await?;

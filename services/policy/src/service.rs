@@ -13,7 +13,7 @@ use warden_proto::v1::admin_service_server::AdminService;
 use warden_proto::v1::policy_service_server::PolicyService;
 use warden_rules::{AgentHomes, Engine, RootCheck};
 
-use crate::audit::AuditLog;
+use crate::audit_store::AuditStore;
 use crate::config::{AuditSection, Config, Sources};
 use warden_decide::DecideSection;
 use warden_decide::convert;
@@ -37,9 +37,12 @@ pub struct PolicyState {
     active: RwLock<Arc<Active>>,
     reload_lock: Mutex<()>,
     sources: Sources,
-    audit: AuditLog,
+    audit: Arc<dyn AuditStore>,
     started: Instant,
     decisions: AtomicU64,
+    /// Decisions answered DENY `audit.unavailable` because their record could not be written
+    /// (the database unreachable, the disk failing): counted, not audited.
+    not_audited: AtomicU64,
     /// Reloads tried (SIGHUP or admin), and the error of the last one refused: an operator (and
     /// a test) can see that a reload happened even when it changed nothing.
     reload_attempts: AtomicU64,
@@ -63,7 +66,11 @@ pub const ROOT_CHECK_TTL: std::time::Duration = std::time::Duration::from_secs(1
 
 impl PolicyState {
     /// Builds the state from an already loaded configuration (version 1).
-    pub fn new(config: &Config, sources: Sources, audit: AuditLog) -> Result<Self, ReloadError> {
+    pub fn new(
+        config: &Config,
+        sources: Sources,
+        audit: Arc<dyn AuditStore>,
+    ) -> Result<Self, ReloadError> {
         let root_check =
             RootCheck::new(&AgentHomes::from_host(), &RealFs).remembering(ROOT_CHECK_TTL);
         let engine = Engine::new(config.policy.clone())
@@ -81,6 +88,7 @@ impl PolicyState {
             audit,
             started: Instant::now(),
             decisions: AtomicU64::new(0),
+            not_audited: AtomicU64::new(0),
             reload_attempts: AtomicU64::new(0),
             last_reload_error: Mutex::new(String::new()),
             ledger: Mutex::new(Ledger::default()),
@@ -241,13 +249,12 @@ impl PolicyState {
             judged: Some(judged),
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
-        let written = if active.audit.sync {
-            self.audit.append_durable(&record).await
-        } else {
-            self.audit.append(&record)
-        };
+        let written = self
+            .write_by(&record, active.audit.sync, req.deadline_unix_ms)
+            .await;
         if let Err(e) = written {
             // No record, no permission: the contract says the record exists before the answer.
+            self.not_audited.fetch_add(1, Ordering::Relaxed);
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
             return pb::Decision {
                 decision_id,
@@ -281,6 +288,32 @@ impl PolicyState {
 }
 
 impl PolicyState {
+    /// Writes `record`, giving up at the caller's deadline (0 = none): past it the caller
+    /// denies on its own, and an answer that waited longer would only arrive after that.
+    async fn write_by(
+        &self,
+        record: &pb::AuditRecord,
+        durable: bool,
+        deadline_unix_ms: u64,
+    ) -> Result<(), crate::audit::AuditError> {
+        let write = self.audit.append(record, durable);
+        if deadline_unix_ms == 0 {
+            return write.await;
+        }
+        let left = deadline_unix_ms.saturating_sub(now_unix_ms());
+        match tokio::time::timeout(std::time::Duration::from_millis(left), write).await {
+            Ok(r) => r,
+            Err(_) => Err(crate::audit::AuditError::Unavailable(
+                "not written before the caller's deadline".into(),
+            )),
+        }
+    }
+
+    /// The audit backend's name.
+    pub fn audit_backend(&self) -> &'static str {
+        self.audit.backend()
+    }
+
     /// Records that the caller did not act on `req.request_id`'s decision (see the contract's
     /// `Withdraw`): a recorded ALLOW gets a superseding DENY record; an undecided request is
     /// remembered and decided DENY when it arrives.
@@ -323,12 +356,9 @@ impl PolicyState {
             supersedes_decision_id: earlier.clone(),
             ..Default::default()
         };
-        let written = if active.audit.sync {
-            self.audit.append_durable(&record).await
-        } else {
-            self.audit.append(&record)
-        };
-        written
+        self.audit
+            .append(&record, active.audit.sync)
+            .await
             .map_err(|e| Status::unavailable(format!("the audit log cannot be written: {e}")))?;
         tracing::warn!(
             request_id = %req.request_id,
@@ -533,7 +563,18 @@ impl AdminService for AdminApi {
             s.decisions.load(Ordering::Relaxed).to_string(),
         );
         details.insert("config".to_string(), s.sources.describe());
-        details.insert("audit_records".to_string(), s.audit.len().to_string());
+        details.insert(
+            "audit_records".to_string(),
+            match s.audit.count().await {
+                Ok(n) => n.to_string(),
+                Err(e) => format!("unavailable: {e}"),
+            },
+        );
+        details.insert("store_backend".to_string(), s.audit.backend().to_string());
+        details.insert(
+            "decisions_not_audited".to_string(),
+            s.not_audited.load(Ordering::Relaxed).to_string(),
+        );
         details.insert(
             "reload_attempts".to_string(),
             s.reload_attempts.load(Ordering::Acquire).to_string(),
@@ -566,6 +607,7 @@ impl AdminService for AdminApi {
             self.0
                 .audit
                 .by_decision_id(&q.decision_id)
+                .await
                 .map_err(|e| Status::internal(e.to_string()))?
                 .into_iter()
                 .filter(|r| q.context_id.is_empty() || ctx(r) == q.context_id)
@@ -573,7 +615,8 @@ impl AdminService for AdminApi {
         } else {
             self.0
                 .audit
-                .newest(limit, |r| q.context_id.is_empty() || ctx(r) == q.context_id)
+                .newest(limit, Some(q.context_id.as_str()).filter(|c| !c.is_empty()))
+                .await
                 .map_err(|e| Status::internal(e.to_string()))?
         };
         Ok(Response::new(pb::AuditQueryResponse { records }))

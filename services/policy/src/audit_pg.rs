@@ -1,0 +1,241 @@
+//! The audit log in PostgreSQL (`[store] backend = "postgres"`), shared by the policy's
+//! replicas: table `policy_audit` (migration 0001 of `warden-pgstate`), one row per decision,
+//! the prost-encoded record as its bytes.
+//!
+//! Group commit: appends queue for one writer task; it takes every record queued so far and
+//! inserts them with one statement (one implicit transaction, one WAL flush at its commit),
+//! then tells each waiter. While a commit is under way the next batch gathers, so concurrent
+//! decisions share a commit as they share the sled backend's `fdatasync`. A decision is
+//! answered only after the commit of its row returned.
+//!
+//! A write that fails or does not finish within the connect timeout is an error for every
+//! record of its batch: the service answers those decisions DENY (`audit.unavailable`) and
+//! counts them. A commit whose answer was lost with the connection may still have landed: such
+//! a row records a decision that was answered DENY (the supervisor enforces the answer).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use warden_pgstate::{Pg, PgError};
+use warden_proto::v1 as pb;
+
+use crate::audit::AuditError;
+use crate::audit_store::AuditStore;
+
+/// A batch holds at most this many records: one statement's arrays stay a few MiB.
+const MAX_BATCH: usize = 512;
+
+/// Records waiting for the writer at most; past it an append waits for room (within its
+/// caller's deadline).
+const QUEUE: usize = 4096;
+
+struct Pending {
+    decision_id: String,
+    request_id: String,
+    context_id: String,
+    decided_at: i64,
+    bytes: Vec<u8>,
+    done: oneshot::Sender<Result<(), String>>,
+}
+
+/// The PostgreSQL audit log of one replica.
+pub struct PgAudit {
+    pg: Pg,
+    queue: mpsc::Sender<Pending>,
+    stats: Arc<Stats>,
+}
+
+/// What the writer did, for tests and Status.
+#[derive(Default)]
+pub struct Stats {
+    /// Statements (transactions) committed.
+    pub commits: AtomicU64,
+    /// Records committed.
+    pub records: AtomicU64,
+}
+
+impl PgAudit {
+    /// Starts the writer on `pg` (already migrated).
+    pub fn start(pg: Pg) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let stats = Arc::new(Stats::default());
+        tokio::spawn(writer(pg.clone(), rx, stats.clone()));
+        PgAudit {
+            pg,
+            queue: tx,
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    fn timeout_err(&self) -> AuditError {
+        AuditError::Pg(PgError::Timeout(self.pg.timeout().as_millis() as u64))
+    }
+
+    /// One query, bounded by the connect timeout.
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, AuditError> {
+        let run = async {
+            let c = self.pg.client().await?;
+            Ok::<_, PgError>(c.query(sql, params).await?)
+        };
+        match tokio::time::timeout(self.pg.timeout(), run).await {
+            Ok(r) => r.map_err(AuditError::Pg),
+            Err(_) => Err(self.timeout_err()),
+        }
+    }
+}
+
+use warden_pgstate::tokio_postgres;
+
+async fn writer(pg: Pg, mut rx: mpsc::Receiver<Pending>, stats: Arc<Stats>) {
+    let mut batch: Vec<Pending> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let result = match tokio::time::timeout(pg.timeout(), insert(&pg, &batch)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no commit within {} ms", pg.timeout().as_millis())),
+        };
+        match &result {
+            Ok(()) => {
+                stats.commits.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .records
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::error!(records = batch.len(), error = %e, target = %pg.target(), "audit commit failed");
+            }
+        }
+        for p in batch.drain(..) {
+            let _ = p.done.send(result.clone());
+        }
+    }
+}
+
+/// One statement for the whole batch: its implicit transaction commits every row or none.
+async fn insert(pg: &Pg, batch: &[Pending]) -> Result<(), PgError> {
+    let client = pg.client().await?;
+    let ids: Vec<&str> = batch.iter().map(|p| p.decision_id.as_str()).collect();
+    let reqs: Vec<&str> = batch.iter().map(|p| p.request_id.as_str()).collect();
+    let ctxs: Vec<&str> = batch.iter().map(|p| p.context_id.as_str()).collect();
+    let at: Vec<i64> = batch.iter().map(|p| p.decided_at).collect();
+    let recs: Vec<&[u8]> = batch.iter().map(|p| p.bytes.as_slice()).collect();
+    let stmt = client
+        .prepare_cached(
+            "INSERT INTO policy_audit (decision_id, request_id, context_id, decided_at_unix_ms, record)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[])",
+        )
+        .await?;
+    client
+        .execute(&stmt, &[&ids, &reqs, &ctxs, &at, &recs])
+        .await?;
+    Ok(())
+}
+
+fn record_of(row: &tokio_postgres::Row) -> Result<pb::AuditRecord, AuditError> {
+    let seq: i64 = row.try_get(0).map_err(PgError::from)?;
+    let bytes: &[u8] = row.try_get(1).map_err(PgError::from)?;
+    decode(seq, bytes)
+}
+
+fn decode(seq: i64, bytes: &[u8]) -> Result<pb::AuditRecord, AuditError> {
+    pb::AuditRecord::decode(bytes).map_err(|source| AuditError::Decode {
+        key: format!("policy_audit seq {seq}"),
+        source,
+    })
+}
+
+#[tonic::async_trait]
+impl AuditStore for PgAudit {
+    async fn append(&self, record: &pb::AuditRecord, _durable: bool) -> Result<(), AuditError> {
+        let (done, rx) = oneshot::channel();
+        let p = Pending {
+            decision_id: record.decision_id.clone(),
+            request_id: record.request_id.clone(),
+            context_id: record
+                .subject
+                .as_ref()
+                .map(|s| s.context_id.clone())
+                .unwrap_or_default(),
+            decided_at: record.decided_at_unix_ms.min(i64::MAX as u64) as i64,
+            bytes: record.encode_to_vec(),
+            done,
+        };
+        match tokio::time::timeout(self.pg.timeout(), self.queue.send(p)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(AuditError::FlushTask("the audit writer stopped".into())),
+            Err(_) => return Err(self.timeout_err()),
+        }
+        match rx.await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(AuditError::Unavailable(e)),
+            Err(_) => Err(AuditError::FlushTask("the audit writer stopped".into())),
+        }
+    }
+
+    async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError> {
+        let rows = self
+            .query(
+                "SELECT seq, record FROM policy_audit WHERE decision_id = $1",
+                &[&id],
+            )
+            .await?;
+        match rows.first() {
+            Some(r) => Ok(Some(record_of(r)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn newest(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<pb::AuditRecord>, AuditError> {
+        let limit = limit.min(100_000) as i64;
+        let rows = match context_id {
+            Some(c) => {
+                self.query(
+                    "SELECT seq, record FROM policy_audit WHERE context_id = $1 ORDER BY seq DESC LIMIT $2",
+                    &[&c, &limit],
+                )
+                .await?
+            }
+            None => {
+                self.query(
+                    "SELECT seq, record FROM policy_audit ORDER BY seq DESC LIMIT $1",
+                    &[&limit],
+                )
+                .await?
+            }
+        };
+        rows.iter().map(record_of).collect()
+    }
+
+    async fn count(&self) -> Result<u64, AuditError> {
+        let rows = self.query("SELECT count(*) FROM policy_audit", &[]).await?;
+        match rows.first() {
+            Some(r) => Ok(r.try_get::<_, i64>(0).map_err(PgError::from)?.max(0) as u64),
+            None => Ok(0),
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+}

@@ -1,0 +1,74 @@
+//! The audit log's one seam: [`AuditStore`], with two backends — the sled log of
+//! [`crate::audit`] (the default, one host) and PostgreSQL ([`crate::audit_pg`], shared by
+//! replicas). The service sees only this trait; both backends keep the same promise: `append`
+//! returns only once the record is durable (with `audit.sync`), and concurrent appends share
+//! one durability point (the journal's `fdatasync`, or one transaction).
+
+use warden_proto::v1 as pb;
+
+use crate::audit::{AuditError, AuditLog};
+
+/// Where the audit records go.
+#[tonic::async_trait]
+pub trait AuditStore: Send + Sync {
+    /// Appends `record`. Returns once it is durable when `durable` is set (the sled backend
+    /// otherwise only writes it; PostgreSQL always commits), and an error when that could not
+    /// be done: the caller must then not answer with the decision.
+    async fn append(&self, record: &pb::AuditRecord, durable: bool) -> Result<(), AuditError>;
+
+    /// The record of one decision.
+    async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError>;
+
+    /// Up to `limit` records, newest first, of one context when `context_id` is given.
+    async fn newest(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<pb::AuditRecord>, AuditError>;
+
+    /// How many records the log holds.
+    async fn count(&self) -> Result<u64, AuditError>;
+
+    /// `sled` or `postgres`, for Status and `warden doctor`.
+    fn backend(&self) -> &'static str;
+}
+
+fn context_of(r: &pb::AuditRecord) -> &str {
+    r.subject
+        .as_ref()
+        .map(|s| s.context_id.as_str())
+        .unwrap_or("")
+}
+
+#[tonic::async_trait]
+impl AuditStore for AuditLog {
+    async fn append(&self, record: &pb::AuditRecord, durable: bool) -> Result<(), AuditError> {
+        if durable {
+            self.append_durable(record).await.map(|_| ())
+        } else {
+            AuditLog::append(self, record).map(|_| ())
+        }
+    }
+
+    async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError> {
+        AuditLog::by_decision_id(self, id)
+    }
+
+    async fn newest(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<pb::AuditRecord>, AuditError> {
+        AuditLog::newest(self, limit, |r| {
+            context_id.is_none_or(|c| context_of(r) == c)
+        })
+    }
+
+    async fn count(&self) -> Result<u64, AuditError> {
+        Ok(self.len())
+    }
+
+    fn backend(&self) -> &'static str {
+        "sled"
+    }
+}
