@@ -151,6 +151,10 @@ pub struct Config {
     #[serde(default)]
     pub decide: DecideSection,
     pub web: WebSection,
+    /// Where the queue lives: sled under `state_dir` (default) or PostgreSQL, shared by
+    /// replicas.
+    #[serde(default)]
+    pub store: warden_pgstate::StoreSection,
 }
 
 impl Config {
@@ -224,6 +228,7 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
     )?;
     // The approver's own floor check uses warden-policy's limits: a zero there denies all.
     c.decide.validate(origin)?;
+    c.store.validate(origin)?;
     // Zero values deny: a zero deadline would deny everything at once, which is never meant.
     let mut positive: Vec<(String, u64)> = vec![
         ("approval.deadline_ms".into(), c.approval.deadline_ms),

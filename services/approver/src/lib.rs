@@ -14,6 +14,9 @@
 
 pub mod config;
 pub mod queue;
+pub mod queue_pg;
+pub mod queue_sled;
+pub mod queue_store;
 pub mod service;
 pub mod web;
 
@@ -38,6 +41,8 @@ pub enum RunError {
     Store(#[from] warden_store::StoreError),
     #[error("approval queue: {0}")]
     Queue(#[from] QueueError),
+    #[error("approval database: {0}")]
+    Database(#[from] warden_pgstate::PgError),
     #[error("cannot build the floor check: {0}")]
     Rules(String),
     #[error("listener: {0}")]
@@ -53,7 +58,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     let loaded = config::load(args.config.as_deref(), &args.set)?;
     let cfg = loaded.value;
     if args.check_config {
-        println!("{}: configuration OK", loaded.origin);
+        if cfg.store.backend == warden_pgstate::Backend::Postgres {
+            // The database answers and is migrated (nothing is changed).
+            let pg = warden_pgstate::Pg::new(&cfg.store)?;
+            warden_pgstate::migrate::check(&pg).await?;
+        }
+        println!(
+            "{}: configuration OK (approval store: {})",
+            loaded.origin,
+            cfg.store.describe()
+        );
         return Ok(());
     }
     let format = args
@@ -63,7 +77,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     warden_daemon::logging::init(&format, &cfg.daemon.log_level);
 
     let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
-    let (queue, pending) = Queue::open(store, cfg.approval.history)?;
+    let (queue, pending) = match cfg.store.backend {
+        warden_pgstate::Backend::Sled => Queue::open(store, cfg.approval.history)?,
+        warden_pgstate::Backend::Postgres => {
+            let pg = warden_pgstate::Pg::new(&cfg.store)?;
+            // Replicas starting together queue on the migration's advisory lock.
+            warden_pgstate::migrate::migrate(&pg).await?;
+            Queue::open_pg(store, pg, cfg.approval.history).await?
+        }
+    };
 
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
@@ -79,7 +101,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     );
     let state =
         Arc::new(ApproverState::new(cfg, queue, server.shutdown_token()).map_err(RunError::Rules)?);
-    state.recover(pending);
+    state.recover(pending).await;
     server.serve(
         listen,
         Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
@@ -102,6 +124,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     tracing::info!(
         upstream = %state.config.upstream_socket().map(|p| p.display().to_string()).unwrap_or_default(),
         approval_deadline_ms = state.config.approval.deadline_ms,
+        store = %state.config.store.describe(),
         "warden-approver serving"
     );
     server.run().await?;

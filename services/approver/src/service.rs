@@ -89,19 +89,24 @@ impl ApproverState {
 
     /// Marks a request found pending at start-up: expired when its deadline is gone, otherwise
     /// held until its deadline (its caller may come back with the same request id).
-    pub fn recover(self: &Arc<Self>, pending: Vec<pb::Approval>) {
+    pub async fn recover(self: &Arc<Self>, pending: Vec<pb::Approval>) {
         for a in pending {
             if a.deadline_unix_ms <= now_ms() {
-                let r = self.queue.resolve(
-                    &a.id,
-                    Resolution {
-                        state: pb::ApprovalState::Expired,
-                        by: "warden-approver".into(),
-                        reason: "the approver restarted after the request's deadline; nobody answered it".into(),
-                        rule: rule::EXPIRED,
-                    },
-                );
-                if let Err(e) = r {
+                let r = self
+                    .queue
+                    .resolve(
+                        &a.id,
+                        Resolution {
+                            state: pb::ApprovalState::Expired,
+                            by: "warden-approver".into(),
+                            reason: "the approver restarted after the request's deadline; nobody answered it".into(),
+                            rule: rule::EXPIRED,
+                        },
+                    )
+                    .await;
+                if let Err(e) = r
+                    && !matches!(e, ResolveError::AlreadyDecided(_))
+                {
                     tracing::warn!(decision_id = %a.id, error = %e, "cannot expire a stale request");
                 }
             } else {
@@ -122,15 +127,19 @@ impl ApproverState {
                 _ = tokio::time::sleep(wait) => {}
                 _ = me.shutdown.cancelled() => return,
             }
-            match me.queue.resolve(
-                &id,
-                Resolution {
-                    state: pb::ApprovalState::NoResponse,
-                    by: "warden-approver".into(),
-                    reason: format!("approval.no-response: nobody answered within {secs:.1} s"),
-                    rule: rule::NO_RESPONSE,
-                },
-            ) {
+            let r = me
+                .queue
+                .resolve(
+                    &id,
+                    Resolution {
+                        state: pb::ApprovalState::NoResponse,
+                        by: "warden-approver".into(),
+                        reason: format!("approval.no-response: nobody answered within {secs:.1} s"),
+                        rule: rule::NO_RESPONSE,
+                    },
+                )
+                .await;
+            match r {
                 Ok(_) | Err(ResolveError::AlreadyDecided(_)) | Err(ResolveError::NotFound(_)) => {}
                 Err(e) => {
                     tracing::error!(decision_id = %id, error = %e, "cannot record the missed deadline")
@@ -200,7 +209,7 @@ impl ApproverState {
     /// `Err` only while shutting down (UNAVAILABLE: the caller retries and finds it again).
     pub async fn decide(self: &Arc<Self>, req: pb::DecideRequest) -> Result<pb::Decision, Status> {
         // A retried call (after a restart, or a broken connection) finds its request again.
-        match self.queue.by_request(&req.request_id) {
+        match self.queue.by_request(&req.request_id).await {
             Ok(Some(a)) => {
                 if a.request.as_ref() != Some(&req) {
                     tracing::warn!(request_id = %req.request_id, decision_id = %a.id, "request id reused with different content");
@@ -211,6 +220,11 @@ impl ApproverState {
                     ));
                 }
                 tracing::info!(request_id = %req.request_id, decision_id = %a.id, "caller came back for a held request");
+                if a.state() == pb::ApprovalState::Pending {
+                    // Held by a replica that may be gone (or before a restart): its deadline
+                    // is kept here too; the first to act wins.
+                    self.arm_deadline(&a);
+                }
                 return self.wait(a).await;
             }
             Ok(None) => {}
@@ -220,7 +234,11 @@ impl ApproverState {
         if first.verdict != pb::Verdict::Escalate as i32 {
             return Ok(first);
         }
-        if self.queue.pending_count() >= self.config.approval.max_pending {
+        let pending = match self.queue.pending_count().await {
+            Ok(n) => n,
+            Err(e) => return Ok(unavailable(&e)),
+        };
+        if pending >= self.config.approval.max_pending {
             return Ok(deny(
                 first.decision_id,
                 rule::QUEUE_FULL,
@@ -265,8 +283,20 @@ impl ApproverState {
             judged: Some(judged),
             ..Default::default()
         };
-        if let Err(e) = self.queue.hold(a.clone()) {
-            return Ok(unavailable(&e));
+        match self.queue.hold(a.clone()).await {
+            Ok(crate::queue::Holding::New(_)) => {}
+            Ok(crate::queue::Holding::Exists(existing)) => {
+                // The supervisor's retry reached another replica first: one request, one wait.
+                if existing.request.as_ref() != a.request.as_ref() {
+                    return Ok(deny(
+                        uuid::Uuid::new_v4().to_string(),
+                        rule::REQUEST_MISMATCH,
+                        "a different request is already held under this request id".into(),
+                    ));
+                }
+                return self.wait(*existing).await;
+            }
+            Err(e) => return Ok(unavailable(&e)),
         }
         tracing::info!(
             decision_id = %a.id,
@@ -284,9 +314,13 @@ impl ApproverState {
     /// Waits for the held request's decision. Dropped before it (the caller cancelled: its
     /// turn was cancelled, or it gave up), the request is revoked at once.
     async fn wait(self: &Arc<Self>, a: pb::Approval) -> Result<pb::Decision, Status> {
-        let Some(mut rx) = self.queue.watch(&a.id) else {
+        let watched = match self.queue.watch(&a.id).await {
+            Ok(w) => w,
+            Err(e) => return Ok(unavailable(&e)),
+        };
+        let Some(mut rx) = watched else {
             // Decided already (e.g. answered while the caller was reconnecting).
-            return Ok(match self.queue.get(&a.id) {
+            return Ok(match self.queue.get(&a.id).await {
                 Ok(Some(done)) => to_decision(&done),
                 Ok(None) => deny(
                     a.id.clone(),
@@ -314,7 +348,7 @@ impl ApproverState {
         guard.state = None;
         let done = match outcome {
             Some(x) => x,
-            None => match self.queue.get(&a.id) {
+            None => match self.queue.get(&a.id).await {
                 Ok(Some(x)) => x,
                 Ok(None) => {
                     return Ok(deny(
@@ -330,7 +364,7 @@ impl ApproverState {
     }
 
     /// A person's answer. `by` is who, as recorded.
-    pub fn answer(
+    pub async fn answer(
         &self,
         id: &str,
         verdict: i32,
@@ -359,15 +393,19 @@ impl ApproverState {
                 "the reason is longer than 2000 characters",
             ));
         }
-        match self.queue.resolve(
-            id,
-            Resolution {
-                state,
-                by,
-                reason: reason.to_string(),
-                rule,
-            },
-        ) {
+        let r = self
+            .queue
+            .resolve(
+                id,
+                Resolution {
+                    state,
+                    by,
+                    reason: reason.to_string(),
+                    rule,
+                },
+            )
+            .await;
+        match r {
             Ok(a) => Ok(a),
             Err(ResolveError::NotFound(id)) => Err(Status::not_found(format!(
                 "no approval request {id:?} in this deployment"
@@ -391,20 +429,35 @@ struct RevokeOnDrop {
 impl Drop for RevokeOnDrop {
     fn drop(&mut self) {
         let Some(s) = self.state.take() else { return };
-        match s.queue.resolve(
-            &self.id,
-            Resolution {
-                state: pb::ApprovalState::Revoked,
-                by: "caller".into(),
-                reason: "the caller stopped waiting (its turn was cancelled, or it gave up)".into(),
-                rule: rule::REVOKED,
-            },
-        ) {
-            Ok(_) | Err(ResolveError::AlreadyDecided(_)) | Err(ResolveError::NotFound(_)) => {}
-            Err(e) => {
-                tracing::error!(decision_id = %self.id, error = %e, "cannot record the revocation")
+        let id = std::mem::take(&mut self.id);
+        // Dropped inside the runtime (hyper drops the handler there); the revocation is
+        // written on a task of its own.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(decision_id = %id, "no runtime to record the revocation on");
+            return;
+        };
+        rt.spawn(async move {
+            let r = s
+                .queue
+                .resolve(
+                    &id,
+                    Resolution {
+                        state: pb::ApprovalState::Revoked,
+                        by: "caller".into(),
+                        reason:
+                            "the caller stopped waiting (its turn was cancelled, or it gave up)"
+                                .into(),
+                        rule: rule::REVOKED,
+                    },
+                )
+                .await;
+            match r {
+                Ok(_) | Err(ResolveError::AlreadyDecided(_)) | Err(ResolveError::NotFound(_)) => {}
+                Err(e) => {
+                    tracing::error!(decision_id = %id, error = %e, "cannot record the revocation")
+                }
             }
-        }
+        });
     }
 }
 
@@ -495,17 +548,25 @@ impl ApproverState {
             return Err(Status::invalid_argument("request_id is required"));
         }
         let mut out = pb::WithdrawResponse::default();
-        if let Some(a) = self.queue.by_request(&req.request_id).map_err(internal)? {
+        if let Some(a) = self
+            .queue
+            .by_request(&req.request_id)
+            .await
+            .map_err(internal)?
+        {
             out.decision_id = a.id.clone();
-            let r = self.queue.resolve(
-                &a.id,
-                Resolution {
-                    state: pb::ApprovalState::Revoked,
-                    by: "caller".into(),
-                    reason: format!("the caller withdrew the request ({})", req.reason),
-                    rule: rule::REVOKED,
-                },
-            );
+            let r = self
+                .queue
+                .resolve(
+                    &a.id,
+                    Resolution {
+                        state: pb::ApprovalState::Revoked,
+                        by: "caller".into(),
+                        reason: format!("the caller withdrew the request ({})", req.reason),
+                        rule: rule::REVOKED,
+                    },
+                )
+                .await;
             match r {
                 Ok(_) => tracing::info!(decision_id = %a.id, "withdrawn: revoked while pending"),
                 Err(ResolveError::AlreadyDecided(_)) => {
@@ -513,6 +574,7 @@ impl ApproverState {
                     if self
                         .queue
                         .supersede(&a.id, &req.reason)
+                        .await
                         .map_err(internal)?
                         .is_some()
                     {
@@ -634,6 +696,7 @@ impl ApprovalService for ApprovalApi {
             .0
             .queue
             .pending(limit(request.get_ref().limit))
+            .await
             .map_err(internal)?;
         Ok(Response::new(pb::ListApprovalsResponse { approvals }))
     }
@@ -643,7 +706,7 @@ impl ApprovalService for ApprovalApi {
         request: Request<pb::GetApprovalRequest>,
     ) -> Result<Response<pb::Approval>, Status> {
         let id = &request.get_ref().id;
-        match self.0.queue.get(id).map_err(internal)? {
+        match self.0.queue.get(id).await.map_err(internal)? {
             Some(a) => Ok(Response::new(a)),
             None => Err(Status::not_found(format!(
                 "no approval request {id:?} in this deployment"
@@ -659,6 +722,7 @@ impl ApprovalService for ApprovalApi {
         let r = request.into_inner();
         self.0
             .answer(&r.id, r.verdict, &r.reason, by)
+            .await
             .map(Response::new)
     }
 
@@ -671,7 +735,7 @@ impl ApprovalService for ApprovalApi {
         use futures::StreamExt;
         // Subscribed before the snapshot, so nothing falls between the two.
         let rx = self.0.queue.subscribe();
-        let now = self.0.queue.pending(MAX_LIST).map_err(internal)?;
+        let now = self.0.queue.pending(MAX_LIST).await.map_err(internal)?;
         let snapshot = futures::stream::iter(
             now.into_iter()
                 .rev()
@@ -692,6 +756,7 @@ impl ApprovalService for ApprovalApi {
             .0
             .queue
             .history(limit(request.get_ref().limit))
+            .await
             .map_err(internal)?;
         Ok(Response::new(pb::ListApprovalsResponse { approvals }))
     }
@@ -709,7 +774,14 @@ impl AdminService for AdminApi {
     ) -> Result<Response<pb::StatusResponse>, Status> {
         let s = &self.0;
         let mut details = std::collections::HashMap::new();
-        details.insert("pending".to_string(), s.queue.pending_count().to_string());
+        details.insert(
+            "pending".to_string(),
+            match s.queue.pending_count().await {
+                Ok(n) => n.to_string(),
+                Err(e) => format!("unavailable: {e}"),
+            },
+        );
+        details.insert("store_backend".to_string(), s.queue.backend().to_string());
         details.insert(
             "upstream".to_string(),
             s.config

@@ -445,7 +445,7 @@ async fn pending(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
     if web.principal(&headers).is_none() {
         return unauthorized();
     }
-    match web.state.queue.pending(1000) {
+    match web.state.queue.pending(1000).await {
         Ok(v) => Json(v.iter().map(view).collect::<Vec<_>>()).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -459,7 +459,7 @@ async fn history(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
     if web.principal(&headers).is_none() {
         return unauthorized();
     }
-    match web.state.queue.history(100) {
+    match web.state.queue.history(100).await {
         Ok(v) => Json(v.iter().map(view).collect::<Vec<_>>()).into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -496,6 +496,7 @@ async fn answer(
     match web
         .state
         .answer(id, verdict as i32, reason, format!("web:{principal}"))
+        .await
     {
         Ok(a) => Json(view(&a)).into_response(),
         Err(s) => {
@@ -505,7 +506,14 @@ async fn answer(
                 tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
             };
-            let current = web.state.queue.get(id).ok().flatten().map(|a| view(&a));
+            let current = web
+                .state
+                .queue
+                .get(id)
+                .await
+                .ok()
+                .flatten()
+                .map(|a| view(&a));
             (
                 code,
                 Json(json!({"error": s.message(), "approval": current})),
