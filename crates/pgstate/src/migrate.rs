@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "approver_queue",
         sql: include_str!("../migrations/0002_approver_queue.sql"),
     },
+    Migration {
+        version: 3,
+        name: "policy_audit_request",
+        sql: include_str!("../migrations/0003_policy_audit_request.sql"),
+    },
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

@@ -227,6 +227,19 @@ impl AuditStore for PgAudit {
         rows.iter().map(record_of).collect()
     }
 
+    async fn newest_of_request(
+        &self,
+        request_id: &str,
+    ) -> Result<Option<pb::AuditRecord>, AuditError> {
+        let rows = self
+            .query(
+                "SELECT seq, record FROM policy_audit WHERE request_id = $1 ORDER BY seq DESC LIMIT 1",
+                &[&request_id],
+            )
+            .await?;
+        rows.first().map(record_of).transpose()
+    }
+
     async fn count(&self) -> Result<u64, AuditError> {
         let rows = self.query("SELECT count(*) FROM policy_audit", &[]).await?;
         match rows.first() {

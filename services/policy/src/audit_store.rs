@@ -29,6 +29,15 @@ pub trait AuditStore: Send + Sync {
     /// How many records the log holds.
     async fn count(&self) -> Result<u64, AuditError>;
 
+    /// The newest record of `request_id` written by any replica sharing this log; `None` for a
+    /// log that is this process's alone (its own ledger already knows what it decided).
+    async fn newest_of_request(
+        &self,
+        _request_id: &str,
+    ) -> Result<Option<pb::AuditRecord>, AuditError> {
+        Ok(None)
+    }
+
     /// `sled` or `postgres`, for Status and `warden doctor`.
     fn backend(&self) -> &'static str;
 }

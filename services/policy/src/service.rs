@@ -328,6 +328,28 @@ impl PolicyState {
             let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
             ledger.withdraw(&req.request_id, &req.reason)
         };
+        let found = match found {
+            Some(f) => Some(f),
+            // Decided by another replica sharing the audit (the caller failed over since)?
+            None => match self.audit.newest_of_request(&req.request_id).await {
+                Ok(Some(r)) if r.supersedes_decision_id.is_empty() => {
+                    Some((r.decision_id, r.verdict))
+                }
+                // Already superseded there: nothing left to withdraw.
+                Ok(Some(r)) => {
+                    return Ok(pb::WithdrawResponse {
+                        decision_id: r.supersedes_decision_id,
+                        superseded: false,
+                    });
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    return Err(Status::unavailable(format!(
+                        "the audit log cannot be read: {e}"
+                    )));
+                }
+            },
+        };
         let (earlier, verdict) = match found {
             None => {
                 tracing::info!(request_id = %req.request_id, "withdrawn before it was decided");

@@ -117,6 +117,14 @@ async fn the_postgres_backend_keeps_the_contract_across_replicas() -> R {
         }
     }
     assert_eq!(b.count().await?, (TASKS * EACH + 1) as u64);
+    // A withdrawal reaching replica b finds what replica a decided for the request.
+    assert_eq!(
+        b.newest_of_request("req-d-2-3")
+            .await?
+            .map(|r| r.decision_id),
+        Some("d-2-3".to_string())
+    );
+    assert_eq!(b.newest_of_request("req-none").await?, None);
     // Group commit: eight callers at once shared commits.
     let commits = a.stats().commits.load(std::sync::atomic::Ordering::Relaxed);
     let records = a.stats().records.load(std::sync::atomic::Ordering::Relaxed);

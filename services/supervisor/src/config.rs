@@ -29,6 +29,8 @@ allow_uids = []
 [policy]
 # The PolicyService socket (warden-policy, or warden-approver swapped in).
 socket = "/run/warden/policy.sock"
+# Replicas of the same policy (their audit shared in PostgreSQL), asked in order when the one in
+# use is unavailable: failover_sockets = ["/run/warden/policy-b.sock"]
 # When a decision must be made: it travels to the policy as an absolute deadline, and a policy
 # that is not ready by then records and answers DENY deadline_exceeded.
 decide_deadline_ms = 200
@@ -179,6 +181,10 @@ impl Default for RuntimeSection {
 #[serde(deny_unknown_fields)]
 pub struct PolicySection {
     pub socket: PathBuf,
+    /// Replicas of the same policy service (sharing their audit in PostgreSQL), asked in order
+    /// when the one in use is unavailable; empty = `socket` alone.
+    #[serde(default)]
+    pub failover_sockets: Vec<PathBuf>,
     #[serde(default = "default_decide_deadline")]
     pub decide_deadline_ms: u64,
     #[serde(default = "default_answer_grace")]
@@ -632,9 +638,20 @@ impl Settings {
 
     /// The policy socket, relative paths resolved against the state directory.
     pub fn policy_socket(&self) -> PathBuf {
-        let p = &self.file.policy.socket;
+        self.resolve(&self.file.policy.socket)
+    }
+
+    /// `policy.socket`, then `policy.failover_sockets`, resolved.
+    pub fn policy_sockets(&self) -> Vec<PathBuf> {
+        std::iter::once(&self.file.policy.socket)
+            .chain(&self.file.policy.failover_sockets)
+            .map(|p| self.resolve(p))
+            .collect()
+    }
+
+    fn resolve(&self, p: &Path) -> PathBuf {
         if p.is_absolute() {
-            p.clone()
+            p.to_path_buf()
         } else {
             self.state_dir().join(p)
         }
@@ -835,6 +852,22 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             &origin,
             "policy.socket",
             "must not be empty",
+        ));
+    }
+    for (i, p) in cfg.policy.failover_sockets.iter().enumerate() {
+        if p.as_os_str().is_empty() {
+            return Err(ConfigError::invalid(
+                &origin,
+                &format!("policy.failover_sockets[{i}]"),
+                "must not be empty",
+            ));
+        }
+    }
+    if cfg.policy.failover_sockets.len() > 16 {
+        return Err(ConfigError::invalid(
+            &origin,
+            "policy.failover_sockets",
+            "at most 16 replicas",
         ));
     }
     if cfg.policy.decide_deadline_ms == 0 {

@@ -225,7 +225,7 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     // every start).
     homes.remove_leftovers()?;
     let records = Records::new(&state, settings.limits().transcript_bytes)?;
-    let policy = PolicyClient::new(&settings.policy_socket()).with_answer_grace(
+    let policy = PolicyClient::with_failover(&settings.policy_sockets()).with_answer_grace(
         std::time::Duration::from_millis(settings.file.policy.answer_grace_ms),
     );
     let shared = Shared {

@@ -108,10 +108,21 @@ pub struct EffectiveDeadline {
     pub effective: Duration,
 }
 
-/// A client of the policy service.
+/// One policy endpoint: a replica's socket, with its own decision stream.
+struct Endpoint {
+    path: std::path::PathBuf,
+    client: PolicyServiceClient<Channel>,
+    /// One `DecideStream` for every Decide, when the service has it (see `decide_stream`).
+    stream: crate::decide_stream::DecisionStream,
+}
+
+/// A client of the policy service: one endpoint, or several replicas of it (the first is
+/// used until it is unavailable, then the next; see [`PolicyClient::with_failover`]).
 #[derive(Clone)]
 pub struct PolicyClient {
-    client: PolicyServiceClient<Channel>,
+    endpoints: std::sync::Arc<Vec<Endpoint>>,
+    /// The endpoint in use (index into `endpoints`).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// How long past the decision deadline an answer may still arrive (see [`PolicyClient::decide`]).
     grace: Duration,
     failures: std::sync::Arc<AtomicU64>,
@@ -119,21 +130,64 @@ pub struct PolicyClient {
     /// The last description (read on every Decide; written by one refresh at a time).
     described: std::sync::Arc<std::sync::RwLock<Option<Described>>>,
     refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
-    /// One `DecideStream` for every Decide, when the service has it (see `decide_stream`).
-    stream: std::sync::Arc<crate::decide_stream::DecisionStream>,
 }
 
 impl PolicyClient {
     /// Lazily connects to the socket at `path` (a restarted policy service is found again).
     pub fn new(path: &std::path::Path) -> Self {
+        Self::with_failover(std::slice::from_ref(&path.to_path_buf()))
+    }
+
+    /// Replicas of one policy service (`policy.socket` first, then `policy.failover_sockets`),
+    /// each connected lazily: a decision goes to the one in use; when it answers UNAVAILABLE
+    /// (killed, restarting, its stream ended) the same request, with the same request id, goes
+    /// to the next one at once, all within the decision's deadline. The replicas share their
+    /// audit (PostgreSQL), so any of them may decide any request.
+    pub fn with_failover(paths: &[std::path::PathBuf]) -> Self {
+        let endpoints = paths
+            .iter()
+            .map(|p| Endpoint {
+                path: p.clone(),
+                client: PolicyServiceClient::new(warden_daemon::client::unix_channel(p)),
+                stream: Default::default(),
+            })
+            .collect();
         PolicyClient {
-            client: PolicyServiceClient::new(warden_daemon::client::unix_channel(path)),
+            endpoints: std::sync::Arc::new(endpoints),
+            current: Default::default(),
             grace: Duration::from_millis(DEFAULT_ANSWER_GRACE_MS),
             failures: Default::default(),
             stats: Default::default(),
             described: Default::default(),
             refreshing: Default::default(),
-            stream: Default::default(),
+        }
+    }
+
+    /// The endpoint in use and its index.
+    fn endpoint(&self) -> (usize, &Endpoint) {
+        let n = self.endpoints.len().max(1);
+        let i = self.current.load(Ordering::Acquire) % n;
+        // `endpoints` is never empty: built from `policy.socket` at least.
+        (i, &self.endpoints[i])
+    }
+
+    /// Moves off endpoint `from` to the next one (unless another caller already moved).
+    fn fail_over(&self, from: usize) {
+        let n = self.endpoints.len();
+        if n < 2 {
+            return;
+        }
+        let next = (from + 1) % n;
+        if self
+            .current
+            .compare_exchange(from, next, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            tracing::warn!(
+                from = %self.endpoints[from].path.display(),
+                to = %self.endpoints[next].path.display(),
+                "policy replica unavailable: failing over"
+            );
         }
     }
 
@@ -160,7 +214,7 @@ impl PolicyClient {
         if let Some(d) = self.fresh_description() {
             return d;
         }
-        let mut client = self.client.clone();
+        let mut client = self.endpoint().1.client.clone();
         let mut r = tonic::Request::new(pb::DescribeRequest {});
         r.set_timeout(DESCRIBE_PATIENCE);
         let got = match tokio::time::timeout(DESCRIBE_PATIENCE, client.describe(r)).await {
@@ -284,16 +338,19 @@ impl PolicyClient {
         let subject = req.subject.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
         let digest = crate::translate::judged(&req).digest();
-        let mut client = self.client.clone();
         // UNAVAILABLE (nothing listening, a broken connection, an approver restarting) is retried
         // with the same request id until the deadline: an approver that restarts while a person
-        // has not answered yet finds the held request again by its id. Anything else, and the
-        // deadline itself, end the call.
+        // has not answered yet finds the held request again by its id, and with replicas the
+        // next one is asked at once (a pause only after every one was tried). Anything else, and
+        // the deadline itself, end the call.
         let res = tokio::time::timeout(wait, async {
+            let mut unavailable = 0usize;
             loop {
-                let answer = match self.stream.decide(&client, req.clone()).await {
+                let (i, ep) = self.endpoint();
+                let answer = match ep.stream.decide(&ep.client, req.clone()).await {
                     Some(a) => a,
                     None => {
+                        let mut client = ep.client.clone();
                         let mut r = tonic::Request::new(req.clone());
                         r.set_timeout(wait.saturating_sub(started.elapsed()));
                         client.decide(r).await.map(tonic::Response::into_inner)
@@ -304,8 +361,12 @@ impl PolicyClient {
                         if status.code() == tonic::Code::Unavailable
                             && started.elapsed() + RETRY_PAUSE < deadline =>
                     {
-                        tracing::debug!(request_id = %request_id, error = %status.message(), "policy unavailable; retrying");
-                        tokio::time::sleep(RETRY_PAUSE).await;
+                        tracing::debug!(request_id = %request_id, endpoint = %ep.path.display(), error = %status.message(), "policy unavailable; retrying");
+                        self.fail_over(i);
+                        unavailable += 1;
+                        if unavailable.is_multiple_of(self.endpoints.len().max(1)) {
+                            tokio::time::sleep(RETRY_PAUSE).await;
+                        }
                     }
                     other => return other,
                 }
@@ -363,7 +424,7 @@ impl PolicyClient {
     /// its audit can say what was enforced. Best effort and bounded: a policy that is down
     /// still has the deadline in the request and records a late decision as DENY by itself.
     pub fn withdraw_later(&self, request_id: String, subject: Option<pb::Subject>, reason: String) {
-        let mut client = self.client.clone();
+        let mut client = self.endpoint().1.client.clone();
         tokio::spawn(async move {
             let req = pb::WithdrawRequest {
                 request_id: request_id.clone(),
@@ -497,6 +558,31 @@ mod tests {
         assert_eq!(got.verdict, pb::Verdict::Deny);
         assert_eq!(got.rule, POLICY_UNAVAILABLE);
         assert!(got.failed_closed);
+        assert_eq!(c.failures(), 1);
+    }
+
+    #[tokio::test]
+    async fn replicas_that_are_all_down_fail_closed_within_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = PolicyClient::with_failover(&[
+            dir.path().join("a.sock"),
+            dir.path().join("b.sock"),
+            dir.path().join("c.sock"),
+        ]);
+        let t0 = Instant::now();
+        let got = c
+            .decide(
+                pb::DecideRequest {
+                    request_id: "r".into(),
+                    ..Default::default()
+                },
+                Duration::from_millis(400),
+            )
+            .await;
+        assert_eq!(got.verdict, pb::Verdict::Deny);
+        assert_eq!(got.rule, POLICY_UNAVAILABLE);
+        // The deadline plus the answer grace, with room for a loaded machine.
+        assert!(t0.elapsed() < Duration::from_millis(400 + DEFAULT_ANSWER_GRACE_MS + 500));
         assert_eq!(c.failures(), 1);
     }
 }

@@ -1,0 +1,552 @@
+//! The durable state on PostgreSQL, end to end: real daemons (`warden-policy` replicas,
+//! `warden-supervisor` with its scripted agent, `warden-approver` replicas) on one real
+//! PostgreSQL cluster started by the test (initdb into a temporary directory, a Unix socket
+//! only). Issue 27's cases:
+//!
+//! - two policy replicas, the one in use killed with SIGKILL during a burst of 1,000 decisions:
+//!   every decision the agent was answered has its audit row, none was answered twice, and the
+//!   burst finishes through the other replica (the supervisor's `policy.failover_sockets`);
+//! - PostgreSQL stopped for 10 s mid-run: decisions fail closed (DENY `audit.unavailable`,
+//!   counted by the policy as not audited), none waits past its deadline, and decisions are
+//!   allowed again once the database is back, without restarting anything;
+//! - two approvers answering the same escalation at once: exactly one answer takes effect, the
+//!   other is told which one stands, and the waiting caller (on either) gets that one;
+//! - `--check-config` says whether the database is reachable and migrated.
+
+mod supervisor_support;
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use supervisor_support::*;
+use warden_e2e::{Daemon, Deployment, Options, binary, wait_healthy};
+use warden_pgstate::cluster::TestCluster;
+use warden_proto::v1 as pb;
+
+/// A cluster with database `warden`, or `None` (printed SKIP) outside CI without PostgreSQL.
+fn cluster() -> Option<TestCluster> {
+    let c = TestCluster::start_or_skip().unwrap_or_else(|e| panic!("PostgreSQL: {e}"))?;
+    c.create_db("warden")
+        .unwrap_or_else(|e| panic!("createdb: {e}"));
+    Some(c)
+}
+
+fn toml_str(s: &str) -> String {
+    format!("{s:?}")
+}
+
+/// Sets that put a daemon's state in the cluster.
+fn pg_sets(daemon: &str, c: &TestCluster) -> Vec<(String, String)> {
+    vec![
+        (daemon.into(), "store.backend=\"postgres\"".into()),
+        (
+            daemon.into(),
+            format!("store.url={}", toml_str(&c.url("warden"))),
+        ),
+        (daemon.into(), "store.connect_timeout_ms=1000".into()),
+    ]
+}
+
+/// A second replica of `daemon` in deployment `d` (same flags and database, its own sockets).
+async fn replica(d: &Deployment, daemon: &str, name: &str) -> (Daemon, PathBuf, PathBuf) {
+    let run = d.dir.path().join("run");
+    let state = d.dir.path().join(name);
+    std::fs::create_dir_all(&state).unwrap();
+    let socket = run.join(format!("{name}.sock"));
+    let admin = run.join(format!("{name}-admin.sock"));
+    let extra: Vec<String> = [
+        format!(
+            "daemon.state_dir={}",
+            toml_str(&state.display().to_string())
+        ),
+        format!("listen.socket={}", toml_str(&socket.display().to_string())),
+        format!("admin.socket={}", toml_str(&admin.display().to_string())),
+    ]
+    .into_iter()
+    .flat_map(|s| ["--set".to_string(), s])
+    .collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let child = d.spawn(daemon, &extra);
+    let mut daemon = Daemon {
+        name: name.into(),
+        child,
+        socket: socket.clone(),
+        log: None,
+    };
+    wait_healthy(&mut daemon, Duration::from_secs(15)).await;
+    (daemon, socket, admin)
+}
+
+async fn status_of(admin: &Path) -> HashMap<String, String> {
+    let ch = warden_daemon::client::unix_channel(admin);
+    let mut c = pb::admin_service_client::AdminServiceClient::new(ch);
+    c.status(pb::StatusRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("status of {}: {e}", admin.display()))
+        .into_inner()
+        .details
+}
+
+/// Every row of the shared audit: decision id → request id.
+async fn audit_rows(c: &TestCluster) -> Vec<(String, String, i32)> {
+    use prost::Message;
+    let pg =
+        warden_pgstate::Pg::new(&warden_pgstate::StoreSection::postgres(c.url("warden"))).unwrap();
+    let rows = pg
+        .client()
+        .await
+        .unwrap()
+        .query(
+            "SELECT decision_id, request_id, record FROM policy_audit",
+            &[],
+        )
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let rec = pb::AuditRecord::decode(r.get::<_, &[u8]>(2)).unwrap();
+            (r.get(0), r.get(1), rec.verdict)
+        })
+        .collect()
+}
+
+/// The agent's own count of its floods' answers: (answered, errors).
+fn flood_results(evs: &[pb::TurnEvent]) -> (u64, u64) {
+    let said = text(evs);
+    let mut ok = 0;
+    let mut errors = 0;
+    for line in said.lines() {
+        if let Some(r) = line.strip_prefix("flood-result: ") {
+            let v: serde_json::Value =
+                serde_json::from_str(r.trim()).unwrap_or_else(|e| panic!("{r}: {e}"));
+            ok += v["ok"].as_u64().unwrap_or(0);
+            errors += v["errors"].as_u64().unwrap_or(0);
+        }
+    }
+    (ok, errors)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_replica_killed_mid_burst_loses_no_acknowledged_decision() {
+    let Some(c) = cluster() else { return };
+    let mut sets = pg_sets("policy", &c);
+    let mut d = Deployment::new(Options {
+        sets: sets.clone(),
+        ..Default::default()
+    });
+    d.start("policy").await;
+    let (mut b, b_socket, b_admin) = replica(&d, "policy", "policy-b").await;
+    sets.extend([
+        (
+            "supervisor".to_string(),
+            format!(
+                "policy.failover_sockets=[{}]",
+                toml_str(&b_socket.display().to_string())
+            ),
+        ),
+        (
+            "supervisor".into(),
+            "policy.decide_deadline_ms=10000".into(),
+        ),
+        (
+            "supervisor".into(),
+            "limits.permissions_per_turn=5000".into(),
+        ),
+    ]);
+    d.opts.sets = sets;
+    d.start("supervisor").await;
+    let mut client = client(&d);
+
+    // Twenty waves of fifty at once (an agent has at most 64 requests handled at a time).
+    const BURST: usize = 1000;
+    let steps: Vec<_> = (0..BURST / 50)
+        .map(|_| json!({"type": "flood", "method": "session/request_permission", "count": 50}))
+        .collect();
+    let started = Instant::now();
+    let mut s = start(
+        &mut client,
+        turn("burst", "burst-1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    // Some decisions answered by replica A, then A is killed mid-burst.
+    let mut evs = Vec::new();
+    while permissions(&evs).len() < 150 {
+        match tokio::time::timeout(Duration::from_secs(60), s.message()).await {
+            Ok(Ok(Some(ev))) => evs.push(ev),
+            other => panic!("the turn stopped early: {other:?}"),
+        }
+    }
+    let a = d.take("policy").expect("replica a");
+    a.crash().await;
+    let killed_after = permissions(&evs).len();
+    evs.extend(collect(&mut s, Duration::from_secs(300)).await);
+    let elapsed = started.elapsed();
+
+    let perms = permissions(&evs);
+    assert_eq!(
+        perms.len(),
+        BURST,
+        "every request was answered once; the turn ended {:?}; said {:?}; {} events",
+        evs.last(),
+        text(&evs),
+        evs.len()
+    );
+    let unavailable: Vec<_> = perms
+        .iter()
+        .filter(|p| p.verdict != pb::Verdict::Allow as i32)
+        .map(|p| (p.rule.clone(), p.reason.clone()))
+        .collect();
+    assert!(
+        unavailable.is_empty(),
+        "decisions that were not ALLOWed (none should have failed): {:?}",
+        &unavailable[..unavailable.len().min(5)]
+    );
+    assert_eq!(
+        flood_results(&evs),
+        (BURST as u64, 0),
+        "what the agent was answered"
+    );
+    let ids: HashSet<&str> = perms.iter().map(|p| p.decision_id.as_str()).collect();
+    assert_eq!(ids.len(), BURST, "no decision was answered twice");
+
+    // Every acknowledged decision has its committed audit row.
+    let rows = audit_rows(&c).await;
+    let audited: HashSet<&str> = rows.iter().map(|(d, _, _)| d.as_str()).collect();
+    let missing: Vec<&&str> = ids.iter().filter(|id| !audited.contains(**id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged decisions have no audit row, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    // Rows nobody was answered with: decided by A, its answer lost with it, decided again by B.
+    let mut per_request: HashMap<&str, usize> = HashMap::new();
+    for (_, r, _) in &rows {
+        *per_request.entry(r.as_str()).or_default() += 1;
+    }
+    let decided_twice = per_request.values().filter(|n| **n > 1).count();
+    let by_b: u64 = status_of(&b_admin).await["decisions"].parse().unwrap();
+    eprintln!(
+        "{BURST} decisions in {elapsed:?}; replica a killed after {killed_after} answers; \
+         replica b decided {by_b}; audit rows {}; requests decided on both replicas (a's answer lost \
+         with it) {decided_twice}",
+        rows.len()
+    );
+    assert!(by_b > 0, "the burst did not go on through replica b");
+    assert!(
+        rows.len() <= BURST + decided_twice,
+        "more rows than answers and lost answers"
+    );
+    let _ = b.child.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_database_outage_fails_decisions_closed_within_their_deadline_and_service_resumes() {
+    let Some(mut c) = cluster() else { return };
+    let mut sets = pg_sets("policy", &c);
+    sets.extend([
+        (
+            "supervisor".to_string(),
+            "policy.decide_deadline_ms=3000".to_string(),
+        ),
+        ("supervisor".into(), "policy.answer_grace_ms=500".into()),
+        (
+            "supervisor".into(),
+            "limits.permissions_per_turn=5000".into(),
+        ),
+    ]);
+    let mut d = Deployment::new(Options {
+        sets,
+        ..Default::default()
+    });
+    d.start("policy").await;
+    d.start("supervisor").await;
+    let mut client = client(&d);
+    // Three permissions every 200 ms for about 25 s.
+    let steps: Vec<_> = (0..125)
+        .flat_map(|_| {
+            [
+                json!({"type": "flood", "method": "session/request_permission", "count": 3}),
+                json!({"type": "sleep", "ms": 200}),
+            ]
+        })
+        .collect();
+    let mut s = start(
+        &mut client,
+        turn("outage", "outage-1", &scenario(json!({"steps": steps}))),
+    )
+    .await;
+    let mut evs = Vec::new();
+    let t0 = Instant::now();
+    let mut stopped_at = None;
+    let mut restarted_at = None;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(100), s.message()).await {
+            Ok(Ok(Some(ev))) => {
+                let last = matches!(ev.event, Some(pb::turn_event::Event::Stop(_)));
+                evs.push(ev);
+                if last {
+                    break;
+                }
+            }
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => panic!("stream error: {e}"),
+            Err(_) => {}
+        }
+        if stopped_at.is_none() && t0.elapsed() > Duration::from_secs(5) {
+            c.stop();
+            stopped_at = Some(permissions(&evs).len());
+        }
+        if restarted_at.is_none() && t0.elapsed() > Duration::from_secs(15) {
+            c.start().unwrap_or_else(|e| panic!("restart: {e}"));
+            restarted_at = Some(permissions(&evs).len());
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the turn did not end"
+        );
+    }
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 375, "every request was answered");
+    let (Some(stopped_at), Some(restarted_at)) = (stopped_at, restarted_at) else {
+        panic!("the turn ended before the outage was over");
+    };
+    let before = &perms[..stopped_at];
+    let after = &perms[perms.len() - 30..];
+    let during = &perms[stopped_at..restarted_at];
+    let allow = pb::Verdict::Allow as i32;
+    assert!(
+        before.iter().all(|p| p.verdict == allow),
+        "before the outage"
+    );
+    // Fail closed: every decision answered while the database was down is a DENY.
+    let denied: Vec<_> = perms.iter().filter(|p| p.verdict != allow).collect();
+    assert!(
+        during.iter().filter(|p| p.verdict != allow).count() >= 10,
+        "the outage denied too little: {:?}",
+        during.iter().map(|p| &p.rule).collect::<Vec<_>>()
+    );
+    for p in &denied {
+        assert!(
+            p.rule == "audit.unavailable" || p.rule == "policy_unavailable",
+            "{} {}",
+            p.rule,
+            p.reason
+        );
+    }
+    // Nothing waited past its deadline (3 s) and grace (0.5 s).
+    let slowest = perms
+        .iter()
+        .map(|p| p.policy_latency_micros)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        slowest < 3_500_000,
+        "a decision took {slowest} µs, past the deadline and grace"
+    );
+    // Back by itself: the last decisions are allowed again.
+    assert!(
+        after.iter().all(|p| p.verdict == allow),
+        "after the outage: {:?}",
+        after.iter().map(|p| &p.rule).collect::<Vec<_>>()
+    );
+    // The policy counted what it could not audit, and nothing it answered DENY for lack of
+    // an audit row has an ALLOW row.
+    let status = status_of(&d.layout.policy_admin_socket()).await;
+    let not_audited: usize = status["decisions_not_audited"].parse().unwrap();
+    let audit_denied = denied
+        .iter()
+        .filter(|p| p.rule == "audit.unavailable")
+        .count();
+    let rows = audit_rows(&c).await;
+    let allowed_rows: HashSet<&str> = rows
+        .iter()
+        .filter(|(_, _, v)| *v == allow)
+        .map(|(d, _, _)| d.as_str())
+        .collect();
+    let wrongly_audited: Vec<_> = denied
+        .iter()
+        .filter(|p| allowed_rows.contains(p.decision_id.as_str()))
+        .collect();
+    eprintln!(
+        "375 decisions: {} denied during the outage ({audit_denied} audit.unavailable, {} \
+         policy_unavailable), counted not audited by the policy: {not_audited}; slowest {slowest} µs; \
+         ALLOW rows of denied decisions: {}",
+        denied.len(),
+        denied.len() - audit_denied,
+        wrongly_audited.len()
+    );
+    assert!(
+        not_audited >= audit_denied,
+        "the policy counted {not_audited}, the agent saw {audit_denied}"
+    );
+    assert!(
+        wrongly_audited.is_empty(),
+        "ALLOW rows for decisions answered DENY: {wrongly_audited:?}"
+    );
+    // Every ALLOW the agent got is audited.
+    let audited: HashSet<&str> = rows.iter().map(|(d, _, _)| d.as_str()).collect();
+    let unaudited_allows = perms
+        .iter()
+        .filter(|p| p.verdict == allow && !audited.contains(p.decision_id.as_str()))
+        .count();
+    assert_eq!(unaudited_allows, 0, "ALLOWs without their audit row");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_config_says_whether_the_database_is_reachable_and_migrated() {
+    let Some(mut c) = cluster() else { return };
+    let check = |url: String| {
+        let out = std::process::Command::new(binary("warden-policy"))
+            .args([
+                "--check-config",
+                "--set",
+                "store.backend=\"postgres\"",
+                "--set",
+            ])
+            .arg(format!("store.url={}", toml_str(&url)))
+            .args(["--set", "store.connect_timeout_ms=1000"])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, out) = check(c.url("warden"));
+    assert!(!ok && out.contains("not migrated"), "{out}");
+    // A policy's start migrates.
+    let mut d = Deployment::new(Options {
+        sets: pg_sets("policy", &c),
+        ..Default::default()
+    });
+    d.start("policy").await;
+    let (ok, out) = check(c.url("warden"));
+    assert!(ok && out.contains("configuration OK"), "{out}");
+    assert!(out.contains("postgres warden@"), "{out}");
+    c.stop();
+    let (ok, out) = check(c.url("warden"));
+    assert!(!ok && out.contains("store ("), "{out}");
+    // sled (the default) needs no database.
+    let out = std::process::Command::new(binary("warden-policy"))
+        .args(["--check-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("audit store: sled"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_effect() {
+    let Some(c) = cluster() else { return };
+    let mut sets = pg_sets("approver", &c);
+    sets.push((
+        "supervisor".into(),
+        "policy.decide_deadline_ms=60000".into(),
+    ));
+    let mut d = Deployment::new(Options {
+        approver: true,
+        sets,
+        ..Default::default()
+    });
+    d.start("policy").await;
+    d.start("approver").await;
+    let (mut b, _, b_admin) = replica(&d, "approver", "approver-b").await;
+    d.start("supervisor").await;
+    let admin_of = |p: &Path| {
+        pb::approval_service_client::ApprovalServiceClient::new(
+            warden_daemon::client::unix_channel(p),
+        )
+    };
+    let mut on_a = admin_of(&d.layout.approver_admin_socket());
+    let mut on_b = admin_of(&b_admin);
+    let mut client = client(&d);
+    let allow = pb::Verdict::Allow as i32;
+    for round in 0..5 {
+        let ctx = format!("esc{round}");
+        // An edit escalates (the local approver demo's policy: approve-reads) and waits on
+        // approver a, where the supervisor asks.
+        let mut s = start(
+            &mut client,
+            turn(
+                &ctx,
+                &format!("{ctx}-1"),
+                &scenario(json!({"steps": [
+                    {"type": "tool", "kind": "edit", "path": format!("f{round}.txt"), "content": "x", "ask": true}
+                ]})),
+            ),
+        )
+        .await;
+        // Replica b shows the request held by a.
+        let t0 = Instant::now();
+        let id = loop {
+            let pending = on_b
+                .list(pb::ListApprovalsRequest { limit: 10 })
+                .await
+                .unwrap()
+                .into_inner()
+                .approvals;
+            if let Some(a) = pending.first() {
+                break a.id.clone();
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "b never showed the request"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Both operators answer at the same moment, one on each replica.
+        let (x, y) = tokio::join!(
+            on_a.answer(pb::AnswerRequest {
+                id: id.clone(),
+                verdict: allow,
+                reason: "fine by a".into(),
+            }),
+            on_b.answer(pb::AnswerRequest {
+                id: id.clone(),
+                verdict: pb::Verdict::Deny as i32,
+                reason: "not by b".into(),
+            })
+        );
+        let (won, lost) = match (x, y) {
+            (Ok(w), Err(l)) | (Err(l), Ok(w)) => (w.into_inner(), l),
+            other => panic!("round {round}: not exactly one answer took effect: {other:?}"),
+        };
+        assert_eq!(lost.code(), tonic::Code::FailedPrecondition, "{lost:?}");
+        assert!(
+            lost.message().contains(&won.answered_by) && lost.message().contains("already decided"),
+            "the loser is told who won: {lost:?}"
+        );
+        let evs = collect(&mut s, Duration::from_secs(60)).await;
+        let perms = permissions(&evs);
+        assert_eq!(perms.len(), 1);
+        let want = if won.state() == pb::ApprovalState::Approved {
+            allow
+        } else {
+            pb::Verdict::Deny as i32
+        };
+        assert_eq!(
+            perms[0].verdict, want,
+            "round {round}: the caller got the winner's answer"
+        );
+        assert_eq!(perms[0].decision_id, id);
+        // Both replicas' history holds the one decision.
+        for h in [&mut on_a, &mut on_b] {
+            let got = h
+                .get(pb::GetApprovalRequest { id: id.clone() })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(got.answered_by, won.answered_by);
+            assert_eq!(got.state(), won.state());
+        }
+        eprintln!("round {round}: {} won ({:?})", won.reason, won.state());
+    }
+    let _ = b.child.kill().await;
+}
