@@ -548,5 +548,19 @@ async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_ef
         }
         eprintln!("round {round}: {} won ({:?})", won.reason, won.state());
     }
+    // `warden doctor` says where each daemon's durable state lives.
+    let out = std::process::Command::new(binary("warden"))
+        .arg("--state-dir")
+        .arg(d.dir.path())
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.contains("durable state:"), "{out}");
+    assert!(out.contains("policy    sled (sled)"), "{out}");
+    assert!(
+        out.contains("approver  postgres (postgres warden@") && out.contains("; 0 pending"),
+        "{out}"
+    );
     let _ = b.child.kill().await;
 }

@@ -196,6 +196,36 @@ pub async fn adapters(supervisor_socket: &Path) -> Vec<String> {
     adapter_lines(&d)
 }
 
+/// Where the policy's audit log and the approver's queue live (their `Status`: `store_backend`
+/// and `store`, the database without a password): sled on this host, or PostgreSQL shared by
+/// replicas. A daemon that does not answer is said so (the approver is optional).
+pub async fn stores(policy_admin: &Path, approver_admin: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for (who, socket) in [("policy", policy_admin), ("approver", approver_admin)] {
+        let line = match details(socket).await {
+            Some(d) => store_line(who, &d),
+            None => format!("  {who:<9} not reachable at {}", socket.display()),
+        };
+        out.push(line);
+    }
+    out
+}
+
+fn store_line(who: &str, d: &HashMap<String, String>) -> String {
+    let get = |k: &str| d.get(k).map(String::as_str).unwrap_or("?");
+    let mut line = format!("  {who:<9} {} ({})", get("store_backend"), get("store"));
+    if let Some(n) = d.get("decisions_not_audited") {
+        line.push_str(&format!(
+            "; {} audit records, {n} decisions denied because their record could not be written",
+            get("audit_records")
+        ));
+    }
+    if d.contains_key("pending") && who == "approver" {
+        line.push_str(&format!("; {} pending", get("pending")));
+    }
+    line
+}
+
 fn adapter_lines(d: &HashMap<String, String>) -> Vec<String> {
     let mut found: Vec<(&str, &str)> = d
         .iter()
@@ -261,6 +291,31 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn store_lines_name_the_backend_and_what_was_not_audited() {
+        let policy = map(&[
+            ("store_backend", "postgres"),
+            ("store", "postgres warden@/run/postgresql/warden"),
+            ("audit_records", "12"),
+            ("decisions_not_audited", "3"),
+        ]);
+        let l = store_line("policy", &policy);
+        assert!(
+            l.contains("postgres (postgres warden@/run/postgresql/warden)"),
+            "{l}"
+        );
+        assert!(l.contains("3 decisions denied"), "{l}");
+        let approver = map(&[
+            ("store_backend", "sled"),
+            ("store", "sled"),
+            ("pending", "2"),
+        ]);
+        assert_eq!(
+            store_line("approver", &approver),
+            "  approver  sled (sled); 2 pending"
+        );
+    }
 
     #[test]
     fn adapter_lines_say_where_each_was_found_or_how_to_install_it() {

@@ -424,6 +424,17 @@ async fn main() -> ExitCode {
             for l in warden_cli::doctor::adapters(&supervisor_socket).await {
                 println!("{}", warden_terminal_text::Inline(&l));
             }
+            println!("durable state:");
+            for l in warden_cli::doctor::stores(
+                &layout.policy_admin_socket(),
+                &approver_admin
+                    .clone()
+                    .unwrap_or_else(|| layout.approver_admin_socket()),
+            )
+            .await
+            {
+                println!("{}", warden_terminal_text::Inline(&l));
+            }
             println!("Decide deadlines:");
             let report = warden_cli::doctor::deadlines(
                 &supervisor_socket,

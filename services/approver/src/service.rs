@@ -782,6 +782,7 @@ impl AdminService for AdminApi {
             },
         );
         details.insert("store_backend".to_string(), s.queue.backend().to_string());
+        details.insert("store".to_string(), s.config.store.describe());
         details.insert(
             "upstream".to_string(),
             s.config

@@ -38,6 +38,8 @@ pub struct PolicyState {
     reload_lock: Mutex<()>,
     sources: Sources,
     audit: Arc<dyn AuditStore>,
+    /// Where the audit lives, for Status (`[store]`, no password).
+    store: String,
     started: Instant,
     decisions: AtomicU64,
     /// Decisions answered DENY `audit.unavailable` because their record could not be written
@@ -86,6 +88,7 @@ impl PolicyState {
             reload_lock: Mutex::new(()),
             sources,
             audit,
+            store: config.store.describe(),
             started: Instant::now(),
             decisions: AtomicU64::new(0),
             not_audited: AtomicU64::new(0),
@@ -593,6 +596,7 @@ impl AdminService for AdminApi {
             },
         );
         details.insert("store_backend".to_string(), s.audit.backend().to_string());
+        details.insert("store".to_string(), s.store.clone());
         details.insert(
             "decisions_not_audited".to_string(),
             s.not_audited.load(Ordering::Relaxed).to_string(),
