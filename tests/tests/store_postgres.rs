@@ -564,3 +564,190 @@ async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_ef
     );
     let _ = b.child.kill().await;
 }
+
+fn edit_request(root: &Path, n: usize) -> pb::DecideRequest {
+    pb::DecideRequest {
+        request_id: format!("mig-{n}"),
+        subject: Some(pb::Subject {
+            principal: "tester".into(),
+            context_id: "mig".into(),
+            task_id: "t".into(),
+            session_id: "s".into(),
+            agent: "scripted".into(),
+            verb: "implement".into(),
+        }),
+        boundary: Some(pb::Boundary {
+            root: root.display().to_string(),
+            owned: true,
+            allow_execute: true,
+            profile: pb::Profile::WorkspaceWrite as i32,
+        }),
+        tool_call: Some(pb::ToolCall {
+            id: format!("call-{n}"),
+            kind: "edit".into(),
+            title: format!("Write f{n}.txt"),
+            raw_input_json: "{}".into(),
+            locations: vec![pb::Location {
+                path: root.join(format!("f{n}.txt")).display().to_string(),
+                line: None,
+            }],
+        }),
+        options: vec![
+            pb::PermissionOption {
+                id: "allow".into(),
+                name: "Allow".into(),
+                kind: "allow_once".into(),
+            },
+            pb::PermissionOption {
+                id: "reject".into(),
+                name: "Reject".into(),
+                kind: "reject_once".into(),
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn migrate_store_moves_the_audit_and_the_queue_from_sled_into_postgres() {
+    let Some(c) = cluster() else { return };
+    let mut d = Deployment::new(Options {
+        approver: true,
+        ..Default::default()
+    });
+    d.start("policy").await;
+    d.start("approver").await;
+    let root = d.dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    // Decisions of the policy itself (edits escalate under the approver demo's approve-reads:
+    // asked directly they are DENY "escalated: no approver"; reads are ALLOW).
+    let mut policy = pb::policy_service_client::PolicyServiceClient::new(d.channel("policy"));
+    let mut decided = Vec::new();
+    for n in 0..20 {
+        let mut r = edit_request(&root, n);
+        if n % 2 == 0 {
+            r.tool_call.as_mut().unwrap().kind = "read".into();
+        }
+        decided.push(policy.decide(r).await.unwrap().into_inner().decision_id);
+    }
+    // Two requests answered by a person on the approver, one left waiting.
+    let approver = pb::policy_service_client::PolicyServiceClient::new(d.channel("approver"));
+    let mut admin = pb::approval_service_client::ApprovalServiceClient::new(
+        warden_daemon::client::unix_channel(&d.layout.approver_admin_socket()),
+    );
+    let mut answered = Vec::new();
+    for n in 100..103 {
+        let mut a = approver.clone();
+        let waiting = tokio::spawn(async move { a.decide(edit_request_at(n)).await });
+        let t0 = Instant::now();
+        let id = loop {
+            let p = admin
+                .list(pb::ListApprovalsRequest { limit: 10 })
+                .await
+                .unwrap()
+                .into_inner()
+                .approvals;
+            if let Some(a) = p.iter().find(|a| {
+                a.request.as_ref().map(|r| r.request_id.as_str()) == Some(&format!("mig-{n}"))
+            }) {
+                break a.id.clone();
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "not held");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if n == 102 {
+            // Left pending: the approver is stopped with it held (its caller still waiting, so
+            // it is not revoked).
+            drop(waiting);
+            answered.push((id, None));
+            continue;
+        }
+        admin
+            .answer(pb::AnswerRequest {
+                id: id.clone(),
+                verdict: pb::Verdict::Allow as i32,
+                reason: "ok".into(),
+            })
+            .await
+            .unwrap();
+        let got = waiting.await.unwrap().unwrap().into_inner();
+        assert_eq!(got.verdict, pb::Verdict::Allow as i32);
+        answered.push((id, Some(())));
+    }
+    drop(approver);
+    d.take("approver").unwrap().terminate().await;
+    d.take("policy").unwrap().terminate().await;
+
+    let migrate = || {
+        std::process::Command::new(binary("warden"))
+            .arg("--state-dir")
+            .arg(d.dir.path())
+            .args(["migrate-store", "--url", &c.url("warden")])
+            .output()
+            .unwrap()
+    };
+    let out = migrate();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("warden-policy: imported the audit log"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warden-approver: imported the queue"),
+        "{text}"
+    );
+    // Again: nothing is copied twice.
+    let out = migrate();
+    let again = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{again}");
+    assert!(again.contains(" 0 new,"), "{again}");
+    eprintln!("{text}{again}");
+
+    // The daemons on PostgreSQL find everything.
+    let mut sets = pg_sets("policy", &c);
+    sets.extend(pg_sets("approver", &c));
+    d.opts.sets = sets;
+    d.start("policy").await;
+    d.start("approver").await;
+    let mut audit = pb::admin_service_client::AdminServiceClient::new(
+        warden_daemon::client::unix_channel(&d.layout.policy_admin_socket()),
+    );
+    for id in &decided {
+        let got = audit
+            .audit_query(pb::AuditQueryRequest {
+                limit: 1,
+                decision_id: id.clone(),
+                context_id: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .records;
+        assert_eq!(got.len(), 1, "decision {id} not in the moved audit");
+    }
+    let mut admin = pb::approval_service_client::ApprovalServiceClient::new(
+        warden_daemon::client::unix_channel(&d.layout.approver_admin_socket()),
+    );
+    for (id, was_answered) in &answered {
+        let a = admin
+            .get(pb::GetApprovalRequest { id: id.clone() })
+            .await
+            .unwrap_or_else(|e| panic!("{id} not moved: {e}"))
+            .into_inner();
+        match was_answered {
+            Some(()) => assert_eq!(a.state(), pb::ApprovalState::Approved),
+            None => assert_eq!(a.state(), pb::ApprovalState::Pending, "{a:?}"),
+        }
+    }
+}
+
+/// An edit request for the approver (a fixed root under /var/tmp is not needed: the approver
+/// holds it before any filesystem check matters for this test).
+fn edit_request_at(n: usize) -> pb::DecideRequest {
+    edit_request(Path::new("/srv"), n)
+}

@@ -115,6 +115,19 @@ enum Command {
                       nothing failed, 1 otherwise (warnings do not fail). Run it as root for the \
                       full report."
     )]
+    /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
+    /// audit log and warden-approver's queue are copied (each daemon reading its own store,
+    /// checked record by record; running it again copies nothing twice). Stop `warden up`
+    /// first; then run the daemons with [store] backend = "postgres" and this url.
+    MigrateStore {
+        /// The database: a libpq connection string or URL
+        /// ("host=/run/postgresql dbname=warden user=warden").
+        #[arg(long)]
+        url: String,
+        /// Where the daemon binaries are (default: next to this one).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+    },
     Doctor {
         /// Check the host installed from the Debian package instead of the local deployment.
         #[arg(long)]
@@ -283,6 +296,61 @@ async fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::MigrateStore { url, bin_dir } => {
+            let opts = up::UpOptions {
+                config_dir: Some(layout.config_dir()).filter(|d| d.is_dir()),
+                layout: layout.clone(),
+                bin_dir: bin_dir.unwrap_or_else(exe_dir),
+                http: String::new(),
+                log_format: "human".into(),
+                start_timeout: Duration::from_secs(10),
+                approver: false,
+                approver_http: String::new(),
+            };
+            let mut moved = 0;
+            for name in ["policy", "approver"] {
+                if !layout.state_of(name).join("store").is_dir() {
+                    println!(
+                        "{name}: no sled store under {}",
+                        layout.state_of(name).display()
+                    );
+                    continue;
+                }
+                let mut args = up::daemon_args(name, &opts);
+                for set in [
+                    "store.backend=\"postgres\"".to_string(),
+                    format!("store.url={}", layout::toml_str(std::path::Path::new(&url))),
+                ] {
+                    args.push("--set".into());
+                    args.push(set);
+                }
+                args.push("--import-sled".into());
+                let bin = opts.bin_dir.join(format!("warden-{name}"));
+                match std::process::Command::new(&bin).args(&args).output() {
+                    Ok(out) if out.status.success() => {
+                        print!("{}", String::from_utf8_lossy(&out.stdout));
+                        moved += 1;
+                    }
+                    Ok(out) => {
+                        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+                        eprintln!("warden migrate-store: {name} failed; nothing was removed");
+                        return ExitCode::FAILURE;
+                    }
+                    Err(e) => {
+                        eprintln!("warden migrate-store: cannot run {}: {e}", bin.display());
+                        return ExitCode::FAILURE;
+                    }
+                }
+            }
+            if moved == 0 {
+                eprintln!("warden migrate-store: no sled store to move");
+                return ExitCode::FAILURE;
+            }
+            println!(
+                "the sled stores are left as they were; run the daemons with [store] backend = \"postgres\""
+            );
+            ExitCode::SUCCESS
         }
         Command::Init { dir } => {
             let dir = dir.unwrap_or_else(|| layout.config_dir());

@@ -51,6 +51,58 @@ pub enum RunError {
     Web(#[from] web::WebError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("import: {0}")]
+    Import(String),
+}
+
+/// Copies every request of this approver's sled store (`<state_dir>/store`: pending and
+/// decided) into the PostgreSQL database `[store]` names, then checks each is there. Re-running
+/// copies nothing twice. The approver must be stopped (sled refuses a second opener). Web
+/// sessions are not copied (they stay each replica's own). Returns (requests, newly written).
+pub async fn import_sled(args: &DaemonArgs) -> Result<(usize, usize), RunError> {
+    let cfg = config::load(args.config.as_deref(), &args.set)?.value;
+    if cfg.store.backend != warden_pgstate::Backend::Postgres {
+        return Err(RunError::Import(
+            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
+                .into(),
+        ));
+    }
+    let dir = cfg.daemon.state_dir.join("store");
+    if !dir.is_dir() {
+        return Err(RunError::Import(format!(
+            "no sled store at {} to import",
+            dir.display()
+        )));
+    }
+    let sled = queue_sled::SledQueue::open(warden_store::Store::open(&dir)?, usize::MAX)?;
+    let all = sled.all()?;
+    let pg = warden_pgstate::Pg::new(&cfg.store)?;
+    warden_pgstate::migrate::migrate(&pg).await?;
+    let target = queue_pg::PgQueue::new(pg, cfg.approval.history);
+    let mut inserted = 0;
+    for a in &all {
+        if target.import(a).await? {
+            inserted += 1;
+        }
+        use queue_store::QueueStore;
+        if target.get(&a.id).await?.is_none() {
+            return Err(RunError::Import(format!(
+                "request {} is not in the database after the copy (its request id {:?} is held there by another)",
+                a.id,
+                a.request
+                    .as_ref()
+                    .map(|r| r.request_id.as_str())
+                    .unwrap_or("")
+            )));
+        }
+    }
+    println!(
+        "warden-approver: imported the queue into {}: {} requests, {inserted} new, {} already there",
+        cfg.store.describe(),
+        all.len(),
+        all.len() - inserted
+    );
+    Ok((all.len(), inserted))
 }
 
 /// Runs the daemon until SIGTERM/SIGINT.

@@ -85,6 +85,34 @@ impl PgQueue {
     }
 }
 
+impl PgQueue {
+    /// Writes `a` as it is (an import from sled); `false` when its id or request id was
+    /// already there (nothing is written twice).
+    pub async fn import(&self, a: &pb::Approval) -> Result<bool, QueueError> {
+        let request_id = a
+            .request
+            .as_ref()
+            .map(|r| r.request_id.clone())
+            .unwrap_or_default();
+        let rows = self
+            .query(
+                "INSERT INTO approver_approvals
+                   (id, request_id, state, created_unix_ms, answered_unix_ms, approval)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id",
+                &[
+                    &a.id,
+                    &request_id,
+                    &(a.state() as i32),
+                    &ms(a.created_unix_ms),
+                    &ms(a.answered_unix_ms),
+                    &a.encode_to_vec(),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+}
+
 #[tonic::async_trait]
 impl QueueStore for PgQueue {
     async fn hold(&self, a: &pb::Approval) -> Result<Held, QueueError> {

@@ -70,6 +70,15 @@ impl SledQueue {
         }
     }
 
+    /// Every request held, pending and decided (an import into another backend).
+    pub fn all(&self) -> Result<Vec<pb::Approval>, QueueError> {
+        self.approvals
+            .scan_prefix([])?
+            .iter()
+            .map(|(k, v)| decode(k, v))
+            .collect()
+    }
+
     /// Pending requests, at opening (the caller waits on each).
     pub fn pending_now(&self) -> Result<Vec<pb::Approval>, QueueError> {
         self.pending_all()

@@ -48,6 +48,8 @@ pub enum RunError {
     Listener(#[from] ListenerError),
     #[error(transparent)]
     Serve(#[from] ServeError),
+    #[error("import: {0}")]
+    Import(String),
     #[error("cannot install the SIGHUP handler: {0}")]
     Signal(#[source] std::io::Error),
 }
@@ -105,6 +107,90 @@ impl warden_daemon::Daemon for PolicyDaemon {
     fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
         run(self.sources, self.loaded.value)
     }
+}
+
+/// What [`import_sled`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// Records in the sled store.
+    pub records: usize,
+    /// Of those, newly written to PostgreSQL (the others were there from an earlier run).
+    pub inserted: u64,
+}
+
+/// Copies the audit log of this daemon's sled store (`<state_dir>/store`, its journal replayed
+/// first) into the PostgreSQL database `[store]` names, oldest first, then checks that every
+/// record is there. Re-running it copies nothing twice (`decision_id` is unique). The daemon
+/// must be stopped: sled refuses a second opener.
+pub async fn import_sled(cfg: &config::Config) -> Result<Imported, RunError> {
+    use prost::Message;
+    if cfg.store.backend != warden_pgstate::Backend::Postgres {
+        return Err(RunError::Import(
+            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
+                .into(),
+        ));
+    }
+    let dir = cfg.daemon.state_dir.join("store");
+    if !dir.is_dir() {
+        return Err(RunError::Import(format!(
+            "no sled store at {} to import",
+            dir.display()
+        )));
+    }
+    let log = AuditLog::open(warden_store::Store::open(&dir)?)?;
+    let mut records = log.newest(usize::MAX, |_| true)?;
+    records.reverse();
+    let pg = warden_pgstate::Pg::new(&cfg.store)?;
+    warden_pgstate::migrate::migrate(&pg).await?;
+    let client = pg.client().await?;
+    let mut inserted = 0u64;
+    for chunk in records.chunks(500) {
+        let ids: Vec<&str> = chunk.iter().map(|r| r.decision_id.as_str()).collect();
+        let reqs: Vec<&str> = chunk.iter().map(|r| r.request_id.as_str()).collect();
+        let ctxs: Vec<&str> = chunk
+            .iter()
+            .map(|r| {
+                r.subject
+                    .as_ref()
+                    .map(|s| s.context_id.as_str())
+                    .unwrap_or("")
+            })
+            .collect();
+        let at: Vec<i64> = chunk
+            .iter()
+            .map(|r| r.decided_at_unix_ms.min(i64::MAX as u64) as i64)
+            .collect();
+        let bytes: Vec<Vec<u8>> = chunk.iter().map(|r| r.encode_to_vec()).collect();
+        inserted += client
+            .execute(
+                "INSERT INTO policy_audit (decision_id, request_id, context_id, decided_at_unix_ms, record)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[])
+                 ON CONFLICT (decision_id) DO NOTHING",
+                &[&ids, &reqs, &ctxs, &at, &bytes],
+            )
+            .await
+            .map_err(warden_pgstate::PgError::from)?;
+        let there: i64 = client
+            .query_one(
+                "SELECT count(*) FROM policy_audit WHERE decision_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+            .map_err(warden_pgstate::PgError::from)?
+            .try_get(0)
+            .map_err(warden_pgstate::PgError::from)?;
+        if there as usize != chunk.len() {
+            return Err(RunError::Import(format!(
+                "{} of {} records were not found in the database after the copy",
+                chunk.len() - there as usize,
+                chunk.len()
+            )));
+        }
+    }
+    Ok(Imported {
+        records: records.len(),
+        inserted,
+    })
 }
 
 /// Serves until SIGTERM/SIGINT.
