@@ -215,6 +215,42 @@ impl TestCluster {
         }
     }
 
+    /// Freezes the server and every process it started (SIGSTOP): a database that accepts
+    /// connections and answers nothing, as a hung host does. [`TestCluster::resume`] thaws it.
+    pub fn pause(&self) {
+        self.signal_all(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal_all(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    /// The postmaster and its children (read from /proc: they share the test's process group,
+    /// so the group cannot be signalled).
+    fn signal_all(&self, sig: nix::sys::signal::Signal) {
+        let Some(child) = &self.server else { return };
+        let master = child.id() as i32;
+        let mut pids = vec![master];
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The fields after the command's closing parenthesis: state, then the parent's pid.
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<i32>().ok());
+            if ppid == Some(master) {
+                pids.push(pid);
+            }
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        }
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
@@ -223,6 +259,8 @@ impl TestCluster {
 
 impl Drop for TestCluster {
     fn drop(&mut self) {
+        // A paused server would not take the signal below.
+        self.resume();
         if let Some(mut child) = self.server.take() {
             // Immediate shutdown: the data is thrown away with the directory.
             let pid = nix::unistd::Pid::from_raw(child.id() as i32);

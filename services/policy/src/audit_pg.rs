@@ -10,8 +10,10 @@
 //!
 //! A write that fails or does not finish within the connect timeout is an error for every
 //! record of its batch: the service answers those decisions DENY (`audit.unavailable`) and
-//! counts them. A commit whose answer was lost with the connection may still have landed: such
-//! a row records a decision that was answered DENY (the supervisor enforces the answer).
+//! counts them. The statement carries the writer's deadline and inserts nothing when the
+//! server runs it later (a hung server thawing); a commit that began before the deadline and
+//! whose acknowledgement was lost may still have landed: such a row records a decision that
+//! was answered DENY (the supervisor enforces the answer).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,7 +108,10 @@ async fn writer(pg: Pg, mut rx: mpsc::Receiver<Pending>, stats: Arc<Stats>) {
                 Err(_) => break,
             }
         }
-        let result = match tokio::time::timeout(pg.timeout(), insert(&pg, &batch)).await {
+        // The server inserts nothing once the writer has given up on the batch (see
+        // `insert`): a statement delayed in a hung server's socket does not land later.
+        let deadline = now_ms() + pg.timeout().as_millis() as i64;
+        let result = match tokio::time::timeout(pg.timeout(), insert(&pg, &batch, deadline)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no commit within {} ms", pg.timeout().as_millis())),
@@ -128,8 +133,18 @@ async fn writer(pg: Pg, mut rx: mpsc::Receiver<Pending>, stats: Arc<Stats>) {
     }
 }
 
-/// One statement for the whole batch: its implicit transaction commits every row or none.
-async fn insert(pg: &Pg, batch: &[Pending]) -> Result<(), PgError> {
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// One statement for the whole batch: its implicit transaction commits every row or none, and
+/// none when the server runs it after `deadline_ms` (the writer's clock; the writer has then
+/// answered the batch's decisions DENY). The window left is a commit that starts before the
+/// deadline and is acknowledged after it, and the clocks' difference between the two hosts.
+async fn insert(pg: &Pg, batch: &[Pending], deadline_ms: i64) -> Result<(), PgError> {
     let client = pg.client().await?;
     let ids: Vec<&str> = batch.iter().map(|p| p.decision_id.as_str()).collect();
     let reqs: Vec<&str> = batch.iter().map(|p| p.request_id.as_str()).collect();
@@ -139,12 +154,16 @@ async fn insert(pg: &Pg, batch: &[Pending]) -> Result<(), PgError> {
     let stmt = client
         .prepare_cached(
             "INSERT INTO policy_audit (decision_id, request_id, context_id, decided_at_unix_ms, record)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[])",
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[])
+             WHERE extract(epoch FROM clock_timestamp()) * 1000 < $6::int8",
         )
         .await?;
-    client
-        .execute(&stmt, &[&ids, &reqs, &ctxs, &at, &recs])
+    let n = client
+        .execute(&stmt, &[&ids, &reqs, &ctxs, &at, &recs, &deadline_ms])
         .await?;
+    if n as usize != batch.len() {
+        return Err(PgError::Timeout(pg.timeout().as_millis() as u64));
+    }
     Ok(())
 }
 
@@ -250,5 +269,46 @@ impl AuditStore for PgAudit {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch the server runs after the writer's deadline inserts nothing (what a statement
+    /// held in a frozen server's socket does when it thaws), and says so.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_run_after_the_writers_deadline_inserts_nothing()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = warden_pgstate::cluster::TestCluster::start_or_skip()? else {
+            return Ok(());
+        };
+        c.create_db("audit")?;
+        let pg = Pg::new(&warden_pgstate::StoreSection::postgres(c.url("audit")))?;
+        warden_pgstate::migrate::migrate(&pg).await?;
+        let pending = |id: &str| Pending {
+            decision_id: id.into(),
+            request_id: format!("r-{id}"),
+            context_id: "c".into(),
+            decided_at: 0,
+            bytes: pb::AuditRecord {
+                decision_id: id.into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+            done: oneshot::channel().0,
+        };
+        let late = insert(&pg, &[pending("late")], now_ms() - 1).await;
+        assert!(late.is_err(), "a late batch was reported written");
+        insert(&pg, &[pending("on-time")], now_ms() + 5_000).await?;
+        let rows = pg
+            .client()
+            .await?
+            .query("SELECT decision_id FROM policy_audit", &[])
+            .await?;
+        let ids: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+        assert_eq!(ids, ["on-time"]);
+        Ok(())
     }
 }

@@ -176,5 +176,61 @@ async fn a_database_outage_fails_appends_within_the_timeout_and_they_resume() ->
         "a failed append left a row"
     );
     assert!(a.by_decision_id("after").await?.is_some());
+    // Nothing the writer gave up on lands once the server thaws: no row records a decision
+    // that was answered DENY.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..3 {
+        assert_eq!(
+            a.by_decision_id(&format!("hung-{i}")).await?,
+            None,
+            "hung-{i} landed late"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_database_fails_appends_within_the_timeout_and_they_resume() -> R {
+    let Some(c) = TestCluster::start_or_skip()? else {
+        return Ok(());
+    };
+    c.create_db("audit")?;
+    let a = pg_audit(&c, 700).await?;
+    a.append(&rec("before", "c"), true).await?;
+    // Accepts nothing, answers nothing: every append must still come back, failed, in time.
+    c.pause();
+    for i in 0..3 {
+        let t0 = Instant::now();
+        let got = a.append(&rec(&format!("hung-{i}"), "c"), true).await;
+        let took = t0.elapsed();
+        assert!(got.is_err(), "an append succeeded on a frozen database");
+        assert!(
+            took < Duration::from_millis(2500),
+            "append {i} took {took:?}"
+        );
+    }
+    c.resume();
+    let t0 = Instant::now();
+    loop {
+        match a.append(&rec("after", "c"), true).await {
+            Ok(()) => break,
+            Err(e) if t0.elapsed() < Duration::from_secs(15) => {
+                eprintln!("not yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    assert!(a.by_decision_id("after").await?.is_some());
+    // Nothing the writer gave up on lands once the server thaws: no row records a decision
+    // that was answered DENY.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..3 {
+        assert_eq!(
+            a.by_decision_id(&format!("hung-{i}")).await?,
+            None,
+            "hung-{i} landed late"
+        );
+    }
     Ok(())
 }
