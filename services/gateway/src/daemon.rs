@@ -13,9 +13,11 @@ use warden_proto::v1::{
     StatusResponse,
 };
 
+use crate::admission::HttpState;
 use crate::auth::{AuthConfigError, Authenticator, HostAllowlist};
+use crate::card::{CardResponse, agent_card};
 use crate::config::{EMBEDDED, GatewayConfig};
-use crate::http::{CardResponse, HttpState, agent_card, router};
+use crate::http::router;
 use crate::serve::EdgeLimits;
 use crate::store::{TaskStore, TaskStoreError};
 use crate::tasks::{Core, CoreSettings, Retention};
