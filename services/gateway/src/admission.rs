@@ -11,7 +11,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::Request;
+use axum::extract::{FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -317,6 +318,46 @@ pub fn admit_caller(state: &HttpState, headers: &HeaderMap) -> Result<String, Bo
         .auth
         .authenticate(headers)
         .map_err(|f| Box::new(unauthorized(f)))
+}
+
+/// A caller admitted on a 1.0 HTTP+JSON route (Host, token, then `A2A-Version`), as an axum
+/// extractor: a handler taking one runs only for an admitted caller, and holds its principal.
+pub struct Caller(pub String);
+
+impl FromRequestParts<Arc<HttpState>> for Caller {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<HttpState>,
+    ) -> Result<Self, Response> {
+        admit(state, &parts.headers, parts.uri.query())
+            .map(Caller)
+            .map_err(|r| *r)
+    }
+}
+
+/// An A2A error answered in the HTTP+JSON shape, so a 1.0 REST handler can use `?`.
+pub struct RestError(pub A2aError);
+
+impl From<A2aError> for RestError {
+    fn from(e: A2aError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for RestError {
+    fn into_response(self) -> Response {
+        rest_error(&self.0)
+    }
+}
+
+/// A 200 HTTP+JSON answer carrying `body`.
+pub fn rest_ok(body: &impl serde::Serialize) -> Response {
+    rest_response(
+        StatusCode::OK,
+        &serde_json::to_value(body).unwrap_or(Value::Null),
+    )
 }
 
 /// A task's events as an SSE response, each item framed by `frame` (the binding's shape), with

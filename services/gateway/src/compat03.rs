@@ -8,10 +8,11 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
+use axum::http::{Method, StatusCode};
 use axum::response::sse::Event;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
@@ -163,22 +164,47 @@ async fn dispatch_rpc(
 
 // ------------------------------------------------------------------ REST (/v1/…)
 
-/// Host, token, then the version: a `/v1` path speaks 0.3 (absent or `0.3`).
-fn admit(
-    state: &HttpState,
-    headers: &HeaderMap,
-    query: Option<&str>,
-) -> Result<String, Box<Response>> {
-    let principal = admit_caller(state, headers)?;
-    match requested_version(headers, query) {
-        v if speaks_03(v.as_deref()) => Ok(principal),
-        Some(v) => Err(Box::new(rest_error(&A2aError::VersionNotSupported(
-            format!(
+/// A caller admitted on a `/v1` route: Host, token, then the version — a `/v1` path speaks 0.3
+/// (absent or `0.3`). An axum extractor, as the 1.0 routes' [`crate::admission::Caller`].
+struct Caller03(String);
+
+impl FromRequestParts<Arc<HttpState>> for Caller03 {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<HttpState>,
+    ) -> Result<Self, Response> {
+        let principal = admit_caller(state, &parts.headers).map_err(|r| *r)?;
+        match requested_version(&parts.headers, parts.uri.query()) {
+            v if speaks_03(v.as_deref()) => Ok(Self(principal)),
+            Some(v) => Err(rest_error(&A2aError::VersionNotSupported(format!(
                 "/v1 paths are the A2A 0.3 REST binding; A2A-Version {v:?} is served without the /v1 prefix"
-            ),
-        )))),
-        None => Ok(principal),
+            )))),
+            None => Ok(Self(principal)),
+        }
     }
+}
+
+/// An A2A error in the 0.3 REST shape, so a `/v1` handler can use `?`.
+struct Rest03Error(A2aError);
+
+impl From<A2aError> for Rest03Error {
+    fn from(e: A2aError) -> Self {
+        Self(e)
+    }
+}
+
+impl IntoResponse for Rest03Error {
+    fn into_response(self) -> Response {
+        rest_error(&self.0)
+    }
+}
+
+type Answer = Result<Response, Rest03Error>;
+
+fn ok(body: &Value) -> Response {
+    rest_response(StatusCode::OK, body)
 }
 
 fn rest_sse(sub: Subscription) -> Response {
@@ -191,162 +217,105 @@ fn rest_sse(sub: Subscription) -> Response {
 }
 
 async fn rest_send(
-    State(state): State<Arc<HttpState>>,
-    RawQuery(query): RawQuery,
+    state: Arc<HttpState>,
+    principal: String,
     req: Request,
     streaming: bool,
-) -> Response {
+) -> Answer {
     let (parts, body) = req.into_parts();
-    let principal = match admit(&state, &parts.headers, query.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let run = async {
-        let v = json_body(&state, &parts.headers, body).await?;
-        let req = send_in(&v, Shape::Proto)?;
-        Ok(match state.core.send(&principal, req, streaming).await? {
-            SendOutcome::Stream(sub) => rest_sse(*sub),
-            SendOutcome::Task(t) => {
-                rest_response(StatusCode::OK, &json!({"task": task_out(&t, Shape::Proto)}))
-            }
-            SendOutcome::Message(m) => rest_response(
-                StatusCode::OK,
-                &json!({"message": message_out(&m, Shape::Proto)}),
-            ),
-        })
-    };
-    run.await.unwrap_or_else(|e| rest_error(&e))
+    let v = json_body(&state, &parts.headers, body).await?;
+    let req = send_in(&v, Shape::Proto)?;
+    Ok(match state.core.send(&principal, req, streaming).await? {
+        SendOutcome::Stream(sub) => rest_sse(*sub),
+        SendOutcome::Task(t) => ok(&json!({"task": task_out(&t, Shape::Proto)})),
+        SendOutcome::Message(m) => ok(&json!({"message": message_out(&m, Shape::Proto)})),
+    })
 }
 
 /// GET /v1/tasks/{id}, GET /v1/tasks/{id}:subscribe.
 async fn rest_task_get(
     State(state): State<Arc<HttpState>>,
+    Caller03(principal): Caller03,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let principal = match admit(&state, &headers, query.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let run = || -> Result<Response, A2aError> {
-        if let Some(t) = id.strip_suffix(":subscribe") {
-            return Ok(rest_sse(state.core.subscribe(&principal, t)?));
-        }
-        let q = query_map(query.as_deref())?;
-        let history = q
-            .get("historyLength")
-            .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
-        let t = state.core.get(&principal, &id, history)?;
-        Ok(rest_response(StatusCode::OK, &task_out(&t, Shape::Proto)))
-    };
-    run().unwrap_or_else(|e| rest_error(&e))
+) -> Answer {
+    if let Some(t) = id.strip_suffix(":subscribe") {
+        return Ok(rest_sse(state.core.subscribe(&principal, t)?));
+    }
+    let q = query_map(query.as_deref())?;
+    let history = q
+        .get("historyLength")
+        .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
+    let t = state.core.get(&principal, &id, history)?;
+    Ok(ok(&task_out(&t, Shape::Proto)))
 }
 
 /// POST /v1/tasks/{id}:cancel, POST /v1/tasks/{id}:subscribe.
 async fn rest_task_post(
     State(state): State<Arc<HttpState>>,
+    Caller03(principal): Caller03,
     Path(id): Path<String>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    let principal = match admit(&state, &headers, query.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let run = async {
-        if let Some(t) = id.strip_suffix(":cancel") {
-            let t = state.core.cancel(&principal, t).await?;
-            return Ok(rest_response(StatusCode::OK, &task_out(&t, Shape::Proto)));
-        }
-        if let Some(t) = id.strip_suffix(":subscribe") {
-            return Ok(rest_sse(state.core.subscribe(&principal, t)?));
-        }
-        Err(A2aError::MethodNotFound(format!(
-            "no such operation: POST /v1/tasks/{id}"
-        )))
-    };
-    run.await.unwrap_or_else(|e| rest_error(&e))
+) -> Answer {
+    if let Some(t) = id.strip_suffix(":cancel") {
+        let t = state.core.cancel(&principal, t).await?;
+        return Ok(ok(&task_out(&t, Shape::Proto)));
+    }
+    if let Some(t) = id.strip_suffix(":subscribe") {
+        return Ok(rest_sse(state.core.subscribe(&principal, t)?));
+    }
+    Err(A2aError::MethodNotFound(format!("no such operation: POST /v1/tasks/{id}")).into())
 }
 
 /// POST (create) and GET (list) /v1/tasks/{id}/pushNotificationConfigs.
 async fn rest_push_collection(
     State(state): State<Arc<HttpState>>,
+    Caller03(principal): Caller03,
     Path(task_id): Path<String>,
-    RawQuery(query): RawQuery,
     req: Request,
-) -> Response {
+) -> Answer {
     let (parts, body) = req.into_parts();
-    let principal = match admit(&state, &parts.headers, query.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let run = async {
-        if parts.method == axum::http::Method::GET {
-            let listed = state.core.list_push_configs(&principal, &task_id)?;
-            return Ok(rest_response(
-                StatusCode::OK,
-                &json!({"configs": listed.configs.iter().map(|c| push_out(c, Shape::Proto)).collect::<Vec<_>>(),
-                        "nextPageToken": ""}),
-            ));
-        }
-        let v = json_body(&state, &parts.headers, body).await?;
-        // CreateTaskPushNotificationConfigRequest {parent, configId, config: {name?, pushNotificationConfig}}
-        // or the config itself.
-        let config = member(&v, &["config"]).unwrap_or(&v);
-        let inner = member(
-            config,
-            &["pushNotificationConfig", "push_notification_config"],
-        )
-        .ok_or_else(|| bad("config.pushNotificationConfig is required"))?;
-        let mut cfg = push_in(inner, Some(&task_id))?;
-        if cfg.id.is_empty() {
-            cfg.id = str_member(&v, &["configId", "config_id"]).unwrap_or_default();
-        }
-        let created = state.core.create_push_config(&principal, cfg).await?;
-        Ok(rest_response(
-            StatusCode::OK,
-            &push_out(&created, Shape::Proto),
-        ))
-    };
-    run.await.unwrap_or_else(|e| rest_error(&e))
+    if parts.method == Method::GET {
+        let listed = state.core.list_push_configs(&principal, &task_id)?;
+        return Ok(ok(&json!({
+            "configs": listed.configs.iter().map(|c| push_out(c, Shape::Proto)).collect::<Vec<_>>(),
+            "nextPageToken": "",
+        })));
+    }
+    let v = json_body(&state, &parts.headers, body).await?;
+    // CreateTaskPushNotificationConfigRequest {parent, configId, config: {name?, pushNotificationConfig}}
+    // or the config itself.
+    let config = member(&v, &["config"]).unwrap_or(&v);
+    let inner = member(
+        config,
+        &["pushNotificationConfig", "push_notification_config"],
+    )
+    .ok_or_else(|| bad("config.pushNotificationConfig is required"))?;
+    let mut cfg = push_in(inner, Some(&task_id))?;
+    if cfg.id.is_empty() {
+        cfg.id = str_member(&v, &["configId", "config_id"]).unwrap_or_default();
+    }
+    let created = state.core.create_push_config(&principal, cfg).await?;
+    Ok(ok(&push_out(&created, Shape::Proto)))
 }
 
 /// GET and DELETE /v1/tasks/{id}/pushNotificationConfigs/{config}.
 async fn rest_push_item(
     State(state): State<Arc<HttpState>>,
+    Caller03(principal): Caller03,
     Path((task_id, cid)): Path<(String, String)>,
-    RawQuery(query): RawQuery,
-    req: Request,
-) -> Response {
-    let principal = match admit(&state, req.headers(), query.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let run = || -> Result<Response, A2aError> {
-        if req.method() == axum::http::Method::DELETE {
-            state.core.delete_push_config(&principal, &task_id, &cid)?;
-            return Ok(rest_response(StatusCode::OK, &json!({})));
-        }
-        let cfg = state.core.get_push_config(&principal, &task_id, &cid)?;
-        Ok(rest_response(StatusCode::OK, &push_out(&cfg, Shape::Proto)))
-    };
-    run().unwrap_or_else(|e| rest_error(&e))
+    method: Method,
+) -> Answer {
+    if method == Method::DELETE {
+        state.core.delete_push_config(&principal, &task_id, &cid)?;
+        return Ok(ok(&json!({})));
+    }
+    let cfg = state.core.get_push_config(&principal, &task_id, &cid)?;
+    Ok(ok(&push_out(&cfg, Shape::Proto)))
 }
 
 /// GET /v1/card: the authenticated (extended) card in 0.3 form.
-async fn rest_card(
-    State(state): State<Arc<HttpState>>,
-    RawQuery(query): RawQuery,
-    headers: HeaderMap,
-) -> Response {
-    match admit(&state, &headers, query.as_deref()) {
-        Ok(principal) => rest_response(
-            StatusCode::OK,
-            &card_json(&state.card.extended(&state.core, &principal)),
-        ),
-        Err(r) => *r,
-    }
+async fn rest_card(State(state): State<Arc<HttpState>>, Caller03(principal): Caller03) -> Response {
+    ok(&card_json(&state.card.extended(&state.core, &principal)))
 }
 
 /// The 0.3 REST routes (`/v1/…`), merged into the HTTP+JSON routes.
@@ -354,11 +323,11 @@ pub fn rest_routes() -> Router<Arc<HttpState>> {
     Router::new()
         .route(
             "/v1/message:send",
-            post(|s, q, r| rest_send(s, q, r, false)),
+            post(|s: State<_>, c: Caller03, r| rest_send(s.0, c.0, r, false)),
         )
         .route(
             "/v1/message:stream",
-            post(|s, q, r| rest_send(s, q, r, true)),
+            post(|s: State<_>, c: Caller03, r| rest_send(s.0, c.0, r, true)),
         )
         .route("/v1/tasks/{id}", get(rest_task_get).post(rest_task_post))
         .route(

@@ -326,6 +326,36 @@ fn store_err(e: TaskStoreError) -> A2aError {
 }
 
 impl LiveTask {
+    /// A task just submitted (its user message is history entry 0), followed from now on.
+    fn new(
+        task: Task,
+        record: TaskRecord,
+        mapper: TurnMapper,
+        store: TaskStore,
+        push: Option<Arc<Push>>,
+    ) -> Self {
+        let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
+        let (state, _) = watch::channel(TaskState::Submitted);
+        Self {
+            inner: Mutex::new(LiveInner {
+                task,
+                record,
+                mapper,
+                history_seq: 1,
+                artifact_chunks: HashMap::new(),
+                pending: Vec::new(),
+                pending_history: 0,
+                head_dirty: false,
+                pending_since: None,
+                answering: false,
+            }),
+            tx,
+            state,
+            store,
+            push,
+        }
+    }
+
     /// Applies mapped events: updates the task, persists each change, broadcasts it.
     fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
         for ev in events {
@@ -1679,27 +1709,14 @@ impl Core {
             .map_err(store_err)?;
         let mut task = head;
         task.history.push(user.clone());
-        let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
-        let (state, _) = watch::channel(TaskState::Submitted);
-        let live = Arc::new(LiveTask {
-            inner: Mutex::new(LiveInner {
-                task,
-                record,
-                mapper: TurnMapper::new(&task_id, &context_id)
-                    .with_coalesce_bytes(self.settings.coalesce_bytes),
-                history_seq: 1,
-                artifact_chunks: HashMap::new(),
-                pending: Vec::new(),
-                pending_history: 0,
-                head_dirty: false,
-                pending_since: None,
-                answering: false,
-            }),
-            tx,
-            state,
-            store: self.store.clone(),
-            push: self.push().cloned(),
-        });
+        let live = Arc::new(LiveTask::new(
+            task,
+            record,
+            TurnMapper::new(&task_id, &context_id)
+                .with_coalesce_bytes(self.settings.coalesce_bytes),
+            self.store.clone(),
+            self.push().cloned(),
+        ));
         // The task's webhook is stored before its turn starts, so it sees every change.
         if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
             cfg.task_id = task_id.clone();
@@ -1946,32 +1963,19 @@ mod tests {
             history: vec![],
             metadata: None,
         };
-        let (tx, _) = broadcast::channel(64);
-        let (state, _) = watch::channel(TaskState::Submitted);
-        LiveTask {
-            inner: Mutex::new(LiveInner {
-                record: TaskRecord {
-                    task: task.clone(),
-                    principal: "alice".into(),
-                    agent: "scripted".into(),
-                    created_micros: 0,
-                    status_micros: 0,
-                },
+        LiveTask::new(
+            task.clone(),
+            TaskRecord {
                 task,
-                mapper: TurnMapper::new("t1", "c1"),
-                history_seq: 0,
-                artifact_chunks: HashMap::new(),
-                pending: Vec::new(),
-                pending_history: 0,
-                head_dirty: false,
-                pending_since: None,
-                answering: false,
-            }),
-            tx,
-            state,
-            store: store.clone(),
-            push: None,
-        }
+                principal: "alice".into(),
+                agent: "scripted".into(),
+                created_micros: 0,
+                status_micros: 0,
+            },
+            TurnMapper::new("t1", "c1"),
+            store.clone(),
+            None,
+        )
     }
 
     fn feed(l: &LiveTask, e: Event, flush: bool) {
