@@ -208,9 +208,13 @@ pub struct ListenerConfig {
     /// Peer gids (primary group of the peer process) allowed to call.
     #[serde(default)]
     pub allow_gids: Vec<u32>,
-    /// Accept any peer (required for TCP; never the default).
+    /// Accept any peer (required for plain TCP; never the default).
     #[serde(default)]
     pub allow_any_peer: bool,
+    /// Mutual TLS on a `tcp` listener: peers are admitted by the SPIFFE ID of their
+    /// certificate (`tls.admit`) instead of a uid, and `allow_any_peer` is not needed.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 fn default_mode() -> String {
@@ -248,6 +252,7 @@ impl ListenerConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             allow_any_peer: false,
+            tls: None,
         }
     }
 
@@ -283,15 +288,38 @@ impl ListenerConfig {
                         format!("{addr:?} is not an address like 127.0.0.1:7001"),
                     ));
                 }
-                if !self.allow_any_peer {
+                match &self.tls {
+                    Some(tls) => {
+                        if self.allow_any_peer {
+                            return Err(ConfigError::invalid(
+                                origin,
+                                &format!("{key}.allow_any_peer"),
+                                "a mutual-TLS listener admits by certificate identity (tls.admit); remove allow_any_peer",
+                            ));
+                        }
+                        if let Err((k, why)) = tls.check() {
+                            return Err(ConfigError::invalid(origin, &format!("{key}.{k}"), why));
+                        }
+                    }
+                    None if !self.allow_any_peer => {
+                        return Err(ConfigError::invalid(
+                            origin,
+                            &format!("{key}.allow_any_peer"),
+                            "a TCP listener has no peer credentials; set tls (mutual TLS, peers admitted by certificate identity) or allow_any_peer = true to accept that",
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            (Some(_), None) => {
+                if self.tls.is_some() {
                     return Err(ConfigError::invalid(
                         origin,
-                        &format!("{key}.allow_any_peer"),
-                        "a TCP listener has no peer credentials; set allow_any_peer = true to accept that",
+                        &format!("{key}.tls"),
+                        "TLS is for `tcp` listeners; a Unix socket admits by peer uid",
                     ));
                 }
             }
-            (Some(_), None) => {}
         }
         if self.mode_bits().is_none() {
             return Err(ConfigError::invalid(

@@ -20,10 +20,11 @@ pub mod peer;
 pub mod server;
 pub mod start;
 pub mod status;
+pub mod tls;
 
 pub use args::DaemonArgs;
 pub use config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig};
 pub use listener::{BoundListener, ListenerError};
-pub use peer::{Peer, PeerGuard, PeerInfo, PeerStream};
+pub use peer::{Peer, PeerGuard, PeerIdentity, PeerInfo, PeerStream};
 pub use server::{ServeError, Server};
 pub use start::{Daemon, start};

@@ -111,7 +111,14 @@ impl Server {
                     UnixListenerStream::new(listener).map(|r| r.map(PeerStream::accepted))
                 );
             }
-            Kind::Tcp { listener } => spawn_serving!(TcpListenerStream::new(listener)),
+            Kind::Tcp {
+                listener,
+                tls: Some(tls),
+            } => spawn_serving!(crate::tls::incoming(listener, tls, name.clone())),
+            Kind::Tcp {
+                listener,
+                tls: None,
+            } => spawn_serving!(TcpListenerStream::new(listener)),
         }
     }
 
