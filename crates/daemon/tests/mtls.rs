@@ -2,107 +2,18 @@
 //! uses), real certificates made by `openssl` with SPIFFE URI SANs, real gRPC health calls.
 //! A peer is admitted by its certificate's identity, exactly as a Unix listener admits by uid.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
+
+#[path = "pki/mod.rs"]
+mod pki;
+use pki::{TD, certs, leaf};
 
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use warden_daemon::config::ListenerConfig;
 use warden_daemon::tls::{ClientTls, TlsConfig};
 use warden_daemon::{Server, listener};
-
-const TD: &str = "spiffe://example.org/warden";
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl runs (the Debian package `openssl`)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA named `ca` in `dir` (ca.pem, ca.key).
-fn ca(dir: &Path, ca: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{ca}.key"),
-            "-out",
-            &format!("{ca}.pem"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN={ca}"),
-            "-addext",
-            "basicConstraints=critical,CA:TRUE",
-            "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign",
-        ],
-    );
-}
-
-/// A leaf `name` (name.pem, name.key) signed by `ca`, whose URI SAN is `id`.
-fn leaf(dir: &Path, ca: &str, name: &str, id: &str) {
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={name}"),
-        ],
-    );
-    let ext = dir.join(format!("{name}.ext"));
-    std::fs::write(
-        &ext,
-        format!(
-            "subjectAltName=URI:{id}\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        ),
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "2",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
-}
 
 fn tls(dir: &Path, name: &str, ca: &str, admit: &[&str]) -> TlsConfig {
     TlsConfig {
@@ -155,18 +66,6 @@ async fn health(client: &ClientTls, addr: &str) -> Result<i32, tonic::Status> {
     .await
     .map_err(|_| tonic::Status::deadline_exceeded("no answer in 10 s"))??;
     Ok(r.into_inner().status)
-}
-
-fn certs() -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_path_buf();
-    ca(&d, "ca");
-    ca(&d, "other-ca");
-    leaf(&d, "ca", "supervisor", &format!("{TD}/supervisor"));
-    leaf(&d, "ca", "gateway", &format!("{TD}/gateway"));
-    leaf(&d, "ca", "policy", &format!("{TD}/policy"));
-    leaf(&d, "other-ca", "impostor", &format!("{TD}/gateway"));
-    (dir, d)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -227,8 +227,15 @@ fn default_file_principal() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SupervisorSection {
-    /// The supervisor's Unix socket.
+    /// The supervisor's Unix socket (on this host).
     pub socket: PathBuf,
+    /// A supervisor on another host: its `listen_remote` address (`host:port`), reached over
+    /// mutual TLS with `tls` (this gateway's certificate; `tls.admit` names the supervisor's
+    /// SPIFFE ID). Set both or neither; when set, `socket` is not used.
+    #[serde(default)]
+    pub tcp: Option<String>,
+    #[serde(default)]
+    pub tls: Option<warden_daemon::tls::TlsConfig>,
     /// Turn timeout asked of the supervisor (0 = its configured default).
     #[serde(default)]
     pub turn_timeout_seconds: u32,
@@ -358,6 +365,32 @@ impl GatewayConfig {
         self.daemon.validate(origin)?;
         self.listen.validate(origin, "listen")?;
         self.mcp.validate(origin)?;
+        match (&self.supervisor.tcp, &self.supervisor.tls) {
+            (Some(_), None) => {
+                return Err(ConfigError::invalid(
+                    origin,
+                    "supervisor.tls",
+                    "a supervisor on `tcp` is reached over mutual TLS only: set supervisor.tls",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    origin,
+                    "supervisor.tcp",
+                    "supervisor.tls is for a supervisor on another host: set its address in supervisor.tcp",
+                ));
+            }
+            (Some(_), Some(tls)) => {
+                if let Err((k, why)) = tls.check() {
+                    return Err(ConfigError::invalid(
+                        origin,
+                        &format!("supervisor.{k}"),
+                        why,
+                    ));
+                }
+            }
+            (None, None) => {}
+        }
         if let Some(g) = &self.grpc {
             g.validate(origin, "grpc")?;
         }

@@ -43,6 +43,8 @@ pub enum RunError {
     Serve(#[from] warden_daemon::ServeError),
     #[error("push.ca_file: {0}")]
     PushTls(String),
+    #[error("supervisor.tls: {0}")]
+    SupervisorTls(#[from] warden_daemon::tls::TlsError),
 }
 
 /// Loads and validates the configuration the way the binary does.
@@ -169,7 +171,13 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         max_streams_per_principal: cfg.http.max_streams_per_principal,
         stream_keepalive: Duration::from_millis(cfg.http.stream_keepalive_ms),
     };
-    let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
+    let channel = match (&cfg.supervisor.tcp, &cfg.supervisor.tls) {
+        (Some(addr), Some(tls)) => {
+            tracing::info!(supervisor = %addr, "supervisor on another host: mutual TLS");
+            warden_daemon::tls::ClientTls::new(tls, &cfg.daemon.state_dir)?.channel(addr)?
+        }
+        _ => warden_daemon::client::unix_channel(&cfg.supervisor.socket),
+    };
     let core = Core::new(store.clone(), channel, settings);
     let push = crate::push::Push::new(cfg.push.clone(), store, &cfg.daemon.state_dir)
         .map_err(RunError::PushTls)?;

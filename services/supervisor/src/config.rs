@@ -102,6 +102,11 @@ pub const MAX_POOL_SIZE: usize = 64;
 pub struct SupervisorConfig {
     pub daemon: DaemonSection,
     pub listen: ListenerConfig,
+    /// The same API for gateways on other hosts: a `tcp` listener with `tls` (mutual TLS;
+    /// callers admitted by the SPIFFE ID of their certificate, `tls.admit`). Off by default;
+    /// same-host callers stay on `listen`'s Unix socket.
+    #[serde(default)]
+    pub listen_remote: Option<ListenerConfig>,
     pub policy: PolicySection,
     #[serde(default)]
     pub limits: Limits,
@@ -830,6 +835,16 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
     let cfg = loaded.value;
     cfg.daemon.validate(&origin)?;
     cfg.listen.validate(&origin, "listen")?;
+    if let Some(remote) = &cfg.listen_remote {
+        if remote.tcp.is_none() || remote.tls.is_none() {
+            return Err(ConfigError::invalid(
+                &origin,
+                "listen_remote",
+                "the remote listener is `tcp` with `tls` (mutual TLS); same-host callers use `listen`",
+            ));
+        }
+        remote.validate(&origin, "listen_remote")?;
+    }
     if cfg.policy.socket.as_os_str().is_empty() {
         return Err(ConfigError::invalid(
             &origin,

@@ -286,6 +286,10 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     let api = Api(sup.clone());
     let routes = tonic::service::Routes::new(SupervisorServiceServer::new(api.clone()))
         .add_service(AdminServiceServer::new(api));
+    if let Some(remote) = &settings.file.listen_remote {
+        let remote = warden_daemon::listener::bind("listen_remote", remote, &state).await?;
+        server.serve(remote, routes.clone());
+    }
     server.serve(listener, routes);
     if let Ok(mut l) = sup.listeners.lock() {
         *l = server.listeners();
