@@ -15,6 +15,7 @@ pub mod config;
 pub mod depth;
 pub mod listener;
 pub mod logging;
+pub mod metrics;
 pub mod notify;
 pub mod peer;
 pub mod server;

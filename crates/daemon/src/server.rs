@@ -134,6 +134,27 @@ impl Server {
         self.serve(listener, routes)
     }
 
+    /// Serves the daemon's Prometheus metrics when `[daemon] metrics_listen` is set (bound now,
+    /// so a port in use fails the start-up); the listener ends with the others at shutdown.
+    pub async fn serve_metrics(
+        &mut self,
+        section: &crate::config::DaemonSection,
+        exporter: crate::metrics::Exporter,
+    ) -> Result<(), crate::listener::ListenerError> {
+        let Some(listener) = crate::metrics::bind(section).await? else {
+            return Ok(());
+        };
+        let describe = listener.describe();
+        tracing::info!(daemon = self.daemon, listener = "metrics", at = %describe, "listening");
+        self.listeners.push(describe);
+        let token = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            crate::metrics::serve(listener, exporter, token).await;
+            Ok(())
+        });
+        Ok(())
+    }
+
     /// Reports readiness to systemd, then runs until a signal, a cancelled shutdown token, or a
     /// failed listener. In-flight calls get the grace period; then they are aborted. Socket files
     /// are removed on the way out.
