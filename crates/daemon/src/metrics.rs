@@ -135,8 +135,10 @@ async fn answer(exporter: &Exporter, req: Request<Incoming>) -> Response<String>
     let reply = |status: StatusCode, ty: &'static str, body: String| {
         let mut r = Response::new(body);
         *r.status_mut() = status;
-        r.headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(ty));
+        r.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(ty),
+        );
         r
     };
     if req.uri().path() != "/metrics" {
@@ -181,9 +183,11 @@ mod tests {
 
     async fn get(addr: SocketAddr, path: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
@@ -191,10 +195,8 @@ mod tests {
 
     #[tokio::test]
     async fn serves_the_registry_and_refreshes_before_each_scrape() {
-        let section: DaemonSection = toml::from_str(
-            "state_dir = \"/x\"\nmetrics_listen = \"127.0.0.1:0\"",
-        )
-        .unwrap();
+        let section: DaemonSection =
+            toml::from_str("state_dir = \"/x\"\nmetrics_listen = \"127.0.0.1:0\"").unwrap();
         let l = bind(&section).await.unwrap().unwrap();
         let addr = l.addr;
         let mut registry = Registry::default();

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod metrics;
 pub mod queue;
 pub mod service;
 pub mod web;
@@ -93,6 +94,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
             warden_proto::v1::admin_service_server::SERVICE_NAME,
         ],
     );
+    let figures = state.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let state = figures.clone();
+        Box::pin(async move {
+            let pending = state.queue.pending(usize::MAX).unwrap_or_default();
+            let oldest = pending.iter().map(|a| a.created_unix_ms).min();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            metrics::set_pending(pending.len(), oldest, now);
+        })
+    });
+    server
+        .serve_metrics(&state.config.daemon, metrics::exporter(refresh))
+        .await?;
     let mut listeners = server.listeners();
     if let Some(l) = web_listener {
         listeners.push(l.describe());

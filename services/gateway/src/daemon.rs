@@ -237,6 +237,16 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| cfg.http.bind.clone());
+    let figures = core.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let c = figures.clone();
+        Box::pin(async move {
+            crate::metrics::set(c.live_count(), c.store().task_count(), c.streams().total())
+        })
+    });
+    server
+        .serve_metrics(&cfg.daemon, crate::metrics::exporter(refresh))
+        .await?;
     if let Ok(mut l) = listeners.lock() {
         *l = server.listeners();
         l.push(format!("tcp:{bound}"));

@@ -31,6 +31,7 @@ pub mod grpc_convert;
 pub mod http;
 pub mod mapping;
 pub mod mcp;
+pub mod metrics;
 pub mod peer;
 pub mod push;
 pub mod serve;

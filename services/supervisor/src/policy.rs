@@ -313,13 +313,19 @@ impl PolicyClient {
         })
         .await;
         let latency = started.elapsed();
-        let why = match res {
-            Err(_) => format!(
-                "no answer within {} ms (+{} ms grace)",
-                deadline.as_millis(),
-                self.grace.as_millis()
+        let (class, why) = match res {
+            Err(_) => (
+                "timeout",
+                format!(
+                    "no answer within {} ms (+{} ms grace)",
+                    deadline.as_millis(),
+                    self.grace.as_millis()
+                ),
             ),
-            Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
+            Ok(Err(status)) => (
+                "unavailable",
+                format!("call failed: {}: {}", status.code(), status.message()),
+            ),
             Ok(Ok(d)) => match validate(&d, &offered, &digest) {
                 Ok(verdict) => {
                     let end_turn = (d.end_turn
@@ -337,10 +343,11 @@ impl PolicyClient {
                         action_digest: digest,
                     };
                 }
-                Err(why) => format!("malformed answer: {why}"),
+                Err(why) => ("malformed", format!("malformed answer: {why}")),
             },
         };
         self.failures.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::policy_failure(class);
         tracing::warn!(request_id = %request_id, reason = %why, "policy unavailable: denying");
         // The policy may have recorded (or may yet record) a decision nobody acts on.
         self.withdraw_later(request_id, subject, why.clone());
