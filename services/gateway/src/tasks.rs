@@ -358,10 +358,10 @@ impl LiveTask {
 
     fn announce(&self, inner: &LiveInner, ev: StreamResponse) {
         let status = matches!(&ev, StreamResponse::StatusUpdate(_));
-        if let StreamResponse::StatusUpdate(s) = &ev {
-            if self.state.send_replace(s.status.state) != s.status.state {
-                crate::metrics::task_entered(s.status.state.as_str());
-            }
+        if let StreamResponse::StatusUpdate(s) = &ev
+            && self.state.send_replace(s.status.state) != s.status.state
+        {
+            crate::metrics::task_entered(s.status.state.as_str());
         }
         let ev = Arc::new(ev);
         // Queued in the order applied (the task is locked), so webhooks see changes in order.

@@ -21,7 +21,7 @@ type Labels2 = [(&'static str, &'static str); 2];
 
 struct Metrics {
     turns: Family<Labels2, Counter>,
-    egress: Family<[(&'static str, String); 2], Counter>,
+    egress: Family<[(&'static str, &'static str); 1], Counter>,
     policy_failures: Family<[(&'static str, &'static str); 1], Counter>,
     live_agents: Gauge<i64, AtomicI64>,
     warm_agents: Gauge<i64, AtomicI64>,
@@ -67,9 +67,9 @@ pub fn turn_ended(reason: &str, fault: Option<pb::FaultClass>) {
         .inc();
 }
 
-/// One egress connection finished or was refused. `agent` is the configured agent's name
-/// (the operator's, a bounded set).
-pub fn egress_connection(agent: &str, allowed: bool, status: u16) {
+/// One egress connection finished or was refused (per agent and destination, the egress records
+/// under `<state>/egress/` say more).
+pub fn egress_connection(allowed: bool, status: u16) {
     let outcome = if allowed {
         "allowed"
     } else if status >= 500 {
@@ -77,13 +77,7 @@ pub fn egress_connection(agent: &str, allowed: bool, status: u16) {
     } else {
         "refused"
     };
-    METRICS
-        .egress
-        .get_or_create(&[
-            ("agent", agent.to_string()),
-            ("outcome", outcome.to_string()),
-        ])
-        .inc();
+    METRICS.egress.get_or_create(&[("outcome", outcome)]).inc();
 }
 
 /// A permission the policy did not answer in time (`timeout`), could not be asked
@@ -119,6 +113,14 @@ pub fn set(f: Figures) {
 /// The registry `GET /metrics` encodes; `refresh` calls [`set`] with the daemon's figures.
 pub fn exporter(refresh: Refresh) -> Exporter {
     let m = &*METRICS;
+    // Every series of a fixed label set exists from the start at 0, so `increase()` sees the
+    // first one and a dashboard shows a zero rather than no data.
+    for outcome in ["allowed", "refused", "failed"] {
+        let _ = m.egress.get_or_create(&[("outcome", outcome)]);
+    }
+    for why in ["timeout", "unavailable", "malformed"] {
+        let _ = m.policy_failures.get_or_create(&[("why", why)]);
+    }
     let mut r = Registry::with_prefix("warden_supervisor");
     r.register(
         "turns",
@@ -127,7 +129,7 @@ pub fn exporter(refresh: Refresh) -> Exporter {
     );
     r.register(
         "egress_connections",
-        "Connections through agents' egress proxies, by agent and outcome (allowed, refused, failed)",
+        "Connections through agents' egress proxies, by outcome (allowed, refused, failed)",
         m.egress.clone(),
     );
     r.register(
