@@ -17,6 +17,7 @@ pub mod listener;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod otel;
 pub mod peer;
 pub mod server;
 pub mod start;

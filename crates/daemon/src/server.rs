@@ -84,6 +84,7 @@ impl Server {
         let describe = listener.describe();
         self.listeners.push(describe.clone());
         let builder = tonic::transport::Server::builder()
+            .layer(crate::otel::TraceLayer)
             .layer(InterceptorLayer::new(listener.guard.clone()))
             .add_routes(routes);
         let token = self.shutdown.clone();

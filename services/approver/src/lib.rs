@@ -61,7 +61,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         .log_format
         .clone()
         .unwrap_or_else(|| cfg.daemon.log_format.clone());
-    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+    warden_daemon::logging::init("warden-approver", &format, &cfg.daemon.log_level);
 
     let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
     let (queue, pending) = Queue::open(store, cfg.approval.history)?;
@@ -121,6 +121,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         approval_deadline_ms = state.config.approval.deadline_ms,
         "warden-approver serving"
     );
-    server.run().await?;
+    let ran = server.run().await;
+    // The spans of the last requests are exported before the process ends.
+    warden_daemon::otel::shutdown();
+    ran?;
     Ok(())
 }

@@ -1468,9 +1468,14 @@ impl Core {
                 }
                 let core = self.clone();
                 let driven = live.clone();
-                tokio::spawn(async move {
-                    core.drive(driven, run).await;
-                });
+                // The task's span, in the trace of the request that started it.
+                let span = tracing::info_span!("task", task_id = %run.task_id);
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        core.drive(driven, run).await;
+                    },
+                    span,
+                ));
                 live
             }
         };
@@ -1753,6 +1758,8 @@ impl Core {
             let events = inner.mapper.stream_ended(&reason, now_micros());
             live.apply(&mut inner, events);
         };
+        let mut run = tonic::Request::new(run);
+        warden_daemon::otel::inject(run.metadata_mut());
         match client.run_turn(run).await {
             Err(status) => {
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");

@@ -291,11 +291,19 @@ impl PolicyClient {
         // deadline itself, end the call.
         let res = tokio::time::timeout(wait, async {
             loop {
-                let answer = match self.stream.decide(&client, req.clone()).await {
+                // Traced, each permission is its own unary Decide: one DecideStream has one set
+                // of metadata, and each decision's traceparent travels in its call's metadata.
+                let streamed = if warden_daemon::otel::enabled() {
+                    None
+                } else {
+                    self.stream.decide(&client, req.clone()).await
+                };
+                let answer = match streamed {
                     Some(a) => a,
                     None => {
                         let mut r = tonic::Request::new(req.clone());
                         r.set_timeout(wait.saturating_sub(started.elapsed()));
+                        warden_daemon::otel::inject(r.metadata_mut());
                         client.decide(r).await.map(tonic::Response::into_inner)
                     }
                 };
