@@ -63,6 +63,11 @@ enum Command {
         /// --log-format are set over the files.
         #[arg(long, value_name = "DIR")]
         config: Option<PathBuf>,
+        /// Serve each daemon's Prometheus metrics over HTTP: the gateway on this IP:PORT, the
+        /// supervisor on PORT+1, the policy on PORT+2, the approver on PORT+3 (off by default;
+        /// no authentication, so keep it on loopback).
+        #[arg(long, value_name = "IP:PORT")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Write a commented starter configuration for `warden up --config DIR`, one file per
     /// daemon (default DIR: <state>/config). Never overwrites a file.
@@ -253,6 +258,7 @@ async fn main() -> ExitCode {
             log_format,
             start_timeout,
             config,
+            metrics,
         } => {
             let config_dir = match config {
                 Some(dir) if !dir.is_dir() => {
@@ -275,6 +281,7 @@ async fn main() -> ExitCode {
                 start_timeout: Duration::from_secs(start_timeout),
                 approver,
                 approver_http,
+                metrics,
             };
             match up::run(opts).await {
                 Ok(()) => ExitCode::SUCCESS,

@@ -125,6 +125,24 @@ pub struct UpOptions {
     /// `warden up --config DIR`: each daemon reads `DIR/<daemon>.toml` when it exists (the
     /// layout's own keys are still set over it).
     pub config_dir: Option<PathBuf>,
+    /// `warden up --metrics IP:PORT`: each daemon serves Prometheus metrics on its own port
+    /// from this one on ([`metrics_addr`]); None = none does.
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// Where daemon `name` serves its metrics with `warden up --metrics BASE`: the gateway on BASE,
+/// the supervisor on BASE+1, the policy on BASE+2, the approver on BASE+3 (a scrape job per
+/// daemon, each named by its port).
+pub fn metrics_addr(base: std::net::SocketAddr, name: &str) -> Option<std::net::SocketAddr> {
+    let offset = match name {
+        "gateway" => 0,
+        "supervisor" => 1,
+        "policy" => 2,
+        "approver" => 3,
+        _ => return None,
+    };
+    let port = base.port().checked_add(offset)?;
+    Some(std::net::SocketAddr::new(base.ip(), port))
 }
 
 impl UpOptions {
@@ -151,6 +169,9 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
         format!("daemon.log_format={}", toml_str(Path::new(&o.log_format))),
         format!("listen.socket={}", toml_str(&l.socket_of(name))),
     ];
+    if let Some(addr) = o.metrics.and_then(|base| metrics_addr(base, name)) {
+        sets.push(format!("daemon.metrics_listen=\"{addr}\""));
+    }
     match name {
         "policy" => {
             sets.push(format!(
@@ -243,6 +264,14 @@ pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
     }
     if o.approver && !o.approver_http.is_empty() {
         out.push(o.approver_http.clone());
+    }
+    // Each daemon's metrics listener (`--metrics`).
+    if let Some(base) = o.metrics {
+        for name in o.daemons() {
+            if let Some(a) = metrics_addr(base, name) {
+                out.push(a.to_string());
+            }
+        }
     }
     if let Some(listed) = read("supervisor").and_then(|s| {
         s.get("egress")?
@@ -499,6 +528,13 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
             );
         }
     }
+    if let Some(base) = o.metrics {
+        for r in &running {
+            if let Some(addr) = metrics_addr(base, r.name) {
+                println!("  metrics {:<11} http://{addr}/metrics", r.name);
+            }
+        }
+    }
     println!(
         "Try: {} send \"write hello.txt\"    Stop: Ctrl-C",
         l.command()
@@ -552,7 +588,37 @@ mod tests {
             approver,
             approver_http: String::new(),
             config_dir: None,
+            metrics: None,
         }
+    }
+
+    /// `warden up --metrics BASE`: each daemon its own port, each listed among warden's own doors
+    /// that no agent's egress proxy may connect to.
+    #[test]
+    fn metrics_ports_follow_the_base_and_are_warden_listeners() {
+        let mut o = options(true);
+        o.metrics = Some("127.0.0.1:9464".parse().unwrap());
+        for (name, port) in [
+            ("gateway", 9464),
+            ("supervisor", 9465),
+            ("policy", 9466),
+            ("approver", 9467),
+        ] {
+            let args = daemon_args(name, &o);
+            let want = format!("daemon.metrics_listen=\"127.0.0.1:{port}\"");
+            assert!(args.contains(&want), "{name}: {args:?}");
+        }
+        let doors = warden_listeners(&o);
+        for port in 9464..=9467 {
+            assert!(doors.contains(&format!("127.0.0.1:{port}")), "{doors:?}");
+        }
+        assert!(metrics_addr("127.0.0.1:65535".parse().unwrap(), "policy").is_none());
+        o.metrics = None;
+        assert!(
+            !daemon_args("policy", &o)
+                .iter()
+                .any(|a| a.contains("metrics_listen"))
+        );
     }
 
     /// `warden up --approver` swaps the approver in the way an operator does: the supervisor's

@@ -156,6 +156,12 @@ pub struct DaemonSection {
     /// How long in-flight calls may run after SIGTERM before they are aborted.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
+    /// Where the daemon serves its Prometheus metrics over plain HTTP (`GET /metrics`), e.g.
+    /// `127.0.0.1:9464`; unset (the default) = no metrics listener. Prometheus cannot scrape a
+    /// Unix socket, so this is TCP; it has no authentication: keep it on loopback or a network
+    /// only the monitoring host reaches.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 fn default_log_format() -> String {
@@ -175,6 +181,15 @@ impl DaemonSection {
                 origin,
                 "daemon.log_format",
                 format!("must be \"human\" or \"json\", not {:?}", self.log_format),
+            ));
+        }
+        if let Some(addr) = &self.metrics_listen
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "daemon.metrics_listen",
+                format!("must be an IP address and port such as \"127.0.0.1:9464\", not {addr:?}"),
             ));
         }
         if self.state_dir.as_os_str().is_empty() {

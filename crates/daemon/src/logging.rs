@@ -12,25 +12,40 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Installs the global subscriber. `format` is `human` or `json`; anything else means human.
-/// Safe to call twice (the second call is ignored).
-pub fn init(format: &str, level: &str) {
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are also exported as `service`'s
+/// ([`crate::otel`]). Safe to call twice (the second call is ignored).
+pub fn init(service: &'static str, format: &str, level: &str) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if format == "json" {
-        builder
+    let lines = if format == "json" {
+        tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init()
+            .boxed()
     } else {
-        builder
+        tracing_subscriber::fmt::layer()
             .with_writer(OneLine(std::io::stderr))
             .with_ansi(false)
-            .try_init()
+            .boxed()
     };
+    let (traces, trace_error) = match crate::otel::layer(service) {
+        Ok(l) => (l, None),
+        Err(e) => (None, Some(e)),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(traces)
+        .try_init();
+    if let Some(e) = trace_error {
+        tracing::warn!(error = %e, "traces are not exported");
+    }
 }
 
 /// A `MakeWriter` whose writers escape every control character of an event but its final

@@ -247,6 +247,16 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| cfg.http.bind.clone());
+    let figures = core.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let c = figures.clone();
+        Box::pin(async move {
+            crate::metrics::set(c.live_count(), c.store().task_count(), c.streams().total())
+        })
+    });
+    server
+        .serve_metrics(&cfg.daemon, crate::metrics::exporter(refresh))
+        .await?;
     if let Ok(mut l) = listeners.lock() {
         *l = server.listeners();
         l.push(format!("tcp:{bound}"));
@@ -283,6 +293,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         max_unauthenticated_connections: cfg.http.unauthenticated_share(),
         max_connections_per_principal: cfg.http.principal_connection_share(),
     };
+    // Each HTTP request continues its caller's trace (W3C traceparent) when tracing is on.
+    let app = app.layer(warden_daemon::otel::TraceLayer);
     let mut http_task = tokio::spawn(crate::serve::serve_with(
         http, app, limits, edge_auth, conns, token,
     ));

@@ -31,8 +31,9 @@ pub mod grpc_convert;
 pub mod mapping;
 pub mod time;
 pub mod translate03;
-// Floor 1, state and delivery: the store, webhooks, shares, peers, tokens.
+// Floor 1, state and delivery: the store, webhooks, shares, peers, tokens, the metrics registry.
 pub mod auth;
+pub mod metrics;
 pub mod peer;
 pub mod push;
 pub mod shares;

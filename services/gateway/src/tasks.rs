@@ -388,8 +388,10 @@ impl LiveTask {
 
     fn announce(&self, inner: &LiveInner, ev: StreamResponse) {
         let status = matches!(&ev, StreamResponse::StatusUpdate(_));
-        if let StreamResponse::StatusUpdate(s) = &ev {
-            self.state.send_replace(s.status.state);
+        if let StreamResponse::StatusUpdate(s) = &ev
+            && self.state.send_replace(s.status.state) != s.status.state
+        {
+            crate::metrics::task_entered(s.status.state.as_str());
         }
         let ev = Arc::new(ev);
         // Queued in the order applied (the task is locked), so webhooks see changes in order.
@@ -1496,9 +1498,14 @@ impl Core {
                 }
                 let core = self.clone();
                 let driven = live.clone();
-                tokio::spawn(async move {
-                    core.drive(driven, run).await;
-                });
+                // The task's span, in the trace of the request that started it.
+                let span = tracing::info_span!("task", task_id = %run.task_id);
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        core.drive(driven, run).await;
+                    },
+                    span,
+                ));
                 live
             }
         };
@@ -1768,6 +1775,8 @@ impl Core {
             let events = inner.mapper.stream_ended(&reason, now_micros());
             live.apply(&mut inner, events);
         };
+        let mut run = tonic::Request::new(run);
+        warden_daemon::otel::inject(run.metadata_mut());
         match client.run_turn(run).await {
             Err(status) => {
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");

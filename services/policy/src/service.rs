@@ -241,12 +241,15 @@ impl PolicyState {
             judged: Some(judged),
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
+        let committing = Instant::now();
         let written = if active.audit.sync {
             self.audit.append_durable(&record).await
         } else {
             self.audit.append(&record)
         };
+        crate::metrics::audit_committed(committing.elapsed());
         if let Err(e) = written {
+            crate::metrics::decided(pb::Verdict::Deny as i32, "audit.unavailable", t0.elapsed());
             // No record, no permission: the contract says the record exists before the answer.
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
             return pb::Decision {
@@ -276,6 +279,7 @@ impl PolicyState {
             latency_us = record.latency_micros,
             "decided"
         );
+        crate::metrics::decided(outcome.verdict, &outcome.rule, t0.elapsed());
         outcome
     }
 }

@@ -291,6 +291,28 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         server.serve(remote, routes.clone());
     }
     server.serve(listener, routes);
+    let figures = sup.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let sup = figures.clone();
+        Box::pin(async move {
+            let (running, waiting, _) = sup.shared.admission.figures();
+            warden_supervisor::metrics::set(warden_supervisor::metrics::Figures {
+                live_agents: sup.shared.live.live(),
+                warm_agents: sup.shared.live.pooled(),
+                max_live_agents: sup.shared.live.cap(),
+                conversations: sup.conversations().await.len(),
+                turns_running: running,
+                turns_waiting_admission: waiting,
+                turns_waiting_agent: sup.shared.live.waiting().0,
+            })
+        })
+    });
+    server
+        .serve_metrics(
+            &settings.file.daemon,
+            warden_supervisor::metrics::exporter(refresh),
+        )
+        .await?;
     if let Ok(mut l) = sup.listeners.lock() {
         *l = server.listeners();
     }

@@ -918,6 +918,7 @@ impl SupervisorService for Api {
                 text: r.text,
                 instructions: r.instructions,
                 message_id: r.message_id,
+                span: tracing::info_span!("turn", task_id = %r.task_id, context_id = %r.context_id),
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,
             },
