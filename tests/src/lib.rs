@@ -260,6 +260,7 @@ impl Deployment {
             approver: self.opts.approver,
             approver_http: self.opts.approver_http.clone(),
             config_dir: self.opts.config_dir.clone(),
+            log_level: None,
         }
     }
 

@@ -188,6 +188,9 @@ fn prune(
 pub struct KnownAgent {
     pub name: String,
     pub description: String,
+    /// False when the supervisor says it cannot start (adapter or program missing): the card
+    /// leaves it off.
+    pub available: bool,
 }
 
 /// The agents callers may name: the configured list until the supervisor has answered
@@ -633,6 +636,7 @@ impl Core {
                 .map(|n| KnownAgent {
                     name: n.clone(),
                     description: String::new(),
+                    available: true,
                 })
                 .collect(),
             default: settings.default_agent.clone(),
@@ -1090,6 +1094,7 @@ impl Core {
             .map(|a| KnownAgent {
                 name: a.name,
                 description: a.description,
+                available: a.unavailable.is_empty(),
             })
             .collect();
         let default = if self.settings.default_agent.is_empty() {
