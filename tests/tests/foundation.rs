@@ -295,6 +295,8 @@ async fn one_task_id_follows_a_request_through_all_three_daemons_json_logs() {
         "--state-dir",
         &state,
         "up",
+        // The daemons' info lines (the default is warnings only).
+        "-v",
         "--http",
         &d.http,
         "--log-format",
