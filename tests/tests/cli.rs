@@ -676,6 +676,21 @@ async fn every_read_command_speaks_json_and_send_speaks_ndjson() {
 
     let reload = json_of(&state, &["reload", "-o", "json"]).await;
     assert_eq!(reload["reloaded"], true, "{reload}");
+
+    // The installed host's checks (this host has none installed: a report of failures, still JSON).
+    let out = run_with_deadline(
+        tokio::process::Command::new(binary("warden")).args(["--deployed", "doctor", "-o", "json"]),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let deployed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        deployed["checks"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["level"].is_string())),
+        "{deployed}"
+    );
 }
 
 /// A task whose agent crashes ends FAILED, and `warden send` names the incident record the
@@ -905,6 +920,21 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
     );
     let answered = json_of(&state, &["approvals", "approve", &id, "-o", "json"]).await;
     assert_eq!(answered["state"], "APPROVED", "{answered}");
+    let shown_one = json_of(&state, &["approvals", "show", &id, "--json"]).await;
+    assert_eq!(shown_one["state"], "APPROVED", "{shown_one}");
+    assert!(
+        shown_one["answeredAt"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{shown_one}"
+    );
+    let history = json_of(&state, &["approvals", "history", "-o", "json"]).await;
+    assert!(
+        history
+            .as_array()
+            .is_some_and(|h| h.iter().any(|a| a["id"] == id.as_str())),
+        "{history}"
+    );
 
     let shown = screen_shows(&socket, "EXIT=", Duration::from_secs(60)).await;
     assert!(shown.contains("EXIT=0"), "{shown}");

@@ -35,25 +35,7 @@ pub async fn client(socket: &Path) -> Result<ApprovalServiceClient<Channel>, App
     ))
 }
 
-pub fn state_name(a: &pb::Approval) -> &'static str {
-    match a.state() {
-        pb::ApprovalState::Pending => "PENDING",
-        pb::ApprovalState::Approved => "APPROVED",
-        pb::ApprovalState::Denied => "DENIED",
-        pb::ApprovalState::NoResponse => "NO-RESPONSE",
-        pb::ApprovalState::Revoked => "REVOKED",
-        pb::ApprovalState::Expired => "EXPIRED",
-        // Approved by a person, but not enforced: the caller had withdrawn the request.
-        pb::ApprovalState::Withdrawn => "WITHDRAWN",
-    }
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::output::{now_ms, state_name};
 
 fn tool(a: &pb::Approval) -> pb::ToolCall {
     a.request

@@ -102,7 +102,7 @@ pub fn approval_json(a: &pb::Approval, command: &str) -> Value {
     let pending = a.state() == pb::ApprovalState::Pending;
     let mut v = json!({
         "id": a.id,
-        "state": crate::approvals::state_name(a),
+        "state": state_name(a),
         "tool": {"kind": t.kind, "title": t.title, "rawInput": t.raw_input_json,
                  "locations": t.locations.iter().map(|l| l.path.clone()).collect::<Vec<_>>()},
         "subject": subject(req.subject.as_ref()),
@@ -120,11 +120,7 @@ pub fn approval_json(a: &pb::Approval, command: &str) -> Value {
         "judged": judged(a.judged.as_ref()),
     });
     if pending {
-        v["secondsLeft"] = json!(
-            a.deadline_unix_ms
-                .saturating_sub(crate::approvals::now_ms())
-                .div_ceil(1000)
-        );
+        v["secondsLeft"] = json!(a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000));
         v["approveWith"] = json!(format!("{command} approvals approve {}", a.id));
         v["denyWith"] = json!(format!("{command} approvals deny {} --reason TEXT", a.id));
     }
@@ -133,6 +129,26 @@ pub fn approval_json(a: &pb::Approval, command: &str) -> Value {
         v["withdrawnAt"] = json!(rfc3339(a.withdrawn_unix_ms));
     }
     v
+}
+
+pub fn state_name(a: &pb::Approval) -> &'static str {
+    match a.state() {
+        pb::ApprovalState::Pending => "PENDING",
+        pb::ApprovalState::Approved => "APPROVED",
+        pb::ApprovalState::Denied => "DENIED",
+        pb::ApprovalState::NoResponse => "NO-RESPONSE",
+        pb::ApprovalState::Revoked => "REVOKED",
+        pb::ApprovalState::Expired => "EXPIRED",
+        // Approved by a person, but not enforced: the caller had withdrawn the request.
+        pb::ApprovalState::Withdrawn => "WITHDRAWN",
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// Prints one JSON value on one line (NDJSON), flushing so a pipe sees it at once.
