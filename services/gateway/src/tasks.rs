@@ -749,8 +749,14 @@ impl Core {
             }
             return Ok(default);
         };
-        if !self.agents().contains(a) {
-            // The supervisor may have been configured with it since the list was fetched.
+        if !self
+            .agents()
+            .agents
+            .iter()
+            .any(|g| g.name == a && g.available)
+        {
+            // The supervisor may have been configured with it (or its adapter installed, which
+            // puts it back on the card) since the list was fetched.
             if let Err(e) = self.refresh_agents().await {
                 tracing::warn!(error = %e, "cannot list the supervisor's agents");
             }
