@@ -854,6 +854,18 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
         "{said}"
     );
 
+    // A script watching the approvals: one JSON object a line.
+    let mut watch = tokio::process::Command::new(&warden_bin)
+        .args(["--state-dir", &state, "approvals", "watch", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut watched = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines()
+    };
+
     let socket = format!("warden-e2e-{}", std::process::id());
     let _tmux = Tmux(socket.clone());
     let script =
@@ -920,6 +932,17 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
     );
     let answered = json_of(&state, &["approvals", "approve", &id, "-o", "json"]).await;
     assert_eq!(answered["state"], "APPROVED", "{answered}");
+    for state in ["PENDING", "APPROVED"] {
+        let line = tokio::time::timeout(Duration::from_secs(20), watched.next_line())
+            .await
+            .expect("approvals watch -o json prints each change")
+            .unwrap()
+            .unwrap();
+        let change: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(change["id"], id.as_str(), "{change}");
+        assert_eq!(change["state"], state, "{change}");
+    }
+    let _ = watch.kill().await;
     let shown_one = json_of(&state, &["approvals", "show", &id, "--json"]).await;
     assert_eq!(shown_one["state"], "APPROVED", "{shown_one}");
     assert!(

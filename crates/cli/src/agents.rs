@@ -53,8 +53,8 @@ pub fn lines(a: &Agents) -> Vec<String> {
     let mut out: Vec<String> = a
         .agents
         .iter()
-        .map(|g| {
-            let mut l = format!(
+        .flat_map(|g| {
+            let l = format!(
                 "{:<16} {:<9} {:<14} {}",
                 g.name,
                 if g.name == a.default { "default" } else { "" },
@@ -65,10 +65,9 @@ pub fn lines(a: &Agents) -> Vec<String> {
                 },
                 g.runs
             );
-            if !g.unavailable.is_empty() {
-                l.push_str(&format!("\n    {}", g.unavailable));
-            }
-            l
+            // Why not, on a line of its own under it.
+            let why = (!g.unavailable.is_empty()).then(|| format!("    {}", g.unavailable));
+            std::iter::once(l).chain(why)
         })
         .collect();
     if out.is_empty() {

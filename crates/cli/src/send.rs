@@ -808,10 +808,15 @@ async fn stream(
 
 /// Runs `warden send`.
 pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
+    let json = args.json;
     match send(layout, args).await {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("warden send: {e}");
+            if json {
+                // A script reading the lines learns the end the same way as any other.
+                output::print_line(&json!({"type": "end", "error": e.to_string(), "exitCode": 2}));
+            }
             ExitCode::from(2)
         }
     }
