@@ -473,7 +473,7 @@ async fn the_cli_serves_shells_and_scripts() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(
-        said.contains("--deployed applies to status, audit, approvals and doctor"),
+        said.contains("--deployed applies to status, audit, approvals, reload and doctor"),
         "{said}"
     );
     let out = run_with_deadline(

@@ -45,8 +45,8 @@ struct Cli {
     #[arg(long, global = true, env = "WARDEN_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Use the host installed from the Debian package (deploy/): sockets in /run/warden, as a
-    /// member of warden-operators. For status, audit, approvals and doctor (also accepted after
-    /// them: `warden doctor --deployed`).
+    /// member of warden-operators. For status, audit, approvals, reload and doctor (also
+    /// accepted after them: `warden doctor --deployed`).
     #[arg(long, conflicts_with = "state_dir")]
     deployed: bool,
     #[command(subcommand)]
@@ -114,6 +114,9 @@ enum Command {
     /// Make warden-policy read its rules again (its configuration file under `warden up
     /// --config`); the rules in force stay when the new ones are refused.
     Reload {
+        /// The host installed from the Debian package.
+        #[arg(long)]
+        deployed: bool,
         #[command(flatten)]
         out: OutputArgs,
     },
@@ -302,10 +305,11 @@ async fn main() -> ExitCode {
         Command::Status { deployed, .. }
         | Command::Doctor { deployed, .. }
         | Command::Approvals { deployed, .. }
-        | Command::Audit { deployed, .. } => cli.deployed || *deployed,
+        | Command::Audit { deployed, .. }
+        | Command::Reload { deployed, .. } => cli.deployed || *deployed,
         _ if cli.deployed => {
             eprintln!(
-                "warden: --deployed applies to status, audit, approvals and doctor (the installed host); this command uses a local state directory (--state-dir)"
+                "warden: --deployed applies to status, audit, approvals, reload and doctor (the installed host); this command uses a local state directory (--state-dir)"
             );
             return ExitCode::from(2);
         }
@@ -388,7 +392,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Reload { out } => match agents::reload(&layout.policy_admin_socket()).await {
+        Command::Reload { out, .. } => match agents::reload(&layout.policy_admin_socket()).await {
             Ok(r) => {
                 if out.json() {
                     warden_cli::output::print_doc(&serde_json::json!({
