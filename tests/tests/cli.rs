@@ -903,7 +903,7 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
     assert!(shown.contains("left (denied then)"), "{shown}");
     assert!(
         shown.contains(&format!(
-            "answer: warden --state-dir {state} approvals approve {id}"
+            "[approval] approve: warden --state-dir {state} approvals approve {id}"
         )),
         "{shown}"
     );

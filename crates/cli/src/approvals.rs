@@ -57,8 +57,8 @@ pub fn line(a: &pb::Approval) -> String {
     let s = subject(a);
     let when = if a.state() == pb::ApprovalState::Pending {
         format!(
-            "{}s left",
-            a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000)
+            "{} left",
+            crate::output::duration(a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000))
         )
     } else if a.state() == pb::ApprovalState::Withdrawn {
         format!("approved by {}, not enforced", a.answered_by)

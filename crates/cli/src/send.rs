@@ -569,8 +569,12 @@ impl View {
                     output::duration(left)
                 )),
                 Shown::Line(format!(
-                    "[approval] answer: {} approvals approve {}   or: {} approvals deny {} --reason \"…\"",
-                    self.command, a.id, self.command, a.id
+                    "[approval] approve: {} approvals approve {}",
+                    self.command, a.id
+                )),
+                Shown::Line(format!(
+                    "[approval] deny:    {} approvals deny {} --reason \"…\"",
+                    self.command, a.id
                 )),
             ]);
             return;
