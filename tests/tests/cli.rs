@@ -991,6 +991,19 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
         logs.contains("warden is up: policy, approver, supervisor, gateway healthy"),
         "{logs}"
     );
+    // Followed: what the background `up` writes as it stops arrives.
+    let mut follow = tokio::process::Command::new(&warden_bin)
+        .args(["--state-dir", &state, "logs", "-f", "-n", "0", "up"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut followed = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(follow.stdout.take().unwrap()).lines()
+    };
+    // It has read the file's end before `down` appends to it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
 
     let out = run_with_deadline(
         tokio::process::Command::new(&warden_bin).args(["--state-dir", &state, "down"]),
@@ -1005,6 +1018,25 @@ async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answ
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(said.contains("warden stopped"), "{said}");
+    let stopped = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seen = Vec::new();
+        while let Ok(Some(l)) = followed.next_line().await {
+            let done = l == "warden: stopped";
+            seen.push(l);
+            if done {
+                break;
+            }
+        }
+        seen
+    })
+    .await
+    .expect("warden logs -f shows the stop");
+    assert_eq!(
+        stopped.last().map(String::as_str),
+        Some("warden: stopped"),
+        "{stopped:?}"
+    );
+    let _ = follow.kill().await;
     for daemon in ["policy", "approver", "supervisor", "gateway"] {
         assert!(
             !warden_daemon::client::healthy(&d.layout.socket_of(daemon)).await,
