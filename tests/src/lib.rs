@@ -261,6 +261,7 @@ impl Deployment {
             approver_http: self.opts.approver_http.clone(),
             config_dir: self.opts.config_dir.clone(),
             log_level: None,
+            echo_from: warden_daemon::logging::Severity::Info,
         }
     }
 

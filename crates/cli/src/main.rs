@@ -83,8 +83,9 @@ enum Command {
         /// --log-format are set over the files.
         #[arg(long, value_name = "DIR")]
         config: Option<PathBuf>,
-        /// More of the daemons' logs: -v info, -vv debug (default: warnings and errors only).
-        /// Every daemon's log is also in <state>/logs/<daemon>.log (`warden logs`).
+        /// More of the daemons' logs on the terminal: -v info, -vv debug (default: warnings and
+        /// errors only). Each daemon's log (info, or debug with -vv) is in
+        /// <state>/logs/<daemon>.log (`warden logs`).
         #[arg(short, long, action = clap::ArgAction::Count)]
         verbose: u8,
         /// Start in the background and return once every daemon is healthy; `warden down`
@@ -353,7 +354,8 @@ async fn main() -> ExitCode {
                 start_timeout: Duration::from_secs(start_timeout),
                 approver,
                 approver_http,
-                log_level: Some(up::log_level(verbose).to_string()),
+                log_level: Some(up::log_levels(verbose).0.to_string()),
+                echo_from: up::log_levels(verbose).1,
             };
             let result = if detach {
                 up::detach(opts).await

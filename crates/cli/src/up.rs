@@ -5,9 +5,9 @@
 //! reverse start order (gateway, supervisor, [approver,] policy). `PR_SET_PDEATHSIG` makes the kernel kill them
 //! if `up` itself is killed, so no daemon outlives it.
 //!
-//! Quiet by default: the daemons log at warn (`-v` info, `-vv` debug), each daemon's output
-//! goes to `<state>/logs/<daemon>.log` as well as the terminal (`warden logs`), a short status
-//! says when all are ready, and a failure ends with one plain line saying what to change
+//! Quiet by default: the terminal shows the daemons' warnings and errors only (`-v` info too,
+//! `-vv` debug), while each daemon's log at info (debug with `-vv`) goes to
+//! `<state>/logs/<daemon>.log` (`warden logs`), a short status says when all are ready, and a failure ends with one plain line saying what to change
 //! ([`UpError::fix`]). `warden up -d` ([`detach`]) runs the same `up` in a session of its own
 //! and returns once every daemon is healthy; `warden down` ([`down`]) stops it through the
 //! pid file `up` keeps in `<state>/run/up.pid` (its pid and start time, so a reused pid is never
@@ -22,6 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout, toml_str};
+use warden_daemon::logging::Severity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -122,12 +123,13 @@ impl UpError {
     }
 }
 
-/// The daemons' log level for `warden up -v…`: warnings by default.
-pub fn log_level(verbose: u8) -> &'static str {
+/// For `warden up -v…`: the daemons' own log level (what their log files get) and the least
+/// severe line also shown on the terminal (warnings by default).
+pub fn log_levels(verbose: u8) -> (&'static str, Severity) {
     match verbose {
-        0 => "warn",
-        1 => "info",
-        _ => "debug",
+        0 => ("info", Severity::Warn),
+        1 => ("info", Severity::Info),
+        _ => ("debug", Severity::Debug),
     }
 }
 
@@ -197,9 +199,13 @@ pub struct UpOptions {
     /// `warden up --config DIR`: each daemon reads `DIR/<daemon>.toml` when it exists (the
     /// layout's own keys are still set over it).
     pub config_dir: Option<PathBuf>,
-    /// `daemon.log_level` set on every daemon (`warden up` sets warn unless `-v`); None leaves
-    /// each daemon's own setting.
+    /// `daemon.log_level` set on every daemon ([`log_levels`]); None leaves each daemon's own
+    /// setting.
     pub log_level: Option<String>,
+    /// The least severe daemon log line `warden up` also shows on its terminal (every line is
+    /// in the daemon's log file; a line not in the log format, such as a start-up error, is
+    /// always shown).
+    pub echo_from: Severity,
 }
 
 impl UpOptions {
@@ -443,6 +449,7 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
     ] {
         if let Some(s) = stream {
             let log = log.clone();
+            let echo_from = o.echo_from;
             tokio::spawn(async move {
                 let mut lines = BufReader::new(s).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
@@ -450,6 +457,9 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
                         use std::io::Write;
                         let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
                         let _ = f.write_all(format!("{line}\n").as_bytes());
+                    }
+                    if warden_daemon::logging::severity_of(&line).is_some_and(|s| s < echo_from) {
+                        continue;
                     }
                     if out {
                         eprintln!("[{name:>10}] {line}");
@@ -835,6 +845,7 @@ mod tests {
             approver_http: String::new(),
             config_dir: None,
             log_level: None,
+            echo_from: Severity::Warn,
         }
     }
 
