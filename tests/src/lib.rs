@@ -264,6 +264,8 @@ impl Deployment {
             approver_http: self.opts.approver_http.clone(),
             config_dir: self.opts.config_dir.clone(),
             metrics: self.opts.metrics,
+            log_level: None,
+            echo_from: warden_daemon::logging::Severity::Info,
         }
     }
 

@@ -564,7 +564,14 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
     ),
     (
         "state and delivery",
-        &["auth.rs", "metrics.rs", "peer.rs", "push.rs", "shares.rs", "store.rs"],
+        &[
+            "auth.rs",
+            "metrics.rs",
+            "peer.rs",
+            "push.rs",
+            "shares.rs",
+            "store.rs",
+        ],
     ),
     ("core", &["card.rs", "events.rs", "tasks.rs"]),
     ("admission", &["admission.rs"]),

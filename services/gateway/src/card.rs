@@ -188,6 +188,8 @@ impl CardResponse {
         card.skills = list
             .agents
             .iter()
+            // An agent whose adapter or program is missing cannot start: not advertised.
+            .filter(|a| a.available)
             .map(|a| {
                 let configured = self.base.skills.iter().find(|s| s.id == a.name);
                 AgentSkill {

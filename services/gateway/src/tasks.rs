@@ -188,6 +188,9 @@ fn prune(
 pub struct KnownAgent {
     pub name: String,
     pub description: String,
+    /// False when the supervisor says it cannot start (adapter or program missing): the card
+    /// leaves it off.
+    pub available: bool,
 }
 
 /// The agents callers may name: the configured list until the supervisor has answered
@@ -665,6 +668,7 @@ impl Core {
                 .map(|n| KnownAgent {
                     name: n.clone(),
                     description: String::new(),
+                    available: true,
                 })
                 .collect(),
             default: settings.default_agent.clone(),
@@ -777,8 +781,14 @@ impl Core {
             }
             return Ok(default);
         };
-        if !self.agents().contains(a) {
-            // The supervisor may have been configured with it since the list was fetched.
+        if !self
+            .agents()
+            .agents
+            .iter()
+            .any(|g| g.name == a && g.available)
+        {
+            // The supervisor may have been configured with it (or its adapter installed, which
+            // puts it back on the card) since the list was fetched.
             if let Err(e) = self.refresh_agents().await {
                 tracing::warn!(error = %e, "cannot list the supervisor's agents");
             }
@@ -1122,6 +1132,7 @@ impl Core {
             .map(|a| KnownAgent {
                 name: a.name,
                 description: a.description,
+                available: a.unavailable.is_empty(),
             })
             .collect();
         let default = if self.settings.default_agent.is_empty() {

@@ -156,6 +156,7 @@ impl SupervisorService for LoadGenerator {
             agents: vec![pb::AgentInfo {
                 name: "scripted".into(),
                 description: "the load generator".into(),
+                ..Default::default()
             }],
             default_agent: "scripted".into(),
             ..Default::default()
