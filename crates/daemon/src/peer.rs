@@ -134,16 +134,24 @@ pub fn own_uid() -> u32 {
     nix::unistd::getuid().as_raw()
 }
 
-/// An accepted Unix connection with its peer's credentials, read once at accept.
+/// An accepted connection with what is known of its peer, read once at accept: a Unix socket's
+/// kernel credentials, or a mutual-TLS connection's verified identity (`tls.rs`).
 #[derive(Debug)]
-pub struct PeerStream {
-    inner: UnixStream,
+pub struct PeerStream<S = UnixStream> {
+    inner: S,
     info: PeerInfo,
 }
 
-impl PeerStream {
+impl PeerStream<UnixStream> {
     pub fn accepted(inner: UnixStream) -> Self {
         let info = PeerInfo::of_socket(&inner);
+        Self { inner, info }
+    }
+}
+
+impl<S> PeerStream<S> {
+    /// A connection whose peer was established another way (a TLS handshake).
+    pub(crate) fn with_info(inner: S, info: PeerInfo) -> Self {
         Self { inner, info }
     }
 
@@ -152,7 +160,7 @@ impl PeerStream {
     }
 }
 
-impl Connected for PeerStream {
+impl<S> Connected for PeerStream<S> {
     type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> PeerInfo {
@@ -160,7 +168,7 @@ impl Connected for PeerStream {
     }
 }
 
-impl AsyncRead for PeerStream {
+impl<S: AsyncRead + Unpin> AsyncRead for PeerStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -170,7 +178,7 @@ impl AsyncRead for PeerStream {
     }
 }
 
-impl AsyncWrite for PeerStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for PeerStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -16,9 +16,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -28,16 +26,14 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tonic::transport::server::Connected;
 use x509_cert::der::Decode;
 use x509_cert::der::oid::AssociatedOid;
 use x509_cert::ext::pkix::SubjectAltName;
 use x509_cert::ext::pkix::name::GeneralName;
 
-use crate::peer::PeerInfo;
+use crate::peer::{PeerInfo, PeerStream};
 
 /// How long a TLS handshake may take before the connection is dropped (a peer that opens a
 /// connection and sends nothing must not hold anything).
@@ -398,44 +394,7 @@ impl ServerTls {
 }
 
 /// An accepted, verified and admitted TLS connection with its peer's identity.
-pub struct TlsPeerStream {
-    inner: tokio_rustls::server::TlsStream<TcpStream>,
-    info: PeerInfo,
-}
-
-impl Connected for TlsPeerStream {
-    type ConnectInfo = PeerInfo;
-
-    fn connect_info(&self) -> PeerInfo {
-        self.info.clone()
-    }
-}
-
-impl AsyncRead for TlsPeerStream {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsPeerStream {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
+pub type TlsPeerStream = PeerStream<tokio_rustls::server::TlsStream<TcpStream>>;
 
 /// The connections of a TLS listener that completed a handshake and whose identity is admitted.
 /// Handshakes run concurrently (a slow one holds no other); a refused peer is logged and its
@@ -497,10 +456,7 @@ async fn handshake(
         .map(spiffe_ids)
         .unwrap_or_default();
     match tls.admitted(&ids) {
-        Some(id) => Some(TlsPeerStream {
-            inner: stream,
-            info: PeerInfo::with_identity(id),
-        }),
+        Some(id) => Some(PeerStream::with_info(stream, PeerInfo::with_identity(id))),
         None => {
             tracing::warn!(listener = %name, peer = %addr, identities = ?ids, admitted = ?tls.admit, "peer refused: its certificate's identity is not admitted on this listener");
             None
