@@ -77,8 +77,53 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (".claude", "settings.local.json", ControlKind::File("{}\n")),
     (".codex", "config.toml", ControlKind::File("")),
     (".codex", "rules", ControlKind::Dir),
-    (".gemini", "settings.json", ControlKind::File("{}\n")),
+    (
+        ".gemini",
+        "settings.json",
+        ControlKind::File(GEMINI_SETTINGS_JSON),
+    ),
+    (".gemini", "trustedFolders.json", ControlKind::File("{}\n")),
+    (".gemini", "policies", ControlKind::Dir),
+    (".gemini", "extensions", ControlKind::Dir),
 ];
+
+/// Gemini CLI's user settings (`~/.gemini/settings.json`), written by warden when the home
+/// template has none and bound read-only: warden's layer for Gemini. Why here and not in its
+/// system settings file (`/etc/gemini-cli/settings.json`, above the workspace's): Gemini CLI
+/// reads that file only when it and every directory above it are owned by uid 0 and not
+/// writable by group or others, and inside the sandbox's user namespace nothing is owned by
+/// uid 0 (the host's root shows as the overflow uid), so it would be skipped. The workspace
+/// layer, which outranks the user's, is read only for a trusted folder: folder trust is on here
+/// and `~/.gemini/trustedFolders.json` is a read-only `{}`, so the root is never trusted and
+/// `<root>/.gemini/settings.json` is ignored (Gemini's "safe mode": no workspace settings, no
+/// MCP servers, no tool auto-acceptance; `docs/cli/trusted-folders.md` of the package).
+///
+/// Keys from `docs/reference/configuration.md` of `@google/gemini-cli` 0.61: the `default`
+/// approval mode (edits and commands ask), no YOLO mode even by a flag, no "always allow"
+/// options and no permanent approvals (which write allow rules to `~/.gemini/policies/`, also
+/// read-only), hooks off, no extensions from git, no checkpointing (a git repository of its
+/// own in the home), and no usage statistics, telemetry or update checks (each a connection
+/// the egress proxy would refuse).
+pub const GEMINI_SETTINGS_JSON: &str = r#"{
+  "general": {
+    "defaultApprovalMode": "default",
+    "enableAutoUpdate": false,
+    "enableAutoUpdateNotification": false,
+    "checkpointing": { "enabled": false }
+  },
+  "security": {
+    "folderTrust": { "enabled": true },
+    "disableYoloMode": true,
+    "disableAlwaysAllow": true,
+    "enablePermanentToolApproval": false,
+    "autoAddToPolicyByDefault": false,
+    "blockGitExtensions": true
+  },
+  "hooksConfig": { "enabled": false },
+  "privacy": { "usageStatisticsEnabled": false },
+  "telemetry": { "enabled": false }
+}
+"#;
 
 fn refuse_symlink(path: &Path) -> SandboxError {
     SandboxError::InvalidInput(format!(
@@ -355,5 +400,30 @@ mod tests {
         );
         assert!(t.path().join(".codex/rules").is_dir());
         assert!(t.path().join(".codex/config.toml").is_file());
+        // Gemini CLI's user layer is warden's: its settings, no trusted folder, no policies.
+        let g: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(t.path().join(".gemini/settings.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(g["security"]["folderTrust"]["enabled"], true);
+        assert_eq!(g["security"]["disableYoloMode"], true);
+        assert_eq!(g["security"]["disableAlwaysAllow"], true);
+        assert_eq!(g["hooksConfig"]["enabled"], false);
+        assert_eq!(g["privacy"]["usageStatisticsEnabled"], false);
+        assert_eq!(g["general"]["enableAutoUpdate"], false);
+        assert_eq!(
+            std::fs::read_to_string(t.path().join(".gemini/trustedFolders.json")).unwrap(),
+            "{}\n"
+        );
+        assert!(t.path().join(".gemini/policies").is_dir());
+        // A template's own settings are kept (the operator's), never replaced.
+        let t2 = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t2.path().join(".gemini")).unwrap();
+        std::fs::write(t2.path().join(".gemini/settings.json"), "{\"mine\":1}").unwrap();
+        prepare_home(t2.path(), None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(t2.path().join(".gemini/settings.json")).unwrap(),
+            "{\"mine\":1}"
+        );
     }
 }

@@ -31,7 +31,7 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
-pub use control::{ControlBind, HOME_CONTROL, ROOT_CONTROL};
+pub use control::{ControlBind, GEMINI_SETTINGS_JSON, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };

@@ -294,8 +294,8 @@ impl AgentProc {
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
         let caps = ClientCapabilities {
             fs: FsCapabilities {
-                read_text_file: true,
-                write_text_file: true,
+                read_text_file: cfg.fs,
+                write_text_file: cfg.fs,
             },
             terminal: cfg.terminal,
             elicitation: true,

@@ -423,6 +423,13 @@ pub struct AgentConfig {
     /// each only after an ALLOW of an execute tool call.
     #[serde(default)]
     pub terminal: bool,
+    /// Advertise `fs/read_text_file` and `fs/write_text_file` (the default): the agent's reads
+    /// and writes in its root then go through warden, each decided. `false` for an adapter that
+    /// cannot use them: it then reads and writes itself, inside its sandbox, after the
+    /// permission request of each edit (as Codex does). Gemini CLI 0.61 cannot create a file
+    /// through them (it takes the "not found" of its read-before-write for a failure).
+    #[serde(default = "yes")]
+    pub fs: bool,
     /// Decide deadline override for this agent (e.g. long when an approver decides).
     #[serde(default)]
     pub decide_deadline_ms: Option<u64>,
@@ -480,6 +487,7 @@ impl AgentConfig {
             supervised_mode: mode.into(),
             supervised_modes: modes.iter().map(|s| s.to_string()).collect(),
             terminal: false,
+            fs: true,
             decide_deadline_ms: None,
             max_processes: None,
             memory_max_bytes: None,
@@ -503,6 +511,9 @@ impl AgentConfig {
 pub const CLAUDE_ADAPTER: &str = "@agentclientprotocol/claude-agent-acp@0.101.0";
 /// The adapter the built-in `codex` runs (installed under `[adapters] dir`).
 pub const CODEX_ADAPTER: &str = "@agentclientprotocol/codex-acp@2.6.0";
+/// The agent the built-in `gemini` runs (Gemini CLI, itself the ACP agent with
+/// `--experimental-acp`; installed under `[adapters] dir`).
+pub const GEMINI_ADAPTER: &str = "@google/gemini-cli@0.61.0";
 
 /// The built-in registry: `scripted` (default, no network), `claude` and `codex` (installed
 /// adapters; they reach their model API through the egress proxy, `network = "proxy"`, and
@@ -563,6 +574,28 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     codex.egress_allow = vec!["api.openai.com:443".into()];
     codex.description = "Codex through its ACP adapter, supervised by warden".into();
     m.insert("codex".into(), codex);
+    // Gemini CLI: `default` asks for every edit and command; `plan` is read-only. `autoEdit`
+    // and `yolo` are elevated. Its user settings are warden's (`warden_sandbox::
+    // GEMINI_SETTINGS_JSON`, read-only in the home).
+    let mut gemini = AgentConfig::builtin(
+        "",
+        &["--experimental-acp"],
+        "default",
+        &["plan"],
+        &["GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL"],
+    );
+    gemini.adapter = GEMINI_ADAPTER.into();
+    gemini.plan_config_option = "mode=plan".into();
+    gemini.fs = false;
+    gemini.network = Network::Proxy;
+    gemini.egress_allow = vec!["generativelanguage.googleapis.com:443".into()];
+    // Its launcher otherwise starts Gemini CLI a second time as its child (to raise Node's
+    // heap limit) and ignores SIGTERM itself.
+    gemini
+        .set_env
+        .insert("GEMINI_CLI_NO_RELAUNCH".into(), "1".into());
+    gemini.description = "Gemini CLI over ACP, supervised by warden".into();
+    m.insert("gemini".into(), gemini);
     m
 }
 
@@ -1007,6 +1040,17 @@ mod tests {
             s.agent("codex").unwrap().1.egress_allow,
             ["api.openai.com:443"]
         );
+        let gemini = s.agent("gemini").unwrap().1;
+        assert_eq!(gemini.network, Network::Proxy);
+        assert_eq!(
+            gemini.egress_allow,
+            ["generativelanguage.googleapis.com:443"]
+        );
+        assert_eq!(gemini.args, ["--experimental-acp"]);
+        assert_eq!(gemini.adapter, GEMINI_ADAPTER);
+        assert!(gemini.is_supervised_mode("default") && gemini.is_supervised_mode("plan"));
+        assert!(!gemini.is_supervised_mode("yolo") && !gemini.is_supervised_mode("autoEdit"));
+        assert!(!gemini.fs && s.agent("claude").unwrap().1.fs);
         assert_eq!(s.limits().egress_connections, 64);
         assert!(s.agent("nope").is_none());
         // One runtime thread unless the operator asks for more (see RuntimeSection).
