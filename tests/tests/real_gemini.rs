@@ -92,7 +92,7 @@ async fn gemini_cli_writes_outside_by_dotdot_absolute_and_link_never_land() {
         ctx = r.ctx(&sent);
         // No write was ALLOWed (the link row's one ALLOW is its `ln`).
         let allows = sent.shown.matches("[policy] ALLOW").count();
-        assert!(allows <= steps.len() - 1, "{ctx}");
+        assert!(allows < steps.len(), "{ctx}");
     }
     assert!(r.in_state(&dotdot).is_empty(), "{ctx}");
     assert!(!Path::new(&abs).exists(), "{ctx}");
@@ -130,9 +130,9 @@ async fn gemini_cli_misconfigured_fails_with_its_stderr() {
     gemini().misconfigured_fails_with_its_stderr().await;
 }
 
-/// Gemini CLI offers no "always" option under warden's settings (`security.disableAlwaysAllow`):
-/// its permission requests carry only "Allow" and "Reject", so warden's user layer is the one
-/// it read.
+/// Gemini CLI offers no "always" option under warden's settings (`security.disableAlwaysAllow`;
+/// without them it offers `proceed_always`): its permission requests, as the turn's transcript
+/// recorded them, carry only "Allow" and "Reject", so warden's user layer is the one it read.
 #[tokio::test]
 async fn gemini_cli_reads_wardens_settings() {
     let m = gemini();
@@ -149,12 +149,35 @@ async fn gemini_cli_reads_wardens_settings() {
     let asked = real::decisions(&evs);
     assert_eq!(asked.len(), 1, "{evs:#?}\n{}", r.model.answers());
     assert_eq!(asked[0].tool_kind, "execute", "{asked:#?}");
-    let audit = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+    let mut offered = Vec::new();
+    for f in walk(&r.d.dir.path().join("supervisor/transcripts")) {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for line in text.lines() {
+            if line.contains("permission_request") {
+                offered.push(line.to_string());
+            }
+        }
+    }
+    assert_eq!(offered.len(), 1, "{offered:#?}");
+    assert!(offered[0].contains("allow_once"), "{offered:#?}");
     assert!(
-        !evs.iter()
-            .any(|e| format!("{e:?}").contains("proceed_always")),
-        "an always option was offered: {evs:#?}\n{audit}"
+        !offered[0].contains("allow_always") && !offered[0].contains("proceed_always"),
+        "an always option was offered: {offered:#?}"
     );
+}
+
+/// Every file under `dir` (links not followed).
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
 }
 
 /// A `review` conversation runs Gemini CLI in its `plan` mode (read-only, supervised): a write
