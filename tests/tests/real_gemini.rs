@@ -180,52 +180,72 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// A `review` conversation runs Gemini CLI in its `plan` mode (read-only, supervised): a write
-/// there lands only after an ALLOW, and a command in the next turn is still asked.
+/// A `review` conversation runs Gemini CLI in its `plan` mode (read-only, supervised): no shell
+/// is offered to the model and a write into the root does not land. The model's way out of plan
+/// mode, `exit_plan_mode` (which would put Gemini CLI back in `default`; its untrusted root
+/// allows no other mode), is a permission request warden-policy decides: under the review's
+/// read-only profile it is refused, Gemini stays in plan mode, and a write after it does not
+/// land either.
 #[tokio::test]
-async fn gemini_cli_review_plans_and_stays_supervised() {
+async fn gemini_cli_review_plans_and_stays_supervised_after_the_plan() {
     let m = gemini();
     let Some(r) = m.start().await else { return };
-    let ctx_id = "gemini-plan-1";
-    let first = real::supervisor_turn(
+    let steps = [
+        Vocab::Gemini.write("{CWD}/planned.txt", "written in plan mode"),
+        Vocab::Gemini.write("warden-plan.md", "1. Read the code.\n2. Report."),
+        r#"{"tool": "exit_plan_mode", "args": {"plan_filename": "warden-plan.md"}}"#.to_string(),
+        Vocab::Gemini.write("{CWD}/after-plan.txt", "written after the plan"),
+    ];
+    let evs = real::supervisor_turn(
         &r.d,
         "gemini",
-        ctx_id,
+        "gemini-plan-1",
         "t1",
         "review",
-        real::script(&[Vocab::Gemini.write("{CWD}/planned.txt", "written in plan mode")]),
+        real::script(&steps),
     )
     .await;
-    let asked = real::decisions(&first);
-    let landed = !r.in_state("planned.txt").is_empty();
+    let asked = real::decisions(&evs);
+    for p in &asked {
+        eprintln!(
+            "plan turn: {} {:?} -> {} ({})",
+            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
+        );
+    }
+    let answers = r.model.answers();
+    let first = r
+        .model
+        .log_text()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     assert!(
-        !landed
-            || asked
-                .iter()
-                .any(|p| p.option_id_sent.starts_with("proceed")),
-        "a write landed in plan mode without an ALLOW: {first:#?}\n{}",
-        r.model.answers()
+        first.contains("exit_plan_mode") && !first.contains("run_shell_command"),
+        "the model was not asked in plan mode: {answers}"
     );
-    let second = real::supervisor_turn(
-        &r.d,
-        "gemini",
-        ctx_id,
-        "t2",
-        "review",
-        real::script(&[Vocab::Gemini.shell("echo after > {CWD}/after.txt")]),
-    )
-    .await;
-    let asked = real::decisions(&second);
-    let ran = !r.in_state("after.txt").is_empty();
+    assert!(r.in_state("planned.txt").is_empty(), "{evs:#?}\n{answers}");
+    assert_eq!(asked.len(), 1, "{asked:#?}\n{answers}");
     assert!(
-        !ran || asked.iter().any(|p| p.tool_kind == "execute"),
-        "a command ran in plan mode without being asked: {second:#?}\n{}",
-        r.model.answers()
+        asked[0].tool_title.contains("plan approval")
+            && asked[0].verdict == warden_proto::v1::Verdict::Deny as i32,
+        "{asked:#?}\n{answers}"
     );
-    let log = r.model.log_text();
     assert!(
-        log.to_lowercase().contains("plan mode"),
-        "the model was not asked in plan mode: {first:#?}"
+        r.in_state("after-plan.txt").is_empty(),
+        "{asked:#?}\n{answers}"
+    );
+    // Still in plan mode after the refusal: the last request offers no shell either.
+    let last = r
+        .model
+        .log_text()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("exit_plan_mode") && !last.contains("run_shell_command"),
+        "{answers}"
     );
 }
 
