@@ -21,7 +21,7 @@ use std::ffi::OsStr;
 use std::path::{Component, Path};
 
 /// Directory names whose contents (and themselves) configure an agent, wherever they sit.
-const CONTROL_DIRS: &[&str] = &[".claude", ".codex", ".gemini"];
+const CONTROL_DIRS: &[&str] = &[".claude", ".codex", ".gemini", ".qwen"];
 
 /// What a commit writes inside a git directory (the first component below it).
 const GIT_COMMIT_DIRS: &[&str] = &["objects", "refs", "logs"];
@@ -208,6 +208,8 @@ mod tests {
             "/work/root/sub/dir/.claude/settings.json",
             "/work/root/.codex/config.toml",
             "/work/root/.gemini/settings.json",
+            "/work/root/.qwen/settings.json",
+            "/work/root/.QWEN/.env",
             "/work/root/.mcp.json",
             "/work/root/pkg/.mcp.json",
             "/work/root/.git",

@@ -11,7 +11,7 @@
 //!
 //! A read-only bind of a file does not stop a rename of the directory holding it (the mount
 //! moves along, and a fresh directory with a fresh file takes the old name), so the directories
-//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`) are bound onto themselves
+//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`) are bound onto themselves
 //! read-write first: a mount point cannot be renamed or removed (EBUSY).
 //!
 //! git directories in the root are laid out by allowlist in git.rs, not here.
@@ -67,6 +67,7 @@ pub const ROOT_CONTROL: &[(&str, ControlKind)] = &[
     (".claude", ControlKind::Dir),
     (".codex", ControlKind::Dir),
     (".gemini", ControlKind::Dir),
+    (".qwen", ControlKind::Dir),
     (".mcp.json", ControlKind::File("{}\n")),
 ];
 
@@ -85,6 +86,14 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (".gemini", "trustedFolders.json", ControlKind::File("{}\n")),
     (".gemini", "policies", ControlKind::Dir),
     (".gemini", "extensions", ControlKind::Dir),
+    // Qwen Code: its user settings (warden's layer is its system settings file, which outranks
+    // them: `warden_sandbox::QWEN_SYSTEM_SETTINGS_JSON`), the `.env` it reads before anything
+    // else (it may move `QWEN_HOME`, the trusted-folders file and the MCP approvals), trusted
+    // folders, extensions.
+    (".qwen", "settings.json", ControlKind::File("{}\n")),
+    (".qwen", ".env", ControlKind::File("")),
+    (".qwen", "trustedFolders.json", ControlKind::File("{}\n")),
+    (".qwen", "extensions", ControlKind::Dir),
 ];
 
 /// Gemini CLI's user settings (`~/.gemini/settings.json`), written by warden when the home
@@ -379,8 +388,8 @@ mod tests {
     fn home_config_files_are_created_in_agent_owned_directories() {
         let t = tempfile::tempdir().unwrap();
         let binds = prepare_home(t.path(), None).unwrap();
-        // Three pinned directories, then the read-only entries inside them.
-        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 3);
+        // Four pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 4);
         assert_eq!(
             binds.iter().filter(|b| !b.pin_only).count(),
             HOME_CONTROL.len()

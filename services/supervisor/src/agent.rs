@@ -428,6 +428,9 @@ impl AgentProc {
                     .await);
             }
             if current != want {
+                // Said, because an adapter whose warden-written settings took effect starts in
+                // its supervised mode: this line means they did not (or it has no such setting).
+                tracing::info!(session_id = %session_id, from = %current, to = %want, "the agent started outside its supervised mode; setting it");
                 match within(hs, abort, p.client.set_mode(&session_id, &want))
                     .await
                     .ok_or(())

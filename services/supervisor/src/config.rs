@@ -514,6 +514,8 @@ pub const CODEX_ADAPTER: &str = "@agentclientprotocol/codex-acp@2.6.0";
 /// The agent the built-in `gemini` runs (Gemini CLI, itself the ACP agent with
 /// `--experimental-acp`; installed under `[adapters] dir`).
 pub const GEMINI_ADAPTER: &str = "@google/gemini-cli@0.61.0";
+/// The agent the built-in `qwen` runs (Qwen Code, itself the ACP agent with `--acp`).
+pub const QWEN_ADAPTER: &str = "@qwen-code/qwen-code@0.24.4";
 
 /// The built-in registry: `scripted` (default, no network), `claude` and `codex` (installed
 /// adapters; they reach their model API through the egress proxy, `network = "proxy"`, and
@@ -596,6 +598,29 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
         .insert("GEMINI_CLI_NO_RELAUNCH".into(), "1".into());
     gemini.description = "Gemini CLI over ACP, supervised by warden".into();
     m.insert("gemini".into(), gemini);
+    // Qwen Code: `default` asks for every edit and command; `plan` is read-only. Its own
+    // default, `auto` (a model classifier approves), and `auto-edit`, `yolo` are elevated. Its
+    // model is any OpenAI-compatible endpoint: `OPENAI_BASE_URL` names it, and the egress proxy
+    // allows that and nothing else.
+    let mut qwen = AgentConfig::builtin(
+        "",
+        &["--acp"],
+        "default",
+        &["plan"],
+        &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"],
+    );
+    qwen.adapter = QWEN_ADAPTER.into();
+    qwen.plan_config_option = "mode=plan".into();
+    qwen.network = Network::Proxy;
+    // Its launcher otherwise starts Qwen Code again as its child (with --expose-gc). `QWEN_HOME`
+    // fixed: Qwen Code takes it (and its trusted-folders and MCP-approvals paths) from a `.env`
+    // in the home unless it is set, and `~/.env` is the model's to write (`~/.qwen/.env`, read
+    // first once `QWEN_HOME` is set, is read-only).
+    qwen.set_env
+        .insert("QWEN_CODE_NO_RELAUNCH".into(), "1".into());
+    qwen.set_env.insert("QWEN_HOME".into(), "~/.qwen".into());
+    qwen.description = "Qwen Code over ACP, supervised by warden".into();
+    m.insert("qwen".into(), qwen);
     m
 }
 
@@ -1051,6 +1076,16 @@ mod tests {
         assert!(gemini.is_supervised_mode("default") && gemini.is_supervised_mode("plan"));
         assert!(!gemini.is_supervised_mode("yolo") && !gemini.is_supervised_mode("autoEdit"));
         assert!(!gemini.fs && s.agent("claude").unwrap().1.fs);
+        let qwen = s.agent("qwen").unwrap().1;
+        assert_eq!(qwen.network, Network::Proxy);
+        assert!(qwen.egress_allow.is_empty(), "only its OPENAI_BASE_URL");
+        assert_eq!(qwen.args, ["--acp"]);
+        assert_eq!(qwen.adapter, QWEN_ADAPTER);
+        assert!(qwen.is_supervised_mode("default") && qwen.is_supervised_mode("plan"));
+        for elevated in ["auto", "auto-edit", "yolo"] {
+            assert!(!qwen.is_supervised_mode(elevated), "{elevated}");
+        }
+        assert_eq!(qwen.set_env["QWEN_HOME"], "~/.qwen");
         assert_eq!(s.limits().egress_connections, 64);
         assert!(s.agent("nope").is_none());
         // One runtime thread unless the operator asks for more (see RuntimeSection).
