@@ -183,3 +183,42 @@ async fn qwen_code_warm_under_the_proxy_is_handed_out_and_its_first_turn_works()
         .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, false)
         .await;
 }
+
+/// The network is its model's API and nothing else: a command that opens sockets itself (and a
+/// fetch the model asks for) reach nothing, and every connection allowed for the conversation
+/// went to the fake model.
+#[tokio::test]
+async fn qwen_code_reaches_nothing_but_its_model() {
+    let m = qwen();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        r#"{"tool": "web_fetch", "args": {"url": "https://example.com/", "prompt": "Summarize it"}}"#
+            .to_string(),
+        Vocab::Gemini.shell(
+            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
+             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
+             echo done > {CWD}/net-done.txt",
+        ),
+    ];
+    let sent = m.send(&r, &steps).await;
+    let ctx = r.ctx(&sent);
+    assert_eq!(
+        r.in_state("net-done.txt").len(),
+        1,
+        "the command did not run: {ctx}"
+    );
+    for f in r.in_state("net.txt") {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert!(!text.contains("reached"), "{text}\n{ctx}");
+    }
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .filter(|rec| rec["allowed"] == true)
+            .all(|rec| rec["port"] == r.model.port),
+        "{records:#?}\n{ctx}"
+    );
+    r.assert_model_reached_through_the_proxy(&ctx);
+    assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
+}
