@@ -33,7 +33,8 @@ The same server answers OpenAI-compatible Chat Completions (`POST .../chat/compl
 Qwen Code calls): with k `tool` messages after the last user message carrying a SCRIPT, step k
 is answered as a tool call; a step there is {"tool": NAME, "args": {...}} (a function call of
 any tool the request offers, verbatim) or {"text": "..."}. "{CWD}" is the directory the
-request's messages name after "working in the directory:" (Qwen Code states it there).
+request's messages name after "working in the directory:" (Qwen Code) or "Working directory:"
+(OpenCode).
 Streamed as `chat.completion.chunk` Server-Sent Events ending in `data: [DONE]`.
 
 Usage: fake_openai.py LOGFILE
@@ -198,7 +199,7 @@ def chat_texts(message):
 def chat_working_directory(messages):
     for m in messages:
         for t in chat_texts(m):
-            found = re.search(r"working in the directory:?\s*(/[^\s`'\"<>]+)", t)
+            found = re.search(r"(?:working in the directory:?|Working directory:)\s*(/[^\s`'\"<>]+)", t)
             if found:
                 return found.group(1).rstrip(".,:;)")
     return ""

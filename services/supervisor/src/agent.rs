@@ -764,6 +764,7 @@ fn spawn(
     );
     spec.args = adapter
         .iter()
+        .filter(|a| !a.native)
         .map(|a| a.entry.clone().into_os_string())
         .chain(cfg.args.iter().map(Into::into))
         .collect();
