@@ -322,6 +322,50 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
     })
     .await;
 
+    // A write waits for a person (the demo policy escalates it): the approver shows it pending
+    // and ageing, the gateway the caller's open stream, the supervisor the turn holding its slot.
+    let mut waiting = tokio::process::Command::new(binary("warden"));
+    waiting
+        .args(["--state-dir", &state, "send", "write hello.txt"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut waiting = waiting.spawn().unwrap();
+    eventually(&prom_addr, "warden_approver_approvals_pending", |v| {
+        v == 1.0
+    })
+    .await;
+    eventually(
+        &prom_addr,
+        "warden_approver_oldest_pending_age_seconds",
+        |v| v >= 1.0,
+    )
+    .await;
+    eventually(&prom_addr, "warden_gateway_streams_open", |v| v == 1.0).await;
+    eventually(&prom_addr, "warden_supervisor_turns_running", |v| v == 1.0).await;
+    // Ctrl-C: warden send cancels its task, which revokes the pending request.
+    let pid = nix::unistd::Pid::from_raw(waiting.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(30), waiting.wait()).await;
+    eventually(&prom_addr, "warden_approver_approvals_pending", |v| {
+        v == 0.0
+    })
+    .await;
+    eventually(
+        &prom_addr,
+        "warden_approver_oldest_pending_age_seconds",
+        |v| v == 0.0,
+    )
+    .await;
+    eventually(&prom_addr, "warden_gateway_streams_open", |v| v == 0.0).await;
+    eventually(
+        &prom_addr,
+        "warden_gateway_tasks_entered_total{state=\"TASK_STATE_CANCELED\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+
     // Warden's alert rules are loaded in the real server and evaluate without error.
     let (_, rules_text) = http_get(&prom_addr, "/api/v1/rules").await;
     let rules_json: Value = serde_json::from_str(&rules_text).unwrap();
