@@ -62,13 +62,12 @@ fn the_alert_rules_pass_promtool_check_and_their_unit_tests() {
     }
 }
 
-/// A base port with the three after it free too (`--metrics` uses PORT..PORT+3).
+/// A base port with the three after it free too (`--metrics` uses PORT..PORT+3), all four
+/// taken from `free_port`'s sequence so no later `free_port` of this test hands one out again.
 fn four_free_ports() -> u16 {
     loop {
         let base = free_port();
-        if base < 65_000
-            && (1..4).all(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)).is_ok())
-        {
+        if base < 65_000 && (1..4).all(|i| free_port() == base + i) {
             return base;
         }
     }
@@ -227,65 +226,8 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
     }
 
     // A real Prometheus, scraping every second, with warden's alert rules loaded.
-    let prom_dir = d.dir.path().join("prometheus");
-    std::fs::create_dir_all(prom_dir.join("data")).unwrap();
+    let (mut prom, prom_addr) = start_prometheus(&prometheus, d.dir.path(), base, 4).await;
     let rules = deploy_dir().join("prometheus/warden-alerts.yml");
-    let jobs: String = [
-        ("warden-gateway", base),
-        ("warden-supervisor", base + 1),
-        ("warden-policy", base + 2),
-        ("warden-approver", base + 3),
-    ]
-    .iter()
-    .map(|(job, port)| {
-        format!(
-            "  - job_name: {job}\n    static_configs: [{{ targets: [\"127.0.0.1:{port}\"] }}]\n"
-        )
-    })
-    .collect();
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n{jobs}",
-        rules.display()
-    );
-    std::fs::write(prom_dir.join("prometheus.yml"), config).unwrap();
-    let prom_addr = format!("127.0.0.1:{}", free_port());
-    let prom_log = prom_dir.join("prometheus.log");
-    let mut prom = tokio::process::Command::new(&prometheus)
-        .arg(format!(
-            "--config.file={}",
-            prom_dir.join("prometheus.yml").display()
-        ))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            prom_dir.join("data").display()
-        ))
-        .arg(format!("--web.listen-address={prom_addr}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&prom_log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    loop {
-        if let Ok(r) =
-            warden_cli::client::request(&prom_addr, http::Method::GET, "/-/ready", "", None).await
-            && r.status() == 200
-        {
-            break;
-        }
-        if let Ok(Some(s)) = prom.try_wait() {
-            panic!(
-                "prometheus exited ({s}):\n{}",
-                std::fs::read_to_string(&prom_log).unwrap_or_default()
-            );
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "prometheus not ready"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 
     // Every daemon is a target Prometheus reaches.
     let up_jobs = eventually(&prom_addr, "count(up{job=~\"warden-.*\"} == 1)", |v| {
@@ -380,6 +322,50 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
     })
     .await;
 
+    // A write waits for a person (the demo policy escalates it): the approver shows it pending
+    // and ageing, the gateway the caller's open stream, the supervisor the turn holding its slot.
+    let mut waiting = tokio::process::Command::new(binary("warden"));
+    waiting
+        .args(["--state-dir", &state, "send", "write hello.txt"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    let mut waiting = waiting.spawn().unwrap();
+    eventually(&prom_addr, "warden_approver_approvals_pending", |v| {
+        v == 1.0
+    })
+    .await;
+    eventually(
+        &prom_addr,
+        "warden_approver_oldest_pending_age_seconds",
+        |v| v >= 1.0,
+    )
+    .await;
+    eventually(&prom_addr, "warden_gateway_streams_open", |v| v == 1.0).await;
+    eventually(&prom_addr, "warden_supervisor_turns_running", |v| v == 1.0).await;
+    // Ctrl-C: warden send cancels its task, which revokes the pending request.
+    let pid = nix::unistd::Pid::from_raw(waiting.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(30), waiting.wait()).await;
+    eventually(&prom_addr, "warden_approver_approvals_pending", |v| {
+        v == 0.0
+    })
+    .await;
+    eventually(
+        &prom_addr,
+        "warden_approver_oldest_pending_age_seconds",
+        |v| v == 0.0,
+    )
+    .await;
+    eventually(&prom_addr, "warden_gateway_streams_open", |v| v == 0.0).await;
+    eventually(
+        &prom_addr,
+        "warden_gateway_tasks_entered_total{state=\"TASK_STATE_CANCELED\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+
     // Warden's alert rules are loaded in the real server and evaluate without error.
     let (_, rules_text) = http_get(&prom_addr, "/api/v1/rules").await;
     let rules_json: Value = serde_json::from_str(&rules_text).unwrap();
@@ -417,11 +403,23 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
     )
     .unwrap();
     let mut used = BTreeSet::new();
+    let mut silent = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for t in panel["targets"].as_array().into_iter().flatten() {
-            used.extend(names_in(t["expr"].as_str().unwrap_or("")));
+            let expr = t["expr"].as_str().unwrap_or("");
+            used.extend(names_in(expr));
+            // Each panel's query is valid PromQL to the real server (Grafana's range variable
+            // stood in for), and answers with data now that the daemons were scraped.
+            let answer = query(&prom_addr, &expr.replace("$__rate_interval", "1m")).await;
+            if answer.is_empty() {
+                silent.push(expr.to_string());
+            }
         }
     }
+    assert!(
+        silent.is_empty(),
+        "panel queries that answer nothing: {silent:#?}"
+    );
     assert!(used.len() > 15, "{used:?}");
     used.extend(names_in(&std::fs::read_to_string(&rules).unwrap()));
     let missing: Vec<&String> = used.difference(&exported).collect();
@@ -434,4 +432,142 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
     let pid = nix::unistd::Pid::from_raw(up.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
     let _ = tokio::time::timeout(Duration::from_secs(30), up.wait()).await;
+}
+
+/// Starts the distribution's Prometheus in `dir/prometheus`, scraping every second the first
+/// `daemons` of gateway, supervisor, policy, approver on `base`.. (`warden up --metrics`'s
+/// ports) with warden's alert rules loaded; returns it and its address once it is ready.
+async fn start_prometheus(
+    prometheus: &Path,
+    dir: &Path,
+    base: u16,
+    daemons: u16,
+) -> (tokio::process::Child, String) {
+    let prom_dir = dir.join("prometheus");
+    std::fs::create_dir_all(prom_dir.join("data")).unwrap();
+    let rules = deploy_dir().join("prometheus/warden-alerts.yml");
+    let jobs: String = [
+        "warden-gateway",
+        "warden-supervisor",
+        "warden-policy",
+        "warden-approver",
+    ]
+    .iter()
+    .zip(base..)
+    .take(daemons as usize)
+    .map(|(job, port)| {
+        format!(
+            "  - job_name: {job}\n    static_configs: [{{ targets: [\"127.0.0.1:{port}\"] }}]\n"
+        )
+    })
+    .collect();
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n{jobs}",
+        rules.display()
+    );
+    std::fs::write(prom_dir.join("prometheus.yml"), config).unwrap();
+    let prom_addr = format!("127.0.0.1:{}", free_port());
+    let prom_log = prom_dir.join("prometheus.log");
+    let mut prom = tokio::process::Command::new(prometheus)
+        .arg(format!(
+            "--config.file={}",
+            prom_dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            prom_dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address={prom_addr}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&prom_log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    loop {
+        if let Ok(r) =
+            warden_cli::client::request(&prom_addr, http::Method::GET, "/-/ready", "", None).await
+            && r.status() == 200
+        {
+            break;
+        }
+        if let Ok(Some(s)) = prom.try_wait() {
+            panic!(
+                "prometheus exited ({s}):\n{}",
+                std::fs::read_to_string(&prom_log).unwrap_or_default()
+            );
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "prometheus not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (prom, prom_addr)
+}
+
+#[tokio::test]
+async fn a_policy_that_stops_answering_fires_the_unreachable_alert_in_a_real_prometheus() {
+    let Some(prometheus) = tool("prometheus") else {
+        return;
+    };
+    let base = four_free_ports();
+    let mut d = Deployment::up(Options {
+        metrics: Some(std::net::SocketAddr::from(([127, 0, 0, 1], base))),
+        ..Default::default()
+    })
+    .await;
+    let (mut prom, prom_addr) = start_prometheus(&prometheus, d.dir.path(), base, 3).await;
+    eventually(&prom_addr, "count(up{job=~\"warden-.*\"} == 1)", |v| {
+        v == 3.0
+    })
+    .await;
+    // Quiet while the policy answers.
+    let (_, alerts) = http_get(&prom_addr, "/api/v1/alerts").await;
+    assert!(!alerts.contains("WardenPolicyUnreachable"), "{alerts}");
+
+    d.take("policy").unwrap().terminate().await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let state = d.dir.path().to_string_lossy().to_string();
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "write hello.txt"])
+        .stdin(Stdio::null());
+    let out = run_with_deadline(&mut send, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(said.contains("DENY"), "{said}");
+    assert!(!d.dir.path().join("hello.txt").exists());
+
+    // The supervisor counted the permission it denied for want of a policy, Prometheus sees the
+    // policy down, and warden's rule fires.
+    eventually(
+        &prom_addr,
+        "warden_supervisor_policy_failures_total{why=\"unavailable\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+    eventually(&prom_addr, "up{job=\"warden-policy\"}", |v| v == 0.0).await;
+    let start = Instant::now();
+    loop {
+        let (_, alerts) = http_get(&prom_addr, "/api/v1/alerts").await;
+        let v: Value = serde_json::from_str(&alerts).unwrap();
+        let firing = v["data"]["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|a| {
+                a["labels"]["alertname"] == "WardenPolicyUnreachable" && a["state"] == "firing"
+            });
+        if firing {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "WardenPolicyUnreachable never fired: {alerts}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let _ = prom.kill().await;
 }

@@ -190,6 +190,25 @@ async fn one_task_is_one_trace_across_the_gateway_supervisor_approver_and_policy
         "{answer}"
     );
 
+    // A caller's malformed traceparent is ignored: the task runs, in a trace of its own.
+    let mangled = send_traced(
+        &d.http,
+        &d.token(),
+        "00-zzzz-not-a-trace-context-ffffffffffffffffffffffffffffffff",
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
+            "message": {"messageId": "traced-2", "role": "ROLE_USER", "parts": [{"text": "hello"}]}
+        }}),
+    )
+    .await;
+    assert_eq!(
+        mangled["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{mangled}"
+    );
+    let mangled_id = mangled["result"]["task"]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{mangled}"))
+        .to_string();
+
     let wanted = [
         "warden-gateway",
         "warden-supervisor",
@@ -253,6 +272,13 @@ async fn one_task_is_one_trace_across_the_gateway_supervisor_approver_and_policy
         !decides.is_empty() && decides.iter().all(|t| t == trace_id),
         "{got:#?}"
     );
+    // The task with the mangled header has a trace of its own, valid and not the first one's.
+    let theirs: Vec<String> = named("warden-gateway", &|g| {
+        g.name == "task" && g.attributes.get("task_id") == Some(&mangled_id)
+    });
+    assert_eq!(theirs.len(), 1, "{got:#?}");
+    assert_ne!(theirs[0], trace_id);
+    assert_ne!(theirs[0], "0".repeat(32));
     // Every span that names this task is in the caller's trace.
     for g in got
         .iter()

@@ -1387,7 +1387,10 @@ impl Conversation {
             duration_ms = duration.as_millis() as u64,
             "turn finished"
         );
-        crate::metrics::turn_ended(&stop.reason, stop.fault.as_ref().map(|f| f.0));
+        crate::metrics::turn_ended(
+            &stop.reason,
+            stop.fault.as_ref().map(|f| crate::fault::name(f.0)),
+        );
         turn.emit(Event::Stop(pb::TurnStop {
             stop_reason: stop.reason,
             refusals,

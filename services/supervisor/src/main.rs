@@ -307,6 +307,12 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
             })
         })
     });
+    warden_supervisor::metrics::known_refusals(
+        (0..64)
+            .filter_map(|i| warden_proto::v1::FaultClass::try_from(i).ok())
+            .filter(|c| *c != warden_proto::v1::FaultClass::Unspecified)
+            .map(warden_supervisor::fault::name),
+    );
     server
         .serve_metrics(
             &settings.file.daemon,

@@ -15,7 +15,6 @@ use warden_daemon::metrics::prometheus_client::metrics::family::Family;
 use warden_daemon::metrics::prometheus_client::metrics::gauge::Gauge;
 use warden_daemon::metrics::prometheus_client::registry::Registry;
 use warden_daemon::metrics::{Exporter, Refresh};
-use warden_proto::v1 as pb;
 
 type Labels2 = [(&'static str, &'static str); 2];
 
@@ -23,6 +22,7 @@ struct Metrics {
     turns: Family<Labels2, Counter>,
     egress: Family<[(&'static str, &'static str); 1], Counter>,
     policy_failures: Family<[(&'static str, &'static str); 1], Counter>,
+    refused: Family<[(&'static str, &'static str); 1], Counter>,
     live_agents: Gauge<i64, AtomicI64>,
     warm_agents: Gauge<i64, AtomicI64>,
     max_live_agents: Gauge<i64, AtomicI64>,
@@ -36,6 +36,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     turns: Family::default(),
     egress: Family::default(),
     policy_failures: Family::default(),
+    refused: Family::default(),
     live_agents: Gauge::default(),
     warm_agents: Gauge::default(),
     max_live_agents: Gauge::default(),
@@ -58,13 +59,31 @@ pub fn stop_label(reason: &str) -> &'static str {
     }
 }
 
-/// One turn ended (its `TurnStop` is being sent): how, and its fault class if it failed.
-pub fn turn_ended(reason: &str, fault: Option<pb::FaultClass>) {
-    let fault = fault.map(crate::fault::name).unwrap_or("");
+/// One turn ended (its `TurnStop` is being sent): how, and its fault class's name
+/// (`fault::name`) if it failed.
+pub fn turn_ended(reason: &str, fault: Option<&'static str>) {
+    let fault = fault.unwrap_or("");
     METRICS
         .turns
         .get_or_create(&[("stop_reason", stop_label(reason)), ("fault_class", fault)])
         .inc();
+}
+
+/// A call (OpenConversation, or RunTurn with or without its open) refused with a fault before
+/// any turn ran: at capacity, an agent that could not start, a wrong option.
+pub fn refused(fault_class: &'static str) {
+    METRICS
+        .refused
+        .get_or_create(&[("fault_class", fault_class)])
+        .inc();
+}
+
+/// Every fault class a refusal can name, so each `refused` series exists from the start at 0
+/// (the binary lists them: this leaf does not import `fault`, which counts through it).
+pub fn known_refusals(classes: impl IntoIterator<Item = &'static str>) {
+    for c in classes {
+        let _ = METRICS.refused.get_or_create(&[("fault_class", c)]);
+    }
 }
 
 /// One egress connection finished or was refused (per agent and destination, the egress records
@@ -136,6 +155,11 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "policy_failures",
         "Permissions denied by the supervisor because the policy did not answer in time (timeout), could not be reached (unavailable) or answered malformed",
         m.policy_failures.clone(),
+    );
+    r.register(
+        "refused",
+        "Calls refused with a fault before any turn ran (OpenConversation, RunTurn), by fault class",
+        m.refused.clone(),
     );
     r.register(
         "live_agents",
