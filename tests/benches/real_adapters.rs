@@ -3,7 +3,7 @@
 //! (`tests/fake_models/`), a new conversation per sample. For each adapter it prints the time
 //! to `TurnStarted` (spawn, `initialize`, authentication, `session/new`, the supervised mode) and
 //! to the agent's first text, cold (the first start on a fresh deployment: Node, the adapter and
-//! its Codex or Claude Code loaded from disk for the first time in this run, npm never involved:
+//! its Codex, Claude Code, Gemini CLI or Qwen Code loaded from disk for the first time in this run, npm never involved:
 //! the adapters are installed, not fetched) and warm (the median of the following starts).
 //!
 //! Run: `cargo bench -p warden-e2e --bench real_adapters` after `.ci/run` installed the adapters
@@ -47,6 +47,8 @@ fn adapters() -> Vec<(&'static str, Pinned, &'static str, Vec<String>)> {
             ],
         ),
         ("codex-acp 2.6.0", real::CODEX_ACP_26, "codex", vec![]),
+        ("gemini-cli 0.61.0", real::GEMINI_CLI, "gemini", vec![]),
+        ("qwen-code 0.24.4", real::QWEN_CODE, "qwen", vec![]),
     ]
 }
 

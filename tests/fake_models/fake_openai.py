@@ -29,6 +29,14 @@ stream as Server-Sent Events the way the Responses API does (`response.created`,
 `response.output_item.done`, `response.completed`). Listens on 127.0.0.1 only; prints the port
 as its first line.
 
+The same server answers OpenAI-compatible Chat Completions (`POST .../chat/completions`, what
+Qwen Code calls): with k `tool` messages after the last user message carrying a SCRIPT, step k
+is answered as a tool call; a step there is {"tool": NAME, "args": {...}} (a function call of
+any tool the request offers, verbatim) or {"text": "..."}. "{CWD}" is the directory the
+request's messages name after "working in the directory:" (Qwen Code) or "Working directory:"
+(OpenCode).
+Streamed as `chat.completion.chunk` Server-Sent Events ending in `data: [DONE]`.
+
 Usage: fake_openai.py LOGFILE
 """
 
@@ -181,7 +189,103 @@ def answer_for(body):
     return [text_item(script.get("final", "done"))]
 
 
+def chat_texts(message):
+    content = message.get("content")
+    if isinstance(content, str):
+        return [content]
+    return [p["text"] for p in content or [] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+
+
+def chat_working_directory(messages):
+    for m in messages:
+        for t in chat_texts(m):
+            found = re.search(r"(?:working in the directory:?|Working directory:)\s*(/[^\s`'\"<>]+)", t)
+            if found:
+                return found.group(1).rstrip(".,:;)")
+    return ""
+
+
+def chat_tools(body):
+    return sorted((t.get("function") or {}).get("name") or t.get("name") or "?"
+                  for t in body.get("tools") or [] if isinstance(t, dict))
+
+
+def chat_answer(body):
+    """The assistant message: {"content": text} or {"tool_calls": [...]}."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    at, script = None, None
+    for i, m in enumerate(messages):
+        if m.get("role") != "user":
+            continue
+        for t in chat_texts(m):
+            k = t.find("SCRIPT ")
+            if k < 0:
+                continue
+            try:
+                found, _ = json.JSONDecoder().raw_decode(t[k + len("SCRIPT "):])
+            except ValueError:
+                continue
+            if isinstance(found, dict):
+                at, script = i, found
+    if at is None or not body.get("tools"):
+        return {"content": "ok"}
+    rest = messages[at + 1:]
+    k = sum(1 for m in rest if m.get("role") == "tool")
+    k += sum(1 for m in rest if m.get("role") == "assistant" and not m.get("tool_calls"))
+    steps = script.get("steps") or []
+    if k >= len(steps):
+        return {"content": script.get("final", "done")}
+    step = substitute(steps[k], chat_working_directory(messages) or script.get("cwd", ""))
+    if "text" in step:
+        return {"content": step["text"]}
+    call_id = "call_fake_%d_%s" % (k, uuid.uuid4().hex[:8])
+    return {"tool_calls": [{"id": call_id, "type": "function", "function": {
+        "name": step.get("tool", "unknown"), "arguments": json.dumps(step.get("args") or {})}}]}
+
+
 class Handler(JsonHandler):
+
+    def chat_completions(self, path, body):
+        answer = chat_answer(body)
+        self.record({"method": "POST", "path": path, "model": body.get("model"),
+                     "tools": chat_tools(body),
+                     "cwd": chat_working_directory(body.get("messages") or []),
+                     "messages": body.get("messages"), "answer": answer})
+        chat_id = "chatcmpl-fake-" + uuid.uuid4().hex[:12]
+        finish = "tool_calls" if "tool_calls" in answer else "stop"
+        usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+        if not body.get("stream"):
+            message = {"role": "assistant", "content": answer.get("content")}
+            if "tool_calls" in answer:
+                message["tool_calls"] = answer["tool_calls"]
+            self.send_json(200, {"id": chat_id, "object": "chat.completion", "created": 0,
+                                 "model": body.get("model"), "usage": usage,
+                                 "choices": [{"index": 0, "message": message,
+                                              "finish_reason": finish}]})
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+
+        def chunk(delta, finish_reason=None, with_usage=False):
+            data = {"id": chat_id, "object": "chat.completion.chunk", "created": 0,
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            if with_usage:
+                data["usage"] = usage
+            self.wfile.write(("data: %s\n\n" % json.dumps(data)).encode())
+
+        chunk({"role": "assistant", "content": ""})
+        if "tool_calls" in answer:
+            calls = [dict(c, index=i) for i, c in enumerate(answer["tool_calls"])]
+            chunk({"tool_calls": calls})
+        else:
+            chunk({"content": answer["content"]})
+        chunk({}, finish, with_usage=True)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
 
     def do_GET(self):
         path = self.path.split("?", 1)[0]
@@ -208,6 +312,9 @@ class Handler(JsonHandler):
         except ValueError:
             body = {}
         path = self.path.split("?", 1)[0]
+        if path.endswith("/chat/completions"):
+            self.chat_completions(path, body)
+            return
         if not path.endswith("/responses"):
             self.record({"method": "POST", "path": path})
             self.send_json(404, {"error": {"type": "not_found", "message": path}})

@@ -128,6 +128,9 @@ pub struct Options {
     /// Says that a test reads `<state>/<daemon>.log` (what an operator reads there). Every
     /// daemon's stderr goes there anyway unless `show_logs` (or `WARDEN_TEST_LOGS`) shows it.
     pub log_files: bool,
+    /// `warden up --metrics IP:PORT`: each daemon serves Prometheus metrics (gateway on PORT,
+    /// supervisor PORT+1, policy PORT+2, approver PORT+3).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// A state directory and the daemons started on it.
@@ -260,6 +263,9 @@ impl Deployment {
             approver: self.opts.approver,
             approver_http: self.opts.approver_http.clone(),
             config_dir: self.opts.config_dir.clone(),
+            metrics: self.opts.metrics,
+            log_level: None,
+            echo_from: warden_daemon::logging::Severity::Info,
         }
     }
 

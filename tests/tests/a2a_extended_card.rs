@@ -53,6 +53,16 @@ async fn each_principal_gets_the_card_of_its_own_agents_and_only_those_run() {
             ),
             ("gateway".into(), format!("grpc.tcp={grpc}")),
             ("gateway".into(), "grpc.allow_any_peer=true".into()),
+            // An agent the card may list must be able to start (one whose adapter is not
+            // installed is left off): here "claude" runs the scripted agent's program, the
+            // name is what the access rules are about.
+            (
+                "supervisor".into(),
+                format!(
+                    "agents.claude.command={:?}",
+                    warden_e2e::binary("warden-scripted-agent").display().to_string()
+                ),
+            ),
         ],
         ..Options::default()
     })

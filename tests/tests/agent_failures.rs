@@ -66,7 +66,18 @@ async fn eventually<T>(limit: Duration, what: &str, mut read: impl FnMut() -> Op
 
 #[tokio::test]
 async fn an_agent_that_exits_at_start_shows_its_stderr_masked_in_the_failed_task() {
-    let d = Deployment::up(boom_options()).await;
+    // Metrics on (`warden up --metrics`'s ports: the gateway on BASE, the supervisor on BASE+1).
+    let base = loop {
+        let base = warden_e2e::free_port();
+        if (1..3).all(|i| warden_e2e::free_port() == base + i) {
+            break base;
+        }
+    };
+    let d = Deployment::up(Options {
+        metrics: Some(std::net::SocketAddr::from(([127, 0, 0, 1], base))),
+        ..boom_options()
+    })
+    .await;
     let out = send_to_boom(&d).await;
     let shown = format!(
         "{}{}",
@@ -105,6 +116,35 @@ async fn an_agent_that_exits_at_start_shows_its_stderr_masked_in_the_failed_task
     assert!(!message.contains(SECRET), "{message}");
     // Bounded: the last 4 KiB of stderr, not all 6000 percent signs.
     assert!(message.len() < 4096 + 512, "{} bytes", message.len());
+
+    // An operator's metrics count it: the supervisor refused the turn for its start-up fault,
+    // and the gateway's task entered FAILED.
+    let scrape = |port: u16| async move {
+        let resp = warden_cli::client::request(
+            &format!("127.0.0.1:{port}"),
+            http::Method::GET,
+            "/metrics",
+            "",
+            None,
+        )
+        .await
+        .unwrap();
+        warden_cli::client::read_answer(resp).await.unwrap().1
+    };
+    let supervisor = scrape(base + 1).await;
+    assert!(
+        supervisor
+            .lines()
+            .any(|l| l == "warden_supervisor_refused_total{fault_class=\"startup\"} 1"),
+        "{supervisor}"
+    );
+    let gateway = scrape(base).await;
+    assert!(
+        gateway
+            .lines()
+            .any(|l| l == "warden_gateway_tasks_entered_total{state=\"TASK_STATE_FAILED\"} 1"),
+        "{gateway}"
+    );
 
     // The startup incident holds the tail as its own field.
     let incidents = d.dir.path().join("supervisor/incidents");

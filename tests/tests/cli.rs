@@ -89,13 +89,13 @@ async fn warden_audit_shows_each_decision_the_policy_made() {
     assert!(ok, "{err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 2, "{out}");
-    // Newest first.
+    // Oldest first, as tail prints: the newest is the last line.
     assert!(
-        lines[0].contains("DENY") && lines[0].contains(&outside.decision_id),
+        lines[0].contains("ALLOW") && lines[0].contains(&inside.decision_id),
         "{out}"
     );
     assert!(
-        lines[1].contains("ALLOW") && lines[1].contains(&inside.decision_id),
+        lines[1].contains("DENY") && lines[1].contains(&outside.decision_id),
         "{out}"
     );
 
@@ -473,7 +473,7 @@ async fn the_cli_serves_shells_and_scripts() {
     let said = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{said}");
     assert!(
-        said.contains("--deployed applies to status, audit, approvals and doctor"),
+        said.contains("--deployed applies to status, audit, approvals, reload and doctor"),
         "{said}"
     );
     let out = run_with_deadline(
@@ -519,4 +519,536 @@ async fn the_cli_serves_shells_and_scripts() {
     let shown = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{shown}");
     assert!(shown.contains("from-file.txt"), "{shown}");
+}
+
+/// Runs `warden --state-dir STATE ARGS` and parses its standard output as one JSON document.
+async fn json_of(state: &str, args: &[&str]) -> serde_json::Value {
+    let out = run_with_deadline(
+        tokio::process::Command::new(binary("warden"))
+            .args(["--state-dir", state])
+            .args(args),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&text).unwrap_or_else(|e| {
+        panic!(
+            "warden {args:?} -o json is not JSON ({e}): {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Every read command answers `-o json` (or `--json`) with JSON a script can parse; `send -o
+/// json` prints one JSON object a line ending with how the task ended; audit times are RFC 3339
+/// in JSON and local wall-clock times for people, `audit tail` lists the oldest first and
+/// `-f` follows; piped, `send` draws no spinner.
+#[tokio::test]
+async fn every_read_command_speaks_json_and_send_speaks_ndjson() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let d = deployment_for_send().await;
+    let state = d.dir.path().to_string_lossy().to_string();
+
+    // Followed from before the task: its decisions arrive as they are made.
+    let mut follow = tokio::process::Command::new(binary("warden"))
+        .args(["--state-dir", &state, "audit", "tail", "-f", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut followed = BufReader::new(follow.stdout.take().unwrap()).lines();
+
+    let out = run_with_deadline(
+        tokio::process::Command::new(binary("warden"))
+            .args([
+                "--state-dir",
+                &state,
+                "send",
+                "-o",
+                "json",
+                "write hello.txt",
+            ])
+            .stdin(std::process::Stdio::null()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    assert!(lines.len() > 3, "{text}");
+    assert_eq!(lines[0]["type"], "event", "{text}");
+    assert!(lines[0]["event"]["task"]["id"].is_string(), "{text}");
+    assert!(
+        lines.iter().any(
+            |l| l["event"]["statusUpdate"]["status"]["message"]["metadata"]["warden"]["kind"]
+                == "permission"
+        ),
+        "the permission decision is among the events: {text}"
+    );
+    let end = lines.last().unwrap();
+    assert_eq!(end["type"], "end", "{text}");
+    assert_eq!(end["state"], "TASK_STATE_COMPLETED", "{text}");
+    assert_eq!(end["exitCode"], 0, "{text}");
+    assert_eq!(end["taskId"], lines[0]["event"]["task"]["id"], "{text}");
+
+    let decision = tokio::time::timeout(Duration::from_secs(20), followed.next_line())
+        .await
+        .expect("audit tail -f prints the task's decision")
+        .unwrap()
+        .expect("a line");
+    let decision: serde_json::Value = serde_json::from_str(&decision).unwrap();
+    assert_eq!(decision["verdict"], "ALLOW", "{decision}");
+    let _ = follow.kill().await;
+
+    // Piped, the human view has no status line (no carriage return, no spinner).
+    let out = run_with_deadline(
+        &mut send_command(&d, "write second.txt"),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{shown}");
+    assert!(!shown.contains('\r') && !shown.contains('⠋'), "{shown:?}");
+    // The edit is shown as a diff of the content the tool call carries.
+    assert!(
+        shown.contains("+Hello from warden's scripted agent"),
+        "{shown}"
+    );
+
+    let tail = json_of(&state, &["audit", "tail", "-o", "json"]).await;
+    let recs = tail.as_array().expect("an array");
+    assert_eq!(recs.len(), 2, "{tail}");
+    assert!(
+        recs[0]["decidedAtUnixMs"].as_u64() <= recs[1]["decidedAtUnixMs"].as_u64(),
+        "oldest first: {tail}"
+    );
+    let at = recs[1]["decidedAt"].as_str().unwrap();
+    assert!(
+        at.len() == 24 && at.as_bytes()[10] == b'T' && at.ends_with('Z'),
+        "RFC 3339: {at}"
+    );
+    let id = recs[1]["decisionId"].as_str().unwrap().to_string();
+    let (ok, human, _) = warden(&d, &["audit", "tail", "-n", "1"]).await;
+    assert!(ok);
+    // For people: the local date and time first, not epoch milliseconds.
+    let first = human.split_whitespace().next().unwrap_or("");
+    assert!(
+        first.len() == 10 && first.as_bytes()[4] == b'-',
+        "a local date: {human}"
+    );
+    assert!(human.contains(&id), "the newest is the one line: {human}");
+    let show = json_of(&state, &["audit", "show", &id, "--json"]).await;
+    assert_eq!(show["decisionId"], id.as_str(), "{show}");
+    assert_eq!(show["subject"]["principal"], "local", "{show}");
+
+    let status = json_of(&state, &["status", "-o", "json"]).await;
+    assert_eq!(status["allHealthy"], true, "{status}");
+    assert_eq!(
+        status["daemons"].as_array().map(Vec::len),
+        Some(3),
+        "{status}"
+    );
+
+    let agents = json_of(&state, &["agents", "-o", "json"]).await;
+    assert_eq!(agents["default"], "scripted", "{agents}");
+    let scripted = agents["agents"]
+        .as_array()
+        .and_then(|a| a.iter().find(|g| g["name"] == "scripted"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(scripted["canStart"], true, "{agents}");
+
+    let doctor = json_of(&state, &["doctor", "-o", "json"]).await;
+    assert_eq!(doctor["failed"], false, "{doctor}");
+    assert!(
+        doctor["binaries"]
+            .as_array()
+            .is_some_and(|b| b.iter().all(|b| b["found"] == true)),
+        "{doctor}"
+    );
+    assert_eq!(doctor["agents"]["default"], "scripted", "{doctor}");
+
+    let reload = json_of(&state, &["reload", "-o", "json"]).await;
+    assert_eq!(reload["reloaded"], true, "{reload}");
+
+    // The installed host's checks (this host has none installed: a report of failures, still JSON).
+    let out = run_with_deadline(
+        tokio::process::Command::new(binary("warden")).args(["--deployed", "doctor", "-o", "json"]),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let deployed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        deployed["checks"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c["level"].is_string())),
+        "{deployed}"
+    );
+}
+
+/// A task whose agent crashes ends FAILED, and `warden send` names the incident record the
+/// supervisor wrote for it (it used to be written and never named).
+#[tokio::test]
+async fn a_failed_task_names_its_incident_record() {
+    let d = deployment_for_send().await;
+    let out = run_with_deadline(
+        &mut send_command(&d, r#"{"steps":[{"type":"crash"}]}"#),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(1), "{shown}");
+    assert!(shown.contains("[FAILED]"), "{shown}");
+    let path = shown
+        .lines()
+        .find_map(|l| l.strip_prefix("[incident] what went wrong is recorded in "))
+        .unwrap_or_else(|| panic!("no incident named: {shown}"));
+    let path = std::path::Path::new(path);
+    assert!(
+        path.starts_with(d.layout.state_of("supervisor").join("incidents")),
+        "{}",
+        path.display()
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let task = task_id_of(&shown).unwrap();
+    assert_eq!(record["turn_label"], task[..32], "{record}");
+}
+
+/// An agent whose adapter is not installed is said to be unable to start by `warden agents`
+/// and `warden doctor`, and is left off the agent card; the agents that can start stay on it.
+#[tokio::test]
+async fn agents_that_cannot_start_are_named_and_left_off_the_card() {
+    let empty = warden_e2e::test_root().join(format!("no-adapters-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let d = Deployment::up(Options {
+        sets: vec![(
+            "supervisor".into(),
+            format!("adapters.dir={:?}", empty.display().to_string()),
+        )],
+        ..Default::default()
+    })
+    .await;
+    let (ok, out, err) = warden(&d, &["agents"]).await;
+    assert!(ok, "{err}");
+    let line = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("scripted").contains("ready"), "{out}");
+    assert!(line("scripted").contains("default"), "{out}");
+    assert!(line("claude").contains("CANNOT START"), "{out}");
+    assert!(out.contains("is not installed"), "{out}");
+    assert!(out.contains("left off the agent card"), "{out}");
+    let (_, doctor, _) = warden(&d, &["doctor"]).await;
+    assert!(doctor.contains("agents:"), "{doctor}");
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.contains("claude") && l.contains("CANNOT START")),
+        "{doctor}"
+    );
+    let card = warden_cli::client::get_json(&d.http, "/.well-known/agent-card.json", "")
+        .await
+        .unwrap();
+    let skills: Vec<&str> = card["skills"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(skills, ["scripted"], "{card}");
+    let _ = std::fs::remove_dir_all(&empty);
+}
+
+/// The tmux session's screen, wrapped lines joined.
+fn screen(socket: &str) -> String {
+    let out = std::process::Command::new("tmux")
+        .args(["-L", socket, "capture-pane", "-p", "-J", "-t", "send"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits until the screen holds `needle` (panics with the screen after `within`).
+async fn screen_shows(socket: &str, needle: &str, within: Duration) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let s = screen(socket);
+        if s.contains(needle) {
+            return s;
+        }
+        assert!(start.elapsed() < within, "no {needle:?} on screen:\n{s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops the tmux server of one test, whatever happens to the test.
+struct Tmux(String);
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("tmux")
+            .args(["-L", &self.0, "kill-server"])
+            .status();
+    }
+}
+
+/// In a terminal (tmux), `warden send` against `warden up -d --approver` says that its write
+/// waits for a person — the approval id, the time left, the command that answers it — and its
+/// status line counts the time and names the approval; the approval, given from another
+/// command, reaches it, then the result. `warden logs` reads what `up` wrote, `warden down`
+/// stops the background `up`.
+#[tokio::test]
+async fn warden_send_in_a_terminal_names_the_approval_it_waits_for_then_its_answer() {
+    if std::process::Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "tmux is missing (.ci/run installs it)"
+        );
+        eprintln!("SKIP: tmux is not installed");
+        return;
+    }
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().to_string_lossy().to_string();
+    let warden_bin = binary("warden").display().to_string();
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden_bin).args([
+            "--state-dir",
+            &state,
+            "up",
+            "-d",
+            "--approver",
+            "--approver-http",
+            "",
+            "--http",
+            &d.http,
+        ]),
+        Duration::from_secs(90),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("warden is up in the background"), "{said}");
+    assert!(
+        said.contains(&format!("warden --state-dir {state} down")),
+        "{said}"
+    );
+
+    // A script watching the approvals: one JSON object a line.
+    let mut watch = tokio::process::Command::new(&warden_bin)
+        .args(["--state-dir", &state, "approvals", "watch", "-o", "json"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut watched = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(watch.stdout.take().unwrap()).lines()
+    };
+
+    let socket = format!("warden-e2e-{}", std::process::id());
+    let _tmux = Tmux(socket.clone());
+    let script =
+        format!("{warden_bin} --state-dir {state} send 'write hello.txt'; echo EXIT=$?; sleep 600");
+    let started = std::process::Command::new("tmux")
+        .args([
+            "-L",
+            &socket,
+            "new-session",
+            "-d",
+            "-s",
+            "send",
+            "-x",
+            "250",
+            "-y",
+            "60",
+            &script,
+        ])
+        .status()
+        .unwrap();
+    assert!(started.success());
+
+    let shown = screen_shows(
+        &socket,
+        "waits for a person: approval ",
+        Duration::from_secs(30),
+    )
+    .await;
+    let id = shown
+        .lines()
+        .find_map(|l| l.split_once("waits for a person: approval "))
+        .and_then(|(_, rest)| rest.split(',').next())
+        .unwrap()
+        .to_string();
+    assert!(shown.contains("left (denied then)"), "{shown}");
+    assert!(
+        shown.contains(&format!(
+            "[approval] approve: warden --state-dir {state} approvals approve {id}"
+        )),
+        "{shown}"
+    );
+    // The status line: a spinner, the time elapsed and what it waits for.
+    screen_shows(
+        &socket,
+        &format!("waiting for a person: approval {id}"),
+        Duration::from_secs(10),
+    )
+    .await;
+
+    let pending = json_of(&state, &["approvals", "list", "-o", "json"]).await;
+    let mine = pending
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["id"] == id.as_str()))
+        .cloned()
+        .unwrap_or_else(|| panic!("{id} not pending: {pending}"));
+    assert_eq!(
+        mine["approveWith"],
+        format!("warden --state-dir {state} approvals approve {id}"),
+        "{mine}"
+    );
+    assert!(
+        mine["secondsLeft"].as_u64().is_some_and(|s| s > 0),
+        "{mine}"
+    );
+    let answered = json_of(&state, &["approvals", "approve", &id, "-o", "json"]).await;
+    assert_eq!(answered["state"], "APPROVED", "{answered}");
+    for state in ["PENDING", "APPROVED"] {
+        let line = tokio::time::timeout(Duration::from_secs(20), watched.next_line())
+            .await
+            .expect("approvals watch -o json prints each change")
+            .unwrap()
+            .unwrap();
+        let change: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(change["id"], id.as_str(), "{change}");
+        assert_eq!(change["state"], state, "{change}");
+    }
+    let _ = watch.kill().await;
+    let shown_one = json_of(&state, &["approvals", "show", &id, "--json"]).await;
+    assert_eq!(shown_one["state"], "APPROVED", "{shown_one}");
+    assert!(
+        shown_one["answeredAt"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{shown_one}"
+    );
+    let history = json_of(&state, &["approvals", "history", "-o", "json"]).await;
+    assert!(
+        history
+            .as_array()
+            .is_some_and(|h| h.iter().any(|a| a["id"] == id.as_str())),
+        "{history}"
+    );
+
+    let shown = screen_shows(&socket, "EXIT=", Duration::from_secs(60)).await;
+    assert!(shown.contains("EXIT=0"), "{shown}");
+    assert!(
+        shown.contains(&format!("[approval] {id} APPROVED by uid:")),
+        "{shown}"
+    );
+    assert!(shown.contains("[COMPLETED]"), "{shown}");
+    assert!(
+        !shown
+            .lines()
+            .any(|l| l.starts_with(['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'])),
+        "the status line is gone at the end: {shown}"
+    );
+
+    let (ok, logs, err) = {
+        let out = run_with_deadline(
+            tokio::process::Command::new(&warden_bin).args(["--state-dir", &state, "logs", "up"]),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    assert!(ok, "{err}");
+    assert!(
+        logs.contains("warden is up: policy, approver, supervisor, gateway healthy"),
+        "{logs}"
+    );
+    // Followed: what the background `up` writes as it stops arrives.
+    let mut follow = tokio::process::Command::new(&warden_bin)
+        .args(["--state-dir", &state, "logs", "-f", "-n", "0", "up"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut followed = {
+        use tokio::io::AsyncBufReadExt;
+        tokio::io::BufReader::new(follow.stdout.take().unwrap()).lines()
+    };
+    // It has read the file's end before `down` appends to it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden_bin).args(["--state-dir", &state, "down"]),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("warden stopped"), "{said}");
+    let stopped = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut seen = Vec::new();
+        while let Ok(Some(l)) = followed.next_line().await {
+            let done = l == "warden: stopped";
+            seen.push(l);
+            if done {
+                break;
+            }
+        }
+        seen
+    })
+    .await
+    .expect("warden logs -f shows the stop");
+    assert_eq!(
+        stopped.last().map(String::as_str),
+        Some("warden: stopped"),
+        "{stopped:?}"
+    );
+    let _ = follow.kill().await;
+    for daemon in ["policy", "approver", "supervisor", "gateway"] {
+        assert!(
+            !warden_daemon::client::healthy(&d.layout.socket_of(daemon)).await,
+            "warden-{daemon} still answers"
+        );
+    }
+    let out = run_with_deadline(
+        tokio::process::Command::new(&warden_bin).args(["--state-dir", &state, "down"]),
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no warden up is running"));
 }

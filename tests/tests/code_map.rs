@@ -426,59 +426,53 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     t.out
 }
 
-/// Each package's import circles between its files (the crate root, which declares the
-/// modules, is not a node).
-fn import_circles() -> Vec<Vec<String>> {
-    let root = workspace();
-    let mut all = Vec::new();
-    for p in packages() {
-        let src = root.join(&p.dir).join("src");
-        let files: Vec<PathBuf> = rs_files(&src)
-            .into_iter()
-            .filter(|f| !f.starts_with(src.join("bin")))
-            .collect();
-        let by_module: BTreeMap<String, String> =
-            files.iter().map(|f| (module_of(&src, f), rel(f))).collect();
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for f in &files {
-            let this = module_of(&src, f);
-            if this.is_empty() {
-                continue;
-            }
-            let from = rel(f);
-            let text = code(&std::fs::read_to_string(f).unwrap(), true);
-            let mut to_set = BTreeSet::new();
-            for used in paths_used(&text, &this) {
-                // The longest module prefix that is a file of this crate.
-                let parts: Vec<&str> = used.split("::").collect();
-                let target = (1..=parts.len())
-                    .rev()
-                    .find_map(|n| by_module.get(&parts[..n].join("::")));
-                if let Some(t) = target
-                    && *t != from
-                {
-                    to_set.insert(t.clone());
-                }
-            }
-            edges.insert(from, to_set);
+/// One package's imports between its files: file → the files it imports (the crate root, which
+/// declares the modules, is not a node; nor are `src/bin` programs).
+fn import_edges(dir: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let src = workspace().join(dir).join("src");
+    let files: Vec<PathBuf> = rs_files(&src)
+        .into_iter()
+        .filter(|f| !f.starts_with(src.join("bin")))
+        .collect();
+    let by_module: BTreeMap<String, String> =
+        files.iter().map(|f| (module_of(&src, f), rel(f))).collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let this = module_of(&src, f);
+        if this.is_empty() {
+            continue;
         }
-        all.extend(circles(&edges));
+        let from = rel(f);
+        let text = code(&std::fs::read_to_string(f).unwrap(), true);
+        let mut to_set = BTreeSet::new();
+        for used in paths_used(&text, &this) {
+            // The longest module prefix that is a file of this crate.
+            let parts: Vec<&str> = used.split("::").collect();
+            let target = (1..=parts.len())
+                .rev()
+                .find_map(|n| by_module.get(&parts[..n].join("::")));
+            if let Some(t) = target
+                && *t != from
+            {
+                to_set.insert(t.clone());
+            }
+        }
+        edges.insert(from, to_set);
     }
-    all
+    edges
 }
 
-/// Circles that exist today and are being taken apart (issue 26: the gateway in floors). This
-/// list may only shrink: a new circle, or a known one that grows, fails.
-const KNOWN_CIRCLES: &[&[&str]] = &[&[
-    "services/gateway/src/a2a_grpc.rs",
-    "services/gateway/src/auth.rs",
-    "services/gateway/src/card.rs",
-    "services/gateway/src/compat03.rs",
-    "services/gateway/src/config.rs",
-    "services/gateway/src/http.rs",
-    "services/gateway/src/push.rs",
-    "services/gateway/src/tasks.rs",
-]];
+/// Each package's import circles between its files.
+fn import_circles() -> Vec<Vec<String>> {
+    packages()
+        .iter()
+        .flat_map(|p| circles(&import_edges(Path::new(&p.dir))))
+        .collect()
+}
+
+/// Circles that exist today and are being taken apart. This list may only shrink: a new circle,
+/// or a known one that grows, fails. (The gateway's 8-file circle went with its floors.)
+const KNOWN_CIRCLES: &[&[&str]] = &[];
 
 #[test]
 fn no_crate_has_an_import_circle_between_its_files() {
@@ -548,4 +542,122 @@ fn the_known_circles_are_still_there_or_are_removed_from_the_list() {
             "the known circle {k:?} changed or is gone: update KNOWN_CIRCLES (found {found:#?})"
         );
     }
+}
+
+/// The gateway's floors, bottom up, as ARCHITECTURE.md draws them. Every file of the gateway is
+/// in exactly one; a file imports only from lower floors or its own — except the bindings, which
+/// never import each other (a file of a binding may import the files of the same binding, as
+/// `mcp/` does).
+const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
+    (
+        "pure",
+        &[
+            "a2a.rs",
+            "config.rs",
+            "endpoints.rs",
+            "error.rs",
+            "grpc_convert.rs",
+            "mapping.rs",
+            "time.rs",
+            "translate03.rs",
+        ],
+    ),
+    (
+        "state and delivery",
+        &[
+            "auth.rs",
+            "metrics.rs",
+            "peer.rs",
+            "push.rs",
+            "shares.rs",
+            "store.rs",
+        ],
+    ),
+    ("core", &["card.rs", "events.rs", "tasks.rs"]),
+    ("admission", &["admission.rs"]),
+    (
+        "bindings",
+        &[
+            "a2a_grpc.rs",
+            "compat03.rs",
+            "jsonrpc.rs",
+            "rest.rs",
+            "mcp/mod.rs",
+            "mcp/envelope.rs",
+            "mcp/server.rs",
+            "mcp/tools.rs",
+            "mcp/turn.rs",
+            "mcp/workspace.rs",
+        ],
+    ),
+    ("wiring", &["daemon.rs", "http.rs", "serve.rs"]),
+];
+
+/// The binding a file belongs to (`mcp/…` is one binding of several files).
+fn binding_of(file: &str) -> &str {
+    file.split_once('/').map_or(file, |(dir, _)| dir)
+}
+
+/// Whether `from` may import `to` under [`GATEWAY_FLOORS`]; `None` when a file has no floor.
+fn floor_allows(from: &str, to: &str) -> Option<bool> {
+    let floor = |f: &str| GATEWAY_FLOORS.iter().position(|(_, fs)| fs.contains(&f));
+    let (a, b) = (floor(from)?, floor(to)?);
+    let bindings = GATEWAY_FLOORS.iter().position(|(n, _)| *n == "bindings");
+    Some(b < a || (b == a && (Some(a) != bindings || binding_of(from) == binding_of(to))))
+}
+
+fn gateway_floor_breaks(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let prefix = "services/gateway/src/";
+    let mut out = Vec::new();
+    for (from, tos) in edges {
+        let f = from.strip_prefix(prefix).unwrap_or(from);
+        for to in tos {
+            let t = to.strip_prefix(prefix).unwrap_or(to);
+            match floor_allows(f, t) {
+                Some(true) => {}
+                Some(false) => out.push(format!("{f} imports {t}")),
+                None => out.push(format!("{f} or {t} has no floor in GATEWAY_FLOORS")),
+            }
+        }
+        if floor_allows(f, f).is_none() {
+            out.push(format!("{f} has no floor in GATEWAY_FLOORS"));
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn the_gateway_imports_only_down_its_floors_and_bindings_never_import_each_other() {
+    let breaks = gateway_floor_breaks(&import_edges(Path::new("services/gateway")));
+    assert!(
+        breaks.is_empty(),
+        "ARCHITECTURE.md, services/gateway, \"The gateway in floors\": a module imports only from \
+         its own floor or below, and a binding never from another binding (what two bindings \
+         share moves down a floor, not sideways). Broken: {breaks:#?}"
+    );
+}
+
+#[test]
+fn the_floor_rule_refuses_an_import_up_or_sideways() {
+    // The rule above is only as good as its table: an import up a floor, one binding using
+    // another, and a file with no floor are each refused; down and within `mcp/` are not.
+    assert_eq!(floor_allows("tasks.rs", "store.rs"), Some(true));
+    assert_eq!(floor_allows("mcp/server.rs", "mcp/turn.rs"), Some(true));
+    assert_eq!(floor_allows("translate03.rs", "a2a.rs"), Some(true));
+    assert_eq!(floor_allows("store.rs", "tasks.rs"), Some(false));
+    assert_eq!(floor_allows("compat03.rs", "rest.rs"), Some(false));
+    assert_eq!(floor_allows("mcp/server.rs", "jsonrpc.rs"), Some(false));
+    assert_eq!(floor_allows("tasks.rs", "admission.rs"), Some(false));
+    assert_eq!(floor_allows("new_thing.rs", "a2a.rs"), None);
+    let mut edges = BTreeMap::new();
+    edges.insert(
+        "services/gateway/src/config.rs".to_string(),
+        BTreeSet::from(["services/gateway/src/push.rs".to_string()]),
+    );
+    assert_eq!(
+        gateway_floor_breaks(&edges),
+        vec!["config.rs imports push.rs".to_string()]
+    );
 }

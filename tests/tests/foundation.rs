@@ -295,6 +295,8 @@ async fn one_task_id_follows_a_request_through_all_three_daemons_json_logs() {
         "--state-dir",
         &state,
         "up",
+        // The daemons' info lines (the default is warnings only).
+        "-v",
         "--http",
         &d.http,
         "--log-format",
@@ -526,4 +528,102 @@ async fn warden_up_blames_a_bad_flag_or_file_before_starting_anything() {
         !d.layout.socket_of("policy").exists(),
         "no daemon was started"
     );
+}
+
+/// `warden up` is quiet: for a short session (start, one task, Ctrl-C) it prints a short status
+/// when ready and a line when stopped, and no daemon log line at all (warnings only, and a
+/// normal stop warns of nothing); each daemon's info lines are in <state>/logs. A second `up` on the
+/// same state directory fails with one last line saying what to change. It used to stream
+/// 70–117 log lines and WARN on a normal stop.
+#[tokio::test]
+async fn warden_up_is_quiet_and_a_failure_ends_with_what_to_change() {
+    let d = Deployment::new(Options::default());
+    let state = d.dir.path().to_string_lossy().to_string();
+    let out_path = d.dir.path().join("up-output.txt");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut cmd = std::process::Command::new(binary("warden"));
+    cmd.args(["--state-dir", &state, "up", "--http", &d.http])
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .process_group(0);
+    let mut up = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    assert!(
+        wait_until_status_healthy(&state, &mut up, Duration::from_secs(20)).await,
+        "not healthy"
+    );
+    let mut send = tokio::process::Command::new(binary("warden"));
+    send.args(["--state-dir", &state, "send", "write hello.txt"])
+        .stdin(std::process::Stdio::null());
+    let sent = run_with_deadline(&mut send, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(sent.status.code(), Some(0));
+
+    let mut again = tokio::process::Command::new(binary("warden"));
+    again.args(["--state-dir", &state, "up", "--http", &d.http]);
+    let second = run_with_deadline(&mut again, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr).to_string();
+    assert!(!second.status.success(), "{said}");
+    assert!(
+        said.trim_end()
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with(&format!(
+                "To fix: stop the running one first (`warden --state-dir {state} down`"
+            ))),
+        "{said}"
+    );
+
+    let pid = nix::unistd::Pid::from_raw(up.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), up.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+    let printed = std::fs::read_to_string(&out_path).unwrap();
+    let lines: Vec<&str> = printed.lines().collect();
+    // `up`'s own lines: the status when ready, then stopping and stopped.
+    let own: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| {
+            warden_daemon::logging::severity_of(l.split_once("] ").map_or(*l, |x| x.1)).is_none()
+        })
+        .collect();
+    assert!(own.len() <= 6, "{} lines:\n{printed}", own.len());
+    assert!(
+        own[0].starts_with("warden is up: policy, supervisor, gateway healthy"),
+        "{printed}"
+    );
+    assert_eq!(own.last(), Some(&"warden: stopped"), "{printed}");
+    // No daemon line below a warning; a normal stop warns of nothing (it used to warn of each
+    // agent's ACP connection as a fault).
+    assert!(
+        !lines.iter().any(|l| {
+            warden_daemon::logging::severity_of(l.split_once("] ").map_or(*l, |x| x.1))
+                .is_some_and(|s| s < warden_daemon::logging::Severity::Warn)
+        }),
+        "{printed}"
+    );
+    assert!(!printed.contains("ACP connection fault"), "{printed}");
+    // The rest is kept: each daemon's info lines are in its file, `warden logs` shows them.
+    for daemon in ["policy", "supervisor", "gateway"] {
+        let log = std::fs::read_to_string(d.layout.log_of(daemon)).unwrap_or_default();
+        assert!(log.contains(" INFO "), "warden-{daemon}'s log: {log}");
+    }
+    let mut logs = tokio::process::Command::new(binary("warden"));
+    logs.args(["--state-dir", &state, "logs", "supervisor", "-n", "5"]);
+    let out = run_with_deadline(&mut logs, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success());
+    assert_eq!(shown.lines().count(), 5, "{shown}");
 }

@@ -126,6 +126,9 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     }
     let allowed = server("allowed").await;
     let other = server("other").await;
+    // The supervisor's Prometheus metrics count what the records hold.
+    let metrics = format!("127.0.0.1:{}", warden_e2e::free_port());
+    let metrics_set = format!("daemon.metrics_listen={metrics:?}");
     // `localhost:<other>` is named exactly: that name reaches loopback, on that port only.
     // A cold start (`pool_size = 0`): the proxy bound when the agent is spawned. The warm path,
     // bound at the take, has its own tests below.
@@ -134,6 +137,7 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
         &[
             ("supervisor", "limits.egress_refusals_end_turn=0"),
             ("supervisor", "agents.scripted.pool_size=0"),
+            ("supervisor", metrics_set.as_str()),
         ],
     )
     .await;
@@ -273,6 +277,46 @@ async fn only_the_named_loopback_port_is_reachable_and_every_connection_is_recor
     let transcript = std::fs::read_to_string(stop(&evs).transcript_path).unwrap_or_default();
     assert!(transcript.contains("\"kind\":\"egress\""), "{transcript}");
     assert_eq!(stop(&evs).stop_reason, "end_turn");
+    // The supervisor's metrics count each recorded connection by outcome, and the turn.
+    let resp = warden_cli::client::request(&metrics, http::Method::GET, "/metrics", "", None)
+        .await
+        .unwrap();
+    let (_, text) = warden_cli::client::read_answer(resp).await.unwrap();
+    let count = |series: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no sample {series} in:\n{text}")) as usize
+    };
+    let refused_recorded = rec
+        .iter()
+        .filter(|r| r["allowed"] == false && r["status"].as_u64().unwrap_or(0) < 500)
+        .count();
+    let failed_recorded = rec
+        .iter()
+        .filter(|r| r["allowed"] == false && r["status"].as_u64().unwrap_or(0) >= 500)
+        .count();
+    assert_eq!(
+        count("warden_supervisor_egress_connections_total{outcome=\"allowed\"}"),
+        ok.len(),
+        "{text}"
+    );
+    assert_eq!(
+        count("warden_supervisor_egress_connections_total{outcome=\"refused\"}"),
+        refused_recorded,
+        "{text}"
+    );
+    assert!(refused_recorded >= 8, "{rec:#?}");
+    assert_eq!(
+        count("warden_supervisor_egress_connections_total{outcome=\"failed\"}"),
+        failed_recorded,
+        "{text}"
+    );
+    assert_eq!(
+        count("warden_supervisor_turns_total{stop_reason=\"end_turn\",fault_class=\"\"}"),
+        1,
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

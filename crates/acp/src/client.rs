@@ -311,7 +311,13 @@ impl Inner {
         if !first {
             return;
         }
-        tracing::warn!(%fault, "ACP connection fault");
+        if matches!(fault, Fault::AgentClosed) && self.stdin_closed.load(Ordering::Relaxed) {
+            // The end of an agent this client was stopping (its stdin closed first, then its
+            // tree killed): the expected end, not a warning on every normal stop.
+            tracing::debug!(%fault, "ACP connection closed after close_stdin");
+        } else {
+            tracing::warn!(%fault, "ACP connection fault");
+        }
         // The event goes first, so a caller whose request fails below finds
         // the fault already queued behind the last update.
         let _ = self.events.send((AcpEvent::Fault(fault.clone()), 0));

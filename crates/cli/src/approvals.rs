@@ -35,25 +35,7 @@ pub async fn client(socket: &Path) -> Result<ApprovalServiceClient<Channel>, App
     ))
 }
 
-pub fn state_name(a: &pb::Approval) -> &'static str {
-    match a.state() {
-        pb::ApprovalState::Pending => "PENDING",
-        pb::ApprovalState::Approved => "APPROVED",
-        pb::ApprovalState::Denied => "DENIED",
-        pb::ApprovalState::NoResponse => "NO-RESPONSE",
-        pb::ApprovalState::Revoked => "REVOKED",
-        pb::ApprovalState::Expired => "EXPIRED",
-        // Approved by a person, but not enforced: the caller had withdrawn the request.
-        pb::ApprovalState::Withdrawn => "WITHDRAWN",
-    }
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::output::{now_ms, state_name};
 
 fn tool(a: &pb::Approval) -> pb::ToolCall {
     a.request
@@ -75,8 +57,8 @@ pub fn line(a: &pb::Approval) -> String {
     let s = subject(a);
     let when = if a.state() == pb::ApprovalState::Pending {
         format!(
-            "{}s left",
-            a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000)
+            "{} left",
+            crate::output::duration(a.deadline_unix_ms.saturating_sub(now_ms()).div_ceil(1000))
         )
     } else if a.state() == pb::ApprovalState::Withdrawn {
         format!("approved by {}, not enforced", a.answered_by)
@@ -135,8 +117,14 @@ pub fn detail(a: &pb::Approval) -> String {
         ),
         format!("agent/principal {} / {}", s.agent, s.principal),
         format!("context/task    {} / {}", s.context_id, s.task_id),
-        format!("created_ms      {}", a.created_unix_ms),
-        format!("deadline_ms     {}", a.deadline_unix_ms),
+        format!(
+            "created         {}",
+            crate::output::local_time(a.created_unix_ms)
+        ),
+        format!(
+            "deadline        {}",
+            crate::output::local_time(a.deadline_unix_ms)
+        ),
     ];
     if a.state() != pb::ApprovalState::Pending {
         out.push(format!("answered by     {}", a.answered_by));
@@ -178,7 +166,14 @@ pub fn detail(a: &pb::Approval) -> String {
     out.join("\n")
 }
 
-pub async fn list(socket: &Path, history: bool, limit: u32) -> Result<(), ApprovalsError> {
+/// `list` / `history`: one line each, or (`json`) one JSON array.
+pub async fn list(
+    socket: &Path,
+    history: bool,
+    limit: u32,
+    json: bool,
+    command: &str,
+) -> Result<(), ApprovalsError> {
     let mut c = client(socket).await?;
     let req = pb::ListApprovalsRequest { limit };
     let got = if history {
@@ -188,6 +183,14 @@ pub async fn list(socket: &Path, history: bool, limit: u32) -> Result<(), Approv
     }
     .into_inner()
     .approvals;
+    if json {
+        let all: Vec<serde_json::Value> = got
+            .iter()
+            .map(|a| crate::output::approval_json(a, command))
+            .collect();
+        crate::output::print_doc(&serde_json::Value::Array(all));
+        return Ok(());
+    }
     if got.is_empty() && !history {
         println!("no pending requests");
     }
@@ -197,13 +200,35 @@ pub async fn list(socket: &Path, history: bool, limit: u32) -> Result<(), Approv
     Ok(())
 }
 
-pub async fn show(socket: &Path, id: &str) -> Result<(), ApprovalsError> {
+pub async fn show(
+    socket: &Path,
+    id: &str,
+    json: bool,
+    command: &str,
+) -> Result<(), ApprovalsError> {
     let mut c = client(socket).await?;
     let a = c
         .get(pb::GetApprovalRequest { id: id.to_string() })
         .await?
         .into_inner();
-    println!("{}", detail(&a));
+    if json {
+        crate::output::print_doc(&crate::output::approval_json(&a, command));
+    } else {
+        println!("{}", detail(&a));
+    }
+    Ok(())
+}
+
+/// `watch -o json`: the pending requests, then every change, one JSON object a line (no keys:
+/// a script answers with `approvals approve|deny`).
+pub async fn watch_json(socket: &Path, command: &str) -> Result<(), ApprovalsError> {
+    let mut c = client(socket).await?;
+    let mut stream = c.watch(pb::WatchRequest {}).await?.into_inner();
+    while let Some(ev) = stream.message().await? {
+        if let Some(a) = ev.approval {
+            crate::output::print_line(&crate::output::approval_json(&a, command));
+        }
+    }
     Ok(())
 }
 

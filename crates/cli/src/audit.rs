@@ -25,14 +25,14 @@ fn verdict(v: i32) -> &'static str {
     }
 }
 
-/// One line per record, newest first; it ends with the digest of the action the decision
+/// One line per record (the decision's local time first); it ends with the digest of the action the decision
 /// judged (what an ALLOW is bound to). Every field the agent or the caller could write (title,
 /// kind, ids, reason) is escaped: a newline or an escape sequence in a title cannot make a
 /// record look like another, or like two.
 pub fn line(r: &AuditRecord) -> String {
     format!(
         "{}  {:<8} {:<10} {:<32} rule={} reason=\"{}\" decision={} context={} action={}",
-        r.decided_at_unix_ms,
+        crate::output::local_time(r.decided_at_unix_ms),
         verdict(r.verdict),
         Inline(&r.tool_kind),
         Inline(&r.tool_title),
@@ -56,7 +56,11 @@ pub fn detail(r: &AuditRecord) -> String {
     [
         format!("decision_id     {}", r.decision_id),
         format!("request_id      {}", r.request_id),
-        format!("decided_at_ms   {}", r.decided_at_unix_ms),
+        format!(
+            "decided at      {} ({} ms since the epoch)",
+            crate::output::local_time(r.decided_at_unix_ms),
+            r.decided_at_unix_ms
+        ),
         format!("verdict         {}", verdict(r.verdict)),
         format!(
             "option          {}",
@@ -88,6 +92,57 @@ pub async fn query(socket: &Path, req: AuditQueryRequest) -> Result<Vec<AuditRec
     let ch = warden_daemon::client::connect_unix(socket).await?;
     let mut client = AdminServiceClient::new(ch);
     Ok(client.audit_query(req).await?.into_inner().records)
+}
+
+/// `audit tail [-f]`: the newest `limit` records, oldest first; with `follow`, every record
+/// decided after them as it appears (the admin API has no stream: it is asked every 500 ms for
+/// the newest records, and those not yet printed are printed). `json`: one JSON array, or with
+/// `follow` one object a line.
+pub async fn tail(
+    socket: &Path,
+    limit: u32,
+    context_id: String,
+    follow: bool,
+    json: bool,
+) -> Result<(), AuditError> {
+    let ch = warden_daemon::client::connect_unix(socket).await?;
+    let mut client = AdminServiceClient::new(ch);
+    let ask = |limit: u32| AuditQueryRequest {
+        limit,
+        decision_id: String::new(),
+        context_id: context_id.clone(),
+    };
+    let mut first = client.audit_query(ask(limit)).await?.into_inner().records;
+    first.reverse();
+    let print = |r: &AuditRecord| {
+        if json {
+            crate::output::print_line(&crate::output::audit_json(r));
+        } else {
+            println!("{}", line(r));
+        }
+    };
+    if json && !follow {
+        let all: Vec<serde_json::Value> = first.iter().map(crate::output::audit_json).collect();
+        crate::output::print_doc(&serde_json::Value::Array(all));
+        return Ok(());
+    }
+    first.iter().for_each(print);
+    if !follow {
+        return Ok(());
+    }
+    let mut seen: std::collections::HashSet<String> =
+        first.iter().map(|r| r.decision_id.clone()).collect();
+    // Ids older than what one answer can hold are forgotten (they cannot come back).
+    const WINDOW: u32 = 500;
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let mut got = client.audit_query(ask(WINDOW)).await?.into_inner().records;
+        got.reverse();
+        for r in got.iter().filter(|r| !seen.contains(&r.decision_id)) {
+            print(r);
+        }
+        seen = got.into_iter().map(|r| r.decision_id).collect();
+    }
 }
 
 pub async fn show(socket: &Path, id: &str) -> Result<AuditRecord, AuditError> {

@@ -288,6 +288,152 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
     out
 }
 
+/// The binaries `warden up` and the supervisor start, looked for next to `warden`.
+pub const BINARIES: [&str; 8] = [
+    "warden-policy",
+    "warden-approver",
+    "warden-supervisor",
+    "warden-gateway",
+    "warden-scripted-agent",
+    "warden-egress-relay",
+    "warden-fs-servant",
+    "warden-exec-limit",
+];
+
+/// What `warden doctor` found on this host and its running deployment.
+#[derive(Debug, Clone)]
+pub struct LocalReport {
+    pub features: String,
+    /// The state directory, and what keeps the agents' uid from searching its way down (None:
+    /// reachable; not checked when agents keep the supervisor's uid).
+    pub state_dir: std::path::PathBuf,
+    pub state_dir_check: Option<(u32, Option<std::path::PathBuf>)>,
+    pub bin_dir: std::path::PathBuf,
+    pub binaries: Vec<(&'static str, bool)>,
+    pub capacity: Vec<String>,
+    pub adapters: Vec<String>,
+    /// Where the policy's audit and the approver's queue live ([`stores`]).
+    pub stores: Vec<String>,
+    /// Every enabled agent and whether it can start (None: the supervisor is not reachable).
+    pub agents: Option<crate::agents::Agents>,
+    pub deadlines: DeadlineReport,
+}
+
+impl LocalReport {
+    /// A deadline mismatch fails the report (exit 1); a missing adapter is a warning (operators
+    /// install adapters after the package).
+    pub fn failed(&self) -> bool {
+        self.deadlines.mismatch
+    }
+
+    pub fn text(&self) -> String {
+        use std::fmt::Write;
+        let mut o = String::new();
+        let _ = writeln!(o, "{}", self.features);
+        if let Some((uid, blocked)) = &self.state_dir_check {
+            match blocked {
+                None => {
+                    let _ = writeln!(
+                        o,
+                        "  state directory:    {} is reachable by uid {uid}",
+                        self.state_dir.display()
+                    );
+                }
+                Some(b) => {
+                    let _ = writeln!(
+                        o,
+                        "  state directory:    {} is NOT reachable by uid {uid}: {} blocks it \
+                         (the supervisor refuses to start; chmod o+x it or pick another --state-dir)",
+                        self.state_dir.display(),
+                        b.display()
+                    );
+                }
+            }
+        }
+        let _ = writeln!(o, "binaries in {}:", self.bin_dir.display());
+        for (b, found) in &self.binaries {
+            let _ = writeln!(o, "  {b:<22} {}", if *found { "found" } else { "MISSING" });
+        }
+        // The daemons' answers are shown as data (an agent's name or error text among them).
+        let mut section = |title: &str, lines: &[String]| {
+            let _ = writeln!(o, "{title}");
+            for l in lines {
+                let _ = writeln!(o, "{}", warden_terminal_text::Inline(l));
+            }
+        };
+        section("capacity:", &self.capacity);
+        section("adapters:", &self.adapters);
+        section("durable state:", &self.stores);
+        let agents = match &self.agents {
+            Some(a) => crate::agents::lines(a)
+                .into_iter()
+                .map(|l| format!("  {l}"))
+                .collect(),
+            None => vec!["  supervisor not reachable: nothing to check".to_string()],
+        };
+        section("agents:", &agents);
+        section("Decide deadlines:", &self.deadlines.lines);
+        o
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "hostFeatures": self.features.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>(),
+            "stateDirectory": {
+                "path": self.state_dir.display().to_string(),
+                "agentUid": self.state_dir_check.as_ref().map(|(u, _)| *u),
+                "blockedBy": self.state_dir_check.as_ref().and_then(|(_, b)| b.as_ref().map(|b| b.display().to_string())),
+            },
+            "binDir": self.bin_dir.display().to_string(),
+            "binaries": self.binaries.iter().map(|(b, f)| serde_json::json!({"name": b, "found": f})).collect::<Vec<_>>(),
+            "capacity": self.capacity.iter().map(|l| l.trim()).collect::<Vec<_>>(),
+            "adapters": self.adapters.iter().map(|l| l.trim()).collect::<Vec<_>>(),
+            "durableState": self.stores.iter().map(|l| l.trim()).collect::<Vec<_>>(),
+            "agents": self.agents.as_ref().map(crate::agents::json),
+            "deadlines": {"lines": self.deadlines.lines.iter().map(|l| l.trim()).collect::<Vec<_>>(), "mismatch": self.deadlines.mismatch},
+            "failed": self.failed(),
+        })
+    }
+}
+
+/// `warden doctor` on the local deployment: host features, binaries, the running supervisor's
+/// capacity, adapters and agents, and the Decide deadlines against the approver's.
+pub async fn local(
+    layout: &crate::layout::Layout,
+    bin_dir: &Path,
+    supervisor_socket: &Path,
+    approver_admin: &Path,
+) -> LocalReport {
+    let features = warden_sandbox::host_features();
+    let state_dir_check = match &features.agent_identity {
+        Ok(warden_sandbox::IdentityPlan::Switch(who)) => {
+            // The agent uid must search its way down to its roots and homes under the
+            // state directory (bubblewrap resolves them as the agent).
+            let existing = layout.root.ancestors().find(|a| a.exists());
+            Some((
+                who.uid,
+                existing.and_then(|e| warden_sandbox::first_unsearchable(e, *who)),
+            ))
+        }
+        _ => None,
+    };
+    LocalReport {
+        features: features.to_string(),
+        state_dir: layout.root.clone(),
+        state_dir_check,
+        bin_dir: bin_dir.to_path_buf(),
+        binaries: BINARIES
+            .iter()
+            .map(|b| (*b, bin_dir.join(b).is_file()))
+            .collect(),
+        capacity: capacity(supervisor_socket).await,
+        adapters: adapters(supervisor_socket).await,
+        stores: stores(&layout.policy_admin_socket(), approver_admin).await,
+        agents: crate::agents::list(supervisor_socket).await.ok(),
+        deadlines: deadlines(supervisor_socket, approver_admin).await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -126,6 +126,21 @@ impl Layout {
     pub fn url_file(&self) -> PathBuf {
         self.run_dir().join("gateway.url")
     }
+
+    /// Where `warden up` writes each daemon's output (`warden logs`).
+    pub fn logs_dir(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+
+    /// One daemon's log as `warden up` writes it (`up` for `warden up -d`'s own output).
+    pub fn log_of(&self, daemon: &str) -> PathBuf {
+        self.logs_dir().join(format!("{daemon}.log"))
+    }
+
+    /// The running `warden up`'s pid and start time (`warden down`).
+    pub fn up_pid_file(&self) -> PathBuf {
+        self.run_dir().join("up.pid")
+    }
 }
 
 /// Resolves `--state-dir` or the default, made absolute (daemons resolve relative paths against

@@ -4,6 +4,7 @@
 //! Must never: decide a permission, spawn an agent, or read another daemon's store directly —
 //! everything goes through the daemons' public interfaces.
 
+pub mod agents;
 pub mod approvals;
 pub mod audit;
 pub mod client;
@@ -11,6 +12,8 @@ pub mod deployed;
 pub mod doctor;
 pub mod init;
 pub mod layout;
+pub mod logs;
 pub mod mcp;
+pub mod output;
 pub mod status;
 pub mod up;

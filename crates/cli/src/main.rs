@@ -4,7 +4,8 @@
 
 #![forbid(unsafe_code)]
 
-use warden_cli::{approvals, audit, layout, status, up};
+use warden_cli::output::Format;
+use warden_cli::{agents, approvals, audit, layout, logs, status, up};
 
 mod send;
 
@@ -13,6 +14,25 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+
+/// `-o human|json` / `--json`, on every command that reads something.
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct OutputArgs {
+    /// Output format: human, or json for scripts (one JSON document; one JSON object a line
+    /// where the output streams: send, audit tail -f, approvals watch). Times in JSON are
+    /// RFC 3339 (UTC), with the epoch milliseconds beside them.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Human, global = true)]
+    output: Format,
+    /// The same as -o json.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+impl OutputArgs {
+    fn json(&self) -> bool {
+        self.json || self.output == Format::Json
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,8 +45,8 @@ struct Cli {
     #[arg(long, global = true, env = "WARDEN_STATE_DIR")]
     state_dir: Option<PathBuf>,
     /// Use the host installed from the Debian package (deploy/): sockets in /run/warden, as a
-    /// member of warden-operators. For status, audit, approvals and doctor (also accepted after
-    /// them: `warden doctor --deployed`).
+    /// member of warden-operators. For status, audit, approvals, reload and doctor (also
+    /// accepted after them: `warden doctor --deployed`).
     #[arg(long, conflicts_with = "state_dir")]
     deployed: bool,
     #[command(subcommand)]
@@ -63,6 +83,54 @@ enum Command {
         /// --log-format are set over the files.
         #[arg(long, value_name = "DIR")]
         config: Option<PathBuf>,
+        /// Serve each daemon's Prometheus metrics over HTTP: the gateway on this IP:PORT, the
+        /// supervisor on PORT+1, the policy on PORT+2, the approver on PORT+3 (off by default;
+        /// no authentication, so keep it on loopback).
+        #[arg(long, value_name = "IP:PORT")]
+        metrics: Option<std::net::SocketAddr>,
+        /// More of the daemons' logs on the terminal: -v info, -vv debug (default: warnings and
+        /// errors only). Each daemon's log (info, or debug with -vv) is in
+        /// <state>/logs/<daemon>.log (`warden logs`).
+        #[arg(short, long, action = clap::ArgAction::Count)]
+        verbose: u8,
+        /// Start in the background and return once every daemon is healthy; `warden down`
+        /// stops it (its own output goes to <state>/logs/up.log).
+        #[arg(short, long)]
+        detach: bool,
+    },
+    /// Stop a `warden up -d` running on this state directory (each daemon in reverse start
+    /// order, as Ctrl-C does), and wait until it has stopped.
+    Down {
+        /// Seconds to wait for it to stop.
+        #[arg(long, default_value_t = 40)]
+        timeout: u64,
+    },
+    /// Show the daemons' logs (<state>/logs/<daemon>.log, as `warden up` writes them).
+    Logs {
+        /// Only this daemon's: policy, approver, supervisor, gateway, or up (`warden up -d`'s
+        /// own output).
+        daemon: Option<String>,
+        /// Keep printing what is appended.
+        #[arg(short, long)]
+        follow: bool,
+        /// How many lines of each log to show first.
+        #[arg(short = 'n', long, default_value_t = 40)]
+        lines: usize,
+    },
+    /// Make warden-policy read its rules again (its configuration file under `warden up
+    /// --config`); the rules in force stay when the new ones are refused.
+    Reload {
+        /// The host installed from the Debian package.
+        #[arg(long)]
+        deployed: bool,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// The agents a task may name, the default one, and whether each can start (its program
+    /// or adapter installed), from the running supervisor.
+    Agents {
+        #[command(flatten)]
+        out: OutputArgs,
     },
     /// Write a commented starter configuration for `warden up --config DIR`, one file per
     /// daemon (default DIR: <state>/config). Never overwrites a file.
@@ -75,6 +143,8 @@ enum Command {
         /// The host installed from the Debian package.
         #[arg(long)]
         deployed: bool,
+        #[command(flatten)]
+        out: OutputArgs,
     },
     /// A stdio MCP server for hosts that launch tools as processes (`claude mcp add warden --
     /// warden mcp`): relays to the running gateway's /mcp with the caller token from the state
@@ -102,6 +172,8 @@ enum Command {
         /// What to ask the agent; `-` reads it from standard input.
         #[arg(required_unless_present = "file")]
         text: Option<String>,
+        #[command(flatten)]
+        out: OutputArgs,
     },
     /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
     /// landlock) and what warden falls back to where one is missing; with an approver running,
@@ -140,6 +212,8 @@ enum Command {
         /// /run/warden/approver/approver-admin.sock).
         #[arg(long)]
         approver_admin: Option<PathBuf>,
+        #[command(flatten)]
+        out: OutputArgs,
     },
     /// Answer what the policy escalated (warden-approver's admin socket; your uid is recorded).
     #[command(
@@ -149,6 +223,8 @@ enum Command {
         /// The host installed from the Debian package.
         #[arg(long)]
         deployed: bool,
+        #[command(flatten)]
+        out: OutputArgs,
         #[command(subcommand)]
         what: ApprovalsCommand,
     },
@@ -157,6 +233,8 @@ enum Command {
         /// The host installed from the Debian package.
         #[arg(long)]
         deployed: bool,
+        #[command(flatten)]
+        out: OutputArgs,
         #[command(subcommand)]
         what: AuditCommand,
     },
@@ -199,7 +277,7 @@ enum ApprovalsCommand {
 
 #[derive(Debug, Subcommand)]
 enum AuditCommand {
-    /// The newest decisions, newest first.
+    /// The newest decisions, oldest of them first (the newest last, as tail does).
     Tail {
         /// How many records.
         #[arg(short = 'n', long, default_value_t = 20)]
@@ -207,6 +285,9 @@ enum AuditCommand {
         /// Only this context's decisions.
         #[arg(long)]
         context: Option<String>,
+        /// Keep printing decisions as they are made (one JSON object a line with -o json).
+        #[arg(short, long)]
+        follow: bool,
     },
     /// One decision in full.
     Show { decision_id: String },
@@ -240,13 +321,14 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     // `--deployed` means something only where a command reads a daemon's sockets.
     let deployed = match &cli.command {
-        Command::Status { deployed }
+        Command::Status { deployed, .. }
         | Command::Doctor { deployed, .. }
         | Command::Approvals { deployed, .. }
-        | Command::Audit { deployed, .. } => cli.deployed || *deployed,
+        | Command::Audit { deployed, .. }
+        | Command::Reload { deployed, .. } => cli.deployed || *deployed,
         _ if cli.deployed => {
             eprintln!(
-                "warden: --deployed applies to status, audit, approvals and doctor (the installed host); this command uses a local state directory (--state-dir)"
+                "warden: --deployed applies to status, audit, approvals, reload and doctor (the installed host); this command uses a local state directory (--state-dir)"
             );
             return ExitCode::from(2);
         }
@@ -266,6 +348,9 @@ async fn main() -> ExitCode {
             log_format,
             start_timeout,
             config,
+            metrics,
+            verbose,
+            detach,
         } => {
             let config_dir = match config {
                 Some(dir) if !dir.is_dir() => {
@@ -288,11 +373,22 @@ async fn main() -> ExitCode {
                 start_timeout: Duration::from_secs(start_timeout),
                 approver,
                 approver_http,
+                metrics,
+                log_level: Some(up::log_levels(verbose).0.to_string()),
+                echo_from: up::log_levels(verbose).1,
             };
-            match up::run(opts).await {
+            let result = if detach {
+                up::detach(opts).await
+            } else {
+                up::run(opts).await
+            };
+            match result {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warden up: {e}");
+                    if let Some(fix) = e.fix() {
+                        eprintln!("{fix}");
+                    }
                     ExitCode::FAILURE
                 }
             }
@@ -307,6 +403,9 @@ async fn main() -> ExitCode {
                 start_timeout: Duration::from_secs(10),
                 approver: false,
                 approver_http: String::new(),
+                metrics: None,
+                log_level: None,
+                echo_from: warden_daemon::logging::Severity::Info,
             };
             let mut moved = 0;
             for name in ["policy", "approver"] {
@@ -352,6 +451,73 @@ async fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
+        Command::Down { timeout } => match up::down(&layout, Duration::from_secs(timeout)).await {
+            Ok(said) => {
+                println!("{said}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("warden down: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Logs {
+            daemon,
+            follow,
+            lines,
+        } => match logs::run(&layout, daemon.as_deref(), follow, lines).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("warden logs: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Reload { out, .. } => match agents::reload(&layout.policy_admin_socket()).await {
+            Ok(r) => {
+                if out.json() {
+                    warden_cli::output::print_doc(&serde_json::json!({
+                        "reloaded": r.reloaded, "policyVersion": r.policy_version,
+                        "error": r.error,
+                    }));
+                } else if r.reloaded {
+                    println!(
+                        "warden-policy reloaded: policy version {}",
+                        r.policy_version
+                    );
+                } else {
+                    println!(
+                        "warden-policy refused the new rules (version {} stays in force): {}",
+                        r.policy_version,
+                        warden_terminal_text::Inline(&r.error)
+                    );
+                }
+                if r.reloaded {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("warden reload: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Agents { out } => match agents::list(&layout.socket_of("supervisor")).await {
+            Ok(list) => {
+                if out.json() {
+                    warden_cli::output::print_doc(&agents::json(&list));
+                } else {
+                    for l in agents::lines(&list) {
+                        println!("{}", warden_terminal_text::Inline(&l));
+                    }
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("warden agents: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Init { dir } => {
             let dir = dir.unwrap_or_else(|| layout.config_dir());
             match warden_cli::init::write(&dir, &layout) {
@@ -370,22 +536,36 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Approvals { what, .. } => {
+        Command::Approvals { what, out, .. } => {
             let socket = layout.approver_admin_socket();
+            let json = out.json();
+            let command = layout.command();
+            let one = |a: &warden_proto::v1::Approval| {
+                if json {
+                    warden_cli::output::print_doc(&warden_cli::output::approval_json(a, &command));
+                } else {
+                    println!("{}", approvals::line(a));
+                }
+            };
             let result = match what {
-                ApprovalsCommand::List => approvals::list(&socket, false, 0).await,
-                ApprovalsCommand::History { limit } => approvals::list(&socket, true, limit).await,
-                ApprovalsCommand::Show { id } => approvals::show(&socket, &id).await,
+                ApprovalsCommand::List => approvals::list(&socket, false, 0, json, &command).await,
+                ApprovalsCommand::History { limit } => {
+                    approvals::list(&socket, true, limit, json, &command).await
+                }
+                ApprovalsCommand::Show { id } => {
+                    approvals::show(&socket, &id, json, &command).await
+                }
                 ApprovalsCommand::Approve { id, reason } => {
                     approvals::answer(&socket, &id, warden_proto::v1::Verdict::Allow, &reason)
                         .await
-                        .map(|a| println!("{}", approvals::line(&a)))
+                        .map(|a| one(&a))
                 }
                 ApprovalsCommand::Deny { id, reason } => {
                     approvals::answer(&socket, &id, warden_proto::v1::Verdict::Deny, &reason)
                         .await
-                        .map(|a| println!("{}", approvals::line(&a)))
+                        .map(|a| one(&a))
                 }
+                ApprovalsCommand::Watch if json => approvals::watch_json(&socket, &command).await,
                 ApprovalsCommand::Watch => approvals::watch(&socket).await,
             };
             match result {
@@ -399,26 +579,24 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Audit { what, .. } => {
+        Command::Audit { what, out, .. } => {
             let socket = layout.policy_admin_socket();
+            let json = out.json();
             let result = match what {
-                AuditCommand::Tail { limit, context } => audit::query(
-                    &socket,
-                    warden_proto::v1::AuditQueryRequest {
-                        limit,
-                        decision_id: String::new(),
-                        context_id: context.unwrap_or_default(),
-                    },
-                )
-                .await
-                .map(|recs| {
-                    for r in &recs {
-                        println!("{}", audit::line(r));
-                    }
-                }),
-                AuditCommand::Show { decision_id } => audit::show(&socket, &decision_id)
-                    .await
-                    .map(|r| println!("{}", audit::detail(&r))),
+                AuditCommand::Tail {
+                    limit,
+                    context,
+                    follow,
+                } => audit::tail(&socket, limit, context.unwrap_or_default(), follow, json).await,
+                AuditCommand::Show { decision_id } => {
+                    audit::show(&socket, &decision_id).await.map(|r| {
+                        if json {
+                            warden_cli::output::print_doc(&warden_cli::output::audit_json(&r));
+                        } else {
+                            println!("{}", audit::detail(&r));
+                        }
+                    })
+                }
             };
             match result {
                 Ok(()) => ExitCode::SUCCESS,
@@ -431,9 +609,18 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Doctor { .. } if layout.deployed => {
+        Command::Doctor { out, .. } if layout.deployed => {
             let report = warden_cli::deployed::check();
-            println!("{report}");
+            if out.json() {
+                warden_cli::output::print_doc(&serde_json::json!({
+                    "checks": report.checks.iter().map(|c| serde_json::json!({
+                        "level": c.level.to_string(), "what": c.what,
+                    })).collect::<Vec<_>>(),
+                    "failed": report.failed(),
+                }));
+            } else {
+                println!("{report}");
+            }
             if report.failed() == 0 {
                 ExitCode::SUCCESS
             } else {
@@ -443,76 +630,21 @@ async fn main() -> ExitCode {
         Command::Doctor {
             supervisor_socket,
             approver_admin,
+            out,
             ..
         } => {
-            let features = warden_sandbox::host_features();
-            println!("{features}");
-            if let Ok(warden_sandbox::IdentityPlan::Switch(who)) = &features.agent_identity {
-                // The agent uid must search its way down to its roots and homes under the
-                // state directory (bubblewrap resolves them as the agent).
-                let existing = layout.root.ancestors().find(|a| a.exists());
-                match existing.and_then(|e| warden_sandbox::first_unsearchable(e, *who)) {
-                    None => println!(
-                        "  state directory:    {} is reachable by uid {}",
-                        layout.root.display(),
-                        who.uid
-                    ),
-                    Some(b) => println!(
-                        "  state directory:    {} is NOT reachable by uid {}: {} blocks it \
-                         (the supervisor refuses to start; chmod o+x it or pick another --state-dir)",
-                        layout.root.display(),
-                        who.uid,
-                        b.display()
-                    ),
-                }
-            }
-            let bins = exe_dir();
-            println!("binaries in {}:", bins.display());
-            for b in [
-                "warden-policy",
-                "warden-approver",
-                "warden-supervisor",
-                "warden-gateway",
-                "warden-scripted-agent",
-                "warden-egress-relay",
-                "warden-fs-servant",
-                "warden-exec-limit",
-            ] {
-                let found = bins.join(b).is_file();
-                println!("  {b:<22} {}", if found { "found" } else { "MISSING" });
-            }
             let supervisor_socket =
                 supervisor_socket.unwrap_or_else(|| layout.socket_of("supervisor"));
-            println!("capacity:");
-            // The daemons' answers are shown as data (an agent's name or error text among them).
-            for l in warden_cli::doctor::capacity(&supervisor_socket).await {
-                println!("{}", warden_terminal_text::Inline(&l));
+            let approver_admin = approver_admin.unwrap_or_else(|| layout.approver_admin_socket());
+            let report =
+                warden_cli::doctor::local(&layout, &exe_dir(), &supervisor_socket, &approver_admin)
+                    .await;
+            if out.json() {
+                warden_cli::output::print_doc(&report.json());
+            } else {
+                print!("{}", report.text());
             }
-            println!("adapters:");
-            for l in warden_cli::doctor::adapters(&supervisor_socket).await {
-                println!("{}", warden_terminal_text::Inline(&l));
-            }
-            println!("durable state:");
-            for l in warden_cli::doctor::stores(
-                &layout.policy_admin_socket(),
-                &approver_admin
-                    .clone()
-                    .unwrap_or_else(|| layout.approver_admin_socket()),
-            )
-            .await
-            {
-                println!("{}", warden_terminal_text::Inline(&l));
-            }
-            println!("Decide deadlines:");
-            let report = warden_cli::doctor::deadlines(
-                &supervisor_socket,
-                &approver_admin.unwrap_or_else(|| layout.approver_admin_socket()),
-            )
-            .await;
-            for l in &report.lines {
-                println!("{}", warden_terminal_text::Inline(l));
-            }
-            if report.mismatch {
+            if report.failed() {
                 ExitCode::FAILURE
             } else {
                 ExitCode::SUCCESS
@@ -525,6 +657,7 @@ async fn main() -> ExitCode {
             token_file,
             file,
             text,
+            out,
         } => {
             let text = match prompt_text(text, file) {
                 Ok(t) => t,
@@ -541,6 +674,7 @@ async fn main() -> ExitCode {
                     text,
                     url,
                     token_file,
+                    json: out.json(),
                 },
             )
             .await
@@ -552,8 +686,8 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Status { .. } => {
-            if status::run(&layout).await {
+        Command::Status { out, .. } => {
+            if status::run(&layout, out.json()).await {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE

@@ -1,6 +1,14 @@
 //! `warden send [--agent NAME] [--context ID] "text"`: one task through a running `warden up`,
-//! streamed live (agent text, tool calls, every permission decision with its verdict and reason,
-//! the final state). The exit status says how it ended ([`EXIT_CODES`], also in `--help`).
+//! streamed live (agent text, tool calls, an edit's diff when the tool call carries it, every
+//! permission decision with its verdict and reason, the final state). The exit status says how
+//! it ended ([`EXIT_CODES`], also in `--help`).
+//!
+//! A permission that waits for a person is named while it waits: `send` watches the local
+//! approver's admin socket (`warden up --approver`) for the requests of its own task and shows
+//! the approval id, the time left and the command that answers it; a FAILED task's incident
+//! record (in the local supervisor's state directory) is named. On a terminal a status line
+//! shows a spinner and the time elapsed; piped, it is never drawn. `-o json` prints one JSON
+//! object a line instead (`{"type": "event" | "approval" | "note" | "incident" | "end", …}`).
 //!
 //! It speaks A2A 1.0 HTTP+JSON to the gateway's loopback URL (from the state directory's
 //! `run/gateway.url`) with the caller token `warden up` generated (`gateway/token`), through
@@ -8,8 +16,9 @@
 //! shows how it ends: closing the stream alone would not cancel, and a caller that was told
 //! "interrupted" must not leave an agent working behind it.
 
-use std::io::Write;
-use std::path::Path;
+use std::collections::{BTreeMap, HashSet};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -22,6 +31,8 @@ use tokio::time::Instant;
 
 use warden_cli::client::{self, ClientError};
 use warden_cli::layout::Layout;
+use warden_cli::output;
+use warden_proto::v1 as pb;
 
 /// How long an interrupted `send` waits for the cancelled task to reach its end. The gateway
 /// forces CANCELED itself after its own grace (`cancel_grace_ms`, 10 s by default).
@@ -55,6 +66,8 @@ pub struct SendArgs {
     pub url: Option<String>,
     /// A file holding the caller's token instead of `warden up`'s.
     pub token_file: Option<std::path::PathBuf>,
+    /// One JSON object a line instead of the live view (`-o json`).
+    pub json: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +105,8 @@ pub enum Shown {
     Text(String),
     /// A bracketed line such as `[policy] ALLOW Write hello.txt (edit): … [rule …]`.
     Line(String),
+    /// Lines of data (an edit's diff), each shown indented, what the agent wrote escaped.
+    Block(String),
 }
 
 /// What one stream event means for the view and the outcome.
@@ -104,6 +119,8 @@ pub struct Rendered {
     pub state: Option<String>,
     /// A permission decision that was not an ALLOW (deny, or an unresolved escalation).
     pub refused: bool,
+    /// A tool call's edit as a diff, with the tool call's id (shown once per call).
+    pub diff: Option<(String, String)>,
 }
 
 fn short_state(s: &str) -> String {
@@ -150,7 +167,11 @@ pub fn render(ev: &Value) -> Rendered {
                 w["reason"].as_str().unwrap_or(""),
                 w["rule"].as_str().unwrap_or("")
             ))),
-            Some("tool_call") => r.shown.push(Shown::Line(format!("[tool] {text}"))),
+            Some("tool_call") => {
+                r.shown.push(Shown::Line(format!("[tool] {text}")));
+                r.diff = edit_diff(&w["rawInput"])
+                    .map(|d| (w["toolCallId"].as_str().unwrap_or("").to_string(), d));
+            }
             Some("stop") => r
                 .shown
                 .push(Shown::Line(format!("[{}] {text}", short_state(&state)))),
@@ -165,6 +186,75 @@ pub fn render(ev: &Value) -> Rendered {
         }
     }
     r
+}
+
+/// How many lines of one tool call's diff are shown; the rest is counted.
+pub const MAX_DIFF_LINES: usize = 80;
+
+/// One replacement as a unified diff's hunks under a `--- a` / `+++ b` header.
+fn unified(from: &str, to: &str, old: &str, new: &str) -> String {
+    let diff = similar::TextDiff::from_lines(old, new);
+    let hunks = diff.unified_diff().context_radius(3).to_string();
+    format!("--- {from}\n+++ {to}\n{hunks}")
+}
+
+/// The edit a tool call's raw input carries, as a unified diff: Claude's `Edit` (`file_path`,
+/// `old_string`, `new_string`) and `MultiEdit` (`edits`), its `Write` (`content`: the whole new
+/// content, the old one is not in the call), Codex's `changes` (`add` content, `update` with its
+/// own `unified_diff`, `delete`). None when the input carries no edit.
+pub fn edit_diff(raw: &Value) -> Option<String> {
+    let mut out = String::new();
+    let path = raw["file_path"].as_str().or(raw["path"].as_str());
+    fn pair(e: &Value) -> Option<(&str, &str)> {
+        Some((e["old_string"].as_str()?, e["new_string"].as_str()?))
+    }
+    if let (Some(p), Some((old, new))) = (path, pair(raw)) {
+        out.push_str(&unified(p, p, old, new));
+    } else if let (Some(p), Some(edits)) = (path, raw["edits"].as_array()) {
+        for (old, new) in edits.iter().filter_map(pair) {
+            out.push_str(&unified(p, p, old, new));
+        }
+    } else if let (Some(p), Some(content)) = (path, raw["content"].as_str()) {
+        let to = format!("{p} (the whole content written; the old one is not in the call)");
+        out.push_str(&unified(p, &to, "", content));
+    } else if let Some(changes) = raw["changes"].as_object() {
+        for (p, c) in changes {
+            let kind = c["type"].as_str().or_else(|| {
+                ["add", "update", "delete"]
+                    .into_iter()
+                    .find(|k| c.get(*k).is_some())
+            });
+            let body = |k: &str, field: &str| c[k][field].as_str().or(c[field].as_str());
+            match kind {
+                Some("add") => {
+                    let to = format!("{p} (new file)");
+                    out.push_str(&unified("/dev/null", &to, "", body("add", "content")?));
+                }
+                Some("update") => {
+                    let d = body("update", "unified_diff")?;
+                    out.push_str(&format!("--- {p}\n+++ {p}\n{d}"));
+                    if !d.ends_with('\n') {
+                        out.push('\n');
+                    }
+                }
+                Some("delete") => out.push_str(&format!("--- {p}\n+++ /dev/null (deleted)\n")),
+                _ => {}
+            }
+        }
+    }
+    if out.is_empty() {
+        return None;
+    }
+    let lines: Vec<&str> = out.lines().collect();
+    if lines.len() <= MAX_DIFF_LINES {
+        return Some(out);
+    }
+    let mut shown = lines[..MAX_DIFF_LINES].join("\n");
+    shown.push_str(&format!(
+        "\n… {} more lines of the diff\n",
+        lines.len() - MAX_DIFF_LINES
+    ));
+    Some(shown)
 }
 
 fn is_final(state: &str) -> bool {
@@ -308,13 +398,64 @@ impl Cancel {
     }
 }
 
+/// The spinner's frames.
+const SPINNER: [char; 10] = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+
+/// What `send` prints: the live view (with a status line on a terminal) or JSON lines.
 struct View {
     at_line_start: bool,
+    json: bool,
+    /// Draw the status line (stdout is a terminal and the view is for people).
+    tty: bool,
+    started: std::time::Instant,
+    status_drawn: bool,
+    frame: usize,
+    /// How people run `warden` here (`warden --state-dir DIR`), for the commands shown.
+    command: String,
+    /// The local approver's admin socket, when one is running on this state directory.
+    approver: Option<PathBuf>,
+    /// The approvals of this task waiting for a person: id → deadline (epoch ms).
+    waiting: BTreeMap<String, u64>,
+    /// Tool calls whose diff was shown (a tool call's updates repeat its raw input).
+    diffs_shown: HashSet<String>,
 }
 
 impl View {
+    fn new(layout: &Layout, json: bool) -> Self {
+        let approver = Some(layout.approver_admin_socket()).filter(|s| s.exists());
+        View {
+            at_line_start: true,
+            json,
+            tty: !json && std::io::stdout().is_terminal(),
+            started: std::time::Instant::now(),
+            status_drawn: false,
+            frame: 0,
+            command: layout.command(),
+            approver,
+            waiting: BTreeMap::new(),
+            diffs_shown: HashSet::new(),
+        }
+    }
+
+    fn clear_status(&mut self, out: &mut impl Write) {
+        if self.status_drawn {
+            let _ = write!(out, "\r\x1b[2K");
+            self.status_drawn = false;
+        }
+    }
+
     fn show(&mut self, shown: &[Shown]) {
+        if self.json {
+            // Notes of `send` itself (cancel, answer prompts); the events are printed whole.
+            for s in shown {
+                if let Shown::Line(l) = s {
+                    output::print_line(&json!({"type": "note", "text": l}));
+                }
+            }
+            return;
+        }
         let mut out = std::io::stdout().lock();
+        self.clear_status(&mut out);
         for s in shown {
             match s {
                 // What the agent wrote is shown as data: its prose keeps its lines, a status
@@ -330,10 +471,199 @@ impl View {
                     let _ = writeln!(out, "{}", warden_terminal_text::Inline(l));
                     self.at_line_start = true;
                 }
+                Shown::Block(b) => {
+                    if !self.at_line_start {
+                        let _ = writeln!(out);
+                    }
+                    for l in b.lines() {
+                        let _ = writeln!(out, "    {}", warden_terminal_text::Inline(l));
+                    }
+                    self.at_line_start = true;
+                }
             }
         }
         let _ = out.flush();
     }
+
+    /// One A2A event, for `-o json`.
+    fn event(&mut self, ev: &Value) {
+        if self.json {
+            output::print_line(&json!({"type": "event", "event": ev}));
+        }
+    }
+
+    /// Redraws the status line: spinner, time elapsed, and what the task waits for. Only on a
+    /// terminal, and only between lines (never in the middle of the agent's text).
+    fn tick(&mut self) {
+        if !self.tty || !self.at_line_start {
+            return;
+        }
+        self.frame = (self.frame + 1) % SPINNER.len();
+        let elapsed = output::duration(self.started.elapsed().as_secs());
+        let what = match self.waiting.iter().next() {
+            Some((id, deadline)) => format!(
+                "waiting for a person: approval {id}, {} left",
+                output::duration(
+                    deadline
+                        .saturating_sub(warden_cli::approvals::now_ms())
+                        .div_ceil(1000)
+                )
+            ),
+            None => "working".into(),
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = write!(
+            out,
+            "\r\x1b[2K{} {elapsed}  {}",
+            SPINNER[self.frame],
+            warden_terminal_text::Inline(&what)
+        );
+        let _ = out.flush();
+        self.status_drawn = true;
+    }
+
+    /// Takes the status line away (before `send` ends or reads an answer).
+    fn settle(&mut self) {
+        let mut out = std::io::stdout().lock();
+        self.clear_status(&mut out);
+        let _ = out.flush();
+    }
+
+    /// A request of this task held by the approver: waiting (id, time left, the command that
+    /// answers it), or decided.
+    fn approval(&mut self, a: &pb::Approval) {
+        if self.json {
+            output::print_line(&json!({
+                "type": "approval",
+                "approval": output::approval_json(a, &self.command),
+            }));
+            return;
+        }
+        let t = a
+            .request
+            .as_ref()
+            .and_then(|r| r.tool_call.clone())
+            .unwrap_or_default();
+        let what = if t.title.is_empty() {
+            t.kind.clone()
+        } else {
+            t.title.clone()
+        };
+        if a.state() == pb::ApprovalState::Pending {
+            if self
+                .waiting
+                .insert(a.id.clone(), a.deadline_unix_ms)
+                .is_some()
+            {
+                return;
+            }
+            let left = a
+                .deadline_unix_ms
+                .saturating_sub(warden_cli::approvals::now_ms())
+                .div_ceil(1000);
+            self.show(&[
+                Shown::Line(format!(
+                    "[approval] {what} ({}) waits for a person: approval {}, {} left (denied then)",
+                    t.kind,
+                    a.id,
+                    output::duration(left)
+                )),
+                Shown::Line(format!(
+                    "[approval] approve: {} approvals approve {}",
+                    self.command, a.id
+                )),
+                Shown::Line(format!(
+                    "[approval] deny:    {} approvals deny {} --reason \"…\"",
+                    self.command, a.id
+                )),
+            ]);
+            return;
+        }
+        self.waiting.remove(&a.id);
+        let state = warden_cli::approvals::state_name(a);
+        let by = match a.state() {
+            pb::ApprovalState::NoResponse => "nobody answered in time".to_string(),
+            pb::ApprovalState::Revoked => "the task gave it up".to_string(),
+            _ if a.answered_by.is_empty() => String::new(),
+            _ => format!("by {}", a.answered_by),
+        };
+        let reason = if a.reason.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", a.reason)
+        };
+        self.show(&[Shown::Line(format!(
+            "[approval] {} {state} {by}{reason}",
+            a.id
+        ))]);
+    }
+}
+
+/// The approver's requests for one task, as they are held and decided (its `Watch`, filtered
+/// to the task). Nothing arrives when no approver answers on the socket.
+fn watch_approvals(
+    socket: PathBuf,
+    task_id: String,
+) -> tokio::sync::mpsc::UnboundedReceiver<pb::Approval> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let Ok(mut c) = warden_cli::approvals::client(&socket).await else {
+            return;
+        };
+        let Ok(stream) = c.watch(pb::WatchRequest {}).await else {
+            return;
+        };
+        let mut stream = stream.into_inner();
+        while let Ok(Some(ev)) = stream.message().await {
+            let Some(a) = ev.approval else { continue };
+            let ours = a
+                .request
+                .as_ref()
+                .and_then(|r| r.subject.as_ref())
+                .is_some_and(|s| s.task_id == task_id);
+            if ours && tx.send(a).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The supervisor's incident record of this task, in the local deployment's state directory
+/// (records written since `send` started; the newest when there are several).
+fn incident_of(layout: &Layout, task_id: &str, since_ms: u64) -> Option<PathBuf> {
+    // The supervisor's file label of a caller's id (records::label): 32 safe characters.
+    let label: String = task_id
+        .chars()
+        .take(32)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let dir = layout.state_of("supervisor").join("incidents");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            // `<at_unix_ms>-<class>-<random>.json`: older records are not read at all.
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('-').next()?.parse::<u64>().ok())
+                .is_some_and(|at| at + 1000 >= since_ms)
+        })
+        .filter(|p| {
+            std::fs::read_to_string(p)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .is_some_and(|v| v["turn_label"].as_str() == Some(label.as_str()))
+        })
+        .collect();
+    found.sort();
+    found.pop()
 }
 
 /// Streams one message until the task reaches a final state, the stream ends, or (after an
@@ -372,13 +702,39 @@ async fn stream(
     let mut cancel: Option<Cancel> = None;
     // A second signal: stop waiting for the end, including for the cancel's answer.
     let mut gave_up = false;
+    // This task's requests held by the local approver, once the task has an id.
+    let mut approvals: Option<tokio::sync::mpsc::UnboundedReceiver<pb::Approval>> = None;
+    let mut ticks = tokio::time::interval(Duration::from_millis(125));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         if let (Some(c), Some(id)) = (cancel.as_mut(), end.task_id.as_deref()) {
             c.send(addr, token, id, view);
         }
+        if approvals.is_none()
+            && let (Some(socket), Some(id)) = (view.approver.clone(), end.task_id.clone())
+        {
+            approvals = Some(watch_approvals(socket, id));
+        }
         let deadline = cancel.as_ref().map(|c| c.deadline);
         let sse = tokio::select! {
             sse = events.next() => sse,
+            _ = ticks.tick(), if view.tty => {
+                view.tick();
+                continue;
+            }
+            a = async {
+                match approvals.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                match a {
+                    Some(a) => view.approval(&a),
+                    // The watch ended (no approver, or it stopped): nothing more to show.
+                    None => view.approver = None,
+                }
+                continue;
+            }
             sig = signals.recv() => {
                 if cancel.is_some() {
                     view.show(&[Shown::Line("[cancel] not waiting any longer".into())]);
@@ -410,6 +766,7 @@ async fn stream(
             continue;
         };
         let ev: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+        view.event(&ev);
         if ev.get("error").is_some() {
             view.show(&[Shown::Line(format!(
                 "[error] {}",
@@ -422,7 +779,14 @@ async fn stream(
             end.task_id = r.task_id.clone();
         }
         end.refused |= r.refused;
-        view.show(&r.shown);
+        if !view.json {
+            view.show(&r.shown);
+            if let Some((id, diff)) = r.diff
+                && view.diffs_shown.insert(id)
+            {
+                view.show(&[Shown::Block(diff)]);
+            }
+        }
         if let Some(s) = r.state {
             end.state = s;
             if is_final(&end.state) {
@@ -448,10 +812,15 @@ async fn stream(
 
 /// Runs `warden send`.
 pub async fn run(layout: &Layout, args: SendArgs) -> ExitCode {
+    let json = args.json;
     match send(layout, args).await {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("warden send: {e}");
+            if json {
+                // A script reading the lines learns the end the same way as any other.
+                output::print_line(&json!({"type": "end", "error": e.to_string(), "exitCode": 2}));
+            }
             ExitCode::from(2)
         }
     }
@@ -502,18 +871,38 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     if let Some(a) = &args.agent {
         message["metadata"] = json!({"agent": a});
     }
-    let mut view = View {
-        at_line_start: true,
-    };
+    let mut view = View::new(layout, args.json);
+    let since_ms = warden_cli::approvals::now_ms();
     let mut refused = false;
     loop {
-        let end = stream(&addr, &token, message, &mut view, &mut signals).await?;
+        let end = stream(&addr, &token, message, &mut view, &mut signals).await;
+        view.settle();
+        let end = end?;
         refused |= end.refused;
         if !is_final(&end.state) && end.interrupt.is_none() {
             eprintln!("warden send: the stream ended before the task did");
         }
         if end.state != "TASK_STATE_INPUT_REQUIRED" || end.interrupt.is_some() {
-            return Ok(exit_code(&end.state, refused, end.interrupt));
+            let code = exit_code(&end.state, refused, end.interrupt);
+            // A fault's record is written before the task's end is told: it is there now.
+            let incident = end
+                .task_id
+                .as_deref()
+                .filter(|_| is_terminal(&end.state))
+                .and_then(|id| incident_of(layout, id, since_ms));
+            if view.json {
+                output::print_line(&json!({
+                    "type": "end", "taskId": end.task_id, "state": end.state,
+                    "exitCode": code, "refused": refused,
+                    "incident": incident.as_ref().map(|p| p.display().to_string()),
+                }));
+            } else if let Some(p) = incident {
+                view.show(&[Shown::Line(format!(
+                    "[incident] what went wrong is recorded in {}",
+                    p.display()
+                ))]);
+            }
+            return Ok(code);
         }
         let Some(task_id) = end.task_id else {
             return Ok(3);
@@ -601,6 +990,45 @@ mod tests {
                 .shown
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn edits_in_a_tool_calls_raw_input_are_shown_as_diffs() {
+        let edit = edit_diff(&json!({"file_path": "/r/a.txt",
+            "old_string": "one\ntwo\nthree\n", "new_string": "one\n2\nthree\n"}))
+        .unwrap();
+        assert_eq!(
+            edit,
+            "--- /r/a.txt\n+++ /r/a.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"
+        );
+        let write = edit_diff(&json!({"file_path": "/r/b.txt", "content": "hi\n"})).unwrap();
+        assert!(
+            write.contains("+++ /r/b.txt (the whole content written"),
+            "{write}"
+        );
+        assert!(write.ends_with("+hi\n"), "{write}");
+        let codex = edit_diff(&json!({"changes": {
+            "/r/c.txt": {"add": {"content": "new\n"}},
+            "/r/d.txt": {"type": "update", "unified_diff": "@@ -1 +1 @@\n-a\n+b\n"},
+            "/r/e.txt": {"delete": {}}}}))
+        .unwrap();
+        assert!(
+            codex.contains("+++ /r/c.txt (new file)\n@@ -0,0 +1 @@\n+new\n"),
+            "{codex}"
+        );
+        assert!(
+            codex.contains("--- /r/d.txt\n+++ /r/d.txt\n@@ -1 +1 @@\n-a\n+b\n"),
+            "{codex}"
+        );
+        assert!(
+            codex.contains("--- /r/e.txt\n+++ /dev/null (deleted)"),
+            "{codex}"
+        );
+        assert_eq!(edit_diff(&json!({"command": "ls"})), None);
+        let long: String = (0..200).map(|i| format!("{i}\n")).collect();
+        let cut = edit_diff(&json!({"file_path": "/r/f", "content": long})).unwrap();
+        assert_eq!(cut.lines().count(), MAX_DIFF_LINES + 1, "{cut}");
+        assert!(cut.contains("more lines of the diff"), "{cut}");
     }
 
     #[test]

@@ -3,45 +3,87 @@
 
 use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout};
 
-/// Prints one line per daemon; returns true when all are healthy.
-pub async fn run(layout: &Layout) -> bool {
-    if layout.deployed {
-        return run_deployed(layout).await;
+/// One daemon's health as `status` reports it.
+struct Health {
+    name: &'static str,
+    /// None: not reachable from here (the deployed supervisor admits the gateway alone).
+    healthy: Option<bool>,
+    socket: std::path::PathBuf,
+    note: Option<String>,
+}
+
+/// Prints one line per daemon (or, with `json`, one JSON document); returns true when all are
+/// healthy.
+pub async fn run(layout: &Layout, json: bool) -> bool {
+    let all = if layout.deployed {
+        deployed(layout).await
+    } else {
+        local(layout).await
+    };
+    let ok = all.iter().all(|h| h.healthy != Some(false));
+    if json {
+        let daemons: Vec<serde_json::Value> = all
+            .iter()
+            .map(|h| {
+                serde_json::json!({
+                    "name": format!("warden-{}", h.name), "healthy": h.healthy,
+                    "socket": h.socket.display().to_string(), "note": h.note,
+                })
+            })
+            .collect();
+        crate::output::print_doc(&serde_json::json!({
+            "stateDirectory": layout.root.display().to_string(),
+            "allHealthy": ok,
+            "daemons": daemons,
+        }));
+        return ok;
     }
-    let mut all = true;
+    for h in &all {
+        let state = match h.healthy {
+            Some(true) => "healthy",
+            Some(false) => "DOWN",
+            None => "-",
+        };
+        println!("warden-{:<10} {:<8} {}", h.name, state, h.socket.display());
+        if let Some(n) = &h.note {
+            println!("  {}", warden_terminal_text::Inline(n));
+        }
+    }
+    ok
+}
+
+async fn local(layout: &Layout) -> Vec<Health> {
     // The approver only where one was started on this state directory (`warden up --approver`).
     let with_approver = layout.socket_of("approver").exists();
-    let daemons: &[&str] = if with_approver {
+    let daemons: &[&'static str] = if with_approver {
         &DAEMONS_WITH_APPROVER
     } else {
         &DAEMONS
     };
+    let mut out = Vec::new();
     for d in daemons {
         let socket = layout.socket_of(d);
         let ok = warden_daemon::client::healthy(&socket).await;
-        all &= ok;
-        println!(
-            "warden-{:<10} {:<8} {}",
-            d,
-            if ok { "healthy" } else { "DOWN" },
-            socket.display()
-        );
-        if *d == "gateway"
-            && ok
-            && let Some(line) = gateway_push(&socket).await
-        {
-            println!("  {}", warden_terminal_text::Inline(&line));
-        }
+        let note = if *d == "gateway" && ok {
+            gateway_push(&socket).await
+        } else {
+            None
+        };
+        out.push(Health {
+            name: d,
+            healthy: Some(ok),
+            socket,
+            note,
+        });
     }
-    all
+    out
 }
 
 /// The deployed host: what an operator (`warden-operators`) may reach. The policy and the
 /// approver answer on their admin sockets; the gateway on its own. The supervisor's socket
 /// admits warden-gateway alone, so its health is what the gateway reports of it: the gateway's
 /// Status carries it.
-async fn run_deployed(layout: &Layout) -> bool {
-    let mut all = true;
+async fn deployed(layout: &Layout) -> Vec<Health> {
     let mut probes = vec![
         ("policy", layout.policy_admin_socket()),
         ("gateway", layout.socket_of("gateway")),
@@ -49,23 +91,23 @@ async fn run_deployed(layout: &Layout) -> bool {
     if layout.socket_of("approver").exists() {
         probes.insert(1, ("approver", layout.approver_admin_socket()));
     }
+    let mut out = Vec::new();
     for (d, socket) in probes {
         let ok = warden_daemon::client::healthy(&socket).await;
-        all &= ok;
-        println!(
-            "warden-{:<10} {:<8} {}",
-            d,
-            if ok { "healthy" } else { "DOWN" },
-            socket.display()
-        );
+        out.push(Health {
+            name: d,
+            healthy: Some(ok),
+            socket,
+            note: None,
+        });
     }
-    println!(
-        "warden-{:<10} {:<8} {} (admits warden-gateway only)",
-        "supervisor",
-        "-",
-        layout.socket_of("supervisor").display()
-    );
-    all
+    out.push(Health {
+        name: "supervisor",
+        healthy: None,
+        socket: layout.socket_of("supervisor"),
+        note: Some("admits warden-gateway only".into()),
+    });
+    out
 }
 
 /// The gateway's push delivery counters, when it serves push notifications.

@@ -4,6 +4,14 @@
 //! Each daemon gets its own process group, so a Ctrl-C reaches only `up`, which then stops them in
 //! reverse start order (gateway, supervisor, [approver,] policy). `PR_SET_PDEATHSIG` makes the kernel kill them
 //! if `up` itself is killed, so no daemon outlives it.
+//!
+//! Quiet by default: the terminal shows the daemons' warnings and errors only (`-v` info too,
+//! `-vv` debug), while each daemon's log at info (debug with `-vv`) goes to
+//! `<state>/logs/<daemon>.log` (`warden logs`), a short status says when all are ready, and a failure ends with one plain line saying what to change
+//! ([`UpError::fix`]). `warden up -d` ([`detach`]) runs the same `up` in a session of its own
+//! and returns once every daemon is healthy; `warden down` ([`down`]) stops it through the
+//! pid file `up` keeps in `<state>/run/up.pid` (its pid and start time, so a reused pid is never
+//! signalled).
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -14,6 +22,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout, toml_str};
+use warden_daemon::logging::Severity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -36,11 +45,29 @@ pub enum UpError {
         source: std::io::Error,
     },
     #[error("warden-{daemon} exited during start-up ({status})")]
-    DiedAtStart { daemon: String, status: String },
+    DiedAtStart {
+        daemon: String,
+        status: String,
+        log: PathBuf,
+    },
     #[error("warden-{daemon} did not report healthy within {secs} s")]
-    NotHealthy { daemon: String, secs: u64 },
+    NotHealthy {
+        daemon: String,
+        secs: u64,
+        log: PathBuf,
+    },
     #[error("warden-{daemon} exited unexpectedly ({status}); the others were stopped")]
-    Died { daemon: String, status: String },
+    Died {
+        daemon: String,
+        status: String,
+        log: PathBuf,
+    },
+    #[error("the background warden up exited before it was ready ({status}); its output:\n{tail}")]
+    DetachedDied { status: String, tail: String },
+    #[error(
+        "the background warden up was not ready within {0} s (still starting; `warden status`)"
+    )]
+    DetachedSlow(u64),
     #[error("cannot write the caller token {path}: {source}")]
     Token {
         path: PathBuf,
@@ -57,6 +84,53 @@ pub enum UpError {
     },
     #[error("warden-{daemon} refuses its configuration (nothing was started):\n{message}")]
     Config { daemon: String, message: String },
+}
+
+impl UpError {
+    /// The one plain line that says what to change, ending a failed `warden up`.
+    pub fn fix(&self) -> Option<String> {
+        Some(match self {
+            UpError::Dir { .. } | UpError::Token { .. } => {
+                "To fix: give warden a state directory it may write (--state-dir DIR).".into()
+            }
+            UpError::AlreadyRunning(dir) => format!(
+                "To fix: stop the running one first (`{} down`, or Ctrl-C where it runs), or pick another --state-dir.",
+                Layout::new(dir).command()
+            ),
+            UpError::MissingBinary(_) => "To fix: build the daemons (`cargo build --release --workspace --bins`) or pass --bin-dir DIR.".into(),
+            UpError::Flag { flag, .. } => format!("To fix: change {flag}."),
+            UpError::Config { .. } => {
+                "To fix: change what the message names; nothing was started.".into()
+            }
+            UpError::DiedAtStart { daemon, log, .. } | UpError::Died { daemon, log, .. } => {
+                format!(
+                    "To fix: read warden-{daemon}'s own reason above or in {} (`warden logs {daemon}`).",
+                    log.display()
+                )
+            }
+            UpError::NotHealthy { daemon, log, .. } => format!(
+                "To fix: give it longer (--start-timeout SECS) or read why in {} (`warden logs {daemon}`).",
+                log.display()
+            ),
+            UpError::DetachedDied { .. } => {
+                "To fix: see its output above; it is also in <state>/logs/up.log.".into()
+            }
+            UpError::DetachedSlow(_) => {
+                "To fix: wait and check `warden status`, or give more time (--start-timeout SECS).".into()
+            }
+            UpError::Spawn { .. } | UpError::Signal(_) => return None,
+        })
+    }
+}
+
+/// For `warden up -v…`: the daemons' own log level (what their log files get) and the least
+/// severe line also shown on the terminal (warnings by default).
+pub fn log_levels(verbose: u8) -> (&'static str, Severity) {
+    match verbose {
+        0 => ("info", Severity::Warn),
+        1 => ("info", Severity::Info),
+        _ => ("debug", Severity::Debug),
+    }
 }
 
 /// Checks `warden up`'s own flags, then every daemon's whole configuration (its file under
@@ -125,6 +199,31 @@ pub struct UpOptions {
     /// `warden up --config DIR`: each daemon reads `DIR/<daemon>.toml` when it exists (the
     /// layout's own keys are still set over it).
     pub config_dir: Option<PathBuf>,
+    /// `warden up --metrics IP:PORT`: each daemon serves Prometheus metrics on its own port
+    /// from this one on ([`metrics_addr`]); None = none does.
+    pub metrics: Option<std::net::SocketAddr>,
+    /// `daemon.log_level` set on every daemon ([`log_levels`]); None leaves each daemon's own
+    /// setting.
+    pub log_level: Option<String>,
+    /// The least severe daemon log line `warden up` also shows on its terminal (every line is
+    /// in the daemon's log file; a line not in the log format, such as a start-up error, is
+    /// always shown).
+    pub echo_from: Severity,
+}
+
+/// Where daemon `name` serves its metrics with `warden up --metrics BASE`: the gateway on BASE,
+/// the supervisor on BASE+1, the policy on BASE+2, the approver on BASE+3 (a scrape job per
+/// daemon, each named by its port).
+pub fn metrics_addr(base: std::net::SocketAddr, name: &str) -> Option<std::net::SocketAddr> {
+    let offset = match name {
+        "gateway" => 0,
+        "supervisor" => 1,
+        "policy" => 2,
+        "approver" => 3,
+        _ => return None,
+    };
+    let port = base.port().checked_add(offset)?;
+    Some(std::net::SocketAddr::new(base.ip(), port))
 }
 
 impl UpOptions {
@@ -151,6 +250,12 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
         format!("daemon.log_format={}", toml_str(Path::new(&o.log_format))),
         format!("listen.socket={}", toml_str(&l.socket_of(name))),
     ];
+    if let Some(addr) = o.metrics.and_then(|base| metrics_addr(base, name)) {
+        sets.push(format!("daemon.metrics_listen=\"{addr}\""));
+    }
+    if let Some(level) = &o.log_level {
+        sets.push(format!("daemon.log_level={}", toml_str(Path::new(level))));
+    }
     match name {
         "policy" => {
             sets.push(format!(
@@ -244,6 +349,14 @@ pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
     if o.approver && !o.approver_http.is_empty() {
         out.push(o.approver_http.clone());
     }
+    // Each daemon's metrics listener (`--metrics`).
+    if let Some(base) = o.metrics {
+        for name in o.daemons() {
+            if let Some(a) = metrics_addr(base, name) {
+                out.push(a.to_string());
+            }
+        }
+    }
     if let Some(listed) = read("supervisor").and_then(|s| {
         s.get("egress")?
             .get("warden_listeners")?
@@ -308,6 +421,18 @@ fn write_secret(path: &Path, prefix: &str) -> Result<bool, UpError> {
     Ok(true)
 }
 
+/// Opens `<state>/logs/<daemon>.log` afresh, the previous run's kept as `.log.1`.
+fn open_log(path: &Path) -> Option<std::fs::File> {
+    let _ = std::fs::rename(path, path.with_extension("log.1"));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .ok()
+}
+
 fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
     let bin = o.bin_dir.join(format!("warden-{name}"));
     if !bin.is_file() {
@@ -331,6 +456,10 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
         daemon: name.to_string(),
         source,
     })?;
+    // Both streams into one file, a line at a time (a line is written whole: two streams
+    // never mix inside one).
+    let log =
+        open_log(&o.layout.log_of(name)).map(|f| std::sync::Arc::new(std::sync::Mutex::new(f)));
     for (stream, out) in [
         (
             child
@@ -348,9 +477,19 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
         ),
     ] {
         if let Some(s) = stream {
+            let log = log.clone();
+            let echo_from = o.echo_from;
             tokio::spawn(async move {
                 let mut lines = BufReader::new(s).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(f) = &log {
+                        use std::io::Write;
+                        let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+                        let _ = f.write_all(format!("{line}\n").as_bytes());
+                    }
+                    if warden_daemon::logging::severity_of(&line).is_some_and(|s| s < echo_from) {
+                        continue;
+                    }
                     if out {
                         eprintln!("[{name:>10}] {line}");
                     } else {
@@ -372,22 +511,25 @@ fn status_text(s: std::process::ExitStatus) -> String {
     }
 }
 
-async fn wait_healthy(r: &mut Running, socket: &Path, timeout: Duration) -> Result<(), UpError> {
+async fn wait_healthy(r: &mut Running, l: &Layout, timeout: Duration) -> Result<(), UpError> {
     let start = Instant::now();
+    let socket = l.socket_of(r.name);
     loop {
         if let Ok(Some(status)) = r.child.try_wait() {
             return Err(UpError::DiedAtStart {
                 daemon: r.name.to_string(),
                 status: status_text(status),
+                log: l.log_of(r.name),
             });
         }
-        if warden_daemon::client::healthy(socket).await {
+        if warden_daemon::client::healthy(&socket).await {
             return Ok(());
         }
         if start.elapsed() > timeout {
             return Err(UpError::NotHealthy {
                 daemon: r.name.to_string(),
                 secs: timeout.as_secs(),
+                log: l.log_of(r.name),
             });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -407,7 +549,9 @@ async fn stop_all(running: &mut Vec<Running>) {
             );
         }
         match tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await {
-            Ok(Ok(s)) => eprintln!("warden: stopped warden-{} ({})", r.name, status_text(s)),
+            // A daemon stopped by its SIGTERM exits 0: said only when it did not.
+            Ok(Ok(s)) if s.success() => {}
+            Ok(Ok(s)) => eprintln!("warden: warden-{} stopped with {}", r.name, status_text(s)),
             _ => {
                 eprintln!(
                     "warden: warden-{} did not stop within 10 s; killing it",
@@ -437,6 +581,7 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         )?;
     }
     make_dir(&l.run_dir())?;
+    make_dir(&l.logs_dir())?;
     for d in o.daemons() {
         make_dir(&l.state_of(d))?;
         if warden_daemon::client::healthy(&l.socket_of(d)).await {
@@ -453,12 +598,17 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     let mut int = signal(SignalKind::interrupt()).map_err(UpError::Signal)?;
     let mut term = signal(SignalKind::terminate()).map_err(UpError::Signal)?;
 
+    // For `warden down`: this process, named by its pid and its start time.
+    let _ = std::fs::write(
+        l.up_pid_file(),
+        pid_record(std::process::id()).unwrap_or_default(),
+    );
     let mut running: Vec<Running> = Vec::new();
     for name in o.daemons().iter().copied() {
         let started = spawn(name, &o).map(|r| running.push(r));
         let health = match started {
             Ok(()) => match running.last_mut() {
-                Some(r) => wait_healthy(r, &l.socket_of(name), o.start_timeout).await,
+                Some(r) => wait_healthy(r, l, o.start_timeout).await,
                 None => Ok(()),
             },
             Err(e) => Err(e),
@@ -466,18 +616,17 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
         if let Err(e) = health {
             stop_all(&mut running).await;
             let _ = std::fs::remove_file(l.url_file());
+            let _ = std::fs::remove_file(l.up_pid_file());
             return Err(e);
         }
     }
-    println!("warden is up (state directory {})", l.root.display());
-    for r in &running {
-        println!(
-            "  warden-{:<10} pid {:<8} {}",
-            r.name,
-            r.child.id().unwrap_or(0),
-            l.socket_of(r.name).display()
-        );
-    }
+    let names: Vec<&str> = running.iter().map(|r| r.name).collect();
+    println!(
+        "warden is up: {} healthy (state directory {}; logs: {} logs)",
+        names.join(", "),
+        l.root.display(),
+        l.command()
+    );
     println!(
         "  A2A endpoint        http://{}/  (agent card: http://{}/.well-known/agent-card.json)",
         o.http, o.http
@@ -499,10 +648,26 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
             );
         }
     }
+    if let Some(base) = o.metrics {
+        for r in &running {
+            if let Some(addr) = metrics_addr(base, r.name) {
+                println!("  metrics {:<11} http://{addr}/metrics", r.name);
+            }
+        }
+    }
     println!(
-        "Try: {} send \"write hello.txt\"    Stop: Ctrl-C",
-        l.command()
+        "Try: {} send \"write hello.txt\"    Stop: Ctrl-C{}",
+        l.command(),
+        if std::env::var_os(DETACHED_ENV).is_some() {
+            format!(" or {} down", l.command())
+        } else {
+            String::new()
+        }
     );
+    {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
 
     let died = loop {
         tokio::select! {
@@ -529,13 +694,176 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     }
     stop_all(&mut running).await;
     let _ = std::fs::remove_file(l.url_file());
+    let _ = std::fs::remove_file(l.up_pid_file());
     match died {
         Some((daemon, status)) => Err(UpError::Died {
             daemon: daemon.to_string(),
             status,
+            log: l.log_of(daemon),
         }),
-        None => Ok(()),
+        None => {
+            eprintln!("warden: stopped");
+            Ok(())
+        }
     }
+}
+
+/// Set on the `warden up` that `warden up -d` starts: it runs in the foreground of its own
+/// session (the flag `-d` it was given again is then ignored).
+pub const DETACHED_ENV: &str = "WARDEN_UP_DETACHED";
+
+/// `<pid> <start time in clock ticks since boot>` (field 22 of /proc/PID/stat): a pid and the
+/// moment its process started name that process and no later one.
+fn pid_record(pid: u32) -> Option<String> {
+    Some(format!("{pid} {}", start_time(pid)?))
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count after its last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// `warden up -d`: the same `warden up` in a session of its own (its output to
+/// `<state>/logs/up.log`), returning once every daemon answers healthy, or with the background
+/// one's own words when it gave up.
+pub async fn detach(o: UpOptions) -> Result<(), UpError> {
+    if std::env::var_os(DETACHED_ENV).is_some() {
+        return run(o).await;
+    }
+    let l = &o.layout;
+    // Checked here too, so the mistakes are said in this terminal at once.
+    preflight(&o).await?;
+    make_dir(&l.root)?;
+    make_dir(&l.logs_dir())?;
+    let log_path = l.logs_dir().join("up.log");
+    let log = open_log(&log_path).ok_or_else(|| UpError::Dir {
+        path: log_path.clone(),
+        source: std::io::Error::other("cannot open the log"),
+    })?;
+    let err_log = log.try_clone().map_err(|source| UpError::Dir {
+        path: log_path.clone(),
+        source,
+    })?;
+    let exe = std::env::current_exe().map_err(|source| UpError::Spawn {
+        daemon: "up".into(),
+        source,
+    })?;
+    let mut cmd = Command::new(exe);
+    cmd.args(std::env::args_os().skip(1))
+        .env(DETACHED_ENV, "1")
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err_log);
+    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec here. A
+    // session of its own: the terminal closing sends it no SIGHUP, and Ctrl-C here none either.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| UpError::Spawn {
+        daemon: "up".into(),
+        source,
+    })?;
+    let wait = o.start_timeout * o.daemons().len() as u32 + Duration::from_secs(10);
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            let said = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let tail: Vec<&str> = said.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            return Err(UpError::DetachedDied {
+                status: status_text(status),
+                tail: tail.join("\n"),
+            });
+        }
+        let mut all = true;
+        for d in o.daemons() {
+            all &= warden_daemon::client::healthy(&l.socket_of(d)).await;
+        }
+        if all && l.up_pid_file().exists() {
+            break;
+        }
+        if start.elapsed() > wait {
+            return Err(UpError::DetachedSlow(wait.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "warden is up in the background (pid {}): {} healthy",
+        child.id().unwrap_or(0),
+        o.daemons().join(", ")
+    );
+    println!(
+        "  A2A endpoint        http://{}/   caller token {}",
+        o.http,
+        l.token_file().display()
+    );
+    println!(
+        "Try: {c} send \"write hello.txt\"    Logs: {c} logs -f    Stop: {c} down",
+        c = l.command()
+    );
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DownError {
+    #[error("no warden up is running on {0} (no {1})")]
+    NotRunning(PathBuf, PathBuf),
+    #[error("cannot signal pid {pid}: {source}")]
+    Signal {
+        pid: i32,
+        #[source]
+        source: nix::Error,
+    },
+    #[error(
+        "pid {0} did not stop within {1} s (its daemons may still be stopping; `warden status`)"
+    )]
+    Slow(i32, u64),
+}
+
+/// `warden down`: SIGTERM to the `warden up` named in `<state>/run/up.pid` (when that pid is
+/// still the process that wrote it), then waits until it is gone.
+pub async fn down(l: &Layout, timeout: Duration) -> Result<String, DownError> {
+    let file = l.up_pid_file();
+    let not_running = || DownError::NotRunning(l.root.clone(), file.clone());
+    let record = std::fs::read_to_string(&file).map_err(|_| not_running())?;
+    let mut words = record.split_whitespace();
+    let pid: u32 = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(not_running)?;
+    let started: u64 = words
+        .next()
+        .and_then(|w| w.parse().ok())
+        .ok_or_else(not_running)?;
+    if start_time(pid) != Some(started) {
+        // The process that wrote it is gone (killed without cleaning up): a stale file.
+        let _ = std::fs::remove_file(&file);
+        return Err(not_running());
+    }
+    let target = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM).map_err(|source| {
+        DownError::Signal {
+            pid: pid as i32,
+            source,
+        }
+    })?;
+    let begin = Instant::now();
+    while start_time(pid) == Some(started) {
+        if begin.elapsed() > timeout {
+            return Err(DownError::Slow(pid as i32, timeout.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(format!(
+        "warden stopped (pid {pid}, state directory {})",
+        l.root.display()
+    ))
 }
 
 #[cfg(test)]
@@ -552,7 +880,39 @@ mod tests {
             approver,
             approver_http: String::new(),
             config_dir: None,
+            metrics: None,
+            log_level: None,
+            echo_from: Severity::Warn,
         }
+    }
+
+    /// `warden up --metrics BASE`: each daemon its own port, each listed among warden's own doors
+    /// that no agent's egress proxy may connect to.
+    #[test]
+    fn metrics_ports_follow_the_base_and_are_warden_listeners() {
+        let mut o = options(true);
+        o.metrics = Some("127.0.0.1:9464".parse().unwrap());
+        for (name, port) in [
+            ("gateway", 9464),
+            ("supervisor", 9465),
+            ("policy", 9466),
+            ("approver", 9467),
+        ] {
+            let args = daemon_args(name, &o);
+            let want = format!("daemon.metrics_listen=\"127.0.0.1:{port}\"");
+            assert!(args.contains(&want), "{name}: {args:?}");
+        }
+        let doors = warden_listeners(&o);
+        for port in 9464..=9467 {
+            assert!(doors.contains(&format!("127.0.0.1:{port}")), "{doors:?}");
+        }
+        assert!(metrics_addr("127.0.0.1:65535".parse().unwrap(), "policy").is_none());
+        o.metrics = None;
+        assert!(
+            !daemon_args("policy", &o)
+                .iter()
+                .any(|a| a.contains("metrics_listen"))
+        );
     }
 
     /// `warden up --approver` swaps the approver in the way an operator does: the supervisor's

@@ -156,6 +156,12 @@ pub struct DaemonSection {
     /// How long in-flight calls may run after SIGTERM before they are aborted.
     #[serde(default = "default_grace")]
     pub shutdown_grace_ms: u64,
+    /// Where the daemon serves its Prometheus metrics over plain HTTP (`GET /metrics`), e.g.
+    /// `127.0.0.1:9464`; unset (the default) = no metrics listener. Prometheus cannot scrape a
+    /// Unix socket, so this is TCP; it has no authentication: keep it on loopback or a network
+    /// only the monitoring host reaches.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 fn default_log_format() -> String {
@@ -175,6 +181,15 @@ impl DaemonSection {
                 origin,
                 "daemon.log_format",
                 format!("must be \"human\" or \"json\", not {:?}", self.log_format),
+            ));
+        }
+        if let Some(addr) = &self.metrics_listen
+            && addr.parse::<std::net::SocketAddr>().is_err()
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "daemon.metrics_listen",
+                format!("must be an IP address and port such as \"127.0.0.1:9464\", not {addr:?}"),
             ));
         }
         if self.state_dir.as_os_str().is_empty() {
@@ -208,9 +223,13 @@ pub struct ListenerConfig {
     /// Peer gids (primary group of the peer process) allowed to call.
     #[serde(default)]
     pub allow_gids: Vec<u32>,
-    /// Accept any peer (required for TCP; never the default).
+    /// Accept any peer (required for plain TCP; never the default).
     #[serde(default)]
     pub allow_any_peer: bool,
+    /// Mutual TLS on a `tcp` listener: peers are admitted by the SPIFFE ID of their
+    /// certificate (`tls.admit`) instead of a uid, and `allow_any_peer` is not needed.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsConfig>,
 }
 
 fn default_mode() -> String {
@@ -248,6 +267,7 @@ impl ListenerConfig {
             allow_uids: Vec::new(),
             allow_gids: Vec::new(),
             allow_any_peer: false,
+            tls: None,
         }
     }
 
@@ -283,15 +303,38 @@ impl ListenerConfig {
                         format!("{addr:?} is not an address like 127.0.0.1:7001"),
                     ));
                 }
-                if !self.allow_any_peer {
+                match &self.tls {
+                    Some(tls) => {
+                        if self.allow_any_peer {
+                            return Err(ConfigError::invalid(
+                                origin,
+                                &format!("{key}.allow_any_peer"),
+                                "a mutual-TLS listener admits by certificate identity (tls.admit); remove allow_any_peer",
+                            ));
+                        }
+                        if let Err((k, why)) = tls.check() {
+                            return Err(ConfigError::invalid(origin, &format!("{key}.{k}"), why));
+                        }
+                    }
+                    None if !self.allow_any_peer => {
+                        return Err(ConfigError::invalid(
+                            origin,
+                            &format!("{key}.allow_any_peer"),
+                            "a TCP listener has no peer credentials; set tls (mutual TLS, peers admitted by certificate identity) or allow_any_peer = true to accept that",
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            (Some(_), None) => {
+                if self.tls.is_some() {
                     return Err(ConfigError::invalid(
                         origin,
-                        &format!("{key}.allow_any_peer"),
-                        "a TCP listener has no peer credentials; set allow_any_peer = true to accept that",
+                        &format!("{key}.tls"),
+                        "TLS is for `tcp` listeners; a Unix socket admits by peer uid",
                     ));
                 }
             }
-            (Some(_), None) => {}
         }
         if self.mode_bits().is_none() {
             return Err(ConfigError::invalid(

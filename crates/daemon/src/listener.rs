@@ -31,6 +31,8 @@ pub enum ListenerError {
     Permissions { path: PathBuf, message: String },
     #[error("listener has neither a socket nor a tcp address")]
     Unconfigured,
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A bound listener and the guard that admits its peers.
@@ -49,6 +51,8 @@ pub(crate) enum Kind {
     },
     Tcp {
         listener: tokio::net::TcpListener,
+        /// Mutual TLS: every connection is handshaken and admitted by identity first.
+        tls: Option<std::sync::Arc<crate::tls::ServerTls>>,
     },
 }
 
@@ -57,10 +61,13 @@ impl BoundListener {
     pub fn describe(&self) -> String {
         match &self.kind {
             Kind::Unix { path, .. } => format!("unix:{}", path.display()),
-            Kind::Tcp { listener } => match listener.local_addr() {
-                Ok(a) => format!("tcp:{a}"),
-                Err(_) => "tcp:?".into(),
-            },
+            Kind::Tcp { listener, tls } => {
+                let scheme = if tls.is_some() { "tcp+mtls" } else { "tcp" };
+                match listener.local_addr() {
+                    Ok(a) => format!("{scheme}:{a}"),
+                    Err(_) => format!("{scheme}:?"),
+                }
+            }
         }
     }
 
@@ -88,6 +95,17 @@ pub async fn bind(
     let Some(addr) = &cfg.tcp else {
         return Err(ListenerError::Unconfigured);
     };
+    // The certificate is read before the port is bound: a listener that cannot prove who it
+    // is does not start.
+    let (tls, guard) = match &cfg.tls {
+        Some(t) => (
+            Some(std::sync::Arc::new(crate::tls::ServerTls::new(
+                t, state_dir,
+            )?)),
+            PeerGuard::identities(name, &t.admit),
+        ),
+        None => (None, guard),
+    };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| ListenerError::Bind {
@@ -95,7 +113,7 @@ pub async fn bind(
             source,
         })?;
     Ok(BoundListener {
-        kind: Kind::Tcp { listener },
+        kind: Kind::Tcp { listener, tls },
         guard,
         name: name.to_string(),
     })

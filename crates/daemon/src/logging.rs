@@ -12,25 +12,72 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Installs the global subscriber. `format` is `human` or `json`; anything else means human.
-/// Safe to call twice (the second call is ignored).
-pub fn init(format: &str, level: &str) {
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are also exported as `service`'s
+/// ([`crate::otel`]). Safe to call twice (the second call is ignored).
+pub fn init(service: &'static str, format: &str, level: &str) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if format == "json" {
-        builder
+    let lines = if format == "json" {
+        tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .try_init()
+            .boxed()
     } else {
-        builder
+        tracing_subscriber::fmt::layer()
             .with_writer(OneLine(std::io::stderr))
             .with_ansi(false)
-            .try_init()
+            .boxed()
     };
+    let (traces, trace_error) = match crate::otel::layer(service) {
+        Ok(l) => (l, None),
+        Err(e) => (None, Some(e)),
+    };
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(traces)
+        .try_init();
+    if let Some(e) = trace_error {
+        tracing::warn!(error = %e, "traces are not exported");
+    }
+}
+
+/// How severe one log line is, most verbose first (so `>=` reads "at least as severe").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// The severity of one line this module's subscriber wrote, human (`<time> <LEVEL> <target>: …`)
+/// or JSON (`"level"`); None for a line it did not write (a panic message, a daemon's own
+/// `error:` line before logging started), which a reader should show whatever it filters.
+/// Kept beside [`init`], so the format and its one reader change together (`warden up` shows
+/// the warnings of a daemon's log on the terminal and keeps the rest in its file).
+pub fn severity_of(line: &str) -> Option<Severity> {
+    let word = if line.starts_with('{') {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        v.get("level")?.as_str()?.to_string()
+    } else {
+        line.split_whitespace().nth(1)?.to_string()
+    };
+    Some(match word.as_str() {
+        "TRACE" => Severity::Trace,
+        "DEBUG" => Severity::Debug,
+        "INFO" => Severity::Info,
+        "WARN" => Severity::Warn,
+        "ERROR" => Severity::Error,
+        _ => return None,
+    })
 }
 
 /// A `MakeWriter` whose writers escape every control character of an event but its final
@@ -129,6 +176,39 @@ mod tests {
                 "{text:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_severity_of_a_line_is_read_back_from_either_format() {
+        let human = Captured::default();
+        let json = Captured::default();
+        let (h, j) = (human.clone(), json.clone());
+        let hs = tracing_subscriber::fmt()
+            .with_writer(OneLine(move || h.clone()))
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(hs, || {
+            tracing::warn!(title = "x ERROR y", "stopping");
+            tracing::info!("ready");
+        });
+        let js = tracing_subscriber::fmt()
+            .with_writer(move || j.clone())
+            .json()
+            .flatten_event(true)
+            .finish();
+        tracing::subscriber::with_default(js, || tracing::error!("broken"));
+        let human = String::from_utf8(human.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = human.lines().collect();
+        assert_eq!(severity_of(lines[0]), Some(Severity::Warn), "{human}");
+        assert_eq!(severity_of(lines[1]), Some(Severity::Info), "{human}");
+        let json = String::from_utf8(json.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            severity_of(json.trim_end()),
+            Some(Severity::Error),
+            "{json}"
+        );
+        assert_eq!(severity_of("warden-supervisor: error: bad key"), None);
+        assert!(Severity::Error > Severity::Warn && Severity::Warn > Severity::Info);
     }
 
     #[test]

@@ -42,9 +42,25 @@ pub struct PeerInfo {
     pub peer: Option<Peer>,
     /// Supplementary groups at connect time (SO_PEERGROUPS).
     pub groups: Option<Arc<[u32]>>,
+    /// On a mutual-TLS listener: the SPIFFE ID of the peer's verified certificate (`tls.rs`).
+    pub identity: Option<Arc<str>>,
 }
 
+/// The SPIFFE ID of a caller admitted on a mutual-TLS listener, inserted into its requests'
+/// extensions as [`Peer`] is on a Unix listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity(pub Arc<str>);
+
 impl PeerInfo {
+    /// A connection known by its certificate's verified identity (no kernel credentials).
+    pub fn with_identity(id: String) -> Self {
+        Self {
+            peer: None,
+            groups: None,
+            identity: Some(Arc::from(id)),
+        }
+    }
+
     /// Reads SO_PEERCRED and SO_PEERGROUPS from a connected Unix socket.
     pub fn of_socket(stream: &UnixStream) -> Self {
         let peer = stream.peer_cred().ok().map(|c| Peer {
@@ -59,7 +75,11 @@ impl PeerInfo {
                 None
             }
         };
-        Self { peer, groups }
+        Self {
+            peer,
+            groups,
+            identity: None,
+        }
     }
 }
 
@@ -114,16 +134,24 @@ pub fn own_uid() -> u32 {
     nix::unistd::getuid().as_raw()
 }
 
-/// An accepted Unix connection with its peer's credentials, read once at accept.
+/// An accepted connection with what is known of its peer, read once at accept: a Unix socket's
+/// kernel credentials, or a mutual-TLS connection's verified identity (`tls.rs`).
 #[derive(Debug)]
-pub struct PeerStream {
-    inner: UnixStream,
+pub struct PeerStream<S = UnixStream> {
+    inner: S,
     info: PeerInfo,
 }
 
-impl PeerStream {
+impl PeerStream<UnixStream> {
     pub fn accepted(inner: UnixStream) -> Self {
         let info = PeerInfo::of_socket(&inner);
+        Self { inner, info }
+    }
+}
+
+impl<S> PeerStream<S> {
+    /// A connection whose peer was established another way (a TLS handshake).
+    pub(crate) fn with_info(inner: S, info: PeerInfo) -> Self {
         Self { inner, info }
     }
 
@@ -132,7 +160,7 @@ impl PeerStream {
     }
 }
 
-impl Connected for PeerStream {
+impl<S> Connected for PeerStream<S> {
     type ConnectInfo = PeerInfo;
 
     fn connect_info(&self) -> PeerInfo {
@@ -140,7 +168,7 @@ impl Connected for PeerStream {
     }
 }
 
-impl AsyncRead for PeerStream {
+impl<S: AsyncRead + Unpin> AsyncRead for PeerStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -150,7 +178,7 @@ impl AsyncRead for PeerStream {
     }
 }
 
-impl AsyncWrite for PeerStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for PeerStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -182,6 +210,8 @@ struct Allow {
     uids: BTreeSet<u32>,
     gids: BTreeSet<u32>,
     any: bool,
+    /// SPIFFE IDs admitted on a mutual-TLS listener.
+    identities: BTreeSet<String>,
 }
 
 /// The allowlist of one listener, as a tonic interceptor.
@@ -203,6 +233,21 @@ impl PeerGuard {
                 uids,
                 gids: gids.iter().copied().collect(),
                 any,
+                identities: BTreeSet::new(),
+            }),
+        }
+    }
+
+    /// A guard for a mutual-TLS listener: it admits connections whose verified certificate
+    /// carries one of `identities` (checked at the handshake, and again here for every call).
+    pub fn identities(listener: impl Into<String>, identities: &[String]) -> Self {
+        PeerGuard {
+            allow: Arc::new(Allow {
+                listener: listener.into(),
+                uids: BTreeSet::new(),
+                gids: BTreeSet::new(),
+                any: false,
+                identities: identities.iter().cloned().collect(),
             }),
         }
     }
@@ -236,6 +281,17 @@ impl PeerGuard {
 impl tonic::service::Interceptor for PeerGuard {
     fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
         let info = req.extensions().get::<PeerInfo>().cloned();
+        if let Some(id) = info.as_ref().and_then(|i| i.identity.clone()) {
+            if self.allow.identities.contains(&*id) {
+                req.extensions_mut().insert(PeerIdentity(id));
+                return Ok(req);
+            }
+            tracing::warn!(listener = %self.allow.listener, identity = %id, "peer refused: identity not admitted on this listener");
+            return Err(Status::permission_denied(format!(
+                "{id} may not call {}",
+                self.allow.listener
+            )));
+        }
         match info.as_ref().and_then(|i| i.peer.map(|p| (i, p))) {
             Some((info, peer)) => {
                 if self.admits_info(info) {
@@ -394,6 +450,17 @@ mod tests {
     }
 
     #[test]
+    fn a_tls_guard_admits_only_its_identities() {
+        let mut g = PeerGuard::identities("t", &["spiffe://e.org/warden/gateway".into()]);
+        let ok = PeerInfo::with_identity("spiffe://e.org/warden/gateway".into());
+        assert!(call(&mut g, ok).is_ok());
+        let other = PeerInfo::with_identity("spiffe://e.org/warden/policy".into());
+        assert_eq!(call(&mut g, other), Err(tonic::Code::PermissionDenied));
+        // No identity and no uid: refused (a TLS guard is not `any`).
+        assert!(g.call(Request::new(())).is_err());
+    }
+
+    #[test]
     fn a_request_without_credentials_is_refused() {
         let mut g = PeerGuard::new("t", &[], &[], false);
         let err = g.call(Request::new(())).unwrap_err();
@@ -401,6 +468,7 @@ mod tests {
         let none = PeerInfo {
             peer: None,
             groups: Some(Arc::from(vec![0u32])),
+            identity: None,
         };
         assert_eq!(call(&mut g, none), Err(tonic::Code::PermissionDenied));
     }

@@ -84,6 +84,7 @@ impl Server {
         let describe = listener.describe();
         self.listeners.push(describe.clone());
         let builder = tonic::transport::Server::builder()
+            .layer(crate::otel::TraceLayer)
             .layer(InterceptorLayer::new(listener.guard.clone()))
             .add_routes(routes);
         let token = self.shutdown.clone();
@@ -111,7 +112,14 @@ impl Server {
                     UnixListenerStream::new(listener).map(|r| r.map(PeerStream::accepted))
                 );
             }
-            Kind::Tcp { listener } => spawn_serving!(TcpListenerStream::new(listener)),
+            Kind::Tcp {
+                listener,
+                tls: Some(tls),
+            } => spawn_serving!(crate::tls::incoming(listener, tls, name.clone())),
+            Kind::Tcp {
+                listener,
+                tls: None,
+            } => spawn_serving!(TcpListenerStream::new(listener)),
         }
     }
 
@@ -132,6 +140,27 @@ impl Server {
             }
         };
         self.serve(listener, routes)
+    }
+
+    /// Serves the daemon's Prometheus metrics when `[daemon] metrics_listen` is set (bound now,
+    /// so a port in use fails the start-up); the listener ends with the others at shutdown.
+    pub async fn serve_metrics(
+        &mut self,
+        section: &crate::config::DaemonSection,
+        exporter: crate::metrics::Exporter,
+    ) -> Result<(), crate::listener::ListenerError> {
+        let Some(listener) = crate::metrics::bind(section).await? else {
+            return Ok(());
+        };
+        let describe = listener.describe();
+        tracing::info!(daemon = self.daemon, listener = "metrics", at = %describe, "listening");
+        self.listeners.push(describe);
+        let token = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            crate::metrics::serve(listener, exporter, token).await;
+            Ok(())
+        });
+        Ok(())
     }
 
     /// Reports readiness to systemd, then runs until a signal, a cancelled shutdown token, or a

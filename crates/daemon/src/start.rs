@@ -61,7 +61,7 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         .log_format
         .clone()
         .unwrap_or_else(|| section.log_format.clone());
-    crate::logging::init(&format, &section.log_level);
+    crate::logging::init(D::NAME, &format, &section.log_level);
     let workers = daemon.worker_threads();
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -76,7 +76,10 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         Ok(rt) => rt,
         Err(e) => fail(D::NAME, &e),
     };
-    if let Err(e) = rt.block_on(daemon.run()) {
+    let ran = rt.block_on(daemon.run());
+    // The spans of the last requests are exported before the process ends.
+    crate::otel::shutdown();
+    if let Err(e) = ran {
         fail(D::NAME, &e);
     }
 }

@@ -108,6 +108,8 @@ pub async fn decide_with_deadline(
         .unwrap_or(0);
     let mut r = Request::new(req);
     r.set_timeout(deadline);
+    // The caller's trace goes on to the policy (the approver's call upstream, say).
+    warden_daemon::otel::inject(r.metadata_mut());
     let unavailable = |why: String| pb::Decision {
         decision_id: String::new(),
         verdict: pb::Verdict::Deny as i32,

@@ -21,8 +21,9 @@
 //!
 //! `floor.agent_control_paths` are root-relative globs (`*`/`?` within a component, `**` for
 //! any number of components) naming files an agent may not edit, delete or move, in addition to
-//! the built-in agent configuration and hooks (`.claude`, `.codex`, `.gemini`, `.mcp.json`,
-//! `.git`, `.git/hooks`, `.git/config`); an entry naming a directory covers what is beneath it.
+//! the built-in agent configuration and hooks (`.claude`, `.codex`, `.gemini`, `.qwen`,
+//! `.opencode`, `.mcp.json`, `opencode.json(c)`, `.git`, `.git/hooks`, `.git/config`); an entry
+//! naming a directory covers what is beneath it.
 //!
 //! acpx's camelCase spellings (`autoApprove`, `autoDeny`, `defaultAction`,
 //! `nonInteractivePermissions`) are accepted as aliases.

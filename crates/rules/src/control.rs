@@ -21,7 +21,7 @@ use std::ffi::OsStr;
 use std::path::{Component, Path};
 
 /// Directory names whose contents (and themselves) configure an agent, wherever they sit.
-const CONTROL_DIRS: &[&str] = &[".claude", ".codex", ".gemini"];
+const CONTROL_DIRS: &[&str] = &[".claude", ".codex", ".gemini", ".qwen", ".opencode"];
 
 /// What a commit writes inside a git directory (the first component below it).
 const GIT_COMMIT_DIRS: &[&str] = &["objects", "refs", "logs"];
@@ -129,6 +129,16 @@ impl ControlPaths {
         if comps.last().is_some_and(|c| is(c, ".mcp.json")) {
             return Some("the MCP server configuration .mcp.json".into());
         }
+        // OpenCode's project configuration (permissions, MCP servers, plugins it runs).
+        if let Some(c) = comps
+            .last()
+            .filter(|c| is(c, "opencode.json") || is(c, "opencode.jsonc"))
+        {
+            return Some(format!(
+                "the OpenCode configuration {}",
+                c.to_string_lossy()
+            ));
+        }
         // `.git` itself too: replacing it (or a worktree's `.git` file) swaps in other hooks.
         if comps.last().is_some_and(|c| is(c, ".git")) {
             return Some("the git directory .git itself".into());
@@ -208,6 +218,11 @@ mod tests {
             "/work/root/sub/dir/.claude/settings.json",
             "/work/root/.codex/config.toml",
             "/work/root/.gemini/settings.json",
+            "/work/root/.qwen/settings.json",
+            "/work/root/.opencode/plugin/x.ts",
+            "/work/root/opencode.json",
+            "/work/root/sub/OpenCode.jsonc",
+            "/work/root/.QWEN/.env",
             "/work/root/.mcp.json",
             "/work/root/pkg/.mcp.json",
             "/work/root/.git",
@@ -246,6 +261,8 @@ mod tests {
             "/work/root/.claude.bak/x",
             "/work/root/claude/settings.json",
             "/work/root/x.mcp.json",
+            "/work/root/my-opencode.json",
+            "/work/root/opencode.json.orig",
             "/work/root/.mcp.json.orig",
             "/work/root/.mcp.json/x",
             "/work/root/.git/objects/ab/cdef",

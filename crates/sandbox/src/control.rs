@@ -11,7 +11,7 @@
 //!
 //! A read-only bind of a file does not stop a rename of the directory holding it (the mount
 //! moves along, and a fresh directory with a fresh file takes the old name), so the directories
-//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`) are bound onto themselves
+//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`) are bound onto themselves
 //! read-write first: a mount point cannot be renamed or removed (EBUSY).
 //!
 //! git directories in the root are laid out by allowlist in git.rs, not here.
@@ -67,6 +67,7 @@ pub const ROOT_CONTROL: &[(&str, ControlKind)] = &[
     (".claude", ControlKind::Dir),
     (".codex", ControlKind::Dir),
     (".gemini", ControlKind::Dir),
+    (".qwen", ControlKind::Dir),
     (".mcp.json", ControlKind::File("{}\n")),
 ];
 
@@ -77,8 +78,61 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (".claude", "settings.local.json", ControlKind::File("{}\n")),
     (".codex", "config.toml", ControlKind::File("")),
     (".codex", "rules", ControlKind::Dir),
-    (".gemini", "settings.json", ControlKind::File("{}\n")),
+    (
+        ".gemini",
+        "settings.json",
+        ControlKind::File(GEMINI_SETTINGS_JSON),
+    ),
+    (".gemini", "trustedFolders.json", ControlKind::File("{}\n")),
+    (".gemini", "policies", ControlKind::Dir),
+    (".gemini", "extensions", ControlKind::Dir),
+    // Qwen Code: its user settings (warden's layer is its system settings file, which outranks
+    // them: `warden_sandbox::QWEN_SYSTEM_SETTINGS_JSON`), the `.env` it reads before anything
+    // else (it may move `QWEN_HOME`, the trusted-folders file and the MCP approvals), trusted
+    // folders, extensions.
+    (".qwen", "settings.json", ControlKind::File("{}\n")),
+    (".qwen", ".env", ControlKind::File("")),
+    (".qwen", "trustedFolders.json", ControlKind::File("{}\n")),
+    (".qwen", "extensions", ControlKind::Dir),
 ];
+
+/// Gemini CLI's user settings (`~/.gemini/settings.json`), written by warden when the home
+/// template has none and bound read-only: warden's layer for Gemini. Why here and not in its
+/// system settings file (`/etc/gemini-cli/settings.json`, above the workspace's): Gemini CLI
+/// reads that file only when it and every directory above it are owned by uid 0 and not
+/// writable by group or others, and inside the sandbox's user namespace nothing is owned by
+/// uid 0 (the host's root shows as the overflow uid), so it would be skipped. The workspace
+/// layer, which outranks the user's, is read only for a trusted folder: folder trust is on here
+/// and `~/.gemini/trustedFolders.json` is a read-only `{}`, so the root is never trusted and
+/// `<root>/.gemini/settings.json` is ignored (Gemini's "safe mode": no workspace settings, no
+/// MCP servers, no tool auto-acceptance; `docs/cli/trusted-folders.md` of the package).
+///
+/// Keys from `docs/reference/configuration.md` of `@google/gemini-cli` 0.61: the `default`
+/// approval mode (edits and commands ask), no YOLO mode even by a flag, no "always allow"
+/// options and no permanent approvals (which write allow rules to `~/.gemini/policies/`, also
+/// read-only), hooks off, no extensions from git, no checkpointing (a git repository of its
+/// own in the home), and no usage statistics, telemetry or update checks (each a connection
+/// the egress proxy would refuse).
+pub const GEMINI_SETTINGS_JSON: &str = r#"{
+  "general": {
+    "defaultApprovalMode": "default",
+    "enableAutoUpdate": false,
+    "enableAutoUpdateNotification": false,
+    "checkpointing": { "enabled": false }
+  },
+  "security": {
+    "folderTrust": { "enabled": true },
+    "disableYoloMode": true,
+    "disableAlwaysAllow": true,
+    "enablePermanentToolApproval": false,
+    "autoAddToPolicyByDefault": false,
+    "blockGitExtensions": true
+  },
+  "hooksConfig": { "enabled": false },
+  "privacy": { "usageStatisticsEnabled": false },
+  "telemetry": { "enabled": false }
+}
+"#;
 
 fn refuse_symlink(path: &Path) -> SandboxError {
     SandboxError::InvalidInput(format!(
@@ -334,8 +388,8 @@ mod tests {
     fn home_config_files_are_created_in_agent_owned_directories() {
         let t = tempfile::tempdir().unwrap();
         let binds = prepare_home(t.path(), None).unwrap();
-        // Three pinned directories, then the read-only entries inside them.
-        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 3);
+        // Four pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 4);
         assert_eq!(
             binds.iter().filter(|b| !b.pin_only).count(),
             HOME_CONTROL.len()
@@ -355,5 +409,30 @@ mod tests {
         );
         assert!(t.path().join(".codex/rules").is_dir());
         assert!(t.path().join(".codex/config.toml").is_file());
+        // Gemini CLI's user layer is warden's: its settings, no trusted folder, no policies.
+        let g: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(t.path().join(".gemini/settings.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(g["security"]["folderTrust"]["enabled"], true);
+        assert_eq!(g["security"]["disableYoloMode"], true);
+        assert_eq!(g["security"]["disableAlwaysAllow"], true);
+        assert_eq!(g["hooksConfig"]["enabled"], false);
+        assert_eq!(g["privacy"]["usageStatisticsEnabled"], false);
+        assert_eq!(g["general"]["enableAutoUpdate"], false);
+        assert_eq!(
+            std::fs::read_to_string(t.path().join(".gemini/trustedFolders.json")).unwrap(),
+            "{}\n"
+        );
+        assert!(t.path().join(".gemini/policies").is_dir());
+        // A template's own settings are kept (the operator's), never replaced.
+        let t2 = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t2.path().join(".gemini")).unwrap();
+        std::fs::write(t2.path().join(".gemini/settings.json"), "{\"mine\":1}").unwrap();
+        prepare_home(t2.path(), None).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(t2.path().join(".gemini/settings.json")).unwrap(),
+            "{\"mine\":1}"
+        );
     }
 }

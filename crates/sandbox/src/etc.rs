@@ -85,6 +85,26 @@ allowed_approval_policies = ["untrusted", "on-request"]
 allowed_sandbox_modes = ["read-only", "workspace-write"]
 "#;
 
+/// Where warden writes Qwen Code's system settings: its highest layer, merged over the user's
+/// and the (trusted) workspace's settings; `QWEN_CODE_SYSTEM_SETTINGS_PATH`, which moves it, is
+/// in no agent's environment allowlist.
+pub const QWEN_SYSTEM_SETTINGS: &str = "/etc/qwen-code/settings.json";
+
+/// Qwen Code's system settings (keys from the settings schema of `@qwen-code/qwen-code` 0.24):
+/// the `default` approval mode (edits and commands ask; its own default is `auto`, where a model
+/// classifier approves), nothing auto-accepted, folder trust on (the root's own settings, `.env`
+/// and MCP servers count only in a trusted folder, and `~/.qwen/trustedFolders.json` is a
+/// read-only `{}`), hooks off, no usage statistics, telemetry or update checks.
+pub const QWEN_SYSTEM_SETTINGS_JSON: &str = r#"{
+  "tools": { "approvalMode": "default", "autoAccept": false },
+  "security": { "folderTrust": { "enabled": true } },
+  "disableAllHooks": true,
+  "general": { "enableAutoUpdate": false },
+  "privacy": { "usageStatisticsEnabled": false },
+  "telemetry": { "enabled": false }
+}
+"#;
+
 /// Where warden writes Codex's managed configuration (it outranks `~/.codex/config.toml`).
 pub const CODEX_MANAGED_CONFIG: &str = "/etc/codex/managed_config.toml";
 
@@ -201,6 +221,10 @@ pub fn etc_plan(
             CLAUDE_MANAGED_SETTINGS_JSON.as_bytes().to_vec(),
         ),
         (
+            QWEN_SYSTEM_SETTINGS,
+            QWEN_SYSTEM_SETTINGS_JSON.as_bytes().to_vec(),
+        ),
+        (
             CODEX_REQUIREMENTS,
             adapters
                 .codex_requirements
@@ -304,6 +328,7 @@ mod tests {
             "/etc/group",
             CLAUDE_MANAGED_SETTINGS,
             CODEX_REQUIREMENTS,
+            QWEN_SYSTEM_SETTINGS,
         ] {
             assert!(d.iter().any(|x| x == must), "{must} missing: {d:?}");
         }
@@ -386,5 +411,12 @@ mod tests {
         assert_eq!(v["allowManagedHooksOnly"], true);
         assert!(!CODEX_REQUIREMENTS_TOML.contains("danger-full-access"));
         assert!(!CODEX_REQUIREMENTS_TOML.contains("\"never\""));
+        let q: serde_json::Value = serde_json::from_str(QWEN_SYSTEM_SETTINGS_JSON).unwrap();
+        assert_eq!(q["tools"]["approvalMode"], "default");
+        assert_eq!(q["tools"]["autoAccept"], false);
+        assert_eq!(q["security"]["folderTrust"]["enabled"], true);
+        assert_eq!(q["disableAllHooks"], true);
+        assert_eq!(q["privacy"]["usageStatisticsEnabled"], false);
+        assert_eq!(q["general"]["enableAutoUpdate"], false);
     }
 }

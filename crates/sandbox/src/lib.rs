@@ -31,14 +31,15 @@ mod roots;
 mod spawn;
 
 pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
-pub use control::{ControlBind, HOME_CONTROL, ROOT_CONTROL};
+pub use control::{ControlBind, GEMINI_SETTINGS_JSON, HOME_CONTROL, ROOT_CONTROL};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };
 pub use etc::{
     AdapterPolicy, CLAUDE_MANAGED_SETTINGS, CLAUDE_MANAGED_SETTINGS_JSON, CODEX_CONFIG_ON_REQUEST,
     CODEX_CONFIG_UNTRUSTED, CODEX_MANAGED_CONFIG, CODEX_REQUIREMENTS, CODEX_REQUIREMENTS_TOML,
-    CODEX_REQUIREMENTS_UNTRUSTED, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, etc_plan,
+    CODEX_REQUIREMENTS_UNTRUSTED, ETC_ENTRIES, ETC_FORBIDDEN, EtcBind, QWEN_SYSTEM_SETTINGS,
+    QWEN_SYSTEM_SETTINGS_JSON, etc_plan,
 };
 pub use features::{
     BWRAP_PROBE, HostFeatures, bwrap_works, find_bwrap, host_features, landlock_abi,

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod metrics;
 pub mod queue;
 pub mod queue_pg;
 pub mod queue_sled;
@@ -126,7 +127,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         .log_format
         .clone()
         .unwrap_or_else(|| cfg.daemon.log_format.clone());
-    warden_daemon::logging::init(&format, &cfg.daemon.log_level);
+    warden_daemon::logging::init("warden-approver", &format, &cfg.daemon.log_level);
 
     let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
     let (queue, pending) = match cfg.store.backend {
@@ -167,6 +168,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
             warden_proto::v1::admin_service_server::SERVICE_NAME,
         ],
     );
+    let figures = state.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let state = figures.clone();
+        Box::pin(async move {
+            let pending = state.queue.pending(usize::MAX).await.unwrap_or_default();
+            let oldest = pending.iter().map(|a| a.created_unix_ms).min();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0);
+            metrics::set_pending(pending.len(), oldest, now);
+        })
+    });
+    server
+        .serve_metrics(&state.config.daemon, metrics::exporter(refresh))
+        .await?;
     let mut listeners = server.listeners();
     if let Some(l) = web_listener {
         listeners.push(l.describe());
@@ -179,6 +196,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         store = %state.config.store.describe(),
         "warden-approver serving"
     );
-    server.run().await?;
+    let ran = server.run().await;
+    // The spans of the last requests are exported before the process ends.
+    warden_daemon::otel::shutdown();
+    ran?;
     Ok(())
 }

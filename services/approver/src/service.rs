@@ -614,7 +614,10 @@ impl PolicyService for PolicyApi {
         &self,
         request: Request<pb::DecideRequest>,
     ) -> Result<Response<pb::Decision>, Status> {
-        self.0.decide(request.into_inner()).await.map(Response::new)
+        let t0 = std::time::Instant::now();
+        let d = self.0.decide(request.into_inner()).await?;
+        crate::metrics::decided(&d, t0.elapsed());
+        Ok(Response::new(d))
     }
 
     async fn withdraw(

@@ -19,12 +19,9 @@ use warden_proto::a2a::v1::a2a_service_server::{A2aService, A2aServiceServer};
 use crate::a2a::{CancelTaskRequest, PROTOCOL_VERSION};
 use crate::auth::{AuthFailure, Authenticator};
 use crate::error::{A2aError, ERROR_DOMAIN};
+use crate::events::{StreamItem, stream_items};
 use crate::grpc_convert as cv;
-use crate::http::{StreamItem, stream_items};
 use crate::tasks::{Core, SendOutcome, Subscription};
-
-/// The protocol binding name on the card.
-pub const BINDING: &str = "GRPC";
 
 /// `google.rpc.ErrorInfo`, encoded into the status details.
 #[derive(Clone, PartialEq, prost::Message)]

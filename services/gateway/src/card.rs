@@ -6,8 +6,95 @@ use std::sync::{Arc, Mutex};
 
 use axum::body::Bytes;
 
-use crate::a2a::{AgentCard, AgentSkill};
+use crate::a2a::{
+    AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill,
+    HttpAuthSecurityScheme, PROTOCOL_VERSION, SecurityRequirement, SecurityScheme, StringList,
+};
+use crate::config::GatewayConfig;
+use crate::endpoints::{GRPC_BINDING, JSONRPC_BINDING, JSONRPC_PATH, REST_BINDING, REST_PATH};
 use crate::tasks::Core;
+
+/// Builds the agent card from the configuration (URLs from `http.public_url`, never the bind
+/// address; one skill per configured agent).
+pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
+    let base = cfg.http.public_url.trim_end_matches('/');
+    let mut schemes = std::collections::BTreeMap::new();
+    schemes.insert(
+        "bearer".to_string(),
+        SecurityScheme {
+            http_auth_security_scheme: HttpAuthSecurityScheme {
+                scheme: "Bearer".into(),
+                description: Some("A token configured on the gateway (warden up writes one to its state directory)".into()),
+            },
+        },
+    );
+    let mut req = std::collections::BTreeMap::new();
+    req.insert("bearer".to_string(), StringList { list: vec![] });
+    let mut card = AgentCard {
+        name: cfg.card.name.clone(),
+        description: cfg.card.description.clone(),
+        supported_interfaces: vec![
+            AgentInterface {
+                url: format!("{base}{JSONRPC_PATH}"),
+                protocol_binding: JSONRPC_BINDING.into(),
+                protocol_version: PROTOCOL_VERSION.into(),
+            },
+            AgentInterface {
+                url: format!("{base}{REST_PATH}"),
+                protocol_binding: REST_BINDING.into(),
+                protocol_version: PROTOCOL_VERSION.into(),
+            },
+        ]
+        .into_iter()
+        .chain(cfg.grpc_url().map(|url| AgentInterface {
+            url,
+            protocol_binding: GRPC_BINDING.into(),
+            protocol_version: PROTOCOL_VERSION.into(),
+        }))
+        .collect(),
+        provider: match (&cfg.card.organization, &cfg.card.organization_url) {
+            (Some(o), Some(u)) => Some(AgentProvider {
+                organization: o.clone(),
+                url: u.clone(),
+            }),
+            _ => None,
+        },
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        capabilities: AgentCapabilities {
+            streaming: true,
+            push_notifications: cfg.push.enabled,
+            extended_agent_card: true,
+        },
+        security_schemes: schemes,
+        security_requirements: vec![SecurityRequirement { schemes: req }],
+        default_input_modes: vec!["text/plain".into(), "application/json".into()],
+        default_output_modes: vec!["text/plain".into()],
+        skills: cfg
+            .agents
+            .list
+            .iter()
+            .map(|a| AgentSkill {
+                id: a.name.clone(),
+                name: a.name.clone(),
+                description: if a.description.is_empty() {
+                    format!("the {} coding agent, supervised by warden", a.name)
+                } else {
+                    a.description.clone()
+                },
+                tags: if a.tags.is_empty() {
+                    vec!["coding-agent".into()]
+                } else {
+                    a.tags.clone()
+                },
+                examples: vec![],
+            })
+            .collect(),
+    };
+    // The JSON endpoints also serve A2A 0.3 (compat03.rs): one 0.3 interface per JSON binding.
+    let v03 = crate::translate03::interfaces_03(&card.supported_interfaces);
+    card.supported_interfaces.extend(v03);
+    card
+}
 
 /// One prepared card body with its caching headers.
 #[derive(Debug, Clone)]
@@ -25,7 +112,7 @@ impl CardBody {
     fn new(card: &AgentCard, max_age: u64, with_03: bool) -> Self {
         use sha2::{Digest, Sha256};
         let body = if with_03 {
-            serde_json::to_vec(&crate::compat03::card_json(card))
+            serde_json::to_vec(&crate::translate03::card_json(card))
         } else {
             serde_json::to_vec(card)
         }
@@ -101,6 +188,8 @@ impl CardResponse {
         card.skills = list
             .agents
             .iter()
+            // An agent whose adapter or program is missing cannot start: not advertised.
+            .filter(|a| a.available)
             .map(|a| {
                 let configured = self.base.skills.iter().find(|s| s.id == a.name);
                 AgentSkill {

@@ -1,11 +1,16 @@
 //! The gateway's configuration (TOML, loaded by `warden-daemon`: file → `WARDEN_GATEWAY__…`
 //! environment → `--set`), validated with errors that name the key and the file.
+//!
+//! Owns every section's type, the `[push]` and `[mcp]` ones included: the gateway's floors
+//! (ARCHITECTURE.md) put configuration at the bottom, so this file imports nothing of the
+//! gateway and every other file may import it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use warden_daemon::config::{ConfigError, DaemonSection, ListenerConfig, Origin};
+use warden_egress::Cidr;
 
 /// The embedded default: loopback HTTP, a token file in the state directory, the scripted agent.
 pub const EMBEDDED: &str = r#"
@@ -222,8 +227,15 @@ fn default_file_principal() -> String {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SupervisorSection {
-    /// The supervisor's Unix socket.
+    /// The supervisor's Unix socket (on this host).
     pub socket: PathBuf,
+    /// A supervisor on another host: its `listen_remote` address (`host:port`), reached over
+    /// mutual TLS with `tls` (this gateway's certificate; `tls.admit` names the supervisor's
+    /// SPIFFE ID). Set both or neither; when set, `socket` is not used.
+    #[serde(default)]
+    pub tcp: Option<String>,
+    #[serde(default)]
+    pub tls: Option<warden_daemon::tls::TlsConfig>,
     /// Turn timeout asked of the supervisor (0 = its configured default).
     #[serde(default)]
     pub turn_timeout_seconds: u32,
@@ -336,15 +348,15 @@ pub struct GatewayConfig {
     pub store: StoreSection,
     /// The MCP front (`/mcp`); every key has a default.
     #[serde(default)]
-    pub mcp: crate::mcp::config::McpSection,
+    pub mcp: McpSection,
     /// The A2A gRPC binding (`lf.a2a.v1.A2AService`): off unless configured. A Unix `socket`
     /// (peer allowlist as on every warden listener) or `tcp` with `allow_any_peer = true`;
     /// callers authenticate with the same bearer tokens either way.
     #[serde(default)]
     pub grpc: Option<ListenerConfig>,
-    /// Push notifications and the webhook allowlist (`src/push.rs`).
+    /// Push notifications and the webhook allowlist (delivered by `src/push.rs`).
     #[serde(default)]
-    pub push: crate::push::PushSection,
+    pub push: PushSection,
 }
 
 impl GatewayConfig {
@@ -353,6 +365,32 @@ impl GatewayConfig {
         self.daemon.validate(origin)?;
         self.listen.validate(origin, "listen")?;
         self.mcp.validate(origin)?;
+        match (&self.supervisor.tcp, &self.supervisor.tls) {
+            (Some(_), None) => {
+                return Err(ConfigError::invalid(
+                    origin,
+                    "supervisor.tls",
+                    "a supervisor on `tcp` is reached over mutual TLS only: set supervisor.tls",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::invalid(
+                    origin,
+                    "supervisor.tcp",
+                    "supervisor.tls is for a supervisor on another host: set its address in supervisor.tcp",
+                ));
+            }
+            (Some(_), Some(tls)) => {
+                if let Err((k, why)) = tls.check() {
+                    return Err(ConfigError::invalid(
+                        origin,
+                        &format!("supervisor.{k}"),
+                        why,
+                    ));
+                }
+            }
+            (None, None) => {}
+        }
         if let Some(g) = &self.grpc {
             g.validate(origin, "grpc")?;
         }
@@ -549,6 +587,192 @@ pub fn url_host(url: &str) -> Option<&str> {
         return None;
     }
     Some(authority)
+}
+
+/// `[push]`: push notifications and the webhook allowlist.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushSection {
+    /// Serve push notifications (the card says `pushNotifications: true`). Off: every push
+    /// method answers PushNotificationNotSupported (-32003).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Webhook hosts callers may name: `*` (any host), `*.example.com` (that domain's
+    /// subdomains), or an exact host name or IP literal. Every address still passes the network
+    /// check below.
+    #[serde(default = "default_hosts")]
+    pub allowed_hosts: Vec<String>,
+    /// Networks (CIDR, `127.0.0.1/32`, `fd00::/8`) a webhook may be in although they are not
+    /// public (loopback, private, link-local, …). Empty: public addresses only.
+    #[serde(default)]
+    pub allowed_networks: Vec<String>,
+    /// Tries per notification before it is counted as failed.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Wait before the first retry; doubled each time up to `retry_max_ms`.
+    #[serde(default = "default_retry_base")]
+    pub retry_base_ms: u64,
+    #[serde(default = "default_retry_max")]
+    pub retry_max_ms: u64,
+    /// One POST (connect, send, answer) may take this long.
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u64,
+    /// Configs one task may have.
+    #[serde(default = "default_max_configs")]
+    pub max_configs_per_task: usize,
+    /// Extra trust anchors for https webhooks (PEM file of CA certificates, e.g. an internal
+    /// CA), beside the public roots (webpki-roots). Relative paths: against the state directory.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_hosts() -> Vec<String> {
+    vec!["*".into()]
+}
+fn default_attempts() -> u32 {
+    5
+}
+fn default_retry_base() -> u64 {
+    500
+}
+fn default_retry_max() -> u64 {
+    30_000
+}
+fn default_timeout() -> u64 {
+    10_000
+}
+fn default_max_configs() -> usize {
+    10
+}
+
+impl Default for PushSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            allowed_hosts: default_hosts(),
+            allowed_networks: Vec::new(),
+            max_attempts: default_attempts(),
+            retry_base_ms: default_retry_base(),
+            retry_max_ms: default_retry_max(),
+            timeout_ms: default_timeout(),
+            max_configs_per_task: default_max_configs(),
+            ca_file: None,
+        }
+    }
+}
+
+impl PushSection {
+    /// What serde cannot check; the error names the key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        for (i, n) in self.allowed_networks.iter().enumerate() {
+            if Cidr::parse(n).is_none() {
+                return Err((
+                    format!("push.allowed_networks[{i}]"),
+                    format!("{n:?} is not a network like 127.0.0.1/32 or fd00::/8"),
+                ));
+            }
+        }
+        for (i, h) in self.allowed_hosts.iter().enumerate() {
+            let bare = h.strip_prefix("*.").unwrap_or(h);
+            if h.is_empty() || bare.is_empty() || bare.contains(['/', ':', '@', '*']) && h != "*" {
+                return Err((
+                    format!("push.allowed_hosts[{i}]"),
+                    format!("{h:?} is not `*`, `*.domain` or a host"),
+                ));
+            }
+        }
+        if self.max_attempts == 0 || self.max_attempts > 100 {
+            return Err(("push.max_attempts".into(), "must be 1 to 100".into()));
+        }
+        if self.timeout_ms < 100 {
+            return Err(("push.timeout_ms".into(), "must be at least 100".into()));
+        }
+        if self.max_configs_per_task == 0 {
+            return Err((
+                "push.max_configs_per_task".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[mcp]` of the gateway configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpSection {
+    /// Serve `/mcp` at all.
+    pub enabled: bool,
+    /// Browser origins (`scheme://host[:port]`) allowed besides the public URL's and, on a
+    /// loopback bind, `http(s)://localhost|127.0.0.1|[::1]` on any port. A request carrying any
+    /// other `Origin` is refused 403 (DNS rebinding).
+    pub allowed_origins: Vec<String>,
+    /// Longest accepted `task` argument in bytes (UTF-8); longer is refused before anything starts.
+    pub task_max_bytes: usize,
+    /// The soft budget of a verb call that names no `timeout_seconds`.
+    pub default_timeout_seconds: u32,
+    /// The largest `timeout_seconds` a caller may ask for.
+    pub max_timeout_seconds: u32,
+    /// Finished background jobs are kept (for `job_result`) this long.
+    pub job_retention_seconds: u64,
+    /// Background jobs per principal at once (running or kept).
+    pub max_jobs: usize,
+}
+
+impl Default for McpSection {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            allowed_origins: Vec::new(),
+            task_max_bytes: 16 * 1024,
+            default_timeout_seconds: 600,
+            max_timeout_seconds: 3600,
+            job_retention_seconds: 3600,
+            max_jobs: 16,
+        }
+    }
+}
+
+impl McpSection {
+    pub fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
+        for o in &self.allowed_origins {
+            if !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/') {
+                return Err(ConfigError::invalid(
+                    origin,
+                    "mcp.allowed_origins",
+                    format!("{o:?} is not an origin like https://app.example:443"),
+                ));
+            }
+        }
+        if self.task_max_bytes == 0 || self.task_max_bytes > 1024 * 1024 {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.task_max_bytes",
+                "must be between 1 and 1048576",
+            ));
+        }
+        if self.max_timeout_seconds == 0
+            || self.default_timeout_seconds == 0
+            || self.default_timeout_seconds > self.max_timeout_seconds
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.default_timeout_seconds",
+                "must be at least 1 and at most mcp.max_timeout_seconds",
+            ));
+        }
+        if self.max_jobs == 0 {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.max_jobs",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

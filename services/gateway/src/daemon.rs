@@ -13,9 +13,11 @@ use warden_proto::v1::{
     StatusResponse,
 };
 
+use crate::admission::HttpState;
 use crate::auth::{AuthConfigError, Authenticator, HostAllowlist};
+use crate::card::{CardResponse, agent_card};
 use crate::config::{EMBEDDED, GatewayConfig};
-use crate::http::{CardResponse, HttpState, agent_card, router};
+use crate::http::router;
 use crate::serve::EdgeLimits;
 use crate::store::{TaskStore, TaskStoreError};
 use crate::tasks::{Core, CoreSettings, Retention};
@@ -41,6 +43,8 @@ pub enum RunError {
     Serve(#[from] warden_daemon::ServeError),
     #[error("push.ca_file: {0}")]
     PushTls(String),
+    #[error("supervisor.tls: {0}")]
+    SupervisorTls(#[from] warden_daemon::tls::TlsError),
 }
 
 /// Loads and validates the configuration the way the binary does.
@@ -167,7 +171,13 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         max_streams_per_principal: cfg.http.max_streams_per_principal,
         stream_keepalive: Duration::from_millis(cfg.http.stream_keepalive_ms),
     };
-    let channel = warden_daemon::client::unix_channel(&cfg.supervisor.socket);
+    let channel = match (&cfg.supervisor.tcp, &cfg.supervisor.tls) {
+        (Some(addr), Some(tls)) => {
+            tracing::info!(supervisor = %addr, "supervisor on another host: mutual TLS");
+            warden_daemon::tls::ClientTls::new(tls, &cfg.daemon.state_dir)?.channel(addr)?
+        }
+        _ => warden_daemon::client::unix_channel(&cfg.supervisor.socket),
+    };
     let core = Core::new(store.clone(), channel, settings);
     let push = crate::push::Push::new(cfg.push.clone(), store, &cfg.daemon.state_dir)
         .map_err(RunError::PushTls)?;
@@ -237,6 +247,16 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| cfg.http.bind.clone());
+    let figures = core.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let c = figures.clone();
+        Box::pin(async move {
+            crate::metrics::set(c.live_count(), c.store().task_count(), c.streams().total())
+        })
+    });
+    server
+        .serve_metrics(&cfg.daemon, crate::metrics::exporter(refresh))
+        .await?;
     if let Ok(mut l) = listeners.lock() {
         *l = server.listeners();
         l.push(format!("tcp:{bound}"));
@@ -273,6 +293,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         max_unauthenticated_connections: cfg.http.unauthenticated_share(),
         max_connections_per_principal: cfg.http.principal_connection_share(),
     };
+    // Each HTTP request continues its caller's trace (W3C traceparent) when tracing is on.
+    let app = app.layer(warden_daemon::otel::TraceLayer);
     let mut http_task = tokio::spawn(crate::serve::serve_with(
         http, app, limits, edge_auth, conns, token,
     ));

@@ -8,6 +8,7 @@
 //! address checks (`push.rs`: never a connection to an address it has not checked), and the
 //! fair shares of connections and streams per principal (`shares.rs`: one caller at its limit
 //! slows only itself; connections without a valid token cannot fill the cap).
+//! Layout: the floors below, drawn in ARCHITECTURE.md ("The gateway in floors").
 //! Must never: spawn a process, decide a permission, or forward a permission request to the
 //! caller (a permission is reported, never turned into INPUT_REQUIRED — seed 000); only an
 //! agent's *question* becomes INPUT_REQUIRED.
@@ -19,22 +20,37 @@
 //! plugin that adds one; warden never turns authentication off.
 #![forbid(unsafe_code)]
 
+// The floors (ARCHITECTURE.md draws them; tests/tests/code_map.rs keeps them): each module
+// imports only from its own floor or below.
+// Floor 0, pure: A2A types, errors, time, names, configuration, the mappings.
 pub mod a2a;
-pub mod a2a_grpc;
-pub mod auth;
-pub mod card;
-pub mod compat03;
 pub mod config;
-pub mod daemon;
+pub mod endpoints;
 pub mod error;
 pub mod grpc_convert;
-pub mod http;
 pub mod mapping;
-pub mod mcp;
+pub mod time;
+pub mod translate03;
+// Floor 1, state and delivery: the store, webhooks, shares, peers, tokens, the metrics registry.
+pub mod auth;
+pub mod metrics;
 pub mod peer;
 pub mod push;
-pub mod serve;
 pub mod shares;
 pub mod store;
+// Floor 2, the A2A core: every operation over A2A types; the card; what a subscriber sees.
+pub mod card;
+pub mod events;
 pub mod tasks;
-pub mod time;
+// Floor 3, what the HTTP bindings share: admission and wire helpers.
+pub mod admission;
+// Floor 4, the bindings, leaves that never import each other.
+pub mod a2a_grpc;
+pub mod compat03;
+pub mod jsonrpc;
+pub mod mcp;
+pub mod rest;
+// Floor 5, the wiring: the HTTP router, the listener, the daemon.
+pub mod daemon;
+pub mod http;
+pub mod serve;

@@ -17,7 +17,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use crate::a2a::{StreamResponse, TaskPushNotificationConfig};
@@ -27,116 +26,7 @@ use crate::store::{PushRecord, TaskStore};
 /// Longest accepted config id (the URL's bound is `warden_egress::url::MAX_URL`).
 const MAX_ID: usize = 128;
 
-/// `[push]`: push notifications and the webhook allowlist.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PushSection {
-    /// Serve push notifications (the card says `pushNotifications: true`). Off: every push
-    /// method answers PushNotificationNotSupported (-32003).
-    #[serde(default = "default_true")]
-    pub enabled: bool,
-    /// Webhook hosts callers may name: `*` (any host), `*.example.com` (that domain's
-    /// subdomains), or an exact host name or IP literal. Every address still passes the network
-    /// check below.
-    #[serde(default = "default_hosts")]
-    pub allowed_hosts: Vec<String>,
-    /// Networks (CIDR, `127.0.0.1/32`, `fd00::/8`) a webhook may be in although they are not
-    /// public (loopback, private, link-local, …). Empty: public addresses only.
-    #[serde(default)]
-    pub allowed_networks: Vec<String>,
-    /// Tries per notification before it is counted as failed.
-    #[serde(default = "default_attempts")]
-    pub max_attempts: u32,
-    /// Wait before the first retry; doubled each time up to `retry_max_ms`.
-    #[serde(default = "default_retry_base")]
-    pub retry_base_ms: u64,
-    #[serde(default = "default_retry_max")]
-    pub retry_max_ms: u64,
-    /// One POST (connect, send, answer) may take this long.
-    #[serde(default = "default_timeout")]
-    pub timeout_ms: u64,
-    /// Configs one task may have.
-    #[serde(default = "default_max_configs")]
-    pub max_configs_per_task: usize,
-    /// Extra trust anchors for https webhooks (PEM file of CA certificates, e.g. an internal
-    /// CA), beside the public roots (webpki-roots). Relative paths: against the state directory.
-    #[serde(default)]
-    pub ca_file: Option<std::path::PathBuf>,
-}
-
-fn default_true() -> bool {
-    true
-}
-fn default_hosts() -> Vec<String> {
-    vec!["*".into()]
-}
-fn default_attempts() -> u32 {
-    5
-}
-fn default_retry_base() -> u64 {
-    500
-}
-fn default_retry_max() -> u64 {
-    30_000
-}
-fn default_timeout() -> u64 {
-    10_000
-}
-fn default_max_configs() -> usize {
-    10
-}
-
-impl Default for PushSection {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            allowed_hosts: default_hosts(),
-            allowed_networks: Vec::new(),
-            max_attempts: default_attempts(),
-            retry_base_ms: default_retry_base(),
-            retry_max_ms: default_retry_max(),
-            timeout_ms: default_timeout(),
-            max_configs_per_task: default_max_configs(),
-            ca_file: None,
-        }
-    }
-}
-
-impl PushSection {
-    /// What serde cannot check; the error names the key.
-    pub fn validate(&self) -> Result<(), (String, String)> {
-        for (i, n) in self.allowed_networks.iter().enumerate() {
-            if Cidr::parse(n).is_none() {
-                return Err((
-                    format!("push.allowed_networks[{i}]"),
-                    format!("{n:?} is not a network like 127.0.0.1/32 or fd00::/8"),
-                ));
-            }
-        }
-        for (i, h) in self.allowed_hosts.iter().enumerate() {
-            let bare = h.strip_prefix("*.").unwrap_or(h);
-            if h.is_empty() || bare.is_empty() || bare.contains(['/', ':', '@', '*']) && h != "*" {
-                return Err((
-                    format!("push.allowed_hosts[{i}]"),
-                    format!("{h:?} is not `*`, `*.domain` or a host"),
-                ));
-            }
-        }
-        if self.max_attempts == 0 || self.max_attempts > 100 {
-            return Err(("push.max_attempts".into(), "must be 1 to 100".into()));
-        }
-        if self.timeout_ms < 100 {
-            return Err(("push.timeout_ms".into(), "must be at least 100".into()));
-        }
-        if self.max_configs_per_task == 0 {
-            return Err((
-                "push.max_configs_per_task".into(),
-                "must be at least 1".into(),
-            ));
-        }
-        Ok(())
-    }
-}
+pub use crate::config::PushSection;
 
 /// The one address classification and URL parser (shared with the supervisor's egress proxy).
 pub use warden_egress::{Cidr, HttpUrl as WebhookUrl, non_public};
@@ -599,7 +489,7 @@ impl Push {
             .method(http::Method::POST)
             .uri(url.target.as_str())
             .header(http::header::HOST, url.authority.as_str())
-            .header(http::header::CONTENT_TYPE, crate::http::A2A_JSON)
+            .header(http::header::CONTENT_TYPE, crate::endpoints::A2A_JSON)
             .header(http::header::USER_AGENT, "warden-gateway");
         if let Some(t) = &cfg.token {
             req = req.header("X-A2A-Notification-Token", t.as_str());

@@ -76,7 +76,7 @@ fn at_share(path: &str, limit: usize) -> axum::response::Response {
     );
     let jsonrpc = path == crate::mcp::MCP_PATH
         || path == "/"
-        || path.trim_end_matches('/') == crate::http::JSONRPC_PATH;
+        || path.trim_end_matches('/') == crate::endpoints::JSONRPC_PATH;
     let body = if jsonrpc {
         serde_json::json!({"jsonrpc": "2.0", "id": null, "error": {
             "code": crate::error::RESOURCE_EXHAUSTED_CODE, "message": message}})

@@ -188,6 +188,9 @@ fn prune(
 pub struct KnownAgent {
     pub name: String,
     pub description: String,
+    /// False when the supervisor says it cannot start (adapter or program missing): the card
+    /// leaves it off.
+    pub available: bool,
 }
 
 /// The agents callers may name: the configured list until the supervisor has answered
@@ -326,6 +329,36 @@ fn store_err(e: TaskStoreError) -> A2aError {
 }
 
 impl LiveTask {
+    /// A task just submitted (its user message is history entry 0), followed from now on.
+    fn new(
+        task: Task,
+        record: TaskRecord,
+        mapper: TurnMapper,
+        store: TaskStore,
+        push: Option<Arc<Push>>,
+    ) -> Self {
+        let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
+        let (state, _) = watch::channel(TaskState::Submitted);
+        Self {
+            inner: Mutex::new(LiveInner {
+                task,
+                record,
+                mapper,
+                history_seq: 1,
+                artifact_chunks: HashMap::new(),
+                pending: Vec::new(),
+                pending_history: 0,
+                head_dirty: false,
+                pending_since: None,
+                answering: false,
+            }),
+            tx,
+            state,
+            store,
+            push,
+        }
+    }
+
     /// Applies mapped events: updates the task, persists each change, broadcasts it.
     fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
         for ev in events {
@@ -358,8 +391,10 @@ impl LiveTask {
 
     fn announce(&self, inner: &LiveInner, ev: StreamResponse) {
         let status = matches!(&ev, StreamResponse::StatusUpdate(_));
-        if let StreamResponse::StatusUpdate(s) = &ev {
-            self.state.send_replace(s.status.state);
+        if let StreamResponse::StatusUpdate(s) = &ev
+            && self.state.send_replace(s.status.state) != s.status.state
+        {
+            crate::metrics::task_entered(s.status.state.as_str());
         }
         let ev = Arc::new(ev);
         // Queued in the order applied (the task is locked), so webhooks see changes in order.
@@ -633,6 +668,7 @@ impl Core {
                 .map(|n| KnownAgent {
                     name: n.clone(),
                     description: String::new(),
+                    available: true,
                 })
                 .collect(),
             default: settings.default_agent.clone(),
@@ -745,8 +781,14 @@ impl Core {
             }
             return Ok(default);
         };
-        if !self.agents().contains(a) {
-            // The supervisor may have been configured with it since the list was fetched.
+        if !self
+            .agents()
+            .agents
+            .iter()
+            .any(|g| g.name == a && g.available)
+        {
+            // The supervisor may have been configured with it (or its adapter installed, which
+            // puts it back on the card) since the list was fetched.
             if let Err(e) = self.refresh_agents().await {
                 tracing::warn!(error = %e, "cannot list the supervisor's agents");
             }
@@ -1090,6 +1132,7 @@ impl Core {
             .map(|a| KnownAgent {
                 name: a.name,
                 description: a.description,
+                available: a.unavailable.is_empty(),
             })
             .collect();
         let default = if self.settings.default_agent.is_empty() {
@@ -1466,9 +1509,14 @@ impl Core {
                 }
                 let core = self.clone();
                 let driven = live.clone();
-                tokio::spawn(async move {
-                    core.drive(driven, run).await;
-                });
+                // The task's span, in the trace of the request that started it.
+                let span = tracing::info_span!("task", task_id = %run.task_id);
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        core.drive(driven, run).await;
+                    },
+                    span,
+                ));
                 live
             }
         };
@@ -1679,27 +1727,14 @@ impl Core {
             .map_err(store_err)?;
         let mut task = head;
         task.history.push(user.clone());
-        let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
-        let (state, _) = watch::channel(TaskState::Submitted);
-        let live = Arc::new(LiveTask {
-            inner: Mutex::new(LiveInner {
-                task,
-                record,
-                mapper: TurnMapper::new(&task_id, &context_id)
-                    .with_coalesce_bytes(self.settings.coalesce_bytes),
-                history_seq: 1,
-                artifact_chunks: HashMap::new(),
-                pending: Vec::new(),
-                pending_history: 0,
-                head_dirty: false,
-                pending_since: None,
-                answering: false,
-            }),
-            tx,
-            state,
-            store: self.store.clone(),
-            push: self.push().cloned(),
-        });
+        let live = Arc::new(LiveTask::new(
+            task,
+            record,
+            TurnMapper::new(&task_id, &context_id)
+                .with_coalesce_bytes(self.settings.coalesce_bytes),
+            self.store.clone(),
+            self.push().cloned(),
+        ));
         // The task's webhook is stored before its turn starts, so it sees every change.
         if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
             cfg.task_id = task_id.clone();
@@ -1751,6 +1786,8 @@ impl Core {
             let events = inner.mapper.stream_ended(&reason, now_micros());
             live.apply(&mut inner, events);
         };
+        let mut run = tonic::Request::new(run);
+        warden_daemon::otel::inject(run.metadata_mut());
         match client.run_turn(run).await {
             Err(status) => {
                 tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
@@ -1946,32 +1983,19 @@ mod tests {
             history: vec![],
             metadata: None,
         };
-        let (tx, _) = broadcast::channel(64);
-        let (state, _) = watch::channel(TaskState::Submitted);
-        LiveTask {
-            inner: Mutex::new(LiveInner {
-                record: TaskRecord {
-                    task: task.clone(),
-                    principal: "alice".into(),
-                    agent: "scripted".into(),
-                    created_micros: 0,
-                    status_micros: 0,
-                },
+        LiveTask::new(
+            task.clone(),
+            TaskRecord {
                 task,
-                mapper: TurnMapper::new("t1", "c1"),
-                history_seq: 0,
-                artifact_chunks: HashMap::new(),
-                pending: Vec::new(),
-                pending_history: 0,
-                head_dirty: false,
-                pending_since: None,
-                answering: false,
-            }),
-            tx,
-            state,
-            store: store.clone(),
-            push: None,
-        }
+                principal: "alice".into(),
+                agent: "scripted".into(),
+                created_micros: 0,
+                status_micros: 0,
+            },
+            TurnMapper::new("t1", "c1"),
+            store.clone(),
+            None,
+        )
     }
 
     fn feed(l: &LiveTask, e: Event, flush: bool) {

@@ -14,9 +14,11 @@ use axum::body::Body;
 use http::{HeaderMap, Request, StatusCode};
 use serde_json::{Value, json};
 use tower::ServiceExt;
+use warden_gateway::admission::HttpState;
 use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
+use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
-use warden_gateway::http::{CardResponse, HttpState, agent_card, router};
+use warden_gateway::http::router;
 use warden_gateway::store::TaskStore;
 use warden_gateway::tasks::{Core, CoreSettings};
 

@@ -16,6 +16,7 @@ pub mod audit_pg;
 pub mod audit_store;
 pub mod config;
 pub mod journal;
+pub mod metrics;
 pub mod service;
 
 use std::sync::Arc;
@@ -225,6 +226,9 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
         Routes::new(AdminServiceServer::new(AdminApi(state.clone()))),
         &[warden_proto::v1::admin_service_server::SERVICE_NAME],
     );
+    server
+        .serve_metrics(&cfg.daemon, metrics::exporter())
+        .await?;
     state.set_listeners(server.listeners());
 
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())

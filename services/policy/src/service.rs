@@ -252,10 +252,13 @@ impl PolicyState {
             judged: Some(judged),
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
+        let committing = Instant::now();
         let written = self
             .write_by(&record, active.audit.sync, req.deadline_unix_ms)
             .await;
+        crate::metrics::audit_committed(committing.elapsed());
         if let Err(e) = written {
+            crate::metrics::decided(pb::Verdict::Deny as i32, "audit.unavailable", t0.elapsed());
             // No record, no permission: the contract says the record exists before the answer.
             self.not_audited.fetch_add(1, Ordering::Relaxed);
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
@@ -286,6 +289,7 @@ impl PolicyState {
             latency_us = record.latency_micros,
             "decided"
         );
+        crate::metrics::decided(outcome.verdict, &outcome.rule, t0.elapsed());
         outcome
     }
 }

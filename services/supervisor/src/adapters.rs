@@ -10,8 +10,11 @@ use crate::config::AgentConfig;
 /// An adapter found on disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// The Node.js interpreter that runs it.
+    /// The Node.js interpreter that runs it; for a native `bin` (an ELF executable, e.g.
+    /// `opencode-ai`'s, whose `bin` is the platform's binary), the entry itself.
     pub node: PathBuf,
+    /// The entry is a native executable, run directly (not through `node`).
+    pub native: bool,
     /// Its entry point (the package's `bin`).
     pub entry: PathBuf,
     /// The `node_modules` holding it and its dependencies (bound read-only).
@@ -94,15 +97,33 @@ pub fn resolve(dir: &Path, node: &Path, spec: &str) -> Result<Resolved, String> 
             install_hint(dir, spec)
         ));
     }
+    if is_elf(&entry) {
+        return Ok(Resolved {
+            node: entry.clone(),
+            native: true,
+            entry,
+            modules,
+        });
+    }
     let node = find_node(node).ok_or_else(|| {
         "Node.js was not found (/usr/bin/node, /usr/local/bin/node, or set adapters.node)"
             .to_string()
     })?;
     Ok(Resolved {
         node,
+        native: false,
         entry,
         modules,
     })
+}
+
+/// Whether `path` starts with the ELF magic (a package whose `bin` is a native executable).
+fn is_elf(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok_and(|()| magic == *b"\x7fELF")
 }
 
 pub use warden_sandbox::{
@@ -227,6 +248,12 @@ mod tests {
             )),
             "{e}"
         );
+        assert!(!r.native);
+        // A native bin runs itself, with or without Node.js.
+        std::fs::write(pkg.join("dist/index.js"), b"\x7fELF\x02\x01\x01").unwrap();
+        let r = resolve(t.path(), &t.path().join("no-node"), spec).unwrap();
+        assert!(r.native && r.node == r.entry, "{r:?}");
+        std::fs::write(pkg.join("dist/index.js"), "").unwrap();
         // A configured node that does not exist is not replaced by another.
         let e = resolve(t.path(), &t.path().join("no-node"), spec).unwrap_err();
         assert!(e.contains("Node.js"), "{e}");

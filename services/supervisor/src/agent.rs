@@ -294,8 +294,8 @@ impl AgentProc {
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
         let caps = ClientCapabilities {
             fs: FsCapabilities {
-                read_text_file: true,
-                write_text_file: true,
+                read_text_file: cfg.fs,
+                write_text_file: cfg.fs,
             },
             terminal: cfg.terminal,
             elicitation: true,
@@ -428,6 +428,9 @@ impl AgentProc {
                     .await);
             }
             if current != want {
+                // Said, because an adapter whose warden-written settings took effect starts in
+                // its supervised mode: this line means they did not (or it has no such setting).
+                tracing::info!(session_id = %session_id, from = %current, to = %want, "the agent started outside its supervised mode; setting it");
                 match within(hs, abort, p.client.set_mode(&session_id, &want))
                     .await
                     .ok_or(())
@@ -761,6 +764,7 @@ fn spawn(
     );
     spec.args = adapter
         .iter()
+        .filter(|a| !a.native)
         .map(|a| a.entry.clone().into_os_string())
         .chain(cfg.args.iter().map(Into::into))
         .collect();

@@ -27,6 +27,7 @@ use crate::core::ConvCore;
 use crate::policy::rules_verdict;
 use crate::servant::ServantError;
 use crate::turn::{AllowedExec, Counted, CoveredWrite, EndRequest, TurnCtx};
+use tracing::Instrument;
 
 /// Environment entries of a `terminal/create` that an ALLOW of its command still covers: they
 /// change how output looks or mark an adapter's own terminal (claude-code-acp sends
@@ -103,10 +104,17 @@ impl ConvCore {
             decision_id: String::new(),
             action_digest: String::new(),
         };
+        // The permission's span, in its turn's trace: the Decide call carries it to the policy.
+        let span = match turn {
+            Some(t) => {
+                tracing::info_span!(parent: &t.input.span, "permission", request_id = %request_id)
+            }
+            None => tracing::info_span!("permission", request_id = %request_id),
+        };
         let decided = match turn {
             Some(t) => {
                 tokio::select! {
-                    d = self.policy.decide(dreq, self.deadline) => d,
+                    d = self.policy.decide(dreq, self.deadline).instrument(span) => d,
                     _ = t.cancel.cancelled() => {
                         // The Decide in flight is dropped; whatever it decides is not enforced.
                         self.policy.withdraw_later(request_id, subject, "the turn was cancelled".into());
@@ -115,7 +123,12 @@ impl ConvCore {
                     }
                 }
             }
-            None => self.policy.decide(dreq, self.deadline).await,
+            None => {
+                self.policy
+                    .decide(dreq, self.deadline)
+                    .instrument(span)
+                    .await
+            }
         };
         let answer = choose_option(
             rules_verdict(decided.verdict),
@@ -1251,6 +1264,7 @@ mod tests {
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,
+                span: tracing::Span::none(),
             },
             1024,
         )

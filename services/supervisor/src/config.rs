@@ -104,6 +104,11 @@ pub const MAX_POOL_SIZE: usize = 64;
 pub struct SupervisorConfig {
     pub daemon: DaemonSection,
     pub listen: ListenerConfig,
+    /// The same API for gateways on other hosts: a `tcp` listener with `tls` (mutual TLS;
+    /// callers admitted by the SPIFFE ID of their certificate, `tls.admit`). Off by default;
+    /// same-host callers stay on `listen`'s Unix socket.
+    #[serde(default)]
+    pub listen_remote: Option<ListenerConfig>,
     pub policy: PolicySection,
     #[serde(default)]
     pub limits: Limits,
@@ -429,6 +434,13 @@ pub struct AgentConfig {
     /// each only after an ALLOW of an execute tool call.
     #[serde(default)]
     pub terminal: bool,
+    /// Advertise `fs/read_text_file` and `fs/write_text_file` (the default): the agent's reads
+    /// and writes in its root then go through warden, each decided. `false` for an adapter that
+    /// cannot use them: it then reads and writes itself, inside its sandbox, after the
+    /// permission request of each edit (as Codex does). Gemini CLI 0.61 cannot create a file
+    /// through them (it takes the "not found" of its read-before-write for a failure).
+    #[serde(default = "yes")]
+    pub fs: bool,
     /// Decide deadline override for this agent (e.g. long when an approver decides).
     #[serde(default)]
     pub decide_deadline_ms: Option<u64>,
@@ -486,6 +498,7 @@ impl AgentConfig {
             supervised_mode: mode.into(),
             supervised_modes: modes.iter().map(|s| s.to_string()).collect(),
             terminal: false,
+            fs: true,
             decide_deadline_ms: None,
             max_processes: None,
             memory_max_bytes: None,
@@ -509,6 +522,11 @@ impl AgentConfig {
 pub const CLAUDE_ADAPTER: &str = "@agentclientprotocol/claude-agent-acp@0.101.0";
 /// The adapter the built-in `codex` runs (installed under `[adapters] dir`).
 pub const CODEX_ADAPTER: &str = "@agentclientprotocol/codex-acp@2.6.0";
+/// The agent the built-in `gemini` runs (Gemini CLI, itself the ACP agent with
+/// `--experimental-acp`; installed under `[adapters] dir`).
+pub const GEMINI_ADAPTER: &str = "@google/gemini-cli@0.61.0";
+/// The agent the built-in `qwen` runs (Qwen Code, itself the ACP agent with `--acp`).
+pub const QWEN_ADAPTER: &str = "@qwen-code/qwen-code@0.24.4";
 
 /// The built-in registry: `scripted` (default, no network), `claude` and `codex` (installed
 /// adapters; they reach their model API through the egress proxy, `network = "proxy"`, and
@@ -569,6 +587,51 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     codex.egress_allow = vec!["api.openai.com:443".into()];
     codex.description = "Codex through its ACP adapter, supervised by warden".into();
     m.insert("codex".into(), codex);
+    // Gemini CLI: `default` asks for every edit and command; `plan` is read-only. `autoEdit`
+    // and `yolo` are elevated. Its user settings are warden's (`warden_sandbox::
+    // GEMINI_SETTINGS_JSON`, read-only in the home).
+    let mut gemini = AgentConfig::builtin(
+        "",
+        &["--experimental-acp"],
+        "default",
+        &["plan"],
+        &["GEMINI_API_KEY", "GOOGLE_GEMINI_BASE_URL"],
+    );
+    gemini.adapter = GEMINI_ADAPTER.into();
+    gemini.plan_config_option = "mode=plan".into();
+    gemini.fs = false;
+    gemini.network = Network::Proxy;
+    gemini.egress_allow = vec!["generativelanguage.googleapis.com:443".into()];
+    // Its launcher otherwise starts Gemini CLI a second time as its child (to raise Node's
+    // heap limit) and ignores SIGTERM itself.
+    gemini
+        .set_env
+        .insert("GEMINI_CLI_NO_RELAUNCH".into(), "1".into());
+    gemini.description = "Gemini CLI over ACP, supervised by warden".into();
+    m.insert("gemini".into(), gemini);
+    // Qwen Code: `default` asks for every edit and command; `plan` is read-only. Its own
+    // default, `auto` (a model classifier approves), and `auto-edit`, `yolo` are elevated. Its
+    // model is any OpenAI-compatible endpoint: `OPENAI_BASE_URL` names it, and the egress proxy
+    // allows that and nothing else.
+    let mut qwen = AgentConfig::builtin(
+        "",
+        &["--acp"],
+        "default",
+        &["plan"],
+        &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"],
+    );
+    qwen.adapter = QWEN_ADAPTER.into();
+    qwen.plan_config_option = "mode=plan".into();
+    qwen.network = Network::Proxy;
+    // Its launcher otherwise starts Qwen Code again as its child (with --expose-gc). `QWEN_HOME`
+    // fixed: Qwen Code takes it (and its trusted-folders and MCP-approvals paths) from a `.env`
+    // in the home unless it is set, and `~/.env` is the model's to write (`~/.qwen/.env`, read
+    // first once `QWEN_HOME` is set, is read-only).
+    qwen.set_env
+        .insert("QWEN_CODE_NO_RELAUNCH".into(), "1".into());
+    qwen.set_env.insert("QWEN_HOME".into(), "~/.qwen".into());
+    qwen.description = "Qwen Code over ACP, supervised by warden".into();
+    m.insert("qwen".into(), qwen);
     m
 }
 
@@ -847,6 +910,16 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
     let cfg = loaded.value;
     cfg.daemon.validate(&origin)?;
     cfg.listen.validate(&origin, "listen")?;
+    if let Some(remote) = &cfg.listen_remote {
+        if remote.tcp.is_none() || remote.tls.is_none() {
+            return Err(ConfigError::invalid(
+                &origin,
+                "listen_remote",
+                "the remote listener is `tcp` with `tls` (mutual TLS); same-host callers use `listen`",
+            ));
+        }
+        remote.validate(&origin, "listen_remote")?;
+    }
     if cfg.policy.socket.as_os_str().is_empty() {
         return Err(ConfigError::invalid(
             &origin,
@@ -1040,6 +1113,27 @@ mod tests {
             s.agent("codex").unwrap().1.egress_allow,
             ["api.openai.com:443"]
         );
+        let gemini = s.agent("gemini").unwrap().1;
+        assert_eq!(gemini.network, Network::Proxy);
+        assert_eq!(
+            gemini.egress_allow,
+            ["generativelanguage.googleapis.com:443"]
+        );
+        assert_eq!(gemini.args, ["--experimental-acp"]);
+        assert_eq!(gemini.adapter, GEMINI_ADAPTER);
+        assert!(gemini.is_supervised_mode("default") && gemini.is_supervised_mode("plan"));
+        assert!(!gemini.is_supervised_mode("yolo") && !gemini.is_supervised_mode("autoEdit"));
+        assert!(!gemini.fs && s.agent("claude").unwrap().1.fs);
+        let qwen = s.agent("qwen").unwrap().1;
+        assert_eq!(qwen.network, Network::Proxy);
+        assert!(qwen.egress_allow.is_empty(), "only its OPENAI_BASE_URL");
+        assert_eq!(qwen.args, ["--acp"]);
+        assert_eq!(qwen.adapter, QWEN_ADAPTER);
+        assert!(qwen.is_supervised_mode("default") && qwen.is_supervised_mode("plan"));
+        for elevated in ["auto", "auto-edit", "yolo"] {
+            assert!(!qwen.is_supervised_mode(elevated), "{elevated}");
+        }
+        assert_eq!(qwen.set_env["QWEN_HOME"], "~/.qwen");
         assert_eq!(s.limits().egress_connections, 64);
         assert!(s.agent("nope").is_none());
         // One runtime thread unless the operator asks for more (see RuntimeSection).

@@ -521,6 +521,7 @@ impl Conversation {
         if let Err(e) = self.shared.records.health(&health) {
             tracing::warn!(error = %e, "health record refused");
         }
+        crate::metrics::turn_ended("cancelled", None);
         t.emit(Event::Stop(pb::TurnStop {
             stop_reason: "cancelled".into(),
             refusals: vec![],
@@ -1385,6 +1386,10 @@ impl Conversation {
             refusals = refusals.len(),
             duration_ms = duration.as_millis() as u64,
             "turn finished"
+        );
+        crate::metrics::turn_ended(
+            &stop.reason,
+            stop.fault.as_ref().map(|f| crate::fault::name(f.0)),
         );
         turn.emit(Event::Stop(pb::TurnStop {
             stop_reason: stop.reason,

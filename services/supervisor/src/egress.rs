@@ -258,6 +258,7 @@ async fn serve(listener: UnixListener, ctx: Arc<Ctx>, cancel: CancellationToken)
         // No conversation yet (a warm agent): refused before a byte of it is read.
         let Some(context_id) = ctx.report.context_id() else {
             tracing::warn!(spawn_id = %ctx.cfg.label, "egress proxy: a connection before the agent has a conversation refused");
+            crate::metrics::egress_connection(false, 403);
             let mut s = stream;
             tokio::spawn(async move {
                 let _ = answer(
@@ -359,6 +360,7 @@ fn finish(ctx: &Ctx, context_id: &str, o: Outcome, started: Instant) {
         bytes_down: o.down,
         duration_ms: started.elapsed().as_millis() as u64,
     };
+    crate::metrics::egress_connection(rec.allowed, rec.status);
     ctx.report.connection(&rec);
 }
 

@@ -40,6 +40,7 @@ pub fn fault(class: pb::FaultClass, message: impl Into<String>) -> pb::Fault {
 /// A refusal of a request for a fault: `code` and a readable message, with the typed fault as
 /// the status's binary details.
 pub fn status(code: tonic::Code, class: pb::FaultClass, message: String) -> tonic::Status {
+    crate::metrics::refused(name(class));
     let detail = fault(class, message.clone()).encode_to_vec();
     tonic::Status::with_details(code, message, detail.into())
 }
@@ -52,6 +53,7 @@ pub fn status_long(
     headline: String,
     message: String,
 ) -> tonic::Status {
+    crate::metrics::refused(name(class));
     let detail = fault(class, message).encode_to_vec();
     tonic::Status::with_details(code, headline, detail.into())
 }

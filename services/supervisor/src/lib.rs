@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, adapters, records, fault, policy, translate, mode, options, fair, live,
+//   config, adapters, records, fault, metrics, policy, translate, mode, options, fair, live,
 //   admission                                          leaves (live, admission: over fair)
 //   egress                                             an agent's egress proxy (reports through a trait)
 //   turn                                               a turn's state and event stream
@@ -39,6 +39,7 @@ pub mod egress;
 pub mod fair;
 pub mod fault;
 pub mod live;
+pub mod metrics;
 pub mod mode;
 pub mod options;
 pub mod policy;

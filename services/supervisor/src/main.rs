@@ -286,7 +286,39 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     let api = Api(sup.clone());
     let routes = tonic::service::Routes::new(SupervisorServiceServer::new(api.clone()))
         .add_service(AdminServiceServer::new(api));
+    if let Some(remote) = &settings.file.listen_remote {
+        let remote = warden_daemon::listener::bind("listen_remote", remote, &state).await?;
+        server.serve(remote, routes.clone());
+    }
     server.serve(listener, routes);
+    let figures = sup.clone();
+    let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
+        let sup = figures.clone();
+        Box::pin(async move {
+            let (running, waiting, _) = sup.shared.admission.figures();
+            warden_supervisor::metrics::set(warden_supervisor::metrics::Figures {
+                live_agents: sup.shared.live.live(),
+                warm_agents: sup.shared.live.pooled(),
+                max_live_agents: sup.shared.live.cap(),
+                conversations: sup.conversations().await.len(),
+                turns_running: running,
+                turns_waiting_admission: waiting,
+                turns_waiting_agent: sup.shared.live.waiting().0,
+            })
+        })
+    });
+    warden_supervisor::metrics::known_refusals(
+        (0..64)
+            .filter_map(|i| warden_proto::v1::FaultClass::try_from(i).ok())
+            .filter(|c| *c != warden_proto::v1::FaultClass::Unspecified)
+            .map(warden_supervisor::fault::name),
+    );
+    server
+        .serve_metrics(
+            &settings.file.daemon,
+            warden_supervisor::metrics::exporter(refresh),
+        )
+        .await?;
     if let Ok(mut l) = sup.listeners.lock() {
         *l = server.listeners();
     }

@@ -347,12 +347,20 @@ impl PolicyClient {
             let mut unavailable = 0usize;
             loop {
                 let (i, ep) = self.endpoint();
-                let answer = match ep.stream.decide(&ep.client, req.clone()).await {
+                // Traced, each permission is its own unary Decide: one DecideStream has one set
+                // of metadata, and each decision's traceparent travels in its call's metadata.
+                let streamed = if warden_daemon::otel::enabled() {
+                    None
+                } else {
+                    ep.stream.decide(&ep.client, req.clone()).await
+                };
+                let answer = match streamed {
                     Some(a) => a,
                     None => {
                         let mut client = ep.client.clone();
                         let mut r = tonic::Request::new(req.clone());
                         r.set_timeout(wait.saturating_sub(started.elapsed()));
+                        warden_daemon::otel::inject(r.metadata_mut());
                         client.decide(r).await.map(tonic::Response::into_inner)
                     }
                 };
@@ -374,13 +382,19 @@ impl PolicyClient {
         })
         .await;
         let latency = started.elapsed();
-        let why = match res {
-            Err(_) => format!(
-                "no answer within {} ms (+{} ms grace)",
-                deadline.as_millis(),
-                self.grace.as_millis()
+        let (class, why) = match res {
+            Err(_) => (
+                "timeout",
+                format!(
+                    "no answer within {} ms (+{} ms grace)",
+                    deadline.as_millis(),
+                    self.grace.as_millis()
+                ),
             ),
-            Ok(Err(status)) => format!("call failed: {}: {}", status.code(), status.message()),
+            Ok(Err(status)) => (
+                "unavailable",
+                format!("call failed: {}: {}", status.code(), status.message()),
+            ),
             Ok(Ok(d)) => match validate(&d, &offered, &digest) {
                 Ok(verdict) => {
                     let end_turn = (d.end_turn
@@ -398,10 +412,11 @@ impl PolicyClient {
                         action_digest: digest,
                     };
                 }
-                Err(why) => format!("malformed answer: {why}"),
+                Err(why) => ("malformed", format!("malformed answer: {why}")),
             },
         };
         self.failures.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::policy_failure(class);
         tracing::warn!(request_id = %request_id, reason = %why, "policy unavailable: denying");
         // The policy may have recorded (or may yet record) a decision nobody acts on.
         self.withdraw_later(request_id, subject, why.clone());

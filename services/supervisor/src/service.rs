@@ -918,6 +918,7 @@ impl SupervisorService for Api {
                 text: r.text,
                 instructions: r.instructions,
                 message_id: r.message_id,
+                span: tracing::info_span!("turn", task_id = %r.task_id, context_id = %r.context_id),
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,
             },
@@ -1062,9 +1063,32 @@ impl SupervisorService for Api {
             .agents
             .iter()
             .filter(|(_, a)| a.enabled)
-            .map(|(name, a)| pb::AgentInfo {
-                name: name.clone(),
-                description: a.description.clone(),
+            .map(|(name, a)| {
+                // What `warden agents` shows and the card leaves off: the adapter or program
+                // looked up now (an adapter may be installed after the supervisor started).
+                let (runs, unavailable) = match s.adapter(a) {
+                    Some(Ok(found)) => (
+                        format!("adapter {} at {}", a.adapter, found.entry.display()),
+                        String::new(),
+                    ),
+                    Some(Err(e)) => (format!("adapter {}", a.adapter), e),
+                    None => match s.agent_program(a) {
+                        Ok(p) if a.command.is_empty() => {
+                            (format!("program {}", p.display()), String::new())
+                        }
+                        Ok(_) => match crate::config::find_program(&a.command) {
+                            Ok(p) => (format!("program {}", p.display()), String::new()),
+                            Err(e) => (format!("program {}", a.command), e),
+                        },
+                        Err(e) => (String::new(), e),
+                    },
+                };
+                pb::AgentInfo {
+                    name: name.clone(),
+                    description: a.description.clone(),
+                    runs,
+                    unavailable,
+                }
             })
             .collect();
         Ok(Response::new(pb::ListAgentsResponse {

@@ -66,6 +66,9 @@ pub struct TurnInput {
     pub message_id: String,
     pub task_id: String,
     pub timeout_secs: u64,
+    /// The turn's trace span (a child of the `RunTurn` call's, so of the caller's trace when
+    /// tracing is on; `Span::none()` otherwise): each permission's `Decide` is a child of it.
+    pub span: tracing::Span,
 }
 
 #[derive(Default)]

@@ -31,9 +31,11 @@ use futures::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
 use tonic::{Request, Response, Status};
+use warden_gateway::admission::HttpState;
 use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
+use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
-use warden_gateway::http::{CardResponse, HttpState, agent_card, router};
+use warden_gateway::http::router;
 use warden_gateway::store::TaskStore;
 use warden_gateway::tasks::{Core, CoreSettings};
 use warden_proto::v1::supervisor_service_server::{SupervisorService, SupervisorServiceServer};
@@ -154,6 +156,7 @@ impl SupervisorService for LoadGenerator {
             agents: vec![pb::AgentInfo {
                 name: "scripted".into(),
                 description: "the load generator".into(),
+                ..Default::default()
             }],
             default_agent: "scripted".into(),
             ..Default::default()

@@ -12,7 +12,6 @@
 //! caller (only an agent's *question* becomes an elicitation), take a workspace path from a
 //! model, or let one principal reach another's session, job or conversation.
 
-pub mod config;
 pub mod envelope;
 pub mod server;
 pub mod tools;

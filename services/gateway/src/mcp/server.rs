@@ -27,11 +27,11 @@ use warden_proto::v1::{
     WorkspaceInfo,
 };
 
-use super::config::McpSection;
 use super::envelope::{Blocker, Envelope, Harness};
 use super::tools::{self, Verb, VerbArgs};
 use super::turn::{self, Answer, Ask, NotStarted, Progress, Question};
 use super::workspace;
+use crate::config::McpSection;
 use crate::tasks::Core;
 
 /// Who is calling, as the HTTP edge authenticated it (put in the request's extensions).

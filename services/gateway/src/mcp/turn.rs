@@ -67,6 +67,8 @@ pub async fn run(
     let mut client = core.supervisor();
     let context_id = req.context_id.clone();
     let turn_id = req.turn_id.clone();
+    let mut req = tonic::Request::new(req);
+    warden_daemon::otel::inject(req.metadata_mut());
     let stream = match client.run_turn(req).await {
         Ok(r) => r.into_inner(),
         Err(status) => {

@@ -1,0 +1,72 @@
+//! warden-gateway's metrics (served by `warden_daemon::metrics` when `[daemon] metrics_listen` is
+//! set): tasks entering each A2A state (a change of state, not every status message), and, read
+//! from the gateway's state at each scrape, tasks live in memory, tasks stored, and the open
+//! streaming subscriptions (SSE, and the gRPC binding's streams) across every caller.
+//!
+//! A leaf: it imports nothing of the gateway's; the binary hands it the figures.
+
+use std::sync::LazyLock;
+
+use warden_daemon::metrics::prometheus_client::metrics::counter::Counter;
+use warden_daemon::metrics::prometheus_client::metrics::family::Family;
+use warden_daemon::metrics::prometheus_client::metrics::gauge::Gauge;
+use warden_daemon::metrics::prometheus_client::registry::Registry;
+use warden_daemon::metrics::{Exporter, Refresh};
+
+struct Metrics {
+    entered: Family<[(&'static str, &'static str); 1], Counter>,
+    live: Gauge,
+    stored: Gauge,
+    streams: Gauge,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    entered: Family::default(),
+    live: Gauge::default(),
+    stored: Gauge::default(),
+    streams: Gauge::default(),
+});
+
+/// A task's state changed to `state` (the proto name, `TASK_STATE_WORKING`, a fixed set).
+pub fn task_entered(state: &'static str) {
+    METRICS.entered.get_or_create(&[("state", state)]).inc();
+}
+
+/// The state-read figures, set before each scrape.
+pub fn set(tasks_live: usize, tasks_stored: usize, streams_open: usize) {
+    let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+    let m = &*METRICS;
+    m.live.set(g(tasks_live));
+    m.stored.set(g(tasks_stored));
+    m.streams.set(g(streams_open));
+}
+
+/// The registry `GET /metrics` encodes; `refresh` calls [`set`].
+pub fn exporter(refresh: Refresh) -> Exporter {
+    let m = &*METRICS;
+    let mut r = Registry::with_prefix("warden_gateway");
+    r.register(
+        "tasks_entered",
+        "Tasks entering each A2A state (TASK_STATE_WORKING, TASK_STATE_COMPLETED, ...)",
+        m.entered.clone(),
+    );
+    r.register(
+        "tasks_live",
+        "Tasks held in memory (not yet ended or swept)",
+        m.live.clone(),
+    );
+    r.register(
+        "tasks_stored",
+        "Tasks in the durable store",
+        m.stored.clone(),
+    );
+    r.register(
+        "streams_open",
+        "Open streaming subscriptions (SSE on the HTTP bindings, streams on the gRPC binding)",
+        m.streams.clone(),
+    );
+    Exporter {
+        registry: r,
+        refresh: Some(refresh),
+    }
+}

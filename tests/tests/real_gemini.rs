@@ -1,0 +1,299 @@
+//! The real Gemini CLI under warden, offline: `@google/gemini-cli` 0.61.0 (the built-in
+//! `gemini`, its own ACP agent with `--experimental-acp`), installed by `.ci/run` under
+//! `<target>/npm/`, driven through the real daemons by the scripted fake Gemini API in
+//! `tests/fake_models/fake_gemini.py`. It asks for every edit and command in its `default`
+//! approval mode, and warden-policy decides each; it reads and writes itself inside its sandbox
+//! (the built-in advertises no `fs/*` to it: Gemini CLI 0.61 cannot create a file through them).
+//!
+//! Missing installs fail under CI (`CI=true`) and are a printed skip elsewhere.
+
+use std::path::Path;
+use std::time::Duration;
+
+use warden_e2e::real::{self, GEMINI_CLI, Matrix, Vocab};
+
+fn gemini() -> Matrix {
+    Matrix {
+        pinned: GEMINI_CLI,
+        agent: "gemini",
+        vocab: Vocab::Gemini,
+        extra_sets: Vec::new(),
+    }
+}
+
+/// A write inside the root is asked, ALLOWed and lands; the first turn reached nothing but the
+/// fake model, through the egress proxy, every connection recorded under its conversation.
+#[tokio::test]
+async fn gemini_cli_write_inside_is_allowed_and_lands_through_the_proxy_only() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let sent = m
+        .send(
+            &r,
+            &[Vocab::Gemini.write("{CWD}/hello.txt", "hello from the fake model")],
+        )
+        .await;
+    let ctx = r.ctx(&sent);
+    assert_eq!(sent.code, Some(0), "{ctx}");
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    let written = r.in_state("hello.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model"
+    );
+    r.assert_model_reached_through_the_proxy(&ctx);
+    let context = real::context_of(&sent.shown).expect("a context id");
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .all(|rec| rec["context_id"] == context.as_str()
+                && rec["allowed"] == true
+                && rec["port"] == r.model.port),
+        "a connection other than to the fake model: {records:#?}\n{ctx}"
+    );
+    // The model was asked in Gemini's API shape, with Gemini CLI's own tools offered.
+    let log = r.model.log_text();
+    assert!(
+        log.contains(":streamGenerateContent") && log.contains("run_shell_command"),
+        "{log}"
+    );
+}
+
+/// Writes outside the root (by `..`, an absolute path, a link planted in the root) never land.
+/// Gemini CLI refuses them itself before it asks ("Path not in workspace": it resolves links
+/// first); what it would ask for is decided, and nothing of it reaches the disk.
+#[tokio::test]
+async fn gemini_cli_writes_outside_by_dotdot_absolute_and_link_never_land() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let dotdot = real::unique("warden-dotdot");
+    let abs = format!("/var/tmp/{}", real::unique("warden-abs"));
+    let target_dir = tempfile::Builder::new()
+        .prefix("warden-link-target")
+        .tempdir_in(warden_e2e::test_root())
+        .expect("a link target");
+    let via_link = real::unique("warden-via-link");
+    let rows = [
+        vec![Vocab::Gemini.write(&format!("{{CWD}}/../{dotdot}"), "escaped by dot-dot")],
+        vec![Vocab::Gemini.write(&abs, "escaped by an absolute path")],
+        vec![
+            Vocab::Gemini.shell(&format!(
+                "ln -s {} {{CWD}}/planted",
+                target_dir.path().display()
+            )),
+            Vocab::Gemini.write(&format!("{{CWD}}/planted/{via_link}"), "escaped by a link"),
+        ],
+    ];
+    let mut ctx = String::new();
+    for steps in &rows {
+        let sent = m.send(&r, steps).await;
+        ctx = r.ctx(&sent);
+        // No write was ALLOWed (the link row's one ALLOW is its `ln`).
+        let allows = sent.shown.matches("[policy] ALLOW").count();
+        assert!(allows < steps.len(), "{ctx}");
+    }
+    assert!(r.in_state(&dotdot).is_empty(), "{ctx}");
+    assert!(!Path::new(&abs).exists(), "{ctx}");
+    assert!(!target_dir.path().join(&via_link).exists(), "{ctx}");
+    assert!(r.in_state(&via_link).is_empty(), "{ctx}");
+    // The model asked for each, and was told each failed.
+    let log = r.model.log_text();
+    assert!(log.contains(&dotdot) && log.contains(&via_link), "{ctx}");
+    assert!(log.matches("functionResponse").count() >= 3, "{ctx}");
+    r.assert_model_reached_through_the_proxy(&ctx);
+}
+
+#[tokio::test]
+async fn gemini_cli_shell_writes_stay_in_the_sandbox() {
+    gemini().shell_writes_stay_in_the_sandbox().await;
+}
+
+#[tokio::test]
+async fn gemini_cli_never_gets_an_always_answer() {
+    gemini().always_is_never_chosen().await;
+}
+
+#[tokio::test]
+async fn gemini_cli_settings_written_by_the_model_change_nothing() {
+    gemini().model_written_settings_change_nothing().await;
+}
+
+#[tokio::test]
+async fn gemini_cli_detached_children_die_with_cancel() {
+    gemini().detached_children_die_with_cancel().await;
+}
+
+#[tokio::test]
+async fn gemini_cli_misconfigured_fails_with_its_stderr() {
+    gemini().misconfigured_fails_with_its_stderr().await;
+}
+
+/// Gemini CLI offers no "always" option under warden's settings (`security.disableAlwaysAllow`;
+/// without them it offers `proceed_always`): its permission requests, as the turn's transcript
+/// recorded them, carry only "Allow" and "Reject", so warden's user layer is the one it read.
+#[tokio::test]
+async fn gemini_cli_reads_wardens_settings() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let evs = real::supervisor_turn(
+        &r.d,
+        "gemini",
+        "gemini-settings-1",
+        "t1",
+        "",
+        real::script(&[Vocab::Gemini.shell("echo x > {CWD}/x.txt")]),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    assert_eq!(asked.len(), 1, "{evs:#?}\n{}", r.model.answers());
+    assert_eq!(asked[0].tool_kind, "execute", "{asked:#?}");
+    let mut offered = Vec::new();
+    for f in walk(&r.d.dir.path().join("supervisor/transcripts")) {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        for line in text.lines() {
+            if line.contains("permission_request") {
+                offered.push(line.to_string());
+            }
+        }
+    }
+    assert_eq!(offered.len(), 1, "{offered:#?}");
+    assert!(offered[0].contains("allow_once"), "{offered:#?}");
+    assert!(
+        !offered[0].contains("allow_always") && !offered[0].contains("proceed_always"),
+        "an always option was offered: {offered:#?}"
+    );
+}
+
+/// Every file under `dir` (links not followed).
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// A `review` conversation runs Gemini CLI in its `plan` mode (read-only, supervised): no shell
+/// is offered to the model and a write into the root does not land. The model's way out of plan
+/// mode, `exit_plan_mode` (which would put Gemini CLI back in `default`; its untrusted root
+/// allows no other mode), is a permission request warden-policy decides: under the review's
+/// read-only profile it is refused, Gemini stays in plan mode, and a write after it does not
+/// land either.
+#[tokio::test]
+async fn gemini_cli_review_plans_and_stays_supervised_after_the_plan() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        Vocab::Gemini.write("{CWD}/planned.txt", "written in plan mode"),
+        Vocab::Gemini.write("warden-plan.md", "1. Read the code.\n2. Report."),
+        r#"{"tool": "exit_plan_mode", "args": {"plan_filename": "warden-plan.md"}}"#.to_string(),
+        Vocab::Gemini.write("{CWD}/after-plan.txt", "written after the plan"),
+    ];
+    let evs = real::supervisor_turn(
+        &r.d,
+        "gemini",
+        "gemini-plan-1",
+        "t1",
+        "review",
+        real::script(&steps),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    for p in &asked {
+        eprintln!(
+            "plan turn: {} {:?} -> {} ({})",
+            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
+        );
+    }
+    let answers = r.model.answers();
+    let first = r
+        .model
+        .log_text()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        first.contains("exit_plan_mode") && !first.contains("run_shell_command"),
+        "the model was not asked in plan mode: {answers}"
+    );
+    assert!(r.in_state("planned.txt").is_empty(), "{evs:#?}\n{answers}");
+    assert_eq!(asked.len(), 1, "{asked:#?}\n{answers}");
+    assert!(
+        asked[0].tool_title.contains("plan approval")
+            && asked[0].verdict == warden_proto::v1::Verdict::Deny as i32,
+        "{asked:#?}\n{answers}"
+    );
+    assert!(
+        r.in_state("after-plan.txt").is_empty(),
+        "{asked:#?}\n{answers}"
+    );
+    // Still in plan mode after the refusal: the last request offers no shell either.
+    let last = r
+        .model
+        .log_text()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        last.contains("exit_plan_mode") && !last.contains("run_shell_command"),
+        "{answers}"
+    );
+}
+
+/// How long a warm agent waits before it is taken: long enough for what an adapter does on its
+/// own once started (telemetry, update checks, a model list).
+const WARM_IDLE: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn gemini_cli_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    gemini()
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, false)
+        .await;
+}
+
+/// The network is its model's API and nothing else: a fetch the model asks for (`web_fetch`)
+/// and a command that opens a socket itself reach nothing, and every connection recorded for
+/// the conversation went to the fake model.
+#[tokio::test]
+async fn gemini_cli_reaches_nothing_but_its_model() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        r#"{"tool": "web_fetch", "args": {"prompt": "Summarize http://93.184.215.14/ and https://example.com/"}}"#
+            .to_string(),
+        Vocab::Gemini.shell(
+            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
+             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
+             echo done > {CWD}/net-done.txt",
+        ),
+    ];
+    let sent = m.send(&r, &steps).await;
+    let ctx = r.ctx(&sent);
+    let done = r.in_state("net-done.txt");
+    assert_eq!(done.len(), 1, "the command did not run: {ctx}");
+    for f in r.in_state("net.txt") {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert!(!text.contains("reached"), "{text}\n{ctx}");
+    }
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .filter(|rec| rec["allowed"] == true)
+            .all(|rec| rec["port"] == r.model.port),
+        "{records:#?}\n{ctx}"
+    );
+    r.assert_model_reached_through_the_proxy(&ctx);
+    // What the model was told of its fetch: it did not get the page.
+    let log = r.model.log_text();
+    assert!(!log.contains("Example Domain"), "{ctx}");
+}

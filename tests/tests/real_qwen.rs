@@ -1,0 +1,224 @@
+//! The real Qwen Code under warden, offline: `@qwen-code/qwen-code` 0.24.4 (the built-in `qwen`,
+//! its own ACP agent with `--acp`), installed by `.ci/run` under `<target>/npm/`, driven through
+//! the real daemons by the scripted fake OpenAI server's Chat Completions
+//! (`tests/fake_models/fake_openai.py`). It runs in its `default` approval mode (forced; its own
+//! default, `auto`, lets a model classifier approve), asks for every edit and command, and
+//! warden-policy decides each; its writes go through warden's `fs/write_text_file`.
+//!
+//! Missing installs fail under CI (`CI=true`) and are a printed skip elsewhere.
+
+use std::time::Duration;
+
+use warden_e2e::real::{self, Matrix, QWEN_CODE, Vocab};
+
+fn qwen() -> Matrix {
+    Matrix {
+        pinned: QWEN_CODE,
+        agent: "qwen",
+        vocab: Vocab::Gemini,
+        extra_sets: Vec::new(),
+    }
+}
+
+/// A write inside the root is asked, ALLOWed and lands; the first turn reached nothing but the
+/// fake model, through the egress proxy, every connection recorded under its conversation.
+#[tokio::test]
+async fn qwen_code_write_inside_is_allowed_and_lands_through_the_proxy_only() {
+    let m = qwen();
+    let Some(r) = m.start().await else { return };
+    let sent = m
+        .send(
+            &r,
+            &[Vocab::Gemini.write("{CWD}/hello.txt", "hello from the fake model")],
+        )
+        .await;
+    let ctx = r.ctx(&sent);
+    assert_eq!(sent.code, Some(0), "{ctx}");
+    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+    let written = r.in_state("hello.txt");
+    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+    assert_eq!(
+        std::fs::read_to_string(&written[0]).unwrap(),
+        "hello from the fake model"
+    );
+    r.assert_model_reached_through_the_proxy(&ctx);
+    let context = real::context_of(&sent.shown).expect("a context id");
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .all(|rec| rec["context_id"] == context.as_str()
+                && rec["allowed"] == true
+                && rec["port"] == r.model.port),
+        "a connection other than to the fake model: {records:#?}\n{ctx}"
+    );
+    let log = r.model.log_text();
+    assert!(
+        log.contains("/chat/completions") && log.contains("run_shell_command"),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn qwen_code_writes_outside_by_dotdot_absolute_and_link_are_denied() {
+    qwen().writes_outside_are_denied().await;
+}
+
+#[tokio::test]
+async fn qwen_code_shell_writes_stay_in_the_sandbox() {
+    qwen().shell_writes_stay_in_the_sandbox().await;
+}
+
+#[tokio::test]
+async fn qwen_code_never_gets_an_always_answer() {
+    qwen().always_is_never_chosen().await;
+}
+
+#[tokio::test]
+async fn qwen_code_settings_written_by_the_model_change_nothing() {
+    qwen().model_written_settings_change_nothing().await;
+}
+
+#[tokio::test]
+async fn qwen_code_detached_children_die_with_cancel() {
+    qwen().detached_children_die_with_cancel().await;
+}
+
+#[tokio::test]
+async fn qwen_code_misconfigured_fails_with_its_stderr() {
+    qwen().misconfigured_fails_with_its_stderr().await;
+}
+
+/// Qwen Code starts its session in `default` under warden (its own default is `auto`, a model
+/// classifier approving): the supervisor has no mode to force, which it would log, and its
+/// command is asked. (That Qwen Code reads warden's `/etc/qwen-code/settings.json` in the
+/// sandbox was checked by writing `"approvalMode": "yolo"` there: this test then fails, the
+/// supervisor forcing `default` over `yolo`.)
+#[tokio::test]
+async fn qwen_code_reads_wardens_settings() {
+    let m = qwen();
+    let Some(r) = m.start().await else { return };
+    let evs = real::supervisor_turn(
+        &r.d,
+        "qwen",
+        "qwen-settings-1",
+        "t1",
+        "",
+        real::script(&[Vocab::Gemini.shell("echo x > {CWD}/x.txt")]),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    assert!(
+        asked.iter().any(|p| p.tool_kind == "execute"),
+        "{evs:#?}\n{}",
+        r.model.answers()
+    );
+    let log = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+    for l in log.lines().filter(|l| l.contains("mode")) {
+        eprintln!("LOG {l}");
+    }
+    assert!(
+        log.contains("agent=qwen") || log.contains("qwen"),
+        "no supervisor log: {log}"
+    );
+    assert!(
+        !log.contains("started outside its supervised mode"),
+        "Qwen Code did not start in default: warden's settings were not read\n{log}"
+    );
+}
+
+/// A `review` conversation runs Qwen Code in its `plan` mode: a write into the root does not
+/// land without an ALLOW, and no command runs without being asked.
+#[tokio::test]
+async fn qwen_code_review_plans_and_stays_supervised() {
+    let m = qwen();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        Vocab::Gemini.write("{CWD}/planned.txt", "written in plan mode"),
+        Vocab::Gemini.shell("echo ran > {CWD}/ran.txt"),
+    ];
+    let evs = real::supervisor_turn(
+        &r.d,
+        "qwen",
+        "qwen-plan-1",
+        "t1",
+        "review",
+        real::script(&steps),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    for p in &asked {
+        eprintln!(
+            "plan turn: {} {:?} -> {} ({})",
+            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
+        );
+    }
+    let answers = r.model.answers();
+    let allowed = |kind: &str| {
+        asked
+            .iter()
+            .any(|p| p.tool_kind == kind && p.verdict == warden_proto::v1::Verdict::Allow as i32)
+    };
+    assert!(
+        r.in_state("planned.txt").is_empty() || allowed("edit"),
+        "{evs:#?}\n{answers}"
+    );
+    assert!(
+        r.in_state("ran.txt").is_empty() || allowed("execute"),
+        "{evs:#?}\n{answers}"
+    );
+    assert!(
+        r.model.log_text().to_lowercase().contains("plan mode"),
+        "the model was not asked in plan mode: {answers}"
+    );
+}
+
+/// How long a warm agent waits before it is taken: long enough for what an adapter does on its
+/// own once started (telemetry, update checks, a model list).
+const WARM_IDLE: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn qwen_code_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
+    qwen()
+        .warm_agent_is_handed_out_through_the_proxy(WARM_IDLE, false)
+        .await;
+}
+
+/// The network is its model's API and nothing else: a command that opens sockets itself (and a
+/// fetch the model asks for) reach nothing, and every connection allowed for the conversation
+/// went to the fake model.
+#[tokio::test]
+async fn qwen_code_reaches_nothing_but_its_model() {
+    let m = qwen();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        r#"{"tool": "web_fetch", "args": {"url": "https://example.com/", "prompt": "Summarize it"}}"#
+            .to_string(),
+        Vocab::Gemini.shell(
+            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
+             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
+             echo done > {CWD}/net-done.txt",
+        ),
+    ];
+    let sent = m.send(&r, &steps).await;
+    let ctx = r.ctx(&sent);
+    assert_eq!(
+        r.in_state("net-done.txt").len(),
+        1,
+        "the command did not run: {ctx}"
+    );
+    for f in r.in_state("net.txt") {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        assert!(!text.contains("reached"), "{text}\n{ctx}");
+    }
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .filter(|rec| rec["allowed"] == true)
+            .all(|rec| rec["port"] == r.model.port),
+        "{records:#?}\n{ctx}"
+    );
+    r.assert_model_reached_through_the_proxy(&ctx);
+    assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
+}
