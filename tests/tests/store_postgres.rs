@@ -3,6 +3,8 @@
 //! PostgreSQL cluster started by the test (initdb into a temporary directory, a Unix socket
 //! only). Issue 27's cases:
 //!
+//! - the approver with its database down: an escalation denied at once (approval.unavailable),
+//!   approvals working again once it is back;
 //! - two policy replicas, the one in use killed with SIGKILL during a burst of 1,000 decisions:
 //!   every decision the agent was answered has its audit row, none was answered twice, and the
 //!   burst finishes through the other replica (the supervisor's `policy.failover_sockets`);
@@ -563,6 +565,98 @@ async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_ef
         "{out}"
     );
     let _ = b.child.kill().await;
+}
+
+/// The approver's queue in a PostgreSQL that is down: an escalation cannot be held durably, so
+/// it is denied at once (never left waiting for a person it could not be shown to, never
+/// allowed), and once the database is back escalations wait for a person and are answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_escalation_while_the_queue_database_is_down_is_denied_at_once_and_approvals_resume() {
+    let Some(mut c) = cluster() else { return };
+    let mut sets = pg_sets("approver", &c);
+    sets.push((
+        "supervisor".into(),
+        "policy.decide_deadline_ms=60000".into(),
+    ));
+    let mut d = Deployment::new(Options {
+        approver: true,
+        sets,
+        ..Default::default()
+    });
+    d.start("policy").await;
+    d.start("approver").await;
+    d.start("supervisor").await;
+    let mut client = client(&d);
+    let edit = |ctx: &str, file: &str| {
+        turn(
+            ctx,
+            &format!("{ctx}-1"),
+            &scenario(json!({"steps": [
+                {"type": "tool", "kind": "edit", "path": file, "content": "x", "ask": true}
+            ]})),
+        )
+    };
+
+    c.stop();
+    let t0 = Instant::now();
+    let mut s = start(&mut client, edit("down", "down.txt")).await;
+    let evs = collect(&mut s, Duration::from_secs(60)).await;
+    let waited = t0.elapsed();
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 1, "{evs:#?}");
+    assert_eq!(
+        perms[0].verdict,
+        pb::Verdict::Deny as i32,
+        "an escalation the queue could not hold was not denied: {:?}",
+        perms[0]
+    );
+    assert_eq!(perms[0].rule, "approval.unavailable", "{:?}", perms[0]);
+    // Bounded by the store's connect timeout (1 s here), not by a person's time (60 s).
+    assert!(
+        waited < Duration::from_secs(20),
+        "denied only after {waited:?}"
+    );
+    eprintln!(
+        "database down: denied after {waited:?}: {} ({})",
+        perms[0].reason, perms[0].rule
+    );
+
+    c.start().unwrap();
+    let mut admin = pb::approval_service_client::ApprovalServiceClient::new(
+        warden_daemon::client::unix_channel(&d.layout.approver_admin_socket()),
+    );
+    let mut s = start(&mut client, edit("back", "back.txt")).await;
+    let t0 = Instant::now();
+    let id = loop {
+        if let Ok(r) = admin.list(pb::ListApprovalsRequest { limit: 10 }).await
+            && let Some(a) = r.into_inner().approvals.first()
+        {
+            break a.id.clone();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the escalation never waited for a person once the database was back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    admin
+        .answer(pb::AnswerRequest {
+            id: id.clone(),
+            verdict: pb::Verdict::Allow as i32,
+            reason: "back".into(),
+        })
+        .await
+        .expect("answered once the database is back");
+    let evs = collect(&mut s, Duration::from_secs(60)).await;
+    let perms = permissions(&evs);
+    assert_eq!(perms.len(), 1, "{evs:#?}");
+    assert_eq!(
+        perms[0].verdict,
+        pb::Verdict::Allow as i32,
+        "{:?}",
+        perms[0]
+    );
+    assert_eq!(perms[0].decision_id, id);
 }
 
 fn edit_request(root: &Path, n: usize) -> pb::DecideRequest {
