@@ -1,7 +1,8 @@
 //! A gateway reaching its supervisor between hosts: gRPC over TCP with mutual TLS, each side
 //! admitting the other by the SPIFFE ID in its certificate (issue 28). The real daemons, real
 //! certificates (openssl), a real A2A call; the gateway's Unix path to the supervisor is pointed
-//! at nothing, so a task that completes went over TCP.
+//! at nothing, so a task that completes went over TCP. The second test puts the supervisor on
+//! another "host" (a network namespace joined by a veth pair) and cuts the link mid-turn.
 
 use serde_json::{Value, json};
 use warden_e2e::{Deployment, Options};
@@ -122,5 +123,200 @@ async fn a_gateway_runs_tasks_on_a_supervisor_over_mutual_tls_and_a_wrong_identi
     assert!(
         log.contains("peer refused") && log.contains(&format!("{TD}/policy")),
         "the supervisor logs whom it refused: {log}"
+    );
+}
+
+/// A network namespace standing for another host, joined to this one by a veth pair (the
+/// issue's "several hosts as network namespaces"). Removed when dropped.
+struct Host {
+    name: String,
+    link: String,
+    /// This host's address, as the other side reaches it.
+    addr: String,
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip runs (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Host {
+    /// None (and said) where namespaces cannot be made: not root outside CI.
+    fn new() -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "network namespaces need root"
+            );
+            eprintln!("skipped: network namespaces need root");
+            return None;
+        }
+        let n = std::process::id() % 200 + 20;
+        let name = format!("wcell{}", std::process::id());
+        let link = format!("wg{n}x{}", std::process::id() % 1000);
+        let inner = format!("wc{n}x{}", std::process::id() % 1000);
+        ip(&["netns", "add", &name]);
+        let host = Host {
+            name: name.clone(),
+            link: link.clone(),
+            addr: format!("10.231.{n}.2"),
+        };
+        ip(&["link", "add", &link, "type", "veth", "peer", "name", &inner]);
+        ip(&["link", "set", &inner, "netns", &name]);
+        ip(&["addr", "add", &format!("10.231.{n}.1/30"), "dev", &link]);
+        ip(&["link", "set", &link, "up"]);
+        for args in [
+            vec!["addr", "add", &host.addr, "dev", &inner],
+            vec!["link", "set", &inner, "up"],
+            vec!["link", "set", "lo", "up"],
+        ] {
+            let mut full = vec!["-n", name.as_str()];
+            full.extend(args.iter().map(|s| &**s));
+            ip(&full);
+        }
+        ip(&[
+            "-n",
+            &name,
+            "route",
+            "add",
+            &format!("10.231.{n}.0/30"),
+            "dev",
+            &inner,
+        ]);
+        Some(host)
+    }
+
+    /// The link between the hosts goes down (a partition: no reset, packets just vanish) or up.
+    fn link(&self, up: bool) {
+        ip(&["link", "set", &self.link, if up { "up" } else { "down" }]);
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
+    }
+}
+
+/// A supervisor cell on another "host" (a network namespace, mutual TLS only between them): a
+/// task runs there; a partition during a running turn ends it FAILED within the channel's
+/// keep-alive bound instead of leaving it waiting on a silent connection; once the link is back
+/// the cell takes tasks again.
+#[tokio::test]
+async fn a_cell_behind_a_partition_fails_its_running_turn_within_the_keepalive_bound_and_rejoins() {
+    let Some(host) = Host::new() else { return };
+    let (_keep, dir) = certs();
+    let port = warden_e2e::free_port();
+    let mut opts_sets = sets(&dir, port, "gateway");
+    for (d, kv) in &mut opts_sets {
+        if d == "supervisor" && kv.starts_with("listen_remote.tcp=") {
+            *kv = format!("listen_remote.tcp=\"{}:{port}\"", host.addr);
+        }
+        if d == "gateway" && kv.starts_with("supervisor.tcp=") {
+            *kv = format!("supervisor.tcp=\"{}:{port}\"", host.addr);
+        }
+    }
+    let mut d = Deployment::new(Options {
+        sets: opts_sets.clone(),
+        log_files: true,
+        ..Options::default()
+    });
+    d.start("policy").await;
+    // The supervisor runs on the other host: `ip netns exec` execs it there (its Unix sockets
+    // are files, so the policy's is still at hand, as a cell's own policy would be).
+    let mut args: Vec<String> = vec![
+        "netns".into(),
+        "exec".into(),
+        host.name.clone(),
+        warden_e2e::binary("warden-supervisor")
+            .display()
+            .to_string(),
+    ];
+    args.extend(warden_cli::up::daemon_args("supervisor", &d.plan()));
+    for (daemon, kv) in &opts_sets {
+        if daemon == "supervisor" {
+            args.push("--set".into());
+            args.push(kv.clone());
+        }
+    }
+    let log = d.log_file("supervisor");
+    let child =
+        warden_e2e::spawn_group_logging(std::path::Path::new("/usr/sbin/ip"), &args, Some(&log));
+    let mut sup = warden_e2e::Daemon {
+        name: "supervisor".into(),
+        child,
+        socket: d.layout.socket_of("supervisor"),
+        log: Some(log),
+    };
+    warden_e2e::wait_healthy(&mut sup, std::time::Duration::from_secs(20)).await;
+    d.daemons.push(sup);
+    d.start("gateway").await;
+
+    let done = send(&d, "hello from another host").await;
+    assert_eq!(
+        done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{done}"
+    );
+
+    // A turn that takes a minute; the link goes down while it runs.
+    let long = json!({"steps": [
+        {"type": "message", "text": "working. "},
+        {"type": "sleep", "ms": 60000},
+        {"type": "message", "text": "done."},
+        {"type": "stop", "reason": "end_turn"}
+    ]})
+    .to_string();
+    let running = {
+        let http = d.http.clone();
+        let token = d.token();
+        tokio::spawn(async move {
+            let resp = warden_cli::client::request(
+                &http,
+                http::Method::POST,
+                "/a2a/jsonrpc",
+                &token,
+                Some(&json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
+                    "message": {"messageId": "m-long", "role": "ROLE_USER", "parts": [{"text": long}]}}})),
+            )
+            .await
+            .expect("gateway reachable");
+            warden_cli::client::read_answer(resp).await.unwrap().0
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    host.link(false);
+    let cut = std::time::Instant::now();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(40), running)
+        .await
+        .expect("the turn waited on a silent connection (no keep-alive)")
+        .unwrap();
+    let after = cut.elapsed();
+    assert_eq!(
+        ended["result"]["task"]["status"]["state"], "TASK_STATE_FAILED",
+        "{ended}"
+    );
+    let bound = warden_daemon::tls::KEEPALIVE_EVERY + warden_daemon::tls::KEEPALIVE_TIMEOUT;
+    eprintln!(
+        "partition: the running turn ended FAILED {after:?} after the link went down (keep-alive bound {bound:?})"
+    );
+
+    // The cell rejoins: the link comes back and the next task runs there.
+    host.link(true);
+    let back = send(&d, "hello again").await;
+    assert_eq!(
+        back["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{back}"
     );
 }

@@ -38,6 +38,12 @@ use crate::peer::{PeerInfo, PeerStream};
 /// How long a TLS handshake may take before the connection is dropped (a peer that opens a
 /// connection and sends nothing must not hold anything).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client's HTTP/2 ping period on a channel to another host, and how long an unanswered ping
+/// may wait before the connection counts as dead.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client waits for a TCP connection to another host.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// `tls` of a listener or of a client: where this daemon's certificate, key and trust anchors
 /// are, and which SPIFFE IDs the other end may have.
@@ -482,15 +488,25 @@ impl ClientTls {
 
     /// A lazily connecting gRPC channel to `addr` (`host:port`) over mutual TLS.
     pub fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, TlsError> {
+        // Between hosts a link can go silent without a reset (a partition, a dead host): HTTP/2
+        // pings find that out, so a turn streamed over this channel fails within
+        // KEEPALIVE_EVERY + KEEPALIVE_TIMEOUT instead of waiting on a connection that is gone.
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| TlsError::Config(format!("{addr:?} is not host:port: {e}")))?;
+            .map_err(|e| TlsError::Config(format!("{addr:?} is not host:port: {e}")))?
+            .http2_keep_alive_interval(KEEPALIVE_EVERY)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let me = self.clone();
         let addr = addr.to_string();
         Ok(
             endpoint.connect_with_connector_lazy(tower::service_fn(move |_| {
                 let (me, addr) = (me.clone(), addr.clone());
                 async move {
-                    let tcp = TcpStream::connect(&addr).await?;
+                    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&addr))
+                        .await
+                        .map_err(|_| {
+                            io::Error::new(io::ErrorKind::TimedOut, "connect timed out")
+                        })??;
                     let _ = tcp.set_nodelay(true);
                     let connector = tokio_rustls::TlsConnector::from(me.config.current());
                     // Not a name that is checked (see IdentityVerifier); rustls needs one.
