@@ -51,6 +51,24 @@ fn pg_sets(daemon: &str, c: &TestCluster) -> Vec<(String, String)> {
     ]
 }
 
+/// A deployment whose approver keeps its queue in `c`, the policy and the approver started (a
+/// person's time: the supervisor waits up to 60 s for a decision).
+async fn with_approver_on(c: &TestCluster) -> Deployment {
+    let mut sets = pg_sets("approver", c);
+    sets.push((
+        "supervisor".into(),
+        "policy.decide_deadline_ms=60000".into(),
+    ));
+    let mut d = Deployment::new(Options {
+        approver: true,
+        sets,
+        ..Default::default()
+    });
+    d.start("policy").await;
+    d.start("approver").await;
+    d
+}
+
 /// A second replica of `daemon` in deployment `d` (same flags and database, its own sockets).
 async fn replica(d: &Deployment, daemon: &str, name: &str) -> (Daemon, PathBuf, PathBuf) {
     let run = d.dir.path().join("run");
@@ -447,18 +465,7 @@ async fn check_config_says_whether_the_database_is_reachable_and_migrated() {
 #[tokio::test(flavor = "multi_thread")]
 async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_effect() {
     let Some(c) = cluster() else { return };
-    let mut sets = pg_sets("approver", &c);
-    sets.push((
-        "supervisor".into(),
-        "policy.decide_deadline_ms=60000".into(),
-    ));
-    let mut d = Deployment::new(Options {
-        approver: true,
-        sets,
-        ..Default::default()
-    });
-    d.start("policy").await;
-    d.start("approver").await;
+    let mut d = with_approver_on(&c).await;
     let (mut b, _, b_admin) = replica(&d, "approver", "approver-b").await;
     d.start("supervisor").await;
     let admin_of = |p: &Path| {
@@ -573,18 +580,7 @@ async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_ef
 #[tokio::test(flavor = "multi_thread")]
 async fn an_escalation_while_the_queue_database_is_down_is_denied_at_once_and_approvals_resume() {
     let Some(mut c) = cluster() else { return };
-    let mut sets = pg_sets("approver", &c);
-    sets.push((
-        "supervisor".into(),
-        "policy.decide_deadline_ms=60000".into(),
-    ));
-    let mut d = Deployment::new(Options {
-        approver: true,
-        sets,
-        ..Default::default()
-    });
-    d.start("policy").await;
-    d.start("approver").await;
+    let mut d = with_approver_on(&c).await;
     d.start("supervisor").await;
     let mut client = client(&d);
     let edit = |ctx: &str, file: &str| {
