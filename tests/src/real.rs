@@ -425,6 +425,43 @@ impl Running {
 }
 
 impl Matrix {
+    /// A write inside the root is asked, ALLOWed and lands; the turn reached nothing but the
+    /// fake model, through the egress proxy, every connection recorded under its conversation.
+    /// The deployment is returned for what is the agent's own (the API shape it spoke); `None`
+    /// when the adapter is missing outside CI.
+    pub async fn write_inside_lands_through_the_proxy_only(&self) -> Option<Running> {
+        let r = self.start().await?;
+        let sent = self
+            .send(
+                &r,
+                &[self
+                    .vocab
+                    .write("{CWD}/hello.txt", "hello from the fake model")],
+            )
+            .await;
+        let ctx = r.ctx(&sent);
+        assert_eq!(sent.code, Some(0), "{ctx}");
+        assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
+        let written = r.in_state("hello.txt");
+        assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
+        assert_eq!(
+            std::fs::read_to_string(&written[0]).unwrap(),
+            "hello from the fake model"
+        );
+        r.assert_model_reached_through_the_proxy(&ctx);
+        let context = context_of(&sent.shown).expect("a context id");
+        let records = egress_records(&r.d);
+        assert!(
+            records
+                .iter()
+                .all(|rec| rec["context_id"] == context.as_str()
+                    && rec["allowed"] == true
+                    && rec["port"] == r.model.port),
+            "a connection other than to the fake model: {records:#?}\n{ctx}"
+        );
+        Some(r)
+    }
+
     /// Starts the deployment, or `None` (printed) when the adapter is missing outside CI.
     pub async fn start(&self) -> Option<Running> {
         installed(self.pinned)?;

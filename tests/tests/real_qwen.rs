@@ -24,34 +24,9 @@ fn qwen() -> Matrix {
 /// fake model, through the egress proxy, every connection recorded under its conversation.
 #[tokio::test]
 async fn qwen_code_write_inside_is_allowed_and_lands_through_the_proxy_only() {
-    let m = qwen();
-    let Some(r) = m.start().await else { return };
-    let sent = m
-        .send(
-            &r,
-            &[Vocab::Gemini.write("{CWD}/hello.txt", "hello from the fake model")],
-        )
-        .await;
-    let ctx = r.ctx(&sent);
-    assert_eq!(sent.code, Some(0), "{ctx}");
-    assert!(sent.shown.contains("[policy] ALLOW"), "{ctx}");
-    let written = r.in_state("hello.txt");
-    assert_eq!(written.len(), 1, "{written:?}\n{ctx}");
-    assert_eq!(
-        std::fs::read_to_string(&written[0]).unwrap(),
-        "hello from the fake model"
-    );
-    r.assert_model_reached_through_the_proxy(&ctx);
-    let context = real::context_of(&sent.shown).expect("a context id");
-    let records = real::egress_records(&r.d);
-    assert!(
-        records
-            .iter()
-            .all(|rec| rec["context_id"] == context.as_str()
-                && rec["allowed"] == true
-                && rec["port"] == r.model.port),
-        "a connection other than to the fake model: {records:#?}\n{ctx}"
-    );
+    let Some(r) = qwen().write_inside_lands_through_the_proxy_only().await else {
+        return;
+    };
     let log = r.model.log_text();
     assert!(
         log.contains("/chat/completions") && log.contains("run_shell_command"),
