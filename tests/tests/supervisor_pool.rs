@@ -196,8 +196,8 @@ def send(o):
         sys.stdout.write(json.dumps(o) + "\n")
         sys.stdout.flush()
 def act():
-    # After the warm agent is ready (its home is recorded once quiet for 0.3 s); a crash earlier.
-    time.sleep(0.3 if mode == "crash" else 1.0)
+    # After the warm agent is ready (its home is recorded once quiet for 1 s); a crash earlier.
+    time.sleep(0.3 if mode == "crash" else 2.5)
     if mode in ("write-root", "write-root-at-once"):
         open(os.path.join(os.getcwd(), "planted.txt"), "w").write("x")
     elif mode == "write-home":
@@ -283,8 +283,8 @@ async fn a_warm_agent_that_acted_before_it_was_asked_is_never_handed_out() {
         let warm_home = home_of(warm).expect("HOME");
         let warm_root =
             std::fs::read_link(format!("/proc/{warm}/cwd")).expect("the warm agent's root");
-        // It acts 1 s after its session/new.
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // It acts 2.5 s after its session/new.
+        tokio::time::sleep(Duration::from_millis(3000)).await;
         if mode == "write-root" {
             assert!(warm_root.join("planted.txt").exists(), "the actor planted");
         }
@@ -334,7 +334,7 @@ async fn a_warm_agent_that_writes_its_own_state_directory_is_still_handed_out() 
     wait_figure(&mut c, "actor", "ready", "1").await;
     let warm = one_agent(&d, "python3.11", &[]).await;
     let home = home_of(warm).expect("HOME");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     assert!(
         home.join(".claude/debug/log.txt").exists(),
         "the actor wrote"
@@ -682,7 +682,7 @@ async fn an_open_with_a_model_an_effort_or_planning_is_served_warm_and_a_value_n
 #[tokio::test(flavor = "multi_thread")]
 async fn a_warm_agent_that_elevated_itself_while_it_waited_is_caught_on_its_first_turn_despite_the_options_set_at_the_take()
  {
-    // The actor announces `bypassPermissions` 1 s after its session/new (a notification, not a
+    // The actor announces `bypassPermissions` 2.5 s after its session/new (a notification, not a
     // request: it is handed out); the open asks for planning, set at the take, whose echoes are
     // drained — the announced mode is not among them.
     let (_dir, mut sets) = actor_sets("elevate");
@@ -696,7 +696,7 @@ async fn a_warm_agent_that_elevated_itself_while_it_waited_is_caught_on_its_firs
     let mut c = client(&d);
     wait_figure(&mut c, "actor", "ready", "1").await;
     let warm = one_agent(&d, "python3.11", &[]).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(3000)).await;
     let mut req = actor_open("elevated");
     req.verb = "advise".into();
     let info = c.open_conversation(req.clone()).await.unwrap().into_inner();

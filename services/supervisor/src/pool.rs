@@ -610,8 +610,11 @@ impl Pool {
 }
 
 /// How long a ready warm agent's root and home must stay unchanged before they are recorded,
-/// and how often they are looked at meanwhile.
-const QUIET: Duration = Duration::from_millis(300);
+/// and how often they are looked at meanwhile. A second, not less: claude-agent-acp rewrites
+/// `~/.claude.json` a while after it has answered `session/new`, and on a loaded host (CI, load
+/// average 9) that came more than 300 ms after its previous write, so the home was recorded
+/// before it and the agent was discarded at its take (`changed=[".claude.json"]`).
+const QUIET: Duration = Duration::from_secs(1);
 const QUIET_POLL: Duration = Duration::from_millis(100);
 
 /// The root's snapshot as the agent found it (it must be exactly what the sandbox made: see
