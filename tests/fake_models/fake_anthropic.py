@@ -19,7 +19,7 @@ import json
 import re
 import uuid
 
-from fake_http import JsonHandler, serve, substitute
+from fake_http import JsonHandler, last_script, serve, substitute
 
 
 
@@ -34,23 +34,10 @@ def texts(content):
 
 
 def find_script(messages):
-    """(index of the last SCRIPT message, the script) or (None, None): each turn of a
-    conversation may bring its own script."""
-    found = (None, None)
-    for i, m in enumerate(messages):
-        if m.get("role") != "user":
-            continue
-        for t in texts(m.get("content")):
-            at = t.find("SCRIPT ")
-            if at < 0:
-                continue
-            try:
-                script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
-            except ValueError:
-                continue
-            if isinstance(script, dict):
-                found = (i, script)
-    return found
+    """(index of the last SCRIPT message, the script) or (None, None)."""
+    return last_script(
+        (i, texts(m.get("content"))) for i, m in enumerate(messages) if m.get("role") == "user"
+    )
 
 
 def tool_results_after(messages, start):

@@ -30,7 +30,7 @@ Usage: fake_gemini.py LOGFILE
 import json
 import re
 
-from fake_http import JsonHandler, serve, substitute
+from fake_http import JsonHandler, last_script, serve, substitute
 
 
 def part_texts(content):
@@ -40,21 +40,11 @@ def part_texts(content):
 
 def find_script(contents):
     """(index of the last user content carrying a SCRIPT, the script) or (None, None)."""
-    found = (None, None)
-    for i, c in enumerate(contents):
-        if not isinstance(c, dict) or c.get("role", "user") != "user":
-            continue
-        for t in part_texts(c):
-            at = t.find("SCRIPT ")
-            if at < 0:
-                continue
-            try:
-                script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
-            except ValueError:
-                continue
-            if isinstance(script, dict):
-                found = (i, script)
-    return found
+    return last_script(
+        (i, part_texts(c))
+        for i, c in enumerate(contents)
+        if isinstance(c, dict) and c.get("role", "user") == "user"
+    )
 
 
 def working_directory(body):

@@ -24,6 +24,25 @@ def substitute(value, cwd):
     return value
 
 
+def last_script(user_texts):
+    """(index, script) of the last `SCRIPT {json}` among `user_texts`, pairs of (index of a user
+    entry, its texts) in order; (None, None) when there is none. Each turn of a conversation may
+    bring its own script; every fake reads it the same way, only the API's shape differs."""
+    found = (None, None)
+    for i, texts in user_texts:
+        for t in texts:
+            at = t.find("SCRIPT ")
+            if at < 0:
+                continue
+            try:
+                script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
+            except ValueError:
+                continue
+            if isinstance(script, dict):
+                found = (i, script)
+    return found
+
+
 class JsonHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
 

@@ -44,7 +44,7 @@ import json
 import re
 import uuid
 
-from fake_http import JsonHandler, serve, substitute
+from fake_http import JsonHandler, last_script, serve, substitute
 
 SHELL_TOOLS = ("shell_command", "shell", "exec_command", "local_shell")
 OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output", "local_shell_call_output")
@@ -63,21 +63,11 @@ def item_texts(item):
 
 def find_script(items):
     """(index of the last SCRIPT user message, the script) or (None, None)."""
-    found = (None, None)
-    for i, item in enumerate(items):
-        if not isinstance(item, dict) or item.get("role") != "user":
-            continue
-        for t in item_texts(item):
-            at = t.find("SCRIPT ")
-            if at < 0:
-                continue
-            try:
-                script, _ = json.JSONDecoder().raw_decode(t[at + len("SCRIPT "):])
-            except ValueError:
-                continue
-            if isinstance(script, dict):
-                found = (i, script)
-    return found
+    return last_script(
+        (i, item_texts(item))
+        for i, item in enumerate(items)
+        if isinstance(item, dict) and item.get("role") == "user"
+    )
 
 
 def working_directory(body):
