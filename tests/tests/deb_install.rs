@@ -540,6 +540,17 @@ fn the_package_runs_every_daemon_and_agent_under_its_own_uid_and_purges_cleanly(
             .iter()
             .any(|p| p == Path::new("/usr/bin/warden-supervisor"))
     );
+    // The monitoring files an operator points Prometheus and Grafana at.
+    for f in [
+        "/usr/share/warden/monitoring/prometheus/prometheus.yml",
+        "/usr/share/warden/monitoring/prometheus/warden-alerts.yml",
+        "/usr/share/warden/monitoring/grafana/warden-dashboard.json",
+    ] {
+        assert!(
+            files.iter().any(|p| p == Path::new(f)),
+            "the package does not install {f}"
+        );
+    }
 
     ok(Command::new("useradd").args([
         "-r",

@@ -162,6 +162,12 @@ pub struct DaemonSection {
     /// only the monitoring host reaches.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// The OpenTelemetry collector this daemon exports its traces to over OTLP/gRPC, e.g.
+    /// `http://127.0.0.1:4317`; unset = the `OTEL_EXPORTER_OTLP_ENDPOINT` environment variable
+    /// decides (the OpenTelemetry specification's name, what a systemd drop-in or a Kubernetes
+    /// manifest sets), and with neither, no traces are exported.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
 }
 
 fn default_log_format() -> String {

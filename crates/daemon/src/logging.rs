@@ -12,9 +12,10 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
 /// Installs the global subscriber. `format` is `human` or `json`; anything else means human.
-/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, spans are also exported as `service`'s
-/// ([`crate::otel`]). Safe to call twice (the second call is ignored).
-pub fn init(service: &'static str, format: &str, level: &str) {
+/// With a collector named by `otlp_endpoint` (`[daemon] otlp_endpoint`) or, when that is unset,
+/// by `OTEL_EXPORTER_OTLP_ENDPOINT`, spans are also exported as `service`'s ([`crate::otel`]).
+/// Safe to call twice (the second call is ignored).
+pub fn init(service: &'static str, format: &str, level: &str, otlp_endpoint: Option<&str>) {
     use tracing_subscriber::Layer;
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
@@ -34,7 +35,7 @@ pub fn init(service: &'static str, format: &str, level: &str) {
             .with_ansi(false)
             .boxed()
     };
-    let (traces, trace_error) = match crate::otel::layer(service) {
+    let (traces, trace_error) = match crate::otel::layer(service, otlp_endpoint) {
         Ok(l) => (l, None),
         Err(e) => (None, Some(e)),
     };

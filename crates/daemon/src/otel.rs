@@ -49,15 +49,26 @@ pub enum OtelError {
     Exporter { endpoint: String, message: String },
 }
 
+/// The collector to export to: the configured one (`[daemon] otlp_endpoint`) first, then
+/// [`ENDPOINT_ENV`]; None (tracing off) with neither, or with an empty one.
+pub fn endpoint(configured: Option<&str>) -> Option<String> {
+    match configured {
+        Some(c) => Some(c.trim().to_string()),
+        None => std::env::var(ENDPOINT_ENV).ok(),
+    }
+    .filter(|e| !e.is_empty())
+}
+
 /// The tracing layer that turns spans into OpenTelemetry spans of `service` (its
-/// `service.name`), when [`ENDPOINT_ENV`] is set; None when it is not.
+/// `service.name`), when a collector is named ([`endpoint`]); None when none is.
 pub fn layer<S>(
     service: &'static str,
+    configured: Option<&str>,
 ) -> Result<Option<impl tracing_subscriber::Layer<S> + 'static>, OtelError>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    let Some(endpoint) = std::env::var(ENDPOINT_ENV).ok().filter(|e| !e.is_empty()) else {
+    let Some(endpoint) = endpoint(configured) else {
         return Ok(None);
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -203,5 +214,16 @@ mod tests {
         let mut md = tonic::metadata::MetadataMap::new();
         inject(&mut md);
         assert!(md.is_empty());
+    }
+
+    #[test]
+    fn the_configured_collector_is_used_and_an_empty_one_turns_traces_off() {
+        assert_eq!(
+            endpoint(Some(" http://127.0.0.1:4317 ")).as_deref(),
+            Some("http://127.0.0.1:4317")
+        );
+        // An empty key is an operator turning traces off for this daemon, whatever the
+        // environment says.
+        assert_eq!(endpoint(Some("")), None);
     }
 }

@@ -61,7 +61,12 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         .log_format
         .clone()
         .unwrap_or_else(|| section.log_format.clone());
-    crate::logging::init(D::NAME, &format, &section.log_level);
+    crate::logging::init(
+        D::NAME,
+        &format,
+        &section.log_level,
+        section.otlp_endpoint.as_deref(),
+    );
     let workers = daemon.worker_threads();
     let mut builder = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()

@@ -127,7 +127,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         .log_format
         .clone()
         .unwrap_or_else(|| cfg.daemon.log_format.clone());
-    warden_daemon::logging::init("warden-approver", &format, &cfg.daemon.log_level);
+    warden_daemon::logging::init(
+        "warden-approver",
+        &format,
+        &cfg.daemon.log_level,
+        cfg.daemon.otlp_endpoint.as_deref(),
+    );
 
     let store = warden_store::Store::open(&cfg.daemon.state_dir.join("store"))?;
     let (queue, pending) = match cfg.store.backend {
