@@ -13,6 +13,7 @@
 //! Must never: admit a connection whose chain does not verify or whose identity is not listed,
 //! accept a certificate by DNS name (these certificates carry none), or fall back to plain TCP.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -38,6 +39,12 @@ use crate::peer::{PeerInfo, PeerStream};
 /// How long a TLS handshake may take before the connection is dropped (a peer that opens a
 /// connection and sends nothing must not hold anything).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many handshakes a listener runs at once. A peer that opens connections and sends
+/// nothing would otherwise hold one descriptor each for [`HANDSHAKE_TIMEOUT`], as many as it
+/// can open; past this many, the oldest unfinished handshake is dropped for the new one. A
+/// real peer's handshake takes milliseconds, so a flood of silent connections cannot keep it
+/// out: it is never the oldest for long.
+pub const MAX_PENDING_HANDSHAKES: usize = 256;
 /// A client's HTTP/2 ping period on a channel to another host, and how long an unanswered ping
 /// may wait before the connection counts as dead.
 pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
@@ -403,8 +410,9 @@ impl ServerTls {
 pub type TlsPeerStream = PeerStream<tokio_rustls::server::TlsStream<TcpStream>>;
 
 /// The connections of a TLS listener that completed a handshake and whose identity is admitted.
-/// Handshakes run concurrently (a slow one holds no other); a refused peer is logged and its
-/// connection closed. Ends when the server stops taking connections.
+/// Handshakes run concurrently (a slow one holds no other), at most
+/// [`MAX_PENDING_HANDSHAKES`] at once (the oldest is dropped for a new one); a refused peer is
+/// logged and its connection closed. Ends when the server stops taking connections.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ServerTls>,
@@ -412,6 +420,10 @@ pub fn incoming(
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<TlsPeerStream>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
+        // Unfinished handshakes by arrival order: each removes itself when it ends.
+        let pending: Arc<Mutex<BTreeMap<u64, tokio::task::AbortHandle>>> = Arc::default();
+        let mut next: u64 = 0;
+        let mut dropped: u64 = 0;
         loop {
             let (tcp, addr) = tokio::select! {
                 _ = tx.closed() => break,
@@ -425,12 +437,33 @@ pub fn incoming(
                 },
             };
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.current());
-            let (tx, tls, name) = (tx.clone(), tls.clone(), name.clone());
-            tokio::spawn(async move {
-                if let Some(stream) = handshake(acceptor, tcp, addr, &tls, &name).await {
+            let (tx, tls, name2, pending2) =
+                (tx.clone(), tls.clone(), name.clone(), pending.clone());
+            let id = next;
+            next += 1;
+            // Registered before it can finish, under the lock its own removal takes.
+            let mut waiting = pending.lock().unwrap_or_else(|p| p.into_inner());
+            let task = tokio::spawn(async move {
+                let admitted = handshake(acceptor, tcp, addr, &tls, &name2).await;
+                pending2
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                if let Some(stream) = admitted {
                     let _ = tx.send(Ok(stream)).await;
                 }
             });
+            waiting.insert(id, task.abort_handle());
+            while waiting.len() > MAX_PENDING_HANDSHAKES {
+                if let Some((_, oldest)) = waiting.pop_first() {
+                    oldest.abort();
+                    dropped += 1;
+                    // One line per 1,000 dropped: a flood must not flood the log too.
+                    if dropped % 1000 == 1 {
+                        tracing::warn!(listener = %name, dropped, "too many unfinished TLS handshakes: dropping the oldest");
+                    }
+                }
+            }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)

@@ -168,3 +168,50 @@ async fn a_rotated_certificate_is_used_without_a_restart_and_a_broken_one_is_not
         1
     );
 }
+
+/// A peer on the network (no certificate needed to open a TCP connection) opens many
+/// connections and never starts a handshake: the listener keeps at most
+/// `MAX_PENDING_HANDSHAKES` of them, closing the oldest, and an admitted peer still gets in at
+/// once, in the middle of the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_keep_an_admitted_peer_out() {
+    use tokio::io::AsyncReadExt;
+    use warden_daemon::tls::MAX_PENDING_HANDSHAKES;
+
+    let (_keep, d) = certs();
+    let sup = supervisor(&d).await;
+    let want = [format!("{TD}/supervisor")];
+    let gateway = ClientTls::new(&tls(&d, "gateway", "ca", &[want[0].as_str()]), &d).unwrap();
+
+    let flood = MAX_PENDING_HANDSHAKES + 44;
+    let mut silent = Vec::with_capacity(flood);
+    for _ in 0..flood {
+        silent.push(
+            tokio::net::TcpStream::connect(&sup.addr)
+                .await
+                .expect("a TCP connection"),
+        );
+    }
+    // The admitted peer, while every silent connection is still open.
+    let t = std::time::Instant::now();
+    assert_eq!(health(&gateway, &sup.addr).await.expect("admitted"), 1);
+    eprintln!(
+        "admitted during a flood of {flood} silent connections in {:?}",
+        t.elapsed()
+    );
+
+    // The first connections were closed long before the 10 s handshake timeout: the listener
+    // did not hold them all.
+    let mut closed_early = 0;
+    for s in silent.iter_mut().take(flood - MAX_PENDING_HANDSHAKES) {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_secs(3), s.read(&mut b)).await {
+            closed_early += 1;
+        }
+    }
+    assert_eq!(
+        closed_early,
+        flood - MAX_PENDING_HANDSHAKES,
+        "the oldest silent connections were not dropped"
+    );
+}
