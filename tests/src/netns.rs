@@ -11,6 +11,8 @@ pub struct Host {
     pub link: String,
     /// The host's address, as this side reaches it.
     pub addr: String,
+    /// This side's address on the link, as the host reaches it.
+    pub local: String,
 }
 
 /// Runs `ip` and fails the test on an error.
@@ -27,9 +29,10 @@ pub fn ip(args: &[&str]) {
 }
 
 impl Host {
-    /// Host number `index` (0..4) of this test process; None (and said) where namespaces cannot
-    /// be made: not root, outside CI.
+    /// A new host; None (and said) where namespaces cannot be made: not root, outside CI.
+    /// `index` is only part of its name (tests number their hosts).
     pub fn new(index: u32) -> Option<Self> {
+        static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         if !nix::unistd::geteuid().is_root() {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -39,9 +42,11 @@ impl Host {
             return None;
         }
         let pid = std::process::id();
-        // A /30 per host, distinct across test processes running at once.
-        let n = (pid % 50) * 4 + index % 4 + 20;
-        let name = format!("wcell{pid}x{index}");
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
+        // A /30 per host: distinct within this process (up to 8 at once) and, by the pid, most
+        // likely across test processes running at once.
+        let n = (pid % 25) * 8 + seq + 20;
+        let name = format!("wcell{pid}x{seq}h{index}");
         let link = format!("wg{n}x{}", pid % 1000);
         let inner = format!("wc{n}x{}", pid % 1000);
         ip(&["netns", "add", &name]);
@@ -49,6 +54,7 @@ impl Host {
             name: name.clone(),
             link: link.clone(),
             addr: format!("10.231.{n}.2"),
+            local: format!("10.231.{n}.1"),
         };
         ip(&["link", "add", &link, "type", "veth", "peer", "name", &inner]);
         ip(&["link", "set", &inner, "netns", &name]);
