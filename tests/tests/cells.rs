@@ -56,7 +56,7 @@ struct Cell {
     state: PathBuf,
     url: String,
     /// Stopped when dropped.
-    _daemon: Daemon,
+    daemon: Option<Daemon>,
 }
 
 /// A cell's own `--set`s on top of what `warden up` gives a supervisor.
@@ -107,7 +107,7 @@ async fn start_cell(d: &Deployment, host: &Host, id: &str, dir: &Path, url: &str
         id: id.to_string(),
         state,
         url: url.to_string(),
-        _daemon: daemon,
+        daemon: Some(daemon),
     }
 }
 
@@ -585,7 +585,7 @@ fn d_log(d: &Deployment, id: &str) -> PathBuf {
 /// a conversation already on it still go there; `--undrain` takes it back.
 #[tokio::test]
 async fn a_drained_cell_takes_no_new_conversation_and_keeps_its_own() {
-    let Some(w) = world(false, "gateway").await else {
+    let Some(mut w) = world(false, "gateway").await else {
         return;
     };
     let (_, ctx_b) = one_on_each(&w, "d").await;
@@ -632,4 +632,47 @@ async fn a_drained_cell_takes_no_new_conversation_and_keeps_its_own() {
         }
     }
     assert!(back, "an undrained cell takes new conversations again");
+
+    // SIGTERM: the cell marks itself draining before it stops. Started again, it takes
+    // conversations again, and a context it held (its agent gone with the old process) is told
+    // of the reset at its next turn.
+    let old = w.b.daemon.take().expect("running");
+    let status = old.terminate().await;
+    eprintln!("cell-b stopped on SIGTERM: {status}");
+    let c = w.pg.client().await.unwrap();
+    let draining: bool = c
+        .query_one(
+            "SELECT draining FROM cell_registry WHERE cell_id = 'cell-b'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        draining,
+        "a cell going away on SIGTERM is out of placement first"
+    );
+    let b = start_cell(&w.d, &w.host_b, "cell-b", &w.dir, &w.b.url.clone()).await;
+    w.b = b;
+    let after = send(&w.d, &ctx_b, "after the restart").await;
+    assert_eq!(state(&after), "TASK_STATE_COMPLETED", "{after}");
+    let now_on = placement(&w.pg, &ctx_b).await;
+    eprintln!("after cell-b restarted, its context ran on {now_on:?}");
+    let get = warden_cli::client::request(
+        &w.d.http,
+        http::Method::POST,
+        "/a2a/jsonrpc",
+        &w.d.token(),
+        Some(
+            &json!({"jsonrpc": "2.0", "id": 3, "method": "GetTask", "params": {
+            "id": task_id(&after), "historyLength": 100}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let got = warden_cli::client::read_answer(get).await.unwrap().0;
+    assert!(
+        after.to_string().contains("context_reset") || got.to_string().contains("context_reset"),
+        "a restarted cell's context is reset, and the caller told: {after} {got}"
+    );
 }

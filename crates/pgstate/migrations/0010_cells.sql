@@ -16,10 +16,13 @@ CREATE TABLE cell_registry (
     started_at       TIMESTAMPTZ NOT NULL,
     refreshed_at     TIMESTAMPTZ NOT NULL
 );
--- A context's cell. `placed_at` changes when a lost cell's context is placed again.
+-- A context's cell, and which start of that cell (its started_at in unix ms) holds the
+-- conversation: a cell that restarted has lost its agents. Both change when the context is
+-- placed again (its cell lost, or restarted).
 CREATE TABLE placement_contexts (
-    context_id TEXT        PRIMARY KEY,
-    cell_id    TEXT        NOT NULL,
-    placed_at  TIMESTAMPTZ NOT NULL DEFAULT now()
+    context_id      TEXT        PRIMARY KEY,
+    cell_id         TEXT        NOT NULL,
+    cell_started_ms BIGINT      NOT NULL,
+    placed_at       TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 CREATE INDEX placement_contexts_cell ON placement_contexts (cell_id);

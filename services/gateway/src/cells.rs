@@ -236,7 +236,8 @@ impl Cells {
             self.pg.timeout(),
             c.query(
                 "SELECT cell_id, address, free_slots, draining,
-                        GREATEST(0, (EXTRACT(EPOCH FROM (now() - refreshed_at)) * 1000))::BIGINT
+                        GREATEST(0, (EXTRACT(EPOCH FROM (now() - refreshed_at)) * 1000))::BIGINT,
+                        (EXTRACT(EPOCH FROM started_at) * 1000)::BIGINT
                  FROM cell_registry",
                 &[],
             ),
@@ -253,6 +254,7 @@ impl Cells {
                 free_slots: i64::from(free),
                 draining: r.try_get(3)?,
                 age_ms: age.max(0) as u64,
+                started_ms: r.try_get(5)?,
             });
         }
         if let Ok(mut v) = self.view.write() {
@@ -295,13 +297,6 @@ impl Cells {
         });
     }
 
-    fn live(&self, cell: &str) -> bool {
-        let bound = self.lost_after_ms();
-        self.cells_now()
-            .iter()
-            .any(|c| c.id == cell && c.live(bound))
-    }
-
     fn client(&self, cell: &str) -> Option<Routed> {
         let view = self.cells_now();
         let c = view.iter().find(|c| c.id == cell)?;
@@ -336,72 +331,113 @@ impl Cells {
     }
 
     /// A new cell for a context, by the best of K.
-    fn choose(&self) -> Option<String> {
+    fn choose(&self) -> Option<CellView> {
         let view = self.cells_now();
-        choose(&view, self.choices, self.lost_after_ms(), random_index).map(|c| c.id.clone())
+        choose(&view, self.choices, self.lost_after_ms(), random_index).cloned()
     }
 
     /// The cell of `context_id`, placing it when `place` and it has none or its cell is lost.
-    /// Ok(None): not placed (and `place` false), or no cell can take it.
+    /// A context whose cell restarted since it was placed (another `started_at`: its agents are
+    /// gone) stays there, its next turn told of the reset. Ok(None): not placed (and `place`
+    /// false), or no cell can take it.
     pub async fn route(&self, context_id: &str, place: bool) -> Result<Option<Routed>, PgError> {
         let c = self.pg.client().await?;
-        let placed: Option<String> = c
+        // The placed cell's registry row is read with the placement, not from the last poll:
+        // a cell that restarted a moment ago is seen as restarted at once (it registers before
+        // it serves).
+        let placed = match c
             .query_opt(
-                "SELECT cell_id FROM placement_contexts WHERE context_id = $1",
+                "SELECT p.cell_id, p.cell_started_ms,
+                        (EXTRACT(EPOCH FROM r.started_at) * 1000)::BIGINT,
+                        GREATEST(0, (EXTRACT(EPOCH FROM (now() - r.refreshed_at)) * 1000))::BIGINT
+                 FROM placement_contexts p LEFT JOIN cell_registry r ON r.cell_id = p.cell_id
+                 WHERE p.context_id = $1",
                 &[&context_id],
             )
             .await?
-            .map(|r| r.try_get(0))
-            .transpose()?;
-        match placed {
-            Some(cell) if self.live(&cell) || !place => Ok(self.client(&cell)),
-            Some(old) => {
+        {
+            Some(r) => {
+                let now: Option<(i64, i64)> = match (r.try_get(2)?, r.try_get(3)?) {
+                    (Some(started), Some(age)) => Some((started, age)),
+                    _ => None,
+                };
+                Some((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?, now))
+            }
+            None => None,
+        };
+        let bound = self.lost_after_ms();
+        let Some((old, started, now)) = placed else {
+            if !place {
+                return Ok(None);
+            }
+            let Some(new) = self.choose() else {
+                return Ok(None);
+            };
+            let inserted = c
+                .execute(
+                    "INSERT INTO placement_contexts (context_id, cell_id, cell_started_ms)
+                     VALUES ($1, $2, $3) ON CONFLICT (context_id) DO NOTHING",
+                    &[&context_id, &new.id, &new.started_ms],
+                )
+                .await?;
+            if inserted == 0 {
+                // Another gateway placed it first: follow its choice.
+                drop(c);
+                return Box::pin(self.route(context_id, false)).await;
+            }
+            tracing::info!(context_id, cell = %new.id, "context placed");
+            return Ok(self.client(&new.id));
+        };
+        let (target, reason) = match now {
+            _ if !place => return Ok(self.client(&old)),
+            Some((now_started, age)) if age as u64 <= bound && now_started == started => {
+                return Ok(self.client(&old));
+            }
+            Some((now_started, age)) if age as u64 <= bound => (
+                CellView {
+                    id: old.clone(),
+                    address: String::new(),
+                    free_slots: 0,
+                    draining: false,
+                    age_ms: age as u64,
+                    started_ms: now_started,
+                },
+                format!(
+                    "cell {old} restarted since this conversation's last turn; this turn starts a new agent there without the earlier context"
+                ),
+            ),
+            _ => {
                 let Some(new) = self.choose() else {
                     return Ok(None);
                 };
-                let moved = c
-                    .execute(
-                        "UPDATE placement_contexts SET cell_id = $3, placed_at = now()
-                         WHERE context_id = $1 AND cell_id = $2",
-                        &[&context_id, &old, &new],
-                    )
-                    .await?;
-                if moved == 0 {
-                    // Another gateway placed it again first: follow its choice.
-                    drop(c);
-                    return Box::pin(self.route(context_id, false)).await;
-                }
-                tracing::warn!(context_id, from = %old, to = %new, "context placed again: its cell was lost");
-                Ok(self.client(&new).map(|mut r| {
-                    r.reset = Some(format!("the cell this conversation ran on ({old}) was lost; this turn starts a new agent on cell {new} without the earlier context"));
-                    r
-                }))
+                let why = format!(
+                    "the cell this conversation ran on ({old}) was lost; this turn starts a new agent on cell {} without the earlier context",
+                    new.id
+                );
+                (new, why)
             }
-            None if !place => Ok(None),
-            None => {
-                let Some(new) = self.choose() else {
-                    return Ok(None);
-                };
-                let inserted = c
-                    .execute(
-                        "INSERT INTO placement_contexts (context_id, cell_id) VALUES ($1, $2)
-                         ON CONFLICT (context_id) DO NOTHING",
-                        &[&context_id, &new],
-                    )
-                    .await?;
-                if inserted == 0 {
-                    drop(c);
-                    return Box::pin(self.route(context_id, false)).await;
-                }
-                tracing::info!(context_id, cell = %new, "context placed");
-                Ok(self.client(&new))
-            }
+        };
+        let moved = c
+            .execute(
+                "UPDATE placement_contexts SET cell_id = $4, cell_started_ms = $5, placed_at = now()
+                 WHERE context_id = $1 AND cell_id = $2 AND cell_started_ms = $3",
+                &[&context_id, &old, &started, &target.id, &target.started_ms],
+            )
+            .await?;
+        if moved == 0 {
+            drop(c);
+            return Box::pin(self.route(context_id, false)).await;
         }
+        tracing::warn!(context_id, from = %old, to = %target.id, reason = %reason, "context placed again");
+        Ok(self.client(&target.id).map(|mut r| {
+            r.reset = Some(reason);
+            r
+        }))
     }
 
     /// Any live cell (for what every cell answers alike: the agents, the workspaces).
     pub fn any(&self) -> Option<Routed> {
-        let id = self.choose().or_else(|| {
+        let id = self.choose().map(|c| c.id).or_else(|| {
             let bound = self.lost_after_ms();
             self.cells_now()
                 .into_iter()

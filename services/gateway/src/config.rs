@@ -930,4 +930,48 @@ mod tests {
         assert_eq!(url_host("https://u@gw.example"), None);
         assert_eq!(url_host("gw.example"), None);
     }
+
+    #[test]
+    fn cells_need_a_store_and_mutual_tls_and_judge_lost_cells_slower_than_they_poll() {
+        let tls = [
+            "cells.tls.cert_file=\"g.pem\"",
+            "cells.tls.key_file=\"g.key\"",
+            "cells.tls.ca_file=\"ca.pem\"",
+            "cells.tls.admit=[\"spiffe://example.org/warden/supervisor\"]",
+        ];
+        let with = |extra: &[&str]| {
+            let mut sets: Vec<String> = tls.iter().map(|s| s.to_string()).collect();
+            sets.extend(extra.iter().map(|s| s.to_string()));
+            let c = load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_C", &sets);
+            c.and_then(|c| c.value.validate(&c.origin).map(|()| c.value))
+        };
+        let ok = with(&["cells.store.url=\"host=/run/postgresql dbname=warden\""]).unwrap();
+        let cells = ok.cells.unwrap();
+        assert_eq!(
+            (cells.choices, cells.lost_after_ms, cells.poll_ms),
+            (2, 6_000, 1_000)
+        );
+        assert_eq!(cells.store().backend, warden_pgstate::Backend::Postgres);
+        for (extra, key) in [
+            (vec!["cells.store.url=\"\""], "cells.store"),
+            (
+                vec![
+                    "cells.store.url=\"host=/x\"",
+                    "cells.tls.admit=[\"supervisor\"]",
+                ],
+                "cells.tls.admit[0]",
+            ),
+            (
+                vec!["cells.store.url=\"host=/x\"", "cells.choices=0"],
+                "cells.choices",
+            ),
+            (
+                vec!["cells.store.url=\"host=/x\"", "cells.lost_after_ms=1500"],
+                "cells.lost_after_ms",
+            ),
+        ] {
+            let e = with(&extra).unwrap_err();
+            assert!(e.to_string().contains(key), "{extra:?}: {e}");
+        }
+    }
 }

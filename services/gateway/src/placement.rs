@@ -13,6 +13,9 @@ pub struct CellView {
     pub draining: bool,
     /// How long ago the cell last reported, by the store's clock.
     pub age_ms: u64,
+    /// When the cell's process started (unix ms, the store's clock): another value is another
+    /// process, whose agents are not the earlier one's.
+    pub started_ms: i64,
 }
 
 impl CellView {
@@ -65,6 +68,7 @@ mod tests {
             free_slots: free,
             draining,
             age_ms,
+            started_ms: 0,
         }
     }
 

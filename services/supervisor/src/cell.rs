@@ -151,15 +151,23 @@ impl Cell {
             .map(|_| ())
     }
 
-    /// Refreshes every `refresh_ms` until the process ends; failures are logged and retried at
-    /// the next tick (the gateways' bound decides when this cell counts as lost).
-    pub fn spawn_refresh(self: &Arc<Self>, figures: Arc<dyn Fn() -> Capacity + Send + Sync>) {
+    /// Registers now (before the cell serves: a gateway that reaches this process must be able
+    /// to see that it is a new start), then refreshes every `refresh_ms` until the process ends;
+    /// failures are logged and retried at the next tick (the gateways' bound decides when this
+    /// cell counts as lost).
+    pub async fn start(self: &Arc<Self>, figures: Arc<dyn Fn() -> Capacity + Send + Sync>) {
+        let first = self.register(figures()).await;
+        if let Err(e) = &first {
+            tracing::warn!(cell = %self.section.id, error = %e, "cannot register this cell yet; retrying every refresh");
+        }
         let me = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(me.section.refresh_ms));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut failing = false;
-            let mut registered = false;
+            let mut failing = first.is_err();
+            let mut registered = !failing;
+            // The first tick is immediate: that write was just made.
+            tick.tick().await;
             loop {
                 tick.tick().await;
                 let written = if registered {

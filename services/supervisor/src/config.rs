@@ -1403,4 +1403,43 @@ mod tests {
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
     }
+
+    #[test]
+    fn a_cell_names_itself_its_address_and_its_store_and_needs_the_remote_listener() {
+        let remote = [
+            "listen_remote.tcp=\"10.0.0.2:7443\"",
+            "listen_remote.tls.cert_file=\"s.pem\"",
+            "listen_remote.tls.key_file=\"s.key\"",
+            "listen_remote.tls.ca_file=\"ca.pem\"",
+            "listen_remote.tls.admit=[\"spiffe://example.org/warden/gateway\"]",
+        ];
+        let cell = [
+            "cell.id=\"cell-0\"",
+            "cell.address=\"cell-0.cells:7443\"",
+            "cell.store.url=\"host=/run/postgresql dbname=warden\"",
+        ];
+        let sets = |extra: &[&str], with_remote: bool| -> Vec<String> {
+            let mut v: Vec<String> = cell.iter().map(|s| s.to_string()).collect();
+            if with_remote {
+                v.extend(remote.iter().map(|s| s.to_string()));
+            }
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let s = load(None, &sets(&[], true)).unwrap();
+        let c = s.file.cell.unwrap();
+        assert_eq!((c.id.as_str(), c.refresh_ms), ("cell-0", 2_000));
+        assert_eq!(c.store().backend, warden_pgstate::Backend::Postgres);
+        let e = load(None, &sets(&[], false)).unwrap_err();
+        assert!(e.to_string().contains("listen_remote"), "{e}");
+        for (extra, key) in [
+            ("cell.id=\"Cell 0\"", "cell.id"),
+            ("cell.address=\"nowhere\"", "cell.address"),
+            ("cell.refresh_ms=10", "cell.refresh_ms"),
+            ("cell.store.url=\"\"", "cell.store"),
+        ] {
+            let e = load(None, &sets(&[extra], true)).unwrap_err();
+            assert!(e.to_string().contains(key), "{extra}: {e}");
+        }
+    }
 }

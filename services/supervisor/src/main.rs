@@ -334,6 +334,34 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
             }
         });
     }
+    let cell = match &settings.file.cell {
+        Some(section) => match warden_supervisor::cell::Cell::new(section) {
+            Ok(cell) => {
+                let figures = sup.clone();
+                cell.start(Arc::new(move || {
+                    let live = figures.shared.live.live();
+                    let held = live.saturating_sub(figures.shared.live.pooled());
+                    let cap = figures.shared.live.cap();
+                    let (total, avail) = warden_supervisor::cell::memory();
+                    warden_supervisor::cell::Capacity {
+                        live_agents: live,
+                        max_live_agents: cap,
+                        free_slots: cap.saturating_sub(held),
+                        mem_total_bytes: total,
+                        mem_avail_bytes: avail,
+                    }
+                }))
+                .await;
+                tracing::info!(cell = %section.id, address = %section.address, "registering as a cell in the shared store");
+                Some(cell)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "[cell]: cannot set up the shared store; this cell is not registered");
+                None
+            }
+        },
+        None => None,
+    };
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
     let mut server = warden_daemon::Server::new(NAME, grace);
     let listener = warden_daemon::listener::bind("listen", &settings.file.listen, &state).await?;
@@ -376,33 +404,6 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     if let Ok(mut l) = sup.listeners.lock() {
         *l = server.listeners();
     }
-    let cell = match &settings.file.cell {
-        Some(section) => match warden_supervisor::cell::Cell::new(section) {
-            Ok(cell) => {
-                let figures = sup.clone();
-                cell.spawn_refresh(Arc::new(move || {
-                    let live = figures.shared.live.live();
-                    let held = live.saturating_sub(figures.shared.live.pooled());
-                    let cap = figures.shared.live.cap();
-                    let (total, avail) = warden_supervisor::cell::memory();
-                    warden_supervisor::cell::Capacity {
-                        live_agents: live,
-                        max_live_agents: cap,
-                        free_slots: cap.saturating_sub(held),
-                        mem_total_bytes: total,
-                        mem_avail_bytes: avail,
-                    }
-                }));
-                tracing::info!(cell = %section.id, address = %section.address, "registering as a cell in the shared store");
-                Some(cell)
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "[cell]: cannot set up the shared store; this cell is not registered");
-                None
-            }
-        },
-        None => None,
-    };
     let token = server.shutdown_token();
     let closer = {
         let sup: Arc<Supervisor> = sup.clone();
