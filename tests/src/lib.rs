@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
+pub mod netns;
 pub mod real;
 pub use warden_cli::layout::Layout;
 

@@ -558,6 +558,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "error.rs",
             "grpc_convert.rs",
             "mapping.rs",
+            "placement.rs",
             "time.rs",
             "translate03.rs",
         ],
@@ -566,6 +567,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
         "state and delivery",
         &[
             "auth.rs",
+            "cells.rs",
             "metrics.rs",
             "peer.rs",
             "push.rs",

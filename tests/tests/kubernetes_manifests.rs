@@ -146,12 +146,21 @@ fn the_configuration_the_manifests_carry_passes_each_daemons_check() {
             .find(|(k, _)| k == key)
             .unwrap_or_else(|| panic!("{file} carries {key}"));
         let path = tmp.path().join(key);
-        std::fs::write(&path, text).unwrap();
+        std::fs::write(&path, &text).unwrap();
         let daemon = format!("warden-{}", key.trim_end_matches(".toml"));
+        // Both run in cells mode: the gateway places on the registry's cells, each cell pod
+        // registers under its own name (the env the StatefulSet sets from the pod's name).
+        let section = if key == "gateway.toml" { "[cells]" } else { "[cell]" };
+        assert!(text.contains(section), "{file} configures {section}");
         let out = Command::new(warden_e2e::binary(&daemon))
             .arg("--config")
             .arg(&path)
             .arg("--check-config")
+            .env("WARDEN_SUPERVISOR__CELL__ID", "warden-cell-1")
+            .env(
+                "WARDEN_SUPERVISOR__CELL__ADDRESS",
+                "warden-cell-1.warden-cell.warden.svc.cluster.local:7443",
+            )
             .output()
             .unwrap();
         assert!(

@@ -5,6 +5,7 @@
 //! another "host" (a network namespace joined by a veth pair) and cuts the link mid-turn.
 
 use serde_json::{Value, json};
+use warden_e2e::netns::Host;
 use warden_e2e::{Deployment, Options};
 
 #[path = "../../crates/daemon/tests/pki/mod.rs"]
@@ -126,97 +127,13 @@ async fn a_gateway_runs_tasks_on_a_supervisor_over_mutual_tls_and_a_wrong_identi
     );
 }
 
-/// A network namespace standing for another host, joined to this one by a veth pair (the
-/// issue's "several hosts as network namespaces"). Removed when dropped.
-struct Host {
-    name: String,
-    link: String,
-    /// This host's address, as the other side reaches it.
-    addr: String,
-}
-
-fn ip(args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .expect("ip runs (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Host {
-    /// None (and said) where namespaces cannot be made: not root outside CI.
-    fn new() -> Option<Self> {
-        if !nix::unistd::geteuid().is_root() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "network namespaces need root"
-            );
-            eprintln!("skipped: network namespaces need root");
-            return None;
-        }
-        let n = std::process::id() % 200 + 20;
-        let name = format!("wcell{}", std::process::id());
-        let link = format!("wg{n}x{}", std::process::id() % 1000);
-        let inner = format!("wc{n}x{}", std::process::id() % 1000);
-        ip(&["netns", "add", &name]);
-        let host = Host {
-            name: name.clone(),
-            link: link.clone(),
-            addr: format!("10.231.{n}.2"),
-        };
-        ip(&["link", "add", &link, "type", "veth", "peer", "name", &inner]);
-        ip(&["link", "set", &inner, "netns", &name]);
-        ip(&["addr", "add", &format!("10.231.{n}.1/30"), "dev", &link]);
-        ip(&["link", "set", &link, "up"]);
-        for args in [
-            vec!["addr", "add", &host.addr, "dev", &inner],
-            vec!["link", "set", &inner, "up"],
-            vec!["link", "set", "lo", "up"],
-        ] {
-            let mut full = vec!["-n", name.as_str()];
-            full.extend(args.iter().map(|s| &**s));
-            ip(&full);
-        }
-        ip(&[
-            "-n",
-            &name,
-            "route",
-            "add",
-            &format!("10.231.{n}.0/30"),
-            "dev",
-            &inner,
-        ]);
-        Some(host)
-    }
-
-    /// The link between the hosts goes down (a partition: no reset, packets just vanish) or up.
-    fn link(&self, up: bool) {
-        ip(&["link", "set", &self.link, if up { "up" } else { "down" }]);
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.link])
-            .status();
-    }
-}
-
 /// A supervisor cell on another "host" (a network namespace, mutual TLS only between them): a
 /// task runs there; a partition during a running turn ends it FAILED within the channel's
 /// keep-alive bound instead of leaving it waiting on a silent connection; once the link is back
 /// the cell takes tasks again.
 #[tokio::test]
 async fn a_cell_behind_a_partition_fails_its_running_turn_within_the_keepalive_bound_and_rejoins() {
-    let Some(host) = Host::new() else { return };
+    let Some(host) = Host::new(0) else { return };
     let (_keep, dir) = certs();
     let port = warden_e2e::free_port();
     let mut opts_sets = sets(&dir, port, "gateway");

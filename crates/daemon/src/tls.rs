@@ -436,6 +436,10 @@ pub fn incoming(
                     }
                 },
             };
+            // A turn's events are small writes answered by nothing: without this, Nagle's
+            // algorithm holds each behind the peer's delayed ACK (~40 ms per event across hosts,
+            // measured by tests/benches/cells.rs).
+            let _ = tcp.set_nodelay(true);
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.config.current());
             let (tx, tls, name2, pending2) =
                 (tx.clone(), tls.clone(), name.clone(), pending.clone());

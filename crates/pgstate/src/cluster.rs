@@ -42,6 +42,8 @@ pub struct TestCluster {
     dir: tempfile::TempDir,
     bindir: PathBuf,
     server: Option<Child>,
+    /// `listen_addresses`: empty (the socket only) unless [`TestCluster::listen_tcp`].
+    listen: String,
 }
 
 /// The superuser the cluster is created with (trust authentication on its private socket).
@@ -106,6 +108,7 @@ impl TestCluster {
             dir,
             bindir,
             server: None,
+            listen: String::new(),
         };
         c.start()?;
         Ok(c)
@@ -122,6 +125,27 @@ impl TestCluster {
             "host={} port=5432 user={USER} dbname={db}",
             self.dir.path().display()
         )
+    }
+
+    /// Restarts the server listening on TCP port 5432 of `addrs` too (beside its socket),
+    /// trusting clients from `cidr`: tests whose "hosts" are network namespaces reach it over
+    /// their links. The addresses must exist on this host.
+    pub fn listen_tcp(&mut self, addrs: &[&str], cidr: &str) -> Result<(), ClusterError> {
+        use std::io::Write;
+        self.stop();
+        let hba = self.dir.path().join("data").join("pg_hba.conf");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&hba)
+            .map_err(io("pg_hba.conf"))?;
+        writeln!(f, "host all all {cidr} trust").map_err(io("pg_hba.conf"))?;
+        self.listen = addrs.join(",");
+        self.start()
+    }
+
+    /// A connection string for database `db` over TCP at `addr` (see [`TestCluster::listen_tcp`]).
+    pub fn tcp_url(&self, addr: &str, db: &str) -> String {
+        format!("host={addr} port=5432 user={USER} dbname={db} connect_timeout=2")
     }
 
     /// Creates database `db` (names are the tests' own: letters, digits, underscores).
@@ -168,7 +192,7 @@ impl TestCluster {
                 "-p",
                 "5432",
                 "-c",
-                "listen_addresses=",
+                &format!("listen_addresses={}", self.listen),
                 "-c",
                 "max_connections=200",
             ])

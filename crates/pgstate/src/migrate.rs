@@ -34,6 +34,13 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "policy_audit_request",
         sql: include_str!("../migrations/0003_policy_audit_request.sql"),
     },
+    // 0004-0009 are the gateway's (its task store); versions need not be contiguous: a missing
+    // one is applied whenever it appears, each in order.
+    Migration {
+        version: 10,
+        name: "cells",
+        sql: include_str!("../migrations/0010_cells.sql"),
+    },
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

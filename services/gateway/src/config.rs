@@ -357,6 +357,84 @@ pub struct GatewayConfig {
     /// Push notifications and the webhook allowlist (delivered by `src/push.rs`).
     #[serde(default)]
     pub push: PushSection,
+    /// Many supervisor cells instead of the one `[supervisor]`: each new conversation is placed
+    /// on a cell of the shared store's registry, and every turn of it goes there (`cells.rs`).
+    /// Off by default; `[supervisor]` keeps its turn timeout and cancel grace either way.
+    #[serde(default)]
+    pub cells: Option<CellsSection>,
+}
+
+/// `[cells]`: the registry the cells report to, and how this gateway reaches and judges them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellsSection {
+    /// The shared PostgreSQL store the cells register in (as their `[cell.store]`).
+    pub store: warden_pgstate::StoreSection,
+    /// This gateway's certificate towards the cells; `tls.admit` names the cells' SPIFFE ID.
+    pub tls: warden_daemon::tls::TlsConfig,
+    /// K in "the best of K random cells by free slots".
+    #[serde(default = "default_choices")]
+    pub choices: usize,
+    /// A cell whose last report is older than this is lost: its running turns end FAILED
+    /// `cell-lost`, and the next message to one of its contexts starts over on another cell.
+    #[serde(default = "default_lost_after_ms")]
+    pub lost_after_ms: u64,
+    /// How often this gateway reads the registry.
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: u64,
+}
+
+fn default_choices() -> usize {
+    2
+}
+
+fn default_lost_after_ms() -> u64 {
+    6_000
+}
+
+fn default_poll_ms() -> u64 {
+    1_000
+}
+
+impl CellsSection {
+    /// The store section as PostgreSQL (the registry is never on sled).
+    pub fn store(&self) -> warden_pgstate::StoreSection {
+        warden_pgstate::StoreSection {
+            backend: warden_pgstate::Backend::Postgres,
+            ..self.store.clone()
+        }
+    }
+
+    fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
+        self.store()
+            .validate(origin)
+            .map_err(|e| ConfigError::invalid(origin, "cells.store", e.to_string()))?;
+        if let Err((k, why)) = self.tls.check() {
+            return Err(ConfigError::invalid(origin, &format!("cells.{k}"), why));
+        }
+        if !(1..=16).contains(&self.choices) {
+            return Err(ConfigError::invalid(
+                origin,
+                "cells.choices",
+                "must be between 1 and 16",
+            ));
+        }
+        if !(100..=60_000).contains(&self.poll_ms) {
+            return Err(ConfigError::invalid(
+                origin,
+                "cells.poll_ms",
+                "must be between 100 and 60000",
+            ));
+        }
+        if self.lost_after_ms < 2 * self.poll_ms || self.lost_after_ms > 600_000 {
+            return Err(ConfigError::invalid(
+                origin,
+                "cells.lost_after_ms",
+                "must be at least twice cells.poll_ms and at most 600000",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl GatewayConfig {
@@ -390,6 +468,9 @@ impl GatewayConfig {
                 }
             }
             (None, None) => {}
+        }
+        if let Some(cells) = &self.cells {
+            cells.validate(origin)?;
         }
         if let Some(g) = &self.grpc {
             g.validate(origin, "grpc")?;
@@ -848,5 +929,49 @@ mod tests {
         assert_eq!(url_host("https://gw.example"), Some("gw.example"));
         assert_eq!(url_host("https://u@gw.example"), None);
         assert_eq!(url_host("gw.example"), None);
+    }
+
+    #[test]
+    fn cells_need_a_store_and_mutual_tls_and_judge_lost_cells_slower_than_they_poll() {
+        let tls = [
+            "cells.tls.cert_file=\"g.pem\"",
+            "cells.tls.key_file=\"g.key\"",
+            "cells.tls.ca_file=\"ca.pem\"",
+            "cells.tls.admit=[\"spiffe://example.org/warden/supervisor\"]",
+        ];
+        let with = |extra: &[&str]| {
+            let mut sets: Vec<String> = tls.iter().map(|s| s.to_string()).collect();
+            sets.extend(extra.iter().map(|s| s.to_string()));
+            let c = load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_C", &sets);
+            c.and_then(|c| c.value.validate(&c.origin).map(|()| c.value))
+        };
+        let ok = with(&["cells.store.url=\"host=/run/postgresql dbname=warden\""]).unwrap();
+        let cells = ok.cells.unwrap();
+        assert_eq!(
+            (cells.choices, cells.lost_after_ms, cells.poll_ms),
+            (2, 6_000, 1_000)
+        );
+        assert_eq!(cells.store().backend, warden_pgstate::Backend::Postgres);
+        for (extra, key) in [
+            (vec!["cells.store.url=\"\""], "cells.store"),
+            (
+                vec![
+                    "cells.store.url=\"host=/x\"",
+                    "cells.tls.admit=[\"supervisor\"]",
+                ],
+                "cells.tls.admit[0]",
+            ),
+            (
+                vec!["cells.store.url=\"host=/x\"", "cells.choices=0"],
+                "cells.choices",
+            ),
+            (
+                vec!["cells.store.url=\"host=/x\"", "cells.lost_after_ms=1500"],
+                "cells.lost_after_ms",
+            ),
+        ] {
+            let e = with(&extra).unwrap_err();
+            assert!(e.to_string().contains(key), "{extra:?}: {e}");
+        }
     }
 }

@@ -45,6 +45,8 @@ pub enum RunError {
     PushTls(String),
     #[error("supervisor.tls: {0}")]
     SupervisorTls(#[from] warden_daemon::tls::TlsError),
+    #[error(transparent)]
+    Cells(#[from] crate::cells::CellsError),
 }
 
 /// Loads and validates the configuration the way the binary does.
@@ -183,6 +185,15 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
     core.set_access(crate::tasks::AgentAccess::from_config(&cfg.agents.access));
+    if let Some(section) = &cfg.cells {
+        let cells = crate::cells::Cells::start(section, &cfg.daemon.state_dir).await?;
+        tracing::info!(
+            choices = section.choices,
+            lost_after_ms = section.lost_after_ms,
+            "cells mode: conversations are placed on the registered cells"
+        );
+        core.set_cells(cells);
+    }
     // The supervisor's registry is the one source of agent names; until it answers, the
     // configured list stands (an unknown name asks again).
     if let Err(e) = core.refresh_agents().await {

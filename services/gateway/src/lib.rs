@@ -29,10 +29,12 @@ pub mod endpoints;
 pub mod error;
 pub mod grpc_convert;
 pub mod mapping;
+pub mod placement;
 pub mod time;
 pub mod translate03;
 // Floor 1, state and delivery: the store, webhooks, shares, peers, tokens, the metrics registry.
 pub mod auth;
+pub mod cells;
 pub mod metrics;
 pub mod peer;
 pub mod push;

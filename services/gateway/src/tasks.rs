@@ -657,6 +657,8 @@ pub struct Core {
     access: std::sync::OnceLock<AgentAccess>,
     /// Streams open per principal, over every front.
     streams: Arc<crate::shares::StreamShares>,
+    /// `[cells]` mode ([`Core::set_cells`]): each context's turns go to its cell.
+    cells: std::sync::OnceLock<Arc<crate::cells::Cells>>,
 }
 
 impl Core {
@@ -689,7 +691,55 @@ impl Core {
             access: std::sync::OnceLock::new(),
             streams: crate::shares::StreamShares::new(settings.max_streams_per_principal),
             settings,
+            cells: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Turns go to cells placed per context instead of the one supervisor (once).
+    pub fn set_cells(&self, cells: Arc<crate::cells::Cells>) {
+        let _ = self.cells.set(cells);
+    }
+
+    /// Where `context_id`'s turns go: the one supervisor, or its cell (placed first when
+    /// `place` and it has none or its cell was lost). The fault says why there is nowhere.
+    pub async fn route(
+        &self,
+        context_id: &str,
+        place: bool,
+    ) -> Result<crate::cells::Routed, warden_proto::v1::Fault> {
+        use warden_proto::v1::{Fault, FaultClass};
+        let Some(cells) = self.cells.get() else {
+            return Ok(crate::cells::Routed::single(self.supervisor.clone()));
+        };
+        let unavailable = |message: String| Fault {
+            class: "supervisor".into(),
+            message,
+            fault_class: FaultClass::SupervisorUnavailable as i32,
+        };
+        match cells.route(context_id, place).await {
+            Ok(Some(r)) => Ok(r),
+            Ok(None) if place => Err(unavailable(
+                "no live cell takes new conversations now (every cell is lost or draining)".into(),
+            )),
+            Ok(None) => Err(unavailable(format!(
+                "context {context_id} is on no known cell"
+            ))),
+            Err(e) => Err(unavailable(format!(
+                "cannot read the context's placement: {e}"
+            ))),
+        }
+    }
+
+    /// The client of `context_id`'s supervisor for a call on a placed context (cancel, answer,
+    /// close): the one supervisor, or its cell.
+    async fn supervisor_of(
+        &self,
+        context_id: &str,
+    ) -> Result<SupervisorServiceClient<Channel>, tonic::Status> {
+        self.route(context_id, false)
+            .await
+            .map(|r| r.client)
+            .map_err(|f| tonic::Status::unavailable(f.message))
     }
 
     /// The per-principal stream shares (the MCP front takes its permits here too).
@@ -998,13 +1048,18 @@ impl Core {
             .is_some_and(|r| r.last_task_micros == seen.last_task_micros);
         let mut closed = false;
         if unchanged && !self.context_busy(context_id) {
-            let mut client = self.supervisor.clone();
             // The supervisor closes and removes only what is this principal's.
             let req = CloseConversationRequest {
                 context_id: context_id.to_string(),
                 principal: seen.principal.clone(),
             };
-            match tokio::time::timeout(CLOSE_TIMEOUT, client.close_conversation(req)).await {
+            let close = async {
+                self.supervisor_of(context_id)
+                    .await?
+                    .close_conversation(req)
+                    .await
+            };
+            match tokio::time::timeout(CLOSE_TIMEOUT, close).await {
                 Ok(Ok(r)) => {
                     let r = r.into_inner();
                     tracing::info!(
@@ -1052,12 +1107,25 @@ impl Core {
             return Ok(false);
         }
         self.store.delete_context(context_id)?;
+        if let Some(cells) = self.cells.get().cloned() {
+            let context_id = context_id.to_string();
+            tokio::spawn(async move {
+                if let Err(e) = cells.forget(&context_id).await {
+                    tracing::warn!(context_id, error = %e, "cannot forget the context's placement");
+                }
+            });
+        }
         Ok(true)
     }
 
-    /// The supervisor client: the MCP front runs its turns over the same contract.
+    /// The supervisor client for what any supervisor answers alike (agents, workspaces): the
+    /// one supervisor, or any live cell. A context's turns go through [`Core::route`].
     pub fn supervisor(&self) -> SupervisorServiceClient<Channel> {
-        self.supervisor.clone()
+        self.cells
+            .get()
+            .and_then(|c| c.any())
+            .map(|r| r.client)
+            .unwrap_or_else(|| self.supervisor.clone())
     }
 
     /// Claims `context_id` for `principal` for a turn that is not an A2A task (the MCP front):
@@ -1121,8 +1189,7 @@ impl Core {
     pub async fn refresh_agents(&self) -> Result<(), tonic::Status> {
         let _one = self.refreshing.lock().await;
         let resp = self
-            .supervisor
-            .clone()
+            .supervisor()
             .list_agents(warden_proto::v1::ListAgentsRequest {})
             .await?
             .into_inner();
@@ -1176,8 +1243,11 @@ impl Core {
         let n = changed.len();
         for rec in changed {
             tracing::warn!(task_id = %rec.task.id, context_id = %rec.task.context_id, "task was running when the gateway stopped; marked FAILED");
-            let mut client = self.supervisor.clone();
+            let me = self.clone();
             tokio::spawn(async move {
+                let Ok(mut client) = me.supervisor_of(&rec.task.context_id).await else {
+                    return;
+                };
                 let req = CancelTurnRequest {
                     context_id: rec.task.context_id.clone(),
                     turn_id: rec.task.id.clone(),
@@ -1375,17 +1445,17 @@ impl Core {
             return Err(not_cancelable(&task));
         };
         lock(&live.inner).mapper.request_cancel();
-        let mut client = self.supervisor.clone();
         let req = CancelTurnRequest {
             context_id: task.context_id.clone(),
             turn_id: task.id.clone(),
         };
-        let reached = match tokio::time::timeout(
-            self.settings.cancel_grace,
-            client.cancel_turn(req),
-        )
-        .await
-        {
+        let ask = async {
+            self.supervisor_of(&task.context_id)
+                .await?
+                .cancel_turn(req)
+                .await
+        };
+        let reached = match tokio::time::timeout(self.settings.cancel_grace, ask).await {
             Ok(Ok(r)) => {
                 tracing::info!(task_id = %id, outcome = %r.get_ref().outcome, "cancel requested");
                 true
@@ -1574,17 +1644,20 @@ impl Core {
             ))
         })?;
         let (action, content_json) = answer_content(&req.message);
-        let mut client = self.supervisor.clone();
-        let result = client
-            .answer_question(AnswerQuestionRequest {
-                context_id: task.context_id.clone(),
-                turn_id: task_id.to_string(),
-                question_id,
-                action,
-                content_json,
-                message_id: req.message.message_id.clone(),
-            })
-            .await;
+        let result = async {
+            self.supervisor_of(&task.context_id)
+                .await?
+                .answer_question(AnswerQuestionRequest {
+                    context_id: task.context_id.clone(),
+                    turn_id: task_id.to_string(),
+                    question_id,
+                    action,
+                    content_json,
+                    message_id: req.message.message_id.clone(),
+                })
+                .await
+        }
+        .await;
         let mut inner = lock(&live.inner);
         inner.answering = false;
         match result {
@@ -1780,24 +1853,31 @@ impl Core {
         if let Some(gate) = gate {
             let _ = gate.lock().await;
         }
-        let mut client = self.supervisor.clone();
         let ended = |live: &LiveTask, reason: String| {
             let mut inner = lock(&live.inner);
             let events = inner.mapper.stream_ended(&reason, now_micros());
             live.apply(&mut inner, events);
         };
+        let context_id = run.context_id.clone();
         let mut run = tonic::Request::new(run);
         warden_daemon::otel::inject(run.metadata_mut());
-        match client.run_turn(run).await {
-            Err(status) => {
-                tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
-                let fault = fault_of_refused_turn(&status);
+        let started = match self.route(&context_id, true).await {
+            Ok(routed) => match routed.client.clone().run_turn(run).await {
+                Ok(resp) => Ok(routed.events(resp.into_inner())),
+                Err(status) => {
+                    tracing::warn!(task_id = %task_id, error = %status, "RunTurn failed");
+                    Err(refused_fault(&routed, &status))
+                }
+            },
+            Err(fault) => Err(fault),
+        };
+        match started {
+            Err(fault) => {
                 let mut inner = lock(&live.inner);
                 let events = inner.mapper.not_started(fault, now_micros());
                 live.apply(&mut inner, events);
             }
-            Ok(resp) => {
-                let mut stream = resp.into_inner();
+            Ok(mut stream) => {
                 loop {
                     // Take whatever is already there; only when the supervisor has nothing more
                     // ready is buffered text sent, which coalesces bursts without adding delay.
@@ -1880,6 +1960,23 @@ impl Core {
         if let Ok(mut m) = self.live.lock() {
             m.remove(&task_id);
         }
+    }
+}
+
+/// A refused RunTurn's fault; on a cell that could not be reached, `cell-lost`.
+pub fn refused_fault(
+    routed: &crate::cells::Routed,
+    status: &tonic::Status,
+) -> warden_proto::v1::Fault {
+    let f = fault_of_refused_turn(status);
+    match &routed.cell {
+        Some(cell) if f.fault_class() == warden_proto::v1::FaultClass::SupervisorUnavailable => {
+            crate::cells::cell_lost(format!(
+                "cell {cell} could not be reached: {}",
+                status.message()
+            ))
+        }
+        _ => f,
     }
 }
 

@@ -125,6 +125,86 @@ pub struct SupervisorConfig {
     pub adapters: AdaptersSection,
     #[serde(default)]
     pub egress: EgressSection,
+    /// This supervisor as one cell of many: registered in the shared store with its capacity,
+    /// so gateways in `[cells]` mode place conversations on it (`cell.rs`). Off by default.
+    #[serde(default)]
+    pub cell: Option<CellSection>,
+}
+
+/// `[cell]`: who this cell is, where gateways reach it, and the shared store it reports to.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSection {
+    /// Unique among the cells sharing the store (a StatefulSet pod name does): lowercase
+    /// letters, digits, `-`, `.`, `_`; at most 63 bytes.
+    pub id: String,
+    /// `host:port` at which gateways reach `listen_remote` (the pod's Service name, say).
+    pub address: String,
+    /// The shared PostgreSQL store (`url`, pool, TLS, connect timeout as in `[store]`).
+    pub store: warden_pgstate::StoreSection,
+    /// How often the cell writes its capacity. A gateway counts a cell lost when it has not
+    /// written for its `cells.lost_after_ms`, so keep this well under that (a third, say).
+    #[serde(default = "default_cell_refresh_ms")]
+    pub refresh_ms: u64,
+}
+
+fn default_cell_refresh_ms() -> u64 {
+    2_000
+}
+
+impl CellSection {
+    /// The store section as PostgreSQL (a cell's registry is never on sled).
+    pub fn store(&self) -> warden_pgstate::StoreSection {
+        warden_pgstate::StoreSection {
+            backend: warden_pgstate::Backend::Postgres,
+            ..self.store.clone()
+        }
+    }
+
+    fn validate(&self, origin: &Origin, has_remote: bool) -> Result<(), ConfigError> {
+        let id_ok = !self.id.is_empty()
+            && self.id.len() <= 63
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._".contains(&b));
+        if !id_ok {
+            return Err(ConfigError::invalid(
+                origin,
+                "cell.id",
+                "1 to 63 of a-z, 0-9, '-', '.', '_'",
+            ));
+        }
+        if !has_remote {
+            return Err(ConfigError::invalid(
+                origin,
+                "cell",
+                "a cell is reached over `listen_remote` (tcp with mutual TLS): configure it",
+            ));
+        }
+        if self
+            .address
+            .rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "cell.address",
+                "host:port at which gateways reach listen_remote",
+            ));
+        }
+        if !(200..=60_000).contains(&self.refresh_ms) {
+            return Err(ConfigError::invalid(
+                origin,
+                "cell.refresh_ms",
+                "must be between 200 and 60000",
+            ));
+        }
+        self.store().validate(origin).map_err(|e| {
+            // Keys are named as `[cell.store]` ones.
+            ConfigError::invalid(origin, "cell.store", e.to_string())
+        })
+    }
 }
 
 /// What every agent's egress proxy refuses whatever its allowlist says.
@@ -920,6 +1000,9 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         }
         remote.validate(&origin, "listen_remote")?;
     }
+    if let Some(cell) = &cfg.cell {
+        cell.validate(&origin, cfg.listen_remote.is_some())?;
+    }
     if cfg.policy.socket.as_os_str().is_empty() {
         return Err(ConfigError::invalid(
             &origin,
@@ -1319,5 +1402,44 @@ mod tests {
         assert!(e.to_string().contains("agents.claude"), "{e}");
         let e = load(None, &["limits.typo=1".into()]).unwrap_err();
         assert!(e.to_string().contains("typo"), "{e}");
+    }
+
+    #[test]
+    fn a_cell_names_itself_its_address_and_its_store_and_needs_the_remote_listener() {
+        let remote = [
+            "listen_remote.tcp=\"10.0.0.2:7443\"",
+            "listen_remote.tls.cert_file=\"s.pem\"",
+            "listen_remote.tls.key_file=\"s.key\"",
+            "listen_remote.tls.ca_file=\"ca.pem\"",
+            "listen_remote.tls.admit=[\"spiffe://example.org/warden/gateway\"]",
+        ];
+        let cell = [
+            "cell.id=\"cell-0\"",
+            "cell.address=\"cell-0.cells:7443\"",
+            "cell.store.url=\"host=/run/postgresql dbname=warden\"",
+        ];
+        let sets = |extra: &[&str], with_remote: bool| -> Vec<String> {
+            let mut v: Vec<String> = cell.iter().map(|s| s.to_string()).collect();
+            if with_remote {
+                v.extend(remote.iter().map(|s| s.to_string()));
+            }
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let s = load(None, &sets(&[], true)).unwrap();
+        let c = s.file.cell.unwrap();
+        assert_eq!((c.id.as_str(), c.refresh_ms), ("cell-0", 2_000));
+        assert_eq!(c.store().backend, warden_pgstate::Backend::Postgres);
+        let e = load(None, &sets(&[], false)).unwrap_err();
+        assert!(e.to_string().contains("listen_remote"), "{e}");
+        for (extra, key) in [
+            ("cell.id=\"Cell 0\"", "cell.id"),
+            ("cell.address=\"nowhere\"", "cell.address"),
+            ("cell.refresh_ms=10", "cell.refresh_ms"),
+            ("cell.store.url=\"\"", "cell.store"),
+        ] {
+            let e = load(None, &sets(&[extra], true)).unwrap_err();
+            assert!(e.to_string().contains(key), "{extra}: {e}");
+        }
     }
 }

@@ -25,6 +25,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::OptionNotOffered => "option-not-offered",
         pb::FaultClass::EgressRefused => "egress-refused",
         pb::FaultClass::RequestLimit => "request-limit",
+        pb::FaultClass::CellLost => "cell-lost",
     }
 }
 
@@ -95,6 +96,7 @@ mod tests {
             pb::FaultClass::OptionNotOffered,
             pb::FaultClass::EgressRefused,
             pb::FaultClass::RequestLimit,
+            pb::FaultClass::CellLost,
         ];
         let mut names: Vec<&str> = all.iter().map(|c| name(*c)).collect();
         names.sort();

@@ -14,7 +14,8 @@
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
 //   config, adapters, records, fault, metrics, policy, translate, mode, options, fair, live,
-//   admission                                          leaves (live, admission: over fair)
+//   admission, cell                                    leaves (live, admission: over fair; cell:
+//                                                      the registry row, figures handed in)
 //   egress                                             an agent's egress proxy (reports through a trait)
 //   turn                                               a turn's state and event stream
 //   shared                                             the daemon-wide context
@@ -31,6 +32,7 @@ pub mod admission;
 pub mod agent;
 pub mod batch;
 pub mod bridge;
+pub mod cell;
 pub mod config;
 pub mod conversation;
 pub mod core;

@@ -21,6 +21,49 @@ const NAME: &str = "warden-supervisor";
 struct Args {
     #[command(flatten)]
     daemon: DaemonArgs,
+    /// With `[cell]`: mark this cell draining in the shared store (gateways place no new
+    /// conversation on it; placed ones keep running here) and exit. For an upgrade or a node
+    /// drain; the daemon itself drains on SIGTERM.
+    #[arg(long, conflicts_with = "undrain")]
+    drain: bool,
+    /// With `[cell]`: take this cell back into placement and exit.
+    #[arg(long)]
+    undrain: bool,
+}
+
+/// `--drain` / `--undrain`: one UPDATE of this cell's registry row.
+fn set_drain(args: &DaemonArgs, draining: bool) -> Result<String, Box<dyn std::error::Error>> {
+    let settings = config::load(args.config.as_deref(), &args.set)?;
+    let Some(cell) = settings.file.cell.clone() else {
+        return Err(format!(
+            "{}: no [cell] section: this supervisor is not a cell",
+            settings.origin
+        )
+        .into());
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let found = rt.block_on(async {
+        let pg = warden_supervisor::cell::store(&cell)?;
+        warden_supervisor::cell::set_draining(&pg, &cell.id, draining).await
+    })?;
+    if !found {
+        return Err(format!(
+            "no cell {:?} in the shared store (has it ever started?)",
+            cell.id
+        )
+        .into());
+    }
+    Ok(format!(
+        "cell {} {}",
+        cell.id,
+        if draining {
+            "draining: no new conversations are placed on it"
+        } else {
+            "taking new conversations again"
+        }
+    ))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +149,18 @@ impl warden_daemon::Daemon for SupervisorDaemon {
 }
 
 fn main() {
-    warden_daemon::start::<SupervisorDaemon>(Args::parse().daemon);
+    let args = Args::parse();
+    if args.drain || args.undrain {
+        match set_drain(&args.daemon, args.drain) {
+            Ok(said) => println!("{said}"),
+            Err(e) => {
+                eprintln!("{NAME}: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
+    warden_daemon::start::<SupervisorDaemon>(args.daemon);
 }
 
 async fn run(settings: config::Settings) -> Result<(), StartupError> {
@@ -280,6 +334,34 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
             }
         });
     }
+    let cell = match &settings.file.cell {
+        Some(section) => match warden_supervisor::cell::Cell::new(section) {
+            Ok(cell) => {
+                let figures = sup.clone();
+                cell.start(Arc::new(move || {
+                    let live = figures.shared.live.live();
+                    let held = live.saturating_sub(figures.shared.live.pooled());
+                    let cap = figures.shared.live.cap();
+                    let (total, avail) = warden_supervisor::cell::memory();
+                    warden_supervisor::cell::Capacity {
+                        live_agents: live,
+                        max_live_agents: cap,
+                        free_slots: cap.saturating_sub(held),
+                        mem_total_bytes: total,
+                        mem_avail_bytes: avail,
+                    }
+                }))
+                .await;
+                tracing::info!(cell = %section.id, address = %section.address, "registering as a cell in the shared store");
+                Some(cell)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "[cell]: cannot set up the shared store; this cell is not registered");
+                None
+            }
+        },
+        None => None,
+    };
     let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
     let mut server = warden_daemon::Server::new(NAME, grace);
     let listener = warden_daemon::listener::bind("listen", &settings.file.listen, &state).await?;
@@ -327,6 +409,16 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         let sup: Arc<Supervisor> = sup.clone();
         tokio::spawn(async move {
             token.cancelled().await;
+            // First out of placement, so no gateway sends a new conversation to a cell that is
+            // going away.
+            if let Some(cell) = &cell {
+                match cell.drain().await {
+                    Ok(()) => tracing::info!(cell = %cell.id(), "draining: no new placements"),
+                    Err(e) => {
+                        tracing::warn!(cell = %cell.id(), error = %e, "cannot mark the cell draining")
+                    }
+                }
+            }
             sup.close_all().await;
         })
     };

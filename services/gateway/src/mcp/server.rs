@@ -169,13 +169,18 @@ impl McpFront {
         let core = self.core.clone();
         tokio::spawn(async move {
             for context_id in contexts.into_iter().filter(|c| !busy.contains(c)) {
-                let r = core
-                    .supervisor()
-                    .close_conversation(CloseConversationRequest {
-                        context_id: context_id.clone(),
-                        principal: principal.clone(),
-                    })
-                    .await;
+                let r = match core.route(&context_id, false).await {
+                    Ok(routed) => routed
+                        .client
+                        .clone()
+                        .close_conversation(CloseConversationRequest {
+                            context_id: context_id.clone(),
+                            principal: principal.clone(),
+                        })
+                        .await
+                        .map(|_| ()),
+                    Err(f) => Err(tonic::Status::unavailable(f.message)),
+                };
                 tracing::info!(context_id = %context_id, ok = r.is_ok(), "MCP session ended; conversation closed");
             }
         });

@@ -14,7 +14,7 @@ use warden_proto::v1::{
 };
 
 use super::envelope::{Blocker, BlockerKind, FaultSeen, Observed, ToolSeen};
-use crate::tasks::{Core, fault_of_refused_turn};
+use crate::tasks::Core;
 
 /// A question of the agent, for the caller.
 #[derive(Debug, Clone)]
@@ -64,15 +64,20 @@ pub async fn run(
     cancel_grace: Duration,
 ) -> Result<Observed, NotStarted> {
     let started = Instant::now();
-    let mut client = core.supervisor();
     let context_id = req.context_id.clone();
     let turn_id = req.turn_id.clone();
+    // The one supervisor, or this context's cell (placed now if it has none or lost it).
+    let routed = core
+        .route(&context_id, true)
+        .await
+        .map_err(|f| NotStarted::Fault(fault_seen(&f)))?;
+    let mut client = routed.client.clone();
     let mut req = tonic::Request::new(req);
     warden_daemon::otel::inject(req.metadata_mut());
     let stream = match client.run_turn(req).await {
-        Ok(r) => r.into_inner(),
+        Ok(r) => routed.events(r.into_inner()),
         Err(status) => {
-            let f = fault_of_refused_turn(&status);
+            let f = crate::tasks::refused_fault(&routed, &status);
             return Err(match f.fault_class() {
                 FaultClass::Rejected => NotStarted::Refused("supervisor.rejected", f.message),
                 FaultClass::PromptTooLarge => {

@@ -1,0 +1,460 @@
+//! `[cells]` mode: the supervisor cells of the shared store's registry, and which cell each
+//! context's conversation lives on. Reads the registry every `cells.poll_ms` (ages by the
+//! store's clock), places a new context on the best of K random live, non-draining cells
+//! (`placement.rs`), records context → cell in `placement_contexts`, and hands out one mutual-TLS
+//! channel per cell.
+//!
+//! A cell whose report is older than `cells.lost_after_ms` is lost: every turn streaming from it
+//! ends with a `cell-lost` stop at the next poll, and the next message to one of its contexts is
+//! placed on another cell, its first event a ContextReset (the same event a caller sees when a
+//! supervisor restarts an agent without its session). A turn whose connection to its cell dies
+//! (reset, or HTTP/2 keep-alive unanswered) ends `cell-lost` too.
+//!
+//! Must never: run a turn twice (a lost cell's turn ends here and is never sent elsewhere), move
+//! a context off a cell that is still live (a draining cell keeps its conversations), or place
+//! on a cell that is draining or lost.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use warden_pgstate::{Pg, PgError};
+use warden_proto::v1::supervisor_service_client::SupervisorServiceClient;
+use warden_proto::v1::turn_event::Event;
+use warden_proto::v1::{ContextReset, Fault, FaultClass, TurnEvent, TurnStop};
+
+use crate::config::CellsSection;
+use crate::placement::{CellView, choose};
+
+/// A turn's events as the core reads them, whichever way they came.
+pub type TurnEvents = BoxStream<'static, Result<TurnEvent, tonic::Status>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CellsError {
+    #[error("cells store: {0}")]
+    Store(#[from] PgError),
+    #[error("cells.tls: {0}")]
+    Tls(#[from] warden_daemon::tls::TlsError),
+}
+
+/// The registry as last read.
+struct Snapshot {
+    cells: Vec<CellView>,
+    read_at: Instant,
+}
+
+/// The cells of the shared store.
+pub struct Cells {
+    pg: Pg,
+    tls: warden_daemon::tls::ClientTls,
+    choices: usize,
+    lost_after: Duration,
+    poll: Duration,
+    view: RwLock<Snapshot>,
+    channels: Mutex<HashMap<String, (String, SupervisorServiceClient<Channel>)>>,
+    /// Per live cell, cancelled when it is found lost (a rejoining cell gets a new one).
+    alive: Mutex<HashMap<String, CancellationToken>>,
+}
+
+/// Where one context's turns go.
+#[derive(Clone)]
+pub struct Routed {
+    pub client: SupervisorServiceClient<Channel>,
+    /// The cell (None: the single `[supervisor]`).
+    pub cell: Option<String>,
+    /// Placed again on this call because its cell was lost: the reason the caller is told.
+    pub reset: Option<String>,
+    lost: Option<CancellationToken>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The fault of a turn whose cell is lost (or unreachable when the turn would start).
+pub fn cell_lost(message: String) -> Fault {
+    Fault {
+        class: "cell-lost".into(),
+        message,
+        fault_class: FaultClass::CellLost as i32,
+    }
+}
+
+/// The stop a turn ends with when its cell is lost.
+pub fn cell_lost_stop(cell: &str, why: &str) -> TurnEvent {
+    TurnEvent {
+        event: Some(Event::Stop(TurnStop {
+            stop_reason: "fault".into(),
+            fault: Some(cell_lost(format!(
+                "cell {cell} was lost mid-turn ({why}); the turn's outcome there is unknown and it is not run again"
+            ))),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+impl Routed {
+    /// The single supervisor of `[supervisor]`.
+    pub fn single(client: SupervisorServiceClient<Channel>) -> Self {
+        Self {
+            client,
+            cell: None,
+            reset: None,
+            lost: None,
+        }
+    }
+
+    /// The turn's events. On a cell: a ContextReset right after the turn starts when the
+    /// context was placed again, and a `cell-lost` stop when the cell is found lost or the
+    /// stream breaks before the supervisor's own stop.
+    pub fn events(&self, stream: tonic::Streaming<TurnEvent>) -> TurnEvents {
+        let Some(cell) = self.cell.clone() else {
+            return stream.boxed();
+        };
+        let lost = self.lost.clone().unwrap_or_default();
+        struct St {
+            inner: tonic::Streaming<TurnEvent>,
+            reset: Option<String>,
+            held: Option<TurnEvent>,
+            done: bool,
+        }
+        let st = St {
+            inner: stream,
+            reset: self.reset.clone(),
+            held: None,
+            done: false,
+        };
+        futures::stream::unfold((st, lost, cell), |(mut st, lost, cell)| async move {
+            if let Some(ev) = st.held.take() {
+                return Some((Ok(ev), (st, lost, cell)));
+            }
+            if st.done {
+                return None;
+            }
+            let next = tokio::select! {
+                biased;
+                n = st.inner.next() => n,
+                _ = lost.cancelled() => {
+                    st.done = true;
+                    return Some((Ok(cell_lost_stop(&cell, "it stopped reporting to the shared store")), (st, lost, cell)));
+                }
+            };
+            let ev = match next {
+                Some(Ok(ev)) => ev,
+                Some(Err(status)) => {
+                    st.done = true;
+                    let why = format!("its connection failed: {}", status.message());
+                    return Some((Ok(cell_lost_stop(&cell, &why)), (st, lost, cell)));
+                }
+                None => {
+                    st.done = true;
+                    let why = "its stream ended without a stop";
+                    return Some((Ok(cell_lost_stop(&cell, why)), (st, lost, cell)));
+                }
+            };
+            if matches!(ev.event, Some(Event::Stop(_))) {
+                st.done = true;
+            }
+            if matches!(ev.event, Some(Event::Started(_)))
+                && let Some(reason) = st.reset.take()
+            {
+                st.held = Some(TurnEvent {
+                    event: Some(Event::ContextReset(ContextReset { reason })),
+                    ..Default::default()
+                });
+            }
+            Some((Ok(ev), (st, lost, cell)))
+        })
+        .boxed()
+    }
+}
+
+fn random_index(n: usize) -> usize {
+    (uuid::Uuid::new_v4().as_u128() % n.max(1) as u128) as usize
+}
+
+impl Cells {
+    /// Connects, migrates the shared schema, reads the registry once and keeps reading it.
+    pub async fn start(
+        section: &CellsSection,
+        state_dir: &std::path::Path,
+    ) -> Result<Arc<Self>, CellsError> {
+        let pg = Pg::new(&section.store())?;
+        warden_pgstate::migrate::migrate(&pg).await?;
+        let me = Arc::new(Self {
+            pg,
+            tls: warden_daemon::tls::ClientTls::new(&section.tls, state_dir)?,
+            choices: section.choices,
+            lost_after: Duration::from_millis(section.lost_after_ms),
+            poll: Duration::from_millis(section.poll_ms),
+            view: RwLock::new(Snapshot {
+                cells: Vec::new(),
+                read_at: Instant::now(),
+            }),
+            channels: Mutex::new(HashMap::new()),
+            alive: Mutex::new(HashMap::new()),
+        });
+        me.poll_once().await?;
+        let weak = Arc::downgrade(&me);
+        let every = me.poll;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut failing = false;
+            loop {
+                tick.tick().await;
+                let Some(me) = weak.upgrade() else { break };
+                match me.poll_once().await {
+                    Ok(()) => failing = false,
+                    Err(e) => {
+                        if !failing {
+                            tracing::warn!(error = %e, "cannot read the cell registry; cells age until it answers");
+                        }
+                        failing = true;
+                        // Ages grow with the last read: a registry that stays unreadable loses
+                        // every cell after the bound, as a cell that stays silent is lost.
+                        me.judge();
+                    }
+                }
+            }
+        });
+        Ok(me)
+    }
+
+    fn lost_after_ms(&self) -> u64 {
+        self.lost_after.as_millis() as u64
+    }
+
+    async fn poll_once(&self) -> Result<(), PgError> {
+        let c = self.pg.client().await?;
+        let rows = tokio::time::timeout(
+            self.pg.timeout(),
+            c.query(
+                "SELECT cell_id, address, free_slots, draining,
+                        GREATEST(0, (EXTRACT(EPOCH FROM (now() - refreshed_at)) * 1000))::BIGINT,
+                        (EXTRACT(EPOCH FROM started_at) * 1000)::BIGINT
+                 FROM cell_registry",
+                &[],
+            ),
+        )
+        .await
+        .map_err(|_| PgError::Timeout(self.pg.timeout().as_millis() as u64))??;
+        let mut cells = Vec::with_capacity(rows.len());
+        for r in rows {
+            let free: i32 = r.try_get(2)?;
+            let age: i64 = r.try_get(4)?;
+            cells.push(CellView {
+                id: r.try_get(0)?,
+                address: r.try_get(1)?,
+                free_slots: i64::from(free),
+                draining: r.try_get(3)?,
+                age_ms: age.max(0) as u64,
+                started_ms: r.try_get(5)?,
+            });
+        }
+        if let Ok(mut v) = self.view.write() {
+            *v = Snapshot {
+                cells,
+                read_at: Instant::now(),
+            };
+        }
+        self.judge();
+        Ok(())
+    }
+
+    /// The registry now: each age grown by the time since it was read.
+    fn cells_now(&self) -> Vec<CellView> {
+        let Ok(v) = self.view.read() else {
+            return Vec::new();
+        };
+        let since = v.read_at.elapsed().as_millis() as u64;
+        v.cells
+            .iter()
+            .map(|c| CellView {
+                age_ms: c.age_ms.saturating_add(since),
+                ..c.clone()
+            })
+            .collect()
+    }
+
+    /// Cancels the token of every cell that is lost now (or gone from the registry).
+    fn judge(&self) {
+        let cells = self.cells_now();
+        let bound = self.lost_after_ms();
+        let mut alive = lock(&self.alive);
+        alive.retain(|id, token| {
+            let live = cells.iter().any(|c| &c.id == id && c.live(bound));
+            if !live {
+                tracing::warn!(cell = %id, bound_ms = bound, "cell lost: no report within the bound; its running turns end cell-lost");
+                token.cancel();
+            }
+            live
+        });
+    }
+
+    fn client(&self, cell: &str) -> Option<Routed> {
+        let view = self.cells_now();
+        let c = view.iter().find(|c| c.id == cell)?;
+        let client = {
+            let mut ch = lock(&self.channels);
+            match ch.get(cell) {
+                Some((addr, client)) if *addr == c.address => client.clone(),
+                _ => {
+                    let channel = match self.tls.channel(&c.address) {
+                        Ok(ch) => ch,
+                        Err(e) => {
+                            tracing::warn!(cell, address = %c.address, error = %e, "cannot make a channel to the cell");
+                            return None;
+                        }
+                    };
+                    let client = SupervisorServiceClient::new(channel);
+                    ch.insert(cell.to_string(), (c.address.clone(), client.clone()));
+                    client
+                }
+            }
+        };
+        let lost = lock(&self.alive)
+            .entry(cell.to_string())
+            .or_default()
+            .clone();
+        Some(Routed {
+            client,
+            cell: Some(cell.to_string()),
+            reset: None,
+            lost: Some(lost),
+        })
+    }
+
+    /// A new cell for a context, by the best of K.
+    fn choose(&self) -> Option<CellView> {
+        let view = self.cells_now();
+        choose(&view, self.choices, self.lost_after_ms(), random_index).cloned()
+    }
+
+    /// The cell of `context_id`, placing it when `place` and it has none or its cell is lost.
+    /// A context whose cell restarted since it was placed (another `started_at`: its agents are
+    /// gone) stays there, its next turn told of the reset. Ok(None): not placed (and `place`
+    /// false), or no cell can take it.
+    pub async fn route(&self, context_id: &str, place: bool) -> Result<Option<Routed>, PgError> {
+        let c = self.pg.client().await?;
+        // The placed cell's registry row is read with the placement, not from the last poll:
+        // a cell that restarted a moment ago is seen as restarted at once (it registers before
+        // it serves).
+        let placed = match c
+            .query_opt(
+                "SELECT p.cell_id, p.cell_started_ms,
+                        (EXTRACT(EPOCH FROM r.started_at) * 1000)::BIGINT,
+                        GREATEST(0, (EXTRACT(EPOCH FROM (now() - r.refreshed_at)) * 1000))::BIGINT
+                 FROM placement_contexts p LEFT JOIN cell_registry r ON r.cell_id = p.cell_id
+                 WHERE p.context_id = $1",
+                &[&context_id],
+            )
+            .await?
+        {
+            Some(r) => {
+                let now: Option<(i64, i64)> = match (r.try_get(2)?, r.try_get(3)?) {
+                    (Some(started), Some(age)) => Some((started, age)),
+                    _ => None,
+                };
+                Some((r.try_get::<_, String>(0)?, r.try_get::<_, i64>(1)?, now))
+            }
+            None => None,
+        };
+        let bound = self.lost_after_ms();
+        let Some((old, started, now)) = placed else {
+            if !place {
+                return Ok(None);
+            }
+            let Some(new) = self.choose() else {
+                return Ok(None);
+            };
+            let inserted = c
+                .execute(
+                    "INSERT INTO placement_contexts (context_id, cell_id, cell_started_ms)
+                     VALUES ($1, $2, $3) ON CONFLICT (context_id) DO NOTHING",
+                    &[&context_id, &new.id, &new.started_ms],
+                )
+                .await?;
+            if inserted == 0 {
+                // Another gateway placed it first: follow its choice.
+                drop(c);
+                return Box::pin(self.route(context_id, false)).await;
+            }
+            tracing::info!(context_id, cell = %new.id, "context placed");
+            return Ok(self.client(&new.id));
+        };
+        let (target, reason) = match now {
+            _ if !place => return Ok(self.client(&old)),
+            Some((now_started, age)) if age as u64 <= bound && now_started == started => {
+                return Ok(self.client(&old));
+            }
+            Some((now_started, age)) if age as u64 <= bound => (
+                CellView {
+                    id: old.clone(),
+                    address: String::new(),
+                    free_slots: 0,
+                    draining: false,
+                    age_ms: age as u64,
+                    started_ms: now_started,
+                },
+                format!(
+                    "cell {old} restarted since this conversation's last turn; this turn starts a new agent there without the earlier context"
+                ),
+            ),
+            _ => {
+                let Some(new) = self.choose() else {
+                    return Ok(None);
+                };
+                let why = format!(
+                    "the cell this conversation ran on ({old}) was lost; this turn starts a new agent on cell {} without the earlier context",
+                    new.id
+                );
+                (new, why)
+            }
+        };
+        let moved = c
+            .execute(
+                "UPDATE placement_contexts SET cell_id = $4, cell_started_ms = $5, placed_at = now()
+                 WHERE context_id = $1 AND cell_id = $2 AND cell_started_ms = $3",
+                &[&context_id, &old, &started, &target.id, &target.started_ms],
+            )
+            .await?;
+        if moved == 0 {
+            drop(c);
+            return Box::pin(self.route(context_id, false)).await;
+        }
+        tracing::warn!(context_id, from = %old, to = %target.id, reason = %reason, "context placed again");
+        Ok(self.client(&target.id).map(|mut r| {
+            r.reset = Some(reason);
+            r
+        }))
+    }
+
+    /// Any live cell (for what every cell answers alike: the agents, the workspaces).
+    pub fn any(&self) -> Option<Routed> {
+        let id = self.choose().map(|c| c.id).or_else(|| {
+            let bound = self.lost_after_ms();
+            self.cells_now()
+                .into_iter()
+                .find(|c| c.live(bound))
+                .map(|c| c.id)
+        })?;
+        self.client(&id)
+    }
+
+    /// Forgets a context's placement (the context itself was forgotten).
+    pub async fn forget(&self, context_id: &str) -> Result<(), PgError> {
+        let c = self.pg.client().await?;
+        c.execute(
+            "DELETE FROM placement_contexts WHERE context_id = $1",
+            &[&context_id],
+        )
+        .await?;
+        Ok(())
+    }
+}
