@@ -213,12 +213,12 @@ impl Cells {
                     Ok(()) => failing = false,
                     Err(e) => {
                         if !failing {
-                            tracing::warn!(error = %e, "cannot read the cell registry; cells age until it answers");
+                            tracing::warn!(error = %e, "cannot read the cell registry; no new placement until it answers, running turns keep going");
                         }
                         failing = true;
-                        // Ages grow with the last read: a registry that stays unreadable loses
-                        // every cell after the bound, as a cell that stays silent is lost.
-                        me.judge();
+                        // No judgment on what could not be read: an outage of the store must not
+                        // end every running turn. A cell that dies meanwhile is still found by
+                        // its connection (reset, or the HTTP/2 keep-alive's bound).
                     }
                 }
             }
@@ -389,7 +389,10 @@ impl Cells {
             return Ok(self.client(&new.id));
         };
         let (target, reason) = match now {
-            _ if !place => return Ok(self.client(&old)),
+            // A call about the conversation where it is (cancel, answer, close): only a live
+            // cell holds it; a lost one has nothing this gateway can reach.
+            Some((_, age)) if !place && age as u64 <= bound => return Ok(self.client(&old)),
+            _ if !place => return Ok(None),
             Some((now_started, age)) if age as u64 <= bound && now_started == started => {
                 return Ok(self.client(&old));
             }

@@ -721,9 +721,11 @@ impl Core {
             Ok(None) if place => Err(unavailable(
                 "no live cell takes new conversations now (every cell is lost or draining)".into(),
             )),
-            Ok(None) => Err(unavailable(format!(
-                "context {context_id} is on no known cell"
-            ))),
+            Ok(None) => Err(Fault {
+                class: "cell-lost".into(),
+                message: format!("context {context_id} is on no live cell"),
+                fault_class: FaultClass::CellLost as i32,
+            }),
             Err(e) => Err(unavailable(format!(
                 "cannot read the context's placement: {e}"
             ))),
@@ -739,7 +741,11 @@ impl Core {
         self.route(context_id, false)
             .await
             .map(|r| r.client)
-            .map_err(|f| tonic::Status::unavailable(f.message))
+            .map_err(|f| match f.fault_class() {
+                // Its cell is lost: nothing of the conversation is reachable any more.
+                warden_proto::v1::FaultClass::CellLost => tonic::Status::not_found(f.message),
+                _ => tonic::Status::unavailable(f.message),
+            })
     }
 
     /// The per-principal stream shares (the MCP front takes its permits here too).
@@ -1069,6 +1075,20 @@ impl Core {
                         processes = r.processes,
                         "closed an idle conversation"
                     );
+                    let _g = self.contexts_guard.lock();
+                    if let Some(mut rec) = self.store.context(context_id)?
+                        && rec.last_task_micros == seen.last_task_micros
+                    {
+                        rec.closed_micros = Some(now);
+                        self.store.put_context(context_id, &rec)?;
+                        closed = true;
+                    }
+                }
+                // On a lost cell (or never placed): there is nothing to close any more.
+                Ok(Err(status))
+                    if self.cells.get().is_some() && status.code() == tonic::Code::NotFound =>
+                {
+                    tracing::info!(context_id, reason = %status.message(), "idle context on no live cell: forgotten without a close");
                     let _g = self.contexts_guard.lock();
                     if let Some(mut rec) = self.store.context(context_id)?
                         && rec.last_task_micros == seen.last_task_micros
