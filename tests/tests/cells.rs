@@ -180,7 +180,7 @@ struct World {
     pg: warden_pgstate::Pg,
     dir: PathBuf,
     _certs: tempfile::TempDir,
-    _pgc: TestCluster,
+    pgc: TestCluster,
 }
 
 async fn world(pg_over_links: bool, client: &str) -> Option<World> {
@@ -220,7 +220,7 @@ async fn world(pg_over_links: bool, client: &str) -> Option<World> {
         pg,
         dir,
         _certs: certs_dir,
-        _pgc: pgc,
+        pgc,
     })
 }
 
@@ -675,4 +675,71 @@ async fn a_drained_cell_takes_no_new_conversation_and_keeps_its_own() {
         after.to_string().contains("context_reset") || got.to_string().contains("context_reset"),
         "a restarted cell's context is reset, and the caller told: {after} {got}"
     );
+}
+
+/// The shared store freezes (SIGSTOP of PostgreSQL) for longer than the lost bound: the turns
+/// running on the cells keep going and complete (the gateway judges no cell on what it could
+/// not read, nor right after, before the cells could write again), a new conversation fails
+/// within seconds instead of hanging, and once the store is back conversations are placed
+/// again.
+#[tokio::test]
+async fn a_frozen_store_ends_no_running_turn_and_fails_new_conversations_fast() {
+    let Some(w) = world(false, "gateway").await else {
+        return;
+    };
+    let (ctx_a, ctx_b) = one_on_each(&w, "f").await;
+    let turn = |ctx: &str| {
+        let script = json!({"steps": [
+            {"type": "message", "text": "working. "},
+            {"type": "sleep", "ms": 3 * LOST_AFTER_MS},
+            {"type": "message", "text": "done."},
+            {"type": "stop", "reason": "end_turn"}
+        ]})
+        .to_string();
+        let (http, token, ctx) = (w.d.http.clone(), w.d.token(), ctx.to_string());
+        tokio::spawn(async move {
+            let resp = warden_cli::client::request(
+                &http,
+                http::Method::POST,
+                "/a2a/jsonrpc",
+                &token,
+                Some(
+                    &json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
+                    "message": {"messageId": uuid(), "role": "ROLE_USER", "contextId": ctx,
+                                "parts": [{"text": script}]}}}),
+                ),
+            )
+            .await
+            .expect("gateway reachable");
+            warden_cli::client::read_answer(resp).await.unwrap().0
+        })
+    };
+    let (on_a, on_b) = (turn(&ctx_a), turn(&ctx_b));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.pgc.pause();
+    let frozen = Instant::now();
+    let refused = send(&w.d, &format!("frozen-{}", std::process::id()), "hello").await;
+    let waited = frozen.elapsed();
+    eprintln!(
+        "store frozen: a new conversation ended {} after {waited:?}",
+        state(&refused)
+    );
+    assert_eq!(state(&refused), "TASK_STATE_FAILED", "{refused}");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    tokio::time::sleep(Duration::from_millis(LOST_AFTER_MS + 2 * POLL_MS)).await;
+    w.pgc.resume();
+    for (cell, running) in [("cell-a", on_a), ("cell-b", on_b)] {
+        let done = tokio::time::timeout(Duration::from_secs(30), running)
+            .await
+            .expect("the turn ended")
+            .unwrap();
+        assert_eq!(
+            state(&done),
+            "TASK_STATE_COMPLETED",
+            "{cell}'s turn runs through the store's outage: {done}"
+        );
+    }
+    let ctx = format!("thawed-{}", std::process::id());
+    let placed = place_one(&w, &ctx).await;
+    assert!(placed == "cell-a" || placed == "cell-b", "{placed}");
 }

@@ -58,6 +58,9 @@ pub struct Cells {
     channels: Mutex<HashMap<String, (String, SupervisorServiceClient<Channel>)>>,
     /// Per live cell, cancelled when it is found lost (a rejoining cell gets a new one).
     alive: Mutex<HashMap<String, CancellationToken>>,
+    /// No cell is judged lost before this: after the registry could not be read, the cells get
+    /// `lost_after` to write again (they could not either, when the store was the trouble).
+    judge_from: Mutex<Instant>,
 }
 
 /// Where one context's turns go.
@@ -198,6 +201,7 @@ impl Cells {
             }),
             channels: Mutex::new(HashMap::new()),
             alive: Mutex::new(HashMap::new()),
+            judge_from: Mutex::new(Instant::now()),
         });
         me.poll_once().await?;
         let weak = Arc::downgrade(&me);
@@ -216,6 +220,7 @@ impl Cells {
                             tracing::warn!(error = %e, "cannot read the cell registry; no new placement until it answers, running turns keep going");
                         }
                         failing = true;
+                        *lock(&me.judge_from) = Instant::now() + me.lost_after;
                         // No judgment on what could not be read: an outage of the store must not
                         // end every running turn. A cell that dies meanwhile is still found by
                         // its connection (reset, or the HTTP/2 keep-alive's bound).
@@ -284,6 +289,9 @@ impl Cells {
 
     /// Cancels the token of every cell that is lost now (or gone from the registry).
     fn judge(&self) {
+        if Instant::now() < *lock(&self.judge_from) {
+            return;
+        }
         let cells = self.cells_now();
         let bound = self.lost_after_ms();
         let mut alive = lock(&self.alive);
@@ -341,6 +349,18 @@ impl Cells {
     /// gone) stays there, its next turn told of the reset. Ok(None): not placed (and `place`
     /// false), or no cell can take it.
     pub async fn route(&self, context_id: &str, place: bool) -> Result<Option<Routed>, PgError> {
+        // Bounded: a store that hangs (frozen, partitioned) fails the turn, it does not hold it.
+        let bound = self.pg.timeout() * 2;
+        tokio::time::timeout(bound, self.route_unbounded(context_id, place))
+            .await
+            .map_err(|_| PgError::Timeout(bound.as_millis() as u64))?
+    }
+
+    async fn route_unbounded(
+        &self,
+        context_id: &str,
+        place: bool,
+    ) -> Result<Option<Routed>, PgError> {
         let c = self.pg.client().await?;
         // The placed cell's registry row is read with the placement, not from the last poll:
         // a cell that restarted a moment ago is seen as restarted at once (it registers before
@@ -383,7 +403,7 @@ impl Cells {
             if inserted == 0 {
                 // Another gateway placed it first: follow its choice.
                 drop(c);
-                return Box::pin(self.route(context_id, false)).await;
+                return Box::pin(self.route_unbounded(context_id, false)).await;
             }
             tracing::info!(context_id, cell = %new.id, "context placed");
             return Ok(self.client(&new.id));
@@ -429,7 +449,7 @@ impl Cells {
             .await?;
         if moved == 0 {
             drop(c);
-            return Box::pin(self.route(context_id, false)).await;
+            return Box::pin(self.route_unbounded(context_id, false)).await;
         }
         tracing::warn!(context_id, from = %old, to = %target.id, reason = %reason, "context placed again");
         Ok(self.client(&target.id).map(|mut r| {
