@@ -700,12 +700,13 @@ impl Core {
         let _ = self.cells.set(cells);
     }
 
-    /// Where `context_id`'s turns go: the one supervisor, or its cell (placed first when
-    /// `place` and it has none or its cell was lost). The fault says why there is nowhere.
+    /// Where `context_id`'s turns go: the one supervisor, or its cell (placed first for
+    /// `place`, the principal whose turn it is, when it has none or its cell was lost). The
+    /// fault says why there is nowhere.
     pub async fn route(
         &self,
         context_id: &str,
-        place: bool,
+        place: Option<&str>,
     ) -> Result<crate::cells::Routed, warden_proto::v1::Fault> {
         use warden_proto::v1::{Fault, FaultClass};
         let Some(cells) = self.cells.get() else {
@@ -718,7 +719,7 @@ impl Core {
         };
         match cells.route(context_id, place).await {
             Ok(Some(r)) => Ok(r),
-            Ok(None) if place => Err(unavailable(
+            Ok(None) if place.is_some() => Err(unavailable(
                 "no live cell takes new conversations now (every cell is lost or draining)".into(),
             )),
             Ok(None) => Err(Fault {
@@ -738,7 +739,7 @@ impl Core {
         &self,
         context_id: &str,
     ) -> Result<SupervisorServiceClient<Channel>, tonic::Status> {
-        self.route(context_id, false)
+        self.route(context_id, None)
             .await
             .map(|r| r.client)
             .map_err(|f| match f.fault_class() {
@@ -1879,9 +1880,14 @@ impl Core {
             live.apply(&mut inner, events);
         };
         let context_id = run.context_id.clone();
+        let principal = run
+            .open
+            .as_ref()
+            .map(|o| o.principal.clone())
+            .unwrap_or_default();
         let mut run = tonic::Request::new(run);
         warden_daemon::otel::inject(run.metadata_mut());
-        let started = match self.route(&context_id, true).await {
+        let started = match self.route(&context_id, Some(&principal)).await {
             Ok(routed) => match routed.client.clone().run_turn(run).await {
                 Ok(resp) => Ok(routed.events(resp.into_inner())),
                 Err(status) => {
