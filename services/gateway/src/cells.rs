@@ -8,7 +8,15 @@
 //! ends with a `cell-lost` stop at the next poll, and the next message to one of its contexts is
 //! placed on another cell, its first event a ContextReset (the same event a caller sees when a
 //! supervisor restarts an agent without its session). A turn whose connection to its cell dies
-//! (reset, or HTTP/2 keep-alive unanswered) ends `cell-lost` too.
+//! (reset, or HTTP/2 keep-alive unanswered) ends `cell-lost` too. A cell that restarted (another
+//! `started_at`) keeps its contexts, each told of the reset at its next turn. A conversation left
+//! on a lost cell by a move is closed there if that start of the cell comes back
+//! (`placement_orphans`). While the registry cannot be read, and for the bound after, no cell is
+//! judged: a store outage ends no running turn.
+//!
+//! The registry's addresses are where to dial, not whom to trust: every channel admits only the
+//! cells' SPIFFE ID (`cells.tls.admit`), so a row written by anyone else cannot turn a gateway's
+//! turns towards another peer.
 //!
 //! Must never: run a turn twice (a lost cell's turn ends here and is never sent elsewhere), move
 //! a context off a cell that is still live (a draining cell keeps its conversations), or place
