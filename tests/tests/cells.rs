@@ -781,3 +781,92 @@ async fn a_frozen_store_ends_no_running_turn_and_fails_new_conversations_fast() 
         thawed.elapsed()
     );
 }
+
+/// One stateless MCP `tools/call` (the 2026-07-28 era) to the gateway's `/mcp`; its result.
+async fn mcp_call(d: &Deployment, tool: &str, args: Value) -> Value {
+    use http_body_util::BodyExt;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool, "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientInfo": {"name": "cells", "version": "0"},
+                  "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let tcp = tokio::net::TcpStream::connect(&d.http).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("Host", &d.http)
+        .header("Authorization", format!("Bearer {}", d.token()))
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    // SSE `data:` lines or one JSON body: the message answering id 7.
+    text.split("\n\n")
+        .flat_map(|ev| {
+            let data: Vec<&str> = ev
+                .lines()
+                .map(|l| l.strip_prefix("data:").map(str::trim_start).unwrap_or(l))
+                .collect();
+            serde_json::from_str::<Value>(data.join("\n").trim()).ok()
+        })
+        .find(|m| m["id"] == 7)
+        .and_then(|m| m.get("result").cloned())
+        .unwrap_or_else(|| panic!("no result: {text}"))
+}
+
+/// The MCP front places its conversations on cells the same way: each verb's turn runs on the
+/// cell its context was placed on (its transcript is in that cell's state).
+#[tokio::test]
+async fn an_mcp_verb_runs_on_the_cell_its_context_is_placed_on() {
+    let Some(w) = world(false, "gateway").await else {
+        return;
+    };
+    for i in 0..4 {
+        let r = mcp_call(
+            &w.d,
+            "advise",
+            json!({"task": format!("question {i}: which map should I use?")}),
+        )
+        .await;
+        let e = &r["structuredContent"];
+        assert_ne!(r["isError"], true, "{r}");
+        let transcript = e["transcript_path"].as_str().unwrap_or_default();
+        let c = w.pg.client().await.unwrap();
+        let rows = c
+            .query(
+                "SELECT context_id, cell_id FROM placement_contexts WHERE context_id LIKE 'mcp-%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let on = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            // The supervisor labels a context's directory with its first 32 characters.
+            .find(|(ctx, _)| {
+                let label: String = ctx.chars().take(32).collect();
+                transcript.contains(&format!("/transcripts/{label}/"))
+            })
+            .unwrap_or_else(|| panic!("{transcript} is the transcript of a placed context: {r}"));
+        let cell = if on.1 == "cell-a" { &w.a } else { &w.b };
+        assert!(
+            transcript.starts_with(&cell.state.display().to_string()),
+            "{transcript} is on {}",
+            on.1
+        );
+    }
+}
