@@ -23,18 +23,6 @@ CREATE TABLE placement_contexts (
     context_id      TEXT        PRIMARY KEY,
     cell_id         TEXT        NOT NULL,
     cell_started_ms BIGINT      NOT NULL,
-    -- Who opened the conversation: a cell closes only what is this principal's.
-    principal       TEXT        NOT NULL,
     placed_at       TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 CREATE INDEX placement_contexts_cell ON placement_contexts (cell_id);
--- Conversations left on a lost cell when their context moved: closed there by a gateway once
--- that same start of the cell is live again (a partition healed), then forgotten; forgotten
--- unclosed when the cell restarted (its recovery removed them).
-CREATE TABLE placement_orphans (
-    cell_id         TEXT   NOT NULL,
-    cell_started_ms BIGINT NOT NULL,
-    context_id      TEXT   NOT NULL,
-    principal       TEXT   NOT NULL,
-    PRIMARY KEY (cell_id, context_id)
-);
