@@ -131,7 +131,7 @@ async fn placements(dir: &Path) {
                     let t = Instant::now();
                     // The second round routes the contexts the first placed.
                     let r = cells
-                        .route(&format!("bench-ctx-{i}"), place_first)
+                        .route(&format!("bench-ctx-{i}"), place_first.then_some("bench"))
                         .await
                         .expect("route");
                     assert!(r.is_some(), "placed");

@@ -42,10 +42,10 @@ impl Host {
             return None;
         }
         let pid = std::process::id();
-        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
-        // A /30 per host: distinct within this process (up to 8 at once) and, by the pid, most
-        // likely across test processes running at once.
-        let n = (pid % 25) * 8 + seq + 20;
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 32;
+        // A /30 per host: distinct within this process (32 made before one comes back) and, by
+        // the pid, likely across test processes running at once.
+        let n = (pid % 6) * 32 + seq + 20;
         let name = format!("wcell{pid}x{seq}h{index}");
         let link = format!("wg{n}x{}", pid % 1000);
         let inner = format!("wc{n}x{}", pid % 1000);

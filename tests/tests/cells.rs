@@ -180,7 +180,7 @@ struct World {
     pg: warden_pgstate::Pg,
     dir: PathBuf,
     _certs: tempfile::TempDir,
-    _pgc: TestCluster,
+    pgc: TestCluster,
 }
 
 async fn world(pg_over_links: bool, client: &str) -> Option<World> {
@@ -220,7 +220,7 @@ async fn world(pg_over_links: bool, client: &str) -> Option<World> {
         pg,
         dir,
         _certs: certs_dir,
-        _pgc: pgc,
+        pgc,
     })
 }
 
@@ -487,6 +487,29 @@ async fn a_partitioned_cell_ends_its_turns_within_the_bound_runs_none_twice_and_
     let rejoined = rejoined.expect("cell-a took a new conversation after the link came back");
     eprintln!("partition: cell-a took a new conversation {rejoined:?} after the link came back");
 
+    // The conversation the moved context left on cell-a is closed there once cell-a is back
+    // (the agent of a context that now lives on cell-b holds no slot on cell-a).
+    let mut local = warden_proto::v1::supervisor_service_client::SupervisorServiceClient::new(
+        warden_daemon::client::unix_channel(&w.a.state.join("supervisor.sock")),
+    );
+    let mut left = true;
+    for _ in 0..50 {
+        let list = local
+            .list_conversations(warden_proto::v1::ListConversationsRequest::default())
+            .await
+            .expect("cell-a answers on its socket")
+            .into_inner();
+        left = list.conversations.iter().any(|c| c.context_id == ctx_a);
+        if !left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        !left,
+        "the conversation left on cell-a by the move is closed after it rejoined"
+    );
+
     // No turn ran twice: the cut turn ran once, on cell-a only; its context's next turn ran on
     // cell-b only; the gateway's record of the cut turn stays FAILED.
     assert_eq!(transcripts_of(&w.a, &long_id), 1);
@@ -675,4 +698,175 @@ async fn a_drained_cell_takes_no_new_conversation_and_keeps_its_own() {
         after.to_string().contains("context_reset") || got.to_string().contains("context_reset"),
         "a restarted cell's context is reset, and the caller told: {after} {got}"
     );
+}
+
+/// The shared store freezes (SIGSTOP of PostgreSQL) for longer than the lost bound: the turns
+/// running on the cells keep going and complete (the gateway judges no cell on what it could
+/// not read, nor right after, before the cells could write again), a new conversation fails
+/// within seconds instead of hanging, and once the store is back conversations are placed
+/// again.
+#[tokio::test]
+async fn a_frozen_store_ends_no_running_turn_and_fails_new_conversations_fast() {
+    let Some(w) = world(false, "gateway").await else {
+        return;
+    };
+    let (ctx_a, ctx_b) = one_on_each(&w, "f").await;
+    let turn = |ctx: &str| {
+        let script = json!({"steps": [
+            {"type": "message", "text": "working. "},
+            {"type": "sleep", "ms": 3 * LOST_AFTER_MS},
+            {"type": "message", "text": "done."},
+            {"type": "stop", "reason": "end_turn"}
+        ]})
+        .to_string();
+        let (http, token, ctx) = (w.d.http.clone(), w.d.token(), ctx.to_string());
+        tokio::spawn(async move {
+            let resp = warden_cli::client::request(
+                &http,
+                http::Method::POST,
+                "/a2a/jsonrpc",
+                &token,
+                Some(
+                    &json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
+                    "message": {"messageId": uuid(), "role": "ROLE_USER", "contextId": ctx,
+                                "parts": [{"text": script}]}}}),
+                ),
+            )
+            .await
+            .expect("gateway reachable");
+            warden_cli::client::read_answer(resp).await.unwrap().0
+        })
+    };
+    let (on_a, on_b) = (turn(&ctx_a), turn(&ctx_b));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.pgc.pause();
+    let frozen = Instant::now();
+    let refused = send(&w.d, &format!("frozen-{}", std::process::id()), "hello").await;
+    let waited = frozen.elapsed();
+    eprintln!(
+        "store frozen: a new conversation ended {} after {waited:?}",
+        state(&refused)
+    );
+    assert_eq!(state(&refused), "TASK_STATE_FAILED", "{refused}");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    tokio::time::sleep(Duration::from_millis(LOST_AFTER_MS + 2 * POLL_MS)).await;
+    w.pgc.resume();
+    for (cell, running) in [("cell-a", on_a), ("cell-b", on_b)] {
+        let done = tokio::time::timeout(Duration::from_secs(30), running)
+            .await
+            .expect("the turn ended")
+            .unwrap();
+        assert_eq!(
+            state(&done),
+            "TASK_STATE_COMPLETED",
+            "{cell}'s turn runs through the store's outage: {done}"
+        );
+    }
+    // Placement needs a live cell: the cells' first writes after the thaw (within
+    // REFRESH_MS, read within POLL_MS) make them placeable again.
+    let thawed = Instant::now();
+    let mut placed = None;
+    for i in 0..20 {
+        let ctx = format!("thawed{i}-{}", std::process::id());
+        let r = send(&w.d, &ctx, "hello").await;
+        if state(&r) == "TASK_STATE_COMPLETED" {
+            placed = placement(&w.pg, &ctx).await;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let placed = placed.expect("conversations are placed again after the thaw");
+    eprintln!(
+        "store thawed: a new conversation placed on {placed} {:?} after",
+        thawed.elapsed()
+    );
+}
+
+/// One stateless MCP `tools/call` (the 2026-07-28 era) to the gateway's `/mcp`; its result.
+async fn mcp_call(d: &Deployment, tool: &str, args: Value) -> Value {
+    use http_body_util::BodyExt;
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool, "arguments": args,
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientInfo": {"name": "cells", "version": "0"},
+                  "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let tcp = tokio::net::TcpStream::connect(&d.http).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/mcp")
+        .header("Host", &d.http)
+        .header("Authorization", format!("Bearer {}", d.token()))
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    // SSE `data:` lines or one JSON body: the message answering id 7.
+    text.split("\n\n")
+        .flat_map(|ev| {
+            let data: Vec<&str> = ev
+                .lines()
+                .map(|l| l.strip_prefix("data:").map(str::trim_start).unwrap_or(l))
+                .collect();
+            serde_json::from_str::<Value>(data.join("\n").trim()).ok()
+        })
+        .find(|m| m["id"] == 7)
+        .and_then(|m| m.get("result").cloned())
+        .unwrap_or_else(|| panic!("no result: {text}"))
+}
+
+/// The MCP front places its conversations on cells the same way: each verb's turn runs on the
+/// cell its context was placed on (its transcript is in that cell's state).
+#[tokio::test]
+async fn an_mcp_verb_runs_on_the_cell_its_context_is_placed_on() {
+    let Some(w) = world(false, "gateway").await else {
+        return;
+    };
+    for i in 0..4 {
+        let r = mcp_call(
+            &w.d,
+            "advise",
+            json!({"task": format!("question {i}: which map should I use?")}),
+        )
+        .await;
+        let e = &r["structuredContent"];
+        assert_ne!(r["isError"], true, "{r}");
+        let transcript = e["transcript_path"].as_str().unwrap_or_default();
+        let c = w.pg.client().await.unwrap();
+        let rows = c
+            .query(
+                "SELECT context_id, cell_id FROM placement_contexts WHERE context_id LIKE 'mcp-%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let on = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            // The supervisor labels a context's directory with its first 32 characters.
+            .find(|(ctx, _)| {
+                let label: String = ctx.chars().take(32).collect();
+                transcript.contains(&format!("/transcripts/{label}/"))
+            })
+            .unwrap_or_else(|| panic!("{transcript} is the transcript of a placed context: {r}"));
+        let cell = if on.1 == "cell-a" { &w.a } else { &w.b };
+        assert!(
+            transcript.starts_with(&cell.state.display().to_string()),
+            "{transcript} is on {}",
+            on.1
+        );
+    }
 }

@@ -150,7 +150,11 @@ fn the_configuration_the_manifests_carry_passes_each_daemons_check() {
         let daemon = format!("warden-{}", key.trim_end_matches(".toml"));
         // Both run in cells mode: the gateway places on the registry's cells, each cell pod
         // registers under its own name (the env the StatefulSet sets from the pod's name).
-        let section = if key == "gateway.toml" { "[cells]" } else { "[cell]" };
+        let section = if key == "gateway.toml" {
+            "[cells]"
+        } else {
+            "[cell]"
+        };
         assert!(text.contains(section), "{file} configures {section}");
         let out = Command::new(warden_e2e::binary(&daemon))
             .arg("--config")

@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cells",
         sql: include_str!("../migrations/0010_cells.sql"),
     },
+    Migration {
+        version: 11,
+        name: "placement_orphans",
+        sql: include_str!("../migrations/0011_placement_orphans.sql"),
+    },
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

@@ -8,7 +8,15 @@
 //! ends with a `cell-lost` stop at the next poll, and the next message to one of its contexts is
 //! placed on another cell, its first event a ContextReset (the same event a caller sees when a
 //! supervisor restarts an agent without its session). A turn whose connection to its cell dies
-//! (reset, or HTTP/2 keep-alive unanswered) ends `cell-lost` too.
+//! (reset, or HTTP/2 keep-alive unanswered) ends `cell-lost` too. A cell that restarted (another
+//! `started_at`) keeps its contexts, each told of the reset at its next turn. A conversation left
+//! on a lost cell by a move is closed there if that start of the cell comes back
+//! (`placement_orphans`). While the registry cannot be read, and for the bound after, no cell is
+//! judged: a store outage ends no running turn.
+//!
+//! The registry's addresses are where to dial, not whom to trust: every channel admits only the
+//! cells' SPIFFE ID (`cells.tls.admit`), so a row written by anyone else cannot turn a gateway's
+//! turns towards another peer.
 //!
 //! Must never: run a turn twice (a lost cell's turn ends here and is never sent elsewhere), move
 //! a context off a cell that is still live (a draining cell keeps its conversations), or place
@@ -58,6 +66,9 @@ pub struct Cells {
     channels: Mutex<HashMap<String, (String, SupervisorServiceClient<Channel>)>>,
     /// Per live cell, cancelled when it is found lost (a rejoining cell gets a new one).
     alive: Mutex<HashMap<String, CancellationToken>>,
+    /// No cell is judged lost before this: after the registry could not be read, the cells get
+    /// `lost_after` to write again (they could not either, when the store was the trouble).
+    judge_from: Mutex<Instant>,
 }
 
 /// Where one context's turns go.
@@ -198,6 +209,7 @@ impl Cells {
             }),
             channels: Mutex::new(HashMap::new()),
             alive: Mutex::new(HashMap::new()),
+            judge_from: Mutex::new(Instant::now()),
         });
         me.poll_once().await?;
         let weak = Arc::downgrade(&me);
@@ -206,19 +218,32 @@ impl Cells {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut failing = false;
+            let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
             loop {
                 tick.tick().await;
                 let Some(me) = weak.upgrade() else { break };
                 match me.poll_once().await {
-                    Ok(()) => failing = false,
+                    Ok(()) => {
+                        failing = false;
+                        if !closing.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                            let (me, closing) = (me.clone(), closing.clone());
+                            tokio::spawn(async move {
+                                if let Err(e) = me.close_orphans().await {
+                                    tracing::debug!(error = %e, "closing conversations left on cells: retried at the next poll");
+                                }
+                                closing.store(false, std::sync::atomic::Ordering::Release);
+                            });
+                        }
+                    }
                     Err(e) => {
                         if !failing {
-                            tracing::warn!(error = %e, "cannot read the cell registry; cells age until it answers");
+                            tracing::warn!(error = %e, "cannot read the cell registry; no new placement until it answers, running turns keep going");
                         }
                         failing = true;
-                        // Ages grow with the last read: a registry that stays unreadable loses
-                        // every cell after the bound, as a cell that stays silent is lost.
-                        me.judge();
+                        *lock(&me.judge_from) = Instant::now() + me.lost_after;
+                        // No judgment on what could not be read: an outage of the store must not
+                        // end every running turn. A cell that dies meanwhile is still found by
+                        // its connection (reset, or the HTTP/2 keep-alive's bound).
                     }
                 }
             }
@@ -284,6 +309,9 @@ impl Cells {
 
     /// Cancels the token of every cell that is lost now (or gone from the registry).
     fn judge(&self) {
+        if Instant::now() < *lock(&self.judge_from) {
+            return;
+        }
         let cells = self.cells_now();
         let bound = self.lost_after_ms();
         let mut alive = lock(&self.alive);
@@ -340,7 +368,23 @@ impl Cells {
     /// A context whose cell restarted since it was placed (another `started_at`: its agents are
     /// gone) stays there, its next turn told of the reset. Ok(None): not placed (and `place`
     /// false), or no cell can take it.
-    pub async fn route(&self, context_id: &str, place: bool) -> Result<Option<Routed>, PgError> {
+    pub async fn route(
+        &self,
+        context_id: &str,
+        place: Option<&str>,
+    ) -> Result<Option<Routed>, PgError> {
+        // Bounded: a store that hangs (frozen, partitioned) fails the turn, it does not hold it.
+        let bound = self.pg.timeout() * 2;
+        tokio::time::timeout(bound, self.route_unbounded(context_id, place))
+            .await
+            .map_err(|_| PgError::Timeout(bound.as_millis() as u64))?
+    }
+
+    async fn route_unbounded(
+        &self,
+        context_id: &str,
+        place: Option<&str>,
+    ) -> Result<Option<Routed>, PgError> {
         let c = self.pg.client().await?;
         // The placed cell's registry row is read with the placement, not from the last poll:
         // a cell that restarted a moment ago is seen as restarted at once (it registers before
@@ -367,29 +411,34 @@ impl Cells {
         };
         let bound = self.lost_after_ms();
         let Some((old, started, now)) = placed else {
-            if !place {
+            let Some(principal) = place else {
                 return Ok(None);
-            }
+            };
             let Some(new) = self.choose() else {
                 return Ok(None);
             };
             let inserted = c
                 .execute(
-                    "INSERT INTO placement_contexts (context_id, cell_id, cell_started_ms)
-                     VALUES ($1, $2, $3) ON CONFLICT (context_id) DO NOTHING",
-                    &[&context_id, &new.id, &new.started_ms],
+                    "INSERT INTO placement_contexts (context_id, cell_id, cell_started_ms, principal)
+                     VALUES ($1, $2, $3, $4) ON CONFLICT (context_id) DO NOTHING",
+                    &[&context_id, &new.id, &new.started_ms, &principal],
                 )
                 .await?;
             if inserted == 0 {
                 // Another gateway placed it first: follow its choice.
                 drop(c);
-                return Box::pin(self.route(context_id, false)).await;
+                return Box::pin(self.route_unbounded(context_id, None)).await;
             }
             tracing::info!(context_id, cell = %new.id, "context placed");
             return Ok(self.client(&new.id));
         };
         let (target, reason) = match now {
-            _ if !place => return Ok(self.client(&old)),
+            // A call about the conversation where it is (cancel, answer, close): only a live
+            // cell holds it; a lost one has nothing this gateway can reach.
+            Some((_, age)) if place.is_none() && age as u64 <= bound => {
+                return Ok(self.client(&old));
+            }
+            _ if place.is_none() => return Ok(None),
             Some((now_started, age)) if age as u64 <= bound && now_started == started => {
                 return Ok(self.client(&old));
             }
@@ -417,22 +466,96 @@ impl Cells {
                 (new, why)
             }
         };
-        let moved = c
+        let lost = target.id != old;
+        let mut c = c;
+        let tx = c.transaction().await?;
+        let moved = tx
             .execute(
                 "UPDATE placement_contexts SET cell_id = $4, cell_started_ms = $5, placed_at = now()
                  WHERE context_id = $1 AND cell_id = $2 AND cell_started_ms = $3",
                 &[&context_id, &old, &started, &target.id, &target.started_ms],
             )
             .await?;
+        if moved > 0 && lost {
+            // Its conversation may still be alive there (a partition, not a death): closed
+            // once that cell is back (close_orphans).
+            tx.execute(
+                "INSERT INTO placement_orphans (cell_id, cell_started_ms, context_id, principal)
+                 SELECT $2, $3, context_id, principal FROM placement_contexts
+                 WHERE context_id = $1
+                 ON CONFLICT (cell_id, context_id) DO UPDATE
+                     SET cell_started_ms = EXCLUDED.cell_started_ms",
+                &[&context_id, &old, &started],
+            )
+            .await?;
+        }
+        tx.commit().await?;
         if moved == 0 {
             drop(c);
-            return Box::pin(self.route(context_id, false)).await;
+            return Box::pin(self.route_unbounded(context_id, None)).await;
         }
         tracing::warn!(context_id, from = %old, to = %target.id, reason = %reason, "context placed again");
         Ok(self.client(&target.id).map(|mut r| {
             r.reset = Some(reason);
             r
         }))
+    }
+
+    /// Closes, on each live cell, the conversations left there when their contexts moved away
+    /// while it was lost; forgets those of a cell that restarted since (nothing left to close).
+    /// Best effort, a bounded batch per call; what fails is tried at the next.
+    async fn close_orphans(&self) -> Result<(), PgError> {
+        let c = self.pg.client().await?;
+        let rows = c
+            .query(
+                "SELECT cell_id, cell_started_ms, context_id, principal FROM placement_orphans
+                 LIMIT 64",
+                &[],
+            )
+            .await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let view = self.cells_now();
+        let bound = self.lost_after_ms();
+        for r in rows {
+            let (cell, started, context_id, principal): (String, i64, String, String) =
+                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
+            let Some(now) = view.iter().find(|v| v.id == cell) else {
+                continue;
+            };
+            let done = if now.started_ms != started {
+                true
+            } else if !now.live(bound) {
+                false
+            } else if let Some(routed) = self.client(&cell) {
+                let req = warden_proto::v1::CloseConversationRequest {
+                    context_id: context_id.clone(),
+                    principal,
+                };
+                let mut client = routed.client;
+                match tokio::time::timeout(Duration::from_secs(10), client.close_conversation(req))
+                    .await
+                {
+                    Ok(Ok(r)) => {
+                        tracing::info!(cell = %cell, context_id = %context_id, found = r.get_ref().closed, "closed a conversation left on a cell that came back");
+                        true
+                    }
+                    _ => false,
+                }
+            } else {
+                false
+            };
+            if done {
+                c.execute(
+                    "DELETE FROM placement_orphans WHERE cell_id = $1 AND context_id = $2
+                     AND cell_started_ms = $3",
+                    &[&cell, &context_id, &started],
+                )
+                .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Any live cell (for what every cell answers alike: the agents, the workspaces).

@@ -700,12 +700,13 @@ impl Core {
         let _ = self.cells.set(cells);
     }
 
-    /// Where `context_id`'s turns go: the one supervisor, or its cell (placed first when
-    /// `place` and it has none or its cell was lost). The fault says why there is nowhere.
+    /// Where `context_id`'s turns go: the one supervisor, or its cell (placed first for
+    /// `place`, the principal whose turn it is, when it has none or its cell was lost). The
+    /// fault says why there is nowhere.
     pub async fn route(
         &self,
         context_id: &str,
-        place: bool,
+        place: Option<&str>,
     ) -> Result<crate::cells::Routed, warden_proto::v1::Fault> {
         use warden_proto::v1::{Fault, FaultClass};
         let Some(cells) = self.cells.get() else {
@@ -718,12 +719,14 @@ impl Core {
         };
         match cells.route(context_id, place).await {
             Ok(Some(r)) => Ok(r),
-            Ok(None) if place => Err(unavailable(
+            Ok(None) if place.is_some() => Err(unavailable(
                 "no live cell takes new conversations now (every cell is lost or draining)".into(),
             )),
-            Ok(None) => Err(unavailable(format!(
-                "context {context_id} is on no known cell"
-            ))),
+            Ok(None) => Err(Fault {
+                class: "cell-lost".into(),
+                message: format!("context {context_id} is on no live cell"),
+                fault_class: FaultClass::CellLost as i32,
+            }),
             Err(e) => Err(unavailable(format!(
                 "cannot read the context's placement: {e}"
             ))),
@@ -736,10 +739,14 @@ impl Core {
         &self,
         context_id: &str,
     ) -> Result<SupervisorServiceClient<Channel>, tonic::Status> {
-        self.route(context_id, false)
+        self.route(context_id, None)
             .await
             .map(|r| r.client)
-            .map_err(|f| tonic::Status::unavailable(f.message))
+            .map_err(|f| match f.fault_class() {
+                // Its cell is lost: nothing of the conversation is reachable any more.
+                warden_proto::v1::FaultClass::CellLost => tonic::Status::not_found(f.message),
+                _ => tonic::Status::unavailable(f.message),
+            })
     }
 
     /// The per-principal stream shares (the MCP front takes its permits here too).
@@ -1069,6 +1076,20 @@ impl Core {
                         processes = r.processes,
                         "closed an idle conversation"
                     );
+                    let _g = self.contexts_guard.lock();
+                    if let Some(mut rec) = self.store.context(context_id)?
+                        && rec.last_task_micros == seen.last_task_micros
+                    {
+                        rec.closed_micros = Some(now);
+                        self.store.put_context(context_id, &rec)?;
+                        closed = true;
+                    }
+                }
+                // On a lost cell (or never placed): there is nothing to close any more.
+                Ok(Err(status))
+                    if self.cells.get().is_some() && status.code() == tonic::Code::NotFound =>
+                {
+                    tracing::info!(context_id, reason = %status.message(), "idle context on no live cell: forgotten without a close");
                     let _g = self.contexts_guard.lock();
                     if let Some(mut rec) = self.store.context(context_id)?
                         && rec.last_task_micros == seen.last_task_micros
@@ -1859,9 +1880,14 @@ impl Core {
             live.apply(&mut inner, events);
         };
         let context_id = run.context_id.clone();
+        let principal = run
+            .open
+            .as_ref()
+            .map(|o| o.principal.clone())
+            .unwrap_or_default();
         let mut run = tonic::Request::new(run);
         warden_daemon::otel::inject(run.metadata_mut());
-        let started = match self.route(&context_id, true).await {
+        let started = match self.route(&context_id, Some(&principal)).await {
             Ok(routed) => match routed.client.clone().run_turn(run).await {
                 Ok(resp) => Ok(routed.events(resp.into_inner())),
                 Err(status) => {

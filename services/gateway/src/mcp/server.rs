@@ -169,7 +169,7 @@ impl McpFront {
         let core = self.core.clone();
         tokio::spawn(async move {
             for context_id in contexts.into_iter().filter(|c| !busy.contains(c)) {
-                let r = match core.route(&context_id, false).await {
+                let r = match core.route(&context_id, None).await {
                     Ok(routed) => routed
                         .client
                         .clone()

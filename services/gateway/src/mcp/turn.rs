@@ -67,8 +67,13 @@ pub async fn run(
     let context_id = req.context_id.clone();
     let turn_id = req.turn_id.clone();
     // The one supervisor, or this context's cell (placed now if it has none or lost it).
+    let principal = req
+        .open
+        .as_ref()
+        .map(|o| o.principal.clone())
+        .unwrap_or_default();
     let routed = core
-        .route(&context_id, true)
+        .route(&context_id, Some(&principal))
         .await
         .map_err(|f| NotStarted::Fault(fault_seen(&f)))?;
     let mut client = routed.client.clone();
