@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "policy_audit_request",
         sql: include_str!("../migrations/0003_policy_audit_request.sql"),
     },
+    Migration {
+        version: 4,
+        name: "gateway_tasks",
+        sql: include_str!("../migrations/0004_gateway_tasks.sql"),
+    },
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

@@ -19,7 +19,7 @@ use crate::card::{CardResponse, agent_card};
 use crate::config::{EMBEDDED, GatewayConfig};
 use crate::http::router;
 use crate::serve::EdgeLimits;
-use crate::store::{TaskStore, TaskStoreError};
+use crate::store::{SledStore, TaskStore, TaskStoreError};
 use crate::tasks::{Core, CoreSettings, Retention};
 
 /// Why the gateway could not start or stopped with an error.
@@ -31,6 +31,8 @@ pub enum RunError {
     Auth(#[from] AuthConfigError),
     #[error("task store: {0}")]
     Store(#[from] TaskStoreError),
+    #[error("task database: {0}")]
+    Database(#[from] warden_pgstate::PgError),
     #[error(transparent)]
     Listener(#[from] warden_daemon::ListenerError),
     #[error("cannot bind the HTTP listener {addr}: {source}")]
@@ -75,8 +77,11 @@ impl AdminService for AdminApi {
         let mut details = std::collections::HashMap::new();
         details.insert("tasks_live".to_string(), self.core.live_count().to_string());
         let store = self.core.store();
-        details.insert("tasks_stored".to_string(), store.task_count().to_string());
-        if let Ok(bytes) = store.size_on_disk() {
+        details.insert("store_backend".to_string(), store.describe());
+        if let Ok(n) = store.task_count().await {
+            details.insert("tasks_stored".to_string(), n.to_string());
+        }
+        if let Some(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
         }
         details.insert(
@@ -152,14 +157,28 @@ impl warden_daemon::Daemon for GatewayDaemon {
     }
 }
 
+/// The task store `[store]` names: the gateway's own sled store, or the PostgreSQL database
+/// its replicas share (migrated first, under the advisory lock).
+pub async fn open_store(cfg: &GatewayConfig) -> Result<TaskStore, RunError> {
+    Ok(match cfg.store.backend {
+        warden_pgstate::Backend::Sled => std::sync::Arc::new(SledStore::open_with(
+            &cfg.daemon.state_dir.join("store"),
+            warden_store::StoreOptions {
+                cache_capacity_bytes: cfg.store.cache_capacity_bytes,
+            },
+        )?),
+        warden_pgstate::Backend::Postgres => {
+            let pg = warden_pgstate::Pg::new(&cfg.store.database())?;
+            warden_pgstate::migrate::migrate(&pg).await?;
+            std::sync::Arc::new(crate::store_pg::PgStore::new(pg))
+        }
+    })
+}
+
 /// Serves until SIGTERM/SIGINT.
 async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
-    let store = TaskStore::open_with(
-        &cfg.daemon.state_dir.join("store"),
-        warden_store::StoreOptions {
-            cache_capacity_bytes: cfg.store.cache_capacity_bytes,
-        },
-    )?;
+    let store = open_store(&cfg).await?;
+    tracing::info!(store = %store.describe(), "task store open");
     let auth = Authenticator::from_config(&cfg)?;
     let settings = CoreSettings {
         agents: cfg.agents.list.iter().map(|a| a.name.clone()).collect(),
@@ -251,7 +270,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
         let c = figures.clone();
         Box::pin(async move {
-            crate::metrics::set(c.live_count(), c.store().task_count(), c.streams().total())
+            let stored = c.store().task_count().await.unwrap_or(0);
+            crate::metrics::set(c.live_count(), stored, c.streams().total())
         })
     });
     server
@@ -263,6 +283,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     }
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
+    // With replicas on one database: this replica's leases, and the tasks of stopped ones.
+    let leases = tokio::spawn(core.clone().leases_forever(server.shutdown_token()));
     let core_for_mcp = core.clone();
     let edge_auth = auth.clone();
     let state = Arc::new(HttpState {
@@ -321,6 +343,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         http_task.abort();
     }
     sweeper.abort();
+    leases.abort();
     result?;
     Ok(())
 }

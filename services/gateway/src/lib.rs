@@ -38,6 +38,7 @@ pub mod peer;
 pub mod push;
 pub mod shares;
 pub mod store;
+pub mod store_pg;
 // Floor 2, the A2A core: every operation over A2A types; the card; what a subscriber sees.
 pub mod card;
 pub mod events;
