@@ -1,0 +1,433 @@
+//! Two gateway replicas on one PostgreSQL (issue 27), with the real policy and supervisor, driven
+//! by the A2A gRPC client generated from the vendored `a2a.proto`:
+//! - a task started on one replica is seen, listed, followed to its end (SubscribeToTask) and
+//!   cancelled from the other; another principal sees none of it on either;
+//! - kill -9 of the replica a caller was streaming from: the caller resubscribes on the other
+//!   replica and sees the task end. Without a turn takeover (not built yet: the supervisor has
+//!   no way to hand a running turn's events to another gateway), the surviving replica ends it
+//!   FAILED once the dead one's lease ran out, instead of leaving it WORKING for ever.
+//!
+//! Prints SKIP and passes where PostgreSQL's binaries are missing (outside CI).
+
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_stream::StreamExt;
+use tonic::metadata::MetadataValue;
+use warden_e2e::{Daemon, Deployment, Options, wait_healthy};
+use warden_pgstate::cluster::TestCluster;
+use warden_proto::a2a::v1 as pb;
+use warden_proto::a2a::v1::a2a_service_client::A2aServiceClient;
+
+const ALICE: &str = "alice-token-replicas-0123456789";
+const BOB: &str = "bob-token-replicas-9876543210";
+
+fn digest(t: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(t.as_bytes()))
+}
+
+fn toml_str(s: &str) -> String {
+    format!("{s:?}")
+}
+
+fn cluster() -> Option<TestCluster> {
+    let c = TestCluster::start_or_skip().unwrap_or_else(|e| panic!("PostgreSQL: {e}"))?;
+    c.create_db("warden")
+        .unwrap_or_else(|e| panic!("createdb: {e}"));
+    Some(c)
+}
+
+/// Policy, supervisor and gateway 1 (gRPC on `grpc1`), the gateway's tasks in `c`.
+async fn deploy(c: &TestCluster, grpc1: &str) -> Deployment {
+    let sets = [
+        "store.backend=\"postgres\"".to_string(),
+        format!("store.url={}", toml_str(&c.url("warden"))),
+        format!(
+            "auth.tokens=[{{principal=\"alice\", sha256=\"{}\"}}, {{principal=\"bob\", sha256=\"{}\"}}]",
+            digest(ALICE),
+            digest(BOB)
+        ),
+        format!("grpc.tcp={grpc1}"),
+        "grpc.allow_any_peer=true".to_string(),
+    ];
+    Deployment::up(Options {
+        sets: sets.iter().map(|s| ("gateway".into(), s.clone())).collect(),
+        ..Options::default()
+    })
+    .await
+}
+
+/// A second gateway replica: its own state directory, sockets and ports, the same database.
+async fn second_gateway(d: &Deployment, grpc2: &str) -> Daemon {
+    let state = d.dir.path().join("gateway2");
+    std::fs::create_dir_all(&state).unwrap();
+    let socket = d.dir.path().join("run").join("gateway2.sock");
+    let http = format!("127.0.0.1:{}", warden_e2e::free_port());
+    let extra: Vec<String> = [
+        format!(
+            "daemon.state_dir={}",
+            toml_str(&state.display().to_string())
+        ),
+        format!("listen.socket={}", toml_str(&socket.display().to_string())),
+        format!("http.bind={}", toml_str(&http)),
+        format!("grpc.tcp={grpc2}"),
+    ]
+    .into_iter()
+    .flat_map(|s| ["--set".to_string(), s])
+    .collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let child = d.spawn("gateway", &extra);
+    let mut g = Daemon {
+        name: "gateway2".into(),
+        child,
+        socket,
+        log: None,
+    };
+    wait_healthy(&mut g, Duration::from_secs(15)).await;
+    g
+}
+
+async fn client(addr: &str) -> A2aServiceClient<tonic::transport::Channel> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("gRPC listener reachable");
+    A2aServiceClient::new(ch)
+}
+
+fn authed<T>(msg: T, token: &str) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.metadata_mut().insert(
+        "authorization",
+        MetadataValue::try_from(format!("Bearer {token}")).unwrap(),
+    );
+    r.metadata_mut()
+        .insert("a2a-version", MetadataValue::from_static("1.0"));
+    r
+}
+
+fn send(id: &str, text: &str) -> pb::SendMessageRequest {
+    pb::SendMessageRequest {
+        message: Some(pb::Message {
+            message_id: id.into(),
+            role: pb::Role::User as i32,
+            parts: vec![pb::Part {
+                content: Some(pb::part::Content::Text(text.into())),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// "one ", a pause of `ms`, "two", the end.
+fn slow(ms: u64) -> String {
+    json!({"steps": [
+        {"type": "message", "text": "one "},
+        {"type": "sleep", "ms": ms},
+        {"type": "message", "text": "two"},
+        {"type": "stop", "reason": "end_turn"}
+    ]})
+    .to_string()
+}
+
+fn state(t: &pb::Task) -> pb::TaskState {
+    t.status
+        .as_ref()
+        .map(|s| s.state())
+        .unwrap_or(pb::TaskState::Unspecified)
+}
+
+/// What a stream said: the answer's text, the states it went through, the last state.
+#[derive(Debug, Default)]
+struct Seen {
+    text: String,
+    states: Vec<pb::TaskState>,
+}
+
+async fn follow(
+    mut stream: tonic::Streaming<pb::StreamResponse>,
+    within: Duration,
+    seen: &mut Seen,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .map_err(|_| format!("no end within {within:?}: {seen:?}"))?;
+        let Some(ev) = next else { return Ok(()) };
+        let ev = ev.map_err(|e| format!("stream error: {e}"))?;
+        match ev.payload {
+            Some(pb::stream_response::Payload::Task(t)) => {
+                for a in &t.artifacts {
+                    for p in &a.parts {
+                        if let Some(pb::part::Content::Text(s)) = &p.content {
+                            seen.text.push_str(s);
+                        }
+                    }
+                }
+                seen.states.push(state(&t));
+            }
+            Some(pb::stream_response::Payload::ArtifactUpdate(a)) => {
+                let parts = a.artifact.map(|a| a.parts).unwrap_or_default();
+                if !a.append {
+                    seen.text.clear();
+                }
+                for p in parts {
+                    if let Some(pb::part::Content::Text(s)) = p.content {
+                        seen.text.push_str(&s);
+                    }
+                }
+            }
+            Some(pb::stream_response::Payload::StatusUpdate(s)) => {
+                seen.states
+                    .push(s.status.map(|s| s.state()).unwrap_or_default());
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn get(
+    c: &mut A2aServiceClient<tonic::transport::Channel>,
+    token: &str,
+    id: &str,
+) -> Result<pb::Task, tonic::Status> {
+    c.get_task(authed(
+        pb::GetTaskRequest {
+            id: id.into(),
+            ..Default::default()
+        },
+        token,
+    ))
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn any_replica_shows_follows_and_cancels_any_task_of_its_principal() {
+    let Some(c) = cluster() else { return };
+    let (grpc1, grpc2) = (
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+    );
+    let d = deploy(&c, &grpc1).await;
+    let _g2 = second_gateway(&d, &grpc2).await;
+    let (mut a, mut b) = (client(&grpc1).await, client(&grpc2).await);
+
+    // Alice streams a task from replica A.
+    let mut stream = a
+        .send_streaming_message(authed(send("m-slow", &slow(3000)), ALICE))
+        .await
+        .expect("streamed send")
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("a first event")
+        .expect("a stream item")
+        .expect("no error");
+    let Some(pb::stream_response::Payload::Task(task)) = first.payload else {
+        panic!("the stream starts with the task: {first:?}")
+    };
+    let id = task.id.clone();
+
+    // Replica B shows it to Alice while it runs, and to nobody else.
+    let t0 = tokio::time::Instant::now();
+    let on_b = get(&mut b, ALICE, &id).await.expect("GetTask on B");
+    assert!(
+        !state(&on_b).eq(&pb::TaskState::Completed),
+        "still running: {on_b:?}"
+    );
+    let e = get(&mut b, BOB, &id).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let listed = b
+        .list_tasks(authed(pb::ListTasksRequest::default(), ALICE))
+        .await
+        .expect("ListTasks on B")
+        .into_inner();
+    assert!(listed.tasks.iter().any(|t| t.id == id), "{listed:?}");
+    let bobs = b
+        .list_tasks(authed(pb::ListTasksRequest::default(), BOB))
+        .await
+        .expect("ListTasks on B")
+        .into_inner();
+    assert!(bobs.tasks.is_empty(), "{bobs:?}");
+    let e = b
+        .subscribe_to_task(authed(
+            pb::SubscribeToTaskRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            BOB,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+
+    // Alice resubscribes on B and sees the task to its end, the whole answer with it.
+    let sub = b
+        .subscribe_to_task(authed(
+            pb::SubscribeToTaskRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            ALICE,
+        ))
+        .await
+        .expect("SubscribeToTask on B")
+        .into_inner();
+    let mut seen = Seen::default();
+    follow(sub, Duration::from_secs(30), &mut seen)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        seen.states.last(),
+        Some(&pb::TaskState::Completed),
+        "{seen:?}"
+    );
+    assert_eq!(seen.text, "one two", "{seen:?}");
+    println!(
+        "a task started on A followed on B to COMPLETED {:?} after B first showed it",
+        t0.elapsed()
+    );
+    let done = get(&mut b, ALICE, &id).await.expect("GetTask on B");
+    assert_eq!(state(&done), pb::TaskState::Completed);
+
+    // A task started on A is cancelled from B: the turn stops at the supervisor, both show it.
+    let long = a
+        .send_message(authed(
+            pb::SendMessageRequest {
+                configuration: Some(pb::SendMessageConfiguration {
+                    return_immediately: true,
+                    ..Default::default()
+                }),
+                ..send("m-long", &slow(60_000))
+            },
+            ALICE,
+        ))
+        .await
+        .expect("send")
+        .into_inner();
+    let Some(pb::send_message_response::Payload::Task(long)) = long.payload else {
+        panic!("a task")
+    };
+    // Bob cannot cancel it from either replica.
+    let e = b
+        .cancel_task(authed(
+            pb::CancelTaskRequest {
+                id: long.id.clone(),
+                ..Default::default()
+            },
+            BOB,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    // Once it runs (its first words stored), Alice cancels it on B.
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let t = get(&mut b, ALICE, &long.id).await.expect("GetTask");
+        if state(&t) == pb::TaskState::Working && !t.artifacts.is_empty() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "never ran: {t:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t0 = tokio::time::Instant::now();
+    let cancelled = b
+        .cancel_task(authed(
+            pb::CancelTaskRequest {
+                id: long.id.clone(),
+                ..Default::default()
+            },
+            ALICE,
+        ))
+        .await
+        .expect("CancelTask on B")
+        .into_inner();
+    assert_eq!(state(&cancelled), pb::TaskState::Canceled, "{cancelled:?}");
+    println!("cancelled from B in {:?}", t0.elapsed());
+    let on_a = get(&mut a, ALICE, &long.id).await.expect("GetTask on A");
+    assert_eq!(state(&on_a), pb::TaskState::Canceled, "{on_a:?}");
+    // The turn itself stopped: A's follower saw it end (not a long sleep left running).
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "the cancel took {:?}",
+        t0.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_caller_whose_replica_was_killed_resubscribes_on_the_other_and_sees_the_end() {
+    let Some(c) = cluster() else { return };
+    let (grpc1, grpc2) = (
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+    );
+    let mut d = deploy(&c, &grpc1).await;
+    let _g2 = second_gateway(&d, &grpc2).await;
+    let (mut a, mut b) = (client(&grpc1).await, client(&grpc2).await);
+    let mut stream = a
+        .send_streaming_message(authed(send("m-kill", &slow(4000)), ALICE))
+        .await
+        .expect("streamed send")
+        .into_inner();
+    let mut id = String::new();
+    // Until the first words arrived: the turn runs.
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(20), stream.next())
+        .await
+        .expect("events")
+    {
+        match ev.expect("no error").payload {
+            Some(pb::stream_response::Payload::Task(t)) => id = t.id,
+            Some(pb::stream_response::Payload::ArtifactUpdate(_)) => break,
+            _ => {}
+        }
+    }
+    assert!(!id.is_empty());
+    let g1 = d.take("gateway").expect("gateway 1");
+    g1.crash().await;
+    let killed = tokio::time::Instant::now();
+    // The caller's stream ends with the replica.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    // It resubscribes on B and sees the task reach its end.
+    let sub = b
+        .subscribe_to_task(authed(
+            pb::SubscribeToTaskRequest {
+                id: id.clone(),
+                ..Default::default()
+            },
+            ALICE,
+        ))
+        .await
+        .expect("SubscribeToTask on B")
+        .into_inner();
+    let mut seen = Seen::default();
+    follow(sub, Duration::from_secs(30), &mut seen)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let end = seen.states.last().copied();
+    println!(
+        "after kill -9 of the caller's replica: {end:?} on B {:?} later ({seen:?})",
+        killed.elapsed()
+    );
+    // Without a turn takeover the turn's later events are lost with its replica: the task ends
+    // FAILED when the lease runs out (never WORKING for ever), saying why.
+    assert_eq!(end, Some(pb::TaskState::Failed), "{seen:?}");
+    let t = get(&mut b, ALICE, &id).await.expect("GetTask on B");
+    assert_eq!(state(&t), pb::TaskState::Failed);
+    let why = format!("{:?}", t.status);
+    assert!(why.contains("stopped"), "{why}");
+    assert!(
+        killed.elapsed() < Duration::from_secs(20),
+        "noticed only after {:?}",
+        killed.elapsed()
+    );
+}
