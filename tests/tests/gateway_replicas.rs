@@ -359,6 +359,19 @@ async fn any_replica_shows_follows_and_cancels_any_task_of_its_principal() {
         "the cancel took {:?}",
         t0.elapsed()
     );
+
+    // `warden doctor` says where the gateway's tasks live.
+    let out = std::process::Command::new(warden_e2e::binary("warden"))
+        .arg("--state-dir")
+        .arg(d.dir.path())
+        .arg("doctor")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.contains("gateway   postgres (postgres warden@") && out.contains("; 2 tasks stored"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

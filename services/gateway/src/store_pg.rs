@@ -703,6 +703,6 @@ impl TaskBackend for PgStore {
     }
 
     fn describe(&self) -> String {
-        format!("postgres at {}", self.pg.target())
+        self.pg.target().to_string()
     }
 }
