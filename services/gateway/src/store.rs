@@ -157,6 +157,34 @@ pub trait TaskBackend: Send + Sync + std::fmt::Debug {
     /// follower's lease ran out. Each is marked FAILED with a message saying why; returns them.
     async fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError>;
 
+    /// Tasks another replica followed and stopped renewing (its lease ran out): candidates for
+    /// a takeover ([`TaskBackend::claim_orphan`]). None with sled.
+    async fn orphans(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Makes this replica the follower of an orphan, atomically: false when another replica
+    /// claimed it first, it ended, or its lease was renewed meanwhile.
+    async fn claim_orphan(&self, _task_id: &str) -> Result<bool, TaskStoreError> {
+        Ok(false)
+    }
+
+    /// Forgets what a task's turn produced (history after the caller's message, artifacts),
+    /// before a takeover writes it again from the turn's first event.
+    async fn reset_progress(&self, _task_id: &str) -> Result<(), TaskStoreError> {
+        Ok(())
+    }
+
+    /// Ends a task FAILED with a message saying `why` (unless it ended meanwhile); the record
+    /// as ended, or `None`.
+    async fn fail_task(
+        &self,
+        _rec: TaskRecord,
+        _why: &str,
+    ) -> Result<Option<TaskRecord>, TaskStoreError> {
+        Ok(None)
+    }
+
     /// Renews the lease of every task this replica follows (`live`); a no-op for sled.
     async fn renew_leases(&self, _live: &[String]) -> Result<(), TaskStoreError> {
         Ok(())

@@ -176,6 +176,7 @@ impl PgStore {
     async fn fail_orphan(
         tx: &tokio_postgres::Transaction<'_>,
         mut rec: TaskRecord,
+        why: &str,
     ) -> Result<Option<TaskRecord>, TaskStoreError> {
         let rows = tx
             .query(
@@ -193,7 +194,7 @@ impl PgStore {
             };
         }
         let now = now_micros();
-        let msg = orphaned_message(&rec, "the gateway following it stopped");
+        let msg = orphaned_message(&rec, why);
         tx.execute(
             "INSERT INTO gateway_history (task_id, seq, value) VALUES ($1, $2, $3)
              ON CONFLICT (task_id, seq) DO UPDATE SET value = EXCLUDED.value",
@@ -670,12 +671,76 @@ impl TaskBackend for PgStore {
                 .map_err(PgError::from)?;
             let mut changed = Vec::new();
             for r in &rows {
-                if let Some(rec) = Self::fail_orphan(&tx, Self::head_of(r)?).await? {
+                if let Some(rec) =
+                    Self::fail_orphan(&tx, Self::head_of(r)?, "the gateway following it stopped")
+                        .await?
+                {
                     changed.push(rec);
                 }
             }
             tx.commit().await.map_err(PgError::from)?;
             Ok(changed)
+        })
+        .await
+    }
+
+    async fn orphans(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        let rows = self
+            .query(
+                "SELECT id, head FROM gateway_tasks
+                 WHERE NOT terminal AND lease_micros < $1 AND owner <> $2",
+                &[&now_micros(), &self.owner],
+            )
+            .await?;
+        rows.iter().map(Self::head_of).collect()
+    }
+
+    async fn claim_orphan(&self, task_id: &str) -> Result<bool, TaskStoreError> {
+        let now = now_micros();
+        let lease = now.saturating_add(LEASE.as_micros() as i64);
+        let n = self
+            .execute(
+                "UPDATE gateway_tasks SET owner = $2, lease_micros = $3
+                 WHERE id = $1 AND NOT terminal AND lease_micros < $4 AND owner <> $2",
+                &[&task_id, &self.owner, &lease, &now],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn reset_progress(&self, task_id: &str) -> Result<(), TaskStoreError> {
+        self.bounded(async {
+            let mut c = self.pg.client().await?;
+            let tx = c.transaction().await.map_err(PgError::from)?;
+            tx.execute(
+                "DELETE FROM gateway_history WHERE task_id = $1 AND seq >= 1",
+                &[&task_id],
+            )
+            .await
+            .map_err(PgError::from)?;
+            tx.execute(
+                "DELETE FROM gateway_artifacts WHERE task_id = $1",
+                &[&task_id],
+            )
+            .await
+            .map_err(PgError::from)?;
+            tx.commit().await.map_err(PgError::from)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn fail_task(
+        &self,
+        rec: TaskRecord,
+        why: &str,
+    ) -> Result<Option<TaskRecord>, TaskStoreError> {
+        self.bounded(async {
+            let mut c = self.pg.client().await?;
+            let tx = c.transaction().await.map_err(PgError::from)?;
+            let failed = Self::fail_orphan(&tx, rec, why).await?;
+            tx.commit().await.map_err(PgError::from)?;
+            Ok(failed)
         })
         .await
     }

@@ -117,6 +117,9 @@ pub struct SweepReport {
     pub contexts_forgotten: usize,
 }
 
+/// How long a takeover waits for the supervisor to answer `AttachTurn`.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long the sweep waits for the supervisor to close one conversation.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -891,7 +894,7 @@ impl Core {
     }
 
     /// With a store shared by replicas: renews this replica's lease on every task it follows,
-    /// and ends FAILED the tasks whose follower's lease ran out (a replica that died), every
+    /// and takes over the tasks whose follower's lease ran out (a replica that died), every
     /// third of a lease, until `stop`. Nothing to do for sled (one gateway; its restart
     /// recovers).
     pub async fn leases_forever(self: Arc<Self>, stop: CancellationToken) {
@@ -913,12 +916,9 @@ impl Core {
             if let Err(e) = self.store.renew_leases(&ids).await {
                 tracing::warn!(error = %e, tasks = ids.len(), "cannot renew the leases of the tasks this gateway follows");
             }
-            match self.recover().await {
+            match self.take_over_orphans().await {
                 Ok(0) => {}
-                Ok(n) => tracing::warn!(
-                    tasks = n,
-                    "marked tasks whose gateway stopped following them FAILED"
-                ),
+                Ok(n) => tracing::warn!(tasks = n, "taking over tasks whose gateway stopped"),
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot look for tasks left by a stopped gateway")
                 }
@@ -1187,6 +1187,9 @@ impl Core {
     /// Marks tasks a previous process left running as FAILED and asks the supervisor to cancel
     /// their turns (best effort: the supervisor may be down or the turn long over).
     pub async fn recover(self: &Arc<Self>) -> Result<usize, TaskStoreError> {
+        if self.store.shared() {
+            return self.take_over_orphans().await;
+        }
         let changed = self.store.recover().await?;
         let n = changed.len();
         for rec in changed {
@@ -1205,6 +1208,85 @@ impl Core {
             });
         }
         Ok(n)
+    }
+
+    /// With replicas on one database: takes over every task whose follower stopped (its lease
+    /// ran out) and that this replica claims first ([`Core::take_over`]). Returns how many.
+    async fn take_over_orphans(self: &Arc<Self>) -> Result<usize, TaskStoreError> {
+        let mut n = 0;
+        for rec in self.store.orphans().await? {
+            if !self.store.claim_orphan(&rec.task.id).await? {
+                continue;
+            }
+            n += 1;
+            let core = self.clone();
+            let span = tracing::info_span!("task", task_id = %rec.task.id);
+            tokio::spawn(tracing::Instrument::instrument(core.take_over(rec), span));
+        }
+        Ok(n)
+    }
+
+    /// Follows a task whose gateway stopped: its turn is attached to at the supervisor
+    /// (`AttachTurn`, from its first event: the turn never depended on its RunTurn stream), and
+    /// the task is written again from those events, as its own follower would have (what the
+    /// stopped replica had written of them is replaced, so nothing is doubled). A turn the
+    /// supervisor no longer has ends the task FAILED, saying why.
+    async fn take_over(self: Arc<Self>, rec: TaskRecord) {
+        let id = rec.task.id.clone();
+        let context_id = rec.task.context_id.clone();
+        let attach = warden_proto::v1::AttachTurnRequest {
+            context_id: context_id.clone(),
+            turn_id: id.clone(),
+            principal: rec.principal.clone(),
+            after_seq: 0,
+        };
+        let mut client = self.supervisor.clone();
+        let stream = match tokio::time::timeout(ATTACH_TIMEOUT, client.attach_turn(attach)).await {
+            Ok(Ok(r)) => r.into_inner(),
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(status)) => format!(
+                        "the gateway following it stopped, and its turn cannot be followed ({})",
+                        status.message()
+                    ),
+                    _ => "the gateway following it stopped, and the supervisor did not answer"
+                        .to_string(),
+                };
+                tracing::warn!(task_id = %id, reason = %why, "cannot take over a task");
+                match self.store.fail_task(rec, &why).await {
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(task_id = %id, error = %e, "cannot end a task"),
+                }
+                return;
+            }
+        };
+        let task = match self.store.load(&id).await {
+            Ok(Some((task, _))) => task,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(task_id = %id, error = %e, "cannot read a task to take over");
+                return;
+            }
+        };
+        if let Err(e) = self.store.reset_progress(&id).await {
+            tracing::error!(task_id = %id, error = %e, "cannot take over a task");
+            return;
+        }
+        let mut head = task;
+        head.history.truncate(1);
+        head.artifacts.clear();
+        let live = Arc::new(LiveTask::new(
+            head,
+            rec,
+            TurnMapper::new(&id, &context_id).with_coalesce_bytes(self.settings.coalesce_bytes),
+            self.store.clone(),
+            self.push().cloned(),
+        ));
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(id.clone(), live.clone());
+        }
+        tracing::info!(task_id = %id, context_id = %context_id, "took over a task whose gateway stopped");
+        self.follow_turn(live, stream).await;
     }
 
     /// Loads a task the principal may see (TaskNotFound otherwise, whether or not it exists).
@@ -1843,10 +1925,6 @@ impl Core {
             let _ = gate.lock().await;
         }
         let mut client = self.supervisor.clone();
-        let ended = async |live: &LiveTask, reason: String| {
-            let events = lock(&live.inner).mapper.stream_ended(&reason, now_micros());
-            live.settle(events).await;
-        };
         let mut run = tonic::Request::new(run);
         warden_daemon::otel::inject(run.metadata_mut());
         match client.run_turn(run).await {
@@ -1855,9 +1933,26 @@ impl Core {
                 let fault = fault_of_refused_turn(&status);
                 let events = lock(&live.inner).mapper.not_started(fault, now_micros());
                 live.settle(events).await;
+                self.finish(&live, &task_id).await;
             }
-            Ok(resp) => {
-                let mut stream = resp.into_inner();
+            Ok(resp) => self.follow_turn(live, resp.into_inner()).await,
+        }
+    }
+
+    /// Follows a turn's event stream (its RunTurn, or an AttachTurn after a takeover) to the
+    /// task's end.
+    async fn follow_turn(
+        &self,
+        live: Arc<LiveTask>,
+        mut stream: tonic::Streaming<warden_proto::v1::TurnEvent>,
+    ) {
+        let task_id = lock(&live.inner).task.id.clone();
+        let ended = async |live: &LiveTask, reason: String| {
+            let events = lock(&live.inner).mapper.stream_ended(&reason, now_micros());
+            live.settle(events).await;
+        };
+        {
+            {
                 loop {
                     // Take whatever is already there; only when the supervisor has nothing more
                     // ready is buffered text sent, which coalesces bursts without adding delay.
@@ -1931,6 +2026,11 @@ impl Core {
                 }
             }
         }
+        self.finish(&live, &task_id).await;
+    }
+
+    /// The task is over here: everything written, then it is read from the store.
+    async fn finish(&self, live: &LiveTask, task_id: &str) {
         let state = {
             let mut inner = lock(&live.inner);
             // Read from the store from now on: nothing may stay buffered.
@@ -1942,7 +2042,7 @@ impl Core {
         }
         tracing::info!(task_id = %task_id, state = state.as_str(), "task finished");
         if let Ok(mut m) = self.live.lock() {
-            m.remove(&task_id);
+            m.remove(task_id);
         }
     }
 }

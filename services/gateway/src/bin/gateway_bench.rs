@@ -118,6 +118,15 @@ impl SupervisorService for LoadGenerator {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    type AttachTurnStream = TurnStream;
+
+    async fn attach_turn(
+        &self,
+        _: Request<pb::AttachTurnRequest>,
+    ) -> Result<Response<TurnStream>, Status> {
+        Err(Status::unimplemented("load generator"))
+    }
+
     async fn open_conversation(
         &self,
         _: Request<pb::OpenConversationRequest>,
