@@ -2,8 +2,10 @@
 //! by the A2A gRPC client generated from the vendored `a2a.proto`:
 //! - a task started on one replica is seen, listed, followed to its end (SubscribeToTask) and
 //!   cancelled from the other; another principal sees none of it on either;
-//! - kill -9 of the replica a caller was streaming from: the caller resubscribes on the other
-//!   replica and sees the task to COMPLETED with its whole answer: once the dead replica's lease
+//! - in the deployment (2 gateways, 2 policy replicas, 2 approvers, 1 supervisor on one
+//!   PostgreSQL), kill -9 of the replica a caller was streaming from: the caller resubscribes on
+//!   the other replica and sees the task to COMPLETED with its whole answer and each of its two
+//!   permissions (one decided before the kill, one after) once: once the dead replica's lease
 //!   ran out, the other one takes the task over and attaches to its turn at the supervisor
 //!   (`AttachTurn`), which never depended on the dead replica's stream.
 //!
@@ -56,6 +58,82 @@ async fn deploy(c: &TestCluster, grpc1: &str) -> Deployment {
         ..Options::default()
     })
     .await
+}
+
+/// The deployment: 2 policy replicas, 2 approvers and gateway 1 on PostgreSQL, the
+/// supervisor asking approver 1 and failing over to approver 2 (`policy.failover_sockets`).
+/// The second gateway is [`second_gateway`].
+async fn full_deployment(c: &TestCluster, grpc1: &str) -> (Deployment, Vec<Daemon>) {
+    let db = [
+        "store.backend=\"postgres\"".to_string(),
+        format!("store.url={}", toml_str(&c.url("warden"))),
+    ];
+    let mut sets: Vec<(String, String)> = Vec::new();
+    for daemon in ["policy", "approver", "gateway"] {
+        sets.extend(db.iter().map(|s| (daemon.to_string(), s.clone())));
+    }
+    sets.extend(
+        [
+            format!(
+                "auth.tokens=[{{principal=\"alice\", sha256=\"{}\"}}, {{principal=\"bob\", sha256=\"{}\"}}]",
+                digest(ALICE),
+                digest(BOB)
+            ),
+            format!("grpc.tcp={grpc1}"),
+            "grpc.allow_any_peer=true".to_string(),
+        ]
+        .into_iter()
+        .map(|s| ("gateway".to_string(), s)),
+    );
+    let mut d = Deployment::new(Options {
+        approver: true,
+        sets,
+        ..Options::default()
+    });
+    d.start("policy").await;
+    let (policy2, _) = replica(&d, "policy", "policy-b").await;
+    d.start("approver").await;
+    let (approver2, approver2_socket) = replica(&d, "approver", "approver-b").await;
+    d.opts.sets.push((
+        "supervisor".into(),
+        format!(
+            "policy.failover_sockets=[{}]",
+            toml_str(&approver2_socket.display().to_string())
+        ),
+    ));
+    d.start("supervisor").await;
+    d.start("gateway").await;
+    (d, vec![policy2, approver2])
+}
+
+/// A second replica of the policy or the approver: its own state directory and sockets.
+async fn replica(d: &Deployment, daemon: &str, name: &str) -> (Daemon, std::path::PathBuf) {
+    let run = d.dir.path().join("run");
+    let state = d.dir.path().join(name);
+    std::fs::create_dir_all(&state).unwrap();
+    let socket = run.join(format!("{name}.sock"));
+    let admin = run.join(format!("{name}-admin.sock"));
+    let extra: Vec<String> = [
+        format!(
+            "daemon.state_dir={}",
+            toml_str(&state.display().to_string())
+        ),
+        format!("listen.socket={}", toml_str(&socket.display().to_string())),
+        format!("admin.socket={}", toml_str(&admin.display().to_string())),
+    ]
+    .into_iter()
+    .flat_map(|s| ["--set".to_string(), s])
+    .collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let child = d.spawn(daemon, &extra);
+    let mut r = Daemon {
+        name: name.into(),
+        child,
+        socket: socket.clone(),
+        log: None,
+    };
+    wait_healthy(&mut r, Duration::from_secs(15)).await;
+    (r, socket)
 }
 
 /// A second gateway replica: its own state directory, sockets and ports, the same database.
@@ -381,11 +459,22 @@ async fn a_caller_whose_replica_was_killed_resubscribes_on_the_other_and_sees_th
         format!("127.0.0.1:{}", warden_e2e::free_port()),
         format!("127.0.0.1:{}", warden_e2e::free_port()),
     );
-    let mut d = deploy(&c, &grpc1).await;
+    let (mut d, _replicas) = full_deployment(&c, &grpc1).await;
     let _g2 = second_gateway(&d, &grpc2).await;
     let (mut a, mut b) = (client(&grpc1).await, client(&grpc2).await);
+    // A permission before the kill and one after it (the policy's floor allows reads: ALLOW
+    // through the approver chain), the answer around them.
+    let turn = json!({"steps": [
+        {"type": "tool", "kind": "read", "path": "before.txt", "ask": true},
+        {"type": "message", "text": "one "},
+        {"type": "sleep", "ms": 12_000},
+        {"type": "tool", "kind": "read", "path": "after.txt", "ask": true},
+        {"type": "message", "text": "two"},
+        {"type": "stop", "reason": "end_turn"}
+    ]})
+    .to_string();
     let mut stream = a
-        .send_streaming_message(authed(send("m-kill", &slow(12_000)), ALICE))
+        .send_streaming_message(authed(send("m-kill", &turn), ALICE))
         .await
         .expect("streamed send")
         .into_inner();
@@ -446,6 +535,37 @@ async fn a_caller_whose_replica_was_killed_resubscribes_on_the_other_and_sees_th
         })
         .collect();
     assert_eq!(text.concat(), "one two", "{t:?}");
+    // Both permissions were decided through the chain and are in the task's history, once each:
+    // the one before the kill and the one after the takeover.
+    let kind = |m: &pb::Message| {
+        m.metadata
+            .as_ref()
+            .and_then(|md| md.fields.get("warden"))
+            .and_then(|w| match &w.kind {
+                Some(prost_types::value::Kind::StructValue(s)) => s.fields.get("kind").cloned(),
+                _ => None,
+            })
+            .and_then(|k| match k.kind {
+                Some(prost_types::value::Kind::StringValue(s)) => Some(s),
+                _ => None,
+            })
+            .unwrap_or_default()
+    };
+    let decisions: Vec<String> = t
+        .history
+        .iter()
+        .filter(|m| kind(m) == "permission")
+        .map(|m| format!("{:?}", m.parts))
+        .collect();
+    assert_eq!(decisions.len(), 2, "{decisions:#?}");
+    assert!(
+        decisions[0].contains("before.txt") && decisions[1].contains("after.txt"),
+        "{decisions:#?}"
+    );
+    assert!(
+        decisions.iter().all(|d| d.contains("permission allow")),
+        "{decisions:#?}"
+    );
     // Nobody else can follow it from the surviving replica either.
     let e = get(&mut b, BOB, &id).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
