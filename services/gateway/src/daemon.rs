@@ -154,7 +154,29 @@ impl warden_daemon::Daemon for GatewayDaemon {
     }
 
     fn summary(&self) -> String {
-        self.loaded.origin.to_string()
+        format!(
+            "{} (task store: {})",
+            self.loaded.origin,
+            self.loaded.value.store.database().describe()
+        )
+    }
+
+    /// With `backend = "postgres"`: the database answers and its schema is migrated (nothing
+    /// is changed).
+    fn check_host(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let store = self.loaded.value.store.database();
+        if store.backend != warden_pgstate::Backend::Postgres {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pg = warden_pgstate::Pg::new(&store)?;
+            warden_pgstate::migrate::check(&pg).await?;
+            Ok::<_, warden_pgstate::PgError>(())
+        })?;
+        Ok(())
     }
 
     fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
