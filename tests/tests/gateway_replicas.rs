@@ -166,14 +166,22 @@ async fn second_gateway(d: &Deployment, grpc2: &str) -> Daemon {
     g
 }
 
+/// A client of the replica's gRPC listener (bound a moment after the gateway reports healthy:
+/// tried for up to 10 s).
 async fn client(addr: &str) -> A2aServiceClient<tonic::transport::Channel> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("gRPC listener reachable");
-    A2aServiceClient::new(ch)
+        .connect_timeout(Duration::from_secs(5));
+    let t0 = tokio::time::Instant::now();
+    loop {
+        match endpoint.connect().await {
+            Ok(ch) => return A2aServiceClient::new(ch),
+            Err(e) if t0.elapsed() > Duration::from_secs(10) => {
+                panic!("gRPC listener {addr} not reachable: {e}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 fn authed<T>(msg: T, token: &str) -> tonic::Request<T> {

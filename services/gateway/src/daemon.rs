@@ -234,7 +234,7 @@ pub async fn import_sled(cfg: &GatewayConfig) -> Result<Imported, RunError> {
     sled.flush()?;
     let pg = warden_pgstate::Pg::new(&cfg.store.database())?;
     warden_pgstate::migrate::migrate(&pg).await?;
-    let to = crate::store_pg::PgStore::new(pg);
+    let to = crate::store_pg::PgStore::with_owner(pg, "import-sled".into());
     use crate::store::TaskBackend;
     let contexts = sled.contexts()?;
     for (id, rec) in &contexts {

@@ -185,10 +185,16 @@ pub trait TaskBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
-    /// Renews the lease of every task this replica follows (`live`); a no-op for sled.
-    async fn renew_leases(&self, _live: &[String]) -> Result<(), TaskStoreError> {
-        Ok(())
+    /// Renews the lease of every task this replica follows (`live`); returns those another
+    /// replica took over meanwhile (whose writes from here are ignored from then on: a
+    /// follower writes a task only while it owns it). A no-op for sled.
+    async fn renew_leases(&self, _live: &[String]) -> Result<Vec<String>, TaskStoreError> {
+        Ok(Vec::new())
     }
+
+    /// Ends a task (the terminal head `rec`) unless it ended already, whoever follows it: a
+    /// cancel that another replica's follower did not end in time. Whether it did.
+    async fn end_if_running(&self, rec: &TaskRecord) -> Result<bool, TaskStoreError>;
 
     /// Whether other gateway replicas share this store (a task that is not live here may be
     /// live on another one).
@@ -1007,6 +1013,19 @@ impl TaskBackend for SledStore {
             contexts,
         })
     }
+    async fn end_if_running(&self, rec: &TaskRecord) -> Result<bool, TaskStoreError> {
+        let _g = self
+            .contexts_guard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match SledStore::head(self, &rec.task.id)? {
+            Some(h) if !h.task.status.state.is_terminal() => {
+                SledStore::put_head(self, rec)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
     async fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
         let store = self.clone();
         tokio::task::spawn_blocking(move || SledStore::recover(&store))
@@ -1684,6 +1703,65 @@ mod contract {
         run_all(Arc::new(pg_store(&c).await?)).await
     }
 
+    /// A takeover: once A's lease ran out, exactly one claim wins (B's), A's renewal is told
+    /// the task is no longer its own, and every later write of A (head, history, artifacts) is
+    /// ignored, while B's land; B's reset forgets what A wrote of the turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_takeover_has_one_winner_and_silences_the_old_follower()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        let a = pg_store(&c).await?;
+        let b = pg_store(&c).await?;
+        let b2 = pg_store(&c).await?;
+        a.put_head(&record("t", "alice", "c", TaskState::Working, 1))
+            .await?;
+        a.put_history_segment("t", 0, &[user("t", "q")]).await?;
+        a.put_history_segment("t", 1, &[user("t", "a-1")]).await?;
+        a.put_artifact_chunks("t", &[(0, 0, chunk("x", "from a", false))])
+            .await?;
+        assert!(!b.claim_orphan("t").await?, "the lease is fresh");
+        tokio::time::sleep(crate::store_pg::LEASE + std::time::Duration::from_millis(300)).await;
+        assert_eq!(b.orphans().await?.len(), 1);
+        let (w1, w2) = tokio::join!(b.claim_orphan("t"), b2.claim_orphan("t"));
+        let (w1, w2) = (w1?, w2?);
+        assert!(w1 ^ w2, "exactly one claim wins");
+        let (winner, loser) = if w1 { (&b, &b2) } else { (&b2, &b) };
+        assert!(winner.orphans().await?.is_empty() && loser.orphans().await?.is_empty());
+        assert!(!loser.claim_orphan("t").await?);
+        assert_eq!(
+            a.renew_leases(&["t".to_string()]).await?,
+            vec!["t".to_string()]
+        );
+        // A's late writes change nothing.
+        a.put_head(&record("t", "alice", "c", TaskState::Completed, 2))
+            .await?;
+        a.put_history_segment("t", 2, &[user("t", "a-2")]).await?;
+        a.put_artifact_chunks("t", &[(0, 1, chunk("x", " more from a", true))])
+            .await?;
+        let (t, _) = winner.load("t").await?.ok_or("gone")?;
+        assert_eq!(t.status.state, TaskState::Working);
+        assert_eq!(t.history.len(), 2);
+        assert_eq!(t.artifacts[0].parts, vec![Part::text("from a")]);
+        // The winner starts over from the turn's first event and its writes land.
+        winner.reset_progress("t").await?;
+        let (t, _) = winner.load("t").await?.ok_or("gone")?;
+        assert_eq!(
+            (t.history.len(), t.artifacts.len()),
+            (1, 0),
+            "the caller's message stays"
+        );
+        winner
+            .put_artifact_chunks("t", &[(0, 0, chunk("x", "from b", false))])
+            .await?;
+        winner
+            .put_head(&record("t", "alice", "c", TaskState::Completed, 3))
+            .await?;
+        let (t, _) = a.load("t").await?.ok_or("gone")?;
+        assert_eq!(t.status.state, TaskState::Completed);
+        assert_eq!(t.artifacts[0].parts, vec![Part::text("from b")]);
+        Ok(())
+    }
+
     /// Two replicas on one database: a task one follows is not taken for an orphan by the
     /// other while its lease is renewed; once it runs out (the follower died), the other ends
     /// it FAILED, once, and a late write of the dead follower cannot bring it back.
@@ -1736,6 +1814,11 @@ mod contract {
         // The dead follower's late write does not undo the end.
         a.put_head(&record("live", "alice", "c", TaskState::Working, 2))
             .await?;
+        assert_eq!(
+            a.renew_leases(&["live".to_string()]).await?,
+            Vec::<String>::new(),
+            "ended: nothing to renew, nothing taken"
+        );
         assert_eq!(
             b.head("live").await?.ok_or("gone")?.task.status.state,
             TaskState::Failed

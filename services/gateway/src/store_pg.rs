@@ -99,6 +99,12 @@ enum StoredHistory {
 impl PgStore {
     /// A store on `pg` (migrated by the caller), listening for other replicas' changes.
     pub fn new(pg: Pg) -> Self {
+        Self::with_owner(pg, uuid::Uuid::new_v4().to_string())
+    }
+
+    /// A store writing as `owner` (`--import-sled`: one fixed owner, so a second run may
+    /// rewrite what an interrupted first one wrote; imported tasks are all ended).
+    pub fn with_owner(pg: Pg, owner: String) -> Self {
         let listener = warden_pgstate::listen::Listener::spawn(pg.clone(), &[CHANNEL]);
         let (changes, _) = broadcast::channel(4096);
         let mut notes = listener.subscribe();
@@ -121,7 +127,7 @@ impl PgStore {
         });
         PgStore {
             pg,
-            owner: uuid::Uuid::new_v4().to_string(),
+            owner,
             changes,
             _listener: listener,
             _forward: forward,
@@ -243,7 +249,7 @@ impl TaskBackend for PgStore {
                 ON CONFLICT (id) DO UPDATE SET
                     terminal = EXCLUDED.terminal, status_micros = EXCLUDED.status_micros,
                     head = EXCLUDED.head
-                WHERE NOT gateway_tasks.terminal
+                WHERE NOT gateway_tasks.terminal AND gateway_tasks.owner = EXCLUDED.owner
                 RETURNING id)
              SELECT pg_notify($9, id) FROM up",
             &[
@@ -295,11 +301,13 @@ impl TaskBackend for PgStore {
         };
         self.query(
             "WITH up AS (
-                INSERT INTO gateway_history (task_id, seq, value) VALUES ($1, $2, $3)
+                INSERT INTO gateway_history (task_id, seq, value)
+                SELECT $1, $2, $3 WHERE EXISTS (
+                    SELECT 1 FROM gateway_tasks WHERE id = $1 AND owner = $5)
                 ON CONFLICT (task_id, seq) DO UPDATE SET value = EXCLUDED.value
                 RETURNING task_id)
              SELECT pg_notify($4, task_id) FROM up",
-            &[&task_id, &i64_of(first_seq), &value, &CHANNEL],
+            &[&task_id, &i64_of(first_seq), &value, &CHANNEL, &self.owner],
         )
         .await?;
         Ok(())
@@ -344,10 +352,11 @@ impl TaskBackend for PgStore {
             "WITH up AS (
                 INSERT INTO gateway_artifacts (task_id, idx, chunk, value)
                 SELECT $1, i, n, v FROM unnest($2::int[], $3::bigint[], $4::bytea[]) AS u(i, n, v)
+                WHERE EXISTS (SELECT 1 FROM gateway_tasks WHERE id = $1 AND owner = $6)
                 ON CONFLICT (task_id, idx, chunk) DO UPDATE SET value = EXCLUDED.value
                 RETURNING task_id)
              SELECT pg_notify($5, $1) WHERE EXISTS (SELECT 1 FROM up)",
-            &[&task_id, &idx, &nums, &values, &CHANNEL],
+            &[&task_id, &idx, &nums, &values, &CHANNEL, &self.owner],
         )
         .await?;
         Ok(())
@@ -745,18 +754,47 @@ impl TaskBackend for PgStore {
         .await
     }
 
-    async fn renew_leases(&self, live: &[String]) -> Result<(), TaskStoreError> {
+    async fn renew_leases(&self, live: &[String]) -> Result<Vec<String>, TaskStoreError> {
         if live.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let lease = now_micros().saturating_add(LEASE.as_micros() as i64);
-        self.execute(
-            "UPDATE gateway_tasks SET lease_micros = $1
-             WHERE id = ANY($2) AND owner = $3 AND NOT terminal",
-            &[&lease, &live, &self.owner],
-        )
-        .await?;
-        Ok(())
+        // Tasks this replica follows that another one took over (its lease ran out while this
+        // replica could not renew it: a partition from the database longer than the lease).
+        let rows = self
+            .query(
+                "WITH renewed AS (
+                    UPDATE gateway_tasks SET lease_micros = $1
+                    WHERE id = ANY($2) AND owner = $3 AND NOT terminal RETURNING id)
+                 SELECT id FROM gateway_tasks
+                 WHERE id = ANY($2) AND owner <> $3 AND id NOT IN (SELECT id FROM renewed)",
+                &[&lease, &live, &self.owner],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<_, String>(0).map_err(PgError::from)?))
+            .collect()
+    }
+
+    async fn end_if_running(&self, rec: &TaskRecord) -> Result<bool, TaskStoreError> {
+        let mut head = rec.clone();
+        head.task.history.clear();
+        head.task.artifacts.clear();
+        let rows = self
+            .query(
+                "WITH up AS (
+                    UPDATE gateway_tasks SET terminal = true, status_micros = $2, head = $3
+                    WHERE id = $1 AND NOT terminal RETURNING id)
+                 SELECT pg_notify($4, id) FROM up",
+                &[
+                    &head.task.id,
+                    &head.status_micros,
+                    &encode(&head)?,
+                    &CHANNEL,
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
     }
 
     fn shared(&self) -> bool {

@@ -913,8 +913,21 @@ impl Core {
                 .lock()
                 .map(|m| m.keys().cloned().collect())
                 .unwrap_or_default();
-            if let Err(e) = self.store.renew_leases(&ids).await {
-                tracing::warn!(error = %e, tasks = ids.len(), "cannot renew the leases of the tasks this gateway follows");
+            match self.store.renew_leases(&ids).await {
+                Ok(lost) => {
+                    for id in lost {
+                        // Another replica follows it now (this one could not renew its lease
+                        // in time); its writes from here are ignored, and it is read from the
+                        // store.
+                        tracing::warn!(task_id = %id, "another gateway took over a task this one followed");
+                        if let Ok(mut m) = self.live.lock() {
+                            m.remove(&id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, tasks = ids.len(), "cannot renew the leases of the tasks this gateway follows")
+                }
             }
             match self.take_over_orphans().await {
                 Ok(0) => {}
@@ -1495,7 +1508,7 @@ impl Core {
             timestamp: Some(format_micros(now)),
         };
         rec.status_micros = now;
-        self.store.put_head(&rec).await.map_err(store_err)?;
+        self.store.end_if_running(&rec).await.map_err(store_err)?;
         self.store.flush().await.map_err(store_err)?;
         match self.store.load(&task.id).await.map_err(store_err)? {
             Some((t, _)) => Ok(t),
