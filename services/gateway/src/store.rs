@@ -1703,6 +1703,50 @@ mod contract {
         run_all(Arc::new(pg_store(&c).await?)).await
     }
 
+    /// `max_tasks` counts a principal's tasks on every replica: A's and B's together, the
+    /// oldest finished ones going first whoever wrote them, from a sweep on either replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_max_tasks_counts_every_replicas_tasks()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        let a = pg_store(&c).await?;
+        let b = pg_store(&c).await?;
+        for i in 0..3 {
+            a.put_head(&record(
+                &format!("a{i}"),
+                "alice",
+                "ca",
+                TaskState::Completed,
+                2 * i,
+            ))
+            .await?;
+            b.put_head(&record(
+                &format!("b{i}"),
+                "alice",
+                "cb",
+                TaskState::Completed,
+                2 * i + 1,
+            ))
+            .await?;
+        }
+        b.put_head(&record("bob", "bob", "cc", TaskState::Completed, 0))
+            .await?;
+        // Four of Alice's six stay: a0 (0) and b0 (1) go, from A's sweep.
+        assert_eq!(a.prune(0, 4).await?.deleted, 2);
+        let mut left: Vec<String> = b
+            .heads_of("alice")
+            .await?
+            .into_iter()
+            .map(|h| h.task.id)
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["a1", "a2", "b1", "b2"]);
+        assert!(b.head("bob").await?.is_some(), "Bob's count is his own");
+        // The same sweep on B finds nothing more to do.
+        assert_eq!(b.prune(0, 4).await?.deleted, 0);
+        Ok(())
+    }
+
     /// A takeover: once A's lease ran out, exactly one claim wins (B's), A's renewal is told
     /// the task is no longer its own, and every later write of A (head, history, artifacts) is
     /// ignored, while B's land; B's reset forgets what A wrote of the turn.
