@@ -2,6 +2,8 @@
 //! by the A2A gRPC client generated from the vendored `a2a.proto`:
 //! - a task started on one replica is seen, listed, followed to its end (SubscribeToTask) and
 //!   cancelled from the other; another principal sees none of it on either;
+//! - an answer to a task's question sent to the replica that does not follow it reaches the
+//!   question (through the database) and the caller gets the task at its end;
 //! - in the deployment (2 gateways, 2 policy replicas, 2 approvers, 1 supervisor on one
 //!   PostgreSQL), kill -9 of the replica a caller was streaming from: the caller resubscribes on
 //!   the other replica and sees the task to COMPLETED with its whole answer and each of its two
@@ -577,4 +579,65 @@ async fn a_caller_whose_replica_was_killed_resubscribes_on_the_other_and_sees_th
     // Nobody else can follow it from the surviving replica either.
     let e = get(&mut b, BOB, &id).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+}
+
+/// An answer to a task's question sent to the replica that does not follow the task: held in
+/// the database, delivered by the follower, and the caller's blocking SendMessage returns the
+/// task at its end, its answer once in the history; another principal's answer is NOT_FOUND.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_answer_sent_to_the_other_replica_reaches_the_question() {
+    let Some(c) = cluster() else { return };
+    let (grpc1, grpc2) = (
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+        format!("127.0.0.1:{}", warden_e2e::free_port()),
+    );
+    let d = deploy(&c, &grpc1).await;
+    let _g2 = second_gateway(&d, &grpc2).await;
+    let (mut a, mut b) = (client(&grpc1).await, client(&grpc2).await);
+    let asks = json!({"steps": [
+        {"type": "question", "message": "Which colour?"},
+        {"type": "stop", "reason": "end_turn"}
+    ]})
+    .to_string();
+    // Blocking: returns when the task waits for input.
+    let sent = a
+        .send_message(authed(send("m-ask", &asks), ALICE))
+        .await
+        .expect("send")
+        .into_inner();
+    let Some(pb::send_message_response::Payload::Task(task)) = sent.payload else {
+        panic!("a task")
+    };
+    assert_eq!(state(&task), pb::TaskState::InputRequired, "{task:?}");
+    let answer = |token: &str, id: &str| {
+        let mut m = send(id, "blue");
+        if let Some(msg) = m.message.as_mut() {
+            msg.task_id = task.id.clone();
+            msg.context_id = task.context_id.clone();
+        }
+        authed(m, token)
+    };
+    let e = b.send_message(answer(BOB, "m-bob")).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let t0 = tokio::time::Instant::now();
+    let done = b
+        .send_message(answer(ALICE, "m-blue"))
+        .await
+        .expect("the answer on B")
+        .into_inner();
+    println!("answered on B, task ended {:?} later", t0.elapsed());
+    let Some(pb::send_message_response::Payload::Task(done)) = done.payload else {
+        panic!("a task: {done:?}")
+    };
+    assert_eq!(state(&done), pb::TaskState::Completed, "{done:?}");
+    let answers: Vec<&pb::Message> = done
+        .history
+        .iter()
+        .filter(|m| m.message_id == "m-blue")
+        .collect();
+    assert_eq!(answers.len(), 1, "{:?}", done.history);
+    assert_eq!(answers[0].role, pb::Role::User as i32);
+    // A follows it as stored: the same end.
+    let on_a = get(&mut a, ALICE, &task.id).await.expect("GetTask on A");
+    assert_eq!(state(&on_a), pb::TaskState::Completed);
 }

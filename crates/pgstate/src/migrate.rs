@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "gateway_tasks",
         sql: include_str!("../migrations/0004_gateway_tasks.sql"),
     },
+    Migration {
+        version: 5,
+        name: "gateway_answers",
+        sql: include_str!("../migrations/0005_gateway_answers.sql"),
+    },
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

@@ -396,6 +396,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
     // With replicas on one database: this replica's leases, and the tasks of stopped ones.
     let leases = tokio::spawn(core.clone().leases_forever(server.shutdown_token()));
+    // …and the answers other replicas hold for the tasks this one follows.
+    let answers = tokio::spawn(core.clone().answers_forever(server.shutdown_token()));
     let core_for_mcp = core.clone();
     let edge_auth = auth.clone();
     let state = Arc::new(HttpState {
@@ -455,6 +457,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     }
     sweeper.abort();
     leases.abort();
+    answers.abort();
     result?;
     Ok(())
 }

@@ -185,6 +185,38 @@ pub trait TaskBackend: Send + Sync + std::fmt::Debug {
         Ok(None)
     }
 
+    /// Holds an answer (the caller's SendMessage, JSON) to `task_id`'s question for the
+    /// replica following the task; its id, or `None` where no other replica exists (sled).
+    async fn forward_answer(
+        &self,
+        _task_id: &str,
+        _request: &[u8],
+    ) -> Result<Option<String>, TaskStoreError> {
+        Ok(None)
+    }
+
+    /// Answers held for tasks this replica follows: (answer id, task id, request JSON).
+    async fn answers_to_deliver(&self) -> Result<Vec<(String, String, Vec<u8>)>, TaskStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Records what delivering an answer did (`Ok`, or the refusal's text).
+    async fn set_answer_outcome(
+        &self,
+        _id: &str,
+        _outcome: Result<(), String>,
+    ) -> Result<(), TaskStoreError> {
+        Ok(())
+    }
+
+    /// What delivering answer `id` did, once its follower tried.
+    async fn answer_outcome(
+        &self,
+        _id: &str,
+    ) -> Result<Option<Result<(), String>>, TaskStoreError> {
+        Ok(None)
+    }
+
     /// Renews the lease of every task this replica follows (`live`); returns those another
     /// replica took over meanwhile (whose writes from here are ignored from then on: a
     /// follower writes a task only while it owns it). A no-op for sled.

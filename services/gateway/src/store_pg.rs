@@ -31,6 +31,9 @@ use crate::store::{
 /// The notification channel; the payload is a task id.
 pub const CHANNEL: &str = "warden_gateway";
 
+/// The note (on [`CHANNEL`]) that an answer was held or delivered: never a task id.
+pub const ANSWER_NOTE: &str = "answer";
+
 /// How long a task's lease lasts without renewal. The lease loop renews every third of it, so
 /// a replica that stopped is noticed within this long.
 pub const LEASE: Duration = Duration::from_secs(6);
@@ -752,6 +755,83 @@ impl TaskBackend for PgStore {
             Ok(failed)
         })
         .await
+    }
+
+    async fn forward_answer(
+        &self,
+        task_id: &str,
+        request: &[u8],
+    ) -> Result<Option<String>, TaskStoreError> {
+        let id = uuid::Uuid::new_v4().to_string();
+        self.query(
+            "WITH up AS (
+                INSERT INTO gateway_answers (id, task_id, request) VALUES ($1, $2, $3)
+                RETURNING id)
+             SELECT pg_notify($4, $5) FROM up",
+            &[&id, &task_id, &request, &CHANNEL, &ANSWER_NOTE],
+        )
+        .await?;
+        Ok(Some(id))
+    }
+
+    async fn answers_to_deliver(&self) -> Result<Vec<(String, String, Vec<u8>)>, TaskStoreError> {
+        let rows = self
+            .query(
+                "SELECT a.id, a.task_id, a.request FROM gateway_answers a
+                 JOIN gateway_tasks t ON t.id = a.task_id
+                 WHERE a.outcome IS NULL AND t.owner = $1 AND NOT t.terminal",
+                &[&self.owner],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0).map_err(PgError::from)?,
+                    r.try_get(1).map_err(PgError::from)?,
+                    r.try_get(2).map_err(PgError::from)?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn set_answer_outcome(
+        &self,
+        id: &str,
+        outcome: Result<(), String>,
+    ) -> Result<(), TaskStoreError> {
+        let value = encode(&outcome.err().unwrap_or_default())?;
+        self.query(
+            "WITH up AS (
+                UPDATE gateway_answers SET outcome = $2 WHERE id = $1 AND outcome IS NULL
+                RETURNING id)
+             SELECT pg_notify($3, $4) FROM up",
+            &[&id, &value, &CHANNEL, &ANSWER_NOTE],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn answer_outcome(&self, id: &str) -> Result<Option<Result<(), String>>, TaskStoreError> {
+        let rows = self
+            .query("SELECT outcome FROM gateway_answers WHERE id = $1", &[&id])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(Some(
+                Err("the answer is gone (its task was deleted)".into()),
+            ));
+        };
+        let bytes: Option<Vec<u8>> = row.try_get(0).map_err(PgError::from)?;
+        Ok(match bytes {
+            None => None,
+            Some(b) => {
+                let refusal: String = decode("gateway_answers outcome", &b)?;
+                Some(if refusal.is_empty() {
+                    Ok(())
+                } else {
+                    Err(refusal)
+                })
+            }
+        })
     }
 
     async fn renew_leases(&self, live: &[String]) -> Result<Vec<String>, TaskStoreError> {

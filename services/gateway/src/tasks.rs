@@ -117,6 +117,16 @@ pub struct SweepReport {
     pub contexts_forgotten: usize,
 }
 
+/// What an answer to a task's question did: delivered here (the task is followed here), or by
+/// the replica following it (the task as stored right after).
+enum Answered {
+    Here(Arc<LiveTask>),
+    Elsewhere(Box<Task>),
+}
+
+/// How long an answer held for another replica waits for it to be delivered.
+const ANSWER_FORWARD_WAIT: Duration = Duration::from_secs(20);
+
 /// How long a takeover waits for the supervisor to answer `AttachTurn`.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1655,7 +1665,14 @@ impl Core {
                 if let (Some(cfg), Some(push)) = (push_cfg, self.push()) {
                     push.put(principal, cfg).await?;
                 }
-                self.answer(principal, task_id, &req).await?
+                match self.answer(principal, task_id, &req).await? {
+                    Answered::Here(live) => live,
+                    Answered::Elsewhere(task) => {
+                        return self
+                            .answered_elsewhere(*task, permit, return_immediately, history_length)
+                            .await;
+                    }
+                }
             }
             None => {
                 let (live, run) = self.start(principal, &req, agent_asked, push_cfg).await?;
@@ -1706,7 +1723,156 @@ impl Core {
     }
 
     /// A message on an existing task: only an INPUT_REQUIRED task takes one (it is the answer).
+    /// A task another replica follows gets it through the database: held there, delivered by
+    /// its follower ([`Core::answers_forever`]), and its outcome waited for.
     async fn answer(
+        &self,
+        principal: &str,
+        task_id: &str,
+        req: &SendMessageRequest,
+    ) -> Result<Answered, A2aError> {
+        if self.live(task_id).is_some() || !self.store.shared() {
+            return self
+                .answer_here(principal, task_id, req)
+                .await
+                .map(Answered::Here);
+        }
+        let (task, _) = self.owned(principal, task_id).await?;
+        if let Some(ctx) = req.message.context_id.as_deref().filter(|c| !c.is_empty())
+            && ctx != task.context_id
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "message.contextId {ctx:?} does not match task {task_id}'s context"
+            )));
+        }
+        if task.status.state != TaskState::InputRequired {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {task_id} is {} and not waiting for input",
+                task.status.state.as_str()
+            )));
+        }
+        let request = serde_json::to_vec(req)
+            .map_err(|e| A2aError::Internal(format!("cannot hold the answer: {e}")))?;
+        let mut notes = self.store.changes();
+        let Some(id) = self
+            .store
+            .forward_answer(task_id, &request)
+            .await
+            .map_err(store_err)?
+        else {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {task_id} is not waiting for input"
+            )));
+        };
+        let deadline = tokio::time::Instant::now() + ANSWER_FORWARD_WAIT;
+        loop {
+            match self.store.answer_outcome(&id).await.map_err(store_err)? {
+                Some(Ok(())) => break,
+                Some(Err(refusal)) => return Err(A2aError::UnsupportedOperation(refusal)),
+                None => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(A2aError::Internal(format!(
+                    "the gateway following task {task_id} did not deliver the answer within {ANSWER_FORWARD_WAIT:?}"
+                )));
+            }
+            let _ = tokio::time::timeout(
+                Duration::from_millis(100),
+                note_about(&mut notes, crate::store_pg::ANSWER_NOTE),
+            )
+            .await;
+        }
+        let (task, _) = self.owned(principal, task_id).await?;
+        Ok(Answered::Elsewhere(Box::new(task)))
+    }
+
+    /// The rest of a SendMessage whose answer another replica delivered: the task followed
+    /// through the store, as SubscribeToTask does, or waited for until it settles.
+    async fn answered_elsewhere(
+        &self,
+        task: Task,
+        permit: Option<crate::shares::StreamPermit>,
+        return_immediately: bool,
+        history_length: Option<i32>,
+    ) -> Result<SendOutcome, A2aError> {
+        if let Some(permit) = permit {
+            let sub = follow(self.store.clone(), task);
+            return Ok(SendOutcome::Stream(Box::new(self.held(sub, permit))));
+        }
+        let mut task = task;
+        if !return_immediately {
+            let mut notes = self.store.changes();
+            let answered_at = task.status.timestamp.clone();
+            loop {
+                let settled = task.status.state.is_terminal()
+                    || (task.status.state.is_interrupted() && task.status.timestamp != answered_at);
+                if settled {
+                    break;
+                }
+                let _ = tokio::time::timeout(FOLLOW_POLL, note_about(&mut notes, &task.id)).await;
+                if let Some((t, _)) = self.store.load(&task.id).await.map_err(store_err)? {
+                    task = t;
+                }
+            }
+        }
+        apply_history_length(&mut task, history_length)?;
+        Ok(SendOutcome::Task(Box::new(task)))
+    }
+
+    /// With a store shared by replicas: delivers the answers other replicas hold for the tasks
+    /// this one follows (woken by their note, and every second), and records what each did.
+    pub async fn answers_forever(self: Arc<Self>, stop: CancellationToken) {
+        let mut notes = self.store.changes();
+        if notes.is_none() {
+            return;
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = note_about(&mut notes, crate::store_pg::ANSWER_NOTE) => {}
+                _ = stop.cancelled() => return,
+            }
+            let held = match self.store.answers_to_deliver().await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the answers held for this gateway's tasks");
+                    continue;
+                }
+            };
+            for (id, task_id, request) in held {
+                // Only a task followed here (one being taken over is delivered next time).
+                if self.live(&task_id).is_none() {
+                    continue;
+                }
+                let outcome = match serde_json::from_slice::<SendMessageRequest>(&request) {
+                    Err(e) => Err(format!("the held answer cannot be read: {e}")),
+                    Ok(req) => {
+                        let principal = match self.store.head(&task_id).await {
+                            Ok(Some(h)) => h.principal,
+                            _ => continue,
+                        };
+                        match self.answer_here(&principal, &task_id, &req).await {
+                            Ok(live) => {
+                                // Written before the answering replica reads the task again.
+                                let _ = live.sync().await;
+                                Ok(())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                };
+                tracing::info!(task_id = %task_id, answer_id = %id, delivered = outcome.is_ok(), "delivered an answer held by another gateway");
+                if let Err(e) = self.store.set_answer_outcome(&id, outcome).await {
+                    tracing::warn!(task_id = %task_id, error = %e, "cannot record an answer's outcome");
+                }
+            }
+        }
+    }
+
+    /// [`Core::answer`] on a task this replica follows.
+    async fn answer_here(
         &self,
         principal: &str,
         task_id: &str,
