@@ -573,6 +573,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "push.rs",
             "shares.rs",
             "store.rs",
+            "store_pg.rs",
         ],
     ),
     ("core", &["card.rs", "events.rs", "tasks.rs"]),

@@ -767,6 +767,52 @@ async fn migrate_store_moves_the_audit_and_the_queue_from_sled_into_postgres() {
     drop(approver);
     d.take("approver").unwrap().terminate().await;
     d.take("policy").unwrap().terminate().await;
+    // The gateway's tasks: one finished task (its answer an artifact), one left running when
+    // the gateway stopped (moved as FAILED, as its restart would end it).
+    d.start("supervisor").await;
+    d.start("gateway").await;
+    let token = d.token();
+    let answer = |text: &str| {
+        serde_json::json!({"steps": [
+            {"type": "message", "text": text}, {"type": "stop", "reason": "end_turn"}
+        ]})
+        .to_string()
+    };
+    let send = |id: &str, text: String, immediately: bool| {
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {
+            "message": {"messageId": id, "role": "ROLE_USER", "parts": [{"text": text}]},
+            "configuration": {"returnImmediately": immediately}
+        }})
+    };
+    let http = d.http.clone();
+    let rpc = async |body: serde_json::Value| {
+        let resp = warden_cli::client::request(
+            &http,
+            hyper::Method::POST,
+            "/a2a/jsonrpc",
+            &token,
+            Some(&body),
+        )
+        .await
+        .unwrap();
+        warden_cli::client::read_answer(resp).await.unwrap().0
+    };
+    let done = rpc(send("mig-done", answer("moved answer"), false)).await;
+    let done_id = done["result"]["task"]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        done["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{done}"
+    );
+    let hang =
+        serde_json::json!({"steps": [{"type": "message", "text": "started"}, {"type": "hang"}]});
+    let running = rpc(send("mig-run", hang.to_string(), true)).await;
+    let running_id = running["result"]["task"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    d.take("gateway").unwrap().terminate().await;
+    d.take("supervisor").unwrap().terminate().await;
 
     let migrate = || {
         std::process::Command::new(binary("warden"))
@@ -789,6 +835,10 @@ async fn migrate_store_moves_the_audit_and_the_queue_from_sled_into_postgres() {
     );
     assert!(
         text.contains("warden-approver: imported the queue"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warden-gateway: imported the task store") && text.contains(" 2 tasks"),
         "{text}"
     );
     // Again: nothing is copied twice.
@@ -834,6 +884,19 @@ async fn migrate_store_moves_the_audit_and_the_queue_from_sled_into_postgres() {
             None => assert_eq!(a.state(), pb::ApprovalState::Pending, "{a:?}"),
         }
     }
+    // The gateway on PostgreSQL shows the moved tasks as they were.
+    d.opts.sets = pg_sets("gateway", &c);
+    d.start("supervisor").await;
+    d.start("gateway").await;
+    let get = |id: &str| serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": id}});
+    let t = rpc(get(&done_id)).await;
+    assert_eq!(
+        t["result"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{t}"
+    );
+    assert!(t.to_string().contains("moved answer"), "{t}");
+    let t = rpc(get(&running_id)).await;
+    assert_eq!(t["result"]["status"]["state"], "TASK_STATE_FAILED", "{t}");
 }
 
 /// An edit request for the approver (a fixed root under /var/tmp is not needed: the approver

@@ -285,3 +285,60 @@ async fn cancelling_the_turn_answers_its_open_question_cancelled() {
         .unwrap_err();
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
 }
+
+/// AttachTurn (a gateway replica taking over a task): a turn whose RunTurn caller went away
+/// runs on; another caller of the same principal attaches and gets every event after the
+/// number it names, then the live ones, in order, to the stop; a caller naming another
+/// principal, or a turn that does not exist, is told NOT_FOUND; an ended turn can still be
+/// attached to, from its first event.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_outlives_its_stream_and_another_caller_attaches_to_it() {
+    let d = deploy(&[]).await;
+    let mut c = client(&d);
+    let slow = scenario(json!({"steps": [
+        {"type": "message", "text": "one "},
+        {"type": "sleep", "ms": 1500},
+        {"type": "message", "text": "two"},
+        {"type": "stop", "reason": "end_turn"}
+    ]}));
+    let mut s = start(&mut c, turn("attach", "a1", &slow)).await;
+    // The first caller reads the start and goes away.
+    let first = s.message().await.unwrap().unwrap();
+    assert_eq!(first.seq, 1);
+    drop(s);
+    let attach = |principal: &str, turn_id: &str, after_seq: u64| pb::AttachTurnRequest {
+        context_id: "attach".into(),
+        turn_id: turn_id.into(),
+        principal: principal.into(),
+        after_seq,
+    };
+    let e = c.attach_turn(attach("mallory", "a1", 0)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let e = c
+        .attach_turn(attach("tester", "nope", 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let mut s = c
+        .attach_turn(attach("tester", "a1", 1))
+        .await
+        .expect("AttachTurn")
+        .into_inner();
+    let evs = collect(&mut s, Duration::from_secs(30)).await;
+    assert_eq!(evs.first().map(|e| e.seq), Some(2), "after seq 1: {evs:#?}");
+    for w in evs.windows(2) {
+        assert_eq!(w[1].seq, w[0].seq + 1, "in order, none missing: {evs:#?}");
+    }
+    assert_eq!(text(&evs), "one two");
+    assert_eq!(stop(&evs).stop_reason, "end_turn");
+    // Ended: attached again from the first event, the whole turn.
+    let mut s = c
+        .attach_turn(attach("tester", "a1", 0))
+        .await
+        .expect("AttachTurn after the end")
+        .into_inner();
+    let again = collect(&mut s, Duration::from_secs(5)).await;
+    assert_eq!(again.first().map(|e| e.seq), Some(1));
+    assert_eq!(again.len(), evs.len() + 1);
+    assert!(s.message().await.unwrap().is_none(), "ends after the stop");
+}

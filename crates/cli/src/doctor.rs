@@ -196,12 +196,17 @@ pub async fn adapters(supervisor_socket: &Path) -> Vec<String> {
     adapter_lines(&d)
 }
 
-/// Where the policy's audit log and the approver's queue live (their `Status`: `store_backend`
-/// and `store`, the database without a password): sled on this host, or PostgreSQL shared by
-/// replicas. A daemon that does not answer is said so (the approver is optional).
-pub async fn stores(policy_admin: &Path, approver_admin: &Path) -> Vec<String> {
+/// Where the policy's audit log, the approver's queue and the gateway's tasks live (their
+/// `Status`: `store_backend` and `store`, the database without a password): sled on this host,
+/// or PostgreSQL shared by replicas. A daemon that does not answer is said so (the approver is
+/// optional).
+pub async fn stores(policy_admin: &Path, approver_admin: &Path, gateway: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    for (who, socket) in [("policy", policy_admin), ("approver", approver_admin)] {
+    for (who, socket) in [
+        ("policy", policy_admin),
+        ("approver", approver_admin),
+        ("gateway", gateway),
+    ] {
         let line = match details(socket).await {
             Some(d) => store_line(who, &d),
             None => format!("  {who:<9} not reachable at {}", socket.display()),
@@ -222,6 +227,13 @@ fn store_line(who: &str, d: &HashMap<String, String>) -> String {
     }
     if d.contains_key("pending") && who == "approver" {
         line.push_str(&format!("; {} pending", get("pending")));
+    }
+    if who == "gateway" && d.contains_key("tasks_stored") {
+        line.push_str(&format!(
+            "; {} tasks stored, {} followed here",
+            get("tasks_stored"),
+            get("tasks_live")
+        ));
     }
     line
 }
@@ -312,7 +324,7 @@ pub struct LocalReport {
     pub binaries: Vec<(&'static str, bool)>,
     pub capacity: Vec<String>,
     pub adapters: Vec<String>,
-    /// Where the policy's audit and the approver's queue live ([`stores`]).
+    /// Where the policy's audit, the approver's queue and the gateway's tasks live ([`stores`]).
     pub stores: Vec<String>,
     /// Every enabled agent and whether it can start (None: the supervisor is not reachable).
     pub agents: Option<crate::agents::Agents>,
@@ -428,7 +440,12 @@ pub async fn local(
             .collect(),
         capacity: capacity(supervisor_socket).await,
         adapters: adapters(supervisor_socket).await,
-        stores: stores(&layout.policy_admin_socket(), approver_admin).await,
+        stores: stores(
+            &layout.policy_admin_socket(),
+            approver_admin,
+            &layout.socket_of("gateway"),
+        )
+        .await,
         agents: crate::agents::list(supervisor_socket).await.ok(),
         deadlines: deadlines(supervisor_socket, approver_admin).await,
     }

@@ -188,8 +188,9 @@ enum Command {
                       full report."
     )]
     /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
-    /// audit log and warden-approver's queue are copied (each daemon reading its own store,
-    /// checked record by record; running it again copies nothing twice). Stop `warden up`
+    /// audit log, warden-approver's queue and warden-gateway's tasks are copied (each daemon
+    /// reading its own store, checked record by record; running it again copies nothing
+    /// twice). Stop `warden up`
     /// first; then run the daemons with [store] backend = "postgres" and this url.
     MigrateStore {
         /// The database: a libpq connection string or URL
@@ -398,7 +399,8 @@ async fn main() -> ExitCode {
                 config_dir: Some(layout.config_dir()).filter(|d| d.is_dir()),
                 layout: layout.clone(),
                 bin_dir: bin_dir.unwrap_or_else(exe_dir),
-                http: String::new(),
+                // The gateway's import binds nothing; its configuration still needs an address.
+                http: "127.0.0.1:0".into(),
                 log_format: "human".into(),
                 start_timeout: Duration::from_secs(10),
                 approver: false,
@@ -408,7 +410,7 @@ async fn main() -> ExitCode {
                 echo_from: warden_daemon::logging::Severity::Info,
             };
             let mut moved = 0;
-            for name in ["policy", "approver"] {
+            for name in ["policy", "approver", "gateway"] {
                 if !layout.state_of(name).join("store").is_dir() {
                     println!(
                         "{name}: no sled store under {}",

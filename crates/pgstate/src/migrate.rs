@@ -34,17 +34,25 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "policy_audit_request",
         sql: include_str!("../migrations/0003_policy_audit_request.sql"),
     },
-    // 0004-0009 are the gateway's (its task store); versions need not be contiguous: a missing
-    // one is applied whenever it appears, each in order.
     Migration {
-        version: 10,
-        name: "cells",
-        sql: include_str!("../migrations/0010_cells.sql"),
+        version: 4,
+        name: "gateway_tasks",
+        sql: include_str!("../migrations/0004_gateway_tasks.sql"),
     },
     Migration {
-        version: 11,
+        version: 5,
+        name: "gateway_answers",
+        sql: include_str!("../migrations/0005_gateway_answers.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "cells",
+        sql: include_str!("../migrations/0006_cells.sql"),
+    },
+    Migration {
+        version: 7,
         name: "placement_orphans",
-        sql: include_str!("../migrations/0011_placement_orphans.sql"),
+        sql: include_str!("../migrations/0007_placement_orphans.sql"),
     },
 ];
 

@@ -235,6 +235,7 @@ impl A2aService for Grpc {
         let task = self
             .core
             .get(&principal, &r.id, r.history_length)
+            .await
             .map_err(err)?;
         Ok(Response::new(cv::task_to_pb(&task)))
     }
@@ -245,7 +246,7 @@ impl A2aService for Grpc {
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
         let principal = self.admit(&request)?;
         let req = cv::list_request_from_pb(request.get_ref());
-        let resp = self.core.list(&principal, &req).map_err(err)?;
+        let resp = self.core.list(&principal, &req).await.map_err(err)?;
         Ok(Response::new(cv::list_response_to_pb(&resp)))
     }
 
@@ -273,6 +274,7 @@ impl A2aService for Grpc {
         let sub = self
             .core
             .subscribe(&principal, &request.get_ref().id)
+            .await
             .map_err(err)?;
         Ok(Response::new(grpc_stream(sub)))
     }
@@ -300,6 +302,7 @@ impl A2aService for Grpc {
         let cfg = self
             .core
             .get_push_config(&principal, &r.task_id, &r.id)
+            .await
             .map_err(err)?;
         Ok(Response::new(cv::push_config_to_pb(&cfg)))
     }
@@ -312,6 +315,7 @@ impl A2aService for Grpc {
         let listed = self
             .core
             .list_push_configs(&principal, &request.get_ref().task_id)
+            .await
             .map_err(err)?;
         Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {
             configs: listed.configs.iter().map(cv::push_config_to_pb).collect(),
@@ -337,6 +341,7 @@ impl A2aService for Grpc {
         let r = request.get_ref();
         self.core
             .delete_push_config(&principal, &r.task_id, &r.id)
+            .await
             .map_err(err)?;
         Ok(Response::new(()))
     }

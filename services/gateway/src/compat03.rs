@@ -98,7 +98,7 @@ async fn dispatch_rpc(
             let history = member(&p, &["historyLength", "history_length"])
                 .and_then(Value::as_i64)
                 .map(|n| n.clamp(-1, i32::MAX as i64) as i32);
-            let t = core.get(principal, &task_id_param(&p)?, history)?;
+            let t = core.get(principal, &task_id_param(&p)?, history).await?;
             Ok(rpc_result(id, task_out(&t, Shape::Rpc)))
         }
         "tasks/cancel" => {
@@ -106,7 +106,7 @@ async fn dispatch_rpc(
             Ok(rpc_result(id, task_out(&t, Shape::Rpc)))
         }
         "tasks/resubscribe" => Ok(rpc_stream(
-            core.subscribe(principal, &task_id_param(&p)?)?,
+            core.subscribe(principal, &task_id_param(&p)?).await?,
             id.clone(),
         )),
         "tasks/pushNotificationConfig/set" => {
@@ -121,10 +121,11 @@ async fn dispatch_rpc(
         "tasks/pushNotificationConfig/get" => {
             let task_id = task_id_param(&p)?;
             let cfg = match str_member(&p, &["pushNotificationConfigId"]) {
-                Some(cid) => core.get_push_config(principal, &task_id, &cid)?,
+                Some(cid) => core.get_push_config(principal, &task_id, &cid).await?,
                 // 0.3 allowed asking for "the" config of a task: the first one.
                 None => core
-                    .list_push_configs(principal, &task_id)?
+                    .list_push_configs(principal, &task_id)
+                    .await?
                     .configs
                     .into_iter()
                     .next()
@@ -135,7 +136,9 @@ async fn dispatch_rpc(
             Ok(rpc_result(id, push_out(&cfg, Shape::Rpc)))
         }
         "tasks/pushNotificationConfig/list" => {
-            let listed = core.list_push_configs(principal, &task_id_param(&p)?)?;
+            let listed = core
+                .list_push_configs(principal, &task_id_param(&p)?)
+                .await?;
             Ok(rpc_result(
                 id,
                 Value::Array(
@@ -151,7 +154,7 @@ async fn dispatch_rpc(
             let task_id = task_id_param(&p)?;
             let cid = str_member(&p, &["pushNotificationConfigId"])
                 .ok_or_else(|| bad("pushNotificationConfigId is required"))?;
-            core.delete_push_config(principal, &task_id, &cid)?;
+            core.delete_push_config(principal, &task_id, &cid).await?;
             Ok(rpc_result(id, Value::Null))
         }
         "agent/getAuthenticatedExtendedCard" => {
@@ -240,13 +243,13 @@ async fn rest_task_get(
     RawQuery(query): RawQuery,
 ) -> Answer {
     if let Some(t) = id.strip_suffix(":subscribe") {
-        return Ok(rest_sse(state.core.subscribe(&principal, t)?));
+        return Ok(rest_sse(state.core.subscribe(&principal, t).await?));
     }
     let q = query_map(query.as_deref())?;
     let history = q
         .get("historyLength")
         .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
-    let t = state.core.get(&principal, &id, history)?;
+    let t = state.core.get(&principal, &id, history).await?;
     Ok(ok(&task_out(&t, Shape::Proto)))
 }
 
@@ -261,7 +264,7 @@ async fn rest_task_post(
         return Ok(ok(&task_out(&t, Shape::Proto)));
     }
     if let Some(t) = id.strip_suffix(":subscribe") {
-        return Ok(rest_sse(state.core.subscribe(&principal, t)?));
+        return Ok(rest_sse(state.core.subscribe(&principal, t).await?));
     }
     Err(A2aError::MethodNotFound(format!("no such operation: POST /v1/tasks/{id}")).into())
 }
@@ -275,7 +278,7 @@ async fn rest_push_collection(
 ) -> Answer {
     let (parts, body) = req.into_parts();
     if parts.method == Method::GET {
-        let listed = state.core.list_push_configs(&principal, &task_id)?;
+        let listed = state.core.list_push_configs(&principal, &task_id).await?;
         return Ok(ok(&json!({
             "configs": listed.configs.iter().map(|c| push_out(c, Shape::Proto)).collect::<Vec<_>>(),
             "nextPageToken": "",
@@ -306,10 +309,16 @@ async fn rest_push_item(
     method: Method,
 ) -> Answer {
     if method == Method::DELETE {
-        state.core.delete_push_config(&principal, &task_id, &cid)?;
+        state
+            .core
+            .delete_push_config(&principal, &task_id, &cid)
+            .await?;
         return Ok(ok(&json!({})));
     }
-    let cfg = state.core.get_push_config(&principal, &task_id, &cid)?;
+    let cfg = state
+        .core
+        .get_push_config(&principal, &task_id, &cid)
+        .await?;
     Ok(ok(&push_out(&cfg, Shape::Proto)))
 }
 

@@ -163,6 +163,42 @@ pub struct StoreSection {
     /// How often the background sweep (task pruning, conversation TTL) runs.
     #[serde(default = "default_sweep_interval")]
     pub sweep_interval_ms: u64,
+    /// `sled` (default: the gateway's own store under its state directory) or `postgres`
+    /// (replicas sharing one database; `url`, `pool_size`, `tls`, `tls_ca_file`,
+    /// `connect_timeout_ms` as for the policy and the approver, see `warden-pgstate`).
+    #[serde(default)]
+    pub backend: warden_pgstate::Backend,
+    #[serde(default)]
+    pub url: String,
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+    #[serde(default)]
+    pub tls: bool,
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+}
+
+fn default_pool_size() -> usize {
+    warden_pgstate::StoreSection::default().pool_size
+}
+fn default_connect_timeout_ms() -> u64 {
+    warden_pgstate::StoreSection::default().connect_timeout_ms
+}
+
+impl StoreSection {
+    /// The database half of the section, as every daemon with durable state reads it.
+    pub fn database(&self) -> warden_pgstate::StoreSection {
+        warden_pgstate::StoreSection {
+            backend: self.backend,
+            url: self.url.clone(),
+            pool_size: self.pool_size,
+            tls: self.tls,
+            tls_ca_file: self.tls_ca_file.clone(),
+            connect_timeout_ms: self.connect_timeout_ms,
+        }
+    }
 }
 
 fn default_cache_capacity() -> u64 {
@@ -189,6 +225,12 @@ impl Default for StoreSection {
             max_tasks: default_max_tasks(),
             conversation_ttl_seconds: default_conversation_ttl(),
             sweep_interval_ms: default_sweep_interval(),
+            backend: warden_pgstate::Backend::Sled,
+            url: String::new(),
+            pool_size: default_pool_size(),
+            tls: false,
+            tls_ca_file: None,
+            connect_timeout_ms: default_connect_timeout_ms(),
         }
     }
 }
@@ -567,6 +609,7 @@ impl GatewayConfig {
                 "must be between 100 and 15000 (milliseconds): a waiting stream is never silent longer than 15 s",
             ));
         }
+        self.store.database().validate(origin)?;
         if self.store.max_tasks == 0 {
             return Err(ConfigError::invalid(
                 origin,

@@ -19,7 +19,7 @@ use crate::card::{CardResponse, agent_card};
 use crate::config::{EMBEDDED, GatewayConfig};
 use crate::http::router;
 use crate::serve::EdgeLimits;
-use crate::store::{TaskStore, TaskStoreError};
+use crate::store::{SledStore, TaskStore, TaskStoreError};
 use crate::tasks::{Core, CoreSettings, Retention};
 
 /// Why the gateway could not start or stopped with an error.
@@ -31,6 +31,10 @@ pub enum RunError {
     Auth(#[from] AuthConfigError),
     #[error("task store: {0}")]
     Store(#[from] TaskStoreError),
+    #[error("task database: {0}")]
+    Database(#[from] warden_pgstate::PgError),
+    #[error("--import-sled: {0}")]
+    Import(String),
     #[error(transparent)]
     Listener(#[from] warden_daemon::ListenerError),
     #[error("cannot bind the HTTP listener {addr}: {source}")]
@@ -77,8 +81,14 @@ impl AdminService for AdminApi {
         let mut details = std::collections::HashMap::new();
         details.insert("tasks_live".to_string(), self.core.live_count().to_string());
         let store = self.core.store();
-        details.insert("tasks_stored".to_string(), store.task_count().to_string());
-        if let Ok(bytes) = store.size_on_disk() {
+        // As the policy and the approver say it (`warden doctor` reads these).
+        let backend = if store.shared() { "postgres" } else { "sled" };
+        details.insert("store_backend".to_string(), backend.to_string());
+        details.insert("store".to_string(), store.describe());
+        if let Ok(n) = store.task_count().await {
+            details.insert("tasks_stored".to_string(), n.to_string());
+        }
+        if let Some(bytes) = store.size_on_disk() {
             details.insert("store_bytes".to_string(), bytes.to_string());
         }
         details.insert(
@@ -146,7 +156,29 @@ impl warden_daemon::Daemon for GatewayDaemon {
     }
 
     fn summary(&self) -> String {
-        self.loaded.origin.to_string()
+        format!(
+            "{} (task store: {})",
+            self.loaded.origin,
+            self.loaded.value.store.database().describe()
+        )
+    }
+
+    /// With `backend = "postgres"`: the database answers and its schema is migrated (nothing
+    /// is changed).
+    fn check_host(&self) -> Result<(), Box<dyn std::error::Error>> {
+        let store = self.loaded.value.store.database();
+        if store.backend != warden_pgstate::Backend::Postgres {
+            return Ok(());
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            let pg = warden_pgstate::Pg::new(&store)?;
+            warden_pgstate::migrate::check(&pg).await?;
+            Ok::<_, warden_pgstate::PgError>(())
+        })?;
+        Ok(())
     }
 
     fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
@@ -154,14 +186,112 @@ impl warden_daemon::Daemon for GatewayDaemon {
     }
 }
 
+/// The task store `[store]` names: the gateway's own sled store, or the PostgreSQL database
+/// its replicas share (migrated first, under the advisory lock).
+pub async fn open_store(cfg: &GatewayConfig) -> Result<TaskStore, RunError> {
+    Ok(match cfg.store.backend {
+        warden_pgstate::Backend::Sled => std::sync::Arc::new(SledStore::open_with(
+            &cfg.daemon.state_dir.join("store"),
+            warden_store::StoreOptions {
+                cache_capacity_bytes: cfg.store.cache_capacity_bytes,
+            },
+        )?),
+        warden_pgstate::Backend::Postgres => {
+            let pg = warden_pgstate::Pg::new(&cfg.store.database())?;
+            warden_pgstate::migrate::migrate(&pg).await?;
+            std::sync::Arc::new(crate::store_pg::PgStore::new(pg))
+        }
+    })
+}
+
+/// What [`import_sled`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Imported {
+    pub tasks: usize,
+    pub contexts: usize,
+    pub push_configs: usize,
+}
+
+/// Copies this gateway's sled store (`<state_dir>/store`) into the PostgreSQL database
+/// `[store]` names: contexts, then each task (head, history, artifacts merged, push configs),
+/// then reads every task back from PostgreSQL and compares it with sled's. A task the stopped
+/// gateway left running is first ended FAILED, as its restart would. Re-running it rewrites the
+/// same rows. The gateway must be stopped: sled refuses a second opener.
+pub async fn import_sled(cfg: &GatewayConfig) -> Result<Imported, RunError> {
+    if cfg.store.backend != warden_pgstate::Backend::Postgres {
+        return Err(RunError::Import(
+            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
+                .into(),
+        ));
+    }
+    let dir = cfg.daemon.state_dir.join("store");
+    if !dir.is_dir() {
+        return Err(RunError::Import(format!(
+            "no sled store at {} to import",
+            dir.display()
+        )));
+    }
+    let sled = SledStore::open(&dir)?;
+    sled.recover()?;
+    sled.flush()?;
+    let pg = warden_pgstate::Pg::new(&cfg.store.database())?;
+    warden_pgstate::migrate::migrate(&pg).await?;
+    let to = crate::store_pg::PgStore::with_owner(pg, "import-sled".into());
+    use crate::store::TaskBackend;
+    let contexts = sled.contexts()?;
+    for (id, rec) in &contexts {
+        to.put_context(id, rec).await?;
+    }
+    let heads = sled.heads()?;
+    let mut push_configs = 0;
+    for head in &heads {
+        let id = head.task.id.as_str();
+        let Some((task, _)) = sled.load(id)? else {
+            continue;
+        };
+        to.put_head(head).await?;
+        to.put_history_segment(id, 0, &task.history).await?;
+        let chunks: Vec<(u32, u64, crate::store::ArtifactChunk)> = task
+            .artifacts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                (
+                    i as u32,
+                    0,
+                    crate::store::ArtifactChunk {
+                        artifact: a.clone(),
+                        append: false,
+                    },
+                )
+            })
+            .collect();
+        to.put_artifact_chunks(id, &chunks).await?;
+        for p in sled.push_configs(id)? {
+            to.put_push(&p).await?;
+            push_configs += 1;
+        }
+        // Read back: the task as PostgreSQL has it is the task sled had.
+        match TaskBackend::load(&to, id).await? {
+            Some((moved, rec)) if moved == task && rec.principal == head.principal => {}
+            _ => {
+                return Err(RunError::Import(format!(
+                    "task {id} does not read back the same from PostgreSQL; the sled store is left as it was"
+                )));
+            }
+        }
+    }
+    Ok(Imported {
+        tasks: heads.len(),
+        contexts: contexts.len(),
+        push_configs,
+    })
+}
+
 /// Serves until SIGTERM/SIGINT.
 async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
-    let store = TaskStore::open_with(
-        &cfg.daemon.state_dir.join("store"),
-        warden_store::StoreOptions {
-            cache_capacity_bytes: cfg.store.cache_capacity_bytes,
-        },
-    )?;
+    let store = open_store(&cfg).await?;
+    tracing::info!(store = %store.describe(), "task store open");
     let auth = Authenticator::from_config(&cfg)?;
     let settings = CoreSettings {
         agents: cfg.agents.list.iter().map(|a| a.name.clone()).collect(),
@@ -262,7 +392,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     let refresh: warden_daemon::metrics::Refresh = Arc::new(move || {
         let c = figures.clone();
         Box::pin(async move {
-            crate::metrics::set(c.live_count(), c.store().task_count(), c.streams().total())
+            let stored = c.store().task_count().await.unwrap_or(0);
+            crate::metrics::set(c.live_count(), stored, c.streams().total())
         })
     });
     server
@@ -274,6 +405,10 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     }
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
+    // With replicas on one database: this replica's leases, and the tasks of stopped ones.
+    let leases = tokio::spawn(core.clone().leases_forever(server.shutdown_token()));
+    // …and the answers other replicas hold for the tasks this one follows.
+    let answers = tokio::spawn(core.clone().answers_forever(server.shutdown_token()));
     let core_for_mcp = core.clone();
     let edge_auth = auth.clone();
     let state = Arc::new(HttpState {
@@ -332,6 +467,8 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         http_task.abort();
     }
     sweeper.abort();
+    leases.abort();
+    answers.abort();
     result?;
     Ok(())
 }

@@ -77,12 +77,12 @@ async fn dispatch(
             let req: GetTaskRequest = params(p)?;
             Ok(result(
                 id,
-                core.get(principal, &req.id, req.history_length)?,
+                core.get(principal, &req.id, req.history_length).await?,
             ))
         }
         "ListTasks" => {
             let req: ListTasksRequest = params(p)?;
-            Ok(result(id, core.list(principal, &req)?))
+            Ok(result(id, core.list(principal, &req).await?))
         }
         "CancelTask" => {
             let req: CancelTaskRequest = params(p)?;
@@ -90,7 +90,7 @@ async fn dispatch(
         }
         "SubscribeToTask" => {
             let req: SubscribeToTaskRequest = params(p)?;
-            Ok(stream(core.subscribe(principal, &req.id)?, id))
+            Ok(stream(core.subscribe(principal, &req.id).await?, id))
         }
         "CreateTaskPushNotificationConfig" => {
             let req: TaskPushNotificationConfig = params(p)?;
@@ -100,16 +100,21 @@ async fn dispatch(
             let req: TaskPushNotificationConfigRef = params(p)?;
             Ok(result(
                 id,
-                core.get_push_config(principal, &req.task_id, &req.id)?,
+                core.get_push_config(principal, &req.task_id, &req.id)
+                    .await?,
             ))
         }
         "ListTaskPushNotificationConfigs" => {
             let req: ListTaskPushNotificationConfigsRequest = params(p)?;
-            Ok(result(id, core.list_push_configs(principal, &req.task_id)?))
+            Ok(result(
+                id,
+                core.list_push_configs(principal, &req.task_id).await?,
+            ))
         }
         "DeleteTaskPushNotificationConfig" => {
             let req: TaskPushNotificationConfigRef = params(p)?;
-            core.delete_push_config(principal, &req.task_id, &req.id)?;
+            core.delete_push_config(principal, &req.task_id, &req.id)
+                .await?;
             Ok(result(id, json!({})))
         }
         "GetExtendedAgentCard" => Ok(result(id, state.card.extended(core, principal))),

@@ -4,7 +4,8 @@
 //! conversation, over the supervisor's gRPC contract on a Unix socket.
 //!
 //! Owns: the A2A wire types and error table, bearer authentication and per-principal isolation,
-//! the durable task store, the TurnEvent → A2A mapping, webhook delivery with its
+//! the durable task store (sled, or PostgreSQL shared by replicas that follow, cancel and take
+//! over each other's tasks), the TurnEvent → A2A mapping, webhook delivery with its
 //! address checks (`push.rs`: never a connection to an address it has not checked), and the
 //! fair shares of connections and streams per principal (`shares.rs`: one caller at its limit
 //! slows only itself; connections without a valid token cannot fill the cap).
@@ -40,6 +41,7 @@ pub mod peer;
 pub mod push;
 pub mod shares;
 pub mod store;
+pub mod store_pg;
 // Floor 2, the A2A core: every operation over A2A types; the card; what a subscriber sees.
 pub mod card;
 pub mod events;

@@ -160,6 +160,8 @@ pub struct Push {
     stats: Mutex<PushStats>,
     /// (task id, config id) → the worker delivering that config's notifications in order.
     workers: Mutex<HashMap<(String, String), Queue>>,
+    /// Task id → its dispatcher (reads the task's configs for each event, in order).
+    tasks: Mutex<HashMap<String, Queue>>,
 }
 
 impl Push {
@@ -184,6 +186,7 @@ impl Push {
             store,
             stats: Mutex::new(PushStats::default()),
             workers: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -266,8 +269,16 @@ impl Push {
     }
 
     /// Stores a checked config (replacing one with the same id).
-    pub fn put(&self, principal: &str, cfg: TaskPushNotificationConfig) -> Result<(), A2aError> {
-        let existing = self.store.push_configs(&cfg.task_id).map_err(store_err)?;
+    pub async fn put(
+        &self,
+        principal: &str,
+        cfg: TaskPushNotificationConfig,
+    ) -> Result<(), A2aError> {
+        let existing = self
+            .store
+            .push_configs(&cfg.task_id)
+            .await
+            .map_err(store_err)?;
         if existing.len() >= self.settings.max_configs_per_task
             && !existing.iter().any(|r| r.config.id == cfg.id)
         {
@@ -284,12 +295,18 @@ impl Push {
                 config: cfg,
                 created_micros: crate::time::now_micros(),
             })
+            .await
             .map_err(store_err)
     }
 
-    pub fn get(&self, task_id: &str, id: &str) -> Result<TaskPushNotificationConfig, A2aError> {
+    pub async fn get(
+        &self,
+        task_id: &str,
+        id: &str,
+    ) -> Result<TaskPushNotificationConfig, A2aError> {
         self.store
             .push_config(task_id, id)
+            .await
             .map_err(store_err)?
             .map(|r| r.config)
             .ok_or_else(|| {
@@ -297,10 +314,11 @@ impl Push {
             })
     }
 
-    pub fn list(&self, task_id: &str) -> Result<Vec<TaskPushNotificationConfig>, A2aError> {
+    pub async fn list(&self, task_id: &str) -> Result<Vec<TaskPushNotificationConfig>, A2aError> {
         Ok(self
             .store
             .push_configs(task_id)
+            .await
             .map_err(store_err)?
             .into_iter()
             .map(|r| r.config)
@@ -308,26 +326,72 @@ impl Push {
     }
 
     /// Deletes a config; deleting one that is already gone succeeds too (spec: idempotent).
-    pub fn delete(&self, task_id: &str, id: &str) -> Result<(), A2aError> {
-        if self.store.delete_push(task_id, id).map_err(store_err)? {
+    pub async fn delete(&self, task_id: &str, id: &str) -> Result<(), A2aError> {
+        if self
+            .store
+            .delete_push(task_id, id)
+            .await
+            .map_err(store_err)?
+        {
             tracing::info!(task_id, config_id = id, "push config deleted");
         }
         Ok(())
     }
 
     /// A task's status changed: queue the event for each of its configs, in order. Never
-    /// blocks (called while the task's state is locked).
+    /// blocks (called while the task's state is locked): the event goes to the task's
+    /// dispatcher, which reads the task's configs (an await on the store) and hands it to each
+    /// config's worker, one event after the other.
     pub fn task_event(self: &Arc<Self>, task_id: &str, ev: &Arc<StreamResponse>) {
         if !self.settings.enabled {
             return;
         }
-        let configs = match self.store.push_configs(task_id) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(task_id, error = %e, "cannot read push configs");
-                return;
-            }
+        let Ok(mut tasks) = self.tasks.lock() else {
+            return;
         };
+        let tx = tasks.entry(task_id.to_string()).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(self.clone().dispatch(task_id.to_string(), rx));
+            tx
+        });
+        if tx.send(ev.clone()).is_err() {
+            let (tx2, rx) = mpsc::unbounded_channel();
+            let _ = tx2.send(ev.clone());
+            tokio::spawn(self.clone().dispatch(task_id.to_string(), rx));
+            *tx = tx2;
+        }
+    }
+
+    /// One task's events, in order, to each of its configs' workers; ends after a terminal
+    /// event with nothing queued behind it.
+    async fn dispatch(
+        self: Arc<Self>,
+        task_id: String,
+        mut rx: mpsc::UnboundedReceiver<Arc<StreamResponse>>,
+    ) {
+        while let Some(ev) = rx.recv().await {
+            let terminal =
+                matches!(&*ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal());
+            match self.store.push_configs(&task_id).await {
+                Ok(configs) => self.to_workers(&task_id, &ev, configs),
+                Err(e) => tracing::error!(task_id, error = %e, "cannot read push configs"),
+            }
+            if terminal {
+                let mut t = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
+                if rx.is_empty() {
+                    t.remove(&task_id);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn to_workers(
+        self: &Arc<Self>,
+        task_id: &str,
+        ev: &Arc<StreamResponse>,
+        configs: Vec<PushRecord>,
+    ) {
         if configs.is_empty() {
             return;
         }
@@ -364,7 +428,7 @@ impl Push {
             let terminal =
                 matches!(&*ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal());
             // Read fresh: a deleted config gets nothing more, a replaced one the new URL.
-            match self.store.push_config(&task_id, &config_id) {
+            match self.store.push_config(&task_id, &config_id).await {
                 Ok(Some(rec)) => self.deliver(&rec.config, &ev).await,
                 Ok(None) => {}
                 Err(e) => tracing::error!(task_id, error = %e, "cannot read push config"),

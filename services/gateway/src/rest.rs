@@ -56,7 +56,7 @@ async fn list(
     RawQuery(query): RawQuery,
 ) -> Answer {
     let req: ListTasksRequest = params(Value::Object(query_map(query.as_deref())?))?;
-    Ok(rest_ok(&state.core.list(&principal, &req)?))
+    Ok(rest_ok(&state.core.list(&principal, &req).await?))
 }
 
 /// GET /tasks/{id} and GET /tasks/{id}:subscribe.
@@ -67,7 +67,7 @@ async fn task_get(
     RawQuery(query): RawQuery,
 ) -> Answer {
     if let Some(task_id) = id.strip_suffix(":subscribe") {
-        return Ok(stream(state.core.subscribe(&principal, task_id)?));
+        return Ok(stream(state.core.subscribe(&principal, task_id).await?));
     }
     if id.contains(':') {
         return Err(A2aError::MethodNotFound(format!("no such operation: GET /tasks/{id}")).into());
@@ -76,7 +76,9 @@ async fn task_get(
     let history_length = q
         .get("historyLength")
         .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
-    Ok(rest_ok(&state.core.get(&principal, &id, history_length)?))
+    Ok(rest_ok(
+        &state.core.get(&principal, &id, history_length).await?,
+    ))
 }
 
 /// POST /tasks/{id}:cancel and POST /tasks/{id}:subscribe.
@@ -111,7 +113,7 @@ async fn task_post(
         return Ok(rest_ok(&state.core.cancel(&principal, task_id).await?));
     }
     if let Some(task_id) = id.strip_suffix(":subscribe") {
-        return Ok(stream(state.core.subscribe(&principal, task_id)?));
+        return Ok(stream(state.core.subscribe(&principal, task_id).await?));
     }
     Err(A2aError::MethodNotFound(format!("no such operation: POST /tasks/{id}")).into())
 }
@@ -144,7 +146,7 @@ async fn push_collection(
             ))
         }
         Method::GET => Ok(rest_ok(
-            &state.core.list_push_configs(&principal, &task_id)?,
+            &state.core.list_push_configs(&principal, &task_id).await?,
         )),
         m => Err(A2aError::MethodNotFound(format!(
             "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs"
@@ -162,10 +164,16 @@ async fn push_item(
 ) -> Answer {
     match method {
         Method::GET => Ok(rest_ok(
-            &state.core.get_push_config(&principal, &task_id, &id)?,
+            &state
+                .core
+                .get_push_config(&principal, &task_id, &id)
+                .await?,
         )),
         Method::DELETE => {
-            state.core.delete_push_config(&principal, &task_id, &id)?;
+            state
+                .core
+                .delete_push_config(&principal, &task_id, &id)
+                .await?;
             Ok(rest_ok(&json!({})))
         }
         m => Err(A2aError::MethodNotFound(format!(

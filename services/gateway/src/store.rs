@@ -1,5 +1,13 @@
-//! The gateway's durable task store on `warden-store` (sled).
+//! The gateway's durable task store: one seam, [`TaskBackend`], with two backends — sled
+//! ([`SledStore`], here: one gateway on one host, the default) and PostgreSQL (`store_pg.rs`:
+//! gateway replicas sharing one database).
 //!
+//! The seam is async because PostgreSQL is: a sync facade over an async client would block a
+//! runtime worker per call (issue 30 showed what a few blocked workers do to the gateway). The
+//! sled backend answers its async calls at once (sled's writes are in memory until
+//! [`TaskBackend::flush`], the one durability point, which waits on a blocking thread).
+//!
+//! The sled layout:
 //! Layout, chosen so that every change is one small write rather than a rewrite of the task:
 //! - tree `tasks`:     `<task id>` → [`TaskRecord`] (the task without history and artifacts)
 //! - tree `history`:   `<task id>/<seq:010>` → one [`Message`], or a JSON array of the messages
@@ -12,6 +20,7 @@
 //! Appended artifact chunks are stored as they stream and merged on read, so a long answer costs
 //! one write per coalesced update, not one rewrite of everything so far.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +43,226 @@ pub enum TaskStoreError {
     Encode(#[source] serde_json::Error),
     #[error("the store's background work stopped: {0}")]
     Background(String),
+    #[error("task database: {0}")]
+    Pg(#[from] warden_pgstate::PgError),
+}
+
+/// What the sweep knows of one context's remaining tasks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ContextUsage {
+    pub count: usize,
+    /// A task of the context is not terminal.
+    pub busy: bool,
+    pub last_status_micros: i64,
+}
+
+/// What pruning did: tasks deleted, and per context what remains.
+#[derive(Debug, Default, Clone)]
+pub struct Pruned {
+    pub deleted: usize,
+    pub contexts: HashMap<String, ContextUsage>,
+}
+
+/// The task store's one seam. Every backend keeps the same promises (held by the contract
+/// tests at the end of this file, run against both): a head never runs ahead of what was
+/// written before it, everything written before [`TaskBackend::flush`] returns Ok survives a
+/// crash, a task is visible only with its head, and a context has one principal for ever (until
+/// the sweep forgets it).
+#[tonic::async_trait]
+pub trait TaskBackend: Send + Sync + std::fmt::Debug {
+    /// Writes the task head. `record.task` should carry no history/artifacts (they are ignored).
+    async fn put_head(&self, record: &TaskRecord) -> Result<(), TaskStoreError>;
+    async fn head(&self, task_id: &str) -> Result<Option<TaskRecord>, TaskStoreError>;
+    /// Every task head of `principal` (ListTasks filters and orders them).
+    async fn heads_of(&self, principal: &str) -> Result<Vec<TaskRecord>, TaskStoreError>;
+    /// Stores the messages numbered `first_seq`, `first_seq + 1`, … of a task.
+    async fn put_history_segment(
+        &self,
+        task_id: &str,
+        first_seq: u64,
+        msgs: &[Message],
+    ) -> Result<(), TaskStoreError>;
+    async fn history(&self, task_id: &str) -> Result<Vec<Message>, TaskStoreError>;
+    /// Stores artifact chunks `(artifact index, chunk number, chunk)` atomically.
+    async fn put_artifact_chunks(
+        &self,
+        task_id: &str,
+        chunks: &[(u32, u64, ArtifactChunk)],
+    ) -> Result<(), TaskStoreError>;
+    /// The task's artifacts with appended chunks merged, in the order they were first produced.
+    async fn artifacts(&self, task_id: &str) -> Result<Vec<Artifact>, TaskStoreError>;
+
+    /// The whole task (head, history, artifacts) and its owner.
+    async fn load(&self, task_id: &str) -> Result<Option<(Task, TaskRecord)>, TaskStoreError> {
+        let Some(record) = self.head(task_id).await? else {
+            return Ok(None);
+        };
+        let mut task = record.task.clone();
+        task.history = self.history(task_id).await?;
+        task.artifacts = self.artifacts(task_id).await?;
+        Ok(Some((task, record)))
+    }
+
+    async fn context(&self, context_id: &str) -> Result<Option<ContextRecord>, TaskStoreError>;
+    async fn put_context(
+        &self,
+        context_id: &str,
+        rec: &ContextRecord,
+    ) -> Result<(), TaskStoreError>;
+    /// Claims a context for a new task, atomically across replicas: absent, `fresh` is stored;
+    /// present and `fresh.principal`'s, it is marked in use again (`last_task_micros` from
+    /// `fresh`, not closed); another principal's, it is left alone. Returns the record as it
+    /// stands after the call (the caller refuses when its principal is not the caller's).
+    async fn claim_context(
+        &self,
+        context_id: &str,
+        fresh: &ContextRecord,
+    ) -> Result<ContextRecord, TaskStoreError>;
+    /// Every context record.
+    async fn contexts(&self) -> Result<Vec<(String, ContextRecord)>, TaskStoreError>;
+    /// Deletes a context record unless it changed since `seen` was read; whether it did.
+    async fn forget_context(
+        &self,
+        context_id: &str,
+        seen: &ContextRecord,
+    ) -> Result<bool, TaskStoreError>;
+
+    /// Deletes tasks: head, history, artifacts, push configs (the head first).
+    async fn delete_tasks(&self, task_ids: &[&str]) -> Result<(), TaskStoreError>;
+
+    /// Stores (creating or replacing) one push config of a task, durably.
+    async fn put_push(&self, rec: &PushRecord) -> Result<(), TaskStoreError>;
+    /// A task's push configs, in config id order.
+    async fn push_configs(&self, task_id: &str) -> Result<Vec<PushRecord>, TaskStoreError>;
+    async fn push_config(
+        &self,
+        task_id: &str,
+        id: &str,
+    ) -> Result<Option<PushRecord>, TaskStoreError>;
+    /// Deletes one push config, durably; whether it existed.
+    async fn delete_push(&self, task_id: &str, id: &str) -> Result<bool, TaskStoreError>;
+
+    async fn task_count(&self) -> Result<usize, TaskStoreError>;
+
+    /// Everything written before the call is durable when it returns Ok.
+    async fn flush(&self) -> Result<(), TaskStoreError>;
+
+    /// Deletes what the retention rules say must go, per principal across every replica's
+    /// tasks: terminal tasks whose last status is older than `cutoff_micros`, then the oldest
+    /// terminal ones beyond `max_tasks` (a running task is never deleted, but counts).
+    async fn prune(&self, cutoff_micros: i64, max_tasks: usize) -> Result<Pruned, TaskStoreError>;
+
+    /// Tasks left submitted, working or waiting for input by a follower that is gone: with
+    /// sled, every such task at start (the one gateway restarted); with PostgreSQL, those whose
+    /// follower's lease ran out. Each is marked FAILED with a message saying why; returns them.
+    async fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError>;
+
+    /// Tasks another replica followed and stopped renewing (its lease ran out): candidates for
+    /// a takeover ([`TaskBackend::claim_orphan`]). None with sled.
+    async fn orphans(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Makes this replica the follower of an orphan, atomically: false when another replica
+    /// claimed it first, it ended, or its lease was renewed meanwhile.
+    async fn claim_orphan(&self, _task_id: &str) -> Result<bool, TaskStoreError> {
+        Ok(false)
+    }
+
+    /// Forgets what a task's turn produced (history after the caller's message, artifacts),
+    /// before a takeover writes it again from the turn's first event.
+    async fn reset_progress(&self, _task_id: &str) -> Result<(), TaskStoreError> {
+        Ok(())
+    }
+
+    /// Ends a task FAILED with a message saying `why` (unless it ended meanwhile); the record
+    /// as ended, or `None`.
+    async fn fail_task(
+        &self,
+        _rec: TaskRecord,
+        _why: &str,
+    ) -> Result<Option<TaskRecord>, TaskStoreError> {
+        Ok(None)
+    }
+
+    /// Holds an answer (the caller's SendMessage, JSON) to `task_id`'s question for the
+    /// replica following the task; its id, or `None` where no other replica exists (sled).
+    async fn forward_answer(
+        &self,
+        _task_id: &str,
+        _request: &[u8],
+    ) -> Result<Option<String>, TaskStoreError> {
+        Ok(None)
+    }
+
+    /// Answers held for tasks this replica follows: (answer id, task id, request JSON).
+    async fn answers_to_deliver(&self) -> Result<Vec<(String, String, Vec<u8>)>, TaskStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Records what delivering an answer did (`Ok`, or the refusal's text).
+    async fn set_answer_outcome(
+        &self,
+        _id: &str,
+        _outcome: Result<(), String>,
+    ) -> Result<(), TaskStoreError> {
+        Ok(())
+    }
+
+    /// What delivering answer `id` did, once its follower tried.
+    async fn answer_outcome(
+        &self,
+        _id: &str,
+    ) -> Result<Option<Result<(), String>>, TaskStoreError> {
+        Ok(None)
+    }
+
+    /// Renews the lease of every task this replica follows (`live`); returns those another
+    /// replica took over meanwhile (whose writes from here are ignored from then on: a
+    /// follower writes a task only while it owns it). A no-op for sled.
+    async fn renew_leases(&self, _live: &[String]) -> Result<Vec<String>, TaskStoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Ends a task (the terminal head `rec`) unless it ended already, whoever follows it: a
+    /// cancel that another replica's follower did not end in time. Whether it did.
+    async fn end_if_running(&self, rec: &TaskRecord) -> Result<bool, TaskStoreError>;
+
+    /// Whether other gateway replicas share this store (a task that is not live here may be
+    /// live on another one).
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Ids of tasks whose stored state changed on any replica (PostgreSQL's NOTIFY); `None`
+    /// for a store nobody else writes.
+    fn changes(&self) -> Option<tokio::sync::broadcast::Receiver<String>> {
+        None
+    }
+
+    /// `sled` or `postgres`, and where.
+    fn describe(&self) -> String;
+
+    /// Bytes on disk, where the backend knows them.
+    fn size_on_disk(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// The store every part of the gateway shares.
+pub type TaskStore = std::sync::Arc<dyn TaskBackend>;
+
+/// The message a task left running by a follower that is gone is failed with.
+pub fn orphaned_message(rec: &TaskRecord, why: &str) -> Message {
+    Message::agent_text(
+        &rec.task.id,
+        &rec.task.context_id,
+        format!(
+            "{why} while the task was {}; its turn could not be followed",
+            rec.task.status.state.as_str()
+        ),
+        None,
+    )
 }
 
 /// The stored head of a task: everything but its history and artifacts.
@@ -81,9 +310,9 @@ pub struct ArtifactChunk {
     pub append: bool,
 }
 
-/// The gateway's tasks, their history and artifacts.
+/// The gateway's tasks, their history and artifacts, in sled.
 #[derive(Clone)]
-pub struct TaskStore {
+pub struct SledStore {
     store: Store,
     tasks: Tree,
     history: Tree,
@@ -92,6 +321,8 @@ pub struct TaskStore {
     push: Tree,
     /// Every durability point of the gateway goes through one flush at a time (see [`Flushes`]).
     flushes: std::sync::Arc<Flushes>,
+    /// Held for every read-modify-write of a context record, so its ownership is decided once.
+    contexts_guard: std::sync::Arc<std::sync::Mutex<()>>,
     /// Tests hold this (write) to make every flush of this store wait, as a disk that takes its
     /// time with an fsync does.
     #[cfg(test)]
@@ -116,7 +347,7 @@ struct Flushes {
     state: std::sync::Mutex<FlushState>,
     /// Woken when a flush ends (callers waiting on a thread)…
     done: std::sync::Condvar,
-    /// …and callers waiting on the runtime ([`TaskStore::flush_async`]).
+    /// …and callers waiting on the runtime ([`SledStore::flush_async`]).
     ended: tokio::sync::watch::Sender<u64>,
 }
 
@@ -142,9 +373,9 @@ struct FlushState {
     made: u64,
 }
 
-impl std::fmt::Debug for TaskStore {
+impl std::fmt::Debug for SledStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskStore")
+        f.debug_struct("SledStore")
             .field("path", &self.store.path())
             .finish()
     }
@@ -186,7 +417,32 @@ fn push_merged(parts: &mut Vec<Part>, part: Part) {
     parts.push(part);
 }
 
-impl TaskStore {
+/// Merges one task's artifact chunks, in (artifact index, chunk) order, into its artifacts:
+/// appended chunks join the artifact, a non-append update replaces its content.
+pub fn merge_artifact_chunks(chunks: Vec<(u32, ArtifactChunk)>) -> Vec<Artifact> {
+    let mut out: Vec<Artifact> = Vec::new();
+    let mut current: Option<u32> = None;
+    for (index, chunk) in chunks {
+        let same = current == Some(index);
+        if same && chunk.append {
+            if let Some(last) = out.last_mut() {
+                for part in chunk.artifact.parts {
+                    push_merged(&mut last.parts, part);
+                }
+            }
+        } else if same {
+            if let Some(last) = out.last_mut() {
+                *last = chunk.artifact;
+            }
+        } else {
+            out.push(chunk.artifact);
+            current = Some(index);
+        }
+    }
+    out
+}
+
+impl SledStore {
     /// Opens (creating) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, TaskStoreError> {
         Self::open_with(dir, warden_store::StoreOptions::default())
@@ -206,6 +462,7 @@ impl TaskStore {
             push: store.tree("push")?,
             store,
             flushes: Default::default(),
+            contexts_guard: Default::default(),
             #[cfg(test)]
             flush_gate: Default::default(),
         })
@@ -395,7 +652,7 @@ impl TaskStore {
         self.delete_tasks(&[task_id])
     }
 
-    /// Deletes tasks as [`TaskStore::delete_task`] does, their heads first, in one batch per
+    /// Deletes tasks as [`SledStore::delete_task`] does, their heads first, in one batch per
     /// tree rather than three per task: a sweep deleting a wave's hundred tasks made three
     /// hundred sled batches, each sealing log buffers written by sled's IO pool (see `Flushes`).
     pub fn delete_tasks(&self, task_ids: &[&str]) -> Result<(), TaskStoreError> {
@@ -491,7 +748,7 @@ impl TaskStore {
         }
     }
 
-    /// [`TaskStore::flush`] for async callers: waiting holds no runtime worker, and the one
+    /// [`SledStore::flush`] for async callers: waiting holds no runtime worker, and the one
     /// flush that leads runs on a blocking thread.
     pub async fn flush_async(&self) -> Result<(), TaskStoreError> {
         let f = &self.flushes;
@@ -587,20 +844,11 @@ impl TaskStore {
     pub fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
         let mut changed = Vec::new();
         for mut rec in self.heads()? {
-            let state = rec.task.status.state;
-            if state.is_terminal() {
+            if rec.task.status.state.is_terminal() {
                 continue;
             }
             let now = crate::time::now_micros();
-            let msg = Message::agent_text(
-                &rec.task.id,
-                &rec.task.context_id,
-                format!(
-                    "gateway restarted while the task was {}; its turn could not be followed",
-                    state.as_str()
-                ),
-                None,
-            );
+            let msg = orphaned_message(&rec, "gateway restarted");
             // Numbered after every stored message (a segment holds several).
             let seq = self.history(&rec.task.id)?.len() as u64;
             self.put_history(&rec.task.id, seq, &msg)?;
@@ -615,6 +863,212 @@ impl TaskStore {
         }
         self.flush()?;
         Ok(changed)
+    }
+}
+
+/// Tasks a prune deletes per sled batch.
+const PRUNE_BATCH: usize = 256;
+
+/// The retention rules over `heads` (see [`TaskBackend::prune`]), in memory: sled has no query.
+pub fn doomed_by_retention(
+    heads: Vec<TaskRecord>,
+    cutoff_micros: i64,
+    max_tasks: usize,
+) -> (Vec<String>, HashMap<String, ContextUsage>) {
+    let mut by_principal: HashMap<String, Vec<TaskRecord>> = HashMap::new();
+    for h in heads {
+        by_principal.entry(h.principal.clone()).or_default().push(h);
+    }
+    let mut doomed: Vec<String> = Vec::new();
+    let mut contexts: HashMap<String, ContextUsage> = HashMap::new();
+    for (_, mut tasks) in by_principal {
+        // Oldest status first: the order in which terminal tasks are given up.
+        tasks.sort_by(|a, b| {
+            a.status_micros
+                .cmp(&b.status_micros)
+                .then_with(|| a.task.id.cmp(&b.task.id))
+        });
+        let mut remaining = tasks.len();
+        for t in tasks {
+            let terminal = t.task.status.state.is_terminal();
+            let expired = t.status_micros < cutoff_micros;
+            if terminal && (expired || remaining > max_tasks) {
+                doomed.push(t.task.id);
+                remaining -= 1;
+                continue;
+            }
+            let c = contexts.entry(t.task.context_id.clone()).or_default();
+            c.count += 1;
+            c.busy |= !terminal;
+            c.last_status_micros = c.last_status_micros.max(t.status_micros);
+        }
+    }
+    (doomed, contexts)
+}
+
+#[tonic::async_trait]
+impl TaskBackend for SledStore {
+    async fn put_head(&self, record: &TaskRecord) -> Result<(), TaskStoreError> {
+        SledStore::put_head(self, record)
+    }
+    async fn head(&self, task_id: &str) -> Result<Option<TaskRecord>, TaskStoreError> {
+        SledStore::head(self, task_id)
+    }
+    async fn heads_of(&self, principal: &str) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        let mut heads = self.heads()?;
+        heads.retain(|h| h.principal == principal);
+        Ok(heads)
+    }
+    async fn put_history_segment(
+        &self,
+        task_id: &str,
+        first_seq: u64,
+        msgs: &[Message],
+    ) -> Result<(), TaskStoreError> {
+        SledStore::put_history_segment(self, task_id, first_seq, msgs)
+    }
+    async fn history(&self, task_id: &str) -> Result<Vec<Message>, TaskStoreError> {
+        SledStore::history(self, task_id)
+    }
+    async fn put_artifact_chunks(
+        &self,
+        task_id: &str,
+        chunks: &[(u32, u64, ArtifactChunk)],
+    ) -> Result<(), TaskStoreError> {
+        SledStore::put_artifact_chunks(self, task_id, chunks)
+    }
+    async fn artifacts(&self, task_id: &str) -> Result<Vec<Artifact>, TaskStoreError> {
+        SledStore::artifacts(self, task_id)
+    }
+    async fn context(&self, context_id: &str) -> Result<Option<ContextRecord>, TaskStoreError> {
+        SledStore::context(self, context_id)
+    }
+    async fn put_context(
+        &self,
+        context_id: &str,
+        rec: &ContextRecord,
+    ) -> Result<(), TaskStoreError> {
+        SledStore::put_context(self, context_id, rec)
+    }
+    async fn claim_context(
+        &self,
+        context_id: &str,
+        fresh: &ContextRecord,
+    ) -> Result<ContextRecord, TaskStoreError> {
+        let _g = self
+            .contexts_guard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let rec = match SledStore::context(self, context_id)? {
+            Some(other) if other.principal != fresh.principal => return Ok(other),
+            Some(mut mine) => {
+                mine.last_task_micros = fresh.last_task_micros;
+                mine.closed_micros = None;
+                mine
+            }
+            None => fresh.clone(),
+        };
+        SledStore::put_context(self, context_id, &rec)?;
+        Ok(rec)
+    }
+    async fn contexts(&self) -> Result<Vec<(String, ContextRecord)>, TaskStoreError> {
+        SledStore::contexts(self)
+    }
+    async fn forget_context(
+        &self,
+        context_id: &str,
+        seen: &ContextRecord,
+    ) -> Result<bool, TaskStoreError> {
+        let _g = self
+            .contexts_guard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if SledStore::context(self, context_id)?.as_ref() != Some(seen) {
+            return Ok(false);
+        }
+        self.delete_context(context_id)?;
+        Ok(true)
+    }
+    async fn delete_tasks(&self, task_ids: &[&str]) -> Result<(), TaskStoreError> {
+        SledStore::delete_tasks(self, task_ids)
+    }
+    async fn put_push(&self, rec: &PushRecord) -> Result<(), TaskStoreError> {
+        self.push.put(
+            format!("{}/{}", rec.config.task_id, rec.config.id),
+            encode(rec)?,
+        )?;
+        self.flush_async().await
+    }
+    async fn push_configs(&self, task_id: &str) -> Result<Vec<PushRecord>, TaskStoreError> {
+        SledStore::push_configs(self, task_id)
+    }
+    async fn push_config(
+        &self,
+        task_id: &str,
+        id: &str,
+    ) -> Result<Option<PushRecord>, TaskStoreError> {
+        SledStore::push_config(self, task_id, id)
+    }
+    async fn delete_push(&self, task_id: &str, id: &str) -> Result<bool, TaskStoreError> {
+        let key = format!("{task_id}/{id}");
+        let existed = self.push.get(key.as_bytes())?.is_some();
+        self.push.delete(key.as_bytes())?;
+        self.flush_async().await?;
+        Ok(existed)
+    }
+    async fn task_count(&self) -> Result<usize, TaskStoreError> {
+        Ok(SledStore::task_count(self))
+    }
+    async fn flush(&self) -> Result<(), TaskStoreError> {
+        self.flush_async().await
+    }
+    async fn prune(&self, cutoff_micros: i64, max_tasks: usize) -> Result<Pruned, TaskStoreError> {
+        // Pure store work: off the async threads.
+        let store = self.clone();
+        let (doomed, contexts) = tokio::task::spawn_blocking(move || {
+            let heads = store.heads()?;
+            let (doomed, contexts) = doomed_by_retention(heads, cutoff_micros, max_tasks);
+            // A few batches for the whole sweep, not three per task (see `delete_tasks`).
+            for ids in doomed.chunks(PRUNE_BATCH) {
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                store.delete_tasks(&ids)?;
+            }
+            Ok::<_, TaskStoreError>((doomed, contexts))
+        })
+        .await
+        .map_err(|e| TaskStoreError::Background(e.to_string()))??;
+        if !doomed.is_empty() {
+            self.flush_async().await?;
+        }
+        Ok(Pruned {
+            deleted: doomed.len(),
+            contexts,
+        })
+    }
+    async fn end_if_running(&self, rec: &TaskRecord) -> Result<bool, TaskStoreError> {
+        let _g = self
+            .contexts_guard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match SledStore::head(self, &rec.task.id)? {
+            Some(h) if !h.task.status.state.is_terminal() => {
+                SledStore::put_head(self, rec)?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+    async fn recover(&self) -> Result<Vec<TaskRecord>, TaskStoreError> {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || SledStore::recover(&store))
+            .await
+            .map_err(|e| TaskStoreError::Background(e.to_string()))?
+    }
+    fn describe(&self) -> String {
+        format!("sled at {}", self.store.path().display())
+    }
+    fn size_on_disk(&self) -> Option<u64> {
+        self.store.size_on_disk().ok()
     }
 }
 
@@ -663,7 +1117,7 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         {
-            let s = TaskStore::open(dir.path())?;
+            let s = SledStore::open(dir.path())?;
             s.put_head(&record("t1", TaskState::Completed))?;
             let user = Message {
                 message_id: "m1".into(),
@@ -681,7 +1135,7 @@ mod tests {
             s.put_artifact_chunk("t1", 1, 0, &chunk("b", "note", false))?;
             s.flush()?;
         }
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         let (task, rec) = s.load("t1")?.ok_or("missing")?;
         assert_eq!(rec.principal, "alice");
         assert_eq!(task.history.len(), 1);
@@ -698,7 +1152,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let msg = |id: &str| Message::agent_text("t1", "ctx", id, None);
         {
-            let s = TaskStore::open(dir.path())?;
+            let s = SledStore::open(dir.path())?;
             s.put_head(&record("t1", TaskState::Working))?;
             s.put_history("t1", 0, &msg("m0"))?;
             s.put_history_segment("t1", 1, &[msg("m1"), msg("m2"), msg("m3")])?;
@@ -710,7 +1164,7 @@ mod tests {
             s.put_history_segment("t1", 7, &long)?;
             s.flush()?;
         }
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         let text = |m: &Message| serde_json::to_string(&m.parts).unwrap_or_default();
         let got: Vec<String> = s.history("t1")?.iter().map(text).collect();
         let want: Vec<String> = (0..400).map(|i| text(&msg(&format!("m{i}")))).collect();
@@ -731,7 +1185,7 @@ mod tests {
     fn recovery_fails_every_running_task_and_leaves_finished_ones()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         s.put_head(&record("done", TaskState::Completed))?;
         s.put_head(&record("run", TaskState::Working))?;
         s.put_head(&record("queued", TaskState::Submitted))?;
@@ -759,7 +1213,7 @@ mod tests {
     fn tasks_deleted_together_leave_nothing_behind_and_spare_their_neighbours()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         let ids: Vec<String> = (0..120).map(|i| format!("t{i}")).collect();
         for id in &ids {
             s.put_head(&record(id, TaskState::Completed))?;
@@ -792,7 +1246,7 @@ mod tests {
     fn a_deleted_task_leaves_nothing_behind_and_spares_its_neighbours()
     -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         // "t1" is a prefix of "t10": deleting t1 must not touch t10's history.
         for id in ["t1", "t10"] {
             s.put_head(&record(id, TaskState::Completed))?;
@@ -812,7 +1266,7 @@ mod tests {
     #[test]
     fn a_corrupt_record_is_an_error_not_a_panic() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         s.tasks.put("bad", "{not json")?;
         assert!(matches!(s.head("bad"), Err(TaskStoreError::Corrupt { .. })));
         Ok(())
@@ -825,7 +1279,7 @@ mod tests {
     #[test]
     fn tasks_flushing_at_once_share_flushes() -> Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         let closed = s.flush_gate.write().map_err(|_| "gate")?;
         let mut threads = Vec::new();
         for i in 0..16 {
@@ -871,7 +1325,7 @@ mod tests {
             .enable_all()
             .build()?;
         let dir = tempfile::tempdir()?;
-        let s = TaskStore::open(dir.path())?;
+        let s = SledStore::open(dir.path())?;
         let closed = s.flush_gate.write().map_err(|_| "gate")?;
         let leader = {
             let s = s.clone();
@@ -922,13 +1376,13 @@ mod tests {
         let per_wave = num("WARDEN_STORE_STRESS_TASKS", 100) as usize;
         let ungrouped = num("WARDEN_STORE_STRESS_UNGROUPED", 0) == 1;
         let dir = tempfile::tempdir()?;
-        let store = TaskStore::open_with(
+        let store = SledStore::open_with(
             dir.path(),
             warden_store::StoreOptions {
                 cache_capacity_bytes: 8 * 1024 * 1024,
             },
         )?;
-        let flush = move |s: &TaskStore| if ungrouped { s.flush_now() } else { s.flush() };
+        let flush = move |s: &SledStore| if ungrouped { s.flush_now() } else { s.flush() };
         let done = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
         let mut wave = 0u64;
@@ -1020,6 +1474,430 @@ mod tests {
                 "group commit"
             },
             store.flushes_made()
+        );
+        Ok(())
+    }
+}
+
+/// The promises of [`TaskBackend`], held by the same tests against both backends (PostgreSQL
+/// from a real cluster the test starts; printed SKIP where its binaries are missing, outside
+/// CI).
+#[cfg(test)]
+mod contract {
+    use super::*;
+    use crate::a2a::{Part, Role, TaskPushNotificationConfig};
+    use std::sync::Arc;
+
+    fn record(id: &str, principal: &str, ctx: &str, state: TaskState, at: i64) -> TaskRecord {
+        TaskRecord {
+            task: Task {
+                id: id.into(),
+                context_id: ctx.into(),
+                status: TaskStatus {
+                    state,
+                    message: None,
+                    timestamp: None,
+                },
+                artifacts: vec![],
+                history: vec![],
+                metadata: None,
+            },
+            principal: principal.into(),
+            agent: "scripted".into(),
+            created_micros: at,
+            status_micros: at,
+        }
+    }
+
+    fn user(task: &str, text: &str) -> Message {
+        Message {
+            message_id: format!("m-{text}"),
+            context_id: Some("ctx".into()),
+            task_id: Some(task.into()),
+            role: Role::User,
+            // A NUL and a non-ASCII character: stored as given.
+            parts: vec![Part::text(format!("{text}\u{0}é"))],
+            metadata: None,
+            extensions: vec![],
+            reference_task_ids: vec![],
+        }
+    }
+
+    fn chunk(id: &str, text: &str, append: bool) -> ArtifactChunk {
+        ArtifactChunk {
+            artifact: Artifact {
+                artifact_id: id.into(),
+                name: Some("answer".into()),
+                description: None,
+                parts: vec![Part::text(text)],
+                metadata: None,
+                extensions: vec![],
+            },
+            append,
+        }
+    }
+
+    fn ctx(principal: &str, at: i64) -> ContextRecord {
+        ContextRecord {
+            principal: principal.into(),
+            agent: "scripted".into(),
+            created_micros: at,
+            last_task_micros: at,
+            closed_micros: None,
+        }
+    }
+
+    async fn tasks_read_back_whole(s: &TaskStore) -> Result<(), Box<dyn std::error::Error>> {
+        s.put_head(&record("t1", "alice", "ctx", TaskState::Working, 10))
+            .await?;
+        s.put_history_segment("t1", 0, &[user("t1", "a")]).await?;
+        s.put_history_segment("t1", 1, &[user("t1", "b"), user("t1", "c")])
+            .await?;
+        s.put_artifact_chunks(
+            "t1",
+            &[
+                (0, 0, chunk("a", "Hel", false)),
+                (0, 1, chunk("a", "lo", true)),
+            ],
+        )
+        .await?;
+        s.put_artifact_chunks("t1", &[(1, 0, chunk("b", "note", false))])
+            .await?;
+        s.flush().await?;
+        let (task, rec) = s.load("t1").await?.ok_or("t1 missing")?;
+        assert_eq!(rec.principal, "alice");
+        let texts: Vec<String> = task.history.iter().map(|m| m.prompt_text()).collect();
+        assert_eq!(texts, vec!["a\u{0}é", "b\u{0}é", "c\u{0}é"]);
+        assert_eq!(task.artifacts.len(), 2);
+        assert_eq!(task.artifacts[0].parts, vec![Part::text("Hello")]);
+        assert_eq!(task.artifacts[1].parts, vec![Part::text("note")]);
+        assert!(s.load("t2").await?.is_none());
+        // Only the principal's own heads are listed.
+        s.put_head(&record("t2", "bob", "ctx-b", TaskState::Completed, 11))
+            .await?;
+        let mine: Vec<String> = s
+            .heads_of("alice")
+            .await?
+            .into_iter()
+            .map(|h| h.task.id)
+            .collect();
+        assert_eq!(mine, vec!["t1"]);
+        assert_eq!(s.task_count().await?, 2);
+        Ok(())
+    }
+
+    async fn a_context_has_one_principal(s: &TaskStore) -> Result<(), Box<dyn std::error::Error>> {
+        let first = s.claim_context("c", &ctx("alice", 1)).await?;
+        assert_eq!(first, ctx("alice", 1));
+        // Bob's claim leaves Alice's context alone and is told whose it is.
+        let other = s.claim_context("c", &ctx("bob", 2)).await?;
+        assert_eq!(other.principal, "alice");
+        assert_eq!(other.last_task_micros, 1);
+        // Alice's next task marks it in use again and reopens it.
+        let mut closed = first.clone();
+        closed.closed_micros = Some(5);
+        s.put_context("c", &closed).await?;
+        let again = s.claim_context("c", &ctx("alice", 9)).await?;
+        assert_eq!((again.last_task_micros, again.closed_micros), (9, None));
+        assert_eq!(again.created_micros, 1);
+        // Forgotten only as it was seen.
+        assert!(!s.forget_context("c", &first).await?);
+        assert!(s.forget_context("c", &again).await?);
+        assert!(s.context("c").await?.is_none());
+        Ok(())
+    }
+
+    async fn deletes_spare_neighbours(s: &TaskStore) -> Result<(), Box<dyn std::error::Error>> {
+        for id in ["d1", "d10"] {
+            s.put_head(&record(id, "alice", "ctx", TaskState::Completed, 1))
+                .await?;
+            s.put_history_segment(id, 0, &[user(id, "hi")]).await?;
+            s.put_artifact_chunks(id, &[(0, 0, chunk("a", "x", false))])
+                .await?;
+            s.put_push(&PushRecord {
+                principal: "alice".into(),
+                config: TaskPushNotificationConfig {
+                    tenant: None,
+                    id: "p1".into(),
+                    task_id: id.into(),
+                    url: "https://example.org/hook".into(),
+                    token: None,
+                    authentication: None,
+                },
+                created_micros: 1,
+            })
+            .await?;
+        }
+        assert_eq!(s.push_configs("d1").await?.len(), 1);
+        assert!(s.push_config("d1", "p1").await?.is_some());
+        s.delete_tasks(&["d1"]).await?;
+        assert!(s.load("d1").await?.is_none());
+        assert!(s.history("d1").await?.is_empty());
+        assert!(s.artifacts("d1").await?.is_empty());
+        assert!(s.push_configs("d1").await?.is_empty());
+        let (d10, _) = s.load("d10").await?.ok_or("d10 went too")?;
+        assert_eq!((d10.history.len(), d10.artifacts.len()), (1, 1));
+        assert!(s.delete_push("d10", "p1").await?);
+        assert!(!s.delete_push("d10", "p1").await?);
+        Ok(())
+    }
+
+    async fn retention_counts_per_principal(
+        s: &TaskStore,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        // Alice: 5 finished (at 1..=5), one running (at 0, the oldest); Bob: 2 finished.
+        for i in 1..=5 {
+            s.put_head(&record(
+                &format!("a{i}"),
+                "alice",
+                "ca",
+                TaskState::Completed,
+                i,
+            ))
+            .await?;
+        }
+        s.put_head(&record("arun", "alice", "cr", TaskState::Working, 0))
+            .await?;
+        s.put_head(&record("b1", "bob", "cb", TaskState::Failed, 1))
+            .await?;
+        s.put_head(&record("b2", "bob", "cb", TaskState::Completed, 2))
+            .await?;
+        // Nothing expired (cutoff 0), at most 3 each: Alice's three oldest finished go (the
+        // running one counts but stays), Bob keeps both.
+        let p = s.prune(0, 3).await?;
+        assert_eq!(p.deleted, 3);
+        let mut left: Vec<String> = s
+            .heads_of("alice")
+            .await?
+            .into_iter()
+            .map(|h| h.task.id)
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["a4", "a5", "arun"]);
+        assert_eq!(s.heads_of("bob").await?.len(), 2);
+        assert_eq!(
+            p.contexts.get("cr"),
+            Some(&ContextUsage {
+                count: 1,
+                busy: true,
+                last_status_micros: 0
+            })
+        );
+        assert_eq!(
+            p.contexts.get("ca").map(|c| (c.count, c.busy)),
+            Some((2, false))
+        );
+        // Expired: everything finished before 5 goes, whatever the count.
+        let p = s.prune(5, 100).await?;
+        assert_eq!(p.deleted, 3, "a4, b1, b2");
+        assert!(
+            s.head("arun").await?.is_some(),
+            "a running task is never deleted"
+        );
+        assert!(s.head("a5").await?.is_some());
+        Ok(())
+    }
+
+    async fn run_all(s: TaskStore) -> Result<(), Box<dyn std::error::Error>> {
+        tasks_read_back_whole(&s).await?;
+        a_context_has_one_principal(&s).await?;
+        deletes_spare_neighbours(&s).await?;
+        s.delete_tasks(&["t1", "t2", "d10"]).await?;
+        retention_counts_per_principal(&s).await?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn sled_keeps_the_contract() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        run_all(Arc::new(SledStore::open(dir.path())?)).await
+    }
+
+    fn cluster() -> Option<warden_pgstate::cluster::TestCluster> {
+        let c = warden_pgstate::cluster::TestCluster::start_or_skip()
+            .unwrap_or_else(|e| panic!("PostgreSQL: {e}"))?;
+        c.create_db("warden")
+            .unwrap_or_else(|e| panic!("createdb: {e}"));
+        Some(c)
+    }
+
+    async fn pg_store(
+        c: &warden_pgstate::cluster::TestCluster,
+    ) -> Result<crate::store_pg::PgStore, Box<dyn std::error::Error>> {
+        let pg = warden_pgstate::Pg::new(&warden_pgstate::StoreSection::postgres(c.url("warden")))?;
+        warden_pgstate::migrate::migrate(&pg).await?;
+        Ok(crate::store_pg::PgStore::new(pg))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_keeps_the_contract() -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        run_all(Arc::new(pg_store(&c).await?)).await
+    }
+
+    /// `max_tasks` counts a principal's tasks on every replica: A's and B's together, the
+    /// oldest finished ones going first whoever wrote them, from a sweep on either replica.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_max_tasks_counts_every_replicas_tasks()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        let a = pg_store(&c).await?;
+        let b = pg_store(&c).await?;
+        for i in 0..3 {
+            a.put_head(&record(
+                &format!("a{i}"),
+                "alice",
+                "ca",
+                TaskState::Completed,
+                2 * i,
+            ))
+            .await?;
+            b.put_head(&record(
+                &format!("b{i}"),
+                "alice",
+                "cb",
+                TaskState::Completed,
+                2 * i + 1,
+            ))
+            .await?;
+        }
+        b.put_head(&record("bob", "bob", "cc", TaskState::Completed, 0))
+            .await?;
+        // Four of Alice's six stay: a0 (0) and b0 (1) go, from A's sweep.
+        assert_eq!(a.prune(0, 4).await?.deleted, 2);
+        let mut left: Vec<String> = b
+            .heads_of("alice")
+            .await?
+            .into_iter()
+            .map(|h| h.task.id)
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["a1", "a2", "b1", "b2"]);
+        assert!(b.head("bob").await?.is_some(), "Bob's count is his own");
+        // The same sweep on B finds nothing more to do.
+        assert_eq!(b.prune(0, 4).await?.deleted, 0);
+        Ok(())
+    }
+
+    /// A takeover: once A's lease ran out, exactly one claim wins (B's), A's renewal is told
+    /// the task is no longer its own, and every later write of A (head, history, artifacts) is
+    /// ignored, while B's land; B's reset forgets what A wrote of the turn.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_takeover_has_one_winner_and_silences_the_old_follower()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        let a = pg_store(&c).await?;
+        let b = pg_store(&c).await?;
+        let b2 = pg_store(&c).await?;
+        a.put_head(&record("t", "alice", "c", TaskState::Working, 1))
+            .await?;
+        a.put_history_segment("t", 0, &[user("t", "q")]).await?;
+        a.put_history_segment("t", 1, &[user("t", "a-1")]).await?;
+        a.put_artifact_chunks("t", &[(0, 0, chunk("x", "from a", false))])
+            .await?;
+        assert!(!b.claim_orphan("t").await?, "the lease is fresh");
+        tokio::time::sleep(crate::store_pg::LEASE + std::time::Duration::from_millis(300)).await;
+        assert_eq!(b.orphans().await?.len(), 1);
+        let (w1, w2) = tokio::join!(b.claim_orphan("t"), b2.claim_orphan("t"));
+        let (w1, w2) = (w1?, w2?);
+        assert!(w1 ^ w2, "exactly one claim wins");
+        let (winner, loser) = if w1 { (&b, &b2) } else { (&b2, &b) };
+        assert!(winner.orphans().await?.is_empty() && loser.orphans().await?.is_empty());
+        assert!(!loser.claim_orphan("t").await?);
+        assert_eq!(
+            a.renew_leases(&["t".to_string()]).await?,
+            vec!["t".to_string()]
+        );
+        // A's late writes change nothing.
+        a.put_head(&record("t", "alice", "c", TaskState::Completed, 2))
+            .await?;
+        a.put_history_segment("t", 2, &[user("t", "a-2")]).await?;
+        a.put_artifact_chunks("t", &[(0, 1, chunk("x", " more from a", true))])
+            .await?;
+        let (t, _) = winner.load("t").await?.ok_or("gone")?;
+        assert_eq!(t.status.state, TaskState::Working);
+        assert_eq!(t.history.len(), 2);
+        assert_eq!(t.artifacts[0].parts, vec![Part::text("from a")]);
+        // The winner starts over from the turn's first event and its writes land.
+        winner.reset_progress("t").await?;
+        let (t, _) = winner.load("t").await?.ok_or("gone")?;
+        assert_eq!(
+            (t.history.len(), t.artifacts.len()),
+            (1, 0),
+            "the caller's message stays"
+        );
+        winner
+            .put_artifact_chunks("t", &[(0, 0, chunk("x", "from b", false))])
+            .await?;
+        winner
+            .put_head(&record("t", "alice", "c", TaskState::Completed, 3))
+            .await?;
+        let (t, _) = a.load("t").await?.ok_or("gone")?;
+        assert_eq!(t.status.state, TaskState::Completed);
+        assert_eq!(t.artifacts[0].parts, vec![Part::text("from b")]);
+        Ok(())
+    }
+
+    /// Two replicas on one database: a task one follows is not taken for an orphan by the
+    /// other while its lease is renewed; once it runs out (the follower died), the other ends
+    /// it FAILED, once, and a late write of the dead follower cannot bring it back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_fails_only_tasks_whose_follower_stopped()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let Some(c) = cluster() else { return Ok(()) };
+        let a = pg_store(&c).await?;
+        let b = pg_store(&c).await?;
+        let mut notes = b.changes().ok_or("no notes")?;
+        // B listens (its first note says so: anything may have changed before).
+        let listening = tokio::time::timeout(std::time::Duration::from_secs(5), notes.recv()).await;
+        assert!(
+            matches!(listening, Ok(Ok(ref s)) if s.is_empty()),
+            "{listening:?}"
+        );
+        a.put_head(&record("live", "alice", "c", TaskState::Working, 1))
+            .await?;
+        // B hears of A's write.
+        let heard = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            loop {
+                if let Ok(id) = notes.recv().await
+                    && id == "live"
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(heard.is_ok(), "B was not told of A's write");
+        assert!(b.recover().await?.is_empty(), "the lease is fresh");
+        a.renew_leases(&["live".to_string()]).await?;
+        assert!(b.recover().await?.is_empty());
+        // A stops renewing: past the lease, B ends the task.
+        tokio::time::sleep(crate::store_pg::LEASE + std::time::Duration::from_millis(300)).await;
+        assert!(
+            a.recover().await?.is_empty(),
+            "a replica never takes its own tasks"
+        );
+        let failed = b.recover().await?;
+        assert_eq!(failed.len(), 1);
+        assert!(b.recover().await?.is_empty(), "once");
+        let (t, _) = b.load("live").await?.ok_or("gone")?;
+        assert_eq!(t.status.state, TaskState::Failed);
+        assert!(
+            t.history
+                .last()
+                .is_some_and(|m| m.prompt_text().contains("stopped"))
+        );
+        // The dead follower's late write does not undo the end.
+        a.put_head(&record("live", "alice", "c", TaskState::Working, 2))
+            .await?;
+        assert_eq!(
+            a.renew_leases(&["live".to_string()]).await?,
+            Vec::<String>::new(),
+            "ended: nothing to renew, nothing taken"
+        );
+        assert_eq!(
+            b.head("live").await?.ok_or("gone")?.task.status.state,
+            TaskState::Failed
         );
         Ok(())
     }

@@ -35,6 +35,7 @@ use crate::mapping::{META_KEY, TurnMapper};
 use crate::push::Push;
 use crate::store::{ArtifactChunk, ContextRecord, TaskRecord, TaskStore, TaskStoreError};
 use crate::time::{format_micros, now_micros, parse_rfc3339};
+use tokio::sync::{mpsc, oneshot};
 
 /// How many events a subscriber may fall behind before its stream is closed with an error.
 pub const SUBSCRIBER_BUFFER: usize = 4096;
@@ -116,71 +117,24 @@ pub struct SweepReport {
     pub contexts_forgotten: usize,
 }
 
-/// What the sweep knows of one context's remaining tasks.
-#[derive(Debug, Default, Clone, Copy)]
-struct ContextTasks {
-    count: usize,
-    busy: bool,
-    last_status_micros: i64,
+/// What an answer to a task's question did: delivered here (the task is followed here), or by
+/// the replica following it (the task as stored right after).
+enum Answered {
+    Here(Arc<LiveTask>),
+    Elsewhere(Box<Task>),
 }
 
-/// Tasks a sweep deletes per store batch.
-const PRUNE_BATCH: usize = 256;
+/// How long an answer held for another replica waits for it to be delivered.
+const ANSWER_FORWARD_WAIT: Duration = Duration::from_secs(20);
+
+/// How long a takeover waits for the supervisor to answer `AttachTurn`.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long the sweep waits for the supervisor to close one conversation.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(15);
 
 fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
-
-/// Deletes what the retention rules say must go and returns, per context, what remains. Pure
-/// store work (no supervisor): run off the async threads.
-fn prune(
-    store: &TaskStore,
-    heads: Vec<TaskRecord>,
-    now: i64,
-    retention: &Retention,
-) -> Result<(usize, HashMap<String, ContextTasks>), TaskStoreError> {
-    let cutoff = now.saturating_sub(micros(retention.task_retention));
-    let mut by_principal: HashMap<String, Vec<TaskRecord>> = HashMap::new();
-    for h in heads {
-        by_principal.entry(h.principal.clone()).or_default().push(h);
-    }
-    let mut doomed: Vec<String> = Vec::new();
-    let mut contexts: HashMap<String, ContextTasks> = HashMap::new();
-    for (_, mut tasks) in by_principal {
-        // Oldest status first: the order in which terminal tasks are given up.
-        tasks.sort_by(|a, b| {
-            a.status_micros
-                .cmp(&b.status_micros)
-                .then_with(|| a.task.id.cmp(&b.task.id))
-        });
-        let mut remaining = tasks.len();
-        for t in tasks {
-            let terminal = t.task.status.state.is_terminal();
-            let expired = t.status_micros < cutoff;
-            if terminal && (expired || remaining > retention.max_tasks) {
-                doomed.push(t.task.id);
-                remaining -= 1;
-                continue;
-            }
-            let c = contexts.entry(t.task.context_id.clone()).or_default();
-            c.count += 1;
-            c.busy |= !terminal;
-            c.last_status_micros = c.last_status_micros.max(t.status_micros);
-        }
-    }
-    // A few batches for the whole sweep, not three per task (see `TaskStore::delete_tasks`).
-    for ids in doomed.chunks(PRUNE_BATCH) {
-        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        store.delete_tasks(&ids)?;
-    }
-    let deleted = doomed.len();
-    if deleted > 0 {
-        store.flush()?;
-    }
-    Ok((deleted, contexts))
 }
 
 /// One agent a caller may name.
@@ -308,12 +262,47 @@ struct LiveInner {
     answering: bool,
 }
 
+/// One write of a live task, applied in order by its writer ([`write_loop`]).
+enum Write {
+    Chunks(Vec<(u32, u64, ArtifactChunk)>),
+    History(u64, Vec<Message>),
+    Head(Box<TaskRecord>),
+    /// Answered once everything before it is written and durable.
+    Sync(oneshot::Sender<Result<(), String>>),
+}
+
+/// Applies a live task's writes in the order they were made. The task's state is changed
+/// under a std mutex, where nothing can be awaited, and the store is async (PostgreSQL): the
+/// writes leave the lock through this queue, in order, and [`LiveTask::sync`] waits for them.
+async fn write_loop(store: TaskStore, task_id: String, mut rx: mpsc::UnboundedReceiver<Write>) {
+    let mut failed: Option<String> = None;
+    while let Some(w) = rx.recv().await {
+        let r = match w {
+            Write::Chunks(chunks) => store.put_artifact_chunks(&task_id, &chunks).await,
+            Write::History(first, msgs) => store.put_history_segment(&task_id, first, &msgs).await,
+            Write::Head(rec) => store.put_head(&rec).await,
+            Write::Sync(done) => {
+                let r = match failed.take() {
+                    Some(e) => Err(e),
+                    None => store.flush().await.map_err(|e| e.to_string()),
+                };
+                let _ = done.send(r);
+                continue;
+            }
+        };
+        if let Err(e) = r {
+            tracing::error!(task_id = %task_id, error = %e, "cannot persist task update");
+            failed.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
 /// A task whose turn is still followed by this process.
 pub struct LiveTask {
     inner: Mutex<LiveInner>,
     tx: broadcast::Sender<SharedEvent>,
     state: watch::Sender<TaskState>,
-    store: TaskStore,
+    writes: mpsc::UnboundedSender<Write>,
     /// Where status changes are also delivered to the task's webhooks.
     push: Option<Arc<Push>>,
 }
@@ -339,6 +328,8 @@ impl LiveTask {
     ) -> Self {
         let (tx, _) = broadcast::channel(SUBSCRIBER_BUFFER);
         let (state, _) = watch::channel(TaskState::Submitted);
+        let (writes, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(store, task.id.clone(), rx));
         Self {
             inner: Mutex::new(LiveInner {
                 task,
@@ -354,17 +345,42 @@ impl LiveTask {
             }),
             tx,
             state,
-            store,
+            writes,
             push,
         }
     }
 
-    /// Applies mapped events: updates the task, persists each change, broadcasts it.
+    /// Waits until every write made so far is durable. Holds no lock: call it between
+    /// [`LiveTask::persist_unflushed`] and [`LiveTask::announce_all`].
+    async fn sync(&self) -> Result<(), String> {
+        let (done, rx) = oneshot::channel();
+        if self.writes.send(Write::Sync(done)).is_err() {
+            return Err("the task's writer stopped".into());
+        }
+        rx.await
+            .map_err(|_| "the task's writer stopped".to_string())?
+    }
+
+    /// Applies events that may end or interrupt the task: written and durable before anyone
+    /// is told (see [`waits_for_disk`]).
+    async fn settle(&self, events: Vec<StreamResponse>) {
+        if !waits_for_disk(&events) {
+            self.apply(&mut lock(&self.inner), events);
+            return;
+        }
+        self.persist_unflushed(&mut lock(&self.inner), &events);
+        if let Err(e) = self.sync().await {
+            tracing::error!(error = %e, "cannot persist task update");
+        }
+        self.announce_all(&mut lock(&self.inner), events);
+    }
+
+    /// Applies mapped events: updates the task, queues each change's write, broadcasts it.
+    /// Events that end or interrupt the task go through [`LiveTask::settle`] instead, which
+    /// waits for the disk before telling anyone.
     fn apply(&self, inner: &mut LiveInner, events: Vec<StreamResponse>) {
         for ev in events {
-            if let Err(e) = self.persist(inner, &ev, true) {
-                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
-            }
+            self.persist(inner, &ev);
             self.announce(inner, ev);
         }
         self.write_if_due(inner);
@@ -375,9 +391,7 @@ impl LiveTask {
     /// (not flushed); the caller flushes, then calls [`LiveTask::announce_all`].
     fn persist_unflushed(&self, inner: &mut LiveInner, events: &[StreamResponse]) {
         for ev in events {
-            if let Err(e) = self.persist(inner, ev, false) {
-                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task update");
-            }
+            self.persist(inner, ev);
         }
     }
 
@@ -423,26 +437,24 @@ impl LiveTask {
     /// memory; a crash loses at most [`PENDING_AGE`] of a task the restart marks FAILED anyway.
     fn write_pending(&self, inner: &mut LiveInner) {
         inner.pending_since = None;
+        // Queued in this order; the writer applies them in it (a failure is logged there and
+        // reported by the next `sync`).
         if !inner.pending.is_empty() {
             let chunks = std::mem::take(&mut inner.pending);
-            if let Err(e) = self.store.put_artifact_chunks(&inner.task.id, &chunks) {
-                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist artifact chunks");
-            }
+            let _ = self.writes.send(Write::Chunks(chunks));
         }
         if inner.pending_history > 0 {
             let n = std::mem::take(&mut inner.pending_history);
             let msgs = &inner.task.history[inner.task.history.len().saturating_sub(n)..];
             let first = inner.history_seq - msgs.len() as u64;
-            if let Err(e) = self.store.put_history_segment(&inner.task.id, first, msgs) {
-                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist task history");
-            }
+            let _ = self.writes.send(Write::History(first, msgs.to_vec()));
         }
         if inner.head_dirty {
             inner.head_dirty = false;
             inner.record.task.status = inner.task.status.clone();
-            if let Err(e) = self.store.put_head(&inner.record) {
-                tracing::error!(task_id = %inner.task.id, error = %e, "cannot persist the task's status");
-            }
+            let _ = self
+                .writes
+                .send(Write::Head(Box::new(inner.record.clone())));
         }
     }
 
@@ -462,13 +474,8 @@ impl LiveTask {
     }
 
     /// Takes one event into the task and the store's buffers; a terminal or interrupted status
-    /// writes them at once, and with `flush` waits for the disk too.
-    fn persist(
-        &self,
-        inner: &mut LiveInner,
-        ev: &StreamResponse,
-        flush: bool,
-    ) -> Result<(), TaskStoreError> {
+    /// queues them at once (the caller waits for them with [`LiveTask::sync`]).
+    fn persist(&self, inner: &mut LiveInner, ev: &StreamResponse) {
         match ev {
             StreamResponse::StatusUpdate(s) => {
                 inner.task.status = s.status.clone();
@@ -484,9 +491,6 @@ impl LiveTask {
                 // on disk before anyone is told.
                 if s.status.state.is_terminal() || s.status.state.is_interrupted() {
                     self.write_pending(inner);
-                    if flush {
-                        self.store.flush()?;
-                    }
                 }
             }
             StreamResponse::ArtifactUpdate(a) => {
@@ -522,7 +526,6 @@ impl LiveTask {
             }
             StreamResponse::Task(_) | StreamResponse::Message(_) => {}
         }
-        Ok(())
     }
 
     /// A stream of this task: the snapshot, then what follows. A stream opened on a task that is
@@ -644,7 +647,7 @@ pub struct Core {
     /// Held for every read-modify-write of a context record, and by the sweep when it forgets
     /// one, so ownership is decided once: two principals cannot both create a context, and a
     /// context is never forgotten between a task's ownership check and its write.
-    contexts_guard: Mutex<()>,
+    contexts_guard: tokio::sync::Mutex<()>,
     /// Contexts whose conversation the sweep is closing right now; a task starting in one waits
     /// on its gate before RunTurn, so the close never ends the new task's conversation.
     closing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -683,7 +686,7 @@ impl Core {
             store,
             supervisor: SupervisorServiceClient::new(channel),
             live: Mutex::new(HashMap::new()),
-            contexts_guard: Mutex::new(()),
+            contexts_guard: tokio::sync::Mutex::new(()),
             closing: Mutex::new(HashMap::new()),
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
@@ -889,48 +892,48 @@ impl Core {
             return Err(A2aError::InvalidParams("taskId is required".into()));
         }
         let task_id = cfg.task_id.clone();
-        self.owned(principal, &task_id)?;
+        self.owned(principal, &task_id).await?;
         let cfg = push.check(Some(&task_id), cfg).await?;
-        push.put(principal, cfg.clone())?;
+        push.put(principal, cfg.clone()).await?;
         Ok(cfg)
     }
 
     /// GetTaskPushNotificationConfig.
-    pub fn get_push_config(
+    pub async fn get_push_config(
         &self,
         principal: &str,
         task_id: &str,
         id: &str,
     ) -> Result<crate::a2a::TaskPushNotificationConfig, A2aError> {
         let push = self.push_or_unsupported()?;
-        self.owned(principal, task_id)?;
-        push.get(task_id, id)
+        self.owned(principal, task_id).await?;
+        push.get(task_id, id).await
     }
 
     /// ListTaskPushNotificationConfigs (one page: a task has at most `max_configs_per_task`).
-    pub fn list_push_configs(
+    pub async fn list_push_configs(
         &self,
         principal: &str,
         task_id: &str,
     ) -> Result<crate::a2a::ListTaskPushNotificationConfigsResponse, A2aError> {
         let push = self.push_or_unsupported()?;
-        self.owned(principal, task_id)?;
+        self.owned(principal, task_id).await?;
         Ok(crate::a2a::ListTaskPushNotificationConfigsResponse {
-            configs: push.list(task_id)?,
+            configs: push.list(task_id).await?,
             next_page_token: String::new(),
         })
     }
 
     /// DeleteTaskPushNotificationConfig.
-    pub fn delete_push_config(
+    pub async fn delete_push_config(
         &self,
         principal: &str,
         task_id: &str,
         id: &str,
     ) -> Result<(), A2aError> {
         let push = self.push_or_unsupported()?;
-        self.owned(principal, task_id)?;
-        push.delete(task_id, id)
+        self.owned(principal, task_id).await?;
+        push.delete(task_id, id).await
     }
 
     /// Runs [`Core::sweep`] every sweep interval until `stop`.
@@ -957,24 +960,67 @@ impl Core {
         }
     }
 
+    /// With a store shared by replicas: renews this replica's lease on every task it follows,
+    /// and takes over the tasks whose follower's lease ran out (a replica that died), every
+    /// third of a lease, until `stop`. Nothing to do for sled (one gateway; its restart
+    /// recovers).
+    pub async fn leases_forever(self: Arc<Self>, stop: CancellationToken) {
+        if !self.store.shared() {
+            return;
+        }
+        let mut tick = tokio::time::interval(crate::store_pg::LEASE / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let ids: Vec<String> = self
+                .live
+                .lock()
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+            match self.store.renew_leases(&ids).await {
+                Ok(lost) => {
+                    for id in lost {
+                        // Another replica follows it now (this one could not renew its lease
+                        // in time); its writes from here are ignored, and it is read from the
+                        // store.
+                        tracing::warn!(task_id = %id, "another gateway took over a task this one followed");
+                        if let Ok(mut m) = self.live.lock() {
+                            m.remove(&id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, tasks = ids.len(), "cannot renew the leases of the tasks this gateway follows")
+                }
+            }
+            match self.take_over_orphans().await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(tasks = n, "taking over tasks whose gateway stopped"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot look for tasks left by a stopped gateway")
+                }
+            }
+        }
+    }
+
     /// One sweep at time `now` (µs): prunes tasks, closes conversations idle past the TTL at the
     /// supervisor, and forgets contexts with no task left whose conversation is closed.
     pub async fn sweep(&self, now: i64) -> Result<SweepReport, TaskStoreError> {
         let retention = self.settings.retention;
-        let store = self.store.clone();
-        let (tasks_deleted, remaining) = tokio::task::spawn_blocking(move || {
-            let heads = store.heads()?;
-            prune(&store, heads, now, &retention)
-        })
-        .await
-        .map_err(|e| TaskStoreError::Background(e.to_string()))??;
+        let cutoff = now.saturating_sub(micros(retention.task_retention));
+        // Computed by the store over every replica's tasks (PostgreSQL: one query).
+        let pruned = self.store.prune(cutoff, retention.max_tasks).await?;
+        let remaining = pruned.contexts;
         let mut report = SweepReport {
-            tasks_deleted,
+            tasks_deleted: pruned.deleted,
             ..SweepReport::default()
         };
         let retention_micros = micros(retention.task_retention);
         let mut to_close = Vec::new();
-        for (cid, rec) in self.store.contexts()? {
+        for (cid, rec) in self.store.contexts().await? {
             let tasks = remaining.get(&cid).copied().unwrap_or_default();
             if tasks.busy {
                 continue;
@@ -997,7 +1043,7 @@ impl Core {
                     }
                 }
                 Some(_) if tasks.count == 0 && last.saturating_add(retention_micros) <= now => {
-                    if self.forget_context(&cid, &rec)? {
+                    if self.forget_context(&cid, &rec).await? {
                         report.contexts_forgotten += 1;
                     }
                 }
@@ -1051,7 +1097,8 @@ impl Core {
         // live (or has moved the record on) now; one that starts after it waits on the gate.
         let unchanged = self
             .store
-            .context(context_id)?
+            .context(context_id)
+            .await?
             .is_some_and(|r| r.last_task_micros == seen.last_task_micros);
         let mut closed = false;
         if unchanged && !self.context_busy(context_id) {
@@ -1076,28 +1123,14 @@ impl Core {
                         processes = r.processes,
                         "closed an idle conversation"
                     );
-                    let _g = self.contexts_guard.lock();
-                    if let Some(mut rec) = self.store.context(context_id)?
-                        && rec.last_task_micros == seen.last_task_micros
-                    {
-                        rec.closed_micros = Some(now);
-                        self.store.put_context(context_id, &rec)?;
-                        closed = true;
-                    }
+                    closed = self.mark_closed(context_id, seen, now).await?;
                 }
                 // On a lost cell (or never placed): there is nothing to close any more.
                 Ok(Err(status))
                     if self.cells.get().is_some() && status.code() == tonic::Code::NotFound =>
                 {
                     tracing::info!(context_id, reason = %status.message(), "idle context on no live cell: forgotten without a close");
-                    let _g = self.contexts_guard.lock();
-                    if let Some(mut rec) = self.store.context(context_id)?
-                        && rec.last_task_micros == seen.last_task_micros
-                    {
-                        rec.closed_micros = Some(now);
-                        self.store.put_context(context_id, &rec)?;
-                        closed = true;
-                    }
+                    closed = self.mark_closed(context_id, seen, now).await?;
                 }
                 Ok(Err(status)) => {
                     tracing::warn!(context_id, error = %status, "the supervisor did not close an idle conversation; retrying at the next sweep");
@@ -1116,19 +1149,37 @@ impl Core {
         Ok(closed)
     }
 
+    /// Marks `context_id` closed at `now`, unless a task started in it since `seen` was read.
+    async fn mark_closed(
+        &self,
+        context_id: &str,
+        seen: &ContextRecord,
+        now: i64,
+    ) -> Result<bool, TaskStoreError> {
+        let _g = self.contexts_guard.lock().await;
+        match self.store.context(context_id).await? {
+            Some(mut rec) if rec.last_task_micros == seen.last_task_micros => {
+                rec.closed_micros = Some(now);
+                self.store.put_context(context_id, &rec).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// Deletes a closed context with no task left, unless it changed since `seen` was read. Its
     /// id may then be used again, by anyone, as a new context: nothing of the old one remains.
-    fn forget_context(
+    async fn forget_context(
         &self,
         context_id: &str,
         seen: &ContextRecord,
     ) -> Result<bool, TaskStoreError> {
-        let _g = self.contexts_guard.lock();
-        if self.store.context(context_id)?.as_ref() != Some(seen) || self.context_busy(context_id) {
+        let _g = self.contexts_guard.lock().await;
+        if self.context_busy(context_id) {
             return Ok(false);
         }
-        self.store.delete_context(context_id)?;
-        if let Some(cells) = self.cells.get().cloned() {
+        let forgotten = self.store.forget_context(context_id, seen).await?;
+        if forgotten && let Some(cells) = self.cells.get().cloned() {
             let context_id = context_id.to_string();
             tokio::spawn(async move {
                 if let Err(e) = cells.forget(&context_id).await {
@@ -1136,7 +1187,7 @@ impl Core {
                 }
             });
         }
-        Ok(true)
+        Ok(forgotten)
     }
 
     /// The supervisor client for what any supervisor answers alike (agents, workspaces): the
@@ -1161,30 +1212,22 @@ impl Core {
     ) -> Result<(), A2aError> {
         let now = now_micros();
         {
-            let _g = self
-                .contexts_guard
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            let rec = match self.store.context(context_id).map_err(store_err)? {
-                Some(ctx) if ctx.principal != principal => {
-                    return Err(A2aError::TaskNotFound(format!("context {context_id}")));
-                }
-                Some(mut ctx) => {
-                    ctx.last_task_micros = now;
-                    ctx.closed_micros = None;
-                    ctx
-                }
-                None => ContextRecord {
-                    principal: principal.to_string(),
-                    agent: agent.to_string(),
-                    created_micros: now,
-                    last_task_micros: now,
-                    closed_micros: None,
-                },
+            let _g = self.contexts_guard.lock().await;
+            let fresh = ContextRecord {
+                principal: principal.to_string(),
+                agent: agent.to_string(),
+                created_micros: now,
+                last_task_micros: now,
+                closed_micros: None,
             };
-            self.store
-                .put_context(context_id, &rec)
+            let rec = self
+                .store
+                .claim_context(context_id, &fresh)
+                .await
                 .map_err(store_err)?;
+            if rec.principal != principal {
+                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
+            }
         }
         let gate = self
             .closing
@@ -1260,7 +1303,10 @@ impl Core {
     /// Marks tasks a previous process left running as FAILED and asks the supervisor to cancel
     /// their turns (best effort: the supervisor may be down or the turn long over).
     pub async fn recover(self: &Arc<Self>) -> Result<usize, TaskStoreError> {
-        let changed = self.store.recover()?;
+        if self.store.shared() {
+            return self.take_over_orphans().await;
+        }
+        let changed = self.store.recover().await?;
         let n = changed.len();
         for rec in changed {
             tracing::warn!(task_id = %rec.task.id, context_id = %rec.task.context_id, "task was running when the gateway stopped; marked FAILED");
@@ -1283,8 +1329,96 @@ impl Core {
         Ok(n)
     }
 
+    /// With replicas on one database: takes over every task whose follower stopped (its lease
+    /// ran out) and that this replica claims first ([`Core::take_over`]). Returns how many.
+    async fn take_over_orphans(self: &Arc<Self>) -> Result<usize, TaskStoreError> {
+        let mut n = 0;
+        for rec in self.store.orphans().await? {
+            if !self.store.claim_orphan(&rec.task.id).await? {
+                continue;
+            }
+            n += 1;
+            let core = self.clone();
+            let span = tracing::info_span!("task", task_id = %rec.task.id);
+            tokio::spawn(tracing::Instrument::instrument(core.take_over(rec), span));
+        }
+        Ok(n)
+    }
+
+    /// Follows a task whose gateway stopped: its turn is attached to at the supervisor
+    /// (`AttachTurn`, from its first event: the turn never depended on its RunTurn stream), and
+    /// the task is written again from those events, as its own follower would have (what the
+    /// stopped replica had written of them is replaced, so nothing is doubled). A turn the
+    /// supervisor no longer has ends the task FAILED, saying why.
+    async fn take_over(self: Arc<Self>, rec: TaskRecord) {
+        let id = rec.task.id.clone();
+        let context_id = rec.task.context_id.clone();
+        let attach = warden_proto::v1::AttachTurnRequest {
+            context_id: context_id.clone(),
+            turn_id: id.clone(),
+            principal: rec.principal.clone(),
+            after_seq: 0,
+        };
+        // The context's own supervisor: in `[cells]` mode its cell (a lost cell's turn cannot
+        // be followed any more, and ends FAILED below).
+        let attached = async {
+            let routed = self
+                .route(&context_id, None)
+                .await
+                .map_err(|f| tonic::Status::unavailable(f.message))?;
+            let r = routed.client.clone().attach_turn(attach).await?;
+            Ok::<_, tonic::Status>(routed.events(r.into_inner()))
+        };
+        let stream = match tokio::time::timeout(ATTACH_TIMEOUT, attached).await {
+            Ok(Ok(events)) => events,
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(status)) => format!(
+                        "the gateway following it stopped, and its turn cannot be followed ({})",
+                        status.message()
+                    ),
+                    _ => "the gateway following it stopped, and the supervisor did not answer"
+                        .to_string(),
+                };
+                tracing::warn!(task_id = %id, reason = %why, "cannot take over a task");
+                match self.store.fail_task(rec, &why).await {
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(task_id = %id, error = %e, "cannot end a task"),
+                }
+                return;
+            }
+        };
+        let task = match self.store.load(&id).await {
+            Ok(Some((task, _))) => task,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::error!(task_id = %id, error = %e, "cannot read a task to take over");
+                return;
+            }
+        };
+        if let Err(e) = self.store.reset_progress(&id).await {
+            tracing::error!(task_id = %id, error = %e, "cannot take over a task");
+            return;
+        }
+        let mut head = task;
+        head.history.truncate(1);
+        head.artifacts.clear();
+        let live = Arc::new(LiveTask::new(
+            head,
+            rec,
+            TurnMapper::new(&id, &context_id).with_coalesce_bytes(self.settings.coalesce_bytes),
+            self.store.clone(),
+            self.push().cloned(),
+        ));
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(id.clone(), live.clone());
+        }
+        tracing::info!(task_id = %id, context_id = %context_id, "took over a task whose gateway stopped");
+        self.follow_turn(live, stream).await;
+    }
+
     /// Loads a task the principal may see (TaskNotFound otherwise, whether or not it exists).
-    fn owned(&self, principal: &str, id: &str) -> Result<(Task, TaskRecord), A2aError> {
+    async fn owned(&self, principal: &str, id: &str) -> Result<(Task, TaskRecord), A2aError> {
         if let Some(live) = self.live(id) {
             let inner = lock(&live.inner);
             if inner.record.principal == principal {
@@ -1294,14 +1428,14 @@ impl Core {
             }
             return Err(A2aError::TaskNotFound(id.to_string()));
         }
-        match self.store.load(id).map_err(store_err)? {
+        match self.store.load(id).await.map_err(store_err)? {
             Some((task, rec)) if rec.principal == principal => Ok((task, rec)),
             _ => Err(A2aError::TaskNotFound(id.to_string())),
         }
     }
 
     /// GetTask.
-    pub fn get(
+    pub async fn get(
         &self,
         principal: &str,
         id: &str,
@@ -1312,13 +1446,13 @@ impl Core {
                 "historyLength must not be negative".into(),
             ));
         }
-        let (mut task, _) = self.owned(principal, id)?;
+        let (mut task, _) = self.owned(principal, id).await?;
         apply_history_length(&mut task, history_length)?;
         Ok(task)
     }
 
     /// ListTasks: the principal's tasks, newest status first.
-    pub fn list(
+    pub async fn list(
         &self,
         principal: &str,
         req: &ListTasksRequest,
@@ -1357,7 +1491,8 @@ impl Core {
         // live task stands.
         let mut heads: Vec<(TaskRecord, Option<Arc<LiveTask>>)> = self
             .store
-            .heads()
+            .heads_of(principal)
+            .await
             .map_err(store_err)?
             .into_iter()
             .map(|r| match self.live(&r.task.id) {
@@ -1402,9 +1537,9 @@ impl Core {
                 }
                 None => {
                     let mut task = rec.task.clone();
-                    task.history = self.store.history(&task.id).map_err(store_err)?;
+                    task.history = self.store.history(&task.id).await.map_err(store_err)?;
                     if include_artifacts {
-                        task.artifacts = self.store.artifacts(&task.id).map_err(store_err)?;
+                        task.artifacts = self.store.artifacts(&task.id).await.map_err(store_err)?;
                     }
                     task
                 }
@@ -1425,9 +1560,10 @@ impl Core {
         })
     }
 
-    /// SubscribeToTask.
-    pub fn subscribe(&self, principal: &str, id: &str) -> Result<Subscription, A2aError> {
-        let (task, _) = self.owned(principal, id)?;
+    /// SubscribeToTask. A task followed by another replica (a shared store) is followed here
+    /// through the store ([`follow`]).
+    pub async fn subscribe(&self, principal: &str, id: &str) -> Result<Subscription, A2aError> {
+        let (task, _) = self.owned(principal, id).await?;
         if task.status.state.is_terminal() {
             return Err(A2aError::UnsupportedOperation(format!(
                 "task {id} is in terminal state {}; it cannot be subscribed to",
@@ -1437,6 +1573,7 @@ impl Core {
         let permit = self.streams.open(principal)?;
         let sub = match self.live(id) {
             Some(live) => live.subscribe(),
+            None if self.store.shared() => follow(self.store.clone(), task),
             None => Subscription {
                 task,
                 events: None,
@@ -1447,11 +1584,63 @@ impl Core {
         Ok(self.held(sub, permit))
     }
 
+    /// CancelTask of a task another replica follows: the supervisor is asked directly (the
+    /// follower sees the turn end and writes CANCELED); when the stored task is not terminal
+    /// within the grace, it is ended CANCELED here (the store keeps the first end a task
+    /// reaches, so a late end from the follower cannot undo it).
+    async fn cancel_remote(&self, task: Task, rec: TaskRecord) -> Result<Task, A2aError> {
+        let req = CancelTurnRequest {
+            context_id: task.context_id.clone(),
+            turn_id: task.id.clone(),
+        };
+        let ask = async {
+            self.supervisor_of(&task.context_id)
+                .await?
+                .cancel_turn(req)
+                .await
+        };
+        match tokio::time::timeout(self.settings.cancel_grace, ask).await {
+            Ok(Ok(r)) => {
+                tracing::info!(task_id = %task.id, outcome = %r.get_ref().outcome, "cancel requested for a task another gateway follows")
+            }
+            Ok(Err(status)) => {
+                tracing::warn!(task_id = %task.id, error = %status, "supervisor refused or failed CancelTurn")
+            }
+            Err(_) => tracing::warn!(task_id = %task.id, "CancelTurn timed out"),
+        }
+        let deadline = tokio::time::Instant::now() + self.settings.cancel_grace;
+        loop {
+            if let Some((t, _)) = self.store.load(&task.id).await.map_err(store_err)?
+                && t.status.state.is_terminal()
+            {
+                return Ok(t);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let now = now_micros();
+        let mut rec = rec;
+        rec.task.status = TaskStatus {
+            state: TaskState::Canceled,
+            message: None,
+            timestamp: Some(format_micros(now)),
+        };
+        rec.status_micros = now;
+        self.store.end_if_running(&rec).await.map_err(store_err)?;
+        self.store.flush().await.map_err(store_err)?;
+        match self.store.load(&task.id).await.map_err(store_err)? {
+            Some((t, _)) => Ok(t),
+            None => Err(A2aError::TaskNotFound(task.id)),
+        }
+    }
+
     /// CancelTask: asks the supervisor to cancel the turn and returns the task once it is
     /// CANCELED. If the supervisor does not end the turn within the grace, or cannot be reached,
     /// the gateway ends the task CANCELED itself, so a cancel never hangs.
     pub async fn cancel(&self, principal: &str, id: &str) -> Result<Task, A2aError> {
-        let (task, _) = self.owned(principal, id)?;
+        let (task, rec) = self.owned(principal, id).await?;
         let not_cancelable = |t: &Task| {
             A2aError::TaskNotCancelable(format!(
                 "task {} is already {}",
@@ -1463,6 +1652,9 @@ impl Core {
             return Err(not_cancelable(&task));
         }
         let Some(live) = self.live(id) else {
+            if self.store.shared() {
+                return self.cancel_remote(task, rec).await;
+            }
             return Err(not_cancelable(&task));
         };
         lock(&live.inner).mapper.request_cancel();
@@ -1488,9 +1680,8 @@ impl Core {
             Err(_) => false,
         };
         if !reached || !live.terminal(self.settings.cancel_grace).await {
-            let mut inner = lock(&live.inner);
-            let events = inner.mapper.force_cancel(now_micros());
-            live.apply(&mut inner, events);
+            let events = lock(&live.inner).mapper.force_cancel(now_micros());
+            live.settle(events).await;
         }
         let snapshot = lock(&live.inner).task.clone();
         Ok(snapshot)
@@ -1555,7 +1746,7 @@ impl Core {
                 let push = self.push_or_unsupported()?;
                 let existing = msg.task_id.as_deref().filter(|t| !t.is_empty());
                 if let Some(t) = existing {
-                    self.owned(principal, t)?;
+                    self.owned(principal, t).await?;
                 }
                 Some(push.check(existing, cfg).await?)
             }
@@ -1582,17 +1773,24 @@ impl Core {
         let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
             Some(task_id) => {
                 if let (Some(cfg), Some(push)) = (push_cfg, self.push()) {
-                    push.put(principal, cfg)?;
+                    push.put(principal, cfg).await?;
                 }
-                self.answer(principal, task_id, &req).await?
+                match self.answer(principal, task_id, &req).await? {
+                    Answered::Here(live) => live,
+                    Answered::Elsewhere(task) => {
+                        return self
+                            .answered_elsewhere(*task, permit, return_immediately, history_length)
+                            .await;
+                    }
+                }
             }
             None => {
-                let (live, run) = self.start(principal, &req, agent_asked, push_cfg)?;
+                let (live, run) = self.start(principal, &req, agent_asked, push_cfg).await?;
                 // On disk before the caller is answered and the turn starts. Waited for without
                 // holding a runtime worker: a wave of tasks starting at once each waited for the
                 // disk on a worker, and with every worker waiting the gateway answered nothing,
                 // kept no SSE stream alive and accepted no connection (issue 30).
-                if let Err(e) = self.store.flush_async().await {
+                if let Err(e) = self.store.flush().await {
                     if let Ok(mut m) = self.live.lock() {
                         m.remove(&run.task_id);
                     }
@@ -1635,13 +1833,162 @@ impl Core {
     }
 
     /// A message on an existing task: only an INPUT_REQUIRED task takes one (it is the answer).
+    /// A task another replica follows gets it through the database: held there, delivered by
+    /// its follower ([`Core::answers_forever`]), and its outcome waited for.
     async fn answer(
         &self,
         principal: &str,
         task_id: &str,
         req: &SendMessageRequest,
+    ) -> Result<Answered, A2aError> {
+        if self.live(task_id).is_some() || !self.store.shared() {
+            return self
+                .answer_here(principal, task_id, req)
+                .await
+                .map(Answered::Here);
+        }
+        let (task, _) = self.owned(principal, task_id).await?;
+        if let Some(ctx) = req.message.context_id.as_deref().filter(|c| !c.is_empty())
+            && ctx != task.context_id
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "message.contextId {ctx:?} does not match task {task_id}'s context"
+            )));
+        }
+        if task.status.state != TaskState::InputRequired {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {task_id} is {} and not waiting for input",
+                task.status.state.as_str()
+            )));
+        }
+        let request = serde_json::to_vec(req)
+            .map_err(|e| A2aError::Internal(format!("cannot hold the answer: {e}")))?;
+        let mut notes = self.store.changes();
+        let Some(id) = self
+            .store
+            .forward_answer(task_id, &request)
+            .await
+            .map_err(store_err)?
+        else {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "task {task_id} is not waiting for input"
+            )));
+        };
+        let deadline = tokio::time::Instant::now() + ANSWER_FORWARD_WAIT;
+        loop {
+            match self.store.answer_outcome(&id).await.map_err(store_err)? {
+                Some(Ok(())) => break,
+                Some(Err(refusal)) => return Err(A2aError::UnsupportedOperation(refusal)),
+                None => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(A2aError::Internal(format!(
+                    "the gateway following task {task_id} did not deliver the answer within {ANSWER_FORWARD_WAIT:?}"
+                )));
+            }
+            let _ = tokio::time::timeout(
+                Duration::from_millis(100),
+                note_about(&mut notes, crate::store_pg::ANSWER_NOTE),
+            )
+            .await;
+        }
+        let (task, _) = self.owned(principal, task_id).await?;
+        Ok(Answered::Elsewhere(Box::new(task)))
+    }
+
+    /// The rest of a SendMessage whose answer another replica delivered: the task followed
+    /// through the store, as SubscribeToTask does, or waited for until it settles.
+    async fn answered_elsewhere(
+        &self,
+        task: Task,
+        permit: Option<crate::shares::StreamPermit>,
+        return_immediately: bool,
+        history_length: Option<i32>,
+    ) -> Result<SendOutcome, A2aError> {
+        if let Some(permit) = permit {
+            let sub = follow(self.store.clone(), task);
+            return Ok(SendOutcome::Stream(Box::new(self.held(sub, permit))));
+        }
+        let mut task = task;
+        if !return_immediately {
+            let mut notes = self.store.changes();
+            let answered_at = task.status.timestamp.clone();
+            loop {
+                let settled = task.status.state.is_terminal()
+                    || (task.status.state.is_interrupted() && task.status.timestamp != answered_at);
+                if settled {
+                    break;
+                }
+                let _ = tokio::time::timeout(FOLLOW_POLL, note_about(&mut notes, &task.id)).await;
+                if let Some((t, _)) = self.store.load(&task.id).await.map_err(store_err)? {
+                    task = t;
+                }
+            }
+        }
+        apply_history_length(&mut task, history_length)?;
+        Ok(SendOutcome::Task(Box::new(task)))
+    }
+
+    /// With a store shared by replicas: delivers the answers other replicas hold for the tasks
+    /// this one follows (woken by their note, and every second), and records what each did.
+    pub async fn answers_forever(self: Arc<Self>, stop: CancellationToken) {
+        let mut notes = self.store.changes();
+        if notes.is_none() {
+            return;
+        }
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = note_about(&mut notes, crate::store_pg::ANSWER_NOTE) => {}
+                _ = stop.cancelled() => return,
+            }
+            let held = match self.store.answers_to_deliver().await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the answers held for this gateway's tasks");
+                    continue;
+                }
+            };
+            for (id, task_id, request) in held {
+                // Only a task followed here (one being taken over is delivered next time).
+                if self.live(&task_id).is_none() {
+                    continue;
+                }
+                let outcome = match serde_json::from_slice::<SendMessageRequest>(&request) {
+                    Err(e) => Err(format!("the held answer cannot be read: {e}")),
+                    Ok(req) => {
+                        let principal = match self.store.head(&task_id).await {
+                            Ok(Some(h)) => h.principal,
+                            _ => continue,
+                        };
+                        match self.answer_here(&principal, &task_id, &req).await {
+                            Ok(live) => {
+                                // Written before the answering replica reads the task again.
+                                let _ = live.sync().await;
+                                Ok(())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                };
+                tracing::info!(task_id = %task_id, answer_id = %id, delivered = outcome.is_ok(), "delivered an answer held by another gateway");
+                if let Err(e) = self.store.set_answer_outcome(&id, outcome).await {
+                    tracing::warn!(task_id = %task_id, error = %e, "cannot record an answer's outcome");
+                }
+            }
+        }
+    }
+
+    /// [`Core::answer`] on a task this replica follows.
+    async fn answer_here(
+        &self,
+        principal: &str,
+        task_id: &str,
+        req: &SendMessageRequest,
     ) -> Result<Arc<LiveTask>, A2aError> {
-        let (task, _) = self.owned(principal, task_id)?;
+        let (task, _) = self.owned(principal, task_id).await?;
         if let Some(ctx) = req.message.context_id.as_deref().filter(|c| !c.is_empty())
             && ctx != task.context_id
         {
@@ -1706,7 +2053,7 @@ impl Core {
 
     /// A new task: records it (not yet flushed: the caller waits for the disk, then starts its
     /// turn with the returned request).
-    fn start(
+    async fn start(
         self: &Arc<Self>,
         principal: &str,
         req: &SendMessageRequest,
@@ -1736,38 +2083,13 @@ impl Core {
         };
         let now = now_micros();
         let agent = {
-            let _g = self
-                .contexts_guard
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            match self.store.context(&context_id).map_err(store_err)? {
-                Some(ctx) if ctx.principal != principal => {
-                    // Another principal's conversation does not exist for this caller.
-                    return Err(A2aError::TaskNotFound(format!("context {context_id}")));
-                }
-                Some(mut ctx) => {
-                    if !self.may_use(principal, &ctx.agent) {
-                        return Err(self.refuse_agent(principal, &ctx.agent));
-                    }
-                    if let Some(a) = &agent_asked
-                        && *a != ctx.agent
-                    {
-                        return Err(A2aError::InvalidParams(format!(
-                            "context {context_id} runs agent {:?}; start a new context for {a:?}",
-                            ctx.agent
-                        )));
-                    }
-                    // The context is in use again: the sweep measures idleness from here, and a
-                    // closed conversation is reopened by this task's RunTurn.
-                    ctx.last_task_micros = now;
-                    ctx.closed_micros = None;
-                    self.store
-                        .put_context(&context_id, &ctx)
-                        .map_err(store_err)?;
-                    ctx.agent
-                }
+            let _g = self.contexts_guard.lock().await;
+            // The agent a new context would run: checked before it is claimed.
+            let existing = self.store.context(&context_id).await.map_err(store_err)?;
+            let fresh_agent = match &existing {
+                Some(ctx) => ctx.agent.clone(),
                 None => {
-                    let agent = agent_asked.unwrap_or_else(|| self.agents().default);
+                    let agent = agent_asked.clone().unwrap_or_else(|| self.agents().default);
                     // The default too must be one of the caller's agents: for a restricted
                     // caller "the supervisor's default" ("") is named, so it can be checked.
                     if (agent.is_empty() && self.restricted(principal))
@@ -1775,21 +2097,40 @@ impl Core {
                     {
                         return Err(self.refuse_agent(principal, &agent));
                     }
-                    self.store
-                        .put_context(
-                            &context_id,
-                            &ContextRecord {
-                                principal: principal.to_string(),
-                                agent: agent.clone(),
-                                created_micros: now,
-                                last_task_micros: now,
-                                closed_micros: None,
-                            },
-                        )
-                        .map_err(store_err)?;
                     agent
                 }
+            };
+            // Claimed atomically (replicas share the store): the first principal owns it.
+            let ctx = self
+                .store
+                .claim_context(
+                    &context_id,
+                    &ContextRecord {
+                        principal: principal.to_string(),
+                        agent: fresh_agent,
+                        created_micros: now,
+                        last_task_micros: now,
+                        closed_micros: None,
+                    },
+                )
+                .await
+                .map_err(store_err)?;
+            if ctx.principal != principal {
+                // Another principal's conversation does not exist for this caller.
+                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
             }
+            if !self.may_use(principal, &ctx.agent) {
+                return Err(self.refuse_agent(principal, &ctx.agent));
+            }
+            if let Some(a) = &agent_asked
+                && *a != ctx.agent
+            {
+                return Err(A2aError::InvalidParams(format!(
+                    "context {context_id} runs agent {:?}; start a new context for {a:?}",
+                    ctx.agent
+                )));
+            }
+            ctx.agent
         };
         let task_id = uuid::Uuid::new_v4().to_string();
         let mut user = msg.clone();
@@ -1815,9 +2156,10 @@ impl Core {
             created_micros: now,
             status_micros: now,
         };
-        self.store.put_head(&record).map_err(store_err)?;
+        self.store.put_head(&record).await.map_err(store_err)?;
         self.store
-            .put_history(&task_id, 0, &user)
+            .put_history_segment(&task_id, 0, std::slice::from_ref(&user))
+            .await
             .map_err(store_err)?;
         let mut task = head;
         task.history.push(user.clone());
@@ -1832,7 +2174,7 @@ impl Core {
         // The task's webhook is stored before its turn starts, so it sees every change.
         if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
             cfg.task_id = task_id.clone();
-            push.put(principal, cfg)?;
+            push.put(principal, cfg).await?;
         }
         if let Ok(mut m) = self.live.lock() {
             m.insert(task_id.clone(), live.clone());
@@ -1874,11 +2216,6 @@ impl Core {
         if let Some(gate) = gate {
             let _ = gate.lock().await;
         }
-        let ended = |live: &LiveTask, reason: String| {
-            let mut inner = lock(&live.inner);
-            let events = inner.mapper.stream_ended(&reason, now_micros());
-            live.apply(&mut inner, events);
-        };
         let context_id = run.context_id.clone();
         let principal = run
             .open
@@ -1899,11 +2236,24 @@ impl Core {
         };
         match started {
             Err(fault) => {
-                let mut inner = lock(&live.inner);
-                let events = inner.mapper.not_started(fault, now_micros());
-                live.apply(&mut inner, events);
+                let events = lock(&live.inner).mapper.not_started(fault, now_micros());
+                live.settle(events).await;
+                self.finish(&live, &task_id).await;
             }
-            Ok(mut stream) => {
+            Ok(stream) => self.follow_turn(live, stream).await,
+        }
+    }
+
+    /// Follows a turn's event stream (its RunTurn, or an AttachTurn after a takeover) to the
+    /// task's end.
+    async fn follow_turn(&self, live: Arc<LiveTask>, mut stream: crate::cells::TurnEvents) {
+        let task_id = lock(&live.inner).task.id.clone();
+        let ended = async |live: &LiveTask, reason: String| {
+            let events = lock(&live.inner).mapper.stream_ended(&reason, now_micros());
+            live.settle(events).await;
+        };
+        {
+            {
                 loop {
                     // Take whatever is already there; only when the supervisor has nothing more
                     // ready is buffered text sent, which coalesces bursts without adding delay.
@@ -1948,7 +2298,7 @@ impl Core {
                             // The end of a task is on disk before anyone is told, and that
                             // wait holds no runtime worker (a wave's tasks end together).
                             if let Some(events) = settling {
-                                if let Err(e) = self.store.flush_async().await {
+                                if let Err(e) = live.sync().await {
                                     tracing::error!(task_id = %task_id, error = %e, "cannot persist task update");
                                 }
                                 live.announce_all(&mut lock(&live.inner), events);
@@ -1962,11 +2312,12 @@ impl Core {
                             ended(
                                 &live,
                                 format!("the turn stream failed: {}", status.message()),
-                            );
+                            )
+                            .await;
                             break;
                         }
                         None => {
-                            ended(&live, "the turn stream ended without a stop".into());
+                            ended(&live, "the turn stream ended without a stop".into()).await;
                             break;
                         }
                     }
@@ -1976,15 +2327,23 @@ impl Core {
                 }
             }
         }
+        self.finish(&live, &task_id).await;
+    }
+
+    /// The task is over here: everything written, then it is read from the store.
+    async fn finish(&self, live: &LiveTask, task_id: &str) {
         let state = {
             let mut inner = lock(&live.inner);
             // Read from the store from now on: nothing may stay buffered.
             live.write_pending(&mut inner);
             inner.task.status.state
         };
+        if let Err(e) = live.sync().await {
+            tracing::error!(task_id = %task_id, error = %e, "cannot persist task update");
+        }
         tracing::info!(task_id = %task_id, state = state.as_str(), "task finished");
         if let Ok(mut m) = self.live.lock() {
-            m.remove(&task_id);
+            m.remove(task_id);
         }
     }
 }
@@ -2004,6 +2363,149 @@ pub fn refused_fault(
         }
         _ => f,
     }
+}
+
+/// How often a follower reads its task again without a note (a note lost, or none sent).
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+
+/// A subscription to a task another replica follows: the stored task now, then the changes
+/// the follower writes, read again on each of the store's notes about the task (PostgreSQL's
+/// NOTIFY, sent by the write's own statement) and every [`FOLLOW_POLL`] at the latest.
+fn follow(store: TaskStore, task: Task) -> Subscription {
+    let (tx, rx) = broadcast::channel(SUBSCRIBER_BUFFER);
+    let changes = store.changes();
+    tokio::spawn(follow_loop(store, changes, task.clone(), tx));
+    Subscription {
+        task,
+        events: Some(rx),
+        permit: None,
+        keepalive: DEFAULT_KEEPALIVE,
+    }
+}
+
+/// Waits for a note about `id` ("" says anything may have changed).
+async fn note_about(changes: &mut Option<broadcast::Receiver<String>>, id: &str) {
+    let Some(rx) = changes else {
+        return std::future::pending().await;
+    };
+    loop {
+        match rx.recv().await {
+            Ok(t) if t == id || t.is_empty() => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => {
+                *changes = None;
+                return std::future::pending().await;
+            }
+        }
+    }
+}
+
+async fn follow_loop(
+    store: TaskStore,
+    mut changes: Option<broadcast::Receiver<String>>,
+    mut seen: Task,
+    tx: broadcast::Sender<SharedEvent>,
+) {
+    let mut tick = tokio::time::interval(FOLLOW_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // The first tick is at once: what changed before the note listener was there is read.
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = note_about(&mut changes, &seen.id) => {}
+        }
+        if tx.receiver_count() == 0 {
+            return;
+        }
+        let now = match store.load(&seen.id).await {
+            Ok(Some((t, _))) => t,
+            Ok(None) => {
+                // Deleted (retention) under the subscriber: nothing more will come.
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(task_id = %seen.id, error = %e, "cannot read a followed task; retrying");
+                continue;
+            }
+        };
+        for ev in task_changes(&seen, &now) {
+            let _ = tx.send(Arc::new(ev));
+        }
+        seen = now;
+        if seen.status.state.is_terminal() {
+            return;
+        }
+    }
+}
+
+/// The events that take a subscriber from `old` to `new`: each artifact that grew (the new
+/// parts appended) or changed (replaced), then the status when it changed.
+fn task_changes(old: &Task, new: &Task) -> Vec<StreamResponse> {
+    use crate::a2a::{TaskArtifactUpdateEvent, TaskStatusUpdateEvent};
+    let mut out = Vec::new();
+    for (i, art) in new.artifacts.iter().enumerate() {
+        let before = old.artifacts.get(i);
+        if before == Some(art) {
+            continue;
+        }
+        let (artifact, append) = match before.and_then(|b| appended(b, art)) {
+            Some(parts) => (
+                crate::a2a::Artifact {
+                    parts,
+                    ..art.clone()
+                },
+                true,
+            ),
+            None => (art.clone(), false),
+        };
+        out.push(StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: new.id.clone(),
+            context_id: new.context_id.clone(),
+            artifact,
+            append,
+            last_chunk: false,
+            metadata: None,
+        }));
+    }
+    if new.status != old.status {
+        out.push(StreamResponse::StatusUpdate(TaskStatusUpdateEvent {
+            task_id: new.id.clone(),
+            context_id: new.context_id.clone(),
+            status: new.status.clone(),
+            metadata: None,
+        }));
+    }
+    out
+}
+
+/// The parts that, appended to `old`'s, make `new`'s (text joined as the store joins it);
+/// `None` when `new` is not `old` grown.
+fn appended(
+    old: &crate::a2a::Artifact,
+    new: &crate::a2a::Artifact,
+) -> Option<Vec<crate::a2a::Part>> {
+    if old.artifact_id != new.artifact_id || new.parts.len() < old.parts.len() {
+        return None;
+    }
+    let mut extra = Vec::new();
+    for (i, p) in new.parts.iter().enumerate() {
+        match old.parts.get(i) {
+            Some(o) if o == p => {}
+            // The last old part is a text the new one continues.
+            Some(o) if i + 1 == old.parts.len() => match (&o.content, &p.content) {
+                (PartContent::Text(a), PartContent::Text(b))
+                    if b.starts_with(a.as_str()) && o.metadata == p.metadata =>
+                {
+                    extra.push(crate::a2a::Part::text(&b[a.len()..]));
+                }
+                _ => return None,
+            },
+            Some(_) => return None,
+            None => extra.push(p.clone()),
+        }
+    }
+    Some(extra)
 }
 
 /// What a RunTurn refused before its stream began means for the task. A refusal for a fault
@@ -2093,7 +2595,18 @@ mod tests {
         );
     }
 
-    fn live(store: &TaskStore) -> LiveTask {
+    use crate::store::SledStore;
+
+    /// A runtime for the live task's writer (tests drive it with `block_on`).
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn live(store: &Arc<SledStore>) -> LiveTask {
         let task = Task {
             id: "t1".into(),
             context_id: "c1".into(),
@@ -2116,7 +2629,7 @@ mod tests {
                 status_micros: 0,
             },
             TurnMapper::new("t1", "c1"),
-            store.clone(),
+            store.clone() as TaskStore,
             None,
         )
     }
@@ -2150,7 +2663,9 @@ mod tests {
     #[test]
     fn subscribers_see_a_consistent_snapshot_then_the_same_events_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let store = TaskStore::open(dir.path()).unwrap();
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let rt = runtime();
+        let _rt = rt.enter();
         let l = live(&store);
         let mut first = l.subscribe();
         feed(&l, Event::Started(TurnStarted::default()), false);
@@ -2194,6 +2709,7 @@ mod tests {
             "the late subscriber sees exactly the events after its snapshot"
         );
         // Storage agrees with memory: one merged answer, the final state, and it is flushed.
+        rt.block_on(l.sync()).unwrap();
         let (stored, _) = store.load("t1").unwrap().unwrap();
         assert_eq!(stored.status.state, TaskState::Completed);
         assert_eq!(
@@ -2211,8 +2727,10 @@ mod tests {
     #[test]
     fn the_end_of_a_task_is_told_only_after_it_is_on_disk() {
         let dir = tempfile::tempdir().unwrap();
-        let store = TaskStore::open(dir.path()).unwrap();
-        let l = live(&store);
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let rt = runtime();
+        let _rt = rt.enter();
+        let l = Arc::new(live(&store));
         let mut sub = l.subscribe();
         feed(&l, Event::Started(TurnStarted::default()), false);
         assert_eq!(drain(&mut sub).len(), 1, "WORKING is told at once");
@@ -2240,8 +2758,14 @@ mod tests {
             "nobody is told before the flush"
         );
         assert_eq!(*l.state.borrow(), TaskState::Working);
+        let syncing = rt.spawn({
+            let l = l.clone();
+            async move { l.sync().await }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!syncing.is_finished(), "the disk is shut: not durable yet");
         drop(closed);
-        store.flush().unwrap();
+        rt.block_on(syncing).unwrap().unwrap();
         l.announce_all(&mut lock(&l.inner), events);
         let told = drain(&mut sub);
         assert_eq!(told.len(), 1, "{told:#?}");
@@ -2263,7 +2787,8 @@ mod tests {
             .build()
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let store = TaskStore::open(dir.path()).unwrap();
+        let store = Arc::new(SledStore::open(dir.path()).unwrap());
+        let _rt = rt.enter();
         let l = Arc::new(live(&store));
         let mut sub = l.subscribe();
         feed(&l, Event::Started(TurnStarted::default()), false);
@@ -2326,8 +2851,9 @@ mod tests {
             .build()
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let store = TaskStore::open(dir.path()).unwrap();
-        let gate = store.flush_gate.clone();
+        let sled = SledStore::open(dir.path()).unwrap();
+        let gate = sled.flush_gate.clone();
+        let store: TaskStore = Arc::new(sled);
         let closed = gate.write().unwrap();
         let core = {
             let _rt = rt.enter();

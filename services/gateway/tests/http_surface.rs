@@ -19,7 +19,7 @@ use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
 use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
 use warden_gateway::http::router;
-use warden_gateway::store::TaskStore;
+use warden_gateway::store::{SledStore, TaskStore};
 use warden_gateway::tasks::{Core, CoreSettings};
 
 /// (name, extra headers, body, HTTP status, JSON-RPC code)
@@ -60,7 +60,7 @@ fn config() -> GatewayConfig {
 
 fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router {
     let cfg = config();
-    let store = TaskStore::open(&dir.join("store")).unwrap();
+    let store: TaskStore = std::sync::Arc::new(SledStore::open(&dir.join("store")).unwrap());
     let channel = warden_daemon::client::unix_channel(&dir.join("no-supervisor.sock"));
     let core = Core::new(
         store,

@@ -25,11 +25,18 @@ use crate::turn::{EndRequest, ToolSeen, TurnCtx};
 /// What a finished turn's id is remembered as (bounded).
 const FINISHED_MEMORY: usize = 512;
 
+/// How long an ended turn can still be attached to (`AttachTurn`), and how many are kept: long
+/// enough for a gateway replica to notice that the one following it stopped (its lease).
+pub const ATTACH_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+const ENDED_MEMORY: usize = 16;
+
 pub struct ConvState {
     pub status: pb::ConversationState,
     pub active: Option<Arc<TurnCtx>>,
     pub queue: VecDeque<Arc<TurnCtx>>,
     pub finished: VecDeque<String>,
+    /// Turns that ended, when, for [`ATTACH_GRACE`] (their events for `AttachTurn`).
+    pub ended: VecDeque<(Instant, Arc<TurnCtx>)>,
     /// Cancels that arrived before their turn.
     pub pending_cancel: HashSet<String>,
     pub last_activity: Instant,
@@ -119,6 +126,7 @@ impl Conversation {
                 active: None,
                 queue: VecDeque::new(),
                 finished: VecDeque::new(),
+                ended: VecDeque::new(),
                 pending_cancel: HashSet::new(),
                 last_activity: Instant::now(),
                 closing: false,
@@ -481,7 +489,7 @@ impl Conversation {
                 // Never started: ends cancelled without touching the agent.
                 t.request_end(EndRequest::Cancel);
                 self.finish_unstarted(&t);
-                self.remember_finished(t.id());
+                self.remember_finished(&t);
             }
             return "queued";
         }
@@ -543,12 +551,37 @@ impl Conversation {
         self.core.servant.stop().await;
     }
 
-    fn remember_finished(&self, id: &str) {
+    fn remember_finished(&self, turn: &Arc<TurnCtx>) {
         let mut st = self.st();
-        st.finished.push_back(id.to_string());
+        st.finished.push_back(turn.id().to_string());
         while st.finished.len() > FINISHED_MEMORY {
             st.finished.pop_front();
         }
+        st.ended.push_back((Instant::now(), turn.clone()));
+        while st.ended.len() > ENDED_MEMORY
+            || st
+                .ended
+                .front()
+                .is_some_and(|(at, _)| at.elapsed() > ATTACH_GRACE)
+        {
+            st.ended.pop_front();
+        }
+    }
+
+    /// The turn `turn_id` of this conversation to attach to: queued, running, or ended within
+    /// [`ATTACH_GRACE`].
+    pub fn turn_to_attach(&self, turn_id: &str) -> Option<Arc<TurnCtx>> {
+        let st = self.st();
+        if let Some(a) = st.active.as_ref().filter(|a| a.id() == turn_id) {
+            return Some(a.clone());
+        }
+        if let Some(q) = st.queue.iter().find(|q| q.id() == turn_id) {
+            return Some(q.clone());
+        }
+        st.ended
+            .iter()
+            .find(|(at, t)| t.id() == turn_id && at.elapsed() <= ATTACH_GRACE)
+            .map(|(_, t)| t.clone())
     }
 
     /// Answers a question of the active turn.
@@ -704,7 +737,7 @@ impl Conversation {
                     self.shared.live.set_busy(&self.core.info.context_id, false);
                 }
             }
-            self.remember_finished(turn.id());
+            self.remember_finished(&turn);
         }
     }
 

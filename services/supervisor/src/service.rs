@@ -942,6 +942,36 @@ impl SupervisorService for Api {
         ))))
     }
 
+    type AttachTurnStream = EventStream;
+
+    async fn attach_turn(
+        &self,
+        req: Request<pb::AttachTurnRequest>,
+    ) -> Result<Response<Self::AttachTurnStream>, Status> {
+        let r = req.into_inner();
+        check_context_id(&r.context_id)?;
+        check_id("turn_id", &r.turn_id)?;
+        let unknown =
+            || Status::not_found(format!("no turn {:?} in {:?}", r.turn_id, r.context_id));
+        let conv = self.0.get(&r.context_id).await.ok_or_else(unknown)?;
+        // Another principal's conversation does not exist for this caller.
+        if conv.core.info.principal != r.principal {
+            return Err(not_yours(&r.context_id));
+        }
+        let turn = conv.turn_to_attach(&r.turn_id).ok_or_else(unknown)?;
+        let rx = turn.attach(r.after_seq).ok_or_else(|| {
+            Status::out_of_range(format!(
+                "the events of turn {:?} after {} are no longer held",
+                r.turn_id, r.after_seq
+            ))
+        })?;
+        tracing::info!(context_id = %r.context_id, turn_id = %r.turn_id, after_seq = r.after_seq, "a caller attached to a turn");
+        Ok(Response::new(Box::pin(crate::batch::Batched::new(
+            UnboundedReceiverStream::new(rx),
+            crate::batch::EVENT_WINDOW,
+        ))))
+    }
+
     async fn answer_question(
         &self,
         req: Request<pb::AnswerQuestionRequest>,

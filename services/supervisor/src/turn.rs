@@ -2,7 +2,7 @@
 //! refusals collected for the stop event, pending questions, tool-call locations for merging
 //! into permission requests, retained-output accounting and the transcript.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -137,11 +137,25 @@ pub struct ToolSeen {
     pub raw_input_json: String,
 }
 
+/// Events of a turn held for callers that attach after it started (`AttachTurn`): at most this
+/// many (its retained output is bounded on its own; this bounds a flood of tiny events).
+pub const REPLAY_EVENTS: usize = 65_536;
+
+/// What a turn keeps for `AttachTurn`: every event sent (the newest [`REPLAY_EVENTS`]), who is
+/// attached, and whether its stop was sent.
+#[derive(Default)]
+struct Replay {
+    events: VecDeque<pb::TurnEvent>,
+    attached: Vec<mpsc::UnboundedSender<Result<pb::TurnEvent, tonic::Status>>>,
+    stopped: bool,
+}
+
 /// A turn, queued or active.
 pub struct TurnCtx {
     pub input: TurnInput,
     seq: AtomicU64,
     tx: mpsc::UnboundedSender<Result<pb::TurnEvent, tonic::Status>>,
+    replay: Mutex<Replay>,
     /// Requested by CancelTurn (or internally): the turn ends cancelled.
     pub cancel: CancellationToken,
     /// Set on any early end (cancel, end_turn decision, output limit, ...).
@@ -160,6 +174,7 @@ impl TurnCtx {
                 input,
                 seq: AtomicU64::new(0),
                 tx,
+                replay: Mutex::new(Replay::default()),
                 cancel: CancellationToken::new(),
                 end: CancellationToken::new(),
                 state: Mutex::new(TurnMut::default()),
@@ -177,14 +192,49 @@ impl TurnCtx {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sends one event (a client that went away is not an error: the turn goes on).
+    /// Sends one event (a client that went away is not an error: the turn goes on), and keeps
+    /// it for callers that attach later. Numbered under the replay's lock, so every stream sees
+    /// the events in one order.
     pub fn emit(&self, ev: Event) {
+        let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
         let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
-        let _ = self.tx.send(Ok(pb::TurnEvent {
+        let stop = matches!(ev, Event::Stop(_));
+        let ev = pb::TurnEvent {
             turn_id: self.input.id.clone(),
             seq,
             event: Some(ev),
-        }));
+        };
+        r.attached.retain(|a| a.send(Ok(ev.clone())).is_ok());
+        if stop {
+            r.stopped = true;
+            // Their streams end after the stop.
+            r.attached.clear();
+        }
+        if r.events.len() >= REPLAY_EVENTS {
+            r.events.pop_front();
+        }
+        r.events.push_back(ev.clone());
+        drop(r);
+        let _ = self.tx.send(Ok(ev));
+    }
+
+    /// A stream of this turn's events after `after_seq`: those already sent, then the live
+    /// ones until the stop. `None` when the events right after `after_seq` are no longer held.
+    pub fn attach(&self, after_seq: u64) -> Option<EventRx> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(first) = r.events.front()
+            && first.seq > after_seq + 1
+        {
+            return None;
+        }
+        for ev in r.events.iter().filter(|e| e.seq > after_seq) {
+            let _ = tx.send(Ok(ev.clone()));
+        }
+        if !r.stopped {
+            r.attached.push(tx);
+        }
+        Some(rx)
     }
 
     /// Records `kind`/`data` in the transcript (if open).

@@ -36,7 +36,7 @@ use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
 use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
 use warden_gateway::http::router;
-use warden_gateway::store::TaskStore;
+use warden_gateway::store::{SledStore, TaskStore};
 use warden_gateway::tasks::{Core, CoreSettings};
 use warden_proto::v1::supervisor_service_server::{SupervisorService, SupervisorServiceServer};
 use warden_proto::v1::{self as pb, TurnEvent, turn_event::Event};
@@ -116,6 +116,15 @@ impl SupervisorService for LoadGenerator {
             }));
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type AttachTurnStream = TurnStream;
+
+    async fn attach_turn(
+        &self,
+        _: Request<pb::AttachTurnRequest>,
+    ) -> Result<Response<TurnStream>, Status> {
+        Err(Status::unimplemented("load generator"))
     }
 
     async fn open_conversation(
@@ -342,7 +351,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let loaded =
         warden_daemon::config::load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_BENCH", &[])?;
     let cfg = loaded.value;
-    let store = TaskStore::open(&dir.path().join("store"))?;
+    let store: TaskStore = std::sync::Arc::new(SledStore::open(&dir.path().join("store"))?);
     let core = Core::new(
         store,
         warden_daemon::client::unix_channel(&sock),
@@ -451,8 +460,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "        {:>4}  {:>7.0}  {:>6}  {:>11}  {:>6}  {:>3}",
             wave + 1,
             rate,
-            core.store().task_count(),
-            core.store().size_on_disk()?,
+            core.store().task_count().await?,
+            core.store().size_on_disk().unwrap_or(0),
             proc_status_kb("VmRSS:"),
             open_fds()
         );
