@@ -408,15 +408,25 @@ impl AgentProc {
                 }
             }
         }
+        // An agent without the `modes` field may publish its modes as the `mode` config option
+        // only (OpenCode 1.18); it is then read, and set, the same way.
+        let option_mode = config_options
+            .as_ref()
+            .and_then(crate::translate::mode_from_config_options);
         let mut current = modes
             .as_ref()
             .map(|m| m.current_mode_id.clone())
+            .or(option_mode)
             .unwrap_or_default();
         let want = cfg.supervised_mode.clone();
         if !want.is_empty() {
-            let offered = modes
-                .as_ref()
-                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
+            let offered = match &modes {
+                Some(m) => m.available_modes.iter().any(|x| x.id == want),
+                None => config_options
+                    .as_ref()
+                    .and_then(crate::translate::modes_offered_in_config_options)
+                    .is_some_and(|ids| ids.contains(&want)),
+            };
             if !offered {
                 return Err(self
                     .fail(
@@ -710,6 +720,7 @@ fn start_egress(
         socket_dir: proxy.dir().to_path_buf(),
         port,
         mirrors,
+        loopback_direct: crate::adapters::talks_to_itself_over_loopback(cfg),
     };
     Ok((proxy, spec))
 }
@@ -735,16 +746,22 @@ fn spawn(
             .agent_program(cfg)
             .map_err(StartError::Spawn)?,
     };
+    // Set last: an operator's `set_env` does not take away what keeps the agent's own
+    // configuration warden's.
+    let forced = crate::adapters::forced_env(cfg);
     let keys: Vec<String> = cfg
         .env
         .iter()
         .cloned()
         .chain(cfg.set_env.keys().cloned())
+        .chain(forced.iter().map(|(k, _)| k.to_string()))
         .collect();
     let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings.file.sandbox.env_extra)
         .map_err(|e| StartError::Spawn(e.to_string()))?;
     let env = policy.build_from(
-        std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
+        std::env::vars_os()
+            .chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into())))
+            .chain(forced.iter().map(|(k, v)| (k.into(), v.into()))),
     );
     let secrets = secret_values(&env);
     let names: Vec<String> = env
@@ -754,6 +771,9 @@ fn spawn(
         .collect();
     let base_url = env
         .get("OPENAI_BASE_URL")
+        .map(|v| v.to_string_lossy().into_owned());
+    let model = env
+        .get("OPENAI_MODEL")
         .map(|v| v.to_string_lossy().into_owned());
     let mut spec = warden_sandbox::SpawnSpec::new(
         target.spawn_id.to_string(),
@@ -786,6 +806,9 @@ fn spawn(
     }
     spec.adapter_policy =
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
+    spec.adapter_policy.opencode_config =
+        crate::adapters::opencode_config(cfg, base_url.as_deref(), model.as_deref())
+            .map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
     let egress = if cfg.network == Network::Proxy {
         let (proxy, e) = start_egress(shared, target, binding, cfg, &spec.env)?;
