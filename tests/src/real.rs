@@ -898,7 +898,7 @@ pub async fn supervisor_figures(d: &Deployment) -> std::collections::HashMap<Str
 }
 
 /// The value of `key` in a supervisor log line (`key=value`, the value up to the next space).
-fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let at = line.find(&format!("{key}="))? + key.len() + 1;
     line[at..].split_whitespace().next()
 }

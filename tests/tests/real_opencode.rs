@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use warden_e2e::real::{self, Matrix, OPENCODE, Vocab};
+use warden_proto::v1::Verdict;
 
 fn opencode() -> Matrix {
     Matrix {
@@ -57,6 +58,135 @@ async fn opencode_settings_written_by_the_model_change_nothing() {
 #[tokio::test]
 async fn opencode_detached_children_die_with_cancel() {
     opencode().detached_children_die_with_cancel().await;
+}
+
+/// A misconfigured OpenCode (configuration that is not JSON in `OPENCODE_CONFIG_CONTENT`, an
+/// operator's value): the task FAILS and its message carries what OpenCode said on stderr.
+#[tokio::test]
+async fn opencode_misconfigured_fails_with_its_stderr() {
+    let mut m = opencode();
+    m.extra_sets.push((
+        "supervisor".into(),
+        r#"agents.opencode.set_env={ OPENCODE_CONFIG_CONTENT = "{\"permission\": nope" }"#.into(),
+    ));
+    let Some(r) = m.start().await else { return };
+    let sent = m.send(&r, &[]).await;
+    assert_eq!(sent.code, Some(1), "{}", sent.shown);
+    assert!(sent.shown.contains("[FAILED]"), "{}", sent.shown);
+    assert!(
+        sent.shown
+            .contains("OPENCODE_CONFIG_CONTENT is not valid JSON"),
+        "OpenCode's stderr is not in the message: {}",
+        sent.shown
+    );
+}
+
+/// warden's managed configuration is OpenCode's last word. The operator's home template makes
+/// a primary agent that allows every command and edit its default, and allows them at the top
+/// level too: the session still starts in `build` (the supervisor forces it through the `mode`
+/// config option, and says so), and the command is asked. (Without warden's managed file the
+/// template's `"bash": "allow"` stands: OpenCode's own default for commands is to run them.)
+#[tokio::test]
+async fn opencode_reads_wardens_managed_configuration() {
+    let template = tempfile::Builder::new()
+        .prefix("opencode-home")
+        .tempdir_in(warden_e2e::test_root())
+        .expect("a home template");
+    let config = template.path().join(".config/opencode");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(
+        config.join("opencode.json"),
+        r#"{"permission": {"bash": "allow", "edit": "allow", "external_directory": "allow"},
+            "default_agent": "yolo",
+            "agent": {"yolo": {"mode": "primary", "description": "everything allowed",
+                               "permission": {"bash": "allow", "edit": "allow"}}}}"#,
+    )
+    .unwrap();
+    let mut m = opencode();
+    m.extra_sets.push((
+        "supervisor".into(),
+        format!(
+            "agents.opencode.home={:?}",
+            template.path().to_string_lossy()
+        ),
+    ));
+    let Some(r) = m.start().await else { return };
+    let evs = real::supervisor_turn(
+        &r.d,
+        "opencode",
+        "opencode-managed-1",
+        "t1",
+        "",
+        real::script(&[Vocab::OpenCode.shell("echo x > {CWD}/x.txt")]),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    assert!(
+        asked.iter().any(|p| p.tool_kind == "execute"),
+        "the command was not asked: {evs:#?}\n{}",
+        r.model.answers()
+    );
+    let log = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+    let forced = log
+        .lines()
+        .find(|l| l.contains("started outside its supervised mode"))
+        .unwrap_or_default();
+    assert_eq!(real::log_field(forced, "from"), Some("yolo"), "{log}");
+    assert_eq!(real::log_field(forced, "to"), Some("build"), "{log}");
+    assert_eq!(r.in_state("x.txt").len(), 1, "{evs:#?}");
+}
+
+/// A `review` conversation runs OpenCode's `plan` agent (`mode=plan`): a write into the root
+/// does not land without an ALLOW, and no command runs without being asked.
+#[tokio::test]
+async fn opencode_review_plans_and_stays_supervised() {
+    let m = opencode();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        Vocab::OpenCode.write("{CWD}/planned.txt", "written in plan mode"),
+        Vocab::OpenCode.shell("echo ran > {CWD}/ran.txt"),
+    ];
+    let evs = real::supervisor_turn(
+        &r.d,
+        "opencode",
+        "opencode-plan-1",
+        "t1",
+        "review",
+        real::script(&steps),
+    )
+    .await;
+    let asked = real::decisions(&evs);
+    for p in &asked {
+        eprintln!(
+            "plan turn: {} {:?} -> {} ({})",
+            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
+        );
+    }
+    let answers = r.model.answers();
+    let allowed = |kind: &str| {
+        asked
+            .iter()
+            .any(|p| p.tool_kind == kind && p.verdict == Verdict::Allow as i32)
+    };
+    assert!(
+        r.in_state("planned.txt").is_empty() || allowed("edit"),
+        "{evs:#?}\n{answers}"
+    );
+    assert!(
+        r.in_state("ran.txt").is_empty() || allowed("execute"),
+        "{evs:#?}\n{answers}"
+    );
+    let log = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("planning for the verb") && l.contains("value=plan")),
+        "the plan mode was not set: {log}"
+    );
+    // The model was asked as OpenCode's plan agent (its plan-mode reminder in the request).
+    assert!(
+        r.model.log_text().to_lowercase().contains("plan mode"),
+        "the model was not asked in plan mode: {answers}"
+    );
 }
 
 /// How long a warm agent waits before it is taken: long enough for what an adapter does on its
