@@ -238,3 +238,33 @@ async fn opencode_reaches_nothing_but_its_model() {
     r.assert_model_reached_through_the_proxy(&ctx);
     assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
 }
+
+/// OpenCode's search tools (not asked: they only read) run `rg` from `PATH` (`.ci/run` installs
+/// ripgrep; without it OpenCode downloads ripgrep from GitHub, which the egress proxy refuses)
+/// and find what is in the root, with no connection but the model's.
+#[tokio::test]
+async fn opencode_search_tools_work_offline() {
+    let m = opencode();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        Vocab::OpenCode.write("{CWD}/needle.txt", "a haystack with one needle-4711 in it"),
+        r#"{"tool": "grep", "args": {"pattern": "needle-4711"}}"#.to_string(),
+        r#"{"tool": "glob", "args": {"pattern": "**/needle.txt"}}"#.to_string(),
+    ];
+    let sent = m.send(&r, &steps).await;
+    let ctx = r.ctx(&sent);
+    assert_eq!(sent.code, Some(0), "{ctx}");
+    let records = real::egress_records(&r.d);
+    assert!(
+        records
+            .iter()
+            .all(|rec| rec["allowed"] == true && rec["port"] == r.model.port),
+        "a connection other than to the fake model: {records:#?}\n{ctx}"
+    );
+    // What the tools answered went back to the model: the match and the file found.
+    let log = r.model.log_text();
+    assert!(
+        log.matches("needle.txt").count() >= 3 && log.contains("Found 1 match"),
+        "{ctx}"
+    );
+}
