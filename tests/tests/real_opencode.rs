@@ -268,3 +268,72 @@ async fn opencode_search_tools_work_offline() {
         "{ctx}"
     );
 }
+
+/// OpenCode's ACP front is a client of OpenCode's own server, which listens on loopback in the
+/// sandbox and answers permission requests for whoever asks. A command allowed once starts a
+/// background process that would answer every later request "always" before warden decides,
+/// and tries to trace OpenCode: its commands run in `warden-agent-shell`, where neither works,
+/// so every later command is still asked (without it, a client taking 1 s to decide was asked
+/// for two of three commands, the third ran unasked).
+#[tokio::test]
+async fn opencode_commands_cannot_answer_its_permission_requests() {
+    let m = opencode();
+    let Some(r) = m.start().await else { return };
+    let poller = r#"
+import json, time, urllib.request
+def tries(what, f):
+    try: return what + ' ' + str(f())
+    except Exception as e: return what + ' failed: ' + repr(e)
+end = time.time() + 25
+while time.time() < end:
+    def answer():
+        pending = json.load(urllib.request.urlopen('http://127.0.0.1:4096/permission', timeout=2))
+        for p in pending:
+            req = urllib.request.Request('http://127.0.0.1:4096/permission/%s/reply' % p['id'], data=b'{"reply": "always"}', headers={'Content-Type': 'application/json'}, method='POST')
+            urllib.request.urlopen(req, timeout=2)
+        return 'answered %d' % len(pending)
+    print(tries('poll', answer), flush=True)
+    time.sleep(0.05)
+"#;
+    let tracer = "import ctypes, os, sys\nl = ctypes.CDLL(None, use_errno=True)\nfor p in os.listdir('/proc'):\n    if p.isdigit() and open('/proc/%s/comm' % p).read().strip().startswith('opencode'):\n        print('seize', p, l.ptrace(0x4206, int(p), 0, 0), ctypes.get_errno())\n";
+    // The scripts travel in the command, in hex (no quoting to get wrong).
+    let hex = |text: &str| -> String { text.bytes().map(|b| format!("{b:02x}")).collect() };
+    let unhex = "/usr/bin/python3 -c 'import sys; open(sys.argv[1], \"w\").write(bytes.fromhex(sys.argv[2]).decode())'";
+    let steps = [
+        Vocab::OpenCode.shell(&format!(
+            "{unhex} {{CWD}}/poller.py {}; {unhex} {{CWD}}/tracer.py {}; \
+             setsid nohup /usr/bin/python3 {{CWD}}/poller.py > {{CWD}}/poller.log 2>&1 & \
+             /usr/bin/python3 {{CWD}}/tracer.py > {{CWD}}/tracer.log 2>&1; sleep 2",
+            hex(poller),
+            hex(tracer)
+        )),
+        Vocab::OpenCode.shell("echo two >> {CWD}/count.txt"),
+        Vocab::OpenCode.shell("echo three >> {CWD}/count.txt"),
+    ];
+    let sent = m.send(&r, &steps).await;
+    let ctx = r.ctx(&sent);
+    let read = |name: &str| {
+        r.in_state(name)
+            .first()
+            .map(|p| std::fs::read_to_string(p).unwrap_or_default())
+            .unwrap_or_default()
+    };
+    let polled = read("poller.log");
+    assert!(
+        polled.contains("poll"),
+        "the poller did not run: {polled}\n{ctx}"
+    );
+    assert!(
+        !polled.contains("answered"),
+        "it reached OpenCode's server: {polled}\n{ctx}"
+    );
+    // Refused by the kernel (Landlock: EACCES), not for want of a server.
+    assert!(polled.contains("Permission denied"), "{polled}\n{ctx}");
+    let traced = read("tracer.log");
+    assert!(
+        traced.contains("seize") && !traced.contains(" 0 0"),
+        "OpenCode was traced: {traced}\n{ctx}"
+    );
+    assert_eq!(read("count.txt"), "two\nthree\n", "{ctx}");
+    assert_eq!(sent.shown.matches("[policy] ALLOW").count(), 3, "{ctx}");
+}

@@ -117,7 +117,10 @@ pub const OPENCODE_MANAGED_CONFIG: &str = "/etc/opencode/opencode.json";
 /// asks (`permission`; a string replaces whatever pattern map a lower layer has, where a map
 /// would be merged key by key and a lower layer's `"git *": "allow"` would survive); no
 /// formatters (they run commands after an edit without asking) and no language servers
-/// (downloaded and started unasked); no automatic updates and no session sharing. A model
+/// (downloaded and started unasked); no snapshots (a git repository of OpenCode's in the
+/// agent's data directory, which it runs `git` in after each step, outside any tool call: a
+/// `core.fsmonitor` a command planted in its config would run there unasked); no automatic
+/// updates and no session sharing. A model
 /// provider for `OPENAI_BASE_URL` is added per agent (`warden_supervisor::adapters`). What a
 /// merge cannot take away (plugins and MCP servers of lower layers are added to, never
 /// replaced) is kept out by the environment warden sets (`OPENCODE_PURE`,
@@ -136,6 +139,7 @@ pub const OPENCODE_CONFIG_JSON: &str = r#"{
   },
   "formatter": false,
   "lsp": false,
+  "snapshot": false,
   "autoupdate": false,
   "share": "disabled"
 }

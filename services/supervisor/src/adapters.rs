@@ -199,6 +199,25 @@ pub fn talks_to_itself_over_loopback(cfg: &AgentConfig) -> bool {
     split_spec(&cfg.adapter).is_some_and(|(name, _)| name == "opencode-ai")
 }
 
+/// The port OpenCode's server listens on in its sandbox (`opencode acp --port`, the built-in's
+/// arguments): the one port its commands may not connect to.
+pub const OPENCODE_SERVER_PORT: u16 = 4096;
+
+/// The environment that makes OpenCode run its commands in `warden-agent-shell` (at `shell`,
+/// bound read-only): its commands may not reach OpenCode's own server, which answers
+/// permission requests for whoever asks (a command allowed once could otherwise answer the next
+/// ones "always" before warden decides), nor trace OpenCode.
+pub fn agent_shell_env(shell: &std::path::Path) -> Vec<(String, String)> {
+    vec![
+        ("SHELL".into(), shell.to_string_lossy().into_owned()),
+        (
+            "WARDEN_AGENT_SHELL_CLOSED_PORT".into(),
+            OPENCODE_SERVER_PORT.to_string(),
+        ),
+        ("WARDEN_AGENT_SHELL_PROGRAM".into(), "/bin/bash".into()),
+    ]
+}
+
 /// [`OPENCODE_ENV`] for `cfg` (empty unless warden manages its OpenCode configuration).
 pub fn forced_env(cfg: &AgentConfig) -> &'static [(&'static str, &'static str)] {
     if cfg.opencode_config.is_empty() {
@@ -364,6 +383,7 @@ mod tests {
         assert_eq!(v["small_model"], "warden/m1");
         assert_eq!(v["enabled_providers"], serde_json::json!(["warden"]));
         assert_eq!(v["formatter"], false);
+        assert_eq!(v["snapshot"], false);
         // Without a base URL nothing is added; without a configuration nothing is written.
         let text = opencode_config(&cfg, None, None).unwrap().unwrap();
         assert!(!text.contains("provider"));
@@ -376,6 +396,25 @@ mod tests {
         let mut bad = cfg;
         bad.opencode_config = "[1]".into();
         assert!(opencode_config(&bad, None, None).is_err());
+    }
+
+    #[test]
+    fn opencodes_server_listens_on_the_port_its_shell_may_not_reach() {
+        let cfg = crate::config::builtin_agents().remove("opencode").unwrap();
+        assert!(talks_to_itself_over_loopback(&cfg));
+        let port = OPENCODE_SERVER_PORT.to_string();
+        assert!(
+            cfg.args
+                .windows(2)
+                .any(|w| w[0] == "--port" && w[1] == port),
+            "{:?}",
+            cfg.args
+        );
+        let env = agent_shell_env(std::path::Path::new("/x/warden-agent-shell"));
+        assert!(env.contains(&("SHELL".into(), "/x/warden-agent-shell".into())));
+        assert!(env.contains(&("WARDEN_AGENT_SHELL_CLOSED_PORT".into(), port)));
+        let qwen = crate::config::builtin_agents().remove("qwen").unwrap();
+        assert!(!talks_to_itself_over_loopback(&qwen));
     }
 
     fn codex_cfg(config: &str) -> AgentConfig {

@@ -748,13 +748,26 @@ fn spawn(
     };
     // Set last: an operator's `set_env` does not take away what keeps the agent's own
     // configuration warden's.
-    let forced = crate::adapters::forced_env(cfg);
+    let shell = if crate::adapters::talks_to_itself_over_loopback(cfg) {
+        Some(crate::config::shipped_binary("warden-agent-shell").map_err(StartError::Spawn)?)
+    } else {
+        None
+    };
+    let forced: Vec<(String, String)> = crate::adapters::forced_env(cfg)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(
+            shell
+                .iter()
+                .flat_map(|s| crate::adapters::agent_shell_env(s)),
+        )
+        .collect();
     let keys: Vec<String> = cfg
         .env
         .iter()
         .cloned()
         .chain(cfg.set_env.keys().cloned())
-        .chain(forced.iter().map(|(k, _)| k.to_string()))
+        .chain(forced.iter().map(|(k, _)| k.clone()))
         .collect();
     let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings.file.sandbox.env_extra)
         .map_err(|e| StartError::Spawn(e.to_string()))?;
@@ -794,6 +807,7 @@ fn spawn(
     if let Some(a) = &adapter {
         spec.extra_ro_binds.push(a.modules.clone());
     }
+    spec.extra_ro_binds.extend(shell.iter().cloned());
     // allow_execute = false (in a root warden did not create): the floor denies execute tool
     // calls and terminals, and Landlock stops the agent's own shell — only its program (and an
     // adapter's package directory) may be executed.
@@ -801,7 +815,11 @@ fn spawn(
         spec.exec_only = Some(warden_sandbox::ExecOnly {
             launcher: crate::config::shipped_binary("warden-exec-limit")
                 .map_err(StartError::Spawn)?,
-            allow: adapter.iter().map(|a| a.modules.clone()).collect(),
+            allow: adapter
+                .iter()
+                .map(|a| a.modules.clone())
+                .chain(shell.iter().cloned())
+                .collect(),
         });
     }
     spec.adapter_policy =

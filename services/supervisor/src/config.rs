@@ -650,7 +650,7 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     // environment is `adapters::OPENCODE_ENV`, set over `set_env`.
     let mut opencode = AgentConfig::builtin(
         "",
-        &["acp"],
+        &["acp", "--port", "4096"],
         "build",
         &["plan"],
         &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"],
