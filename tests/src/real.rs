@@ -702,6 +702,16 @@ impl Matrix {
             r.in_state("planted.toml").is_empty(),
             "a policy was planted"
         );
+        // OpenCode's project and global configuration are still warden's placeholders (the
+        // root's `{}`) or absent (the home's, in its read-only directory).
+        for f in r.in_state("opencode.json") {
+            assert_eq!(
+                std::fs::read_to_string(&f).unwrap_or_default(),
+                "{}\n",
+                "{}",
+                f.display()
+            );
+        }
         // Gemini CLI's settings in every home are still warden's, its trusted folders none.
         for f in r.in_state("trustedFolders.json") {
             assert_eq!(std::fs::read_to_string(&f).unwrap_or_default(), "{}\n");
