@@ -108,8 +108,8 @@ pub const QWEN_SYSTEM_SETTINGS_JSON: &str = r#"{
 /// Where warden writes OpenCode's managed configuration: its managed config directory on Linux
 /// (`/etc/opencode`), merged after every other layer (remote, global, `OPENCODE_CONFIG`,
 /// project, `.opencode` directories, `OPENCODE_CONFIG_CONTENT`, the console's), so its keys win
-/// (`Config.loadInstanceState` of `opencode-ai` 1.18; "Managed settings" in OpenCode's config
-/// documentation).
+/// (`Config.loadInstanceState` of `opencode-ai` 1.18; "Precedence order" in OpenCode's config
+/// documentation, `docs/config`: managed config files, admin-controlled, come last).
 pub const OPENCODE_MANAGED_CONFIG: &str = "/etc/opencode/opencode.json";
 
 /// OpenCode's managed configuration (keys from OpenCode's config schema, `opencode-ai` 1.18).
