@@ -247,6 +247,14 @@ async fn opencode_search_tools_work_offline() {
     let m = opencode();
     let Some(r) = m.start().await else { return };
     let steps = [
+        // Where OpenCode looks for `rg` when none is on `PATH` is read-only: nothing planted
+        // there runs for its search tools, outside the shell commands are held in.
+        Vocab::OpenCode.shell(
+            "mkdir -p ~/.cache/opencode/bin; \
+             printf '#!/bin/sh\\ntouch {CWD}/planted-rg-ran\\n' > ~/.cache/opencode/bin/rg; \
+             chmod +x ~/.cache/opencode/bin/rg; echo tried > {CWD}/plant-tried.txt; \
+             test -e ~/.cache/opencode/bin/rg && echo landed > {CWD}/plant-landed.txt",
+        ),
         Vocab::OpenCode.write("{CWD}/needle.txt", "a haystack with one needle-4711 in it"),
         r#"{"tool": "grep", "args": {"pattern": "needle-4711"}}"#.to_string(),
         r#"{"tool": "glob", "args": {"pattern": "**/needle.txt"}}"#.to_string(),
@@ -260,6 +268,11 @@ async fn opencode_search_tools_work_offline() {
             .iter()
             .all(|rec| rec["allowed"] == true && rec["port"] == r.model.port),
         "a connection other than to the fake model: {records:#?}\n{ctx}"
+    );
+    assert_eq!(r.in_state("plant-tried.txt").len(), 1, "{ctx}");
+    assert!(
+        r.in_state("plant-landed.txt").is_empty() && r.in_state("planted-rg-ran").is_empty(),
+        "{ctx}"
     );
     // What the tools answered went back to the model: the match and the file found.
     let log = r.model.log_text();

@@ -11,7 +11,7 @@
 //!
 //! A read-only bind of a file does not stop a rename of the directory holding it (the mount
 //! moves along, and a fresh directory with a fresh file takes the old name), so the directories
-//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`, `~/.config`) are
+//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`, `~/.config`, `~/.cache`) are
 //! bound onto themselves read-write first: a mount point cannot be renamed or removed (EBUSY).
 //!
 //! git directories in the root are laid out by allowlist in git.rs, not here.
@@ -56,10 +56,11 @@ impl ControlBind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlKind {
     Dir,
-    /// A directory holding this file (name, content), created in it where absent: OpenCode
+    /// A directory holding this entry (name, kind), created in it where absent: OpenCode
     /// writes a `.gitignore` into each of its configuration directories as it starts, unless
-    /// one is there, and dies when it cannot (`Config.ensureGitignore`, `opencode-ai` 1.18).
-    DirWith(&'static str, &'static str),
+    /// one is there, and makes `bin` in its cache, and dies when it cannot
+    /// (`Config.ensureGitignore`, `opencode-ai` 1.18).
+    DirWith(&'static str, &'static ControlKind),
     /// A file with this content (`{}` for JSON: an empty file is not valid JSON, and an adapter
     /// that fails to parse it may fall back to defaults or refuse to start).
     File(&'static str),
@@ -107,7 +108,14 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (
         ".config",
         "opencode",
-        ControlKind::DirWith(".gitignore", OPENCODE_GITIGNORE),
+        ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
+    ),
+    // OpenCode's cache, where it looks for the `rg` its search tools run (unasked, and outside
+    // the shell its commands are held in) when there is none on `PATH`.
+    (
+        ".cache",
+        "opencode",
+        ControlKind::DirWith("bin", &ControlKind::Dir),
     ),
 ];
 
@@ -117,7 +125,7 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
 /// plugin SDK into it from the network at start when it may write there.
 pub const HOME_DIRS: &[(&str, ControlKind)] = &[(
     ".opencode",
-    ControlKind::DirWith(".gitignore", OPENCODE_GITIGNORE),
+    ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
 )];
 
 /// What OpenCode itself writes into a configuration directory's `.gitignore`.
@@ -266,10 +274,10 @@ fn ensure(
     }
 }
 
-/// Creates the file a `DirWith` directory holds, where absent (opened without following a
+/// Creates the entry a `DirWith` directory holds, where absent (opened without following a
 /// link: the directory may be the agent's).
 fn fill(dir: &OwnedFd, path: &Path, name: &str, kind: ControlKind) -> Result<(), SandboxError> {
-    let ControlKind::DirWith(file, content) = kind else {
+    let ControlKind::DirWith(entry, entry_kind) = kind else {
         return Ok(());
     };
     let inner = openat(
@@ -279,7 +287,7 @@ fn fill(dir: &OwnedFd, path: &Path, name: &str, kind: ControlKind) -> Result<(),
         Mode::empty(),
     )
     .map_err(|e| os("open", path, e))?;
-    ensure(&inner, path, file, ControlKind::File(content)).map(|_| ())
+    ensure(&inner, path, entry, *entry_kind).map(|_| ())
 }
 
 /// The root's control paths, created where absent, in bind order.
@@ -441,8 +449,8 @@ mod tests {
     fn home_config_files_are_created_in_agent_owned_directories() {
         let t = tempfile::tempdir().unwrap();
         let binds = prepare_home(t.path(), None).unwrap();
-        // Five pinned directories, then the read-only entries inside them.
-        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 5);
+        // Six pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 6);
         assert_eq!(
             binds.iter().filter(|b| !b.pin_only).count(),
             HOME_CONTROL.len() + HOME_DIRS.len()
