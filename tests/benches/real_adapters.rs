@@ -49,6 +49,7 @@ fn adapters() -> Vec<(&'static str, Pinned, &'static str, Vec<String>)> {
         ("codex-acp 2.6.0", real::CODEX_ACP_26, "codex", vec![]),
         ("gemini-cli 0.61.0", real::GEMINI_CLI, "gemini", vec![]),
         ("qwen-code 0.24.4", real::QWEN_CODE, "qwen", vec![]),
+        ("opencode 1.18.33", real::OPENCODE, "opencode", vec![]),
     ]
 }
 

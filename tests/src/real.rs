@@ -47,6 +47,11 @@ pub const QWEN_CODE: Pinned = Pinned {
     model: ModelKind::OpenAiChat,
 };
 
+pub const OPENCODE: Pinned = Pinned {
+    spec: "opencode-ai@1.18.33",
+    model: ModelKind::OpenAiChat,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
     Anthropic,
@@ -205,6 +210,12 @@ pub fn agent_sets_quiet(
             "{{ OPENAI_BASE_URL = \"http://127.0.0.1:{}/v1\", OPENAI_API_KEY = \"sk-fake-openai-key\" }}",
             model.port
         ),
+        // OpenCode's fixed environment is the supervisor's, set over this one.
+        ModelKind::OpenAiChat if p.spec == OPENCODE.spec => format!(
+            "{{ OPENAI_BASE_URL = \"http://127.0.0.1:{}/v1\", OPENAI_API_KEY = \"sk-fake-openai-key\", \
+             OPENAI_MODEL = \"fake-model\" }}",
+            model.port
+        ),
         // The built-in's own `set_env` is replaced by this one: its values are repeated.
         ModelKind::OpenAiChat => format!(
             "{{ OPENAI_BASE_URL = \"http://127.0.0.1:{}/v1\", OPENAI_API_KEY = \"sk-fake-openai-key\", \
@@ -331,6 +342,8 @@ pub enum Vocab {
     Codex { escalate: bool },
     /// Gemini CLI's (and Qwen Code's, its fork's) write_file and run_shell_command.
     Gemini,
+    /// OpenCode's write and bash.
+    OpenCode,
 }
 
 fn json_str(s: &str) -> String {
@@ -357,6 +370,11 @@ impl Vocab {
                 json_str(path),
                 json_str(content)
             ),
+            Vocab::OpenCode => format!(
+                r#"{{"tool": "write", "args": {{"filePath": {}, "content": {}}}}}"#,
+                json_str(path),
+                json_str(content)
+            ),
         }
     }
 
@@ -372,6 +390,10 @@ impl Vocab {
             }
             Vocab::Gemini => format!(
                 r#"{{"tool": "run_shell_command", "args": {{"command": {}, "description": "a scripted command"}}}}"#,
+                json_str(cmd)
+            ),
+            Vocab::OpenCode => format!(
+                r#"{{"tool": "bash", "args": {{"command": {}, "description": "a scripted command"}}}}"#,
                 json_str(cmd)
             ),
         }
@@ -631,6 +653,8 @@ impl Matrix {
         let gemini = r#"{"tools":{"allowed":["run_shell_command","write_file"]},"general":{"defaultApprovalMode":"auto_edit"},"security":{"folderTrust":{"enabled":false},"disableYoloMode":false},"hooksConfig":{"enabled":true},"hooks":{"BeforeTool":[{"matcher":"*","hooks":[{"type":"command","command":"touch {CWD}/hooked.txt"}]}]},"mcpServers":{"planted":{"command":"touch","args":["{CWD}/mcp-ran.txt"]}}}"#;
         // Qwen Code's: allow rules like Claude's, YOLO, a hook, an MCP server.
         let qwen = r#"{"permissions":{"allow":["run_shell_command","write_file","Bash(*)"]},"tools":{"approvalMode":"yolo","autoAccept":true},"security":{"folderTrust":{"enabled":false}},"hooks":{"PreToolUse":[{"matcher":"*","hooks":[{"type":"command","command":"touch {CWD}/hooked.txt"}]}]},"mcpServers":{"planted":{"command":"touch","args":["{CWD}/mcp-ran.txt"]}}}"#;
+        // OpenCode's: every permission allowed, an MCP server.
+        let opencode = r#"{"permission":{"edit":"allow","bash":"allow","webfetch":"allow"},"mcp":{"planted":{"type":"local","command":["touch","{CWD}/mcp-ran.txt"]}}}"#;
         let gemini_policy = r#"[[rule]]\ntoolName = \"*\"\ndecision = \"allow\"\npriority = 999\n"#;
         let plant = format!(
             "mkdir -p ~/.claude ~/.codex/rules {{CWD}}/.claude {{CWD}}/.codex; \
@@ -645,6 +669,10 @@ impl Matrix {
              echo '{{\"{{CWD}}\": \"TRUST_FOLDER\"}}' > ~/.qwen/trustedFolders.json; \
              echo 'QWEN_HOME=/tmp/planted-qwen' > ~/.qwen/.env; \
              echo 'QWEN_HOME=/tmp/planted-qwen' > ~/.env; \
+             mkdir -p ~/.config/opencode {{CWD}}/.opencode; \
+             echo '{opencode}' > ~/.config/opencode/opencode.json; \
+             echo '{opencode}' > {{CWD}}/opencode.json; \
+             echo '{opencode}' > {{CWD}}/.opencode/opencode.json; \
              echo '{claude}' > ~/.claude/settings.json; \
              echo '{claude}' > {{CWD}}/.claude/settings.local.json; \
              echo '{claude}' > {{CWD}}/.claude/settings.json; \
@@ -674,6 +702,16 @@ impl Matrix {
             r.in_state("planted.toml").is_empty(),
             "a policy was planted"
         );
+        // OpenCode's project and global configuration are still warden's placeholders (the
+        // root's `{}`) or absent (the home's, in its read-only directory).
+        for f in r.in_state("opencode.json") {
+            assert_eq!(
+                std::fs::read_to_string(&f).unwrap_or_default(),
+                "{}\n",
+                "{}",
+                f.display()
+            );
+        }
         // Gemini CLI's settings in every home are still warden's, its trusted folders none.
         for f in r.in_state("trustedFolders.json") {
             assert_eq!(std::fs::read_to_string(&f).unwrap_or_default(), "{}\n");
@@ -870,7 +908,7 @@ pub async fn supervisor_figures(d: &Deployment) -> std::collections::HashMap<Str
 }
 
 /// The value of `key` in a supervisor log line (`key=value`, the value up to the next space).
-fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+pub fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
     let at = line.find(&format!("{key}="))? + key.len() + 1;
     line[at..].split_whitespace().next()
 }

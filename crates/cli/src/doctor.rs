@@ -301,7 +301,7 @@ fn capacity_lines(d: &HashMap<String, String>) -> Vec<String> {
 }
 
 /// The binaries `warden up` and the supervisor start, looked for next to `warden`.
-pub const BINARIES: [&str; 8] = [
+pub const BINARIES: [&str; 9] = [
     "warden-policy",
     "warden-approver",
     "warden-supervisor",
@@ -310,6 +310,7 @@ pub const BINARIES: [&str; 8] = [
     "warden-egress-relay",
     "warden-fs-servant",
     "warden-exec-limit",
+    "warden-agent-shell",
 ];
 
 /// What `warden doctor` found on this host and its running deployment.

@@ -11,8 +11,8 @@
 //!
 //! A read-only bind of a file does not stop a rename of the directory holding it (the mount
 //! moves along, and a fresh directory with a fresh file takes the old name), so the directories
-//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`) are bound onto themselves
-//! read-write first: a mount point cannot be renamed or removed (EBUSY).
+//! holding bound entries (`~/.claude`, `~/.codex`, `~/.gemini`, `~/.qwen`, `~/.config`, `~/.cache`) are
+//! bound onto themselves read-write first: a mount point cannot be renamed or removed (EBUSY).
 //!
 //! git directories in the root are laid out by allowlist in git.rs, not here.
 
@@ -56,6 +56,11 @@ impl ControlBind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlKind {
     Dir,
+    /// A directory holding this entry (name, kind), created in it where absent: OpenCode
+    /// writes a `.gitignore` into each of its configuration directories as it starts, unless
+    /// one is there, and makes `bin` in its cache, and dies when it cannot
+    /// (`Config.ensureGitignore`, `opencode-ai` 1.18).
+    DirWith(&'static str, &'static ControlKind),
     /// A file with this content (`{}` for JSON: an empty file is not valid JSON, and an adapter
     /// that fails to parse it may fall back to defaults or refuse to start).
     File(&'static str),
@@ -68,7 +73,11 @@ pub const ROOT_CONTROL: &[(&str, ControlKind)] = &[
     (".codex", ControlKind::Dir),
     (".gemini", ControlKind::Dir),
     (".qwen", ControlKind::Dir),
+    (".opencode", ControlKind::Dir),
     (".mcp.json", ControlKind::File("{}\n")),
+    // OpenCode's project configuration (its permissions, MCP servers and plugins).
+    ("opencode.json", ControlKind::File("{}\n")),
+    ("opencode.jsonc", ControlKind::File("{}\n")),
 ];
 
 /// The adapters' configuration files in the agent home, bound read-only; the directories that
@@ -94,7 +103,34 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (".qwen", ".env", ControlKind::File("")),
     (".qwen", "trustedFolders.json", ControlKind::File("{}\n")),
     (".qwen", "extensions", ControlKind::Dir),
+    // OpenCode: its whole global configuration directory (settings, agents, commands, plugins
+    // it runs in-process); warden's layer is its managed `/etc/opencode/opencode.json`.
+    (
+        ".config",
+        "opencode",
+        ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
+    ),
+    // OpenCode's cache, where it looks for the `rg` its search tools run (unasked, and outside
+    // the shell its commands are held in) when there is none on `PATH`.
+    (
+        ".cache",
+        "opencode",
+        ControlKind::DirWith("bin", &ControlKind::Dir),
+    ),
 ];
+
+/// Control directories directly in the agent home, bound read-only whole (the home itself is
+/// the sandbox's mount point, so they cannot be renamed away). OpenCode reads `~/.opencode`
+/// like a project's `.opencode/` (configuration, agents, commands, plugins), and installs its
+/// plugin SDK into it from the network at start when it may write there.
+pub const HOME_DIRS: &[(&str, ControlKind)] = &[(
+    ".opencode",
+    ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
+)];
+
+/// What OpenCode itself writes into a configuration directory's `.gitignore`.
+pub const OPENCODE_GITIGNORE: &str =
+    "node_modules\npackage.json\npackage-lock.json\nbun.lock\n.gitignore\n";
 
 /// Gemini CLI's user settings (`~/.gemini/settings.json`), written by warden when the home
 /// template has none and bound read-only: warden's layer for Gemini. Why here and not in its
@@ -194,15 +230,18 @@ fn ensure(
     let path = base.join(name);
     match look(dir, name, &path)? {
         Found::Symlink => return Err(refuse_symlink(&path)),
-        Found::Dir | Found::Other => return Ok(Some(path)),
+        Found::Dir => return fill(dir, &path, name, kind).map(|()| Some(path)),
+        Found::Other => return Ok(Some(path)),
         Found::Absent => {}
     }
     match kind {
-        ControlKind::Dir => match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
-            Ok(()) | Err(Errno::EEXIST) => {}
-            Err(Errno::EACCES | Errno::EROFS) => return Ok(None),
-            Err(e) => return Err(os("create", &path, e)),
-        },
+        ControlKind::Dir | ControlKind::DirWith(..) => {
+            match mkdirat(dir, name, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(Errno::EACCES | Errno::EROFS) => return Ok(None),
+                Err(e) => return Err(os("create", &path, e)),
+            }
+        }
         ControlKind::File(content) => {
             match openat(
                 dir,
@@ -230,8 +269,25 @@ fn ensure(
             "{} vanished while it was being created",
             path.display()
         ))),
-        _ => Ok(Some(path)),
+        Found::Dir => fill(dir, &path, name, kind).map(|()| Some(path)),
+        Found::Other => Ok(Some(path)),
     }
+}
+
+/// Creates the entry a `DirWith` directory holds, where absent (opened without following a
+/// link: the directory may be the agent's).
+fn fill(dir: &OwnedFd, path: &Path, name: &str, kind: ControlKind) -> Result<(), SandboxError> {
+    let ControlKind::DirWith(entry, entry_kind) = kind else {
+        return Ok(());
+    };
+    let inner = openat(
+        dir,
+        name,
+        OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY,
+        Mode::empty(),
+    )
+    .map_err(|e| os("open", path, e))?;
+    ensure(&inner, path, entry, *entry_kind).map(|_| ())
 }
 
 /// The root's control paths, created where absent, in bind order.
@@ -294,6 +350,11 @@ pub fn prepare_home(
             out.push(ControlBind::pin(ppath.clone()));
         }
         if let Some(p) = ensure(&pdir, &ppath, name, *kind)? {
+            out.push(ControlBind::ro(p));
+        }
+    }
+    for (name, kind) in HOME_DIRS {
+        if let Some(p) = ensure(&dir, home, name, *kind)? {
             out.push(ControlBind::ro(p));
         }
     }
@@ -388,11 +449,11 @@ mod tests {
     fn home_config_files_are_created_in_agent_owned_directories() {
         let t = tempfile::tempdir().unwrap();
         let binds = prepare_home(t.path(), None).unwrap();
-        // Four pinned directories, then the read-only entries inside them.
-        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 4);
+        // Six pinned directories, then the read-only entries inside them.
+        assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 6);
         assert_eq!(
             binds.iter().filter(|b| !b.pin_only).count(),
-            HOME_CONTROL.len()
+            HOME_CONTROL.len() + HOME_DIRS.len()
         );
         let pin = binds
             .iter()
@@ -434,5 +495,54 @@ mod tests {
             std::fs::read_to_string(t2.path().join(".gemini/settings.json")).unwrap(),
             "{\"mine\":1}"
         );
+    }
+
+    #[test]
+    fn opencodes_configuration_directories_hold_a_gitignore_and_are_bound_whole() {
+        // Absent: made, with the `.gitignore` OpenCode would otherwise write as it starts.
+        let t = tempfile::tempdir().unwrap();
+        let binds = prepare_home(t.path(), None).unwrap();
+        for dir in [".config/opencode", ".opencode"] {
+            let d = t.path().join(dir);
+            assert!(binds.iter().any(|b| b.path == d && !b.pin_only), "{dir}");
+            assert_eq!(
+                std::fs::read_to_string(d.join(".gitignore")).unwrap(),
+                OPENCODE_GITIGNORE
+            );
+        }
+        assert!(
+            binds
+                .iter()
+                .any(|b| b.path == t.path().join(".config") && b.pin_only)
+        );
+        // A template's directory without one gets one; its own files, and its own
+        // `.gitignore`, are kept.
+        let t2 = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t2.path().join(".config/opencode")).unwrap();
+        std::fs::write(t2.path().join(".config/opencode/opencode.json"), "{}").unwrap();
+        std::fs::create_dir(t2.path().join(".opencode")).unwrap();
+        std::fs::write(t2.path().join(".opencode/.gitignore"), "mine\n").unwrap();
+        prepare_home(t2.path(), None).unwrap();
+        assert!(t2.path().join(".config/opencode/.gitignore").is_file());
+        assert_eq!(
+            std::fs::read_to_string(t2.path().join(".config/opencode/opencode.json")).unwrap(),
+            "{}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(t2.path().join(".opencode/.gitignore")).unwrap(),
+            "mine\n"
+        );
+        // A link planted as the `.gitignore` is refused, never written through.
+        let t3 = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t3.path().join(".opencode")).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join("x"),
+            t3.path().join(".opencode/.gitignore"),
+        )
+        .unwrap();
+        let e = prepare_home(t3.path(), None).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(!outside.path().join("x").exists());
     }
 }

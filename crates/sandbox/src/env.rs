@@ -128,7 +128,8 @@ impl ChildEnv {
 
     /// The proxy variables of an agent whose only way out is the egress relay at
     /// `http://127.0.0.1:<port>` inside its namespace (replacing any the operator passed).
-    pub(crate) fn set_proxy(&mut self, port: u16) {
+    /// `loopback_direct`: `NO_PROXY` names the namespace's own loopback (`EgressSpec`).
+    pub(crate) fn set_proxy(&mut self, port: u16, loopback_direct: bool) {
         let url = format!("http://127.0.0.1:{port}");
         for k in ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"] {
             self.vars.insert(OsString::from(k), OsString::from(&url));
@@ -140,6 +141,12 @@ impl ChildEnv {
         // anyway finds the mirrored loopback ports.
         for k in ["NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"] {
             self.vars.remove(OsStr::new(k));
+        }
+        if loopback_direct {
+            for k in ["NO_PROXY", "no_proxy"] {
+                self.vars
+                    .insert(OsString::from(k), OsString::from("127.0.0.1,localhost,::1"));
+            }
         }
     }
 

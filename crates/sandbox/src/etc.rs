@@ -105,6 +105,46 @@ pub const QWEN_SYSTEM_SETTINGS_JSON: &str = r#"{
 }
 "#;
 
+/// Where warden writes OpenCode's managed configuration: its managed config directory on Linux
+/// (`/etc/opencode`), merged after every other layer (remote, global, `OPENCODE_CONFIG`,
+/// project, `.opencode` directories, `OPENCODE_CONFIG_CONTENT`, the console's), so its keys win
+/// (`Config.loadInstanceState` of `opencode-ai` 1.18; "Precedence order" in OpenCode's config
+/// documentation, `docs/config`: managed config files, admin-controlled, come last).
+pub const OPENCODE_MANAGED_CONFIG: &str = "/etc/opencode/opencode.json";
+
+/// OpenCode's managed configuration (keys from OpenCode's config schema, `opencode-ai` 1.18).
+/// Every edit, command, fetch, search, subagent, path outside the project and repeated call
+/// asks (`permission`; a string replaces whatever pattern map a lower layer has, where a map
+/// would be merged key by key and a lower layer's `"git *": "allow"` would survive); no
+/// formatters (they run commands after an edit without asking) and no language servers
+/// (downloaded and started unasked); no snapshots (a git repository of OpenCode's in the
+/// agent's data directory, which it runs `git` in after each step, outside any tool call: a
+/// `core.fsmonitor` a command planted in its config would run there unasked); no automatic
+/// updates and no session sharing. A model
+/// provider for `OPENAI_BASE_URL` is added per agent (`warden_supervisor::adapters`). What a
+/// merge cannot take away (plugins and MCP servers of lower layers are added to, never
+/// replaced) is kept out by the environment warden sets (`OPENCODE_PURE`,
+/// `OPENCODE_DISABLE_PROJECT_CONFIG`, ...) and the read-only configuration directories.
+pub const OPENCODE_CONFIG_JSON: &str = r#"{
+  "$schema": "https://opencode.ai/config.json",
+  "permission": {
+    "edit": "ask",
+    "bash": "ask",
+    "webfetch": "ask",
+    "websearch": "ask",
+    "codesearch": "ask",
+    "task": "ask",
+    "external_directory": "ask",
+    "doom_loop": "ask"
+  },
+  "formatter": false,
+  "lsp": false,
+  "snapshot": false,
+  "autoupdate": false,
+  "share": "disabled"
+}
+"#;
+
 /// Where warden writes Codex's managed configuration (it outranks `~/.codex/config.toml`).
 pub const CODEX_MANAGED_CONFIG: &str = "/etc/codex/managed_config.toml";
 
@@ -116,6 +156,8 @@ pub struct AdapterPolicy {
     pub codex_config: Option<String>,
     /// `/etc/codex/requirements.toml`; `None` = [`CODEX_REQUIREMENTS_TOML`].
     pub codex_requirements: Option<String>,
+    /// `/etc/opencode/opencode.json`; `None` = not written.
+    pub opencode_config: Option<String>,
 }
 
 /// Codex's managed configuration for Codex 0.137-0.148 (codex-acp 0.16): its own sandbox off
@@ -242,6 +284,12 @@ pub fn etc_plan(
     if let Some(config) = &adapters.codex_config {
         out.push(EtcBind::Data {
             dest: PathBuf::from(CODEX_MANAGED_CONFIG),
+            content: config.as_bytes().to_vec(),
+        });
+    }
+    if let Some(config) = &adapters.opencode_config {
+        out.push(EtcBind::Data {
+            dest: PathBuf::from(OPENCODE_MANAGED_CONFIG),
             content: config.as_bytes().to_vec(),
         });
     }
@@ -374,6 +422,7 @@ mod tests {
         let policy = AdapterPolicy {
             codex_config: Some("approval_policy = \"on-request\"\n".into()),
             codex_requirements: Some("allowed_approval_policies = [\"on-request\"]\n".into()),
+            opencode_config: None,
         };
         let plan = etc_plan(t.path(), who(), None, &policy);
         let data = |dest: &str| {

@@ -74,6 +74,12 @@ pub struct EgressSpec {
     /// Loopback addresses the relay also listens on, each tunnelled as a CONNECT to itself (the
     /// explicitly allowed `127.0.0.1:PORT` destinations, for clients that bypass proxies there).
     pub mirrors: Vec<std::net::SocketAddr>,
+    /// `NO_PROXY` names loopback (else nothing bypasses the proxy). Loopback is the sandbox's
+    /// own namespace's, where only the agent's processes, the relay and the mirrors above
+    /// listen, so this reaches nothing outside; it is for an agent whose parts talk over
+    /// loopback HTTP and honour the proxy variables (OpenCode's ACP front calls its own server
+    /// on `127.0.0.1:4096`, which the relay would refuse).
+    pub loopback_direct: bool,
 }
 
 /// `allow_execute = false` in a root warden did not create: no program outside the agent's own
@@ -442,7 +448,7 @@ impl Spawner {
             env.set_user(AGENT_NAME);
         }
         if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
-            env.set_proxy(e.port);
+            env.set_proxy(e.port, e.loopback_direct);
         }
         // What bubblewrap binds read-only over the writable root and home: checked and created
         // here, before any process of this spawn exists (see control.rs on planted symlinks).
@@ -1093,6 +1099,7 @@ mod tests {
             socket_dir: PathBuf::from("/srv/state/egress/c-1"),
             port: 3128,
             mirrors: vec![],
+            loopback_direct: false,
         };
         let a = args_with(Profile::WorkspaceWrite, &[], Network::Proxy, Some(e));
         assert!(a.iter().any(|x| x == "--unshare-net"), "{a:?}");

@@ -167,6 +167,113 @@ pub fn codex_policy(
     Ok(policy)
 }
 
+/// The environment of an agent whose OpenCode configuration warden manages (`opencode_config`
+/// set), over its `set_env`: what OpenCode's merge of configuration layers cannot take away.
+/// - `OPENCODE_DISABLE_PROJECT_CONFIG`: the root's `opencode.json(c)` and `.opencode/` are not
+///   read (as Gemini CLI and Qwen Code ignore an untrusted root's settings): their MCP servers,
+///   plugins, agents and commands would be added to, never replaced by, warden's layer;
+/// - `OPENCODE_PURE`: no external plugins (code run in OpenCode's own process, and an npm
+///   install at start); `OPENCODE_DISABLE_DEFAULT_PLUGINS`: none of its default ones either;
+/// - `OPENCODE_AUTH_CONTENT`: `~/.local/share/opencode/auth.json` is not read (its `wellknown`
+///   entries fetch remote configuration, its keys pick other providers);
+/// - no `~/.claude` rules or skills read for Claude Code's sake, no external skills;
+/// - no model list fetched, no update check, no language-server download, no sharing: each a
+///   connection the egress proxy would refuse.
+pub const OPENCODE_ENV: &[(&str, &str)] = &[
+    ("OPENCODE_DISABLE_PROJECT_CONFIG", "1"),
+    ("OPENCODE_PURE", "1"),
+    ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1"),
+    ("OPENCODE_AUTH_CONTENT", "{}"),
+    ("OPENCODE_DISABLE_CLAUDE_CODE", "1"),
+    ("OPENCODE_DISABLE_EXTERNAL_SKILLS", "1"),
+    ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
+    ("OPENCODE_DISABLE_AUTOUPDATE", "1"),
+    ("OPENCODE_DISABLE_LSP_DOWNLOAD", "1"),
+    ("OPENCODE_DISABLE_SHARE", "1"),
+];
+
+/// Whether `cfg` runs OpenCode, whose ACP front calls OpenCode's own HTTP server on loopback
+/// (`127.0.0.1:4096`) through the proxy variables, so its sandbox's loopback must not be
+/// proxied (`warden_sandbox::EgressSpec::loopback_direct`; loopback there is the sandbox's own).
+pub fn talks_to_itself_over_loopback(cfg: &AgentConfig) -> bool {
+    split_spec(&cfg.adapter).is_some_and(|(name, _)| name == "opencode-ai")
+}
+
+/// The port OpenCode's server listens on in its sandbox (`opencode acp --port`, the built-in's
+/// arguments): the one port its commands may not connect to.
+pub const OPENCODE_SERVER_PORT: u16 = 4096;
+
+/// The environment that makes OpenCode run its commands in `warden-agent-shell` (at `shell`,
+/// bound read-only): its commands may not reach OpenCode's own server, which answers
+/// permission requests for whoever asks (a command allowed once could otherwise answer the next
+/// ones "always" before warden decides), nor trace OpenCode.
+pub fn agent_shell_env(shell: &std::path::Path) -> Vec<(String, String)> {
+    vec![
+        ("SHELL".into(), shell.to_string_lossy().into_owned()),
+        (
+            "WARDEN_AGENT_SHELL_CLOSED_PORT".into(),
+            OPENCODE_SERVER_PORT.to_string(),
+        ),
+        ("WARDEN_AGENT_SHELL_PROGRAM".into(), "/bin/bash".into()),
+    ]
+}
+
+/// [`OPENCODE_ENV`] for `cfg` (empty unless warden manages its OpenCode configuration).
+pub fn forced_env(cfg: &AgentConfig) -> &'static [(&'static str, &'static str)] {
+    if cfg.opencode_config.is_empty() {
+        &[]
+    } else {
+        OPENCODE_ENV
+    }
+}
+
+/// This agent's OpenCode managed configuration (`/etc/opencode/opencode.json`), or `None`. With
+/// `OPENAI_BASE_URL` in the agent's environment (and no provider of the operator's) an
+/// OpenAI-compatible provider `warden` for it is added, its key read from `OPENAI_API_KEY` by
+/// OpenCode itself (`{env:…}`: no secret in the file), `OPENAI_MODEL` of it chosen for the
+/// conversation and for titles (`small_model`; else OpenCode picks a small model of another
+/// provider whose key it sees, e.g. OpenAI's own API for `OPENAI_API_KEY`), and it is the only
+/// provider enabled.
+pub fn opencode_config(
+    cfg: &AgentConfig,
+    base_url: Option<&str>,
+    model: Option<&str>,
+) -> Result<Option<String>, String> {
+    if cfg.opencode_config.is_empty() {
+        return Ok(None);
+    }
+    let mut v: serde_json::Value = serde_json::from_str(&cfg.opencode_config)
+        .map_err(|e| format!("opencode_config is not JSON: {e}"))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| "opencode_config is not a JSON object".to_string())?;
+    if let Some(url) = base_url.filter(|u| !u.is_empty())
+        && !obj.contains_key("provider")
+    {
+        let model = model.filter(|m| !m.is_empty()).unwrap_or("default");
+        obj.insert(
+            "provider".into(),
+            serde_json::json!({"warden": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "OpenAI-compatible (OPENAI_BASE_URL)",
+                "options": {"baseURL": url, "apiKey": "{env:OPENAI_API_KEY}"},
+                "models": {model: {"name": model}},
+            }}),
+        );
+        for key in ["model", "small_model"] {
+            if !obj.contains_key(key) {
+                obj.insert(key.into(), format!("warden/{model}").into());
+            }
+        }
+        if !obj.contains_key("enabled_providers") {
+            obj.insert("enabled_providers".into(), serde_json::json!(["warden"]));
+        }
+    }
+    serde_json::to_string_pretty(&v)
+        .map(Some)
+        .map_err(|e| format!("opencode_config: {e}"))
+}
+
 impl crate::config::Settings {
     /// The installed adapter an entry without a command runs (`None`: it names none). Here, not
     /// in `config.rs`, so the configuration does not import the adapters' resolution.
@@ -257,6 +364,57 @@ mod tests {
         // A configured node that does not exist is not replaced by another.
         let e = resolve(t.path(), &t.path().join("no-node"), spec).unwrap_err();
         assert!(e.contains("Node.js"), "{e}");
+    }
+
+    #[test]
+    fn the_base_url_of_the_environment_becomes_opencodes_provider() {
+        let cfg = crate::config::builtin_agents().remove("opencode").unwrap();
+        let text = opencode_config(&cfg, Some("http://127.0.0.1:9/v1"), Some("m1"))
+            .unwrap()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["permission"]["bash"], "ask");
+        assert_eq!(v["permission"]["edit"], "ask");
+        assert_eq!(v["autoupdate"], false);
+        let p = &v["provider"]["warden"];
+        assert_eq!(p["options"]["baseURL"], "http://127.0.0.1:9/v1");
+        assert_eq!(p["options"]["apiKey"], "{env:OPENAI_API_KEY}");
+        assert_eq!(v["model"], "warden/m1");
+        assert_eq!(v["small_model"], "warden/m1");
+        assert_eq!(v["enabled_providers"], serde_json::json!(["warden"]));
+        assert_eq!(v["formatter"], false);
+        assert_eq!(v["snapshot"], false);
+        // Without a base URL nothing is added; without a configuration nothing is written.
+        let text = opencode_config(&cfg, None, None).unwrap().unwrap();
+        assert!(!text.contains("provider"));
+        let mut none = cfg.clone();
+        none.opencode_config = String::new();
+        assert_eq!(
+            opencode_config(&none, Some("http://x/v1"), None).unwrap(),
+            None
+        );
+        let mut bad = cfg;
+        bad.opencode_config = "[1]".into();
+        assert!(opencode_config(&bad, None, None).is_err());
+    }
+
+    #[test]
+    fn opencodes_server_listens_on_the_port_its_shell_may_not_reach() {
+        let cfg = crate::config::builtin_agents().remove("opencode").unwrap();
+        assert!(talks_to_itself_over_loopback(&cfg));
+        let port = OPENCODE_SERVER_PORT.to_string();
+        assert!(
+            cfg.args
+                .windows(2)
+                .any(|w| w[0] == "--port" && w[1] == port),
+            "{:?}",
+            cfg.args
+        );
+        let env = agent_shell_env(std::path::Path::new("/x/warden-agent-shell"));
+        assert!(env.contains(&("SHELL".into(), "/x/warden-agent-shell".into())));
+        assert!(env.contains(&("WARDEN_AGENT_SHELL_CLOSED_PORT".into(), port)));
+        let qwen = crate::config::builtin_agents().remove("qwen").unwrap();
+        assert!(!talks_to_itself_over_loopback(&qwen));
     }
 
     fn codex_cfg(config: &str) -> AgentConfig {

@@ -408,15 +408,25 @@ impl AgentProc {
                 }
             }
         }
+        // An agent without the `modes` field may publish its modes as the `mode` config option
+        // only (OpenCode 1.18); it is then read, and set, the same way.
+        let option_mode = config_options
+            .as_ref()
+            .and_then(crate::translate::mode_from_config_options);
         let mut current = modes
             .as_ref()
             .map(|m| m.current_mode_id.clone())
+            .or(option_mode)
             .unwrap_or_default();
         let want = cfg.supervised_mode.clone();
         if !want.is_empty() {
-            let offered = modes
-                .as_ref()
-                .is_some_and(|m| m.available_modes.iter().any(|x| x.id == want));
+            let offered = match &modes {
+                Some(m) => m.available_modes.iter().any(|x| x.id == want),
+                None => config_options
+                    .as_ref()
+                    .and_then(crate::translate::modes_offered_in_config_options)
+                    .is_some_and(|ids| ids.contains(&want)),
+            };
             if !offered {
                 return Err(self
                     .fail(
@@ -710,6 +720,7 @@ fn start_egress(
         socket_dir: proxy.dir().to_path_buf(),
         port,
         mirrors,
+        loopback_direct: crate::adapters::talks_to_itself_over_loopback(cfg),
     };
     Ok((proxy, spec))
 }
@@ -735,16 +746,35 @@ fn spawn(
             .agent_program(cfg)
             .map_err(StartError::Spawn)?,
     };
+    // Set last: an operator's `set_env` does not take away what keeps the agent's own
+    // configuration warden's.
+    let shell = if crate::adapters::talks_to_itself_over_loopback(cfg) {
+        Some(crate::config::shipped_binary("warden-agent-shell").map_err(StartError::Spawn)?)
+    } else {
+        None
+    };
+    let forced: Vec<(String, String)> = crate::adapters::forced_env(cfg)
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(
+            shell
+                .iter()
+                .flat_map(|s| crate::adapters::agent_shell_env(s)),
+        )
+        .collect();
     let keys: Vec<String> = cfg
         .env
         .iter()
         .cloned()
         .chain(cfg.set_env.keys().cloned())
+        .chain(forced.iter().map(|(k, _)| k.clone()))
         .collect();
     let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings.file.sandbox.env_extra)
         .map_err(|e| StartError::Spawn(e.to_string()))?;
     let env = policy.build_from(
-        std::env::vars_os().chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into()))),
+        std::env::vars_os()
+            .chain(cfg.set_env.iter().map(|(k, v)| (k.into(), v.into())))
+            .chain(forced.iter().map(|(k, v)| (k.into(), v.into()))),
     );
     let secrets = secret_values(&env);
     let names: Vec<String> = env
@@ -754,6 +784,9 @@ fn spawn(
         .collect();
     let base_url = env
         .get("OPENAI_BASE_URL")
+        .map(|v| v.to_string_lossy().into_owned());
+    let model = env
+        .get("OPENAI_MODEL")
         .map(|v| v.to_string_lossy().into_owned());
     let mut spec = warden_sandbox::SpawnSpec::new(
         target.spawn_id.to_string(),
@@ -774,6 +807,7 @@ fn spawn(
     if let Some(a) = &adapter {
         spec.extra_ro_binds.push(a.modules.clone());
     }
+    spec.extra_ro_binds.extend(shell.iter().cloned());
     // allow_execute = false (in a root warden did not create): the floor denies execute tool
     // calls and terminals, and Landlock stops the agent's own shell — only its program (and an
     // adapter's package directory) may be executed.
@@ -781,11 +815,18 @@ fn spawn(
         spec.exec_only = Some(warden_sandbox::ExecOnly {
             launcher: crate::config::shipped_binary("warden-exec-limit")
                 .map_err(StartError::Spawn)?,
-            allow: adapter.iter().map(|a| a.modules.clone()).collect(),
+            allow: adapter
+                .iter()
+                .map(|a| a.modules.clone())
+                .chain(shell.iter().cloned())
+                .collect(),
         });
     }
     spec.adapter_policy =
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
+    spec.adapter_policy.opencode_config =
+        crate::adapters::opencode_config(cfg, base_url.as_deref(), model.as_deref())
+            .map_err(StartError::Spawn)?;
     spec.network = cfg.network.sandbox();
     let egress = if cfg.network == Network::Proxy {
         let (proxy, e) = start_egress(shared, target, binding, cfg, &spec.env)?;

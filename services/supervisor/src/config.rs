@@ -482,6 +482,12 @@ pub struct AgentConfig {
     /// Codex's requirements (TOML, `/etc/codex/requirements.toml`); "" = warden's default.
     #[serde(default)]
     pub codex_requirements: String,
+    /// OpenCode's managed configuration (JSON, `/etc/opencode/opencode.json` in the sandbox,
+    /// merged after the global and project configuration). "" = none written. With
+    /// `OPENAI_BASE_URL` (and `OPENAI_MODEL`) in the agent's environment an OpenAI-compatible
+    /// provider for it is added and chosen.
+    #[serde(default)]
+    pub opencode_config: String,
     /// `"<config id>=<value>"` set after `session/new` when the conversation's verb asks for
     /// planning (`advise`, `review`), e.g. Codex 2.6's `collaboration_mode=plan`; "" = none.
     /// It changes how the agent works, never what it may do without asking.
@@ -569,6 +575,7 @@ impl AgentConfig {
             adapter: String::new(),
             codex_config: String::new(),
             codex_requirements: String::new(),
+            opencode_config: String::new(),
             plan_config_option: String::new(),
             args: args.iter().map(|s| s.to_string()).collect(),
             env: env.iter().map(|s| s.to_string()).collect(),
@@ -607,6 +614,9 @@ pub const CODEX_ADAPTER: &str = "@agentclientprotocol/codex-acp@2.6.0";
 pub const GEMINI_ADAPTER: &str = "@google/gemini-cli@0.61.0";
 /// The agent the built-in `qwen` runs (Qwen Code, itself the ACP agent with `--acp`).
 pub const QWEN_ADAPTER: &str = "@qwen-code/qwen-code@0.24.4";
+/// The agent the built-in `opencode` runs (OpenCode, a native executable, itself the ACP agent
+/// with `acp`).
+pub const OPENCODE_ADAPTER: &str = "opencode-ai@1.18.33";
 
 /// The built-in registry: `scripted` (default, no network), `claude` and `codex` (installed
 /// adapters; they reach their model API through the egress proxy, `network = "proxy"`, and
@@ -712,6 +722,25 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     qwen.set_env.insert("QWEN_HOME".into(), "~/.qwen".into());
     qwen.description = "Qwen Code over ACP, supervised by warden".into();
     m.insert("qwen".into(), qwen);
+    // OpenCode: `build` asks for every edit, command, fetch and subagent under warden's managed
+    // configuration (`warden_sandbox::OPENCODE_CONFIG_JSON`), `plan` too (it denies edits
+    // itself); its modes are its primary agents, published as the `mode` config option. Its
+    // model is any OpenAI-compatible endpoint (`OPENAI_BASE_URL`, `OPENAI_MODEL`): warden adds
+    // it as the only provider, and the egress proxy allows it and nothing else. Its fixed
+    // environment is `adapters::OPENCODE_ENV`, set over `set_env`.
+    let mut opencode = AgentConfig::builtin(
+        "",
+        &["acp", "--port", "4096"],
+        "build",
+        &["plan"],
+        &["OPENAI_API_KEY", "OPENAI_BASE_URL", "OPENAI_MODEL"],
+    );
+    opencode.adapter = OPENCODE_ADAPTER.into();
+    opencode.opencode_config = warden_sandbox::OPENCODE_CONFIG_JSON.into();
+    opencode.plan_config_option = "mode=plan".into();
+    opencode.network = Network::Proxy;
+    opencode.description = "OpenCode over ACP, supervised by warden".into();
+    m.insert("opencode".into(), opencode);
     m
 }
 

@@ -117,6 +117,30 @@ pub fn plan(entries: Vec<PlanEntry>) -> pb::PlanEvent {
     }
 }
 
+/// The mode ids the session mode's config option offers (its `options`' values; grouped
+/// options flattened), or `None` when there is no such option.
+pub fn modes_offered_in_config_options(options: &serde_json::Value) -> Option<Vec<String>> {
+    let option = options.as_array()?.iter().find(|o| {
+        o.get("category").and_then(|c| c.as_str()) == Some("mode")
+            || o.get("id").and_then(|c| c.as_str()) == Some("mode")
+    })?;
+    let mut out = Vec::new();
+    for v in option.get("options")?.as_array()? {
+        match v.get("value").and_then(|x| x.as_str()) {
+            Some(id) => out.push(id.to_string()),
+            None => out.extend(
+                v.get("options")
+                    .and_then(|g| g.as_array())
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x.get("value").and_then(|x| x.as_str()))
+                    .map(str::to_string),
+            ),
+        }
+    }
+    Some(out)
+}
+
 /// The `currentValue` of the config option that is the session mode (category or id `mode`).
 pub fn mode_from_config_options(options: &serde_json::Value) -> Option<String> {
     options.as_array()?.iter().find_map(|o| {
@@ -165,6 +189,17 @@ mod tests {
             Some("bypassPermissions")
         );
         assert_eq!(mode_from_config_options(&json!([{"id": "x"}])), None);
+        // OpenCode 1.18 publishes its modes (primary agents) only this way.
+        let v = json!([{"id": "mode", "category": "mode", "type": "select", "currentValue": "build",
+            "options": [{"value": "build", "name": "build"}, {"group": "g", "options": [{"value": "plan"}]}]}]);
+        assert_eq!(
+            modes_offered_in_config_options(&v),
+            Some(vec!["build".to_string(), "plan".to_string()])
+        );
+        assert_eq!(
+            modes_offered_in_config_options(&json!([{"id": "model"}])),
+            None
+        );
         assert_eq!(mode_from_config_options(&json!({"id": "mode"})), None);
     }
 
