@@ -285,6 +285,36 @@ impl Deployment {
         self.daemons.push(daemon);
     }
 
+    /// A second replica of `daemon` (the policy or the approver): the deployment's flags and
+    /// database, its own state directory `name` and sockets in the run directory; returned
+    /// healthy with its listening and admin sockets.
+    pub async fn replica(&self, daemon: &str, name: &str) -> (Daemon, PathBuf, PathBuf) {
+        let run = self.dir.path().join("run");
+        let state = self.dir.path().join(name);
+        std::fs::create_dir_all(&state).expect("the replica's state directory");
+        let socket = run.join(format!("{name}.sock"));
+        let admin = run.join(format!("{name}-admin.sock"));
+        let quoted = |p: &Path| format!("{:?}", p.display().to_string());
+        let extra: Vec<String> = [
+            format!("daemon.state_dir={}", quoted(&state)),
+            format!("listen.socket={}", quoted(&socket)),
+            format!("admin.socket={}", quoted(&admin)),
+        ]
+        .into_iter()
+        .flat_map(|s| ["--set".to_string(), s])
+        .collect();
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let child = self.spawn(daemon, &extra);
+        let mut replica = Daemon {
+            name: name.into(),
+            child,
+            socket: socket.clone(),
+            log: None,
+        };
+        wait_healthy(&mut replica, Duration::from_secs(15)).await;
+        (replica, socket, admin)
+    }
+
     /// Spawns a daemon with the deployment's flags plus `extra` arguments, without waiting.
     pub fn spawn(&self, name: &str, extra: &[&str]) -> Child {
         let mut args = warden_cli::up::daemon_args(name, &self.plan());

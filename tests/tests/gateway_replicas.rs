@@ -93,9 +93,9 @@ async fn full_deployment(c: &TestCluster, grpc1: &str) -> (Deployment, Vec<Daemo
         ..Options::default()
     });
     d.start("policy").await;
-    let (policy2, _) = replica(&d, "policy", "policy-b").await;
+    let (policy2, _, _) = d.replica("policy", "policy-b").await;
     d.start("approver").await;
-    let (approver2, approver2_socket) = replica(&d, "approver", "approver-b").await;
+    let (approver2, approver2_socket, _) = d.replica("approver", "approver-b").await;
     d.opts.sets.push((
         "supervisor".into(),
         format!(
@@ -106,36 +106,6 @@ async fn full_deployment(c: &TestCluster, grpc1: &str) -> (Deployment, Vec<Daemo
     d.start("supervisor").await;
     d.start("gateway").await;
     (d, vec![policy2, approver2])
-}
-
-/// A second replica of the policy or the approver: its own state directory and sockets.
-async fn replica(d: &Deployment, daemon: &str, name: &str) -> (Daemon, std::path::PathBuf) {
-    let run = d.dir.path().join("run");
-    let state = d.dir.path().join(name);
-    std::fs::create_dir_all(&state).unwrap();
-    let socket = run.join(format!("{name}.sock"));
-    let admin = run.join(format!("{name}-admin.sock"));
-    let extra: Vec<String> = [
-        format!(
-            "daemon.state_dir={}",
-            toml_str(&state.display().to_string())
-        ),
-        format!("listen.socket={}", toml_str(&socket.display().to_string())),
-        format!("admin.socket={}", toml_str(&admin.display().to_string())),
-    ]
-    .into_iter()
-    .flat_map(|s| ["--set".to_string(), s])
-    .collect();
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let child = d.spawn(daemon, &extra);
-    let mut r = Daemon {
-        name: name.into(),
-        child,
-        socket: socket.clone(),
-        log: None,
-    };
-    wait_healthy(&mut r, Duration::from_secs(15)).await;
-    (r, socket)
 }
 
 /// A second gateway replica: its own state directory, sockets and ports, the same database.

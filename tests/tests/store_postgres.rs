@@ -18,12 +18,12 @@
 mod supervisor_support;
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use supervisor_support::*;
-use warden_e2e::{Daemon, Deployment, Options, binary, wait_healthy};
+use warden_e2e::{Deployment, Options, binary};
 use warden_pgstate::cluster::TestCluster;
 use warden_proto::v1 as pb;
 
@@ -67,36 +67,6 @@ async fn with_approver_on(c: &TestCluster) -> Deployment {
     d.start("policy").await;
     d.start("approver").await;
     d
-}
-
-/// A second replica of `daemon` in deployment `d` (same flags and database, its own sockets).
-async fn replica(d: &Deployment, daemon: &str, name: &str) -> (Daemon, PathBuf, PathBuf) {
-    let run = d.dir.path().join("run");
-    let state = d.dir.path().join(name);
-    std::fs::create_dir_all(&state).unwrap();
-    let socket = run.join(format!("{name}.sock"));
-    let admin = run.join(format!("{name}-admin.sock"));
-    let extra: Vec<String> = [
-        format!(
-            "daemon.state_dir={}",
-            toml_str(&state.display().to_string())
-        ),
-        format!("listen.socket={}", toml_str(&socket.display().to_string())),
-        format!("admin.socket={}", toml_str(&admin.display().to_string())),
-    ]
-    .into_iter()
-    .flat_map(|s| ["--set".to_string(), s])
-    .collect();
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let child = d.spawn(daemon, &extra);
-    let mut daemon = Daemon {
-        name: name.into(),
-        child,
-        socket: socket.clone(),
-        log: None,
-    };
-    wait_healthy(&mut daemon, Duration::from_secs(15)).await;
-    (daemon, socket, admin)
 }
 
 async fn status_of(admin: &Path) -> HashMap<String, String> {
@@ -157,7 +127,7 @@ async fn a_policy_replica_killed_mid_burst_loses_no_acknowledged_decision() {
         ..Default::default()
     });
     d.start("policy").await;
-    let (mut b, b_socket, b_admin) = replica(&d, "policy", "policy-b").await;
+    let (mut b, b_socket, b_admin) = d.replica("policy", "policy-b").await;
     sets.extend([
         (
             "supervisor".to_string(),
@@ -466,7 +436,7 @@ async fn check_config_says_whether_the_database_is_reachable_and_migrated() {
 async fn two_approvers_answering_the_same_escalation_at_once_one_answer_takes_effect() {
     let Some(c) = cluster() else { return };
     let mut d = with_approver_on(&c).await;
-    let (mut b, _, b_admin) = replica(&d, "approver", "approver-b").await;
+    let (mut b, _, b_admin) = d.replica("approver", "approver-b").await;
     d.start("supervisor").await;
     let admin_of = |p: &Path| {
         pb::approval_service_client::ApprovalServiceClient::new(
