@@ -580,33 +580,29 @@ impl SledStore {
         Ok(())
     }
 
-    /// The task's artifacts with appended chunks merged, in the order they were first produced.
+    /// The task's artifacts with appended chunks merged, in the order they were first produced
+    /// ([`merge_artifact_chunks`], as the PostgreSQL backend merges them).
     pub fn artifacts(&self, task_id: &str) -> Result<Vec<Artifact>, TaskStoreError> {
-        let mut out: Vec<Artifact> = Vec::new();
-        let mut current_index: Option<Vec<u8>> = None;
         let prefix = format!("{task_id}/");
+        let mut chunks = Vec::new();
         for (key, value) in self.artifacts.scan_prefix(&prefix)? {
             let chunk: ArtifactChunk = decode(&key, &value)?;
             // Key: <task>/<index:04>/<chunk>; the index segment groups one artifact's chunks.
-            let index = key.get(prefix.len()..prefix.len() + 4).map(<[u8]>::to_vec);
-            let same = current_index.is_some() && current_index == index;
-            if same && chunk.append {
-                if let Some(last) = out.last_mut() {
-                    for part in chunk.artifact.parts {
-                        push_merged(&mut last.parts, part);
-                    }
-                }
-            } else if same {
-                // A non-append update replaces the artifact's content.
-                if let Some(last) = out.last_mut() {
-                    *last = chunk.artifact;
-                }
-            } else {
-                out.push(chunk.artifact);
-                current_index = index;
+            let index = key
+                .get(prefix.len()..)
+                .and_then(|rest| rest.split(|b| *b == b'/').next())
+                .and_then(|i| std::str::from_utf8(i).ok())
+                .and_then(|i| i.parse::<u32>().ok());
+            match index {
+                Some(index) => chunks.push((index, chunk)),
+                None => tracing::warn!(
+                    task_id,
+                    key = %String::from_utf8_lossy(&key),
+                    "an artifact chunk under a key without an index is left out"
+                ),
             }
         }
-        Ok(out)
+        Ok(merge_artifact_chunks(chunks))
     }
 
     /// The whole task (head, history, artifacts) and its owner.
