@@ -142,6 +142,14 @@ pub struct SpawnSpec {
     /// Only the agent's own install may be executed (`allow_execute = false`); needs Landlock,
     /// a spawn without it is refused.
     pub exec_only: Option<ExecOnly>,
+    /// The program, arguments, working directory and part of the environment came from the
+    /// agent (an ACP `terminal/create`), not from warden or its operator. The program is then
+    /// never looked up, canonicalised or bound on the host: it is handed to the sandbox as
+    /// written and found there, in the sandbox's own view (its `PATH`, its `/proc`, its fds),
+    /// and the working directory is only opened beneath the root's fd, never resolved by name
+    /// on the host. Refused together with [`SpawnSpec::exec_only`], whose allowlist would have
+    /// to name a program resolved on the host.
+    pub agent_supplied: bool,
 }
 
 impl SpawnSpec {
@@ -167,6 +175,7 @@ impl SpawnSpec {
             egress: None,
             adapter_policy: AdapterPolicy::default(),
             exec_only: None,
+            agent_supplied: false,
         }
     }
 }
@@ -360,10 +369,28 @@ impl Spawner {
                 "this workspace has allow_execute = false, which is enforced with Landlock's execute right, and this kernel has no Landlock (warden doctor says so); refusing to start an agent whose own shell nothing would stop".into(),
             ));
         }
+        if spec.agent_supplied && spec.exec_only.is_some() {
+            return Err(SandboxError::InvalidInput(
+                "a command the agent asked for cannot run in an allow_execute = false workspace (its program would have to be resolved outside the sandbox to be allowlisted)".into(),
+            ));
+        }
+        check_env(&spec.env)?;
         let identity = self.identity_for_spawn(&spec.conversation_id)?;
         let root = &spec.boundary.root;
         let cwd = match &spec.cwd {
             None => root.clone(),
+            // The agent's own path: opened below beneath the root's fd (the kernel walks it,
+            // `RESOLVE_BENEATH`), never resolved on the host, where its links would be read with
+            // the supervisor's view (`/proc/self` is the supervisor there).
+            Some(c) if spec.agent_supplied => {
+                if !c.is_absolute() || !c.starts_with(root) {
+                    return Err(SandboxError::InvalidInput(format!(
+                        "working directory {} is outside the root",
+                        c.display()
+                    )));
+                }
+                c.clone()
+            }
             Some(c) => {
                 let r = resolve(c, root, &RealFs)
                     .map_err(|e| SandboxError::InvalidInput(format!("working directory: {e}")))?;
@@ -387,7 +414,11 @@ impl Spawner {
             .map_err(|e| {
                 SandboxError::InvalidInput(format!("working directory {}: {e}", cwd.display()))
             })?;
-        let program = resolve_program(&spec.program, &spec.env)?;
+        let program = if spec.agent_supplied {
+            agent_program(&spec.program)?
+        } else {
+            resolve_program(&spec.program, &spec.env)?
+        };
         let home = match &spec.home {
             None => None,
             Some(h) => {
@@ -411,9 +442,12 @@ impl Spawner {
                 .as_ref()
                 .map(|e| [e.relay.parent(), Some(e.socket_dir.as_path())]);
             let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
+            // An agent's own program is found inside the sandbox, by the agent: nothing of it
+            // is looked at here.
+            let program_dir = (!spec.agent_supplied).then(|| program.parent()).flatten();
             let dirs = [
                 Some(root.as_path()),
-                program.parent(),
+                program_dir,
                 home.as_deref(),
                 launcher_dir,
             ]
@@ -536,59 +570,47 @@ impl Spawner {
         }
 
         let marker = uuid::Uuid::new_v4().simple().to_string();
-        let mut cmd = Command::new(SH);
-        cmd.arg("-c").arg(GATE).arg("warden-gate");
         let bwrapped = self.bwrap.is_some();
-        if let Some(bwrap) = &self.bwrap {
-            cmd.arg(bwrap);
-            let plan = BwrapPlan {
-                spec: &spec,
-                program: &program,
-                cwd: &cwd,
-                home: home.as_deref(),
-                etc: &etc,
-                data_fds: &data_fds.iter().map(|f| f.as_raw_fd()).collect::<Vec<_>>(),
-                control: &control,
-                git: &git,
-            };
-            cmd.args(bwrap_args(&plan));
+        // bubblewrap reads the sandbox's environment and working directory from this fd
+        // (`--args`): made before the plan so the plan can name its number.
+        let args_fd = if bwrapped {
+            Some(sealed_fd("warden-bwrap-args", &[])?)
+        } else {
+            None
+        };
+        let raw_data_fds: Vec<i32> = data_fds.iter().map(|f| f.as_raw_fd()).collect();
+        let host = host_command(&HostPlan {
+            bwrap: self.bwrap.as_deref().zip(args_fd.as_ref()).map(|(b, fd)| {
+                (
+                    b,
+                    fd.as_raw_fd(),
+                    BwrapPlan {
+                        spec: &spec,
+                        program: &program,
+                        cwd: &cwd,
+                        home: home.as_deref(),
+                        etc: &etc,
+                        data_fds: &raw_data_fds,
+                        control: &control,
+                        git: &git,
+                    },
+                )
+            }),
+            spec: &spec,
+            program: &program,
+            env: &env,
+            child_depth,
+            marker: &marker,
+        });
+        if let (Some(fd), Some(inside)) = (&args_fd, &host.inside) {
+            fill_fd(fd, inside)?;
         }
-        if let Some(x) = &spec.exec_only {
-            cmd.arg(&x.launcher);
-            let relay = match (spec.network, &spec.egress) {
-                (Network::Proxy, Some(e)) => Some(e.relay.clone()),
-                _ => None,
-            };
-            for p in x
-                .allow
-                .iter()
-                .cloned()
-                .chain([program.clone()])
-                .chain(relay)
-                .chain(dynamic_loaders())
-            {
-                cmd.arg("--allow").arg(p);
-            }
-            cmd.arg("--");
-        }
-        if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
-            cmd.arg(&e.relay)
-                .arg("--socket")
-                .arg(Path::new(EGRESS_DIR_INSIDE).join(EGRESS_SOCKET_NAME))
-                .arg("--listen")
-                .arg(format!("127.0.0.1:{}", e.port));
-            for m in &e.mirrors {
-                cmd.arg("--mirror").arg(m.to_string());
-            }
-            cmd.arg("--");
-        }
-        cmd.arg(&program).args(&spec.args);
+        let mut cmd = Command::new(SH);
+        cmd.args(&host.args);
         cmd.env_clear();
-        for (k, v) in env.iter() {
+        for (k, v) in &host.env {
             cmd.env(k, v);
         }
-        cmd.env(DEPTH_ENV, child_depth.to_string());
-        cmd.env(TREE_MARKER_ENV, &marker);
         cmd.process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -613,6 +635,7 @@ impl Spawner {
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
         let keep: Vec<i32> = data_fds
             .iter()
+            .chain(args_fd.as_ref())
             .map(|f| f.as_raw_fd())
             .chain(git.iter().filter_map(|b| match b {
                 GitBind::Copy { fd, .. } => Some(fd.as_raw_fd()),
@@ -694,6 +717,7 @@ impl Spawner {
         drop(gate_r);
         drop(procs_file);
         drop(data_fds);
+        drop(args_fd);
         drop(git);
         let (Some(stdout), Some(stderr), Some(pid)) =
             (child.stdout.take(), child.stderr.take(), child.id())
@@ -803,37 +827,14 @@ fn high_fd(fd: &OwnedFd) -> Result<OwnedFd, SandboxError> {
     })
 }
 
-/// One sealed-in-memory file per generated `/etc` entry, for `--ro-bind-data FD DEST`.
+/// One in-memory file per generated `/etc` entry, for `--ro-bind-data FD DEST`.
 fn data_fds(etc: &[EtcBind]) -> Result<Vec<OwnedFd>, SandboxError> {
-    use nix::sys::memfd::{MFdFlags, memfd_create};
-    let os = |what: &'static str| {
-        move |e: nix::errno::Errno| SandboxError::Os {
-            what,
-            source: std::io::Error::from(e),
-        }
-    };
-    let mut out = Vec::new();
-    for b in etc {
-        let EtcBind::Data { content, .. } = b else {
-            continue;
-        };
-        let fd = memfd_create("warden-etc", MFdFlags::MFD_CLOEXEC).map_err(os("memfd_create"))?;
-        let mut f = File::from(fd);
-        f.write_all(content).map_err(|source| SandboxError::Os {
-            what: "write generated /etc file",
-            source,
-        })?;
-        let fd = OwnedFd::from(f);
-        // bubblewrap reads from the current offset.
-        nix::unistd::lseek(&fd, 0, nix::unistd::Whence::SeekSet).map_err(os("lseek"))?;
-        let high =
-            rustix::io::fcntl_dupfd_cloexec(&fd, DATA_FD_MIN).map_err(|e| SandboxError::Os {
-                what: "dup generated /etc file",
-                source: e.into(),
-            })?;
-        out.push(high);
-    }
-    Ok(out)
+    etc.iter()
+        .filter_map(|b| match b {
+            EtcBind::Data { content, .. } => Some(sealed_fd("warden-etc", content)),
+            EtcBind::Host { .. } => None,
+        })
+        .collect()
 }
 
 /// Everything `bwrap_args` turns into arguments.
@@ -952,10 +953,11 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
         _ => None,
     };
     let launcher_dir = spec.exec_only.as_ref().and_then(|x| x.launcher.parent());
-    for dir in [plan.program.parent(), relay_dir, launcher_dir]
-        .into_iter()
-        .flatten()
-    {
+    // An agent's own program is never bound: it runs only if the sandbox already shows it.
+    let program_dir = (!spec.agent_supplied)
+        .then(|| plan.program.parent())
+        .flatten();
+    for dir in [program_dir, relay_dir, launcher_dir].into_iter().flatten() {
         if !bound.iter().any(|b| dir.starts_with(b)) {
             push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
             bound.push(dir.to_path_buf());
@@ -974,8 +976,204 @@ pub(crate) fn bwrap_args(plan: &BwrapPlan<'_>) -> Vec<OsString> {
     // the root, for instance); without this, writes there would succeed (into memory) and look
     // like writes outside the root.
     push(&["--remount-ro".as_ref(), "/".as_ref()]);
-    push(&["--chdir".as_ref(), plan.cwd.as_os_str(), "--".as_ref()]);
     a
+}
+
+/// The variables every process warden starts on the host side of a sandbox (the gate shell and
+/// bubblewrap) runs with, whatever the spawn: written here, nothing from the agent or its
+/// configured environment (a dynamic-loader or shell variable there would run the agent's
+/// code outside its sandbox, as its uid, in the host's namespaces).
+pub const HOST_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// The fixed host-side environment of a spawn: [`HOST_PATH`], and the depth and tree markers
+/// (the kill ladder's fallback finds the tree's processes by the marker, bubblewrap included).
+pub(crate) fn host_env(child_depth: u32, marker: &str) -> Vec<(OsString, OsString)> {
+    vec![
+        ("PATH".into(), HOST_PATH.into()),
+        (DEPTH_ENV.into(), child_depth.to_string().into()),
+        (TREE_MARKER_ENV.into(), marker.into()),
+    ]
+}
+
+/// Everything [`host_command`] turns into the host-side command.
+pub(crate) struct HostPlan<'a> {
+    /// bubblewrap's path, the fd it reads the sandbox's environment and working directory from
+    /// (`--args`), and its binds; `None` without bubblewrap.
+    pub bwrap: Option<(&'a Path, i32, BwrapPlan<'a>)>,
+    pub spec: &'a SpawnSpec,
+    pub program: &'a Path,
+    pub env: &'a ChildEnv,
+    pub child_depth: u32,
+    pub marker: &'a str,
+}
+
+/// The host side of one spawn: the gate shell's arguments (after `/bin/sh`), its environment,
+/// and what bubblewrap reads from the `--args` fd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HostCommand {
+    pub args: Vec<OsString>,
+    pub env: Vec<(OsString, OsString)>,
+    /// NUL-separated bubblewrap arguments: `--clearenv`, one `--setenv` per variable of the
+    /// program's environment, `--chdir`. Read from an fd so that neither the host-side
+    /// environment nor a command line any user can read (`/proc/PID/cmdline`) carries them.
+    pub inside: Option<Vec<u8>>,
+}
+
+/// The host-side command of a spawn. With bubblewrap, its environment is [`host_env`] and its
+/// arguments up to the `--` before the program depend only on warden's own plan (binds, the
+/// fd numbers): the agent's environment and working directory are in `inside`, the program and
+/// its arguments after that `--`, where bubblewrap only hands them to `execvp` inside the
+/// sandbox (which looks the program up in the sandbox's own view and `PATH`). Without
+/// bubblewrap there is no inside: the program runs on the host as the agent's uid, and the
+/// gate (the same uid, with no more power) carries its environment.
+pub(crate) fn host_command(plan: &HostPlan<'_>) -> HostCommand {
+    let spec = plan.spec;
+    let mut args: Vec<OsString> = vec!["-c".into(), GATE.into(), "warden-gate".into()];
+    let mut inside = None;
+    let env = match &plan.bwrap {
+        Some((bwrap, args_fd, binds)) => {
+            args.push(bwrap.as_os_str().to_os_string());
+            args.push("--args".into());
+            args.push(args_fd.to_string().into());
+            args.extend(bwrap_args(binds));
+            args.push("--".into());
+            let mut words: Vec<&std::ffi::OsStr> = vec!["--clearenv".as_ref()];
+            let depth = plan.child_depth.to_string();
+            for (k, v) in plan.env.iter().chain([
+                (DEPTH_ENV.as_ref(), depth.as_ref()),
+                (TREE_MARKER_ENV.as_ref(), plan.marker.as_ref()),
+            ]) {
+                words.extend(["--setenv".as_ref(), k, v]);
+            }
+            words.extend(["--chdir".as_ref(), binds.cwd.as_os_str()]);
+            let mut bytes = Vec::new();
+            for w in words {
+                bytes.extend_from_slice(w.as_encoded_bytes());
+                bytes.push(0);
+            }
+            inside = Some(bytes);
+            host_env(plan.child_depth, plan.marker)
+        }
+        None => plan
+            .env
+            .iter()
+            .map(|(k, v)| (k.to_os_string(), v.to_os_string()))
+            .chain(host_env(plan.child_depth, plan.marker).into_iter().skip(1))
+            .collect(),
+    };
+    if let Some(x) = &spec.exec_only {
+        args.push(x.launcher.clone().into());
+        let relay = match (spec.network, &spec.egress) {
+            (Network::Proxy, Some(e)) => Some(e.relay.clone()),
+            _ => None,
+        };
+        for p in x
+            .allow
+            .iter()
+            .cloned()
+            .chain([plan.program.to_path_buf()])
+            .chain(relay)
+            .chain(dynamic_loaders())
+        {
+            args.push("--allow".into());
+            args.push(p.into());
+        }
+        args.push("--".into());
+    }
+    if let (Network::Proxy, Some(e)) = (spec.network, &spec.egress) {
+        args.push(e.relay.clone().into());
+        args.push("--socket".into());
+        args.push(Path::new(EGRESS_DIR_INSIDE).join(EGRESS_SOCKET_NAME).into());
+        args.push("--listen".into());
+        args.push(format!("127.0.0.1:{}", e.port).into());
+        for m in &e.mirrors {
+            args.push("--mirror".into());
+            args.push(m.to_string().into());
+        }
+        args.push("--".into());
+    }
+    args.push(plan.program.as_os_str().to_os_string());
+    args.extend(spec.args.iter().cloned());
+    HostCommand { args, env, inside }
+}
+
+/// Every variable of a child's environment is a plain `NAME=value` with no NUL anywhere: a NUL
+/// would end the word early in the `--args` bytes bubblewrap reads, and what follows would be
+/// read as bubblewrap's own options (a bind of the host's `/`, say).
+fn check_env(env: &ChildEnv) -> Result<(), SandboxError> {
+    for (k, v) in env.iter() {
+        let kb = k.as_encoded_bytes();
+        if kb.is_empty() || kb.contains(&0) || kb.contains(&b'=') || kb[0] == b'-' {
+            return Err(SandboxError::InvalidInput(format!(
+                "environment variable name {:?} is not a plain name",
+                k
+            )));
+        }
+        if v.as_encoded_bytes().contains(&0) {
+            return Err(SandboxError::InvalidInput(format!(
+                "environment variable {} holds a NUL byte",
+                k.to_string_lossy()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The program of a command the agent asked for, as it wrote it: an absolute path or a bare
+/// name, checked only as text. It is never looked up, canonicalised or opened here: bubblewrap
+/// finds it inside the sandbox (a `/proc/self/fd/N/…` there names the command's own fds, a
+/// symlink resolves in the sandbox's view).
+fn agent_program(program: &Path) -> Result<PathBuf, SandboxError> {
+    let b = program.as_os_str().as_encoded_bytes();
+    if b.is_empty() || b.contains(&0) {
+        return Err(SandboxError::InvalidInput(
+            "the program is empty or holds a NUL byte".into(),
+        ));
+    }
+    if !program.is_absolute() && program.components().count() != 1 {
+        return Err(SandboxError::InvalidInput(format!(
+            "program {} must be absolute or a bare name",
+            program.display()
+        )));
+    }
+    Ok(program.to_path_buf())
+}
+
+/// A close-on-exec memfd at or above [`DATA_FD_MIN`] holding `content`, read from its start.
+fn sealed_fd(name: &str, content: &[u8]) -> Result<OwnedFd, SandboxError> {
+    use nix::sys::memfd::{MFdFlags, memfd_create};
+    let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC).map_err(|e| SandboxError::Os {
+        what: "memfd_create",
+        source: std::io::Error::from(e),
+    })?;
+    let high = rustix::io::fcntl_dupfd_cloexec(&fd, DATA_FD_MIN).map_err(|e| SandboxError::Os {
+        what: "dup memfd",
+        source: e.into(),
+    })?;
+    if !content.is_empty() {
+        fill_fd(&high, content)?;
+    }
+    Ok(high)
+}
+
+/// Writes `content` into the memfd `fd` and rewinds it (bubblewrap reads from the offset).
+fn fill_fd(fd: &OwnedFd, content: &[u8]) -> Result<(), SandboxError> {
+    let os = |what: &'static str| {
+        move |e: nix::errno::Errno| SandboxError::Os {
+            what,
+            source: std::io::Error::from(e),
+        }
+    };
+    let mut off = 0;
+    while off < content.len() {
+        let n = nix::unistd::write(fd, &content[off..]).map_err(os("write memfd"))?;
+        if n == 0 {
+            return Err(SandboxError::InvalidInput("short write to a memfd".into()));
+        }
+        off += n;
+    }
+    nix::unistd::lseek(fd, 0, nix::unistd::Whence::SeekSet).map_err(os("lseek"))?;
+    Ok(())
 }
 
 /// Empties the ambient, effective, permitted and inheritable capability sets of the calling
@@ -1090,6 +1288,131 @@ mod tests {
     fn pos(args: &[String], window: &[&str]) -> Option<usize> {
         args.windows(window.len())
             .position(|w| w.iter().zip(window).all(|(a, b)| a == b))
+    }
+
+    /// The host-side command of a terminal-like spawn whose program, arguments, cwd and
+    /// environment came from the agent.
+    fn host_of(
+        program: &str,
+        args: &[String],
+        cwd: &str,
+        env: &[(String, String)],
+        network: Network,
+    ) -> HostCommand {
+        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
+        let env = EnvPolicy::new(names, [""; 0]).expect("policy").build_from(
+            env.iter()
+                .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+        );
+        let boundary = Boundary {
+            root: PathBuf::from("/srv/sandboxes/r-1"),
+            owned: true,
+            allow_execute: true,
+            profile: Profile::WorkspaceWrite,
+        };
+        let mut spec = SpawnSpec::new(
+            "c~term-1",
+            program,
+            boundary,
+            env.clone(),
+            DepthGuard::from_marker(None, 1),
+        );
+        spec.args = args.iter().map(OsString::from).collect();
+        spec.cwd = Some(PathBuf::from(cwd));
+        spec.network = network;
+        spec.agent_supplied = true;
+        if network == Network::Proxy {
+            spec.egress = Some(EgressSpec {
+                relay: PathBuf::from("/opt/warden/bin/warden-egress-relay"),
+                socket_dir: PathBuf::from("/srv/state/egress/c-1"),
+                port: 3128,
+                mirrors: vec![],
+                loopback_direct: false,
+            });
+        }
+        let program = agent_program(Path::new(program)).expect("program");
+        let plan = HostPlan {
+            bwrap: Some((
+                Path::new("/usr/bin/bwrap"),
+                12,
+                BwrapPlan {
+                    spec: &spec,
+                    program: &program,
+                    cwd: Path::new(cwd),
+                    home: None,
+                    etc: &[],
+                    data_fds: &[],
+                    control: &[],
+                    git: &[],
+                },
+            )),
+            spec: &spec,
+            program: &program,
+            env: &env,
+            child_depth: 1,
+            marker: "m",
+        };
+        host_command(&plan)
+    }
+
+    /// The words of a host command up to (and with) the `--` after which bubblewrap only hands
+    /// the rest to exec inside the sandbox.
+    fn before_program(h: &HostCommand, tail: usize) -> Vec<OsString> {
+        h.args[..h.args.len() - tail].to_vec()
+    }
+
+    proptest::proptest! {
+        /// Whatever the agent puts in a terminal's program, arguments, working directory and
+        /// environment, the host side runs the same: the gate and bubblewrap with the fixed
+        /// environment and the same arguments up to the program; the agent's values are only
+        /// in the bytes bubblewrap reads from its `--args` fd and after the last `--`.
+        #[test]
+        fn agent_values_never_reach_the_host_side_of_a_spawn(
+            program in "(/[a-z./]{1,12}|[a-z]{1,8}|/proc/self/fd/[0-9]{1,3}/build\\.sh)",
+            args in proptest::collection::vec("[ -~]{0,16}", 0..4),
+            cwd in "/srv/sandboxes/r-1(/[a-z.]{1,6}){0,3}",
+            env in proptest::collection::vec(
+                (
+                    "(LD_PRELOAD|LD_AUDIT|LD_LIBRARY_PATH|BASH_ENV|ENV|PATH|GCONV_PATH|HOME|[A-Z_]{1,10})",
+                    "[ -~]{0,24}",
+                ),
+                0..6,
+            ),
+            proxy in proptest::bool::ANY,
+        ) {
+            let network = if proxy { Network::Proxy } else { Network::None };
+            let h = host_of(&program, &args, &cwd, &env, network);
+            let template = host_of("/bin/true", &[], "/srv/sandboxes/r-1", &[], network);
+            proptest::prop_assert_eq!(&h.env, &host_env(1, "m"));
+            proptest::prop_assert_eq!(&template.env, &host_env(1, "m"));
+            proptest::prop_assert_eq!(
+                before_program(&h, 1 + args.len()),
+                before_program(&template, 1)
+            );
+            let inside = h.inside.clone().unwrap_or_default();
+            let words: Vec<&[u8]> = inside.split(|b| *b == 0).collect();
+            proptest::prop_assert_eq!(words[0], b"--clearenv".as_slice());
+            for (k, v) in &env {
+                let set = words
+                    .windows(3)
+                    .any(|w| w[0] == b"--setenv" && w[1] == k.as_bytes() && w[2] == v.as_bytes());
+                let last = env.iter().rev().find(|(k2, _)| k2 == k).map(|(_, v2)| v2);
+                if last == Some(v) {
+                    proptest::prop_assert!(set, "{} not set inside", k);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_nul_in_the_environment_is_refused_before_anything_runs() {
+        let env = EnvPolicy::new(["X"], [""; 0])
+            .expect("policy")
+            .build_from([(OsString::from("X"), OsString::from("a\0--bind\0/\0/"))]);
+        assert!(check_env(&env).is_err());
+        assert!(agent_program(Path::new("/bin/true\0x")).is_err());
+        assert!(agent_program(Path::new("bin/true")).is_err());
+        assert!(agent_program(Path::new("true")).is_ok());
     }
 
     #[test]

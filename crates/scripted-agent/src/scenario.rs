@@ -118,6 +118,10 @@ pub struct ToolStep {
     /// entries (`{"NAME": "value"}`), which the decision did not see.
     #[serde(default)]
     pub then_env: Option<std::collections::BTreeMap<String, String>>,
+    /// A hostile agent: the `terminal/create` of this execute names this program and these
+    /// arguments (`[program, arg…]`) instead of `sh -c <command>`.
+    #[serde(default)]
+    pub then_argv: Option<Vec<String>>,
 }
 
 /// How a `connect` step reaches its destination.

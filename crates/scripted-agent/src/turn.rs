@@ -751,8 +751,12 @@ impl Turn {
                         let client = via_client("/terminal");
                         let ran = t.then_run.as_deref().unwrap_or(&command);
                         let env = t.then_env.clone().unwrap_or_default();
+                        let argv = match &t.then_argv {
+                            Some(v) if !v.is_empty() => v.clone(),
+                            _ => vec!["sh".into(), "-c".into(), ran.to_string()],
+                        };
                         tokio::select! {
-                            r = self.execute(ran, &cwd, client, &env) => r,
+                            r = self.execute(&argv, &cwd, client, &env) => r,
                             _ = self.wait_cancel() => {
                                 self.agent.update(&sid, json!({"sessionUpdate": "tool_call_update", "toolCallId": tcid, "status": "failed"}));
                                 return Flow::Cancelled;
@@ -849,7 +853,7 @@ impl Turn {
 
     async fn execute(
         &self,
-        command: &str,
+        argv: &[String],
         cwd: &Path,
         client: bool,
         env: &std::collections::BTreeMap<String, String>,
@@ -864,7 +868,7 @@ impl Turn {
                 .agent
                 .call_wait(
                     "terminal/create",
-                    json!({"sessionId": sid, "command": "sh", "args": ["-c", command],
+                    json!({"sessionId": sid, "command": argv[0], "args": &argv[1..],
                     "cwd": cwd, "env": env, "outputByteLimit": 1_048_576}),
                 )
                 .await?;
@@ -890,9 +894,8 @@ impl Turn {
                 other => Err(format!("exit {other:?}: {output}")),
             }
         } else {
-            let out = tokio::process::Command::new("sh")
-                .arg("-c")
-                .arg(command)
+            let out = tokio::process::Command::new(&argv[0])
+                .args(&argv[1..])
                 .current_dir(cwd)
                 .stdin(std::process::Stdio::null())
                 .kill_on_drop(true)

@@ -170,6 +170,10 @@ impl Terminals {
         spec.args = req.args.iter().map(Into::into).collect();
         spec.cwd = Some(cwd);
         spec.network = ctx.network;
+        // The program, arguments, cwd and environment are the agent's: the spawn finds the
+        // program inside the sandbox and keeps every host-side process on its fixed
+        // environment (crates/sandbox spawn.rs `host_command`).
+        spec.agent_supplied = true;
         let spawned = shared
             .spawner
             .spawn(spec)
