@@ -110,9 +110,15 @@ pub fn host_features() -> HostFeatures {
 }
 
 /// The arguments of the bubblewrap probe: a pid and network namespace, a read-only root, a fresh
-/// `/proc`, `/dev` and `/tmp`, running `/bin/true` (what an agent's sandbox needs at least).
-pub const BWRAP_PROBE: [&str; 14] = [
+/// `/proc`, `/dev` and `/tmp`, a cleared and set environment (the spawn hands the program its
+/// environment only inside, `--clearenv`/`--setenv`: a bubblewrap without them is not one the
+/// spawner can use), running `/bin/true` (what an agent's sandbox needs at least).
+pub const BWRAP_PROBE: [&str; 18] = [
     "--die-with-parent",
+    "--clearenv",
+    "--setenv",
+    "WARDEN_PROBE",
+    "1",
     "--unshare-pid",
     "--unshare-net",
     "--ro-bind",

@@ -227,10 +227,21 @@ fn index_by(stats: &HashMap<i32, Stat>, key: impl Fn(&Stat) -> i32) -> HashMap<i
 
 /// The values of every `KEY=value` entry of the process's initial environment whose prefix is
 /// `key_eq` (`KEY=`).
+/// An agent's process writes its own initial environment (up to what `execve` takes, many
+/// megabytes): the supervisor reads no more than this of it. The marker warden set is the
+/// spawn's; a process that pushes it past this bound with a larger environment of its own
+/// exec'd itself out of the marker search, which it could do by unsetting it too (the
+/// marker is the fallback for a host without cgroups or bubblewrap, see kill.rs).
+const ENVIRON_READ_MAX: u64 = 256 * 1024;
+
 fn environ_values(pid: i32, key_eq: &[u8]) -> Vec<Box<str>> {
-    let Ok(bytes) = std::fs::read(format!("/proc/{pid}/environ")) else {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let read = std::fs::File::open(format!("/proc/{pid}/environ"))
+        .and_then(|f| f.take(ENVIRON_READ_MAX).read_to_end(&mut bytes));
+    if read.is_err() {
         return Vec::new();
-    };
+    }
     bytes
         .split(|b| *b == 0)
         .filter_map(|e| e.strip_prefix(key_eq))
@@ -322,6 +333,41 @@ pub(crate) fn cgroup_procs(dir: &Path) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_environment_is_read_only_up_to_its_bound() {
+        // A process with 1 MiB of its own environment before the marker: the read stops at
+        // the bound, so the marker past it is not found (and nothing unbounded is held).
+        // (One string may be at most 128 KiB: eight of 100 KiB. The environment is laid out
+        // sorted by name, so the filler's names place it before or after the marker.)
+        let big = "x".repeat(100 * 1024);
+        let spawn = |filler_prefix: char, marker: &str| {
+            let mut c = std::process::Command::new("/bin/sleep");
+            c.arg("5").env_clear().env("WARDEN_TREE", marker);
+            for i in 0..8 {
+                c.env(format!("{filler_prefix}{i}"), &big);
+            }
+            let child = c.spawn().expect("sleep");
+            // Until it has exec'd (before, /proc shows the forked test's environment).
+            for _ in 0..500 {
+                if comm(child.id() as i32).as_deref() == Some("sleep") {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            child
+        };
+        let mut far = spawn('A', "far");
+        let mut near = spawn('Z', "near");
+        let got_far = environ_values(far.id() as i32, b"WARDEN_TREE=");
+        let got_near = environ_values(near.id() as i32, b"WARDEN_TREE=");
+        let _ = far.kill();
+        let _ = near.kill();
+        let _ = far.wait();
+        let _ = near.wait();
+        assert!(got_far.is_empty(), "{got_far:?}");
+        assert_eq!(got_near, vec![Box::from("near")]);
+    }
 
     #[test]
     fn stat_parsing_survives_hostile_command_names() {
