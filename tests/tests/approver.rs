@@ -776,3 +776,105 @@ async fn an_approval_binds_the_content_the_person_saw() {
         "the other content was written"
     );
 }
+
+/// `turn` as `principal`.
+fn turn_as(principal: &str, ctx: &str, id: &str, text: &str) -> pb::RunTurnRequest {
+    let mut t = turn(ctx, id, text);
+    if let Some(o) = t.open.as_mut() {
+        o.principal = principal.into();
+    }
+    t
+}
+
+#[tokio::test]
+async fn a_caller_flooding_the_queue_leaves_another_callers_request_to_a_person() {
+    // Issue 36, finding 1: bob's turns fill the queue and hang; alice's escalation must still
+    // reach a person (before: denied at once, `approval.queue-full`). Small shares so the
+    // flood is quick: the whole queue 6, a principal 3.
+    let d = deploy_approver(
+        &[
+            ("approver", "approval.max_pending=6"),
+            ("approver", "approval.max_pending_per_principal=3"),
+        ],
+        false,
+    )
+    .await;
+    let c = client(&d);
+    let mut bobs = Vec::new();
+    for i in 0..5 {
+        let mut c = c.clone();
+        let req = turn_as("bob", &format!("bob-{i}"), "t1", &edit("b.txt", "b"));
+        bobs.push(tokio::spawn(async move {
+            let mut s = start(&mut c, req).await;
+            collect(&mut s, Duration::from_secs(60)).await
+        }));
+    }
+    // Three of bob's wait for a person; his other two are refused by his share, at once.
+    let held = pending(&d, 3).await;
+    let mut refused = Vec::new();
+    let until = Instant::now() + Duration::from_secs(20);
+    while refused.len() < 2 && Instant::now() < until {
+        let mut left = Vec::new();
+        for b in bobs {
+            if b.is_finished() {
+                refused.push(b.await.expect("bob's turn"));
+            } else {
+                left.push(b);
+            }
+        }
+        bobs = left;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(refused.len(), 2, "two of bob's turns end: {held:#?}");
+    for evs in &refused {
+        let p = permissions(evs);
+        assert_eq!(p.len(), 1, "{p:#?}");
+        assert_eq!(p[0].verdict, pb::Verdict::Deny as i32, "{p:#?}");
+        assert_eq!(p[0].rule, "approval.principal-share-full", "{p:#?}");
+    }
+    assert_eq!(pending(&d, 3).await.len(), 3);
+
+    // alice's escalation is held for a person, and shown among the first (one of each
+    // principal in turn).
+    let mut ca = c.clone();
+    let mut alice = start(
+        &mut ca,
+        turn_as("alice", "alice-1", "t1", &edit("a.txt", "a")),
+    )
+    .await;
+    let now = pending(&d, 4).await;
+    let first_two: Vec<String> = now
+        .iter()
+        .take(2)
+        .map(|a| {
+            a.request
+                .as_ref()
+                .and_then(|r| r.subject.as_ref())
+                .map(|s| s.principal.clone())
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(first_two.contains(&"alice".to_string()), "{first_two:?}");
+    let alices = now
+        .iter()
+        .find(|a| {
+            a.request
+                .as_ref()
+                .and_then(|r| r.subject.as_ref())
+                .is_some_and(|s| s.principal == "alice")
+        })
+        .expect("alice's request");
+    let (code, out, err) = warden(&d, &["approvals", "approve", &alices.id]).await;
+    assert_eq!(code, Some(0), "{out}{err}");
+    let evs = collect(&mut alice, Duration::from_secs(30)).await;
+    let p = permissions(&evs);
+    assert_eq!(p.len(), 1, "{p:#?}");
+    assert_eq!(p[0].verdict, pb::Verdict::Allow as i32, "{p:#?}");
+    assert_eq!(
+        std::fs::read_to_string(root_of(&evs).join("a.txt")).unwrap_or_default(),
+        "a"
+    );
+    for b in bobs {
+        b.abort();
+    }
+}

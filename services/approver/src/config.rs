@@ -29,6 +29,8 @@ deadline_ms = 2000
 [approval]
 deadline_ms = 300000
 max_pending = 1024
+max_pending_per_principal = 128
+max_pending_per_conversation = 32
 history = 1000
 
 [web]
@@ -80,6 +82,16 @@ pub struct ApprovalSection {
     /// Most requests held at once; beyond it a new escalation is denied (`approval.queue-full`).
     #[serde(default = "default_max_pending")]
     pub max_pending: usize,
+    /// Most requests one principal (the gateway's authenticated caller) may hold at once;
+    /// beyond it that principal's next escalation is denied (`approval.principal-share-full`)
+    /// while everyone else's are still held: one caller cannot fill the queue for the others.
+    #[serde(default = "default_max_pending_per_principal")]
+    pub max_pending_per_principal: usize,
+    /// Most requests one conversation (a principal's context) may hold at once
+    /// (`approval.conversation-share-full`): one runaway agent cannot take its principal's
+    /// whole share.
+    #[serde(default = "default_max_pending_per_conversation")]
+    pub max_pending_per_conversation: usize,
     /// Decided requests kept for `history` (older ones are dropped).
     #[serde(default = "default_history")]
     pub history: usize,
@@ -87,6 +99,12 @@ pub struct ApprovalSection {
 
 fn default_max_pending() -> usize {
     1024
+}
+fn default_max_pending_per_principal() -> usize {
+    128
+}
+fn default_max_pending_per_conversation() -> usize {
+    32
 }
 fn default_history() -> usize {
     1000
@@ -234,6 +252,14 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
         ("approval.deadline_ms".into(), c.approval.deadline_ms),
         ("upstream.deadline_ms".into(), c.upstream.deadline_ms),
         ("approval.max_pending".into(), c.approval.max_pending as u64),
+        (
+            "approval.max_pending_per_principal".into(),
+            c.approval.max_pending_per_principal as u64,
+        ),
+        (
+            "approval.max_pending_per_conversation".into(),
+            c.approval.max_pending_per_conversation as u64,
+        ),
         ("approval.history".into(), c.approval.history as u64),
         ("web.session_ttl_secs".into(), c.web.session_ttl_secs),
         (

@@ -115,6 +115,96 @@ pub fn subject(a: &pb::Approval) -> pb::Subject {
         .unwrap_or_default()
 }
 
+/// The shares of the queue an escalation must fit in (`[approval]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    pub total: usize,
+    pub per_principal: usize,
+    pub per_conversation: usize,
+}
+
+/// Why an escalation is not held: the rule and what a person reading the audit is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub rule: &'static str,
+    pub reason: String,
+}
+
+/// Whether a new escalation of `who` fits beside `pending` (every request waiting now): its
+/// conversation's share, its principal's share, then the whole queue. A principal at its share
+/// is refused while every other principal's requests are still held, so one caller flooding
+/// the queue cannot deny another's requests a person.
+pub fn admit(pending: &[pb::Approval], who: &pb::Subject, shares: Shares) -> Result<(), Refusal> {
+    let mut principal = 0;
+    let mut conversation = 0;
+    for a in pending {
+        let s = subject(a);
+        if s.principal == who.principal {
+            principal += 1;
+            if s.context_id == who.context_id {
+                conversation += 1;
+            }
+        }
+    }
+    if conversation >= shares.per_conversation {
+        return Err(Refusal {
+            rule: "approval.conversation-share-full",
+            reason: format!(
+                "this conversation already has {conversation} requests waiting for a person (approval.max_pending_per_conversation = {})",
+                shares.per_conversation
+            ),
+        });
+    }
+    if principal >= shares.per_principal {
+        return Err(Refusal {
+            rule: "approval.principal-share-full",
+            reason: format!(
+                "this caller already has {principal} requests waiting for a person (approval.max_pending_per_principal = {})",
+                shares.per_principal
+            ),
+        });
+    }
+    if pending.len() >= shares.total {
+        return Err(Refusal {
+            rule: "approval.queue-full",
+            reason: format!(
+                "{} requests already wait for a person (approval.max_pending)",
+                pending.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `pending` (newest first) in the order people are shown it: one request of each principal in
+/// turn, each principal's newest first, principals in the order of their newest request. A
+/// principal with a thousand requests waiting takes one place of each round, not the page.
+pub fn round_robin(pending: Vec<pb::Approval>) -> Vec<pb::Approval> {
+    let mut order: Vec<String> = Vec::new();
+    let mut by: std::collections::HashMap<String, std::collections::VecDeque<pb::Approval>> =
+        std::collections::HashMap::new();
+    for a in pending {
+        let p = subject(&a).principal;
+        if !by.contains_key(&p) {
+            order.push(p.clone());
+        }
+        by.entry(p).or_default().push_back(a);
+    }
+    let mut out = Vec::new();
+    loop {
+        let mut any = false;
+        for p in &order {
+            if let Some(a) = by.get_mut(p).and_then(|q| q.pop_front()) {
+                out.push(a);
+                any = true;
+            }
+        }
+        if !any {
+            return out;
+        }
+    }
+}
+
 /// The durable queue.
 #[tonic::async_trait]
 pub trait QueueStore: Send + Sync {
@@ -143,4 +233,90 @@ pub trait QueueStore: Send + Sync {
 
     /// `sled` or `postgres`.
     fn backend(&self) -> &'static str;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(principal: &str, context: &str, n: usize) -> Vec<pb::Approval> {
+        (0..n)
+            .map(|i| pb::Approval {
+                id: format!("{principal}-{context}-{i}"),
+                request: Some(pb::DecideRequest {
+                    subject: Some(pb::Subject {
+                        principal: principal.into(),
+                        context_id: context.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn who(principal: &str, context: &str) -> pb::Subject {
+        pb::Subject {
+            principal: principal.into(),
+            context_id: context.into(),
+            ..Default::default()
+        }
+    }
+
+    const SHARES: Shares = Shares {
+        total: 10,
+        per_principal: 4,
+        per_conversation: 2,
+    };
+
+    #[test]
+    fn a_principal_at_its_share_is_refused_and_another_is_held() {
+        let mut q = held("bob", "b1", 2);
+        q.extend(held("bob", "b2", 2));
+        assert_eq!(
+            admit(&q, &who("bob", "b3"), SHARES).map_err(|r| r.rule),
+            Err("approval.principal-share-full")
+        );
+        assert_eq!(admit(&q, &who("alice", "a1"), SHARES), Ok(()));
+        assert_eq!(
+            admit(&q, &who("bob", "b1"), SHARES).map_err(|r| r.rule),
+            Err("approval.conversation-share-full")
+        );
+        // The same context id under another principal is another conversation.
+        assert_eq!(admit(&q, &who("alice", "b1"), SHARES), Ok(()));
+    }
+
+    #[test]
+    fn the_whole_queue_is_the_last_bound() {
+        let mut q = Vec::new();
+        for p in ["a", "b", "c", "d", "e"] {
+            q.extend(held(p, "x", 2));
+        }
+        assert_eq!(
+            admit(&q, &who("f", "x"), SHARES).map_err(|r| r.rule),
+            Err("approval.queue-full")
+        );
+    }
+
+    #[test]
+    fn people_see_one_request_of_each_principal_in_turn() {
+        let mut q = held("bob", "b", 5);
+        q.extend(held("alice", "a", 1));
+        q.extend(held("carol", "c", 2));
+        let ids: Vec<String> = round_robin(q).into_iter().map(|a| a.id).collect();
+        assert_eq!(
+            ids,
+            [
+                "bob-b-0",
+                "alice-a-0",
+                "carol-c-0",
+                "bob-b-1",
+                "carol-c-1",
+                "bob-b-2",
+                "bob-b-3",
+                "bob-b-4"
+            ]
+        );
+    }
 }

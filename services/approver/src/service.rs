@@ -25,7 +25,8 @@ pub mod rule {
     pub const NO_RESPONSE: &str = "approval.no-response";
     pub const REVOKED: &str = "approval.revoked";
     pub const EXPIRED: &str = "approval.expired";
-    pub const QUEUE_FULL: &str = "approval.queue-full";
+    // The queue's shares (`queue_store::admit`): `approval.queue-full`,
+    // `approval.principal-share-full`, `approval.conversation-share-full`.
     pub const REQUEST_MISMATCH: &str = "approval.request-mismatch";
     pub const UNAVAILABLE: &str = "approval.unavailable";
     /// A person approved, but the caller withdrew the request (did not act on the approval).
@@ -49,6 +50,8 @@ pub struct ApproverState {
     started: Instant,
     shutdown: CancellationToken,
     listeners: std::sync::RwLock<Vec<String>>,
+    /// Held from the share check to the hold of one escalation.
+    admission: tokio::sync::Mutex<()>,
 }
 
 impl ApproverState {
@@ -78,6 +81,7 @@ impl ApproverState {
             started: Instant::now(),
             shutdown,
             listeners: Default::default(),
+            admission: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -234,21 +238,36 @@ impl ApproverState {
         if first.verdict != pb::Verdict::Escalate as i32 {
             return Ok(first);
         }
-        let pending = match self.queue.pending_count().await {
-            Ok(n) => n,
+        let subject = req.subject.clone().unwrap_or_default();
+        // The share check and the hold are one step on this replica (two escalations of one
+        // principal cannot both take its last place); replicas on one database may overshoot
+        // a share by the requests they admit at the same moment.
+        let admission = self.admission.lock().await;
+        let pending = match self.queue.pending(self.config.approval.max_pending).await {
+            Ok(p) => p,
             Err(e) => return Ok(unavailable(&e)),
         };
-        if pending >= self.config.approval.max_pending {
+        let shares = crate::queue_store::Shares {
+            total: self.config.approval.max_pending,
+            per_principal: self.config.approval.max_pending_per_principal,
+            per_conversation: self.config.approval.max_pending_per_conversation,
+        };
+        if let Err(refused) = crate::queue_store::admit(&pending, &subject, shares) {
+            tracing::warn!(
+                context_id = %subject.context_id,
+                task_id = %subject.task_id,
+                rule = refused.rule,
+                "escalation refused: {}", refused.reason
+            );
             return Ok(deny(
                 first.decision_id,
-                rule::QUEUE_FULL,
+                refused.rule,
                 format!(
-                    "escalated ({}: {}) but {} requests already wait for a person",
-                    first.rule, first.reason, self.config.approval.max_pending
+                    "escalated ({}: {}) but {}",
+                    first.rule, first.reason, refused.reason
                 ),
             ));
         }
-        let subject = req.subject.clone().unwrap_or_default();
         let now = now_ms();
         let own = now + self.config.approval.deadline_for(&subject.agent);
         let deadline = match req.deadline_unix_ms {
@@ -298,6 +317,7 @@ impl ApproverState {
             }
             Err(e) => return Ok(unavailable(&e)),
         }
+        drop(admission);
         tracing::info!(
             decision_id = %a.id,
             request_id = %a.request.as_ref().map(|r| r.request_id.as_str()).unwrap_or(""),
@@ -695,12 +715,12 @@ impl ApprovalService for ApprovalApi {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
-        let approvals = self
-            .0
-            .queue
-            .pending(limit(request.get_ref().limit))
-            .await
-            .map_err(internal)?;
+        // Every pending request, then one of each principal in turn, then the page: a
+        // principal with many requests waiting cannot push another's off the first page.
+        let mut approvals = crate::queue_store::round_robin(
+            self.0.queue.pending(MAX_LIST).await.map_err(internal)?,
+        );
+        approvals.truncate(limit(request.get_ref().limit));
         Ok(Response::new(pb::ListApprovalsResponse { approvals }))
     }
 

@@ -446,7 +446,14 @@ async fn pending(State(web): State<Arc<Web>>, headers: HeaderMap) -> Response {
         return unauthorized();
     }
     match web.state.queue.pending(1000).await {
-        Ok(v) => Json(v.iter().map(view).collect::<Vec<_>>()).into_response(),
+        // One request of each principal in turn (as `ApprovalService.List`).
+        Ok(v) => Json(
+            crate::queue_store::round_robin(v)
+                .iter()
+                .map(view)
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Json(json!({"error": e.to_string()})),
