@@ -70,6 +70,9 @@ fs_read_bytes = 2097152
 # One agent's requests (fs/*, permissions, questions, terminals) handled at once; one more is
 # answered with an error at once.
 agent_requests_in_flight = 64
+# The bytes of those requests together (each held until it is answered); one more whose line
+# would pass it is answered with an error at once.
+agent_requests_bytes = 33554432
 # Answers queued for an agent and not read by it yet: past this the agent has stopped reading its
 # stdin, and it is stopped (fault request-limit) instead of holding the supervisor's memory.
 agent_queue_bytes = 33554432
@@ -343,6 +346,10 @@ pub struct Limits {
     /// One agent's requests handled at once (`warden_acp::ClientConfig::max_incoming_requests`);
     /// one more is answered with an error at once, unhandled.
     pub agent_requests_in_flight: usize,
+    /// Bytes of the lines of one agent's requests handled at once
+    /// (`warden_acp::ClientConfig::max_incoming_bytes`); one more that would pass it is
+    /// answered with an error at once, unhandled.
+    pub agent_requests_bytes: usize,
     /// Bytes queued for one agent's stdin and not read by it
     /// (`warden_acp::ClientConfig::max_queued_bytes`); past it the agent is stopped with fault
     /// `request-limit`.
@@ -394,6 +401,7 @@ impl Default for Limits {
             max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
             agent_requests_in_flight: warden_acp::DEFAULT_MAX_INCOMING_REQUESTS,
+            agent_requests_bytes: warden_acp::DEFAULT_MAX_INCOMING_BYTES,
             agent_queue_bytes: warden_acp::DEFAULT_MAX_QUEUED_BYTES,
             fs_requests_per_turn: 2048,
             permissions_per_turn: 1024,
@@ -1107,6 +1115,7 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             l.agent_requests_in_flight as u64,
         ),
         ("limits.agent_queue_bytes", l.agent_queue_bytes as u64),
+        ("limits.agent_requests_bytes", l.agent_requests_bytes as u64),
         ("limits.max_terminals", l.max_terminals as u64),
         (
             "limits.terminal_output_bytes",
@@ -1441,6 +1450,7 @@ mod tests {
             assert_eq!(l.max_terminals, 16);
             assert_eq!(l.terminal_output_bytes, 4 * 1024 * 1024);
             assert_eq!(l.turn_quotas().terminals, 64);
+            assert_eq!(l.agent_requests_bytes, 32 * 1024 * 1024);
         }
         let s = load(
             None,
@@ -1456,7 +1466,11 @@ mod tests {
         assert_eq!(s.limits().terminal_output_bytes, 65536);
         // 0 terminals per turn is "unbounded" like the other quotas; a cap of 0 is a mistake.
         assert!(load(None, &["limits.terminals_per_turn=0".into()]).is_ok());
-        for key in ["limits.max_terminals", "limits.terminal_output_bytes"] {
+        for key in [
+            "limits.max_terminals",
+            "limits.terminal_output_bytes",
+            "limits.agent_requests_bytes",
+        ] {
             let e = load(None, &[format!("{key}=0")]).unwrap_err();
             assert!(e.to_string().contains(key), "{e}");
         }
