@@ -1,7 +1,7 @@
 //! The connection: one reader task, one writer task, a table of our pending
 //! requests, and one spawned task per incoming agent request — at most
-//! `max_incoming_requests` of them at once (one more is answered with an error at
-//! once), and at most `max_queued_bytes` of lines waiting for the agent to read
+//! `max_incoming_requests` of them at once, their lines together at most
+//! `max_incoming_bytes` (one more is answered with an error at once), and at most `max_queued_bytes` of lines waiting for the agent to read
 //! its stdin (an agent that stops reading faults the connection instead of
 //! growing the queue).
 
@@ -29,6 +29,8 @@ use crate::types::{
 pub const DEFAULT_MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// Default bound on the agent's requests being handled at once.
 pub const DEFAULT_MAX_INCOMING_REQUESTS: usize = 64;
+/// Default bound on the bytes of the agent's requests being handled at once: 32 MiB.
+pub const DEFAULT_MAX_INCOMING_BYTES: usize = 32 * 1024 * 1024;
 /// Default bound on the bytes queued for the agent's stdin and not written yet: 32 MiB.
 pub const DEFAULT_MAX_QUEUED_BYTES: usize = 32 * 1024 * 1024;
 /// Default bound on the bytes of the agent's updates queued for the caller and not taken: 64 MiB.
@@ -72,6 +74,11 @@ pub struct ClientConfig {
     /// The agent's requests handled at once (each is a task holding its answer until it
     /// is queued); one more is answered at once with an error saying so, unhandled.
     pub max_incoming_requests: usize,
+    /// Bytes of the lines of the agent's requests being handled at once (each task holds
+    /// its request until it is answered): one more whose line would pass it is answered at
+    /// once with an error, unhandled. One request alone is always handled, whatever its size
+    /// (`max_line_bytes` bounds it).
+    pub max_incoming_bytes: usize,
     /// Bytes queued for the agent's stdin and not written yet. A line that would pass it
     /// while the queue is not empty faults the connection (`Fault::InputNotRead`): the
     /// agent stopped reading what it asked for, and the queue must not hold the
@@ -97,6 +104,7 @@ impl Default for ClientConfig {
             max_malformed_lines: None,
             permission_timing_capacity: 4096,
             max_incoming_requests: DEFAULT_MAX_INCOMING_REQUESTS,
+            max_incoming_bytes: DEFAULT_MAX_INCOMING_BYTES,
             max_queued_bytes: DEFAULT_MAX_QUEUED_BYTES,
             max_queued_event_bytes: DEFAULT_MAX_QUEUED_EVENT_BYTES,
         }
@@ -223,6 +231,8 @@ struct PromptTrack {
 }
 
 struct IncomingEntry {
+    /// The length of the line it came on (`max_incoming_bytes`).
+    bytes: usize,
     session_id: Option<String>,
     is_permission: bool,
     cancel: Option<oneshot::Sender<()>>,
@@ -912,7 +922,7 @@ where
                 on_notification(&inner, &method, params, buf.len())
             }
             Ok(Incoming::Request { id, method, params }) => {
-                on_request(&inner, &handler, id, method, params)
+                on_request(&inner, &handler, id, method, params, buf.len())
             }
         }
     }
@@ -974,6 +984,7 @@ fn on_request<H: ClientHandler>(
     id: RequestId,
     method: String,
     params: Value,
+    line_bytes: usize,
 ) {
     let received = Instant::now();
     let received_at = SystemTime::now();
@@ -999,6 +1010,25 @@ fn on_request<H: ClientHandler>(
             ));
             return;
         }
+        let held: usize = incoming.values().map(|e| e.bytes).sum();
+        if !incoming.is_empty() && held.saturating_add(line_bytes) > inner.config.max_incoming_bytes
+        {
+            // Not handled either: what the agent's requests hold waiting for their answers is
+            // bounded in bytes, not only in count.
+            drop(incoming);
+            tracing::warn!(request_id = %id, method, held, line_bytes,
+                limit = inner.config.max_incoming_bytes,
+                "agent request refused: too many bytes of its requests in flight");
+            inner.send_line(rpc::response_line(
+                &id,
+                Err(RpcError::internal(format!(
+                    "too many bytes of requests in flight: this agent's requests being handled \
+                     hold {held} bytes and this one has {line_bytes}, past {}; wait for their answers",
+                    inner.config.max_incoming_bytes
+                ))),
+            ));
+            return;
+        }
         if incoming.contains_key(&id) {
             // Two live requests with one id could not be told apart when answered.
             drop(incoming);
@@ -1015,6 +1045,7 @@ fn on_request<H: ClientHandler>(
         incoming.insert(
             id.clone(),
             IncomingEntry {
+                bytes: line_bytes,
                 session_id,
                 is_permission,
                 cancel: Some(cancel_tx),

@@ -66,8 +66,9 @@ mod types;
 
 pub use client::{
     AcpClient, AcpEvent, AcpEvents, CancelOutcome, CancelReport, ClientConfig, ClientStats,
-    DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_QUEUED_BYTES,
-    DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle, PermissionAnswer, PermissionTiming, PromptEnd,
+    DEFAULT_MAX_INCOMING_BYTES, DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES,
+    DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle, PermissionAnswer,
+    PermissionTiming, PromptEnd,
 };
 pub use error::{AcpError, Fault};
 pub use handler::ClientHandler;

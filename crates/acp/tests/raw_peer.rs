@@ -238,6 +238,38 @@ async fn requests_past_the_in_flight_bound_are_refused_unhandled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_in_flight_byte_bound_are_refused_unhandled() {
+    let mut p = peer(ClientConfig {
+        max_incoming_bytes: 250_000,
+        ..config()
+    });
+    // Permissions of ~100 KB each hang (the handler never answers): two are held (200 KB), the
+    // third would pass 250 KB and is refused at once; a small one still fits.
+    let big = |id: i64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "session/request_permission", "params": {
+            "sessionId": "s1", "toolCall": {"toolCallId": "t1", "title": "x".repeat(100_000)},
+            "options": [{"optionId": "a", "name": "A", "kind": "allow_once"}]}})
+        .to_string()
+    };
+    for i in 0..3 {
+        p.send(&big(i)).await;
+    }
+    let a = p.recv().await;
+    assert_eq!(a["id"], 2, "{a}");
+    assert_eq!(a["error"]["code"], -32603, "{a}");
+    let msg = a["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("too many bytes of requests in flight"),
+        "{msg}"
+    );
+    p.send(&perm(json!(3))).await;
+    // The small one is held (no answer: the handler hangs), so three are pending.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(p.client.pending_permissions(), 3);
+    assert!(p.client.fault().is_none(), "refusing is not a fault");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_stops_reading_faults_the_connection_instead_of_growing_the_queue() {
     let limit = 2 * 1024 * 1024;
     let mut p = peer(ClientConfig {

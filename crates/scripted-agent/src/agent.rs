@@ -38,6 +38,10 @@ pub struct SessionState {
     /// The model and thought level (`session/set_config_option`), reported by `report_config`.
     pub model: String,
     pub thought_level: String,
+    /// The `after_turn` steps running in the background (after their turn was answered), and
+    /// the message lines they would have sent, for `after_turn_report` in a later turn.
+    pub after_turn: Option<tokio::task::JoinHandle<()>>,
+    pub after_turn_log: Vec<String>,
 }
 
 /// The models and thought levels the scripted agent offers as session config options, like the
@@ -285,6 +289,8 @@ impl Agent {
                         prompts: 0,
                         model: MODELS[0].0.to_string(),
                         thought_level: THOUGHT_LEVELS[0].to_string(),
+                        after_turn: None,
+                        after_turn_log: Vec::new(),
                     }),
                     cancel: watch::channel(false).0,
                 });

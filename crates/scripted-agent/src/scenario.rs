@@ -272,7 +272,9 @@ pub enum Step {
     /// is answered — or, with `stop_reading`, stop reading stdin first and never finish (the
     /// answers pile up at the client).
     Flood {
-        /// `fs/read_text_file` (default), `session/request_permission` or `elicitation/create`.
+        /// `fs/read_text_file` (default), `fs/write_text_file`, `session/request_permission`,
+        /// `elicitation/create`, `terminal/create` (`sh -c command`, never released) or
+        /// `terminal/output` (of `terminal_id`).
         #[serde(default = "default_flood_method")]
         method: String,
         /// How many.
@@ -283,7 +285,29 @@ pub enum Step {
         /// Stop reading stdin before sending.
         #[serde(default)]
         stop_reading: bool,
+        /// The command of each `terminal/create` (`sh -c`; default `true`).
+        #[serde(default)]
+        command: Option<String>,
+        /// The `outputByteLimit` of each `terminal/create` (none by default).
+        #[serde(default)]
+        output_byte_limit: Option<u64>,
+        /// The terminal `terminal/output` asks for.
+        #[serde(default)]
+        terminal_id: Option<String>,
     },
+    /// A hostile agent that goes on after its turn: `steps` run in the background `ms` after
+    /// this turn's prompt is answered (the turn itself goes on at once). Their message lines
+    /// are not sent (nobody reads them between turns) but kept for `after_turn_report`.
+    AfterTurn {
+        /// Delay after the prompt's answer.
+        #[serde(default)]
+        ms: u64,
+        /// What to do then.
+        steps: Vec<Step>,
+    },
+    /// Wait for the `after_turn` steps of an earlier turn to finish, then send what they would
+    /// have said, one message line `after-turn: <text>` each.
+    AfterTurnReport,
     /// Write this many bytes to stderr.
     Stderr {
         /// Size.

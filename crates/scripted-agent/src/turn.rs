@@ -17,6 +17,13 @@ const MAX_SIZE_STEP: usize = 1 << 30;
 /// A flood step sends at most this many requests.
 const MAX_FLOOD: usize = 100_000;
 
+/// The `flood` fields of the terminal methods.
+struct FloodExtra {
+    command: Option<String>,
+    output_byte_limit: Option<u64>,
+    terminal_id: Option<String>,
+}
+
 /// How the step list ended.
 enum Flow {
     Continue,
@@ -41,6 +48,10 @@ struct Turn {
     settings: Settings,
     cancel: watch::Receiver<bool>,
     tools: usize,
+    /// `after_turn` steps to run once the prompt is answered (delay, steps).
+    after: Vec<(u64, Vec<Step>)>,
+    /// Running after the turn: message lines go to the session's after-turn log, not the wire.
+    capture: bool,
 }
 
 fn prompt_text(params: &Value) -> String {
@@ -97,6 +108,8 @@ pub async fn run_turn(agent: Arc<Agent>, session: Arc<Session>, id: Value, param
         session: session.clone(),
         settings,
         tools: 0,
+        after: Vec::new(),
+        capture: false,
     };
     let mut flow = Flow::Continue;
     for step in steps {
@@ -123,6 +136,46 @@ pub async fn run_turn(agent: Arc<Agent>, session: Arc<Session>, id: Value, param
                 "warden-scripted-agent: cancelled; never answering the prompt as the scenario asks"
             ),
         },
+    }
+    let after = std::mem::take(&mut turn.after);
+    if !after.is_empty() {
+        let settings = Settings {
+            vocab: turn.settings.vocab,
+            on_cancel: turn.settings.on_cancel,
+            report: turn.settings.report.clone(),
+            string_ids: turn.settings.string_ids,
+            demo: false,
+        };
+        let handle = tokio::spawn(after_turn(agent, session.clone(), settings, after));
+        session.st().after_turn = Some(handle);
+    }
+}
+
+/// Runs `after_turn` steps once their turn is answered: no turn is running (nothing cancels
+/// them); what they say is kept for `after_turn_report`.
+async fn after_turn(
+    agent: Arc<Agent>,
+    session: Arc<Session>,
+    settings: Settings,
+    after: Vec<(u64, Vec<Step>)>,
+) {
+    let (_never, cancel) = watch::channel(false);
+    let mut t = Turn {
+        agent,
+        session,
+        settings,
+        cancel,
+        tools: 0,
+        after: Vec::new(),
+        capture: true,
+    };
+    for (ms, steps) in after {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        for step in steps {
+            if !matches!(t.step(step).await, Flow::Continue) {
+                return;
+            }
+        }
     }
 }
 
@@ -173,6 +226,15 @@ impl Turn {
     }
 
     fn chunk(&self, kind: &str, text: &str) {
+        if self.capture {
+            if kind == "agent_message_chunk" {
+                self.session
+                    .st()
+                    .after_turn_log
+                    .push(text.trim_end().to_string());
+            }
+            return;
+        }
         self.agent.update(
             &self.sid(),
             json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}),
@@ -255,8 +317,23 @@ impl Turn {
                 };
                 self.chunk("agent_message_chunk", &format!("connect-result: {out}\n"));
             }
-            Step::Flood { method, count, path, stop_reading } => {
-                return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading).await;
+            Step::Flood { method, count, path, stop_reading, command, output_byte_limit, terminal_id } => {
+                let extra = FloodExtra { command, output_byte_limit, terminal_id };
+                return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading, extra).await;
+            }
+            Step::AfterTurn { ms, steps } => self.after.push((ms, steps)),
+            Step::AfterTurnReport => {
+                let running = self.session.st().after_turn.take();
+                if let Some(h) = running {
+                    tokio::select! {
+                        _ = h => {}
+                        _ = self.wait_cancel() => return Flow::Cancelled,
+                    }
+                }
+                let log = std::mem::take(&mut self.session.st().after_turn_log);
+                for line in log {
+                    self.chunk("agent_message_chunk", &format!("after-turn: {line}\n"));
+                }
             }
             Step::Stderr { bytes } => {
                 use std::io::Write;
@@ -296,6 +373,7 @@ impl Turn {
         count: usize,
         path: Option<&str>,
         stop_reading: bool,
+        extra: FloodExtra,
     ) -> Flow {
         let sid = self.sid();
         if stop_reading {
@@ -311,6 +389,21 @@ impl Turn {
                         "locations": [{"path": self.session.cwd.join(format!("flood-{i}"))}]},
                     "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
                                 {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}),
+                "fs/write_text_file" => {
+                    json!({"sessionId": sid, "path": file.clone().unwrap_or_else(|| self.session.cwd.join("flood.txt")),
+                        "content": format!("flood {i}\n")})
+                }
+                "terminal/create" => {
+                    let mut p = json!({"sessionId": sid, "command": "sh",
+                        "args": ["-c", extra.command.as_deref().unwrap_or("true")]});
+                    if let Some(l) = extra.output_byte_limit {
+                        p["outputByteLimit"] = Value::from(l);
+                    }
+                    p
+                }
+                "terminal/output" => {
+                    json!({"sessionId": sid, "terminalId": extra.terminal_id.as_deref().unwrap_or("term-1")})
+                }
                 "elicitation/create" => {
                     json!({"sessionId": sid, "mode": "form", "message": format!("flood question {i}"),
                     "requestedSchema": {"type": "object", "properties": {"answer": {"type": "string"}}}})
@@ -327,13 +420,19 @@ impl Turn {
             return Flow::Cancelled;
         }
         let (mut ok, mut errors, mut first_error) = (0usize, 0usize, Value::Null);
+        let mut cancelled = 0usize;
         for rx in answers {
             let a = tokio::select! {
                 a = rx => a,
                 _ = self.wait_cancel() => return Flow::Cancelled,
             };
             match a {
-                Ok(Ok(_)) => ok += 1,
+                Ok(Ok(v)) => {
+                    ok += 1;
+                    if v.pointer("/outcome/outcome").and_then(Value::as_str) == Some("cancelled") {
+                        cancelled += 1;
+                    }
+                }
                 Ok(Err(e)) => {
                     errors += 1;
                     if first_error.is_null() {
@@ -343,13 +442,12 @@ impl Turn {
                 Err(_) => errors += 1,
             }
         }
-        self.chunk(
-            "agent_message_chunk",
-            &format!(
-                "flood-result: {}\n",
-                json!({"ok": ok, "errors": errors, "first_error": first_error})
-            ),
-        );
+        let mut result = json!({"ok": ok, "errors": errors, "first_error": first_error});
+        if method == "session/request_permission" {
+            // Of the answers, how many were `cancelled` (the rest selected an option).
+            result["cancelled"] = Value::from(cancelled);
+        }
+        self.chunk("agent_message_chunk", &format!("flood-result: {result}\n"));
         Flow::Continue
     }
 

@@ -289,6 +289,7 @@ impl AgentProc {
             client_name: "warden-supervisor".into(),
             max_incoming_requests: shared.settings.limits().agent_requests_in_flight.max(1),
             max_queued_bytes: shared.settings.limits().agent_queue_bytes,
+            max_incoming_bytes: shared.settings.limits().agent_requests_bytes,
             ..ClientConfig::default()
         };
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);

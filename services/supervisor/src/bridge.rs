@@ -299,8 +299,8 @@ impl ConvCore {
     }
 
     /// A client read no ALLOW of the turn covers: decided like a read of that location (the
-    /// floor allows reads; an operator policy may refuse them). Outside a turn it is decided
-    /// too, and not remembered.
+    /// floor allows reads; an operator policy may refuse them). Outside a turn nothing gets
+    /// here (`count` refuses it).
     async fn decide_read(&self, turn: Option<&Arc<TurnCtx>>, key: &Path) -> Enforced {
         let path = key.to_string_lossy().into_owned();
         self.decide_own(
@@ -468,13 +468,46 @@ impl ConvCore {
 }
 
 impl ConvCore {
-    /// Counts one request of the agent against this turn's bound (`limits.*_per_turn`); none
-    /// is counted outside a turn.
-    fn count(&self, turn: Option<&TurnCtx>, what: Counted) -> Result<(), RpcError> {
+    /// Counts one request of the agent against this turn's bound (`limits.*_per_turn`). With
+    /// no turn running it is refused: it never reaches the policy, a file, a terminal or the
+    /// caller, and it is counted (`requests_between_turns`). Charging it to the next turn
+    /// instead would let an idle agent spend that turn's quota before the caller asked for
+    /// anything, and leave the decision without a task to belong to; an agent that follows ACP
+    /// asks only while its `session/prompt` is unanswered, so it never sees this refusal.
+    fn count(
+        &self,
+        turn: Option<&TurnCtx>,
+        what: Counted,
+        method: &'static str,
+    ) -> Result<(), RpcError> {
         match turn {
             Some(t) => t.count(what, &self.quotas),
-            None => Ok(()),
+            None => Err(self.between_turns(method)),
         }
+    }
+
+    /// `terminal/output` and `terminal/wait_for_exit` are served within a turn only (a terminal
+    /// outlives its turn — an adapter's background command is read again in a later one — but
+    /// nobody reads it between turns). `terminal/kill` and `terminal/release` are served
+    /// always: they only give back what the conversation holds.
+    fn in_turn(&self, method: &'static str) -> Result<(), RpcError> {
+        match self.turn() {
+            Some(_) => Ok(()),
+            None => Err(self.between_turns(method)),
+        }
+    }
+
+    /// Records and refuses `method` between turns.
+    fn between_turns(&self, method: &'static str) -> RpcError {
+        crate::metrics::between_turns(method);
+        tracing::warn!(
+            context_id = %self.info.context_id,
+            method,
+            "the agent made a request while no turn was running: refused"
+        );
+        RpcError::invalid_params(format!(
+            "no turn is running: {method} is refused between turns"
+        ))
     }
 }
 
@@ -538,7 +571,16 @@ impl ClientHandler for ConvCore {
     ) -> Result<PermissionOutcome, RpcError> {
         let entered = std::time::Instant::now();
         let turn = self.turn();
-        self.count(turn.as_deref(), Counted::Permission)?;
+        // Between turns: cancelled (ACP's answer when no prompt turn is running), undecided.
+        if turn.is_none() {
+            self.between_turns("session/request_permission");
+            return Ok(PermissionOutcome::Cancelled);
+        }
+        self.count(
+            turn.as_deref(),
+            Counted::Permission,
+            "session/request_permission",
+        )?;
         let request_id = uuid::Uuid::new_v4().simple().to_string();
         let dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
         let (kind, title) = dreq
@@ -607,11 +649,12 @@ impl ClientHandler for ConvCore {
     }
 
     async fn read_text_file(&self, req: ReadTextFileRequest) -> Result<String, RpcError> {
-        self.count(self.turn().as_deref(), Counted::Fs)?;
+        // The turn it is counted against is the one it is decided in (none: refused).
+        let turn = self.turn();
+        self.count(turn.as_deref(), Counted::Fs, "fs/read_text_file")?;
         // Where it would be read, resolved once: the location the decision judges and the
         // servant opens (without following any link).
         let key = self.fs_location(&req.path)?;
-        let turn = self.turn();
         if !turn.as_ref().is_some_and(|t| self.read_covered(t, &key)) {
             let e = self.decide_read(turn.as_ref(), &key).await;
             if !e.allowed {
@@ -636,7 +679,7 @@ impl ClientHandler for ConvCore {
     }
 
     async fn write_text_file(&self, req: WriteTextFileRequest) -> Result<(), RpcError> {
-        self.count(self.turn().as_deref(), Counted::Fs)?;
+        self.count(self.turn().as_deref(), Counted::Fs, "fs/write_text_file")?;
         if self.info.profile == warden_sandbox::Profile::ReadOnly {
             return Err(RpcError::invalid_params(
                 "this conversation is read-only: writes are refused",
@@ -706,8 +749,12 @@ impl ClientHandler for ConvCore {
     ) -> Result<String, RpcError> {
         self.terminal_enabled("terminal/create")?;
         let Some(turn) = self.turn() else {
-            return Err(RpcError::invalid_params("no turn is running"));
+            return Err(self.between_turns("terminal/create"));
         };
+        self.count(Some(&turn), Counted::Terminal, "terminal/create")?;
+        // Its place within the conversation's caps, before anything is decided or run (a
+        // refusal here costs no decision); given back if it never runs.
+        let slot = self.terminals.reserve(self.terminal.as_ref(), &req)?;
         // What would run: the command and its args, in the cwd asked for (the root by default).
         let run: Vec<String> = std::iter::once(req.command.clone())
             .chain(req.args.iter().cloned())
@@ -759,7 +806,7 @@ impl ClientHandler for ConvCore {
             files: self.files.as_ref().ok(),
         };
         self.terminals
-            .create(self.terminal.as_ref(), Some(turn), target, req)
+            .create(self.terminal.as_ref(), Some(turn), target, slot, req)
             .await
     }
 
@@ -768,6 +815,7 @@ impl ClientHandler for ConvCore {
         req: warden_acp::TerminalRequest,
     ) -> Result<warden_acp::TerminalOutputResponse, RpcError> {
         self.terminal_enabled("terminal/output")?;
+        self.in_turn("terminal/output")?;
         self.terminals.output(&req)
     }
 
@@ -776,6 +824,7 @@ impl ClientHandler for ConvCore {
         req: warden_acp::TerminalRequest,
     ) -> Result<warden_acp::TerminalExitStatus, RpcError> {
         self.terminal_enabled("terminal/wait_for_exit")?;
+        self.in_turn("terminal/wait_for_exit")?;
         self.terminals.wait(&req).await
     }
 
@@ -791,9 +840,10 @@ impl ClientHandler for ConvCore {
 
     async fn elicitation(&self, req: ElicitationRequest) -> Result<ElicitationResponse, RpcError> {
         let Some(turn) = self.turn() else {
+            self.between_turns("elicitation/create");
             return Ok(ElicitationResponse::Cancel);
         };
-        self.count(Some(&turn), Counted::Question)?;
+        self.count(Some(&turn), Counted::Question, "elicitation/create")?;
         if turn.cancel.is_cancelled() {
             return Ok(ElicitationResponse::Cancel);
         }
@@ -1386,9 +1436,74 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn between_turns_every_request_is_refused_without_being_decided() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::write(root.join("f.txt"), "content").unwrap();
+        let c = core(&root);
+        let perm = c
+            .request_permission(request(serde_json::json!({"sessionId": "s1",
+                "toolCall": {"toolCallId": "tc1", "kind": "read", "title": "Read f.txt"},
+                "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                            {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]})))
+            .await
+            .unwrap();
+        // Not the refusal a (failed) decision picks: cancelled, no decision asked for.
+        assert_eq!(perm, PermissionOutcome::Cancelled);
+        let path = root.join("f.txt").to_string_lossy().into_owned();
+        let e = c
+            .read_text_file(ReadTextFileRequest {
+                session_id: "s1".into(),
+                path: path.clone(),
+                line: None,
+                limit: None,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, -32602, "{e:?}");
+        assert!(e.message.contains("between turns"), "{e:?}");
+        let e = c
+            .write_text_file(WriteTextFileRequest {
+                session_id: "s1".into(),
+                path: path.clone(),
+                content: "pwned".into(),
+            })
+            .await
+            .unwrap_err();
+        assert!(e.message.contains("between turns"), "{e:?}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("f.txt")).unwrap(),
+            "content"
+        );
+        let q = c
+            .elicitation(ElicitationRequest {
+                session_id: Some("s1".into()),
+                message: "?".into(),
+                mode: Some("form".into()),
+                requested_schema: None,
+                raw: serde_json::Value::Null,
+            })
+            .await
+            .unwrap();
+        assert_eq!(q, ElicitationResponse::Cancel);
+        // Within a turn the same read is served (an ALLOW of the turn covers it).
+        let t = bare_turn();
+        t.lock().allowed_reads.push(root.join("f.txt"));
+        c.live().turn = Some(t);
+        let read = ReadTextFileRequest {
+            session_id: "s1".into(),
+            path,
+            line: None,
+            limit: None,
+        };
+        assert_eq!(c.read_text_file(read).await.unwrap(), "content");
+    }
+
+    #[tokio::test]
     async fn without_a_policy_a_permission_is_refused_with_an_offered_id() {
         let dir = tempfile::tempdir().unwrap();
         let c = core(dir.path());
+        c.live().turn = Some(bare_turn());
         let req = request(serde_json::json!({"sessionId": "s1",
             "toolCall": {"toolCallId": "tc9", "kind": "read", "title": "Read x"},
             "options": [{"optionId": "allow-once", "name": "Yes", "kind": "allow_once"},

@@ -70,6 +70,9 @@ fs_read_bytes = 2097152
 # One agent's requests (fs/*, permissions, questions, terminals) handled at once; one more is
 # answered with an error at once.
 agent_requests_in_flight = 64
+# The bytes of those requests together (each held until it is answered); one more whose line
+# would pass it is answered with an error at once.
+agent_requests_bytes = 33554432
 # Answers queued for an agent and not read by it yet: past this the agent has stopped reading its
 # stdin, and it is stopped (fault request-limit) instead of holding the supervisor's memory.
 agent_queue_bytes = 33554432
@@ -79,6 +82,16 @@ agent_queue_bytes = 33554432
 fs_requests_per_turn = 2048
 permissions_per_turn = 1024
 questions_per_turn = 16
+# terminal/create requests of one turn (0 = unbounded; agents with terminal = true): each runs a
+# command, decided on its own unless an allowed execute judged it.
+terminals_per_turn = 64
+# Terminals one conversation holds at once (created and not yet released, exited or not), and
+# the output they hold together: each reserves its tail (its outputByteLimit, at most
+# output_bytes) from terminal_output_bytes when it is created. One more is refused, naming the
+# key; the turn goes on. Between turns the agent's requests are refused (and counted), never
+# decided.
+max_terminals = 16
+terminal_output_bytes = 4194304
 # Connections one agent's egress proxy holds open at once (network = "proxy"); more get 503.
 egress_connections = 64
 # A turn whose agent is refused the same destination this many times ends with fault
@@ -333,6 +346,10 @@ pub struct Limits {
     /// One agent's requests handled at once (`warden_acp::ClientConfig::max_incoming_requests`);
     /// one more is answered with an error at once, unhandled.
     pub agent_requests_in_flight: usize,
+    /// Bytes of the lines of one agent's requests handled at once
+    /// (`warden_acp::ClientConfig::max_incoming_bytes`); one more that would pass it is
+    /// answered with an error at once, unhandled.
+    pub agent_requests_bytes: usize,
     /// Bytes queued for one agent's stdin and not read by it
     /// (`warden_acp::ClientConfig::max_queued_bytes`); past it the agent is stopped with fault
     /// `request-limit`.
@@ -344,6 +361,17 @@ pub struct Limits {
     pub permissions_per_turn: u32,
     /// `elicitation/create` requests of one turn (0 = unbounded).
     pub questions_per_turn: u32,
+    /// `terminal/create` requests of one turn (0 = unbounded); the next is refused and ends the
+    /// turn with fault `request-limit`. A terminal no ALLOW of the turn judged is decided on its
+    /// own: it counts here, not among `permissions_per_turn`.
+    pub terminals_per_turn: u32,
+    /// Terminals one conversation holds at once (created, not released yet: running or exited
+    /// with their output kept). One more `terminal/create` is refused, before any decision.
+    pub max_terminals: usize,
+    /// Output one conversation's terminals hold together: each terminal reserves its tail bound
+    /// (its `outputByteLimit`, at most `output_bytes`) at creation, and gives it back when
+    /// released; a `terminal/create` whose bound does not fit what is left is refused.
+    pub terminal_output_bytes: usize,
     /// Connections one agent's egress proxy holds open at once; more are answered 503.
     pub egress_connections: usize,
     /// Refusals of one destination within a turn that end the turn (fault `egress-refused`);
@@ -373,10 +401,14 @@ impl Default for Limits {
             max_starting_agents: 0,
             fs_read_bytes: 2 * 1024 * 1024,
             agent_requests_in_flight: warden_acp::DEFAULT_MAX_INCOMING_REQUESTS,
+            agent_requests_bytes: warden_acp::DEFAULT_MAX_INCOMING_BYTES,
             agent_queue_bytes: warden_acp::DEFAULT_MAX_QUEUED_BYTES,
             fs_requests_per_turn: 2048,
             permissions_per_turn: 1024,
             questions_per_turn: 16,
+            terminals_per_turn: 64,
+            max_terminals: 16,
+            terminal_output_bytes: 4 * 1024 * 1024,
             egress_connections: 64,
             egress_refusals_end_turn: 3,
         }
@@ -390,6 +422,7 @@ impl Limits {
             fs_requests: self.fs_requests_per_turn,
             permissions: self.permissions_per_turn,
             questions: self.questions_per_turn,
+            terminals: self.terminals_per_turn,
         }
     }
     pub fn handshake(&self) -> Duration {
@@ -1082,6 +1115,12 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
             l.agent_requests_in_flight as u64,
         ),
         ("limits.agent_queue_bytes", l.agent_queue_bytes as u64),
+        ("limits.agent_requests_bytes", l.agent_requests_bytes as u64),
+        ("limits.max_terminals", l.max_terminals as u64),
+        (
+            "limits.terminal_output_bytes",
+            l.terminal_output_bytes as u64,
+        ),
     ] {
         if v == 0 {
             return Err(ConfigError::invalid(&origin, key, "must be > 0"));
@@ -1400,6 +1439,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.pool_size(&s.agents["scripted"]), 2, "bounded by the cap");
+    }
+
+    #[test]
+    fn terminal_bounds_have_documented_defaults_and_refuse_zero() {
+        // The embedded file and the serde default say the same (a file without [limits] keys
+        // gets the struct's default).
+        for l in [load(None, &[]).unwrap().limits().clone(), Limits::default()] {
+            assert_eq!(l.terminals_per_turn, 64);
+            assert_eq!(l.max_terminals, 16);
+            assert_eq!(l.terminal_output_bytes, 4 * 1024 * 1024);
+            assert_eq!(l.turn_quotas().terminals, 64);
+            assert_eq!(l.agent_requests_bytes, 32 * 1024 * 1024);
+        }
+        let s = load(
+            None,
+            &[
+                "limits.terminals_per_turn=5".into(),
+                "limits.max_terminals=3".into(),
+                "limits.terminal_output_bytes=65536".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(s.limits().turn_quotas().terminals, 5);
+        assert_eq!(s.limits().max_terminals, 3);
+        assert_eq!(s.limits().terminal_output_bytes, 65536);
+        // 0 terminals per turn is "unbounded" like the other quotas; a cap of 0 is a mistake.
+        assert!(load(None, &["limits.terminals_per_turn=0".into()]).is_ok());
+        for key in [
+            "limits.max_terminals",
+            "limits.terminal_output_bytes",
+            "limits.agent_requests_bytes",
+        ] {
+            let e = load(None, &[format!("{key}=0")]).unwrap_err();
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]

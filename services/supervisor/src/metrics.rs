@@ -23,6 +23,7 @@ struct Metrics {
     egress: Family<[(&'static str, &'static str); 1], Counter>,
     policy_failures: Family<[(&'static str, &'static str); 1], Counter>,
     refused: Family<[(&'static str, &'static str); 1], Counter>,
+    between_turns: Family<[(&'static str, &'static str); 1], Counter>,
     live_agents: Gauge<i64, AtomicI64>,
     warm_agents: Gauge<i64, AtomicI64>,
     max_live_agents: Gauge<i64, AtomicI64>,
@@ -37,6 +38,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     egress: Family::default(),
     policy_failures: Family::default(),
     refused: Family::default(),
+    between_turns: Family::default(),
     live_agents: Gauge::default(),
     warm_agents: Gauge::default(),
     max_live_agents: Gauge::default(),
@@ -105,6 +107,33 @@ pub fn policy_failure(why: &'static str) {
     METRICS.policy_failures.get_or_create(&[("why", why)]).inc();
 }
 
+/// The methods an agent's request between turns is counted under (`between_turns`); any other
+/// method name is `other`, so an agent cannot make up series.
+pub const BETWEEN_TURNS_METHODS: &[&str] = &[
+    "session/request_permission",
+    "fs/read_text_file",
+    "fs/write_text_file",
+    "terminal/create",
+    "terminal/output",
+    "terminal/wait_for_exit",
+    "elicitation/create",
+    "other",
+];
+
+/// An agent's request that arrived while no turn of its conversation was running: refused by
+/// the supervisor without reaching the policy, a file or the caller.
+pub fn between_turns(method: &str) {
+    let label = BETWEEN_TURNS_METHODS
+        .iter()
+        .copied()
+        .find(|m| *m == method)
+        .unwrap_or("other");
+    METRICS
+        .between_turns
+        .get_or_create(&[("method", label)])
+        .inc();
+}
+
 /// The state-read figures, set before each scrape.
 pub struct Figures {
     pub live_agents: usize,
@@ -140,6 +169,9 @@ pub fn exporter(refresh: Refresh) -> Exporter {
     for why in ["timeout", "unavailable", "malformed"] {
         let _ = m.policy_failures.get_or_create(&[("why", why)]);
     }
+    for method in BETWEEN_TURNS_METHODS {
+        let _ = m.between_turns.get_or_create(&[("method", method)]);
+    }
     let mut r = Registry::with_prefix("warden_supervisor");
     r.register(
         "turns",
@@ -160,6 +192,11 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "refused",
         "Calls refused with a fault before any turn ran (OpenConversation, RunTurn), by fault class",
         m.refused.clone(),
+    );
+    r.register(
+        "requests_between_turns",
+        "Agent requests refused because no turn of their conversation was running (never decided, served or asked), by method",
+        m.between_turns.clone(),
     );
     r.register(
         "live_agents",

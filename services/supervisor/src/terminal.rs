@@ -6,6 +6,13 @@
 //! `execute` tool call in the current turn that judged exactly this command and cwd, each ALLOW
 //! opening one terminal, or a decision of its own). Output is kept as a tail bounded by the
 //! request's `outputByteLimit` (and the turn's output bound).
+//!
+//! What one conversation's terminals hold is capped (`Terminals::reserve`, taken before the
+//! command is decided): at most `limits.max_terminals` of them until each is released, and
+//! their output tails together within `limits.terminal_output_bytes` — each terminal reserves
+//! its whole tail bound up front and its buffer never grows past it, so the bound is on memory,
+//! not only on what is shown. Must never: keep a released terminal's output, or grow a tail
+//! past its reservation.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -51,13 +58,24 @@ struct OutBuf {
 }
 
 impl OutBuf {
+    /// Keeps the last `limit` bytes. The buffer grows as a `Vec` does (doubling) but never past
+    /// `limit`: its capacity is what the terminal reserved, never twice that.
     fn push(&mut self, b: &[u8]) {
-        self.bytes.extend_from_slice(b);
-        if self.bytes.len() > self.limit {
-            let cut = self.bytes.len() - self.limit;
-            self.bytes.drain(..cut);
+        let keep = &b[b.len().saturating_sub(self.limit)..];
+        if keep.len() < b.len() {
             self.truncated = true;
         }
+        let over = (self.bytes.len() + keep.len()).saturating_sub(self.limit);
+        if over > 0 {
+            self.bytes.drain(..over);
+            self.truncated = true;
+        }
+        let need = self.bytes.len() + keep.len();
+        if need > self.bytes.capacity() {
+            let target = need.max(self.bytes.capacity() * 2).min(self.limit);
+            self.bytes.reserve_exact(target - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(keep);
     }
 
     /// The tail as text, starting at a character boundary.
@@ -74,6 +92,32 @@ struct Term {
     out: Mutex<OutBuf>,
     tree: tokio::sync::Mutex<Option<warden_sandbox::ProcessTree>>,
     exit: watch::Sender<Option<TerminalExitStatus>>,
+    /// Its place among the conversation's terminals, given back at release.
+    slot: Mutex<Option<Slot>>,
+}
+
+/// What one conversation's terminals hold at once: how many, and the output bytes reserved.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    pub terminals: usize,
+    pub output_bytes: usize,
+}
+
+/// One terminal's share of its conversation's caps (`Terminals::reserve`): taken before its
+/// command is decided, given back when it is released — or dropped with the request when the
+/// command is refused or cannot start.
+pub struct Slot {
+    held: Arc<Mutex<Held>>,
+    /// The tail this terminal may keep (its output buffer's bound).
+    bytes: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        h.terminals = h.terminals.saturating_sub(1);
+        h.output_bytes = h.output_bytes.saturating_sub(self.bytes);
+    }
 }
 
 /// The terminals of one conversation.
@@ -81,6 +125,39 @@ struct Term {
 pub struct Terminals {
     map: Mutex<HashMap<String, Arc<Term>>>,
     next: AtomicU64,
+    held: Arc<Mutex<Held>>,
+}
+
+/// `Terminals::reserve` on its counters (a function of its own so it is tested without a
+/// daemon).
+fn reserve_in(
+    held: &Arc<Mutex<Held>>,
+    bytes: usize,
+    max_terminals: usize,
+    max_bytes: usize,
+) -> Result<Slot, RpcError> {
+    let mut h = held.lock().unwrap_or_else(|p| p.into_inner());
+    if h.terminals >= max_terminals {
+        return Err(RpcError::internal(format!(
+            "this conversation holds {} terminals, the most it may (limits.max_terminals): \
+             release one (terminal/release) before creating another",
+            h.terminals
+        )));
+    }
+    if h.output_bytes.saturating_add(bytes) > max_bytes {
+        return Err(RpcError::internal(format!(
+            "this conversation's terminals hold {} bytes of output and this one would keep up to \
+             {bytes} more, past {max_bytes} (limits.terminal_output_bytes): release a terminal, \
+             or ask for a smaller outputByteLimit",
+            h.output_bytes
+        )));
+    }
+    h.terminals += 1;
+    h.output_bytes += bytes;
+    Ok(Slot {
+        held: held.clone(),
+        bytes,
+    })
 }
 
 fn exit_status(s: Option<std::process::ExitStatus>) -> TerminalExitStatus {
@@ -102,6 +179,36 @@ fn exit_status(s: Option<std::process::ExitStatus>) -> TerminalExitStatus {
 }
 
 impl Terminals {
+    /// What this conversation's terminals hold now.
+    pub fn held(&self) -> Held {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes a place for one more terminal of `req` within `limits.max_terminals` and
+    /// `limits.terminal_output_bytes`, before anything is decided or run: a conversation at
+    /// either cap is refused, naming the key, until it releases a terminal.
+    pub fn reserve(
+        &self,
+        ctx: Option<&TerminalCtx>,
+        req: &CreateTerminalRequest,
+    ) -> Result<Slot, RpcError> {
+        let Some(ctx) = ctx else {
+            return Err(RpcError::method_not_found("terminal/create"));
+        };
+        let limits = ctx.shared.settings.limits();
+        let bytes = req
+            .output_byte_limit
+            .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
+            .unwrap_or(DEFAULT_OUTPUT_LIMIT)
+            .min(limits.output_bytes);
+        reserve_in(
+            &self.held,
+            bytes,
+            limits.max_terminals,
+            limits.terminal_output_bytes,
+        )
+    }
+
     fn get(&self, id: &str) -> Result<Arc<Term>, RpcError> {
         self.map
             .lock()
@@ -117,6 +224,7 @@ impl Terminals {
         ctx: Option<&TerminalCtx>,
         turn: Option<Arc<TurnCtx>>,
         target: Target<'_>,
+        slot: Slot,
         req: CreateTerminalRequest,
     ) -> Result<String, RpcError> {
         // Decided by the caller (`bridge.rs`: an ALLOW that judged exactly this command, or a
@@ -180,11 +288,8 @@ impl Terminals {
             .map_err(|e| RpcError::internal(format!("cannot start the command: {e}")))?;
         let mut tree = spawned.tree;
         drop(tree.take_stdin());
-        let limit = req
-            .output_byte_limit
-            .map(|l| l as usize)
-            .unwrap_or(DEFAULT_OUTPUT_LIMIT)
-            .min(shared.settings.limits().output_bytes);
+        // The tail it keeps is what it reserved (`reserve`).
+        let limit = slot.bytes;
         let (exit_tx, _) = watch::channel(None);
         let term = Arc::new(Term {
             out: Mutex::new(OutBuf {
@@ -194,6 +299,7 @@ impl Terminals {
             }),
             tree: tokio::sync::Mutex::new(Some(tree)),
             exit: exit_tx,
+            slot: Mutex::new(Some(slot)),
         });
         for mut r in [
             Box::new(spawned.stdout) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
@@ -289,13 +395,22 @@ impl Terminals {
         Ok(())
     }
 
-    /// Kills (if running) and forgets.
+    /// Kills (if running) and forgets: its output is dropped and its place given back now (its
+    /// readers may hold the `Term` a moment longer, never the bytes).
     pub async fn release(&self, id: &str, grace: Duration) -> Result<(), RpcError> {
         self.kill(id, grace).await?;
-        self.map
+        let gone = self
+            .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        if let Some(t) = gone {
+            if let Ok(mut o) = t.out.lock() {
+                o.bytes = Vec::new();
+                o.limit = 0;
+            }
+            drop(t.slot.lock().ok().and_then(|mut s| s.take()));
+        }
         Ok(())
     }
 
@@ -311,5 +426,64 @@ impl Terminals {
         for id in ids {
             let _ = self.release(&id, grace).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_never_holds_more_than_its_bound_not_even_in_capacity() {
+        let mut o = OutBuf {
+            bytes: Vec::new(),
+            limit: 100_000,
+            truncated: false,
+        };
+        for _ in 0..200 {
+            o.push(&[b'x'; 8192]);
+            assert!(o.bytes.len() <= 100_000);
+            assert!(o.bytes.capacity() <= 100_000, "{}", o.bytes.capacity());
+        }
+        assert!(o.truncated);
+        assert_eq!(o.bytes.len(), 100_000);
+        // One write larger than the bound keeps its tail.
+        let mut o = OutBuf {
+            bytes: Vec::new(),
+            limit: 4,
+            truncated: false,
+        };
+        o.push(b"abcdefgh");
+        assert_eq!(o.text(), "efgh");
+        assert!(o.truncated);
+    }
+
+    #[test]
+    fn slots_count_terminals_and_bytes_and_come_back_when_dropped() {
+        let held = Arc::new(Mutex::new(Held::default()));
+        let a = reserve_in(&held, 1000, 2, 1500).unwrap();
+        let e = reserve_in(&held, 600, 2, 1500).err().unwrap();
+        assert!(e.message.contains("limits.terminal_output_bytes"), "{e:?}");
+        let b = reserve_in(&held, 500, 2, 1500).unwrap();
+        let e = reserve_in(&held, 0, 2, 1500).err().unwrap();
+        assert!(e.message.contains("limits.max_terminals"), "{e:?}");
+        assert_eq!(
+            *held.lock().unwrap(),
+            Held {
+                terminals: 2,
+                output_bytes: 1500
+            }
+        );
+        drop(a);
+        assert_eq!(
+            *held.lock().unwrap(),
+            Held {
+                terminals: 1,
+                output_bytes: 500
+            }
+        );
+        let _c = reserve_in(&held, 1000, 2, 1500).unwrap();
+        drop(b);
+        assert_eq!(held.lock().unwrap().terminals, 1);
     }
 }

@@ -38,6 +38,7 @@ pub struct Quotas {
     pub fs_requests: u32,
     pub permissions: u32,
     pub questions: u32,
+    pub terminals: u32,
 }
 
 /// What a request counts against.
@@ -46,6 +47,8 @@ pub enum Counted {
     Fs,
     Permission,
     Question,
+    /// `terminal/create` (each one a command run, and output held until it is released).
+    Terminal,
 }
 
 /// The agent's requests of a turn so far, by [`Counted`].
@@ -54,6 +57,7 @@ pub struct Counts {
     pub fs_requests: u32,
     pub permissions: u32,
     pub questions: u32,
+    pub terminals: u32,
 }
 
 /// What the turn was asked to do.
@@ -277,7 +281,9 @@ impl TurnCtx {
     /// Counts one request of the agent; past its bound the request is refused (the error the
     /// agent gets) and the turn is asked to end with fault `request-limit`. Each flood of
     /// requests that costs something outside the supervisor (a durable audit record per
-    /// permission, a stored question per elicitation, a file read) stops at its bound.
+    /// permission, a stored question per elicitation, a file read, a command run with its
+    /// output held) stops at its bound. Requests outside any turn never get here: they are
+    /// refused (`ConvCore::count`).
     pub fn count(&self, what: Counted, quotas: &Quotas) -> Result<(), warden_acp::RpcError> {
         let (n, limit, key, name) = {
             let mut st = self.lock();
@@ -308,6 +314,15 @@ impl TurnCtx {
                         quotas.questions,
                         "questions_per_turn",
                         "elicitation/create requests",
+                    )
+                }
+                Counted::Terminal => {
+                    c.terminals = c.terminals.saturating_add(1);
+                    (
+                        c.terminals,
+                        quotas.terminals,
+                        "terminals_per_turn",
+                        "terminal/create requests",
                     )
                 }
             }
