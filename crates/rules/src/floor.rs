@@ -190,6 +190,33 @@ pub fn evaluate(
                     return d;
                 }
             }
+            // An `other` request that names places (OpenCode's `external_directory`: its raw
+            // input, or the locations it reports) is judged by them: it may be anything, so a
+            // place outside the root is refused, never allowed for the root it was asked in.
+            if kind == ToolKind::Other {
+                let locations = input
+                    .tool
+                    .locations
+                    .iter()
+                    .map(|l| (l, real_root.as_path()));
+                let reached = raw.reached.iter().map(|p| (p, raw_base.as_path()));
+                for (path, base) in locations.chain(reached) {
+                    let outside = match fs.resolve(path, base) {
+                        Ok(r) if r.starts_with(&real_root) => continue,
+                        Ok(r) => format!("resolves to {}", r.display()),
+                        Err(e) => format!("cannot be resolved ({e})"),
+                    };
+                    return deny(
+                        "floor.other.outside-root",
+                        format!(
+                            "{kind} names {} which {outside}, outside the root {}; a request of \
+                             no known kind is allowed only inside its root",
+                            path.display(),
+                            b.root.display()
+                        ),
+                    );
+                }
+            }
             if b.owned {
                 allow(
                     "floor.execute.owned-root",
