@@ -753,9 +753,14 @@ fn spawn(
     } else {
         None
     };
+    // The home as the agent sees it (the spawn sets `HOME` to its canonical path).
+    let home_seen = target
+        .home
+        .map(|h| std::fs::canonicalize(h).unwrap_or_else(|_| h.to_path_buf()));
     let forced: Vec<(String, String)> = crate::adapters::forced_env(cfg)
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(crate::adapters::config_env(cfg, home_seen.as_deref()))
         .chain(
             shell
                 .iter()
