@@ -93,7 +93,8 @@ pub const CLAUDE_MANAGED_MCP: &str = "/etc/claude-code/managed-mcp.json";
 /// Claude Code's managed MCP servers: none. Present, the file takes exclusive control of MCP
 /// servers (Claude Code's "managed MCP configuration"), so the servers of `~/.claude.json`
 /// (a file Claude Code itself rewrites as it runs, so it cannot be read-only), of a plugin
-/// and of the root's `.mcp.json` are never started.
+/// and of the root's `.mcp.json` are never started. Written for the adapters that start with
+/// it (`AdapterPolicy::claude_managed_mcp`).
 pub const CLAUDE_MANAGED_MCP_JSON: &str = "{\n  \"mcpServers\": {}\n}\n";
 
 /// Where warden writes Qwen Code's system settings: its highest layer, merged over the user's
@@ -171,6 +172,11 @@ pub struct AdapterPolicy {
     pub codex_requirements: Option<String>,
     /// `/etc/opencode/opencode.json`; `None` = not written.
     pub opencode_config: Option<String>,
+    /// `/etc/claude-code/managed-mcp.json` ([`CLAUDE_MANAGED_MCP_JSON`]); `None` = not written:
+    /// an adapter that hands Claude Code its own MCP server at `session/new` (claude-code-acp
+    /// 0.16, Claude Code 2.1.44: "You cannot dynamically configure MCP servers when an
+    /// enterprise MCP config is present") cannot start with it.
+    pub claude_managed_mcp: Option<String>,
 }
 
 /// Codex's managed configuration for Codex 0.137-0.148 (codex-acp 0.16): its own sandbox off
@@ -276,10 +282,6 @@ pub fn etc_plan(
             CLAUDE_MANAGED_SETTINGS_JSON.as_bytes().to_vec(),
         ),
         (
-            CLAUDE_MANAGED_MCP,
-            CLAUDE_MANAGED_MCP_JSON.as_bytes().to_vec(),
-        ),
-        (
             QWEN_SYSTEM_SETTINGS,
             QWEN_SYSTEM_SETTINGS_JSON.as_bytes().to_vec(),
         ),
@@ -302,6 +304,12 @@ pub fn etc_plan(
         out.push(EtcBind::Data {
             dest: PathBuf::from(CODEX_MANAGED_CONFIG),
             content: config.as_bytes().to_vec(),
+        });
+    }
+    if let Some(mcp) = &adapters.claude_managed_mcp {
+        out.push(EtcBind::Data {
+            dest: PathBuf::from(CLAUDE_MANAGED_MCP),
+            content: mcp.as_bytes().to_vec(),
         });
     }
     if let Some(config) = &adapters.opencode_config {
@@ -392,7 +400,6 @@ mod tests {
             "/etc/passwd",
             "/etc/group",
             CLAUDE_MANAGED_SETTINGS,
-            CLAUDE_MANAGED_MCP,
             CODEX_REQUIREMENTS,
             QWEN_SYSTEM_SETTINGS,
         ] {
@@ -441,6 +448,7 @@ mod tests {
             codex_config: Some("approval_policy = \"on-request\"\n".into()),
             codex_requirements: Some("allowed_approval_policies = [\"on-request\"]\n".into()),
             opencode_config: None,
+            claude_managed_mcp: Some(CLAUDE_MANAGED_MCP_JSON.into()),
         };
         let plan = etc_plan(t.path(), who(), None, &policy);
         let data = |dest: &str| {
@@ -453,6 +461,7 @@ mod tests {
                 })
                 .unwrap_or_else(|| panic!("{dest} missing"))
         };
+        assert_eq!(data(CLAUDE_MANAGED_MCP), CLAUDE_MANAGED_MCP_JSON);
         assert_eq!(
             data(CODEX_MANAGED_CONFIG),
             "approval_policy = \"on-request\"\n"

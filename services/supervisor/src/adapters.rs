@@ -303,6 +303,18 @@ pub fn config_env(cfg: &AgentConfig, home: Option<&Path>) -> Vec<(String, String
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
 
+/// Claude Code's managed MCP servers (`/etc/claude-code/managed-mcp.json`, none) for the
+/// built-in's adapter, `@agentclientprotocol/claude-agent-acp`: `~/.claude.json`, which
+/// Claude Code rewrites as it runs and so cannot be read-only, names MCP servers (commands
+/// run as it starts); the managed file takes exclusive control of them. Not for other
+/// adapters: claude-code-acp 0.16 hands Claude Code its own MCP server at `session/new`, which
+/// Claude Code refuses when that file exists (the agent cannot start).
+pub fn claude_managed_mcp(cfg: &AgentConfig) -> Option<String> {
+    split_spec(&cfg.adapter)
+        .is_some_and(|(name, _)| name == "@agentclientprotocol/claude-agent-acp")
+        .then(|| warden_sandbox::CLAUDE_MANAGED_MCP_JSON.to_string())
+}
+
 /// [`OPENCODE_ENV`] for `cfg` (empty unless warden manages its OpenCode configuration).
 pub fn forced_env(cfg: &AgentConfig) -> &'static [(&'static str, &'static str)] {
     if cfg.opencode_config.is_empty() {
@@ -540,6 +552,16 @@ mod tests {
         }
         let qwen = crate::config::builtin_agents().remove("qwen").unwrap();
         assert!(config_env(&qwen, None).is_empty());
+        // Claude Code's managed MCP servers: for the built-in's adapter only.
+        let claude = crate::config::builtin_agents().remove("claude").unwrap();
+        assert_eq!(
+            claude_managed_mcp(&claude).as_deref(),
+            Some(warden_sandbox::CLAUDE_MANAGED_MCP_JSON)
+        );
+        let mut older = claude;
+        older.adapter = "@zed-industries/claude-code-acp@0.16.2".into();
+        assert_eq!(claude_managed_mcp(&older), None);
+        assert_eq!(claude_managed_mcp(&qwen), None);
     }
 
     fn codex_cfg(config: &str) -> AgentConfig {

@@ -829,6 +829,7 @@ fn spawn(
     }
     spec.adapter_policy =
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
+    spec.adapter_policy.claude_managed_mcp = crate::adapters::claude_managed_mcp(cfg);
     spec.adapter_policy.opencode_config =
         crate::adapters::opencode_config(cfg, base_url.as_deref(), model.as_deref())
             .map_err(StartError::Spawn)?;
