@@ -241,3 +241,14 @@ async fn claude_code_acp_warm_that_connects_as_it_starts_is_not_handed_out() {
         .warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
         .await;
 }
+
+/// What Claude Code (the built-in's adapter) reads at start, planted by one allowed command
+/// (`~/.claude.json`'s MCP servers and allowed tools, subagents, skills, commands, settings,
+/// the root's `.mcp.json`, shell and git start files), then an idle stop and restart of the
+/// same conversation: every command is still asked.
+#[tokio::test]
+async fn claude_agent_acp_planted_configuration_changes_nothing_after_an_idle_restart() {
+    claude(CLAUDE_AGENT_ACP, "claude")
+        .planted_configuration_changes_nothing_after_an_idle_restart()
+        .await;
+}

@@ -395,3 +395,13 @@ async fn codex_acp_26_warm_that_connects_as_it_starts_is_not_handed_out() {
     m.warm_agent_that_connects_is_not_handed_out(WARM_IDLE)
         .await;
 }
+
+/// What Codex (the built-in's adapter) reads at start, planted by one allowed command (its
+/// `.env`, hooks, agent roles, rules, configuration, the login shell's start files, git's configuration),
+/// then an idle stop and restart of the same conversation: every command is still asked.
+#[tokio::test]
+async fn codex_acp_26_planted_configuration_changes_nothing_after_an_idle_restart() {
+    codex(CODEX_ACP_26, "codex")
+        .planted_configuration_changes_nothing_after_an_idle_restart()
+        .await;
+}

@@ -272,3 +272,73 @@ async fn gemini_cli_reaches_nothing_but_its_model() {
     let log = r.model.log_text();
     assert!(!log.contains("Example Domain"), "{ctx}");
 }
+
+/// What Gemini CLI reads at start, planted by one allowed command (its `.env` files, system
+/// settings and trusted folders named from them, subagents, shell and git start files), then
+/// an idle stop and restart of the same conversation: every command is still asked.
+#[tokio::test]
+async fn gemini_cli_planted_configuration_changes_nothing_after_an_idle_restart() {
+    gemini()
+        .planted_configuration_changes_nothing_after_an_idle_restart()
+        .await;
+}
+
+/// Issue 35: Gemini CLI's execute requests name their command only in the tool call's title
+/// (its raw input carries none), and every such decision carried the same `action_digest`
+/// whatever the command. Now the digest covers the title: two commands of one turn are two
+/// different digests in the turn's transcript, each the one its decision was bound to.
+#[tokio::test]
+async fn gemini_cli_each_command_is_decided_with_its_own_digest() {
+    let m = gemini();
+    let Some(r) = m.start().await else { return };
+    let steps = [
+        Vocab::Gemini.shell("echo one > {CWD}/one.txt"),
+        Vocab::Gemini.shell("echo two > {CWD}/two.txt"),
+    ];
+    let evs = real::supervisor_turn(
+        &r.d,
+        "gemini",
+        "gemini-digest-1",
+        "t1",
+        "",
+        real::script(&steps),
+    )
+    .await;
+    let ctx = format!("{evs:#?}\n{}", r.model.answers());
+    let executes: Vec<_> = real::decisions(&evs)
+        .into_iter()
+        .filter(|p| p.tool_kind == "execute")
+        .collect();
+    assert_eq!(executes.len(), 2, "{ctx}");
+    let transcript = evs
+        .iter()
+        .find_map(|e| match &e.event {
+            Some(warden_proto::v1::turn_event::Event::Stop(s)) => Some(s.transcript_path.clone()),
+            _ => None,
+        })
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| panic!("no transcript: {ctx}"));
+    let text = std::fs::read_to_string(&transcript).unwrap_or_default();
+    let digests: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            v.to_string().contains("permission_decision")
+                && executes
+                    .iter()
+                    .any(|p| v.to_string().contains(&p.decision_id))
+        })
+        .filter_map(|v| {
+            let d = v
+                .pointer("/data/action_digest")
+                .or_else(|| v.get("action_digest"))?;
+            d.as_str().map(str::to_string)
+        })
+        .collect();
+    assert_eq!(digests.len(), 2, "{text}\n{ctx}");
+    assert!(
+        digests.iter().all(|d| d.starts_with("sha256:")),
+        "{digests:?}"
+    );
+    assert_ne!(digests[0], digests[1], "{text}");
+}

@@ -350,3 +350,104 @@ while time.time() < end:
     assert_eq!(read("count.txt"), "two\nthree\n", "{ctx}");
     assert_eq!(sent.shown.matches("[policy] ALLOW").count(), 3, "{ctx}");
 }
+
+/// What OpenCode reads at start, planted by one allowed command (its configuration files and
+/// directories, "always" approvals written into its database, shell and git start files),
+/// then an idle stop and restart of the same conversation: every command is still asked.
+#[tokio::test]
+async fn opencode_planted_configuration_changes_nothing_after_an_idle_restart() {
+    opencode()
+        .planted_configuration_changes_nothing_after_an_idle_restart()
+        .await;
+}
+
+/// Issue 35: OpenCode's ACP front relays the permission requests of its own sessions only, so
+/// a `task` subagent's command waited for an answer that never came and the turn hung until
+/// the caller's timeout, the command never decided. Under warden's managed configuration
+/// `task` is refused by OpenCode itself: the subagent never starts, its command never runs,
+/// and the turn goes on to its next step (asked and decided) and ends at once.
+#[tokio::test]
+async fn opencode_task_subagent_is_refused_and_the_turn_does_not_hang() {
+    let m = opencode();
+    let Some(r) = m.start().await else { return };
+    let inner = real::script(&[Vocab::OpenCode.shell("echo sub > {CWD}/subagent-ran.txt")]);
+    let task = format!(
+        r#"{{"tool": "task", "args": {{"description": "run a command", "prompt": {}, "subagent_type": "general"}}}}"#,
+        serde_json::Value::String(inner)
+    );
+    let steps = [
+        task,
+        Vocab::OpenCode.shell("echo after > {CWD}/after-task.txt"),
+    ];
+    let t0 = std::time::Instant::now();
+    let evs = real::supervisor_turn(
+        &r.d,
+        "opencode",
+        "opencode-task-1",
+        "t1",
+        "",
+        real::script(&steps),
+    )
+    .await;
+    let took = t0.elapsed();
+    let ctx = format!("{evs:#?}\n{}", r.model.answers());
+    let stop = evs
+        .iter()
+        .find_map(|e| match &e.event {
+            Some(warden_proto::v1::turn_event::Event::Stop(s)) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a stop");
+    assert_eq!(stop.stop_reason, "end_turn", "{ctx}");
+    assert!(
+        took < Duration::from_secs(60),
+        "the turn took {took:?}: {ctx}"
+    );
+    assert!(
+        r.in_state("subagent-ran.txt").is_empty(),
+        "the subagent's command ran: {ctx}"
+    );
+    // Every command that ran was decided.
+    let asked = real::decisions(&evs);
+    assert!(
+        asked
+            .iter()
+            .any(|p| p.tool_kind == "execute" && p.verdict == Verdict::Allow as i32),
+        "{ctx}"
+    );
+    assert_eq!(r.in_state("after-task.txt").len(), 1, "{ctx}");
+}
+
+/// Issue 35: OpenCode's `external_directory` request (ACP kind `other`) names the place
+/// outside the root its next tool would reach; it was judged as a bare `other` in an owned root
+/// ("other runs in a root warden created"), the place unseen. Now the policy judges the place:
+/// the decision names it (`floor.other.reaches-outside-root`: reaching it only lets OpenCode
+/// read there, as every agent may; an edit or command there is asked and judged on its own)
+/// and the judged action its digest covers lists it.
+#[tokio::test]
+async fn opencode_external_directory_is_judged_by_the_place_it_names() {
+    let m = opencode();
+    let Some(r) = m.start().await else { return };
+    let steps = [r#"{"tool": "read", "args": {"filePath": "/etc/hosts"}}"#.to_string()];
+    let evs = real::supervisor_turn(
+        &r.d,
+        "opencode",
+        "opencode-external-1",
+        "t1",
+        "",
+        real::script(&steps),
+    )
+    .await;
+    let ctx = format!("{evs:#?}\n{}", r.model.answers());
+    let asked = real::decisions(&evs);
+    let ext = asked
+        .iter()
+        .find(|p| p.tool_kind == "other")
+        .unwrap_or_else(|| panic!("no external_directory request was decided: {ctx}"));
+    assert_eq!(ext.verdict, Verdict::Allow as i32, "{ext:?}\n{ctx}");
+    assert_eq!(
+        ext.rule, "floor.other.reaches-outside-root",
+        "{ext:?}\n{ctx}"
+    );
+    assert!(ext.reason.contains("/etc"), "{ext:?}\n{ctx}");
+}

@@ -197,3 +197,14 @@ async fn qwen_code_reaches_nothing_but_its_model() {
     r.assert_model_reached_through_the_proxy(&ctx);
     assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
 }
+
+/// Issue 35, finding 5: one allowed command wrote `~/.env` naming a system settings file of
+/// the root's (YOLO, a hook) and that file; after the idle stop the restarted Qwen Code ran
+/// commands unasked. Now every `.env` it reads is warden's (read-only, empty) or filtered,
+/// and the variables naming its settings are set by warden over anything a file says.
+#[tokio::test]
+async fn qwen_code_planted_configuration_changes_nothing_after_an_idle_restart() {
+    qwen()
+        .planted_configuration_changes_nothing_after_an_idle_restart()
+        .await;
+}

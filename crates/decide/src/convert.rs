@@ -137,6 +137,7 @@ pub fn judged(req: &pb::DecideRequest) -> pb::JudgedAction {
     let a = warden_rules::JudgedAction::of(
         std::path::Path::new(root),
         &tool.kind,
+        &tool.title,
         tool.locations.iter().map(|l| l.path.as_str()),
         &tool.raw_input_json,
     );

@@ -190,6 +190,48 @@ pub fn evaluate(
                     return d;
                 }
             }
+            // An `other` request that names places (OpenCode's `external_directory`: its raw
+            // input, or the locations it reports) is judged by them. It only reaches them:
+            // what is then done there is asked on its own (an edit is an edit, judged by its
+            // path; a command by its cwd), and what needs no asking is a read, which the floor
+            // allows anywhere. So a place outside the root is named in the decision (and in
+            // the judged action its digest covers) rather than refused; one that cannot be
+            // resolved is refused.
+            let mut outside = Vec::new();
+            if kind == ToolKind::Other {
+                let locations = input
+                    .tool
+                    .locations
+                    .iter()
+                    .map(|l| (l, real_root.as_path()));
+                let reached = raw.reached.iter().map(|p| (p, raw_base.as_path()));
+                for (path, base) in locations.chain(reached) {
+                    match fs.resolve(path, base) {
+                        Ok(r) if r.starts_with(&real_root) => {}
+                        Ok(r) => outside.push(r.display().to_string()),
+                        Err(e) => {
+                            return deny(
+                                "floor.other.unresolvable",
+                                format!(
+                                    "{kind} names {} which cannot be resolved ({e})",
+                                    path.display()
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            if !outside.is_empty() && (b.owned || b.allow_execute) {
+                return allow(
+                    "floor.other.reaches-outside-root",
+                    format!(
+                        "{kind} reaches {} outside the root {}: only to read there; what it \
+                         would change or run there is asked on its own",
+                        outside.join(", "),
+                        b.root.display()
+                    ),
+                );
+            }
             if b.owned {
                 allow(
                     "floor.execute.owned-root",

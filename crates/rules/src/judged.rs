@@ -24,6 +24,10 @@ use crate::types::ToolKind;
 pub struct JudgedAction {
     /// The ACP kind as the rules read it (`ToolKind::as_str`; unknown kinds are `other`).
     pub kind: String,
+    /// The tool call's title as the agent sent it: the rules match on it (and its first word),
+    /// and for an adapter whose raw input names no command (Gemini CLI's, Qwen Code's execute
+    /// requests) it is the only place the command is said, so it is part of what was judged.
+    pub title: String,
     /// The paths the call names (its locations and the raw input's paths), absolute against the
     /// root, sorted, each once. Lexical only: the policy resolves them when it judges, and every
     /// later open is walked again beneath the root.
@@ -55,6 +59,7 @@ impl JudgedAction {
     pub fn of(
         root: &Path,
         kind: &str,
+        title: &str,
         locations: impl IntoIterator<Item = impl AsRef<str>>,
         raw_input_json: &str,
     ) -> Self {
@@ -76,6 +81,7 @@ impl JudgedAction {
             .map(|c| PathBuf::from(abs(root, c)))
             .unwrap_or_else(|| root.to_path_buf());
         locs.extend(raw.changed.iter().map(|p| abs(&base, p)));
+        locs.extend(raw.reached.iter().map(|p| abs(&base, p)));
         locs.sort();
         locs.dedup();
         let obj: Map<String, Value> = serde_json::from_str::<Value>(raw_input_json)
@@ -102,6 +108,7 @@ impl JudgedAction {
         };
         JudgedAction {
             kind: ToolKind::parse(kind).as_str().to_string(),
+            title: title.to_string(),
             locations: locs,
             argv,
             cwd,
@@ -113,8 +120,9 @@ impl JudgedAction {
     /// escaping, so no two actions encode alike).
     pub fn digest(&self) -> String {
         let enc = serde_json::json!([
-            "warden.judged-action.v1",
+            "warden.judged-action.v2",
             self.kind,
+            self.title,
             self.locations,
             self.argv,
             self.cwd,
@@ -189,6 +197,7 @@ mod tests {
         let a = JudgedAction::of(
             Path::new("/r"),
             "edit",
+            "",
             ["/r/a.txt"],
             r#"{"file_path":"/r/a.txt","content":"harmless"}"#,
         );
@@ -200,6 +209,7 @@ mod tests {
         let e = JudgedAction::of(
             Path::new("/r"),
             "edit",
+            "",
             ["/r/a.txt"],
             r#"{"file_path":"/r/a.txt","old_string":"a","new_string":"b"}"#,
         );
@@ -213,6 +223,7 @@ mod tests {
         let codex = JudgedAction::of(
             root,
             "execute",
+            "",
             Vec::<String>::new(),
             r#"{"command":["/bin/bash","-lc","ls"],"cwd":"sub"}"#,
         );
@@ -221,24 +232,46 @@ mod tests {
         let claude = JudgedAction::of(
             root,
             "execute",
+            "",
             Vec::<String>::new(),
             r#"{"command":"ls -la","timeout":1}"#,
         );
         assert_eq!(claude.argv, s(&["ls -la"]));
         assert_eq!(claude.cwd, "/r", "no cwd named: the root");
-        let none = JudgedAction::of(root, "execute", Vec::<String>::new(), "");
+        let none = JudgedAction::of(root, "execute", "", Vec::<String>::new(), "");
         assert!(none.argv.is_empty() && none.cwd.is_empty());
         assert_eq!(none.kind, "execute");
         assert_eq!(
-            JudgedAction::of(root, "weird", Vec::<String>::new(), "").kind,
+            JudgedAction::of(root, "weird", "", Vec::<String>::new(), "").kind,
             "other"
         );
+    }
+
+    /// Issue 35: Gemini CLI's execute requests name their command only in the title; two
+    /// commands judged alike in every other field still get different digests.
+    #[test]
+    fn the_title_is_part_of_what_was_judged() {
+        let root = Path::new("/r");
+        let a = JudgedAction::of(root, "execute", "echo one", Vec::<String>::new(), "");
+        let b = JudgedAction::of(root, "execute", "rm -rf ~", Vec::<String>::new(), "");
+        assert_eq!(a.title, "echo one");
+        assert_ne!(a.digest(), b.digest());
+        // OpenCode's `external_directory` request: the places it reaches are its locations.
+        let ext = JudgedAction::of(
+            root,
+            "other",
+            "external_directory",
+            Vec::<String>::new(),
+            r#"{"filepath":"/srv/x/a.txt","parentDir":"/srv/x"}"#,
+        );
+        assert_eq!(ext.locations, s(&["/srv/x", "/srv/x/a.txt"]));
     }
 
     #[test]
     fn every_field_changes_the_digest_and_the_encoding_is_unambiguous() {
         let base = JudgedAction {
             kind: "execute".into(),
+            title: "ls".into(),
             locations: s(&["/r/a"]),
             argv: s(&["ls"]),
             cwd: "/r".into(),
@@ -253,6 +286,10 @@ mod tests {
             },
             JudgedAction {
                 locations: s(&["/r/b"]),
+                ..base.clone()
+            },
+            JudgedAction {
+                title: "rm -rf /".into(),
                 ..base.clone()
             },
             JudgedAction {

@@ -19,6 +19,9 @@
 //!   lines of a text holding `*** Begin Patch`.
 //! - Shell working directory: `cwd` (Codex 0.16 and 2.6 exec approvals), `workdir`
 //!   (`exec_command`'s argument).
+//! - Places a request asks to reach without saying what it does there: OpenCode's
+//!   `external_directory` permission (ACP kind `other`), `{"filepath":…,"parentDir":…}` before
+//!   a file tool, `{"command":…,"directories":[…],"patterns":[…]}` before a command.
 
 use std::path::PathBuf;
 
@@ -32,11 +35,14 @@ pub struct RawPaths {
     pub changed: Vec<PathBuf>,
     /// Working directories the tool will run in.
     pub cwds: Vec<PathBuf>,
+    /// Files or directories the request asks to reach (OpenCode's `external_directory`), with
+    /// nothing said of what is done there.
+    pub reached: Vec<PathBuf>,
 }
 
 impl RawPaths {
     pub fn is_empty(&self) -> bool {
-        self.changed.is_empty() && self.cwds.is_empty()
+        self.changed.is_empty() && self.cwds.is_empty() && self.reached.is_empty()
     }
 }
 
@@ -51,6 +57,8 @@ pub enum RawInputError {
 
 const PATH_KEYS: &[&str] = &["file_path", "notebook_path"];
 const CWD_KEYS: &[&str] = &["cwd", "workdir"];
+const REACHED_KEYS: &[&str] = &["filepath", "parentDir"];
+const REACHED_LIST_KEYS: &[&str] = &["directories"];
 const PATCH_KEYS: &[&str] = &["command", "cmd", "patch", "input"];
 const PATCH_HEADERS: &[&str] = &[
     "*** Add File:",
@@ -80,6 +88,25 @@ pub fn extract(raw_input_json: &str) -> Result<RawPaths, RawInputError> {
     for key in CWD_KEYS {
         if let Some(p) = string_field(obj, key)? {
             out.cwds.push(PathBuf::from(p));
+        }
+    }
+    for key in REACHED_KEYS {
+        if let Some(p) = string_field(obj, key)? {
+            out.reached.push(PathBuf::from(p));
+        }
+    }
+    for key in REACHED_LIST_KEYS {
+        match obj.get(*key) {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => out
+                .reached
+                .extend(items.iter().filter_map(Value::as_str).map(PathBuf::from)),
+            Some(_) => {
+                return Err(RawInputError::WrongType {
+                    key: (*key).to_string(),
+                    want: "a list of strings",
+                });
+            }
         }
     }
     if let Some(changes) = obj.get("changes") {
@@ -343,5 +370,21 @@ mod tests {
                 Ok(p) => panic!("{raw} read as {p:?}"),
             }
         }
+    }
+
+    #[test]
+    fn opencodes_external_directory_names_the_places_it_reaches() {
+        let file = extract(r#"{"filepath":"/srv/other/a.txt","parentDir":"/srv/other"}"#).unwrap();
+        assert_eq!(file.reached, paths(&["/srv/other/a.txt", "/srv/other"]));
+        assert!(file.changed.is_empty() && file.cwds.is_empty());
+        let cmd = extract(
+            r#"{"command":"ls /srv/x /srv/y","directories":["/srv/x","/srv/y"],"patterns":["/srv/x/*"]}"#,
+        )
+        .unwrap();
+        assert_eq!(cmd.reached, paths(&["/srv/x", "/srv/y"]));
+        assert!(!cmd.is_empty());
+        // A shape it cannot read is an error, never "names nothing".
+        assert!(extract(r#"{"directories":"/srv/x"}"#).is_err());
+        assert!(extract(r#"{"filepath":7}"#).is_err());
     }
 }

@@ -1447,6 +1447,39 @@ fn the_floor_judges_the_paths_the_raw_input_names() {
             Verdict::Deny,
             "floor.execute.foreign-root",
         ),
+        // OpenCode's `external_directory` (kind `other`): judged by the places it names.
+        (
+            "other",
+            "external_directory",
+            r#"{"filepath":"/work/root-evil/x","parentDir":"/work/root-evil"}"#.into(),
+            true,
+            Verdict::Allow,
+            "floor.other.reaches-outside-root",
+        ),
+        (
+            "other",
+            "external_directory",
+            r#"{"command":"ls ../x","directories":["/work/root/src","/work/root-evil"],"patterns":["/work/root-evil/*"]}"#.into(),
+            false,
+            Verdict::Deny,
+            "floor.execute.foreign-root",
+        ),
+        (
+            "other",
+            "external_directory",
+            r#"{"filepath":"/work/root/src/lib.rs","parentDir":"/work/root/src"}"#.into(),
+            true,
+            Verdict::Allow,
+            "floor.execute.owned-root",
+        ),
+        (
+            "other",
+            "external_directory",
+            r#"{"directories":"/etc"}"#.into(),
+            true,
+            Verdict::Deny,
+            "floor.input.malformed",
+        ),
     ];
     for (kind, title, raw, owned, verdict, rule) in cases {
         let tool = ToolCall::new(kind, title).with_raw_input(&raw);

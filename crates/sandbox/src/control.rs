@@ -103,6 +103,26 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     (".qwen", ".env", ControlKind::File("")),
     (".qwen", "trustedFolders.json", ControlKind::File("{}\n")),
     (".qwen", "extensions", ControlKind::Dir),
+    // Its subagents (each may name its own approval mode and tools).
+    (".qwen", "agents", ControlKind::Dir),
+    // Gemini CLI's home `.env` (read for a trusted folder) and its subagents.
+    (".gemini", ".env", ControlKind::File("")),
+    (".gemini", "agents", ControlKind::Dir),
+    // Codex's `$CODEX_HOME/.env` (loaded into its own environment before anything else, so
+    // every process it starts inherits it) and its agent roles (each a configuration layer).
+    (".codex", ".env", ControlKind::File("")),
+    (".codex", "agents", ControlKind::Dir),
+    // Claude Code's subagents (each may name a permission mode), skills (`allowed-tools`
+    // pre-approves tools while one runs) and commands (the same).
+    (".claude", "agents", ControlKind::Dir),
+    (".claude", "skills", ControlKind::Dir),
+    (".claude", "commands", ControlKind::Dir),
+    // git's global configuration (`core.fsmonitor`, `core.hooksPath`, aliases, `core.pager`
+    // run programs): read by the `git` an adapter runs on its own, unasked.
+    (".config", "git", ControlKind::Dir),
+    // Where Node.js and Bun look for a module a file under `~/.config` imports and its own
+    // `node_modules` lacks (OpenCode's configuration directory is there).
+    (".config", "node_modules", ControlKind::Dir),
     // OpenCode: its whole global configuration directory (settings, agents, commands, plugins
     // it runs in-process); warden's layer is its managed `/etc/opencode/opencode.json`.
     (
@@ -119,14 +139,38 @@ pub const HOME_CONTROL: &[(&str, &str, ControlKind)] = &[
     ),
 ];
 
-/// Control directories directly in the agent home, bound read-only whole (the home itself is
-/// the sandbox's mount point, so they cannot be renamed away). OpenCode reads `~/.opencode`
-/// like a project's `.opencode/` (configuration, agents, commands, plugins), and installs its
-/// plugin SDK into it from the network at start when it may write there.
-pub const HOME_DIRS: &[(&str, ControlKind)] = &[(
-    ".opencode",
-    ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
-)];
+/// Control entries directly in the agent home, bound read-only (the home itself is the
+/// sandbox's mount point and these are mount points in it, so they cannot be renamed or
+/// removed: EBUSY). What each is and who reads it is the table in the supervisor's README
+/// ("What an agent reads at start").
+pub const HOME_ENTRIES: &[(&str, ControlKind)] = &[
+    // OpenCode reads `~/.opencode` like a project's `.opencode/` (configuration, agents,
+    // commands, plugins), and installs its plugin SDK into it from the network at start when
+    // it may write there.
+    (
+        ".opencode",
+        ControlKind::DirWith(".gitignore", &ControlKind::File(OPENCODE_GITIGNORE)),
+    ),
+    // The home's `.env`: Qwen Code loads every key of it into its own environment where unset
+    // (`QWEN_CODE_SYSTEM_SETTINGS_PATH` moves its highest settings layer), Gemini CLI its
+    // authentication keys.
+    (".env", ControlKind::File("")),
+    // git's global configuration (see `.config/git` above).
+    (".gitconfig", ControlKind::File("")),
+    // The shell's start files: Codex runs a login shell as a session starts (to snapshot its
+    // environment), Claude Code's commands run in one; a line planted here would run there
+    // unasked, or inside a command that was decided as something else.
+    (".profile", ControlKind::File("")),
+    (".bash_profile", ControlKind::File("")),
+    (".bash_login", ControlKind::File("")),
+    (".bashrc", ControlKind::File("")),
+    (".bash_logout", ControlKind::File("")),
+    // Node.js's global module folders and the home's own `node_modules`: where a module an
+    // adapter imports unsuccessfully from its package is looked for last.
+    (".node_modules", ControlKind::Dir),
+    (".node_libraries", ControlKind::Dir),
+    ("node_modules", ControlKind::Dir),
+];
 
 /// What OpenCode itself writes into a configuration directory's `.gitignore`.
 pub const OPENCODE_GITIGNORE: &str =
@@ -353,7 +397,7 @@ pub fn prepare_home(
             out.push(ControlBind::ro(p));
         }
     }
-    for (name, kind) in HOME_DIRS {
+    for (name, kind) in HOME_ENTRIES {
         if let Some(p) = ensure(&dir, home, name, *kind)? {
             out.push(ControlBind::ro(p));
         }
@@ -453,7 +497,7 @@ mod tests {
         assert_eq!(binds.iter().filter(|b| b.pin_only).count(), 6);
         assert_eq!(
             binds.iter().filter(|b| !b.pin_only).count(),
-            HOME_CONTROL.len() + HOME_DIRS.len()
+            HOME_CONTROL.len() + HOME_ENTRIES.len()
         );
         let pin = binds
             .iter()

@@ -78,12 +78,24 @@ pub const CLAUDE_MANAGED_SETTINGS_JSON: &str = r#"{
 "#;
 
 /// Codex's admin requirements: approval policies that ask (`untrusted`, `on-request`; never
-/// `never`), sandbox modes without `danger-full-access`. A conflicting user value falls back to
-/// an allowed one.
+/// `never`), sandbox modes without `danger-full-access`, and hooks only from the managed layer
+/// (none: `$CODEX_HOME/hooks.json` and a `[hooks]` table of any other layer run nothing). A
+/// conflicting user value falls back to an allowed one.
 pub const CODEX_REQUIREMENTS_TOML: &str = r#"# Written by warden for this conversation; read-only inside the sandbox.
 allowed_approval_policies = ["untrusted", "on-request"]
 allowed_sandbox_modes = ["read-only", "workspace-write"]
+allow_managed_hooks_only = true
 "#;
+
+/// Where warden writes Claude Code's managed MCP servers inside the sandbox.
+pub const CLAUDE_MANAGED_MCP: &str = "/etc/claude-code/managed-mcp.json";
+
+/// Claude Code's managed MCP servers: none. Present, the file takes exclusive control of MCP
+/// servers (Claude Code's "managed MCP configuration"), so the servers of `~/.claude.json`
+/// (a file Claude Code itself rewrites as it runs, so it cannot be read-only), of a plugin
+/// and of the root's `.mcp.json` are never started. Written for the adapters that start with
+/// it (`AdapterPolicy::claude_managed_mcp`).
+pub const CLAUDE_MANAGED_MCP_JSON: &str = "{\n  \"mcpServers\": {}\n}\n";
 
 /// Where warden writes Qwen Code's system settings: its highest layer, merged over the user's
 /// and the (trusted) workspace's settings; `QWEN_CODE_SYSTEM_SETTINGS_PATH`, which moves it, is
@@ -113,8 +125,10 @@ pub const QWEN_SYSTEM_SETTINGS_JSON: &str = r#"{
 pub const OPENCODE_MANAGED_CONFIG: &str = "/etc/opencode/opencode.json";
 
 /// OpenCode's managed configuration (keys from OpenCode's config schema, `opencode-ai` 1.18).
-/// Every edit, command, fetch, search, subagent, path outside the project and repeated call
-/// asks (`permission`; a string replaces whatever pattern map a lower layer has, where a map
+/// Every edit, command, fetch, search, path outside the project and repeated call asks, and
+/// no subagent starts (`task` denied: OpenCode's ACP front relays the permission requests of
+/// the sessions it opened and drops a subagent's, which then waits for ever, its command never
+/// decided and the turn hung; issue 35) (`permission`; a string replaces whatever pattern map a lower layer has, where a map
 /// would be merged key by key and a lower layer's `"git *": "allow"` would survive); no
 /// formatters (they run commands after an edit without asking) and no language servers
 /// (downloaded and started unasked); no snapshots (a git repository of OpenCode's in the
@@ -133,7 +147,7 @@ pub const OPENCODE_CONFIG_JSON: &str = r#"{
     "webfetch": "ask",
     "websearch": "ask",
     "codesearch": "ask",
-    "task": "ask",
+    "task": "deny",
     "external_directory": "ask",
     "doom_loop": "ask"
   },
@@ -158,6 +172,11 @@ pub struct AdapterPolicy {
     pub codex_requirements: Option<String>,
     /// `/etc/opencode/opencode.json`; `None` = not written.
     pub opencode_config: Option<String>,
+    /// `/etc/claude-code/managed-mcp.json` ([`CLAUDE_MANAGED_MCP_JSON`]); `None` = not written:
+    /// an adapter that hands Claude Code its own MCP server at `session/new` (claude-code-acp
+    /// 0.16, Claude Code 2.1.44: "You cannot dynamically configure MCP servers when an
+    /// enterprise MCP config is present") cannot start with it.
+    pub claude_managed_mcp: Option<String>,
 }
 
 /// Codex's managed configuration for Codex 0.137-0.148 (codex-acp 0.16): its own sandbox off
@@ -285,6 +304,12 @@ pub fn etc_plan(
         out.push(EtcBind::Data {
             dest: PathBuf::from(CODEX_MANAGED_CONFIG),
             content: config.as_bytes().to_vec(),
+        });
+    }
+    if let Some(mcp) = &adapters.claude_managed_mcp {
+        out.push(EtcBind::Data {
+            dest: PathBuf::from(CLAUDE_MANAGED_MCP),
+            content: mcp.as_bytes().to_vec(),
         });
     }
     if let Some(config) = &adapters.opencode_config {
@@ -423,6 +448,7 @@ mod tests {
             codex_config: Some("approval_policy = \"on-request\"\n".into()),
             codex_requirements: Some("allowed_approval_policies = [\"on-request\"]\n".into()),
             opencode_config: None,
+            claude_managed_mcp: Some(CLAUDE_MANAGED_MCP_JSON.into()),
         };
         let plan = etc_plan(t.path(), who(), None, &policy);
         let data = |dest: &str| {
@@ -435,6 +461,7 @@ mod tests {
                 })
                 .unwrap_or_else(|| panic!("{dest} missing"))
         };
+        assert_eq!(data(CLAUDE_MANAGED_MCP), CLAUDE_MANAGED_MCP_JSON);
         assert_eq!(
             data(CODEX_MANAGED_CONFIG),
             "approval_policy = \"on-request\"\n"
@@ -460,6 +487,13 @@ mod tests {
         assert_eq!(v["allowManagedHooksOnly"], true);
         assert!(!CODEX_REQUIREMENTS_TOML.contains("danger-full-access"));
         assert!(!CODEX_REQUIREMENTS_TOML.contains("\"never\""));
+        assert!(
+            CODEX_REQUIREMENTS_TOML
+                .lines()
+                .any(|l| l == "allow_managed_hooks_only = true")
+        );
+        let m: serde_json::Value = serde_json::from_str(CLAUDE_MANAGED_MCP_JSON).unwrap();
+        assert_eq!(m["mcpServers"], serde_json::json!({}));
         let q: serde_json::Value = serde_json::from_str(QWEN_SYSTEM_SETTINGS_JSON).unwrap();
         assert_eq!(q["tools"]["approvalMode"], "default");
         assert_eq!(q["tools"]["autoAccept"], false);

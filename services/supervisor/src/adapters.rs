@@ -176,6 +176,13 @@ pub fn codex_policy(
 ///   install at start); `OPENCODE_DISABLE_DEFAULT_PLUGINS`: none of its default ones either;
 /// - `OPENCODE_AUTH_CONTENT`: `~/.local/share/opencode/auth.json` is not read (its `wellknown`
 ///   entries fetch remote configuration, its keys pick other providers);
+/// - `OPENCODE_DB=:memory:`: its database lives in its memory, not in
+///   `~/.local/share/opencode/opencode.db`, a file its own commands may write: that database
+///   holds the "always" approvals OpenCode remembers per project (its `permission` table) and
+///   each session's own permission rules, so a command that wrote rows there made the next
+///   start of the conversation run commands unasked (issue 35, reproduced by
+///   `real_opencode.rs`). What this costs: an idle-stopped conversation's next start cannot
+///   load its earlier session (the caller is told: a context reset);
 /// - no `~/.claude` rules or skills read for Claude Code's sake, no external skills;
 /// - no model list fetched, no update check, no language-server download, no sharing: each a
 ///   connection the egress proxy would refuse.
@@ -184,6 +191,7 @@ pub const OPENCODE_ENV: &[(&str, &str)] = &[
     ("OPENCODE_PURE", "1"),
     ("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1"),
     ("OPENCODE_AUTH_CONTENT", "{}"),
+    ("OPENCODE_DB", ":memory:"),
     ("OPENCODE_DISABLE_CLAUDE_CODE", "1"),
     ("OPENCODE_DISABLE_EXTERNAL_SKILLS", "1"),
     ("OPENCODE_DISABLE_MODELS_FETCH", "1"),
@@ -216,6 +224,95 @@ pub fn agent_shell_env(shell: &std::path::Path) -> Vec<(String, String)> {
         ),
         ("WARDEN_AGENT_SHELL_PROGRAM".into(), "/bin/bash".into()),
     ]
+}
+
+/// Where Qwen Code's and Gemini CLI's highest settings layers live in the sandbox: warden's
+/// `/etc` (written read-only by `warden_sandbox::etc_plan`; the sandbox's `/` is remounted
+/// read-only, so what is absent there stays absent).
+pub const QWEN_SYSTEM_DEFAULTS: &str = "/etc/qwen-code/system-defaults.json";
+pub const GEMINI_SYSTEM_SETTINGS: &str = "/etc/gemini-cli/settings.json";
+pub const GEMINI_SYSTEM_DEFAULTS: &str = "/etc/gemini-cli/system-defaults.json";
+
+/// The environment variables an adapter takes the places of its configuration from, set to
+/// warden's own read-only files (or to a fixed answer), over `set_env`. Qwen Code and Gemini
+/// CLI load `.env` files into their own environment before they read any setting, each key
+/// only where the environment leaves it unset (or, for Qwen Code, empty): a value set here
+/// is never replaced by one a file planted, whatever file. `home` is the agent's home as the
+/// agent sees it (the conversation's).
+/// - Qwen Code 0.24 (`getSystemSettingsPath`, `HOME_ENV_BOOTSTRAP_KEYS`): its system settings
+///   (warden's) and system defaults (absent), its home directory (`QWEN_HOME`, holding the
+///   read-only user settings, `.env` and trusted folders), its runtime directory, its
+///   trusted-folders and MCP-approvals files. A `.env` in the home may set any of these
+///   unless set (only a project's is filtered);
+/// - Gemini CLI 0.61 (`getSystemSettingsPath`, `checkPathTrust`, `homedir`): its system
+///   settings and defaults (absent: Gemini reads them only when uid 0 owns them, which
+///   nothing in the sandbox is), its home, its trusted-folders file, and
+///   `GEMINI_CLI_TRUST_WORKSPACE=false`: no folder is trusted, whatever a file says, so
+///   workspace settings, a trusted `.env` and MCP servers of the root never count.
+///
+/// Codex ignores `CODEX_*` keys in its `.env` (and that file is read-only, empty); Claude
+/// Code and OpenCode load no `.env` at all (an `strace` of each shows none opened): their
+/// env-named paths come only from the operator (`env`, `set_env`).
+pub fn config_env(cfg: &AgentConfig, home: Option<&Path>) -> Vec<(String, String)> {
+    let Some((name, _)) = split_spec(&cfg.adapter) else {
+        return Vec::new();
+    };
+    let Some(home) = home else {
+        return Vec::new();
+    };
+    let at = |rel: &str| home.join(rel).to_string_lossy().into_owned();
+    let pairs: Vec<(&str, String)> = match name {
+        "@qwen-code/qwen-code" => vec![
+            ("QWEN_HOME", at(".qwen")),
+            ("QWEN_RUNTIME_DIR", at(".qwen")),
+            (
+                "QWEN_CODE_SYSTEM_SETTINGS_PATH",
+                warden_sandbox::QWEN_SYSTEM_SETTINGS.into(),
+            ),
+            (
+                "QWEN_CODE_SYSTEM_DEFAULTS_PATH",
+                QWEN_SYSTEM_DEFAULTS.into(),
+            ),
+            (
+                "QWEN_CODE_TRUSTED_FOLDERS_PATH",
+                at(".qwen/trustedFolders.json"),
+            ),
+            (
+                "QWEN_CODE_MCP_APPROVALS_PATH",
+                at(".qwen/mcpApprovals.json"),
+            ),
+        ],
+        "@google/gemini-cli" => vec![
+            ("GEMINI_CLI_HOME", home.to_string_lossy().into_owned()),
+            (
+                "GEMINI_CLI_SYSTEM_SETTINGS_PATH",
+                GEMINI_SYSTEM_SETTINGS.into(),
+            ),
+            (
+                "GEMINI_CLI_SYSTEM_DEFAULTS_PATH",
+                GEMINI_SYSTEM_DEFAULTS.into(),
+            ),
+            (
+                "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
+                at(".gemini/trustedFolders.json"),
+            ),
+            ("GEMINI_CLI_TRUST_WORKSPACE", "false".into()),
+        ],
+        _ => Vec::new(),
+    };
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// Claude Code's managed MCP servers (`/etc/claude-code/managed-mcp.json`, none) for the
+/// built-in's adapter, `@agentclientprotocol/claude-agent-acp`: `~/.claude.json`, which
+/// Claude Code rewrites as it runs and so cannot be read-only, names MCP servers (commands
+/// run as it starts); the managed file takes exclusive control of them. Not for other
+/// adapters: claude-code-acp 0.16 hands Claude Code its own MCP server at `session/new`, which
+/// Claude Code refuses when that file exists (the agent cannot start).
+pub fn claude_managed_mcp(cfg: &AgentConfig) -> Option<String> {
+    split_spec(&cfg.adapter)
+        .is_some_and(|(name, _)| name == "@agentclientprotocol/claude-agent-acp")
+        .then(|| warden_sandbox::CLAUDE_MANAGED_MCP_JSON.to_string())
 }
 
 /// [`OPENCODE_ENV`] for `cfg` (empty unless warden manages its OpenCode configuration).
@@ -415,6 +512,56 @@ mod tests {
         assert!(env.contains(&("WARDEN_AGENT_SHELL_CLOSED_PORT".into(), port)));
         let qwen = crate::config::builtin_agents().remove("qwen").unwrap();
         assert!(!talks_to_itself_over_loopback(&qwen));
+    }
+
+    /// Issue 35: what Qwen Code and Gemini CLI would take from a planted `.env` is set by warden
+    /// to its own files; other adapters, and an agent without a home, get nothing.
+    #[test]
+    fn the_settings_paths_of_qwen_and_gemini_are_wardens() {
+        let home = Path::new("/srv/homes/c-1");
+        let get = |agent: &str, k: &str| {
+            let cfg = crate::config::builtin_agents().remove(agent).unwrap();
+            config_env(&cfg, Some(home))
+                .into_iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v)
+        };
+        assert_eq!(
+            get("qwen", "QWEN_CODE_SYSTEM_SETTINGS_PATH").as_deref(),
+            Some(warden_sandbox::QWEN_SYSTEM_SETTINGS)
+        );
+        assert_eq!(
+            get("qwen", "QWEN_HOME").as_deref(),
+            Some("/srv/homes/c-1/.qwen")
+        );
+        assert_eq!(
+            get("qwen", "QWEN_CODE_TRUSTED_FOLDERS_PATH").as_deref(),
+            Some("/srv/homes/c-1/.qwen/trustedFolders.json")
+        );
+        assert_eq!(
+            get("gemini", "GEMINI_CLI_TRUST_WORKSPACE").as_deref(),
+            Some("false")
+        );
+        assert_eq!(
+            get("gemini", "GEMINI_CLI_SYSTEM_SETTINGS_PATH").as_deref(),
+            Some(GEMINI_SYSTEM_SETTINGS)
+        );
+        for agent in ["claude", "codex", "opencode", "scripted"] {
+            let cfg = crate::config::builtin_agents().remove(agent).unwrap();
+            assert!(config_env(&cfg, Some(home)).is_empty(), "{agent}");
+        }
+        let qwen = crate::config::builtin_agents().remove("qwen").unwrap();
+        assert!(config_env(&qwen, None).is_empty());
+        // Claude Code's managed MCP servers: for the built-in's adapter only.
+        let claude = crate::config::builtin_agents().remove("claude").unwrap();
+        assert_eq!(
+            claude_managed_mcp(&claude).as_deref(),
+            Some(warden_sandbox::CLAUDE_MANAGED_MCP_JSON)
+        );
+        let mut older = claude;
+        older.adapter = "@zed-industries/claude-code-acp@0.16.2".into();
+        assert_eq!(claude_managed_mcp(&older), None);
+        assert_eq!(claude_managed_mcp(&qwen), None);
     }
 
     fn codex_cfg(config: &str) -> AgentConfig {

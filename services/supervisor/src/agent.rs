@@ -754,9 +754,14 @@ fn spawn(
     } else {
         None
     };
+    // The home as the agent sees it (the spawn sets `HOME` to its canonical path).
+    let home_seen = target
+        .home
+        .map(|h| std::fs::canonicalize(h).unwrap_or_else(|_| h.to_path_buf()));
     let forced: Vec<(String, String)> = crate::adapters::forced_env(cfg)
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(crate::adapters::config_env(cfg, home_seen.as_deref()))
         .chain(
             shell
                 .iter()
@@ -825,6 +830,7 @@ fn spawn(
     }
     spec.adapter_policy =
         crate::adapters::codex_policy(cfg, base_url.as_deref()).map_err(StartError::Spawn)?;
+    spec.adapter_policy.claude_managed_mcp = crate::adapters::claude_managed_mcp(cfg);
     spec.adapter_policy.opencode_config =
         crate::adapters::opencode_config(cfg, base_url.as_deref(), model.as_deref())
             .map_err(StartError::Spawn)?;

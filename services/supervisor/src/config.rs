@@ -746,13 +746,12 @@ pub fn builtin_agents() -> BTreeMap<String, AgentConfig> {
     qwen.adapter = QWEN_ADAPTER.into();
     qwen.plan_config_option = "mode=plan".into();
     qwen.network = Network::Proxy;
-    // Its launcher otherwise starts Qwen Code again as its child (with --expose-gc). `QWEN_HOME`
-    // fixed: Qwen Code takes it (and its trusted-folders and MCP-approvals paths) from a `.env`
-    // in the home unless it is set, and `~/.env` is the model's to write (`~/.qwen/.env`, read
-    // first once `QWEN_HOME` is set, is read-only).
+    // Its launcher otherwise starts Qwen Code again as its child (with --expose-gc). Where its
+    // settings live (`QWEN_HOME`, its system settings, trusted folders, ...) is set by the
+    // supervisor over `set_env` (`adapters::config_env`): Qwen Code takes each from a `.env` in
+    // the home unless it is set.
     qwen.set_env
         .insert("QWEN_CODE_NO_RELAUNCH".into(), "1".into());
-    qwen.set_env.insert("QWEN_HOME".into(), "~/.qwen".into());
     qwen.description = "Qwen Code over ACP, supervised by warden".into();
     m.insert("qwen".into(), qwen);
     // OpenCode: `build` asks for every edit, command, fetch and subagent under warden's managed

@@ -33,6 +33,7 @@ pub fn judged(req: &pb::DecideRequest) -> warden_rules::JudgedAction {
     warden_rules::JudgedAction::of(
         std::path::Path::new(root),
         &tool.kind,
+        &tool.title,
         tool.locations.iter().map(|l| l.path.as_str()),
         &tool.raw_input_json,
     )
