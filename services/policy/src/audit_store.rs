@@ -29,6 +29,32 @@ pub trait AuditStore: Send + Sync {
     /// How many records the log holds.
     async fn count(&self) -> Result<u64, AuditError>;
 
+    /// The cursor of the newest record written (0: none). Cursors grow with every record.
+    async fn head(&self) -> Result<u64, AuditError>;
+
+    /// Up to `limit` records, newest first, each with its cursor (of one context when given).
+    async fn newest_cursored(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError>;
+
+    /// Up to `limit` records after `cursor`, oldest first, each with its cursor (every
+    /// context: a follower filters, so it can tell a hole in the cursors from another
+    /// context's record).
+    async fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError>;
+
+    /// How long a hole in the cursors may still fill: a record that took a cursor may become
+    /// visible after a later one (another replica's commit) within this time, never after it.
+    /// Zero where a record is visible in cursor order (the sled log).
+    fn settle(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// The newest record of `request_id` written by any replica sharing this log; `None` for a
     /// log that is this process's alone (its own ledger already knows what it decided).
     async fn newest_of_request(
@@ -75,6 +101,28 @@ impl AuditStore for AuditLog {
 
     async fn count(&self) -> Result<u64, AuditError> {
         Ok(self.len())
+    }
+
+    async fn head(&self) -> Result<u64, AuditError> {
+        AuditLog::head(self)
+    }
+
+    async fn newest_cursored(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        AuditLog::newest_cursored(self, limit, |r| {
+            context_id.is_none_or(|c| context_of(r) == c)
+        })
+    }
+
+    async fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        AuditLog::after(self, cursor, limit)
     }
 
     fn backend(&self) -> &'static str {

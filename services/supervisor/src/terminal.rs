@@ -147,7 +147,7 @@ impl Terminals {
         let names: Vec<String> = req.env.iter().map(|e| e.name.clone()).collect();
         let policy = warden_sandbox::EnvPolicy::new(
             ctx.agent_env.iter().cloned().chain(names),
-            &shared.settings.file.sandbox.env_extra,
+            &shared.settings().file.sandbox.env_extra,
         )
         .map_err(|e| RpcError::invalid_params(e.to_string()))?;
         let env = policy.build_from(
@@ -180,7 +180,7 @@ impl Terminals {
             .output_byte_limit
             .map(|l| l as usize)
             .unwrap_or(DEFAULT_OUTPUT_LIMIT)
-            .min(shared.settings.limits().output_bytes);
+            .min(shared.settings().limits().output_bytes);
         let (exit_tx, _) = watch::channel(None);
         let term = Arc::new(Term {
             out: Mutex::new(OutBuf {
@@ -210,7 +210,7 @@ impl Terminals {
         }
         // The watcher reaps the command when it exits (killing whatever it left behind).
         let t = term.clone();
-        let grace = shared.settings.limits().kill_grace();
+        let grace = shared.settings().limits().kill_grace();
         tokio::spawn(async move {
             loop {
                 let exited = {
