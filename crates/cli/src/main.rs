@@ -551,7 +551,16 @@ async fn main() -> ExitCode {
                             "error": e.to_string(),
                         }));
                         if !out.json() {
-                            eprintln!("warden reload: warden-{name}: {e}");
+                            // On the packaged host an operator may not reach every daemon's
+                            // socket (the supervisor's is the gateway's); systemd reaches all.
+                            let hint = if layout.deployed {
+                                format!(
+                                    " (`systemctl reload warden-{name}` sends it the same reload)"
+                                )
+                            } else {
+                                String::new()
+                            };
+                            eprintln!("warden reload: warden-{name}: {e}{hint}");
                         }
                     }
                 }

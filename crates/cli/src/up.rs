@@ -532,6 +532,9 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
     }
     let mut cmd = Command::new(&bin);
     cmd.args(daemon_args(name, o))
+        // The lock's descriptor number means nothing to a daemon (the descriptor itself is
+        // close-on-exec again).
+        .env_remove(LOCK_FD_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
