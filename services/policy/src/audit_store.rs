@@ -129,3 +129,54 @@ impl AuditStore for AuditLog {
         "sled"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sled log's cursors: one per record, growing, `after` giving the records past one in
+    /// order (what `AuditFollow` reads), `head` the newest's.
+    #[tokio::test]
+    async fn the_sled_log_reads_after_a_cursor_in_order() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let log = AuditLog::open(warden_store::Store::open(dir.path())?)?;
+        let store: &dyn AuditStore = &log;
+        assert_eq!(store.head().await?, 0);
+        for i in 0..5 {
+            let r = pb::AuditRecord {
+                decision_id: format!("d{i}"),
+                subject: Some(pb::Subject {
+                    context_id: format!("c{}", i % 2),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            store.append(&r, i % 2 == 0).await?;
+        }
+        assert_eq!(store.head().await?, 5);
+        let ids = |v: Vec<(u64, pb::AuditRecord)>| {
+            v.into_iter()
+                .map(|(c, r)| (c, r.decision_id))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(store.after(0, 10).await?),
+            (1..=5)
+                .map(|c| (c, format!("d{}", c - 1)))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            ids(store.after(3, 10).await?),
+            [(4, "d3".to_string()), (5, "d4".to_string())]
+        );
+        assert_eq!(ids(store.after(1, 2).await?).len(), 2);
+        assert!(store.after(5, 10).await?.is_empty());
+        assert_eq!(
+            ids(store.newest_cursored(2, Some("c0")).await?),
+            [(5, "d4".to_string()), (3, "d2".to_string())]
+        );
+        assert_eq!(store.settle(), std::time::Duration::ZERO);
+        Ok(())
+    }
+}
