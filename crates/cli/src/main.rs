@@ -566,7 +566,25 @@ async fn main() -> ExitCode {
                 }
             }
             if out.json() {
-                warden_cli::output::print_doc(&serde_json::Value::Array(docs));
+                // The policy's figures at the top, as before every daemon reloaded; each
+                // daemon's answer in `daemons`.
+                let policy = answers
+                    .iter()
+                    .find(|(n, _)| *n == "policy")
+                    .and_then(|(_, a)| a.as_ref().ok());
+                let errors: Vec<String> = docs
+                    .iter()
+                    .filter_map(|d| {
+                        let e = d["error"].as_str().filter(|e| !e.is_empty())?;
+                        Some(format!("{}: {e}", d["daemon"].as_str().unwrap_or("")))
+                    })
+                    .collect();
+                warden_cli::output::print_doc(&serde_json::json!({
+                    "reloaded": all,
+                    "policyVersion": policy.map(|p| p.policy_version),
+                    "error": errors.join("; "),
+                    "daemons": docs,
+                }));
             }
             if all {
                 ExitCode::SUCCESS
