@@ -472,24 +472,14 @@ fn the_examples_agree_with_each_other_and_with_sysusers_and_tmpfiles() {
 
 // ------------------------------------------------------------------ the documented token recipe
 
-/// The shell lines gateway.toml documents for making a token and its digest, uncommented.
-fn documented_token_recipe(text: &str) -> (String, String) {
-    let mut make = None;
-    let mut digest = None;
-    for line in text.lines() {
-        let Some(cmd) = line.strip_prefix('#').map(str::trim) else {
-            continue;
-        };
-        if cmd.starts_with("TOKEN=$(") {
-            make = Some(cmd.to_string());
-        } else if cmd.starts_with("printf '%s' \"$TOKEN\" | sha256sum") {
-            digest = Some(cmd.to_string());
-        }
-    }
-    (
-        make.expect("gateway.toml documents how to make a token"),
-        digest.expect("gateway.toml documents how to digest a token"),
-    )
+/// The command gateway.toml documents for making a token and its entry (`warden token new ...`),
+/// uncommented, as words.
+fn documented_token_command(text: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix('#').map(str::trim))
+        .find(|cmd| cmd.starts_with("warden token new"))
+        .map(|cmd| cmd.split_whitespace().map(str::to_string).collect())
+        .expect("gateway.toml documents `warden token new`")
 }
 
 /// One HTTP/1.1 request to the gateway; returns the status code.
@@ -511,31 +501,48 @@ fn http_status(port: u16, path: &str, bearer: Option<&str>) -> Option<u16> {
 }
 
 #[tokio::test]
-async fn a_token_made_with_the_documented_commands_authenticates_at_the_real_gateway() {
+async fn a_token_made_with_the_documented_command_authenticates_at_the_real_gateway() {
     let path = example("gateway");
     let text = std::fs::read_to_string(&path).expect("readable");
-    let (make, digest) = documented_token_recipe(&text);
-    // Run exactly the documented lines in a POSIX shell.
-    let script = format!("set -e\n{make}\nprintf '%s\\n' \"$TOKEN\"\n{digest}\n");
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(&script)
+    // Run exactly the documented command (the `warden` built with the daemons).
+    let words = documented_token_command(&text);
+    let out = Command::new(binary("warden"))
+        .args(&words[1..])
         .output()
-        .expect("run sh");
+        .expect("run warden");
     assert!(
         out.status.success(),
-        "the documented commands failed: {}",
+        "the documented command failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut lines = stdout.lines();
-    let token = lines.next().expect("a token").to_string();
-    let sha = lines.next().expect("a digest").trim().to_string();
+    let token = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("token"))
+        .map(|t| t.trim().to_string())
+        .expect("a token");
+    // The entry it prints is TOML for gateway.toml: read as such.
+    let entry: Value = toml::from_str(
+        &stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("[[auth.tokens]]"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .expect("the printed entry is TOML");
+    let sha = entry
+        .pointer("/auth/tokens/0/sha256")
+        .and_then(Value::as_str)
+        .expect("sha256")
+        .to_string();
     assert_eq!(
-        token.len(),
-        64,
-        "the recipe makes 32 random bytes as hex: {token:?}"
+        entry
+            .pointer("/auth/tokens/0/principal")
+            .and_then(Value::as_str),
+        Some("alice"),
+        "{stdout}"
     );
+    assert_eq!(token.len(), 64, "32 random bytes as hex: {token:?}");
     assert!(
         sha.len() == 64 && sha.bytes().all(|b| b.is_ascii_hexdigit()),
         "{sha:?}"
@@ -684,6 +691,26 @@ fn systemd_analyze() -> Option<PathBuf> {
         );
     }
     found
+}
+
+/// `systemctl reload` on every unit sends SIGHUP, which every daemon answers with a reload and
+/// never by ending (tests/tests/reload.rs sends it to each real daemon): each unit says so,
+/// the same way.
+#[test]
+fn every_unit_reloads_with_sighup() {
+    for unit in units() {
+        let reload: Vec<String> = unit_entries(&unit)
+            .into_iter()
+            .filter(|(section, key, _)| section == "Service" && key == "ExecReload")
+            .map(|(_, _, v)| v)
+            .collect();
+        assert_eq!(
+            reload,
+            ["/bin/kill -HUP $MAINPID"],
+            "{}: one ExecReload, a SIGHUP",
+            unit_name(&unit)
+        );
+    }
 }
 
 /// A value set twice in [Service] is a unit that says two things (the supervisor's once had

@@ -1,5 +1,7 @@
 //! `warden agents` (the agents a task may name, from the running supervisor's registry, and
-//! whether each can start) and `warden reload` (warden-policy reads its rules again).
+//! whether each can start) and `warden reload` (each running daemon's admin `Reload`, what
+//! SIGHUP and `systemctl reload` run: it reads its configuration again and applies what can
+//! change while it runs, or changes nothing and says why).
 //!
 //! Must never: start an agent or change the supervisor's configuration; it only asks.
 
@@ -95,11 +97,34 @@ pub fn json(a: &Agents) -> Value {
     })
 }
 
-/// `warden reload`: the policy's admin `Reload`.
-pub async fn reload(policy_admin: &Path) -> Result<pb::ReloadResponse, AgentsError> {
-    let ch = warden_daemon::client::connect_unix(policy_admin).await?;
-    Ok(AdminServiceClient::new(ch)
-        .reload(pb::ReloadRequest {})
-        .await?
-        .into_inner())
+/// One daemon's admin `Reload` on `socket`.
+pub async fn reload(socket: &Path) -> Result<pb::ReloadResponse, AgentsError> {
+    let ch = warden_daemon::client::connect_unix(socket).await?;
+    Ok(tokio::time::timeout(
+        WAIT,
+        AdminServiceClient::new(ch).reload(pb::ReloadRequest {}),
+    )
+    .await
+    .map_err(|_| AgentsError::Timeout(WAIT.as_secs()))??
+    .into_inner())
+}
+
+/// `warden reload`: every daemon of the deployment whose admin socket is there, in start order
+/// (daemon name, its answer or why it could not be asked). A daemon not running is left out.
+pub async fn reload_all(
+    l: &crate::layout::Layout,
+) -> Vec<(&'static str, Result<pb::ReloadResponse, AgentsError>)> {
+    let mut out = Vec::new();
+    for (name, socket) in [
+        ("policy", l.policy_admin_socket()),
+        ("approver", l.approver_admin_socket()),
+        ("supervisor", l.socket_of("supervisor")),
+        ("gateway", l.socket_of("gateway")),
+    ] {
+        if !socket.exists() {
+            continue;
+        }
+        out.push((name, reload(&socket).await));
+    }
+    out
 }

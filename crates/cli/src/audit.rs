@@ -5,7 +5,7 @@ use std::path::Path;
 use warden_terminal_text::Inline;
 
 use warden_proto::v1::admin_service_client::AdminServiceClient;
-use warden_proto::v1::{AuditQueryRequest, AuditRecord, Verdict};
+use warden_proto::v1::{AuditFollowRequest, AuditQueryRequest, AuditRecord, Verdict};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -94,10 +94,11 @@ pub async fn query(socket: &Path, req: AuditQueryRequest) -> Result<Vec<AuditRec
     Ok(client.audit_query(req).await?.into_inner().records)
 }
 
-/// `audit tail [-f]`: the newest `limit` records, oldest first; with `follow`, every record
-/// decided after them as it appears (the admin API has no stream: it is asked every 500 ms for
-/// the newest records, and those not yet printed are printed). `json`: one JSON array, or with
-/// `follow` one object a line.
+/// `audit tail [-f]`: the newest `limit` records, oldest first; with `follow`, the policy's
+/// `AuditFollow` stream: the same records, then every record written after them, in the log's
+/// order, each once. Should the stream break (the policy restarting), it is asked again from
+/// the last record's cursor, so nothing is skipped or printed twice. `json`: one JSON array,
+/// or with `follow` one object a line.
 pub async fn tail(
     socket: &Path,
     limit: u32,
@@ -105,15 +106,6 @@ pub async fn tail(
     follow: bool,
     json: bool,
 ) -> Result<(), AuditError> {
-    let ch = warden_daemon::client::connect_unix(socket).await?;
-    let mut client = AdminServiceClient::new(ch);
-    let ask = |limit: u32| AuditQueryRequest {
-        limit,
-        decision_id: String::new(),
-        context_id: context_id.clone(),
-    };
-    let mut first = client.audit_query(ask(limit)).await?.into_inner().records;
-    first.reverse();
     let print = |r: &AuditRecord| {
         if json {
             crate::output::print_line(&crate::output::audit_json(r));
@@ -121,27 +113,81 @@ pub async fn tail(
             println!("{}", line(r));
         }
     };
-    if json && !follow {
+    if follow {
+        return follow_from(socket, limit, context_id, &print).await;
+    }
+    let ch = warden_daemon::client::connect_unix(socket).await?;
+    let mut client = AdminServiceClient::new(ch);
+    let mut first = client
+        .audit_query(AuditQueryRequest {
+            limit,
+            decision_id: String::new(),
+            context_id,
+        })
+        .await?
+        .into_inner()
+        .records;
+    first.reverse();
+    if json {
         let all: Vec<serde_json::Value> = first.iter().map(crate::output::audit_json).collect();
         crate::output::print_doc(&serde_json::Value::Array(all));
         return Ok(());
     }
     first.iter().for_each(print);
-    if !follow {
-        return Ok(());
-    }
-    let mut seen: std::collections::HashSet<String> =
-        first.iter().map(|r| r.decision_id.clone()).collect();
-    // Ids older than what one answer can hold are forgotten (they cannot come back).
-    const WINDOW: u32 = 500;
+    Ok(())
+}
+
+/// `audit tail -f`: follows until interrupted; a broken stream is resumed from its cursor.
+async fn follow_from(
+    socket: &Path,
+    backlog: u32,
+    context_id: String,
+    print: &dyn Fn(&AuditRecord),
+) -> Result<(), AuditError> {
+    let mut cursor: Option<u64> = None;
+    let mut resumed = false;
     loop {
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let mut got = client.audit_query(ask(WINDOW)).await?.into_inner().records;
-        got.reverse();
-        for r in got.iter().filter(|r| !seen.contains(&r.decision_id)) {
-            print(r);
+        let streamed = async {
+            let ch = warden_daemon::client::connect_unix(socket).await?;
+            let mut stream = AdminServiceClient::new(ch)
+                .audit_follow(AuditFollowRequest {
+                    backlog,
+                    context_id: context_id.clone(),
+                    after_cursor: cursor,
+                })
+                .await?
+                .into_inner();
+            if resumed {
+                eprintln!("warden audit: following again");
+            }
+            while let Some(ev) = stream.message().await? {
+                if let Some(r) = &ev.record {
+                    print(r);
+                }
+                cursor = Some(ev.cursor);
+            }
+            Ok::<(), AuditError>(())
         }
-        seen = got.into_iter().map(|r| r.decision_id).collect();
+        .await;
+        match streamed {
+            // Only the policy ends a stream, when it stops: follow it back.
+            Ok(()) => {}
+            // Never followed: the first connection's failure is the command's.
+            Err(e) if cursor.is_none() && !resumed => return Err(e),
+            Err(AuditError::Rpc(s)) if s.code() != tonic::Code::Unavailable => {
+                return Err(AuditError::Rpc(s));
+            }
+            Err(_) => {}
+        }
+        if !resumed {
+            eprintln!(
+                "warden audit: the policy's stream ended; following again from the last record"
+            );
+        }
+        // Without a record printed yet there is no cursor: the backlog is asked for again,
+        // none of it having been printed.
+        resumed = true;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     }
 }
 

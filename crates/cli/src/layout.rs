@@ -141,6 +141,12 @@ impl Layout {
     pub fn up_pid_file(&self) -> PathBuf {
         self.run_dir().join("up.pid")
     }
+
+    /// The advisory lock one `warden up` holds on this state directory for as long as it runs
+    /// (`up::lock`).
+    pub fn up_lock_file(&self) -> PathBuf {
+        self.root.join("up.lock")
+    }
 }
 
 /// Resolves `--state-dir` or the default, made absolute (daemons resolve relative paths against

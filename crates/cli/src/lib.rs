@@ -16,4 +16,5 @@ pub mod logs;
 pub mod mcp;
 pub mod output;
 pub mod status;
+pub mod token;
 pub mod up;

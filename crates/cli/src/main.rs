@@ -117,8 +117,11 @@ enum Command {
         #[arg(short = 'n', long, default_value_t = 40)]
         lines: usize,
     },
-    /// Make warden-policy read its rules again (its configuration file under `warden up
-    /// --config`); the rules in force stay when the new ones are refused.
+    /// Make every running daemon read its configuration again, as SIGHUP (`systemctl reload`)
+    /// does: the policy its rules, the gateway its callers' tokens, access rules and webhook
+    /// allowlist, the supervisor its agents, workspaces and limits for what starts next. A
+    /// configuration that does not load changes nothing, and the daemon says why; exit 1 when
+    /// any daemon refused.
     Reload {
         /// The host installed from the Debian package.
         #[arg(long)]
@@ -175,18 +178,6 @@ enum Command {
         #[command(flatten)]
         out: OutputArgs,
     },
-    /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
-    /// landlock) and what warden falls back to where one is missing; with an approver running,
-    /// compare the supervisor's Decide deadlines with what the approver needs (exit 1 when the
-    /// supervisor would wait less).
-    #[command(
-        after_help = "With --deployed it checks a host installed from the Debian package (or \
-                      deploy/): users, groups, socket and state directories, the allowlists \
-                      against the users' real ids, who can reach what, bubblewrap and cgroup \
-                      delegation; one PASS/FAIL/WARN/SKIP line per check, exit code 0 when \
-                      nothing failed, 1 otherwise (warnings do not fail). Run it as root for the \
-                      full report."
-    )]
     /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
     /// audit log, warden-approver's queue and warden-gateway's tasks are copied (each daemon
     /// reading its own store, checked record by record; running it again copies nothing
@@ -201,6 +192,18 @@ enum Command {
         #[arg(long)]
         bin_dir: Option<PathBuf>,
     },
+    /// Report which containment features this host offers (cgroups, bubblewrap, namespaces,
+    /// landlock) and what warden falls back to where one is missing; with an approver running,
+    /// compare the supervisor's Decide deadlines with what the approver needs (exit 1 when the
+    /// supervisor would wait less).
+    #[command(
+        after_help = "With --deployed it checks a host installed from the Debian package (or \
+                      deploy/): users, groups, socket and state directories, the allowlists \
+                      against the users' real ids, who can reach what, bubblewrap and cgroup \
+                      delegation; one PASS/FAIL/WARN/SKIP line per check, exit code 0 when \
+                      nothing failed, 1 otherwise (warnings do not fail). Run it as root for the \
+                      full report."
+    )]
     Doctor {
         /// Check the host installed from the Debian package instead of the local deployment.
         #[arg(long)]
@@ -239,6 +242,14 @@ enum Command {
         #[command(subcommand)]
         what: AuditCommand,
     },
+    /// Make a caller's bearer token and the `[[auth.tokens]]` entry gateway.toml keeps for it
+    /// (the principal and the token's SHA-256; the gateway never holds the token itself).
+    Token {
+        #[command(flatten)]
+        out: OutputArgs,
+        #[command(subcommand)]
+        what: TokenCommand,
+    },
     /// Print a shell completion script: `source <(warden completion bash)`, or write it where
     /// your shell loads completions (bash, zsh, fish, elvish, powershell).
     Completion { shell: clap_complete::Shell },
@@ -274,6 +285,26 @@ enum ApprovalsCommand {
     /// Stream requests as they arrive; on a terminal, answer with a key: a = approve the
     /// selected one, d = deny it (asks for a reason), n = select the next, q = quit.
     Watch,
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Mint a random token (64 hex characters) and print it with its entry for gateway.toml.
+    /// Give the token to the caller over a private channel: it is shown once and cannot be
+    /// recovered from the entry.
+    New {
+        /// The principal the token stands for (owns its tasks; the policy's subject).
+        #[arg(long, default_value = "caller")]
+        principal: String,
+    },
+    /// Print the gateway.toml entry of a token you already have, read from standard input
+    /// (never an argument: it would land in shell history and `ps`):
+    /// `warden token hash --principal ci < token-file`.
+    Hash {
+        /// The principal the token stands for.
+        #[arg(long, default_value = "caller")]
+        principal: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -474,36 +505,93 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Reload { out, .. } => match agents::reload(&layout.policy_admin_socket()).await {
-            Ok(r) => {
-                if out.json() {
-                    warden_cli::output::print_doc(&serde_json::json!({
-                        "reloaded": r.reloaded, "policyVersion": r.policy_version,
-                        "error": r.error,
-                    }));
-                } else if r.reloaded {
-                    println!(
-                        "warden-policy reloaded: policy version {}",
-                        r.policy_version
-                    );
-                } else {
-                    println!(
-                        "warden-policy refused the new rules (version {} stays in force): {}",
-                        r.policy_version,
-                        warden_terminal_text::Inline(&r.error)
-                    );
-                }
-                if r.reloaded {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
+        Command::Reload { out, .. } => {
+            let answers = agents::reload_all(&layout).await;
+            if answers.is_empty() {
+                eprintln!(
+                    "warden reload: no daemon is running on {} (`warden status`)",
+                    layout.root.display()
+                );
+                return ExitCode::FAILURE;
+            }
+            let mut all = true;
+            let mut docs = Vec::new();
+            for (name, answer) in &answers {
+                match answer {
+                    Ok(r) => {
+                        all &= r.reloaded;
+                        docs.push(serde_json::json!({
+                            "daemon": format!("warden-{name}"), "reloaded": r.reloaded,
+                            "version": r.policy_version, "error": r.error,
+                        }));
+                        if out.json() {
+                            continue;
+                        }
+                        match (r.reloaded, *name) {
+                            (true, "policy") => println!(
+                                "warden-policy reloaded: policy version {}",
+                                r.policy_version
+                            ),
+                            (true, _) => println!("warden-{name} reloaded"),
+                            (false, "policy") => println!(
+                                "warden-policy refused the new rules (version {} stays in force): {}",
+                                r.policy_version,
+                                warden_terminal_text::Inline(&r.error)
+                            ),
+                            (false, _) => println!(
+                                "warden-{name} changed nothing: {}",
+                                warden_terminal_text::Inline(&r.error)
+                            ),
+                        }
+                    }
+                    Err(e) => {
+                        all = false;
+                        docs.push(serde_json::json!({
+                            "daemon": format!("warden-{name}"), "reloaded": false,
+                            "error": e.to_string(),
+                        }));
+                        if !out.json() {
+                            // On the packaged host an operator may not reach every daemon's
+                            // socket (the supervisor's is the gateway's); systemd reaches all.
+                            let hint = if layout.deployed {
+                                format!(
+                                    " (`systemctl reload warden-{name}` sends it the same reload)"
+                                )
+                            } else {
+                                String::new()
+                            };
+                            eprintln!("warden reload: warden-{name}: {e}{hint}");
+                        }
+                    }
                 }
             }
-            Err(e) => {
-                eprintln!("warden reload: {e}");
+            if out.json() {
+                // The policy's figures at the top, as before every daemon reloaded; each
+                // daemon's answer in `daemons`.
+                let policy = answers
+                    .iter()
+                    .find(|(n, _)| *n == "policy")
+                    .and_then(|(_, a)| a.as_ref().ok());
+                let errors: Vec<String> = docs
+                    .iter()
+                    .filter_map(|d| {
+                        let e = d["error"].as_str().filter(|e| !e.is_empty())?;
+                        Some(format!("{}: {e}", d["daemon"].as_str().unwrap_or("")))
+                    })
+                    .collect();
+                warden_cli::output::print_doc(&serde_json::json!({
+                    "reloaded": all,
+                    "policyVersion": policy.map(|p| p.policy_version),
+                    "error": errors.join("; "),
+                    "daemons": docs,
+                }));
+            }
+            if all {
+                ExitCode::SUCCESS
+            } else {
                 ExitCode::FAILURE
             }
-        },
+        }
         Command::Agents { out } => match agents::list(&layout.socket_of("supervisor")).await {
             Ok(list) => {
                 if out.json() {
@@ -693,6 +781,37 @@ async fn main() -> ExitCode {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
+            }
+        }
+        Command::Token { what, out } => {
+            let minted = match what {
+                TokenCommand::New { principal } => warden_cli::token::new(&principal),
+                TokenCommand::Hash { principal } => warden_cli::token::read_stdin()
+                    .and_then(|t| warden_cli::token::hash(&principal, &t)),
+            };
+            match minted {
+                Ok(m) if out.json() => {
+                    warden_cli::output::print_doc(&m.json());
+                    ExitCode::SUCCESS
+                }
+                Ok(m) => {
+                    if !m.token.is_empty() {
+                        println!("token  {}", m.token);
+                        println!(
+                            "       (give it to the caller over a private channel; it is not shown again)"
+                        );
+                        println!();
+                    }
+                    println!(
+                        "# gateway.toml; then `systemctl reload warden-gateway` or `warden reload`"
+                    );
+                    print!("{}", m.toml());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("warden token: {e}");
+                    ExitCode::FAILURE
+                }
             }
         }
         Command::Completion { shell } => {

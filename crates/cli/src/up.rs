@@ -12,6 +12,14 @@
 //! and returns once every daemon is healthy; `warden down` ([`down`]) stops it through the
 //! pid file `up` keeps in `<state>/run/up.pid` (its pid and start time, so a reused pid is never
 //! signalled).
+//!
+//! One `warden up` per state directory: each takes an advisory lock on `<state>/up.lock`
+//! ([`lock`], `flock(2)`, released by the kernel however the holder ends) before it touches
+//! anything — logs, token, pid file, daemons. `up -d` takes it in the foreground and hands the
+//! very same open file (and so the lock) to the background `up`, so no second `up` can slip in
+//! between; it reports success only when the `up` it started (named in the pid file) is ready,
+//! and that `up`'s own failure otherwise. Logs are rotated (`.log` → `.log.1`) only under the
+//! lock, so a second attempt never renames a running instance's log.
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -84,6 +92,12 @@ pub enum UpError {
     },
     #[error("warden-{daemon} refuses its configuration (nothing was started):\n{message}")]
     Config { daemon: String, message: String },
+    #[error("cannot lock {path}: {source}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl UpError {
@@ -117,6 +131,9 @@ impl UpError {
             }
             UpError::DetachedSlow(_) => {
                 "To fix: wait and check `warden status`, or give more time (--start-timeout SECS).".into()
+            }
+            UpError::Lock { .. } => {
+                "To fix: give warden a state directory it may write (--state-dir DIR).".into()
             }
             UpError::Spawn { .. } | UpError::Signal(_) => return None,
         })
@@ -385,6 +402,81 @@ fn make_dir(path: &Path) -> Result<(), UpError> {
         })
 }
 
+/// The environment variable naming the descriptor of the lock `warden up -d` hands to the
+/// background `up` it starts.
+const LOCK_FD_ENV: &str = "WARDEN_UP_LOCK_FD";
+
+/// The lock one `warden up` holds on its state directory while it runs.
+pub struct UpLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
+
+impl std::os::fd::AsRawFd for UpLock {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Takes the state directory's `up` lock without waiting: [`UpError::AlreadyRunning`] when
+/// another `warden up` holds it. The state directory itself is created (0700) first, nothing
+/// else. A background `up` started by `up -d` adopts the descriptor it was handed (the same
+/// open file, already locked) instead of opening a new one.
+pub fn lock(l: &Layout) -> Result<UpLock, UpError> {
+    use nix::fcntl::{Flock, FlockArg};
+    make_dir(&l.root)?;
+    let path = l.up_lock_file();
+    let err = |source: std::io::Error| UpError::Lock {
+        path: path.clone(),
+        source,
+    };
+    let file = match inherited_lock(&path) {
+        Some(f) => f,
+        None => std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(err)?,
+    };
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(held) => Ok(UpLock(held)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(UpError::AlreadyRunning(l.root.clone())),
+        Err((_, e)) => Err(err(std::io::Error::from(e))),
+    }
+}
+
+/// The lock file's descriptor `warden up -d` handed over (`WARDEN_UP_LOCK_FD`), when it is
+/// there and is that file (same device and inode); marked close-on-exec again so that no
+/// daemon inherits it.
+fn inherited_lock(path: &Path) -> Option<std::fs::File> {
+    use std::os::fd::{FromRawFd, RawFd};
+    use std::os::unix::fs::MetadataExt;
+    std::env::var_os(DETACHED_ENV)?;
+    let fd: RawFd = std::env::var(LOCK_FD_ENV).ok()?.parse().ok()?;
+    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open; it changes nothing.
+    let open = nix::fcntl::fcntl(
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .is_ok();
+    if fd < 3 || !open {
+        return None;
+    }
+    // SAFETY: the descriptor is open, was handed to this process for this purpose by its
+    // parent, and nothing else in this process owns it (it is read once, here).
+    let file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let (m, want) = (file.metadata().ok()?, std::fs::metadata(path).ok()?);
+    if (m.dev(), m.ino()) != (want.dev(), want.ino()) {
+        // Not the lock file: leave the descriptor as it was found.
+        std::mem::forget(file);
+        return None;
+    }
+    let _ = nix::fcntl::fcntl(
+        &file,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    Some(file)
+}
+
 /// Writes a fresh random token (mode 0600) unless one exists.
 fn ensure_token(path: &Path) -> Result<bool, UpError> {
     write_secret(path, "")
@@ -440,6 +532,9 @@ fn spawn(name: &'static str, o: &UpOptions) -> Result<Running, UpError> {
     }
     let mut cmd = Command::new(&bin);
     cmd.args(daemon_args(name, o))
+        // The lock's descriptor number means nothing to a daemon (the descriptor itself is
+        // close-on-exec again).
+        .env_remove(LOCK_FD_ENV)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -567,8 +662,9 @@ async fn stop_all(running: &mut Vec<Running>) {
 pub async fn run(o: UpOptions) -> Result<(), UpError> {
     use tokio::signal::unix::{SignalKind, signal};
     let l = &o.layout;
+    // Before anything is touched; held until this function returns.
+    let _lock = lock(l)?;
     preflight(&o).await?;
-    make_dir(&l.root)?;
     if nix::unistd::geteuid().is_root() {
         // Agents of a root supervisor run as their own uid and need search (not listing) on the
         // way to their roots; each daemon's directory below stays closed (0700).
@@ -733,9 +829,10 @@ pub async fn detach(o: UpOptions) -> Result<(), UpError> {
         return run(o).await;
     }
     let l = &o.layout;
+    // Taken here, before the log is rotated, and handed to the background `up` (below).
+    let held = lock(l)?;
     // Checked here too, so the mistakes are said in this terminal at once.
     preflight(&o).await?;
-    make_dir(&l.root)?;
     make_dir(&l.logs_dir())?;
     let log_path = l.logs_dir().join("up.log");
     let log = open_log(&log_path).ok_or_else(|| UpError::Dir {
@@ -750,25 +847,41 @@ pub async fn detach(o: UpOptions) -> Result<(), UpError> {
         daemon: "up".into(),
         source,
     })?;
+    let lock_fd = {
+        use std::os::fd::AsRawFd;
+        held.as_raw_fd()
+    };
     let mut cmd = Command::new(exe);
     cmd.args(std::env::args_os().skip(1))
         .env(DETACHED_ENV, "1")
+        .env(LOCK_FD_ENV, lock_fd.to_string())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err_log);
-    // SAFETY: setsid is async-signal-safe; nothing else runs between fork and exec here. A
-    // session of its own: the terminal closing sends it no SIGHUP, and Ctrl-C here none either.
+    // SAFETY: setsid and fcntl are async-signal-safe; nothing else runs between fork and exec
+    // here. A session of its own: the terminal closing sends it no SIGHUP, and Ctrl-C here
+    // none either. The lock's descriptor stays open across the exec: the child holds the same
+    // lock (`lock` adopts it).
     unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid()
-                .map(|_| ())
-                .map_err(std::io::Error::from)
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            nix::fcntl::fcntl(
+                std::os::fd::BorrowedFd::borrow_raw(lock_fd),
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )
+            .map(|_| ())
+            .map_err(std::io::Error::from)
         });
     }
     let mut child = cmd.spawn().map_err(|source| UpError::Spawn {
         daemon: "up".into(),
         source,
     })?;
+    // The background `up` shares this open file and so the lock: dropping it here would
+    // unlock it (LOCK_UN applies to the open file, not to this descriptor), so it is kept,
+    // unlocked by nobody, until this process exits; the child's copy holds the lock on.
+    std::mem::forget(held);
+    let child_pid = child.id();
     let wait = o.start_timeout * o.daemons().len() as u32 + Duration::from_secs(10);
     let start = Instant::now();
     loop {
@@ -785,7 +898,12 @@ pub async fn detach(o: UpOptions) -> Result<(), UpError> {
         for d in o.daemons() {
             all &= warden_daemon::client::healthy(&l.socket_of(d)).await;
         }
-        if all && l.up_pid_file().exists() {
+        // Ready means the `up` started here wrote its pid file: healthy sockets alone could
+        // be another instance's.
+        let ours = std::fs::read_to_string(l.up_pid_file())
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok());
+        if all && ours.is_some() && ours == child_pid {
             break;
         }
         if start.elapsed() > wait {
@@ -795,7 +913,7 @@ pub async fn detach(o: UpOptions) -> Result<(), UpError> {
     }
     println!(
         "warden is up in the background (pid {}): {} healthy",
-        child.id().unwrap_or(0),
+        child_pid.unwrap_or(0),
         o.daemons().join(", ")
     );
     println!(

@@ -4,7 +4,9 @@
 //! `--set key=value` flags, validated with errors that name the key and the file), tracing setup
 //! (human or JSON), gRPC listeners on Unix sockets (mode, group, stale-socket handling) or TCP, the
 //! peer-credential allowlist that guards every listener, gRPC health, systemd readiness, a
-//! bounded graceful shutdown on SIGTERM/SIGINT, and the start-up sequence itself ([`start`]).
+//! bounded graceful shutdown on SIGTERM/SIGINT, reloads on SIGHUP and the admin `Reload`
+//! ([`reload`]: one function per daemon, never a kill), and the start-up sequence itself
+//! ([`start`]).
 //!
 //! Must never: hold service logic (decisions, processes, tasks), or let a request through a Unix
 //! listener without first checking the peer's uid/gid against that listener's allowlist.
@@ -19,6 +21,7 @@ pub mod metrics;
 pub mod notify;
 pub mod otel;
 pub mod peer;
+pub mod reload;
 pub mod server;
 pub mod start;
 pub mod status;

@@ -41,6 +41,8 @@ pub struct Server {
     /// answers health, so a caller that saw the daemon healthy and stops it gets a graceful
     /// stop, never the default action (death by the signal).
     signals: std::io::Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+    /// SIGHUP is caught from the same moment: a reload ([`crate::reload`]), never a death.
+    reloads: crate::reload::Reloads,
 }
 
 impl Server {
@@ -48,16 +50,38 @@ impl Server {
         use tokio::signal::unix::{SignalKind, signal};
         let signals = signal(SignalKind::terminate())
             .and_then(|t| signal(SignalKind::interrupt()).map(|i| (t, i)));
+        let shutdown = CancellationToken::new();
+        let reloads = crate::reload::Reloads::new(daemon);
+        match signal(SignalKind::hangup()) {
+            // Served from now on, before any listener: a SIGHUP during start-up reloads too.
+            Ok(hup) => {
+                tokio::spawn(crate::reload::on_hangup(
+                    hup,
+                    reloads.clone(),
+                    shutdown.clone(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(daemon, error = %e, "cannot catch SIGHUP: a reload signal would end the daemon");
+            }
+        }
         Server {
             daemon,
             grace,
-            shutdown: CancellationToken::new(),
+            shutdown,
             health: HealthReporter::new(),
             tasks: JoinSet::new(),
             sockets: Vec::new(),
             listeners: Vec::new(),
             signals,
+            reloads,
         }
+    }
+
+    /// The daemon's reloads: [`crate::reload::Reloads::set`] gives it its reload function
+    /// (run on SIGHUP and by the admin `Reload`); `details` adds the figures to `Status`.
+    pub fn reloads(&self) -> crate::reload::Reloads {
+        self.reloads.clone()
     }
 
     /// Cancelled when the daemon begins to shut down; long-running work should watch it.

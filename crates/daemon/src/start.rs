@@ -81,7 +81,15 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         Ok(rt) => rt,
         Err(e) => fail(D::NAME, &e),
     };
-    let ran = rt.block_on(daemon.run());
+    let ran = rt.block_on(async {
+        // SIGHUP's default action ends the process: it is caught from here on (tokio keeps a
+        // handler installed for the process's life), before the daemon opens its store or binds
+        // a listener; from `Server::new` on, each SIGHUP is a reload (`crate::reload`).
+        if let Err(e) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            tracing::error!(error = %e, "cannot catch SIGHUP: a reload signal would end the daemon");
+        }
+        daemon.run().await
+    });
     // The spans of the last requests are exported before the process ends.
     crate::otel::shutdown();
     if let Err(e) = ran {

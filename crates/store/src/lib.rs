@@ -219,6 +219,24 @@ impl Tree {
             .map_err(|e| self.err(e))
     }
 
+    /// Up to `limit` entries whose key starts with `prefix` and sorts at or after `from`, in key
+    /// order (a cursor's read: the entries after the last one seen).
+    pub fn scan_prefix_from(
+        &self,
+        prefix: impl AsRef<[u8]>,
+        from: impl AsRef<[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let prefix = prefix.as_ref();
+        self.tree
+            .range(from.as_ref()..)
+            .take_while(|r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+            .take(limit)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
     /// Deletes every entry whose key starts with `prefix` (atomically); returns how many.
     pub fn delete_prefix(&self, prefix: impl AsRef<[u8]>) -> Result<usize, StoreError> {
         let mut batch = sled::Batch::default();

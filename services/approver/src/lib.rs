@@ -123,6 +123,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         );
         return Ok(());
     }
+    // SIGHUP's default action ends the process: caught from here on (tokio keeps the handler
+    // for the process's life); from `Server::new` on each one is a reload.
+    if let Err(e) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        tracing::error!(error = %e, "cannot catch SIGHUP: a reload signal would end the daemon");
+    }
     let format = args
         .log_format
         .clone()
@@ -157,6 +162,26 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         "warden-approver",
         Duration::from_millis(cfg.daemon.shutdown_grace_ms),
     );
+    // A reload checks the file and says what it would take: the approver changes nothing while
+    // it runs (its deadlines are what the supervisor learned through `Describe` at its start),
+    // so a valid file is applied by a restart, and a broken one is named without a restart.
+    {
+        let args = Arc::new(args.clone());
+        server.reloads().set(move || {
+            let args = args.clone();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    config::load(args.config.as_deref(), &args.set)
+                        .map(|_| {
+                            "the configuration is valid; warden-approver changes nothing while it runs: restart it to apply it".to_string()
+                        })
+                        .map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("reload task failed: {e}")))
+            }
+        });
+    }
     let state =
         Arc::new(ApproverState::new(cfg, queue, server.shutdown_token()).map_err(RunError::Rules)?);
     state.recover(pending).await;
@@ -166,8 +191,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     );
     server.serve_admin(
         admin,
-        Routes::new(ApprovalServiceServer::new(ApprovalApi(state.clone())))
-            .add_service(AdminServiceServer::new(AdminApi(state.clone()))),
+        Routes::new(ApprovalServiceServer::new(ApprovalApi(state.clone()))).add_service(
+            AdminServiceServer::new(AdminApi(state.clone(), server.reloads())),
+        ),
         &[
             warden_proto::v1::approval_service_server::SERVICE_NAME,
             warden_proto::v1::admin_service_server::SERVICE_NAME,

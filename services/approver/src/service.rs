@@ -785,9 +785,10 @@ impl ApprovalService for ApprovalApi {
     }
 }
 
-/// `AdminService` (Status) on the admin socket.
+/// `AdminService` (Status, Reload) on the admin socket; its reloads are the daemon's
+/// (`warden_daemon::reload`: the admin Reload and SIGHUP run the same one).
 #[derive(Clone)]
-pub struct AdminApi(pub Arc<ApproverState>);
+pub struct AdminApi(pub Arc<ApproverState>, pub warden_daemon::reload::Reloads);
 
 #[tonic::async_trait]
 impl AdminService for AdminApi {
@@ -827,6 +828,7 @@ impl AdminService for AdminApi {
         for (agent, ms) in d.agent_decide_deadline_ms {
             details.insert(format!("decide_deadline_ms.{agent}"), ms.to_string());
         }
+        self.1.details(&mut details);
         Ok(Response::new(warden_daemon::status::response(
             "warden-approver",
             s.started,
@@ -844,11 +846,25 @@ impl AdminService for AdminApi {
         ))
     }
 
+    /// The approver has nothing it changes while it runs (its deadlines are what the
+    /// supervisor learned through `Describe`); the answer, as for SIGHUP, says so and nothing
+    /// changes.
     async fn reload(
         &self,
         _request: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadResponse>, Status> {
-        Err(Status::unimplemented("warden-approver reloads at restart"))
+        Ok(Response::new(self.1.reload("admin Reload").await))
+    }
+
+    type AuditFollowStream = futures::stream::Empty<Result<pb::AuditFollowEvent, Status>>;
+
+    async fn audit_follow(
+        &self,
+        _request: Request<pb::AuditFollowRequest>,
+    ) -> Result<Response<Self::AuditFollowStream>, Status> {
+        Err(Status::unimplemented(
+            "warden-approver's decisions are in ApprovalService.History (`warden approvals history`)",
+        ))
     }
 }
 

@@ -27,10 +27,13 @@ pub enum AuthConfigError {
     TokenTooShort(String),
 }
 
-/// The accepted tokens.
+type Entries = Vec<([u8; 32], String)>;
+
+/// The accepted tokens. Clones share them: [`Authenticator::replace`] (a reload) changes
+/// them for every front at once, each request reading one whole set.
 #[derive(Clone)]
 pub struct Authenticator {
-    entries: Vec<([u8; 32], String)>,
+    entries: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Entries>>>,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -38,7 +41,7 @@ impl std::fmt::Debug for Authenticator {
         f.debug_struct("Authenticator")
             .field(
                 "principals",
-                &self.entries.iter().map(|e| &e.1).collect::<Vec<_>>(),
+                &self.entries().iter().map(|e| &e.1).collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -59,6 +62,38 @@ pub enum AuthFailure {
 }
 
 impl Authenticator {
+    fn of(entries: Entries) -> Self {
+        Self {
+            entries: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(entries))),
+        }
+    }
+
+    fn entries(&self) -> std::sync::Arc<Entries> {
+        match self.entries.read() {
+            Ok(g) => g.clone(),
+            // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Makes every clone of this authenticator accept `next`'s tokens instead (a reload).
+    pub fn replace(&self, next: &Authenticator) {
+        let entries = next.entries();
+        match self.entries.write() {
+            Ok(mut g) => *g = entries,
+            Err(p) => *p.into_inner() = entries,
+        }
+    }
+
+    /// How many tokens are accepted, for the reload's log line.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// From `(principal, hex digest)` pairs; invalid digests are skipped (config validation
     /// rejects them before this).
     pub fn from_digests<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
@@ -70,7 +105,7 @@ impl Authenticator {
                 Some((arr, principal.to_string()))
             })
             .collect();
-        Self { entries }
+        Self::of(entries)
     }
 
     /// From the configuration: `auth.tokens`, or when there are none, the token file.
@@ -84,15 +119,14 @@ impl Authenticator {
             ));
         }
         let Some(path) = cfg.token_file_path() else {
-            return Ok(Self {
-                entries: Vec::new(),
-            });
+            return Ok(Self::of(Vec::new()));
         };
         let token = ensure_token_file(&path)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        Ok(Self {
-            entries: vec![(digest, cfg.auth.token_file_principal.clone())],
-        })
+        Ok(Self::of(vec![(
+            digest,
+            cfg.auth.token_file_principal.clone(),
+        )]))
     }
 
     /// The principal of the request's bearer token.
@@ -111,7 +145,8 @@ impl Authenticator {
         }
         let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
         let mut found: Option<&str> = None;
-        for (d, principal) in &self.entries {
+        let entries = self.entries();
+        for (d, principal) in entries.iter() {
             // Every entry is compared, whatever matched before, so timing reveals nothing.
             if bool::from(d.ct_eq(&digest)) && found.is_none() {
                 found = Some(principal);

@@ -68,6 +68,7 @@ pub fn load_config(
 }
 
 struct AdminApi {
+    reloads: warden_daemon::reload::Reloads,
     core: Arc<Core>,
     conns: Arc<crate::shares::ConnTable>,
     push: Arc<crate::push::Push>,
@@ -103,6 +104,7 @@ impl AdminService for AdminApi {
             "connections_unauthenticated".to_string(),
             self.conns.unauthenticated().to_string(),
         );
+        self.reloads.details(&mut details);
         if self.push.enabled() {
             let p = self.push.stats();
             details.insert("push_delivered".to_string(), p.delivered.to_string());
@@ -130,15 +132,112 @@ impl AdminService for AdminApi {
     }
 
     async fn reload(&self, _: Request<ReloadRequest>) -> Result<Response<ReloadResponse>, Status> {
+        Ok(Response::new(self.reloads.reload("admin Reload").await))
+    }
+
+    type AuditFollowStream =
+        futures::stream::Empty<Result<warden_proto::v1::AuditFollowEvent, Status>>;
+
+    async fn audit_follow(
+        &self,
+        _: Request<warden_proto::v1::AuditFollowRequest>,
+    ) -> Result<Response<Self::AuditFollowStream>, Status> {
         Err(Status::unimplemented(
-            "the gateway does not reload its configuration",
+            "the gateway keeps no audit log; ask warden-policy",
         ))
     }
 }
 
-/// warden-gateway as a daemon: its validated configuration and where it came from.
+/// What a reload (SIGHUP, `warden reload`) changes while the gateway runs: the callers'
+/// tokens (`[auth]`: `tokens`, or the token file read again), who may use which agent and
+/// workspace (`[[agents.access]]`) and the webhook allowlist (`push.allowed_hosts`,
+/// `push.allowed_networks`). Everything is read and checked first; only a configuration that
+/// loads whole is applied, so a bad file changes nothing. What needs a restart to change
+/// (listeners, the supervisor, the store, HTTP limits, …) is named when it differs.
+fn reload(
+    args: &DaemonArgs,
+    running: &GatewayConfig,
+    auth: &Authenticator,
+    core: &Core,
+    push: &crate::push::Push,
+) -> Result<String, String> {
+    let next = load_config(args).map_err(|e| e.to_string())?.value;
+    let tokens = Authenticator::from_config(&next).map_err(|e| e.to_string())?;
+    // Checked whole; from here on nothing fails.
+    auth.replace(&tokens);
+    core.set_access(crate::tasks::AgentAccess::from_config(&next.agents.access));
+    push.set_allowlist(&next.push);
+    let mut said = format!(
+        "{} caller token(s), {} [[agents.access]] entr(ies), push allowlist of {} host(s) and {} network(s)",
+        tokens.len(),
+        next.agents.access.len(),
+        next.push.allowed_hosts.len(),
+        next.push.allowed_networks.len()
+    );
+    let stale = restart_only_changes(running, &next);
+    if !stale.is_empty() {
+        said.push_str(&format!(
+            "; changed but applied only at a restart: {}",
+            stale.join(", ")
+        ));
+    }
+    Ok(said)
+}
+
+/// The sections of `next` that differ from what the gateway started with, beyond what a
+/// reload applies.
+fn restart_only_changes(running: &GatewayConfig, next: &GatewayConfig) -> Vec<&'static str> {
+    let same =
+        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") == format!("{b:?}");
+    let unreloadable_push = |p: &crate::config::PushSection| {
+        let mut p = p.clone();
+        p.allowed_hosts.clear();
+        p.allowed_networks.clear();
+        p
+    };
+    let unreloadable_agents = |a: &crate::config::AgentsSection| {
+        let mut a = a.clone();
+        a.access.clear();
+        a
+    };
+    let mut out = Vec::new();
+    for (name, differs) in [
+        ("daemon", !same(&running.daemon, &next.daemon)),
+        ("listen", !same(&running.listen, &next.listen)),
+        ("supervisor", !same(&running.supervisor, &next.supervisor)),
+        ("http", !same(&running.http, &next.http)),
+        ("card", !same(&running.card, &next.card)),
+        ("store", !same(&running.store, &next.store)),
+        ("mcp", !same(&running.mcp, &next.mcp)),
+        ("grpc", !same(&running.grpc, &next.grpc)),
+        ("cells", !same(&running.cells, &next.cells)),
+        (
+            "push",
+            !same(
+                &unreloadable_push(&running.push),
+                &unreloadable_push(&next.push),
+            ),
+        ),
+        (
+            "agents",
+            !same(
+                &unreloadable_agents(&running.agents),
+                &unreloadable_agents(&next.agents),
+            ),
+        ),
+    ] {
+        if differs {
+            out.push(name);
+        }
+    }
+    out
+}
+
+/// warden-gateway as a daemon: its validated configuration, where it came from, and the
+/// flags a reload reads it with again.
 pub struct GatewayDaemon {
     loaded: warden_daemon::LoadedConfig<GatewayConfig>,
+    args: DaemonArgs,
 }
 
 impl warden_daemon::Daemon for GatewayDaemon {
@@ -148,6 +247,7 @@ impl warden_daemon::Daemon for GatewayDaemon {
     fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>> {
         Ok(GatewayDaemon {
             loaded: load_config(args)?,
+            args: args.clone(),
         })
     }
 
@@ -182,7 +282,7 @@ impl warden_daemon::Daemon for GatewayDaemon {
     }
 
     fn run(self) -> impl std::future::Future<Output = Result<(), RunError>> {
-        run(self.loaded.value)
+        run(self.loaded.value, self.args)
     }
 }
 
@@ -288,8 +388,8 @@ pub async fn import_sled(cfg: &GatewayConfig) -> Result<Imported, RunError> {
     })
 }
 
-/// Serves until SIGTERM/SIGINT.
-async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
+/// Serves until SIGTERM/SIGINT; reloads on SIGHUP ([`reload`]).
+async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
     let store = open_store(&cfg).await?;
     tracing::info!(store = %store.describe(), "task store open");
     let auth = Authenticator::from_config(&cfg)?;
@@ -347,6 +447,25 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
         })?;
     let grace = Duration::from_millis(cfg.daemon.shutdown_grace_ms);
     let mut server = Server::new("warden-gateway", grace);
+    {
+        let (running, auth, core, push) = (cfg.clone(), auth.clone(), core.clone(), push.clone());
+        let args = Arc::new(args);
+        server.reloads().set(move || {
+            let (args, running, auth, core, push) = (
+                args.clone(),
+                running.clone(),
+                auth.clone(),
+                core.clone(),
+                push.clone(),
+            );
+            async move {
+                // Reads files: off the async workers.
+                tokio::task::spawn_blocking(move || reload(&args, &running, &auth, &core, &push))
+                    .await
+                    .unwrap_or_else(|e| Err(format!("reload task failed: {e}")))
+            }
+        });
+    }
     let listeners = Arc::new(Mutex::new(Vec::new()));
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
@@ -358,6 +477,7 @@ async fn run(cfg: GatewayConfig) -> Result<(), RunError> {
     server.serve_admin(
         listen,
         Routes::new(AdminServiceServer::new(AdminApi {
+            reloads: server.reloads(),
             core: core.clone(),
             conns: conns.clone(),
             push: push.clone(),

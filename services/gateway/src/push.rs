@@ -155,7 +155,8 @@ pub struct Push {
     settings: PushSection,
     /// The TLS client for https webhooks (public roots plus `push.ca_file`).
     tls: Arc<rustls::ClientConfig>,
-    policy: TargetPolicy,
+    /// The webhook allowlist; replaced whole by a reload (SIGHUP).
+    policy: std::sync::RwLock<Arc<TargetPolicy>>,
     store: TaskStore,
     stats: Mutex<PushStats>,
     /// (task id, config id) → the worker delivering that config's notifications in order.
@@ -180,7 +181,7 @@ impl Push {
                 .as_deref(),
         )?;
         Ok(Arc::new(Self {
-            policy: TargetPolicy::from_config(&settings),
+            policy: std::sync::RwLock::new(Arc::new(TargetPolicy::from_config(&settings))),
             settings,
             tls,
             store,
@@ -192,6 +193,24 @@ impl Push {
 
     pub fn enabled(&self) -> bool {
         self.settings.enabled
+    }
+
+    fn policy(&self) -> Arc<TargetPolicy> {
+        match self.policy.read() {
+            Ok(g) => g.clone(),
+            // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// A reload's new webhook allowlist (`push.allowed_hosts`, `push.allowed_networks`): every
+    /// config checked and every delivery made from now on is held to it.
+    pub fn set_allowlist(&self, section: &PushSection) {
+        let next = Arc::new(TargetPolicy::from_config(section));
+        match self.policy.write() {
+            Ok(mut g) => *g = next,
+            Err(p) => *p.into_inner() = next,
+        }
     }
 
     pub fn stats(&self) -> PushStats {
@@ -253,7 +272,8 @@ impl Push {
         }
         let url = WebhookUrl::parse(&cfg.url)
             .map_err(|e| A2aError::InvalidParams(format!("webhook url refused: {e}")))?;
-        match self.policy.resolve(&url).await {
+        let policy = self.policy();
+        match policy.resolve(&url).await {
             Ok(_) => {}
             // The name may resolve later (or only where deliveries run from): every delivery
             // resolves and checks it again before connecting.
@@ -497,7 +517,8 @@ impl Push {
     async fn post_once(&self, cfg: &TaskPushNotificationConfig, body: &str) -> Result<(), Failure> {
         let url = WebhookUrl::parse(&cfg.url).map_err(Failure::Permanent)?;
         // Resolved and checked again now: what the name pointed to at creation proves nothing.
-        let addr = self.policy.resolve(&url).await.map_err(|r| match r {
+        let policy = self.policy();
+        let addr = policy.resolve(&url).await.map_err(|r| match r {
             Refusal::Forbidden(e) => Failure::Permanent(e),
             Refusal::Unresolved(e) => Failure::Retry(e),
         })?;

@@ -657,7 +657,9 @@ pub struct Core {
     /// Push notifications, once the daemon has set them up ([`Core::set_push`]).
     push: std::sync::OnceLock<Arc<Push>>,
     /// Per-principal agent access ([`Core::set_access`]; unset: everyone may use every agent).
-    access: std::sync::OnceLock<AgentAccess>,
+    /// Who may use which agent; replaced whole by a reload (SIGHUP), so a request reads one
+    /// version.
+    access: std::sync::RwLock<Option<Arc<AgentAccess>>>,
     /// Streams open per principal, over every front.
     streams: Arc<crate::shares::StreamShares>,
     /// `[cells]` mode ([`Core::set_cells`]): each context's turns go to its cell.
@@ -691,7 +693,7 @@ impl Core {
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
-            access: std::sync::OnceLock::new(),
+            access: std::sync::RwLock::new(None),
             streams: crate::shares::StreamShares::new(settings.max_streams_per_principal),
             settings,
             cells: std::sync::OnceLock::new(),
@@ -769,21 +771,31 @@ impl Core {
         sub
     }
 
-    /// Sets who may use which agent (once; later calls are ignored).
+    /// Sets who may use which agent (at start, and whole at each reload).
     pub fn set_access(&self, access: AgentAccess) {
-        let _ = self.access.set(access);
+        let next = Some(Arc::new(access));
+        match self.access.write() {
+            Ok(mut g) => *g = next,
+            Err(p) => *p.into_inner() = next,
+        }
+    }
+
+    fn access(&self) -> Option<Arc<AgentAccess>> {
+        match self.access.read() {
+            Ok(g) => g.clone(),
+            // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
+            Err(p) => p.into_inner().clone(),
+        }
     }
 
     /// Whether `principal` may use `agent`.
     pub fn may_use(&self, principal: &str, agent: &str) -> bool {
-        self.access.get().is_none_or(|a| a.allows(principal, agent))
+        self.access().is_none_or(|a| a.allows(principal, agent))
     }
 
     /// Whether `principal` is limited to some agents.
     fn restricted(&self, principal: &str) -> bool {
-        self.access
-            .get()
-            .is_some_and(|a| a.restricts_agents(principal))
+        self.access().is_some_and(|a| a.restricts_agents(principal))
     }
 
     /// Whether `principal` may use the operator workspace `workspace` ("" = an owned sandbox,
@@ -791,8 +803,7 @@ impl Core {
     pub fn may_use_workspace(&self, principal: &str, workspace: &str) -> bool {
         workspace.is_empty()
             || self
-                .access
-                .get()
+                .access()
                 .is_none_or(|a| a.allows_workspace(principal, workspace))
     }
 

@@ -342,6 +342,46 @@ impl AuditLog {
         limit: usize,
         keep: impl Fn(&pb::AuditRecord) -> bool,
     ) -> Result<Vec<pb::AuditRecord>, AuditError> {
+        Ok(self
+            .newest_cursored(limit, keep)?
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect())
+    }
+
+    /// The cursor of the newest record (0: none yet). A record's cursor is its sequence
+    /// number plus one, so that 0 is before every record.
+    pub fn head(&self) -> Result<u64, AuditError> {
+        Ok(self
+            .tree
+            .scan_rev(1)?
+            .first()
+            .and_then(|(k, _)| seq_of(k))
+            .map_or(0, |s| s + 1))
+    }
+
+    /// Up to `limit` records after `cursor`, oldest first, each with its cursor. Appends are
+    /// serialised and each is visible once its insert returns, so a reader never sees a record
+    /// before an older one.
+    pub fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        self.tree
+            .scan_prefix_from(REC, rec_key(cursor), limit)?
+            .iter()
+            .filter_map(|(k, v)| Some((seq_of(k)? + 1, (k, v))))
+            .map(|(c, (k, v))| Ok((c, Self::decode(k, v)?)))
+            .collect()
+    }
+
+    /// [`AuditLog::newest`] with each record's cursor.
+    pub fn newest_cursored(
+        &self,
+        limit: usize,
+        keep: impl Fn(&pb::AuditRecord) -> bool,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
         let mut out = Vec::new();
         // Fetch in growing windows so an unfiltered tail reads only what it returns.
         let mut window = limit.max(16);
@@ -356,7 +396,7 @@ impl AuditLog {
                 }
                 let r = Self::decode(k, v)?;
                 if keep(&r) {
-                    out.push(r);
+                    out.push((seq_of(k).map_or(0, |s| s + 1), r));
                     if out.len() == limit {
                         return Ok(out);
                     }

@@ -173,6 +173,11 @@ fn record_of(row: &tokio_postgres::Row) -> Result<pb::AuditRecord, AuditError> {
     decode(seq, bytes)
 }
 
+fn cursored_of(row: &tokio_postgres::Row) -> Result<(u64, pb::AuditRecord), AuditError> {
+    let seq: i64 = row.try_get(0).map_err(PgError::from)?;
+    Ok((seq.max(0) as u64, record_of(row)?))
+}
+
 fn decode(seq: i64, bytes: &[u8]) -> Result<pb::AuditRecord, AuditError> {
     pb::AuditRecord::decode(bytes).map_err(|source| AuditError::Decode {
         key: format!("policy_audit seq {seq}"),
@@ -244,6 +249,64 @@ impl AuditStore for PgAudit {
             }
         };
         rows.iter().map(record_of).collect()
+    }
+
+    async fn head(&self) -> Result<u64, AuditError> {
+        let rows = self
+            .query("SELECT COALESCE(max(seq), 0) FROM policy_audit", &[])
+            .await?;
+        match rows.first() {
+            Some(r) => Ok(r.try_get::<_, i64>(0).map_err(PgError::from)?.max(0) as u64),
+            None => Ok(0),
+        }
+    }
+
+    async fn newest_cursored(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        let limit = limit.min(100_000) as i64;
+        let rows = match context_id {
+            Some(c) => {
+                self.query(
+                    "SELECT seq, record FROM policy_audit WHERE context_id = $1 ORDER BY seq DESC LIMIT $2",
+                    &[&c, &limit],
+                )
+                .await?
+            }
+            None => {
+                self.query(
+                    "SELECT seq, record FROM policy_audit ORDER BY seq DESC LIMIT $1",
+                    &[&limit],
+                )
+                .await?
+            }
+        };
+        rows.iter().map(cursored_of).collect()
+    }
+
+    async fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        let cursor = cursor.min(i64::MAX as u64) as i64;
+        let limit = limit.min(100_000) as i64;
+        let rows = self
+            .query(
+                "SELECT seq, record FROM policy_audit WHERE seq > $1 ORDER BY seq LIMIT $2",
+                &[&cursor, &limit],
+            )
+            .await?;
+        rows.iter().map(cursored_of).collect()
+    }
+
+    /// `seq` is taken at INSERT and seen at COMMIT: another replica's row with a smaller seq
+    /// can appear after a larger one, but only within its writer's deadline (the statement
+    /// inserts nothing past it, see `insert`), so a hole older than that stays a hole.
+    fn settle(&self) -> std::time::Duration {
+        self.pg.timeout() + std::time::Duration::from_secs(1)
     }
 
     async fn newest_of_request(

@@ -29,6 +29,32 @@ pub trait AuditStore: Send + Sync {
     /// How many records the log holds.
     async fn count(&self) -> Result<u64, AuditError>;
 
+    /// The cursor of the newest record written (0: none). Cursors grow with every record.
+    async fn head(&self) -> Result<u64, AuditError>;
+
+    /// Up to `limit` records, newest first, each with its cursor (of one context when given).
+    async fn newest_cursored(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError>;
+
+    /// Up to `limit` records after `cursor`, oldest first, each with its cursor (every
+    /// context: a follower filters, so it can tell a hole in the cursors from another
+    /// context's record).
+    async fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError>;
+
+    /// How long a hole in the cursors may still fill: a record that took a cursor may become
+    /// visible after a later one (another replica's commit) within this time, never after it.
+    /// Zero where a record is visible in cursor order (the sled log).
+    fn settle(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+
     /// The newest record of `request_id` written by any replica sharing this log; `None` for a
     /// log that is this process's alone (its own ledger already knows what it decided).
     async fn newest_of_request(
@@ -77,7 +103,80 @@ impl AuditStore for AuditLog {
         Ok(self.len())
     }
 
+    async fn head(&self) -> Result<u64, AuditError> {
+        AuditLog::head(self)
+    }
+
+    async fn newest_cursored(
+        &self,
+        limit: usize,
+        context_id: Option<&str>,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        AuditLog::newest_cursored(self, limit, |r| {
+            context_id.is_none_or(|c| context_of(r) == c)
+        })
+    }
+
+    async fn after(
+        &self,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, pb::AuditRecord)>, AuditError> {
+        AuditLog::after(self, cursor, limit)
+    }
+
     fn backend(&self) -> &'static str {
         "sled"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sled log's cursors: one per record, growing, `after` giving the records past one in
+    /// order (what `AuditFollow` reads), `head` the newest's.
+    #[tokio::test]
+    async fn the_sled_log_reads_after_a_cursor_in_order() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let log = AuditLog::open(warden_store::Store::open(dir.path())?)?;
+        let store: &dyn AuditStore = &log;
+        assert_eq!(store.head().await?, 0);
+        for i in 0..5 {
+            let r = pb::AuditRecord {
+                decision_id: format!("d{i}"),
+                subject: Some(pb::Subject {
+                    context_id: format!("c{}", i % 2),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            store.append(&r, i % 2 == 0).await?;
+        }
+        assert_eq!(store.head().await?, 5);
+        let ids = |v: Vec<(u64, pb::AuditRecord)>| {
+            v.into_iter()
+                .map(|(c, r)| (c, r.decision_id))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(store.after(0, 10).await?),
+            (1..=5)
+                .map(|c| (c, format!("d{}", c - 1)))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            ids(store.after(3, 10).await?),
+            [(4, "d3".to_string()), (5, "d4".to_string())]
+        );
+        assert_eq!(ids(store.after(1, 2).await?).len(), 2);
+        assert!(store.after(5, 10).await?.is_empty());
+        assert_eq!(
+            ids(store.newest_cursored(2, Some("c0")).await?),
+            [(5, "d4".to_string()), (3, "d2".to_string())]
+        );
+        assert_eq!(store.settle(), std::time::Duration::ZERO);
+        Ok(())
     }
 }

@@ -51,8 +51,6 @@ pub enum RunError {
     Serve(#[from] ServeError),
     #[error("import: {0}")]
     Import(String),
-    #[error("cannot install the SIGHUP handler: {0}")]
-    Signal(#[source] std::io::Error),
 }
 
 /// warden-policy as a daemon: its loaded configuration and where it came from (reloads read
@@ -231,24 +229,15 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
         .await?;
     state.set_listeners(server.listeners());
 
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .map_err(RunError::Signal)?;
+    // SIGHUP (`systemctl reload`) runs what the admin Reload runs (warden_daemon::reload).
     let hup_state = state.clone();
-    let token = server.shutdown_token();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = token.cancelled() => break,
-                got = hup.recv() => {
-                    if got.is_none() { break; }
-                    tracing::info!("SIGHUP: reloading the policy");
-                    let s = hup_state.clone();
-                    match tokio::task::spawn_blocking(move || s.reload()).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => tracing::warn!(error = %e, "reload rejected; the rules in force stay"),
-                        Err(e) => tracing::error!(error = %e, "reload task failed"),
-                    }
-                }
+    server.reloads().set(move || {
+        let s = hup_state.clone();
+        async move {
+            match tokio::task::spawn_blocking(move || s.reload()).await {
+                Ok(Ok(v)) => Ok(format!("policy version {v}")),
+                Ok(Err(e)) => Err(format!("{e}; the rules in force stay")),
+                Err(e) => Err(format!("reload task failed: {e}")),
             }
         }
     });

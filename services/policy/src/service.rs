@@ -652,6 +652,19 @@ impl AdminService for AdminApi {
         Ok(Response::new(pb::AuditQueryResponse { records }))
     }
 
+    type AuditFollowStream = FollowStream;
+
+    async fn audit_follow(
+        &self,
+        request: Request<pb::AuditFollowRequest>,
+    ) -> Result<Response<Self::AuditFollowStream>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(follow(self.0.audit.clone(), request.into_inner(), tx));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn reload(
         &self,
         _request: Request<pb::ReloadRequest>,
@@ -679,6 +692,130 @@ impl AdminService for AdminApi {
                 }
             }
         }))
+    }
+}
+
+/// What `AuditFollow` streams.
+pub type FollowStream = std::pin::Pin<
+    Box<dyn futures::Stream<Item = Result<pb::AuditFollowEvent, Status>> + Send + 'static>,
+>;
+
+/// How often a follower looks for new records when the last look found none.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Records read per look.
+const FOLLOW_BATCH: usize = 512;
+
+/// The backlog and then every record after it, in cursor order, each once: the follower
+/// holds one cursor and asks the log for what lies after it. A hole in the cursors (a record
+/// numbered but not yet visible: another replica's commit on PostgreSQL) is waited for up to
+/// the log's `settle` time, so a late record is never sent after a newer one; past that it is
+/// a hole for good (a write that failed).
+async fn follow(
+    audit: Arc<dyn AuditStore>,
+    req: pb::AuditFollowRequest,
+    tx: tokio::sync::mpsc::Sender<Result<pb::AuditFollowEvent, Status>>,
+) {
+    let internal = |e: crate::audit::AuditError| Status::unavailable(e.to_string());
+    let context = req.context_id.clone();
+    let wanted = |r: &pb::AuditRecord| context.is_empty() || ctx(r) == context;
+    let send = |cursor: u64, record: pb::AuditRecord| {
+        let tx = tx.clone();
+        async move {
+            tx.send(Ok(pb::AuditFollowEvent {
+                cursor,
+                record: Some(record),
+            }))
+            .await
+            .is_ok()
+        }
+    };
+    let mut cursor = match req.after_cursor {
+        Some(c) => c,
+        None => {
+            // The head first: a record written between the two reads is after it, not in the
+            // backlog, so it is sent once, by the loop below.
+            let head = match audit.head().await {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = tx.send(Err(internal(e))).await;
+                    return;
+                }
+            };
+            let limit = (req.backlog as usize).min(MAX_AUDIT_LIMIT);
+            let mut backlog = if limit == 0 {
+                Vec::new()
+            } else {
+                match audit
+                    .newest_cursored(limit, Some(context.as_str()).filter(|c| !c.is_empty()))
+                    .await
+                {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = tx.send(Err(internal(e))).await;
+                        return;
+                    }
+                }
+            };
+            backlog.retain(|(c, _)| *c <= head);
+            backlog.reverse();
+            for (c, r) in backlog {
+                if !send(c, r).await {
+                    return;
+                }
+            }
+            head
+        }
+    };
+    let settle = audit.settle();
+    // The first cursor missing after `cursor`, and since when.
+    let mut hole: Option<(u64, std::time::Instant)> = None;
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        let got = match audit.after(cursor, FOLLOW_BATCH).await {
+            Ok(g) => g,
+            Err(e) => {
+                // The log unreachable for a moment (the database restarting): try again; the
+                // cursor keeps the place.
+                tracing::warn!(error = %e, "audit follow: cannot read the log; retrying");
+                tokio::time::sleep(FOLLOW_POLL * 10).await;
+                continue;
+            }
+        };
+        let full = got.len() == FOLLOW_BATCH;
+        let mut advanced = false;
+        for (c, r) in got {
+            if c <= cursor {
+                continue;
+            }
+            if c > cursor + 1 && !settle.is_zero() {
+                let since = match hole {
+                    Some((at, since)) if at == cursor + 1 => since,
+                    _ => {
+                        let now = std::time::Instant::now();
+                        hole = Some((cursor + 1, now));
+                        now
+                    }
+                };
+                if since.elapsed() < settle {
+                    break;
+                }
+            }
+            hole = None;
+            cursor = c;
+            advanced = true;
+            if wanted(&r) && !send(c, r).await {
+                return;
+            }
+        }
+        if !(full && advanced) {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(FOLLOW_POLL) => {}
+            }
+        }
     }
 }
 

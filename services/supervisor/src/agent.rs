@@ -205,7 +205,7 @@ pub async fn live_slot(
 ) -> Result<crate::live::LiveSlot, StartError> {
     let mut reaped = shared.reaped.clone();
     let _ = reaped.wait_for(|done| *done).await;
-    let limits = shared.settings.limits();
+    let limits = shared.settings().limits().clone();
     Ok(match wait {
         SlotWait::Open => {
             let wait = limits.kill_grace() + std::time::Duration::from_secs(1);
@@ -266,7 +266,7 @@ impl AgentProc {
         let target_id = target.spawn_id.to_string();
         let ring = Arc::new(Mutex::new(StderrRing {
             buf: VecDeque::new(),
-            cap: shared.settings.limits().stderr_ring_bytes,
+            cap: shared.settings().limits().stderr_ring_bytes,
             secrets,
         }));
         let stderr_reader = stderr.map(|mut err| {
@@ -284,12 +284,12 @@ impl AgentProc {
             })
         });
         let config = ClientConfig {
-            request_timeout: Some(shared.settings.limits().handshake()),
-            cancel_deadline: shared.settings.limits().cancel_grace(),
+            request_timeout: Some(shared.settings().limits().handshake()),
+            cancel_deadline: shared.settings().limits().cancel_grace(),
             client_name: "warden-supervisor".into(),
-            max_incoming_requests: shared.settings.limits().agent_requests_in_flight.max(1),
-            max_queued_bytes: shared.settings.limits().agent_queue_bytes,
-            max_incoming_bytes: shared.settings.limits().agent_requests_bytes,
+            max_incoming_requests: shared.settings().limits().agent_requests_in_flight.max(1),
+            max_queued_bytes: shared.settings().limits().agent_queue_bytes,
+            max_incoming_bytes: shared.settings().limits().agent_requests_bytes,
             ..ClientConfig::default()
         };
         let (client, events) = AcpClient::connect(stdout, stdin, handler, config);
@@ -301,7 +301,7 @@ impl AgentProc {
             terminal: cfg.terminal,
             elicitation: true,
         };
-        let hs = shared.settings.limits().handshake();
+        let hs = shared.settings().limits().handshake();
         let init = within(hs, abort, client.initialize(caps)).await.ok_or(());
         let mut p = AgentProc {
             slot,
@@ -359,7 +359,7 @@ impl AgentProc {
         abort: Option<&CancellationToken>,
     ) -> Result<(AgentProc, SessionStarted), StartError> {
         let p = &mut self;
-        let hs = shared.settings.limits().handshake();
+        let hs = shared.settings().limits().handshake();
         let mut reset = resume;
         let mut modes = None;
         let mut config_options = None;
@@ -482,8 +482,9 @@ impl AgentProc {
         self.client.close_stdin();
         let status = match self.tree.take() {
             Some(mut t) => {
-                let opts =
-                    warden_sandbox::KillOptions::with_grace(shared.settings.limits().kill_grace());
+                let opts = warden_sandbox::KillOptions::with_grace(
+                    shared.settings().limits().kill_grace(),
+                );
                 t.kill(opts).await.ok().and_then(|r| r.leader_status)
             }
             None => None,
@@ -530,7 +531,7 @@ impl AgentProc {
 }
 
 async fn kill_tree(shared: &Shared, tree: &mut warden_sandbox::ProcessTree) -> (bool, u32) {
-    let opts = warden_sandbox::KillOptions::with_grace(shared.settings.limits().kill_grace());
+    let opts = warden_sandbox::KillOptions::with_grace(shared.settings().limits().kill_grace());
     match tree.kill(opts).await {
         Ok(r) => {
             if r.remaining > 0 {
@@ -675,7 +676,7 @@ fn start_egress(
         return Err(StartError::Spawn(format!(
             "agent {:?} has network = \"proxy\", which needs bubblewrap's network namespaces, and bubblewrap is {} (warden doctor says more); refusing rather than giving the agent the host's network",
             target.agent,
-            if shared.settings.file.sandbox.bubblewrap {
+            if shared.settings().file.sandbox.bubblewrap {
                 "missing or not working on this host"
             } else {
                 "off ([sandbox] bubblewrap = false)"
@@ -683,7 +684,7 @@ fn start_egress(
         )));
     }
     let relay = crate::config::shipped_binary("warden-egress-relay").map_err(StartError::Spawn)?;
-    let allow = shared.settings.egress_allowlist(target.agent, cfg, env);
+    let allow = shared.settings().egress_allowlist(target.agent, cfg, env);
     let mirrors: Vec<std::net::SocketAddr> = allow
         .loopback_exact()
         .into_iter()
@@ -701,17 +702,17 @@ fn start_egress(
     let report = Arc::new(EgressReport {
         binding: binding.clone(),
         records: shared.records.clone(),
-        end_after: shared.settings.limits().egress_refusals_end_turn,
+        end_after: shared.settings().limits().egress_refusals_end_turn,
     });
     let proxy = crate::egress::EgressProxy::start(
-        &shared.settings.state_dir().join("egress"),
+        &shared.settings().state_dir().join("egress"),
         crate::egress::ProxyConfig {
             label: target.spawn_id.to_string(),
             agent: target.agent.to_string(),
             allow,
             peer_uid,
-            max_connections: shared.settings.limits().egress_connections,
-            warden: shared.settings.warden_listeners(),
+            max_connections: shared.settings().limits().egress_connections,
+            warden: shared.settings().warden_listeners(),
         },
         report,
     )
@@ -736,14 +737,14 @@ fn spawn(
     binding: &Arc<Binding>,
 ) -> Result<Spawned, StartError> {
     let adapter = shared
-        .settings
+        .settings()
         .adapter(cfg)
         .transpose()
         .map_err(StartError::Spawn)?;
     let program = match &adapter {
         Some(a) => a.node.clone(),
         None => shared
-            .settings
+            .settings()
             .agent_program(cfg)
             .map_err(StartError::Spawn)?,
     };
@@ -775,7 +776,7 @@ fn spawn(
         .chain(cfg.set_env.keys().cloned())
         .chain(forced.iter().map(|(k, _)| k.clone()))
         .collect();
-    let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings.file.sandbox.env_extra)
+    let policy = warden_sandbox::EnvPolicy::new(keys, &shared.settings().file.sandbox.env_extra)
         .map_err(|e| StartError::Spawn(e.to_string()))?;
     let env = policy.build_from(
         std::env::vars_os()

@@ -1040,6 +1040,54 @@ impl Settings {
 }
 
 /// Loads and validates.
+/// What a reload (SIGHUP, `warden reload`) puts in force, out of `next` (a configuration
+/// that loaded and validated whole): the agents (their programs, models, environment, pool
+/// sizes; a new conversation or agent start gets them, a running one keeps what it started
+/// with, and a warm agent of an agent's old settings is discarded at its take), the operator
+/// workspaces, the adapters, the egress rules of agents started from now on, and the limits
+/// read as they are used (timeouts, graces, per-turn quotas, sizes). Kept from `running`,
+/// because the daemon built its structures from them at start: `[daemon]`, the listeners,
+/// `[policy]`, `[sandbox]`, `[runtime]`, `[cell]`, and the capacity limits (`max_live_agents`,
+/// `max_active_turns`, `max_active_turns_per_principal`, `max_agent_waiters`,
+/// `max_starting_agents`, `max_conversations`, `transcript_bytes`). Returns the settings to
+/// put in force and the names of the kept ones whose value `next` changed (they need a
+/// restart).
+pub fn reloadable(running: &Settings, next: Settings) -> (Settings, Vec<&'static str>) {
+    let mut out = next;
+    let mut kept = Vec::new();
+    let differs =
+        |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+    macro_rules! keep {
+        ($($field:ident).+, $name:expr) => {
+            if differs(&running.$($field).+, &out.$($field).+) {
+                kept.push($name);
+            }
+            out.$($field).+ = running.$($field).+.clone();
+        };
+    }
+    keep!(file.daemon, "daemon");
+    keep!(file.listen, "listen");
+    keep!(file.listen_remote, "listen_remote");
+    keep!(file.policy, "policy");
+    keep!(file.sandbox, "sandbox");
+    keep!(file.runtime, "runtime");
+    keep!(file.cell, "cell");
+    keep!(file.limits.max_live_agents, "limits.max_live_agents");
+    keep!(file.limits.max_active_turns, "limits.max_active_turns");
+    keep!(
+        file.limits.max_active_turns_per_principal,
+        "limits.max_active_turns_per_principal"
+    );
+    keep!(file.limits.max_agent_waiters, "limits.max_agent_waiters");
+    keep!(
+        file.limits.max_starting_agents,
+        "limits.max_starting_agents"
+    );
+    keep!(file.limits.max_conversations, "limits.max_conversations");
+    keep!(file.limits.transcript_bytes, "limits.transcript_bytes");
+    (out, kept)
+}
+
 pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigError> {
     let loaded = warden_daemon::config::load::<SupervisorConfig>(
         file,

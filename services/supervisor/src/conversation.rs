@@ -263,7 +263,7 @@ impl Conversation {
                 *m = Some(current_mode_id.clone());
             }
         }
-        let hs = self.shared.settings.limits().handshake();
+        let hs = self.shared.settings().limits().handshake();
         if let Some((id, value)) = self.plan_option() {
             let (id, value) = (id.to_string(), value.to_string());
             // Planning is a way of working, not a permission: an agent that refuses it still
@@ -377,7 +377,7 @@ impl Conversation {
                 )));
             }
         };
-        let hs = self.shared.settings.limits().handshake();
+        let hs = self.shared.settings().limits().handshake();
         for c in choices.iter().filter(|c| !c.current) {
             let after = match tokio::time::timeout(
                 hs,
@@ -461,7 +461,7 @@ impl Conversation {
                 "turn {id:?} already exists in this conversation"
             )));
         }
-        let max = self.shared.settings.limits().max_queued_turns;
+        let max = self.shared.settings().limits().max_queued_turns;
         if st.queue.len() >= max {
             return Err(tonic::Status::resource_exhausted(format!(
                 "{} turns are queued in this conversation; the limit is {max}",
@@ -546,7 +546,7 @@ impl Conversation {
     async fn kill_terminals(&self) {
         self.core
             .terminals
-            .kill_all(self.shared.settings.limits().kill_grace())
+            .kill_all(self.shared.settings().limits().kill_grace())
             .await;
         self.core.servant.stop().await;
     }
@@ -704,7 +704,7 @@ impl Conversation {
                     let st = self.st();
                     (st.last_activity, st.status == pb::ConversationState::Ready)
                 };
-                let idle = self.shared.settings.limits().idle().filter(|_| running);
+                let idle = self.shared.settings().limits().idle().filter(|_| running);
                 // At the live-agent limit, another conversation's start may ask this idle agent
                 // to make room.
                 let evict = self
@@ -757,7 +757,7 @@ impl Conversation {
 
     async fn run_turn(&self, turn: Arc<TurnCtx>) {
         let started = Instant::now();
-        let limits = self.shared.settings.limits().clone();
+        let limits = self.shared.settings().limits().clone();
         let timeout_secs = if turn.input.timeout_secs == 0 {
             limits.turn_timeout_secs
         } else {
@@ -993,7 +993,7 @@ impl Conversation {
         tokio::pin!(prompt);
         let hard = tokio::time::sleep(Duration::from_millis(timeout_secs.saturating_mul(1200)));
         tokio::pin!(hard);
-        let grace = self.shared.settings.limits().cancel_grace();
+        let grace = self.shared.settings().limits().cancel_grace();
         let mut cancel_task: Option<
             tokio::task::JoinHandle<Result<warden_acp::CancelReport, AcpError>>,
         > = None;
@@ -1028,7 +1028,7 @@ impl Conversation {
                     match turn.end_reason() {
                         Some(EndRequest::OutputLimit) => {
                             return DriveOut::kill(Stop::fault(pb::FaultClass::OutputLimit, format!(
-                                "retained output passed {} bytes", self.shared.settings.limits().output_bytes)));
+                                "retained output passed {} bytes", self.shared.settings().limits().output_bytes)));
                         }
                         Some(EndRequest::ModeEscalation(m)) => {
                             let mut o = DriveOut::kill(Stop::fault(pb::FaultClass::ModeEscalation, m));
@@ -1102,7 +1102,7 @@ impl Conversation {
                     pb::FaultClass::OutputLimit,
                     format!(
                         "retained output passed {} bytes",
-                        self.shared.settings.limits().output_bytes
+                        self.shared.settings().limits().output_bytes
                     ),
                 ));
             }
@@ -1299,7 +1299,7 @@ impl Conversation {
             pb::FaultClass::ModeEscalation,
             msg.clone(),
         )));
-        let hs = self.shared.settings.limits().handshake();
+        let hs = self.shared.settings().limits().handshake();
         let restored = !want.is_empty()
             && matches!(
                 tokio::time::timeout(hs, p.client.set_mode(session_id, &want)).await,

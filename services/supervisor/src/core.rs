@@ -172,7 +172,7 @@ impl ConvCore {
     /// The kill grace when terminals are served; `-32601` otherwise.
     pub fn terminal_enabled(&self, method: &str) -> Result<Duration, RpcError> {
         match &self.terminal {
-            Some(t) => Ok(t.shared.settings.limits().kill_grace()),
+            Some(t) => Ok(t.shared.settings().limits().kill_grace()),
             None => Err(RpcError::method_not_found(method)),
         }
     }

@@ -86,18 +86,19 @@ enum StartupError {
     Serve(#[from] warden_daemon::ServeError),
 }
 
-/// The supervisor's start-up, through the sequence every daemon shares.
-struct SupervisorDaemon(config::Settings);
+/// The supervisor's start-up, through the sequence every daemon shares: its settings and the
+/// flags a reload reads them with again.
+struct SupervisorDaemon(config::Settings, DaemonArgs);
 
 impl warden_daemon::Daemon for SupervisorDaemon {
     const NAME: &'static str = NAME;
     type Error = StartupError;
 
     fn load(args: &DaemonArgs) -> Result<Self, Box<dyn std::error::Error>> {
-        Ok(SupervisorDaemon(config::load(
-            args.config.as_deref(),
-            &args.set,
-        )?))
+        Ok(SupervisorDaemon(
+            config::load(args.config.as_deref(), &args.set)?,
+            args.clone(),
+        ))
     }
 
     fn daemon_section(&self) -> &warden_daemon::DaemonSection {
@@ -144,7 +145,7 @@ impl warden_daemon::Daemon for SupervisorDaemon {
     }
 
     fn run(self) -> impl std::future::Future<Output = Result<(), StartupError>> {
-        run(self.0)
+        run(self.0, self.1)
     }
 }
 
@@ -163,7 +164,7 @@ fn main() {
     warden_daemon::start::<SupervisorDaemon>(args.daemon);
 }
 
-async fn run(settings: config::Settings) -> Result<(), StartupError> {
+async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), StartupError> {
     let state = settings.state_dir().to_path_buf();
     {
         use std::os::unix::fs::DirBuilderExt;
@@ -282,9 +283,14 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
     let policy = PolicyClient::with_failover(&settings.policy_sockets()).with_answer_grace(
         std::time::Duration::from_millis(settings.file.policy.answer_grace_ms),
     );
+    // Made before the conversations' shared state, which holds its reloads (SIGHUP, admin
+    // Reload).
+    let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
+    let mut server = warden_daemon::Server::new(NAME, grace);
     let shared = Shared {
         depth: warden_sandbox::DepthGuard::from_process_env(warden_sandbox::DEFAULT_MAX_DEPTH),
-        settings: settings.clone(),
+        settings: std::sync::RwLock::new(Arc::new(settings.clone())),
+        reloads: server.reloads(),
         policy,
         records,
         roots,
@@ -303,6 +309,36 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         reaped,
     };
     let sup = Supervisor::new(shared);
+    {
+        let sup = sup.clone();
+        let args = Arc::new(args);
+        server.reloads().set(move || {
+            let (sup, args) = (sup.clone(), args.clone());
+            async move {
+                // Reads files: off the async workers.
+                tokio::task::spawn_blocking(move || {
+                    let next = config::load(args.config.as_deref(), &args.set)
+                        .map_err(|e| e.to_string())?;
+                    let running = sup.shared.settings();
+                    let (next, kept) = config::reloadable(&running, next);
+                    let agents = next.agents.keys().cloned().collect::<Vec<_>>().join(", ");
+                    sup.shared.reload_settings(next);
+                    let mut said = format!(
+                        "agents ({agents}), workspaces and limits for new conversations, agent starts and turns"
+                    );
+                    if !kept.is_empty() {
+                        said.push_str(&format!(
+                            "; changed but applied only at a restart: {}",
+                            kept.join(", ")
+                        ));
+                    }
+                    Ok(said)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("reload task failed: {e}")))
+            }
+        });
+    }
     // Warm agents: a previous run's warm roots removed, then filled in the background.
     sup.pool.start().await;
     // As the child subreaper, orphans whose parent never waited for them come here (bubblewrap's
@@ -362,8 +398,6 @@ async fn run(settings: config::Settings) -> Result<(), StartupError> {
         },
         None => None,
     };
-    let grace = Duration::from_millis(settings.file.daemon.shutdown_grace_ms);
-    let mut server = warden_daemon::Server::new(NAME, grace);
     let listener = warden_daemon::listener::bind("listen", &settings.file.listen, &state).await?;
     let api = Api(sup.clone());
     let routes = tonic::service::Routes::new(SupervisorServiceServer::new(api.clone()))

@@ -163,7 +163,8 @@ pub struct Pool {
 impl Pool {
     /// The pools of the configured agents (none running yet: [`Pool::start`]).
     pub fn new(shared: Arc<Shared>) -> Arc<Pool> {
-        let s = &shared.settings;
+        let settings = shared.settings();
+        let s = &*settings;
         let kinds = s
             .agents
             .iter()
@@ -372,7 +373,7 @@ impl Pool {
                 &r,
                 &h,
                 sh.spawner.bwrap().is_some(),
-                sh.settings.limits().handshake(),
+                sh.settings().limits().handshake(),
                 abort,
             )
             .await

@@ -85,7 +85,7 @@ impl Servant {
         context_id: String,
         boundary: warden_sandbox::Boundary,
     ) -> Self {
-        let grace = shared.settings.limits().kill_grace();
+        let grace = shared.settings().limits().kill_grace();
         Self {
             launch: Launch::Spawn {
                 shared,

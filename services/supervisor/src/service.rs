@@ -228,7 +228,8 @@ impl Supervisor {
         req: &pb::OpenConversationRequest,
         guard: &mut Option<Arc<Conversation>>,
     ) -> Result<Arc<Conversation>, Status> {
-        let s = &self.shared.settings;
+        let settings = self.shared.settings();
+        let s = &*settings;
         let (agent_name, agent_cfg) = s.agent(&req.agent).ok_or_else(|| {
             Status::invalid_argument(format!("no configured agent {:?}", req.agent))
         })?;
@@ -276,7 +277,8 @@ impl Supervisor {
         profile: warden_sandbox::Profile,
         ident: Option<warden_sandbox::AgentIdentity>,
     ) -> Result<Arc<Conversation>, Status> {
-        let s = &self.shared.settings;
+        let settings = self.shared.settings();
+        let s = &*settings;
         let mut made_root = false;
         let boundary = if req.workspace.is_empty() {
             let existing = self
@@ -397,7 +399,8 @@ impl Supervisor {
         boundary: &warden_sandbox::Boundary,
         ident: Option<warden_sandbox::AgentIdentity>,
     ) -> Arc<ConvCore> {
-        let s = &self.shared.settings;
+        let settings = self.shared.settings();
+        let s = &*settings;
         Arc::new(ConvCore {
             info: ConvInfo {
                 context_id: req.context_id.clone(),
@@ -696,7 +699,8 @@ impl Supervisor {
     /// the policy service asks for; `none` when it did not say), `decide_deadline_ms.effective`,
     /// and `decide_deadline_ms.effective.<agent>` for each configured agent.
     async fn deadline_details(&self) -> HashMap<String, String> {
-        let s = &self.shared.settings;
+        let settings = self.shared.settings();
+        let s = &*settings;
         let policy = &self.shared.policy;
         let mut out = HashMap::new();
         let own = std::time::Duration::from_millis(s.file.policy.decide_deadline_ms);
@@ -733,8 +737,8 @@ impl Supervisor {
         let mut details = HashMap::new();
         details.insert("conversations".to_string(), count.to_string());
         // `warden doctor`: which installed adapter each entry runs, or how to install it.
-        for (name, cfg) in &self.shared.settings.agents {
-            if let Some(found) = self.shared.settings.adapter(cfg) {
+        for (name, cfg) in &self.shared.settings().agents {
+            if let Some(found) = self.shared.settings().adapter(cfg) {
                 let v = match found {
                     Ok(a) => format!("{} at {}", cfg.adapter, a.entry.display()),
                     Err(e) => format!("MISSING {e}"),
@@ -764,7 +768,7 @@ impl Supervisor {
             "principals_waiting_agent".to_string(),
             agent_waiting_principals.to_string(),
         );
-        let limits = self.shared.settings.limits();
+        let limits = self.shared.settings().limits().clone();
         details.insert(
             "capacity_wait_ms".to_string(),
             limits.capacity_wait_ms.to_string(),
@@ -808,7 +812,14 @@ impl Supervisor {
             "agent_uid".to_string(),
             match self.shared.spawner.agent_identity() {
                 Some(i) => i.uid.to_string(),
-                None if !self.shared.settings.file.sandbox.agent_uid_range.is_empty() => {
+                None if !self
+                    .shared
+                    .settings()
+                    .file
+                    .sandbox
+                    .agent_uid_range
+                    .is_empty() =>
+                {
                     "per-conversation".to_string()
                 }
                 None => "self".to_string(),
@@ -861,7 +872,7 @@ impl SupervisorService for Api {
         let r = req.into_inner();
         check_context_id(&r.context_id)?;
         check_id("turn_id", &r.turn_id)?;
-        let limit = self.0.shared.settings.limits().task_text_bytes;
+        let limit = self.0.shared.settings().limits().task_text_bytes;
         // Refused before anything starts: no conversation is opened, no agent spawned.
         if r.text.len() > limit {
             return Err(crate::fault::status(
@@ -922,7 +933,7 @@ impl SupervisorService for Api {
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,
             },
-            self.0.shared.settings.limits().output_bytes,
+            self.0.shared.settings().limits().output_bytes,
         );
         let queued = conv.enqueue(turn.clone());
         // An agent started by this call's open stays busy until its turn is queued (or refused).
@@ -1059,7 +1070,8 @@ impl SupervisorService for Api {
         _req: Request<pb::ListWorkspacesRequest>,
     ) -> Result<Response<pb::ListWorkspacesResponse>, Status> {
         use std::os::unix::fs::MetadataExt;
-        let s = &self.0.shared.settings;
+        let settings = self.0.shared.settings();
+        let s = &*settings;
         let mut workspaces = Vec::new();
         for (name, w) in &s.file.workspaces {
             // The same rule an open applies: a workspace it would refuse is not offered.
@@ -1088,7 +1100,8 @@ impl SupervisorService for Api {
         &self,
         _req: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, Status> {
-        let s = &self.0.shared.settings;
+        let settings = self.0.shared.settings();
+        let s = &*settings;
         let agents = s
             .agents
             .iter()
@@ -1144,6 +1157,7 @@ impl SupervisorService for Api {
         let n = self.0.conversations().await.len();
         let mut st = self.0.status(n);
         st.details.extend(self.0.deadline_details().await);
+        self.0.shared.reloads.details(&mut st.details);
         Ok(Response::new(st))
     }
 }
@@ -1157,6 +1171,7 @@ impl AdminService for Api {
         let n = self.0.conversations().await.len();
         let mut st = self.0.status(n);
         st.details.extend(self.0.deadline_details().await);
+        self.0.shared.reloads.details(&mut st.details);
         Ok(Response::new(st))
     }
 
@@ -1167,13 +1182,24 @@ impl AdminService for Api {
         Err(Status::unimplemented("audit records live in warden-policy"))
     }
 
+    /// What SIGHUP runs (`main.rs` sets it): the agents, workspaces and limits that can change
+    /// while conversations run, from a configuration that loads whole.
     async fn reload(
         &self,
         _req: Request<pb::ReloadRequest>,
     ) -> Result<Response<pb::ReloadResponse>, Status> {
-        Err(Status::unimplemented(
-            "the supervisor does not reload configuration",
+        Ok(Response::new(
+            self.0.shared.reloads.reload("admin Reload").await,
         ))
+    }
+
+    type AuditFollowStream = futures::stream::Empty<Result<pb::AuditFollowEvent, Status>>;
+
+    async fn audit_follow(
+        &self,
+        _req: Request<pb::AuditFollowRequest>,
+    ) -> Result<Response<Self::AuditFollowStream>, Status> {
+        Err(Status::unimplemented("audit records live in warden-policy"))
     }
 }
 

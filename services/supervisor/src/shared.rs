@@ -11,7 +11,11 @@ use crate::records::Records;
 
 /// What every conversation shares.
 pub struct Shared {
-    pub settings: Settings,
+    /// The settings in force: replaced whole by a reload ([`Shared::reload_settings`]), so
+    /// whoever read them holds one version; read them with [`Shared::settings`].
+    pub settings: std::sync::RwLock<std::sync::Arc<Settings>>,
+    /// SIGHUP and the admin `Reload` (the daemon's, `warden_daemon::reload`).
+    pub reloads: warden_daemon::reload::Reloads,
     pub policy: PolicyClient,
     pub records: Records,
     pub roots: warden_sandbox::OwnedRoots,
@@ -29,4 +33,25 @@ pub struct Shared {
     /// True once a predecessor's leftover trees are reaped (start-up reaps in the background;
     /// agent starts wait for it).
     pub reaped: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// The settings in force now. A conversation, an agent start or a turn reads them when it
+    /// begins; what it began with stays its own.
+    pub fn settings(&self) -> std::sync::Arc<Settings> {
+        match self.settings.read() {
+            Ok(g) => g.clone(),
+            // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Puts `next` in force (already checked whole: `config::reloadable`).
+    pub fn reload_settings(&self, next: Settings) {
+        let next = std::sync::Arc::new(next);
+        match self.settings.write() {
+            Ok(mut g) => *g = next,
+            Err(p) => *p.into_inner() = next,
+        }
+    }
 }

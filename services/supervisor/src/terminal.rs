@@ -195,7 +195,8 @@ impl Terminals {
         let Some(ctx) = ctx else {
             return Err(RpcError::method_not_found("terminal/create"));
         };
-        let limits = ctx.shared.settings.limits();
+        let settings = ctx.shared.settings();
+        let limits = settings.limits();
         let bytes = req
             .output_byte_limit
             .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
@@ -255,7 +256,7 @@ impl Terminals {
         let names: Vec<String> = req.env.iter().map(|e| e.name.clone()).collect();
         let policy = warden_sandbox::EnvPolicy::new(
             ctx.agent_env.iter().cloned().chain(names),
-            &shared.settings.file.sandbox.env_extra,
+            &shared.settings().file.sandbox.env_extra,
         )
         .map_err(|e| RpcError::invalid_params(e.to_string()))?;
         let env = policy.build_from(
@@ -320,7 +321,7 @@ impl Terminals {
         }
         // The watcher reaps the command when it exits (killing whatever it left behind).
         let t = term.clone();
-        let grace = shared.settings.limits().kill_grace();
+        let grace = shared.settings().limits().kill_grace();
         tokio::spawn(async move {
             loop {
                 let exited = {
