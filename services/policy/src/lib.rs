@@ -12,11 +12,13 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod audit_bounds;
 pub mod audit_pg;
 pub mod audit_store;
 pub mod config;
 pub mod journal;
 pub mod metrics;
+pub mod retention;
 pub mod service;
 
 use std::sync::Arc;
@@ -230,6 +232,15 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
         .serve_metrics(&cfg.daemon, metrics::exporter())
         .await?;
     state.set_listeners(server.listeners());
+
+    // Retention, with the `[audit]` in force (a reload changes it).
+    let retention_state = state.clone();
+    let token = server.shutdown_token();
+    tokio::spawn(retention::run(
+        state.audit_store(),
+        move || retention_state.active().audit.clone(),
+        async move { token.cancelled().await },
+    ));
 
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(RunError::Signal)?;
