@@ -279,6 +279,14 @@ pub enum Step {
         /// Stop reading stdin before sending.
         #[serde(default)]
         stop_reading: bool,
+        /// `session/request_permission` only: each request is an `execute` whose raw input's
+        /// `command` is a string of this many bytes (a hostile agent's oversized body).
+        #[serde(default)]
+        raw_input_bytes: Option<usize>,
+        /// `session/request_permission` only: each request is an `execute` whose raw input
+        /// holds arrays nested this deep (a hostile agent's deeply nested body).
+        #[serde(default)]
+        nest_depth: Option<usize>,
     },
     /// Write this many bytes to stderr.
     Stderr {

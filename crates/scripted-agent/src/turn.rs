@@ -17,6 +17,34 @@ const MAX_SIZE_STEP: usize = 1 << 30;
 /// A flood step sends at most this many requests.
 const MAX_FLOOD: usize = 100_000;
 
+/// What a hostile permission flood's requests carry (`Step::Flood`).
+#[derive(Default, Clone, Copy)]
+struct Body {
+    raw_input_bytes: Option<usize>,
+    nest_depth: Option<usize>,
+}
+
+impl Body {
+    fn hostile(&self) -> bool {
+        self.raw_input_bytes.is_some() || self.nest_depth.is_some()
+    }
+
+    /// `{"command": "xxx…"}` of the size asked, with `"nested": [[[…]]]` as deep as asked.
+    fn raw_input(&self) -> Value {
+        let mut raw = json!({"command": "x".repeat(self.raw_input_bytes.unwrap_or(4))});
+        if let Some(d) = self.nest_depth {
+            // Built as text and parsed back, so at most as deep as the JSON parser takes
+            // (serde_json's limit, 128, is also what a client's parser refuses past: a deeper
+            // line is a `raw` step's business).
+            let text = format!("{}{}", "[".repeat(d), "]".repeat(d));
+            if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                raw["nested"] = v;
+            }
+        }
+        raw
+    }
+}
+
 /// How the step list ended.
 enum Flow {
     Continue,
@@ -255,8 +283,9 @@ impl Turn {
                 };
                 self.chunk("agent_message_chunk", &format!("connect-result: {out}\n"));
             }
-            Step::Flood { method, count, path, stop_reading } => {
-                return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading).await;
+            Step::Flood { method, count, path, stop_reading, raw_input_bytes, nest_depth } => {
+                let body = Body { raw_input_bytes: raw_input_bytes.map(|b| b.min(MAX_SIZE_STEP)), nest_depth: nest_depth.map(|d| d.min(MAX_SIZE_STEP)) };
+                return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading, body).await;
             }
             Step::Stderr { bytes } => {
                 use std::io::Write;
@@ -296,6 +325,7 @@ impl Turn {
         count: usize,
         path: Option<&str>,
         stop_reading: bool,
+        body: Body,
     ) -> Flow {
         let sid = self.sid();
         if stop_reading {
@@ -306,6 +336,11 @@ impl Turn {
         let mut answers = Vec::with_capacity(count);
         for i in 0..count {
             let params = match method {
+                "session/request_permission" if body.hostile() => json!({"sessionId": sid,
+                    "toolCall": {"toolCallId": format!("flood-{i}"), "kind": "execute", "title": format!("Run flood-{i}"),
+                        "rawInput": body.raw_input()},
+                    "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                                {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}),
                 "session/request_permission" => json!({"sessionId": sid,
                     "toolCall": {"toolCallId": format!("flood-{i}"), "kind": "read", "title": format!("Read flood-{i}"),
                         "locations": [{"path": self.session.cwd.join(format!("flood-{i}"))}]},
@@ -327,13 +362,26 @@ impl Turn {
             return Flow::Cancelled;
         }
         let (mut ok, mut errors, mut first_error) = (0usize, 0usize, Value::Null);
+        // Permission answers by option chosen (`cancelled` for a cancelled outcome).
+        let mut selected = serde_json::Map::new();
         for rx in answers {
             let a = tokio::select! {
                 a = rx => a,
                 _ = self.wait_cancel() => return Flow::Cancelled,
             };
             match a {
-                Ok(Ok(_)) => ok += 1,
+                Ok(Ok(v)) => {
+                    ok += 1;
+                    if method == "session/request_permission" {
+                        let o = &v["outcome"];
+                        let key = o["optionId"]
+                            .as_str()
+                            .unwrap_or_else(|| o["outcome"].as_str().unwrap_or("?"))
+                            .to_string();
+                        let n = selected.get(&key).and_then(Value::as_u64).unwrap_or(0);
+                        selected.insert(key, json!(n + 1));
+                    }
+                }
                 Ok(Err(e)) => {
                     errors += 1;
                     if first_error.is_null() {
@@ -347,7 +395,11 @@ impl Turn {
             "agent_message_chunk",
             &format!(
                 "flood-result: {}\n",
-                json!({"ok": ok, "errors": errors, "first_error": first_error})
+                if selected.is_empty() {
+                    json!({"ok": ok, "errors": errors, "first_error": first_error})
+                } else {
+                    json!({"ok": ok, "errors": errors, "first_error": first_error, "selected": selected})
+                }
             ),
         );
         Flow::Continue
