@@ -11,7 +11,12 @@ use prost::Message;
 use warden_proto::limits;
 use warden_proto::v1 as pb;
 
-use crate::convert::Malformed;
+/// Why a request cannot be decided on its merits; it is denied with this rule and reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed {
+    pub rule: &'static str,
+    pub reason: String,
+}
 
 /// The limits a request is held to (`[decide]` of warden-policy, stated in its
 /// `PolicyDescription`).

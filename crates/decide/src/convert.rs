@@ -9,12 +9,7 @@ use warden_rules::{
 
 use crate::DecideSection;
 
-/// Why a request cannot be decided on its merits; it is denied with this rule and reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed {
-    pub rule: &'static str,
-    pub reason: String,
-}
+pub use crate::bounds::Malformed;
 
 fn bad(rule: &'static str, reason: impl Into<String>) -> Malformed {
     Malformed {

@@ -18,6 +18,7 @@ pub mod audit_store;
 pub mod config;
 pub mod journal;
 pub mod metrics;
+pub mod pruner;
 pub mod retention;
 pub mod service;
 
@@ -240,7 +241,7 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
     // Retention, with the `[audit]` in force (a reload changes it).
     let retention_state = state.clone();
     let token = server.shutdown_token();
-    tokio::spawn(retention::run(
+    tokio::spawn(pruner::run(
         state.audit_store(),
         move || retention_state.active().audit.clone(),
         async move { token.cancelled().await },

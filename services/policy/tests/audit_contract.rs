@@ -241,7 +241,8 @@ async fn a_hung_database_fails_appends_within_the_timeout_and_they_resume() -> R
 /// oldest first, saying how many for each reason.
 async fn bounds_and_retention(store: Arc<dyn AuditStore>) -> R {
     use prost::Message;
-    use warden_policy::retention::{Pruned, Retention, prune_now};
+    use warden_policy::pruner::prune_now;
+    use warden_policy::retention::{Pruned, Retention};
     let now = 1_800_000_000_000u64;
     let mut huge = rec("huge", "c");
     huge.decided_at_unix_ms = now - 10_000;
