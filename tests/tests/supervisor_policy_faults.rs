@@ -108,6 +108,7 @@ impl PolicyService for BadPolicy {
             decide_deadline_ms: ms,
             agent_decide_deadline_ms: agents.into_iter().collect(),
             implementation: "bad-policy".into(),
+            ..Default::default()
         }))
     }
 

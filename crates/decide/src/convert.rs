@@ -9,12 +9,7 @@ use warden_rules::{
 
 use crate::DecideSection;
 
-/// Why a request cannot be decided on its merits; it is denied with this rule and reason.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed {
-    pub rule: &'static str,
-    pub reason: String,
-}
+pub use crate::bounds::Malformed;
 
 fn bad(rule: &'static str, reason: impl Into<String>) -> Malformed {
     Malformed {
@@ -46,36 +41,8 @@ pub fn to_input(
             format!("unknown boundary profile value {}", b.profile),
         ));
     };
-    if tool.raw_input_json.len() > limits.max_raw_input_bytes {
-        return Err(bad(
-            "request.malformed.raw-input-too-large",
-            format!(
-                "raw input is {} bytes, over the limit of {}",
-                tool.raw_input_json.len(),
-                limits.max_raw_input_bytes
-            ),
-        ));
-    }
-    if tool.locations.len() > limits.max_locations {
-        return Err(bad(
-            "request.malformed.too-many-locations",
-            format!(
-                "{} locations, over the limit of {}",
-                tool.locations.len(),
-                limits.max_locations
-            ),
-        ));
-    }
-    if req.options.len() > limits.max_options {
-        return Err(bad(
-            "request.malformed.too-many-options",
-            format!(
-                "{} options, over the limit of {}",
-                req.options.len(),
-                limits.max_options
-            ),
-        ));
-    }
+    // Sizes and nesting, checked the way the caller checks them before it sends a request.
+    crate::bounds::check(req, &limits.limits())?;
     let mut seen = std::collections::HashSet::new();
     for o in &req.options {
         if o.id.is_empty() {

@@ -1,5 +1,6 @@
 //! What every `PolicyService` implementation shares (warden-policy, warden-approver, a third
-//! one): the limits on a Decide request (`DecideSection`), the conversion from the wire request
+//! one): the limits on a Decide request (`DecideSection`; `bounds`: the one size and nesting
+//! check, which the supervisor also runs before it sends a request), the conversion from the wire request
 //! to the rules' input refusing what is malformed (`convert`, with the digest of the action an
 //! ALLOW judged), the filesystem view of one decision (`fsview`), the caller-side helper that
 //! bounds a decision by its deadline and fails closed (`contract::decide_with_deadline`), and
@@ -10,6 +11,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bounds;
 pub mod contract;
 pub mod convert;
 pub mod fsview;
@@ -36,6 +38,12 @@ pub struct DecideSection {
     /// Most options one request may carry.
     #[serde(default = "default_options")]
     pub max_options: usize,
+    /// Largest tool call title accepted, in bytes.
+    #[serde(default = "default_title")]
+    pub max_title_bytes: usize,
+    /// Deepest nesting of arrays and objects in the raw input's JSON text.
+    #[serde(default = "default_depth")]
+    pub max_json_depth: usize,
     /// Return ESCALATE as is (set when an approver chains to this service); otherwise an
     /// escalation becomes DENY per `non_interactive`.
     #[serde(default)]
@@ -43,13 +51,19 @@ pub struct DecideSection {
 }
 
 fn default_raw() -> usize {
-    256 * 1024
+    warden_proto::limits::DEFAULT_MAX_RAW_INPUT_BYTES as usize
 }
 fn default_locations() -> usize {
-    256
+    warden_proto::limits::DEFAULT_MAX_LOCATIONS as usize
 }
 fn default_options() -> usize {
-    32
+    warden_proto::limits::DEFAULT_MAX_OPTIONS as usize
+}
+fn default_title() -> usize {
+    warden_proto::limits::DEFAULT_MAX_TITLE_BYTES as usize
+}
+fn default_depth() -> usize {
+    warden_proto::limits::DEFAULT_MAX_JSON_DEPTH as usize
 }
 
 impl Default for DecideSection {
@@ -58,6 +72,8 @@ impl Default for DecideSection {
             max_raw_input_bytes: default_raw(),
             max_locations: default_locations(),
             max_options: default_options(),
+            max_title_bytes: default_title(),
+            max_json_depth: default_depth(),
             return_escalations: false,
         }
     }
@@ -71,11 +87,24 @@ impl DecideSection {
             ("decide.max_raw_input_bytes", self.max_raw_input_bytes),
             ("decide.max_locations", self.max_locations),
             ("decide.max_options", self.max_options),
+            ("decide.max_title_bytes", self.max_title_bytes),
+            ("decide.max_json_depth", self.max_json_depth),
         ] {
             if v == 0 {
                 return Err(ConfigError::invalid(origin, key, "must be at least 1"));
             }
         }
         Ok(())
+    }
+
+    /// The limits a request is held to (and a `Describe` states).
+    pub fn limits(&self) -> bounds::Limits {
+        bounds::Limits {
+            max_raw_input_bytes: self.max_raw_input_bytes as u64,
+            max_locations: self.max_locations as u64,
+            max_options: self.max_options as u64,
+            max_title_bytes: self.max_title_bytes as u64,
+            max_json_depth: self.max_json_depth as u64,
+        }
     }
 }

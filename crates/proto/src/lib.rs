@@ -19,6 +19,23 @@ pub mod limits {
     /// implementation (warden-approver) refuses to start with a longer one; a caller (the
     /// supervisor) never adopts more than this from a description.
     pub const MAX_DECIDE_DEADLINE_MS: u64 = 3_600_000;
+
+    /// The largest encoded `DecideRequest` (and `Decision`) on `PolicyService`, on `Decide` and
+    /// on each message of `DecideStream`: 4 MiB, tonic's own default, set explicitly on both
+    /// sides (the policy's and the approver's servers decode at most this; the supervisor's
+    /// client encodes at most this and refuses a larger request itself before sending it, so no
+    /// message can end the one stream every conversation's decisions travel on).
+    pub const MAX_DECIDE_MESSAGE_BYTES: usize = 4 << 20;
+
+    /// The defaults of the request limits a `PolicyService` states in its `PolicyDescription`
+    /// (warden-policy's `[decide]`): a request over any of them is malformed, and the caller
+    /// refuses it itself instead of sending it.
+    pub const DEFAULT_MAX_RAW_INPUT_BYTES: u64 = 256 * 1024;
+    pub const DEFAULT_MAX_LOCATIONS: u64 = 256;
+    pub const DEFAULT_MAX_OPTIONS: u64 = 32;
+    pub const DEFAULT_MAX_TITLE_BYTES: u64 = 64 * 1024;
+    /// Nesting of arrays and objects in the raw input's JSON text.
+    pub const DEFAULT_MAX_JSON_DEPTH: u64 = 64;
 }
 
 /// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.

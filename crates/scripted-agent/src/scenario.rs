@@ -294,6 +294,14 @@ pub enum Step {
         /// The terminal `terminal/output` asks for.
         #[serde(default)]
         terminal_id: Option<String>,
+        /// `session/request_permission` only: each request is an `execute` whose raw input's
+        /// `command` is a string of this many bytes (a hostile agent's oversized body).
+        #[serde(default)]
+        raw_input_bytes: Option<usize>,
+        /// `session/request_permission` only: each request is an `execute` whose raw input
+        /// holds arrays nested this deep (a hostile agent's deeply nested body).
+        #[serde(default)]
+        nest_depth: Option<usize>,
     },
     /// A hostile agent that goes on after its turn: `steps` run in the background `ms` after
     /// this turn's prompt is answered (the turn itself goes on at once). Their message lines

@@ -22,6 +22,35 @@ struct FloodExtra {
     command: Option<String>,
     output_byte_limit: Option<u64>,
     terminal_id: Option<String>,
+    body: Body,
+}
+
+/// What a hostile permission flood's requests carry (`Step::Flood`).
+#[derive(Default, Clone, Copy)]
+struct Body {
+    raw_input_bytes: Option<usize>,
+    nest_depth: Option<usize>,
+}
+
+impl Body {
+    fn hostile(&self) -> bool {
+        self.raw_input_bytes.is_some() || self.nest_depth.is_some()
+    }
+
+    /// `{"command": "xxx…"}` of the size asked, with `"nested": [[[…]]]` as deep as asked.
+    fn raw_input(&self) -> Value {
+        let mut raw = json!({"command": "x".repeat(self.raw_input_bytes.unwrap_or(4))});
+        if let Some(d) = self.nest_depth {
+            // Built as text and parsed back, so at most as deep as the JSON parser takes
+            // (serde_json's limit, 128, is also what a client's parser refuses past: a deeper
+            // line is a `raw` step's business).
+            let text = format!("{}{}", "[".repeat(d), "]".repeat(d));
+            if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                raw["nested"] = v;
+            }
+        }
+        raw
+    }
 }
 
 /// How the step list ended.
@@ -317,8 +346,9 @@ impl Turn {
                 };
                 self.chunk("agent_message_chunk", &format!("connect-result: {out}\n"));
             }
-            Step::Flood { method, count, path, stop_reading, command, output_byte_limit, terminal_id } => {
-                let extra = FloodExtra { command, output_byte_limit, terminal_id };
+            Step::Flood { method, count, path, stop_reading, command, output_byte_limit, terminal_id, raw_input_bytes, nest_depth } => {
+                let body = Body { raw_input_bytes: raw_input_bytes.map(|b| b.min(MAX_SIZE_STEP)), nest_depth: nest_depth.map(|d| d.min(MAX_SIZE_STEP)) };
+                let extra = FloodExtra { command, output_byte_limit, terminal_id, body };
                 return self.flood(&method, count.min(MAX_FLOOD), path.as_deref(), stop_reading, extra).await;
             }
             Step::AfterTurn { ms, steps } => self.after.push((ms, steps)),
@@ -375,6 +405,7 @@ impl Turn {
         stop_reading: bool,
         extra: FloodExtra,
     ) -> Flow {
+        let body = extra.body;
         let sid = self.sid();
         if stop_reading {
             self.agent.stop_reading.send_replace(true);
@@ -384,6 +415,11 @@ impl Turn {
         let mut answers = Vec::with_capacity(count);
         for i in 0..count {
             let params = match method {
+                "session/request_permission" if body.hostile() => json!({"sessionId": sid,
+                    "toolCall": {"toolCallId": format!("flood-{i}"), "kind": "execute", "title": format!("Run flood-{i}"),
+                        "rawInput": body.raw_input()},
+                    "options": [{"optionId": "allow", "name": "Allow", "kind": "allow_once"},
+                                {"optionId": "reject", "name": "Reject", "kind": "reject_once"}]}),
                 "session/request_permission" => json!({"sessionId": sid,
                     "toolCall": {"toolCallId": format!("flood-{i}"), "kind": "read", "title": format!("Read flood-{i}"),
                         "locations": [{"path": self.session.cwd.join(format!("flood-{i}"))}]},
@@ -421,6 +457,8 @@ impl Turn {
         }
         let (mut ok, mut errors, mut first_error) = (0usize, 0usize, Value::Null);
         let mut cancelled = 0usize;
+        // Permission answers by option chosen (`cancelled` for a cancelled outcome).
+        let mut selected = serde_json::Map::new();
         for rx in answers {
             let a = tokio::select! {
                 a = rx => a,
@@ -431,6 +469,15 @@ impl Turn {
                     ok += 1;
                     if v.pointer("/outcome/outcome").and_then(Value::as_str) == Some("cancelled") {
                         cancelled += 1;
+                    }
+                    if method == "session/request_permission" {
+                        let o = &v["outcome"];
+                        let key = o["optionId"]
+                            .as_str()
+                            .unwrap_or_else(|| o["outcome"].as_str().unwrap_or("?"))
+                            .to_string();
+                        let n = selected.get(&key).and_then(Value::as_u64).unwrap_or(0);
+                        selected.insert(key, json!(n + 1));
                     }
                 }
                 Ok(Err(e)) => {
@@ -444,8 +491,9 @@ impl Turn {
         }
         let mut result = json!({"ok": ok, "errors": errors, "first_error": first_error});
         if method == "session/request_permission" {
-            // Of the answers, how many were `cancelled` (the rest selected an option).
+            // Of the answers, how many were `cancelled`, and which option each chose.
             result["cancelled"] = Value::from(cancelled);
+            result["selected"] = Value::Object(selected);
         }
         self.chunk("agent_message_chunk", &format!("flood-result: {result}\n"));
         Flow::Continue

@@ -208,6 +208,21 @@ impl Tree {
             .map_err(|e| self.err(e))
     }
 
+    /// The first `limit` entries whose key starts with `prefix`, in key order (oldest first
+    /// for sequence-numbered keys).
+    pub fn scan_prefix_first(
+        &self,
+        prefix: impl AsRef<[u8]>,
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.tree
+            .scan_prefix(prefix)
+            .take(limit)
+            .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.err(e))
+    }
+
     /// The last `limit` entries in key order, newest (largest key) first.
     pub fn scan_rev(&self, limit: usize) -> Result<Vec<Entry>, StoreError> {
         self.tree

@@ -206,7 +206,7 @@ impl Config {
 
     /// `PolicyService.Describe`'s answer.
     pub fn description(&self) -> warden_proto::v1::PolicyDescription {
-        warden_proto::v1::PolicyDescription {
+        let mut d = warden_proto::v1::PolicyDescription {
             decide_deadline_ms: self.decide_deadline_ms(None),
             agent_decide_deadline_ms: self
                 .approval
@@ -215,7 +215,11 @@ impl Config {
                 .map(|a| (a.clone(), self.decide_deadline_ms(Some(a))))
                 .collect(),
             implementation: "warden-approver".into(),
-        }
+            ..Default::default()
+        };
+        // The request limits it holds a request to (the caller refuses one over them itself).
+        self.decide.limits().describe(&mut d);
+        d
     }
 
     /// The token file, relative paths resolved against the state directory.

@@ -187,7 +187,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     state.recover(pending).await;
     server.serve(
         listen,
-        Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
+        // The contract's message bound, stated (the caller keeps every request under it).
+        Routes::new(
+            PolicyServiceServer::new(PolicyApi(state.clone()))
+                .max_decoding_message_size(warden_proto::limits::MAX_DECIDE_MESSAGE_BYTES),
+        ),
     );
     server.serve_admin(
         admin,

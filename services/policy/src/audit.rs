@@ -29,6 +29,7 @@ use warden_proto::v1 as pb;
 use warden_store::{Store, StoreError, Tree};
 
 use crate::journal::{JournalError, JournalFile};
+use crate::retention::{Pruned, Retention};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -61,6 +62,8 @@ pub struct AuditLog {
     durable: AtomicU64,
     /// Held by the one caller currently syncing the journal.
     flushing: tokio::sync::Mutex<()>,
+    /// The oldest sequence number the log may still hold (retention removes below it).
+    first: AtomicU64,
     /// [`CHECKPOINT_BYTES`]; smaller in tests.
     checkpoint_bytes: u64,
 }
@@ -91,6 +94,9 @@ fn journal_paths(store: &Store) -> [std::path::PathBuf; 2] {
 
 const REC: &[u8] = b"r/";
 const IDX: &[u8] = b"d/";
+/// Retention's watermark: every record below this sequence number was removed (so the journal's
+/// copy of one is not restored at open). Sorts between `d/` and `r/`.
+const FIRST: &[u8] = b"m/first";
 
 /// How many of the newest records [`AuditLog::open`] checks for a missing index entry. Appends
 /// are serialised, so a crash can tear only the newest one; the margin costs a few reads at
@@ -132,8 +138,17 @@ impl AuditLog {
         let [p0, p1] = journal_paths(&store);
         let mut journal = [JournalFile::open(&p0)?, JournalFile::open(&p1)?];
         let mut replayed = 0usize;
+        let pruned_below = tree
+            .get(FIRST)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map(u64::from_be_bytes)
+            .unwrap_or(0);
         for j in &journal {
             for (seq, bytes) in j.entries()? {
+                // Removed by retention since it was journaled: stays removed.
+                if seq < pruned_below {
+                    continue;
+                }
                 let Ok(r) = pb::AuditRecord::decode(bytes.as_slice()) else {
                     continue;
                 };
@@ -161,7 +176,10 @@ impl AuditLog {
             .first()
             .and_then(|(k, _)| seq_of(k))
             .map(|s| s + 1)
-            .unwrap_or(0);
+            .unwrap_or(0)
+            // Numbering never goes back below what retention removed (its journal entries are
+            // skipped by that number).
+            .max(pruned_below);
         let mut repaired = 0usize;
         for (k, v) in newest.iter().take_while(|(k, _)| k.starts_with(REC)) {
             let (Some(seq), Ok(r)) = (seq_of(k), pb::AuditRecord::decode(v.as_slice())) else {
@@ -181,7 +199,14 @@ impl AuditLog {
                 "audit log: restored the index entries of records written just before a crash"
             );
         }
+        let first = tree
+            .scan_prefix_first(REC, 1)?
+            .first()
+            .and_then(|(k, _)| seq_of(k))
+            .unwrap_or(next)
+            .max(pruned_below.min(next));
         Ok(Self {
+            first: AtomicU64::new(first),
             store,
             tree,
             inner: Mutex::new(Inner {
@@ -217,6 +242,8 @@ impl AuditLog {
     }
 
     fn append_inner(&self, record: &pb::AuditRecord, journal: bool) -> Result<u64, AuditError> {
+        // What the log keeps is the bounded record (`audit_bounds`), in sled and the journal.
+        let record = crate::audit_bounds::bounded(record);
         let bytes = record.encode_to_vec();
         let idx = idx_key(&record.decision_id);
         let mut g = self.lock();
@@ -306,8 +333,10 @@ impl AuditLog {
         Ok(())
     }
 
+    /// How many records the log holds (retention removes the oldest).
     pub fn len(&self) -> u64 {
-        self.lock().next
+        let next = self.lock().next;
+        next.saturating_sub(self.first.load(Ordering::Acquire))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -407,6 +436,51 @@ impl AuditLog {
             }
             window = window.saturating_mul(4);
         }
+    }
+}
+
+/// Retention (`crate::retention`): the oldest records removed, kept apart from the append path.
+impl AuditLog {
+    /// One retention pass: from the oldest record on, removes each that is beyond the count
+    /// bound or older than the age bound, stopping at the first that is neither (records are
+    /// numbered in the order they were decided) or after `retention.pass` records. A record and
+    /// its index entry go in one batch. Appends go on meanwhile at the other end of the log.
+    pub fn prune(&self, retention: &Retention) -> Result<Pruned, AuditError> {
+        let mut pruned = Pruned::default();
+        let mut over = match retention.max_records {
+            0 => 0,
+            max => self.len().saturating_sub(max),
+        };
+        let oldest = self.tree.scan_prefix_first(REC, retention.pass)?;
+        let mut batch = warden_store::Batch::default();
+        let mut last = None;
+        for (k, v) in &oldest {
+            let Some(seq) = seq_of(k) else { continue };
+            let record = pb::AuditRecord::decode(v.as_slice()).ok();
+            if over > 0 {
+                over -= 1;
+                pruned.by_count += 1;
+            } else if retention.cutoff_unix_ms > 0
+                && record
+                    .as_ref()
+                    .is_some_and(|r| r.decided_at_unix_ms < retention.cutoff_unix_ms)
+            {
+                pruned.by_age += 1;
+            } else {
+                break;
+            }
+            batch.delete(k);
+            if let Some(r) = &record {
+                batch.delete(idx_key(&r.decision_id));
+            }
+            last = Some(seq);
+        }
+        if let Some(seq) = last {
+            batch.put(FIRST, (seq + 1).to_be_bytes());
+            self.tree.apply(batch)?;
+            self.first.fetch_max(seq + 1, Ordering::AcqRel);
+        }
+        Ok(pruned)
     }
 }
 

@@ -25,6 +25,7 @@ use warden_proto::v1 as pb;
 
 use crate::audit::AuditError;
 use crate::audit_store::AuditStore;
+use crate::retention::{Pruned, Retention};
 
 /// A batch holds at most this many records: one statement's arrays stay a few MiB.
 const MAX_BATCH: usize = 512;
@@ -188,6 +189,8 @@ fn decode(seq: i64, bytes: &[u8]) -> Result<pb::AuditRecord, AuditError> {
 #[tonic::async_trait]
 impl AuditStore for PgAudit {
     async fn append(&self, record: &pb::AuditRecord, _durable: bool) -> Result<(), AuditError> {
+        // What the table keeps is the bounded record (`audit_bounds`).
+        let record = crate::audit_bounds::bounded(record);
         let (done, rx) = oneshot::channel();
         let p = Pending {
             decision_id: record.decision_id.clone(),
@@ -332,6 +335,53 @@ impl AuditStore for PgAudit {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    async fn prune(&self, retention: &Retention) -> Result<Pruned, AuditError> {
+        PgAudit::prune(self, retention).await
+    }
+}
+
+/// Retention (`crate::retention`), kept apart from the append path. Replicas sharing the table
+/// each run it: a row is deleted once, by whichever gets to it, and counted by that one.
+impl PgAudit {
+    /// One retention pass: the oldest rows beyond the newest `max_records`, then the rows among
+    /// the oldest `pass` decided before the age bound (rows are numbered in the order they were
+    /// committed, so the oldest are first; the primary key's order is the only index used).
+    pub async fn prune(&self, retention: &Retention) -> Result<Pruned, AuditError> {
+        let pass = retention.pass as i64;
+        let mut pruned = Pruned::default();
+        if retention.max_records > 0 {
+            let max = retention.max_records.min(i64::MAX as u64) as i64;
+            let rows = self
+                .query(
+                    "WITH doomed AS (
+                         SELECT seq FROM policy_audit ORDER BY seq
+                         LIMIT LEAST($2::int8, GREATEST(0, (SELECT count(*) FROM policy_audit) - $1::int8))
+                     )
+                     DELETE FROM policy_audit WHERE seq IN (SELECT seq FROM doomed) RETURNING seq",
+                    &[&max, &pass],
+                )
+                .await?;
+            pruned.by_count = rows.len() as u64;
+        }
+        let left = pass - pruned.by_count as i64;
+        if retention.cutoff_unix_ms > 0 && left > 0 {
+            let cutoff = retention.cutoff_unix_ms.min(i64::MAX as u64) as i64;
+            let rows = self
+                .query(
+                    "WITH oldest AS (
+                         SELECT seq, decided_at_unix_ms FROM policy_audit ORDER BY seq LIMIT $2::int8
+                     )
+                     DELETE FROM policy_audit WHERE seq IN
+                         (SELECT seq FROM oldest WHERE decided_at_unix_ms < $1::int8)
+                     RETURNING seq",
+                    &[&cutoff, &left],
+                )
+                .await?;
+            pruned.by_age = rows.len() as u64;
+        }
+        Ok(pruned)
     }
 }
 

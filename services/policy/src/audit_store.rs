@@ -7,6 +7,7 @@
 use warden_proto::v1 as pb;
 
 use crate::audit::{AuditError, AuditLog};
+use crate::retention::{Pruned, Retention};
 
 /// Where the audit records go.
 #[tonic::async_trait]
@@ -66,6 +67,11 @@ pub trait AuditStore: Send + Sync {
 
     /// `sled` or `postgres`, for Status and `warden doctor`.
     fn backend(&self) -> &'static str;
+
+    /// One retention pass (`crate::retention`): removes, oldest first, at most
+    /// `retention.pass` records that are older than its age bound or beyond its count bound,
+    /// and says how many for each reason.
+    async fn prune(&self, retention: &Retention) -> Result<Pruned, AuditError>;
 }
 
 fn context_of(r: &pb::AuditRecord) -> &str {
@@ -127,6 +133,10 @@ impl AuditStore for AuditLog {
 
     fn backend(&self) -> &'static str {
         "sled"
+    }
+
+    async fn prune(&self, retention: &Retention) -> Result<Pruned, AuditError> {
+        AuditLog::prune(self, retention)
     }
 }
 

@@ -26,10 +26,19 @@ socket = "policy-admin.sock"
 max_raw_input_bytes = 262144
 max_locations = 256
 max_options = 32
+max_title_bytes = 65536
+max_json_depth = 64
 return_escalations = false
 
 [audit]
 sync = true
+# Retention: records older than this many days are removed (0 = kept forever) ...
+retain_days = 90
+# ... and the oldest beyond the newest this many (0 = no bound). Every record is at most about
+# 33 KiB of text (services/policy/README.md, "Audit records"); a usual one is under 1 KiB.
+max_records = 1000000
+# How often retention runs.
+prune_interval_ms = 60000
 
 [policy.global]
 mode = "approve-all"
@@ -39,7 +48,7 @@ non_interactive = "deny"
 /// The environment prefix for overrides (`WARDEN_POLICY__POLICY__GLOBAL__MODE=deny-all`).
 pub const ENV_PREFIX: &str = "WARDEN_POLICY";
 
-/// Audit durability.
+/// Audit durability and retention.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct AuditSection {
@@ -47,15 +56,38 @@ pub struct AuditSection {
     /// records on a crash for latency.
     #[serde(default = "yes")]
     pub sync: bool,
+    /// Records decided more than this many days ago are removed (0 = kept forever).
+    #[serde(default = "default_retain_days")]
+    pub retain_days: u64,
+    /// At most this many records are kept, the oldest removed first (0 = no bound).
+    #[serde(default = "default_max_records")]
+    pub max_records: u64,
+    /// How often retention runs, in milliseconds.
+    #[serde(default = "default_prune_interval_ms")]
+    pub prune_interval_ms: u64,
 }
 
 fn yes() -> bool {
     true
 }
+fn default_retain_days() -> u64 {
+    90
+}
+fn default_max_records() -> u64 {
+    1_000_000
+}
+fn default_prune_interval_ms() -> u64 {
+    60_000
+}
 
 impl Default for AuditSection {
     fn default() -> Self {
-        Self { sync: true }
+        Self {
+            sync: true,
+            retain_days: default_retain_days(),
+            max_records: default_max_records(),
+            prune_interval_ms: default_prune_interval_ms(),
+        }
     }
 }
 
@@ -111,6 +143,13 @@ fn validate(c: &Config, origin: &Origin) -> Result<(), ConfigError> {
         "the admin API is for operators, Decide for the supervisor",
     )?;
     c.decide.validate(origin)?;
+    if c.audit.prune_interval_ms < 100 {
+        return Err(ConfigError::invalid(
+            origin,
+            "audit.prune_interval_ms",
+            "must be at least 100 (retention would keep the store busy)",
+        ));
+    }
     c.store.validate(origin)?;
     c.policy.validate().map_err(|e| match e {
         PolicyError::EmptyMatcher { key, index } => ConfigError::invalid(

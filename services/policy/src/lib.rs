@@ -12,11 +12,14 @@
 #![forbid(unsafe_code)]
 
 pub mod audit;
+pub mod audit_bounds;
 pub mod audit_pg;
 pub mod audit_store;
 pub mod config;
 pub mod journal;
 pub mod metrics;
+pub mod pruner;
+pub mod retention;
 pub mod service;
 
 use std::sync::Arc;
@@ -217,7 +220,11 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
     );
     server.serve(
         listen,
-        Routes::new(PolicyServiceServer::new(PolicyApi(state.clone()))),
+        // The contract's message bound, stated (the caller keeps every request under it).
+        Routes::new(
+            PolicyServiceServer::new(PolicyApi(state.clone()))
+                .max_decoding_message_size(warden_proto::limits::MAX_DECIDE_MESSAGE_BYTES),
+        ),
     );
     server.serve_admin(
         admin,
@@ -228,6 +235,15 @@ async fn run(sources: Sources, cfg: config::Config) -> Result<(), RunError> {
         .serve_metrics(&cfg.daemon, metrics::exporter())
         .await?;
     state.set_listeners(server.listeners());
+
+    // Retention, with the `[audit]` in force (a reload changes it).
+    let retention_state = state.clone();
+    let token = server.shutdown_token();
+    tokio::spawn(pruner::run(
+        state.audit_store(),
+        move || retention_state.active().audit.clone(),
+        async move { token.cancelled().await },
+    ));
 
     // SIGHUP (`systemctl reload`) runs what the admin Reload runs (warden_daemon::reload).
     let hup_state = state.clone();

@@ -1,6 +1,7 @@
 //! warden-policy's metrics (served by `warden_daemon::metrics` when `[daemon] metrics_listen` is
 //! set): decisions by verdict and rule, how long a decision took, and how long its audit record
-//! took to commit (with `audit.sync`, the journal's group `fdatasync`).
+//! took to commit (with `audit.sync`, the journal's group `fdatasync`), and the records the
+//! audit's retention removed.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -17,12 +18,14 @@ pub struct Metrics {
     decisions: Family<[(&'static str, String); 2], Counter>,
     decide: Histogram,
     audit_commit: Histogram,
+    audit_pruned: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     decisions: Family::default(),
     decide: Histogram::new(latency_buckets()),
     audit_commit: Histogram::new(latency_buckets()),
+    audit_pruned: Family::default(),
 });
 
 /// One decision answered: its verdict, its rule (the operator's rule names, or warden's own such
@@ -41,6 +44,16 @@ pub fn decided(verdict: i32, rule: &str, took: Duration) {
 /// One audit record written (and, with `audit.sync`, on disk).
 pub fn audit_committed(took: Duration) {
     METRICS.audit_commit.observe(took.as_secs_f64());
+}
+
+/// Records removed by the audit's retention (`why`: `age` or `count`).
+pub fn audit_pruned(why: &'static str, n: u64) {
+    if n > 0 {
+        METRICS
+            .audit_pruned
+            .get_or_create(&[("why", why)])
+            .inc_by(n);
+    }
 }
 
 /// `allow`, `deny` or `escalate`.
@@ -72,6 +85,11 @@ pub fn exporter() -> Exporter {
         "Time to write one audit record (with audit.sync, until the journal's fdatasync)",
         Unit::Seconds,
         m.audit_commit.clone(),
+    );
+    registry.register(
+        "audit_pruned_records",
+        "Audit records removed by retention (audit.retain_days: why=age; audit.max_records: why=count)",
+        m.audit_pruned.clone(),
     );
     Exporter {
         registry,

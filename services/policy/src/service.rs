@@ -250,6 +250,8 @@ impl PolicyState {
             end_turn: outcome.end_turn,
             supersedes_decision_id: String::new(),
             judged: Some(judged),
+            // Set by the audit's bounds (`audit_bounds`) when a field is cut.
+            elided_bytes: 0,
         };
         self.decisions.fetch_add(1, Ordering::Relaxed);
         let committing = Instant::now();
@@ -314,6 +316,11 @@ impl PolicyState {
                 "not written before the caller's deadline".into(),
             )),
         }
+    }
+
+    /// The audit store (retention runs on it).
+    pub fn audit_store(&self) -> Arc<dyn AuditStore> {
+        self.audit.clone()
     }
 
     /// The audit backend's name.
@@ -556,16 +563,21 @@ impl PolicyService for PolicyApi {
         self.0.withdraw(&req).await.map(Response::new)
     }
 
-    /// The rules answer at once: a caller needs to allow no extra time.
+    /// The rules answer at once: a caller needs to allow no extra time. The request limits
+    /// (`[decide]`) are stated, so the caller refuses an oversized request before sending it.
     async fn describe(
         &self,
         _request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::PolicyDescription>, Status> {
-        Ok(Response::new(pb::PolicyDescription {
+        let mut d = pb::PolicyDescription {
             decide_deadline_ms: 0,
             agent_decide_deadline_ms: Default::default(),
             implementation: "warden-policy".into(),
-        }))
+            ..Default::default()
+        };
+        // The request limits in force: the caller refuses a request over them itself.
+        self.0.active().decide.limits().describe(&mut d);
+        Ok(Response::new(d))
     }
 }
 
@@ -600,6 +612,10 @@ impl AdminService for AdminApi {
             },
         );
         details.insert("store_backend".to_string(), s.audit.backend().to_string());
+        details.insert(
+            "audit_pruned".to_string(),
+            crate::retention::pruned_total().to_string(),
+        );
         details.insert("store".to_string(), s.store.clone());
         details.insert(
             "decisions_not_audited".to_string(),

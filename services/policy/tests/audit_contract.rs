@@ -234,3 +234,125 @@ async fn a_hung_database_fails_appends_within_the_timeout_and_they_resume() -> R
     }
     Ok(())
 }
+
+/// What every backend keeps of a record and for how long: a record with megabytes of text
+/// comes back bounded (each field cut, the cut counted, the digests whole), and retention
+/// removes the records older than its age bound, then the oldest beyond its count bound,
+/// oldest first, saying how many for each reason.
+async fn bounds_and_retention(store: Arc<dyn AuditStore>) -> R {
+    use prost::Message;
+    use warden_policy::pruner::prune_now;
+    use warden_policy::retention::{Pruned, Retention};
+    let now = 1_800_000_000_000u64;
+    let mut huge = rec("huge", "c");
+    huge.decided_at_unix_ms = now - 10_000;
+    huge.tool_title = "t".repeat(1 << 20);
+    huge.reason = "r".repeat(1 << 20);
+    huge.raw_input_sha256 = "ab".repeat(32);
+    huge.judged = Some(pb::JudgedAction {
+        kind: "execute".into(),
+        argv: vec!["x".repeat(4 << 20)],
+        digest: "sha256:whole".into(),
+        ..Default::default()
+    });
+    store.append(&huge, true).await?;
+    let got = store.by_decision_id("huge").await?.ok_or("huge")?;
+    assert!(
+        got.encoded_len() < 40 * 1024,
+        "{} bytes kept of a {}-byte record",
+        got.encoded_len(),
+        huge.encoded_len()
+    );
+    assert!(got.elided_bytes > 6_000_000, "{}", got.elided_bytes);
+    assert_eq!(got.raw_input_sha256, huge.raw_input_sha256);
+    assert_eq!(got.judged.map(|j| j.digest), Some("sha256:whole".into()));
+
+    // Ten old records (as old as the huge one), then ten new ones.
+    for i in 0..20u64 {
+        let mut r = rec(&format!("ret-{i}"), "c");
+        r.decided_at_unix_ms = if i < 10 { now - 10_000 } else { now };
+        store.append(&r, true).await?;
+    }
+    assert_eq!(store.count().await?, 21);
+    // Nothing is older than an hour before the old ones: nothing goes.
+    let keep_all = Retention {
+        cutoff_unix_ms: now - 3_600_000,
+        max_records: 0,
+        pass: 1000,
+    };
+    assert_eq!(prune_now(&*store, keep_all).await?, Pruned::default());
+    // By age, in passes of three: the huge one and the ten old ones.
+    let by_age = Retention {
+        cutoff_unix_ms: now - 1,
+        max_records: 0,
+        pass: 3,
+    };
+    assert_eq!(
+        prune_now(&*store, by_age).await?,
+        Pruned {
+            by_age: 11,
+            by_count: 0
+        }
+    );
+    assert_eq!(store.count().await?, 10);
+    assert!(store.by_decision_id("ret-9").await?.is_none());
+    assert!(store.by_decision_id("huge").await?.is_none());
+    // By count: the newest four stay.
+    let by_count = Retention {
+        cutoff_unix_ms: 0,
+        max_records: 4,
+        pass: 1000,
+    };
+    assert_eq!(
+        prune_now(&*store, by_count).await?,
+        Pruned {
+            by_age: 0,
+            by_count: 6
+        }
+    );
+    assert_eq!(store.count().await?, 4);
+    let ids: Vec<String> = store
+        .newest(100, None)
+        .await?
+        .into_iter()
+        .map(|r| r.decision_id)
+        .collect();
+    assert_eq!(ids, ["ret-19", "ret-18", "ret-17", "ret-16"]);
+    assert!(store.by_decision_id("ret-15").await?.is_none());
+    // Appends go on after retention.
+    store.append(&rec("after", "c"), true).await?;
+    assert_eq!(store.count().await?, 5);
+    assert!(store.by_decision_id("after").await?.is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sled_backend_keeps_bounded_records_and_retention() -> R {
+    let dir = tempfile::tempdir()?;
+    {
+        let log = AuditLog::open(warden_store::Store::open(dir.path())?)?;
+        bounds_and_retention(Arc::new(log)).await?;
+    }
+    // Reopened, the log counts what it holds, not what it ever held.
+    let t0 = Instant::now();
+    let log = loop {
+        match warden_store::Store::open(dir.path()) {
+            Ok(s) => break AuditLog::open(s)?,
+            Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    assert_eq!(log.len(), 5);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_backend_keeps_bounded_records_and_retention() -> R {
+    let Some(c) = TestCluster::start_or_skip()? else {
+        return Ok(());
+    };
+    c.create_db("audit")?;
+    bounds_and_retention(Arc::new(pg_audit(&c, 2000).await?)).await
+}

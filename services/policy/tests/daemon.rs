@@ -584,6 +584,16 @@ async fn malformed_requests_are_denied_with_a_reason() {
         .map(|i| opt(&format!("o{i}"), "allow_once"))
         .collect();
     cases.push((r, "request.malformed.too-many-options"));
+    let mut r = req(&root, true, "read", &[], "m");
+    if let Some(t) = r.tool_call.as_mut() {
+        t.raw_input_json = format!("{}{}", "[".repeat(65), "]".repeat(65));
+    }
+    cases.push((r, "request.malformed.too-deeply-nested"));
+    let mut r = req(&root, true, "read", &[], "m");
+    if let Some(t) = r.tool_call.as_mut() {
+        t.title = "t".repeat(65 * 1024 + 1);
+    }
+    cases.push((r, "request.malformed.title-too-large"));
     for (r, rule) in cases {
         let d = decide(&p, r).await;
         assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{rule}");
@@ -593,6 +603,23 @@ async fn malformed_requests_are_denied_with_a_reason() {
     // The daemon is still serving, and a good request within the limit is decided on merit.
     let d = decide(&p, req(&root, true, "read", &[], "m")).await;
     assert_eq!(d.verdict, pb::Verdict::Allow as i32);
+    // The limits in force are stated, so a caller refuses a request over them itself.
+    let desc = p
+        .policy()
+        .describe(pb::DescribeRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("describe: {e}"))
+        .into_inner();
+    assert_eq!(
+        (
+            desc.max_raw_input_bytes,
+            desc.max_locations,
+            desc.max_options,
+            desc.max_title_bytes,
+            desc.max_json_depth
+        ),
+        (1024, 256, 32, 65536, 64)
+    );
 }
 
 fn unix_ms() -> u64 {

@@ -77,12 +77,30 @@ struct OwnRequest<'a> {
 }
 
 impl ConvCore {
-    /// Asks the policy about one permission, enforces the answer (option chosen from what was
-    /// offered, refusals recorded, the caller told) and reports what was enforced.
+    /// `dreq` checked against the policy's limits before anything else sees it: over them, it
+    /// is replaced by its stand-in (kind, size, digest; never the body) and refused here, never
+    /// sent (`policy::refused`); `None` when it is within them.
+    async fn bound(&self, dreq: &mut pb::DecideRequest) -> Option<crate::policy::Decided> {
+        let o = self.policy.oversized(dreq).await?;
+        *dreq = o.stand_in(dreq);
+        tracing::warn!(
+            context_id = %self.info.context_id,
+            request_id = %dreq.request_id,
+            rule = o.rule,
+            bytes = o.bytes,
+            "a permission request over the policy's limits"
+        );
+        Some(crate::policy::refused(&o))
+    }
+
+    /// Asks the policy about one permission (unless `refused` already, see [`Self::bound`]),
+    /// enforces the answer (option chosen from what was offered, refusals recorded, the caller
+    /// told) and reports what was enforced.
     async fn enforce(
         &self,
         turn: Option<&Arc<TurnCtx>>,
         dreq: pb::DecideRequest,
+        refused: Option<crate::policy::Decided>,
         offered: &[OfferedOption],
         entered: std::time::Instant,
     ) -> Enforced {
@@ -111,8 +129,9 @@ impl ConvCore {
             }
             None => tracing::info_span!("permission", request_id = %request_id),
         };
-        let decided = match turn {
-            Some(t) => {
+        let decided = match (refused, turn) {
+            (Some(d), _) => d,
+            (None, Some(t)) => {
                 tokio::select! {
                     d = self.policy.decide(dreq, self.deadline).instrument(span) => d,
                     _ = t.cancel.cancelled() => {
@@ -123,7 +142,7 @@ impl ConvCore {
                     }
                 }
             }
-            None => {
+            (None, None) => {
                 self.policy
                     .decide(dreq, self.deadline)
                     .instrument(span)
@@ -410,7 +429,7 @@ impl ConvCore {
             let l = self.live();
             (l.session_id.clone(), l.current_mode.clone())
         };
-        let dreq = pb::DecideRequest {
+        let mut dreq = pb::DecideRequest {
             request_id: request_id.clone(),
             subject: Some(self.info.subject(turn.map(|t| &**t), session_id)),
             boundary: Some(self.info.wire_boundary()),
@@ -449,17 +468,24 @@ impl ConvCore {
                 kind: warden_rules::OptionKind::parse(kind),
             })
             .collect();
+        // A terminal's argv or environment the agent made too large for the policy.
+        let refused = self.bound(&mut dreq).await;
+        let title = dreq
+            .tool_call
+            .as_ref()
+            .map(|t| t.title.as_str())
+            .unwrap_or_default();
         if let Some(turn) = turn {
             turn.lock().permissions += 1;
             turn.record(
                 "permission_request",
                 serde_json::json!({
                     "request_id": request_id, "tool_call_id": tool_call_id, "kind": own.kind,
-                    "title": own.title, "source": own.source,
+                    "title": title, "source": own.source,
                 }),
             );
         }
-        let mut e = self.enforce(turn, dreq, &offered, entered).await;
+        let mut e = self.enforce(turn, dreq, refused, &offered, entered).await;
         let allow = own.allow.0;
         e.allowed &=
             matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == allow);
@@ -582,7 +608,9 @@ impl ClientHandler for ConvCore {
             "session/request_permission",
         )?;
         let request_id = uuid::Uuid::new_v4().simple().to_string();
-        let dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
+        let mut dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
+        // Over the policy's limits: from here on only its stand-in exists (records, events).
+        let refused = self.bound(&mut dreq).await;
         let (kind, title) = dreq
             .tool_call
             .as_ref()
@@ -611,7 +639,9 @@ impl ClientHandler for ConvCore {
         }
         let tool_call = dreq.tool_call.clone().unwrap_or_default();
         let judged = crate::translate::judged(&dreq);
-        let e = self.enforce(turn.as_ref(), dreq, &offered, entered).await;
+        let e = self
+            .enforce(turn.as_ref(), dreq, refused, &offered, entered)
+            .await;
         if let Some(t) = &turn
             && e.allowed
         {

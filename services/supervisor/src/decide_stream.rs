@@ -10,7 +10,11 @@
 //! What a caller sees is what `Decide` gives it: an answer, or an error status. A stream that
 //! cannot be opened gives that error (UNAVAILABLE while the policy is down, which the caller
 //! retries); a stream that ends (the policy restarted) fails every request still waiting on it
-//! with UNAVAILABLE, and the next request opens a new one. A request whose caller stops waiting
+//! with UNAVAILABLE, and the next request opens a new one (the failed ones are retried by
+//! their callers, each as a unary `Decide` of its own, see [`is_ended`]: whatever ended the
+//! stream cannot end the next one by being retried on it). No request larger than the
+//! contract's message bound is ever put on it (`PolicyClient::oversized`), so a message a
+//! service cannot decode never ends it for everyone. A request whose caller stops waiting
 //! (its deadline) is forgotten here; a late answer for it is dropped.
 //!
 //! Must never: hand one request's answer to another (answers are matched by request id only,
@@ -162,8 +166,20 @@ impl DecisionStream {
     }
 }
 
+/// The mark of [`ended`]'s status (a typed signal: a message text is never parsed).
+const ENDED_MARK: &str = "x-warden-stream-ended";
+
 fn ended() -> Status {
-    Status::unavailable("the decision stream to the policy service ended")
+    let mut s = Status::unavailable("the decision stream to the policy service ended");
+    s.metadata_mut()
+        .insert(ENDED_MARK, tonic::metadata::MetadataValue::from_static("1"));
+    s
+}
+
+/// Whether `status` says the stream a request was on ended (the caller retries it unary: see
+/// `PolicyClient::decide`).
+pub fn is_ended(status: &Status) -> bool {
+    status.code() == tonic::Code::Unavailable && status.metadata().contains_key(ENDED_MARK)
 }
 
 /// Hands each answer to its waiter; at the end, fails every waiter left.

@@ -1,6 +1,7 @@
 //! warden-supervisor's metrics (served by `warden_daemon::metrics` when `[daemon]
 //! metrics_listen` is set): turns by how they ended and their fault class, egress connections by
-//! outcome, permissions denied because the policy did not answer, and, read from the daemon's
+//! outcome, permissions denied because the policy did not answer, permission requests refused for
+//! their size before they were sent, and, read from the daemon's
 //! state at each scrape, live and warm agents, conversations, and the two queues (turns waiting
 //! for a turn slot, turns waiting for an agent). A leaf: the binary hands it the figures.
 //!
@@ -24,6 +25,7 @@ struct Metrics {
     policy_failures: Family<[(&'static str, &'static str); 1], Counter>,
     refused: Family<[(&'static str, &'static str); 1], Counter>,
     between_turns: Family<[(&'static str, &'static str); 1], Counter>,
+    oversized: Family<[(&'static str, &'static str); 1], Counter>,
     live_agents: Gauge<i64, AtomicI64>,
     warm_agents: Gauge<i64, AtomicI64>,
     max_live_agents: Gauge<i64, AtomicI64>,
@@ -39,6 +41,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     policy_failures: Family::default(),
     refused: Family::default(),
     between_turns: Family::default(),
+    oversized: Family::default(),
     live_agents: Gauge::default(),
     warm_agents: Gauge::default(),
     max_live_agents: Gauge::default(),
@@ -134,6 +137,29 @@ pub fn between_turns(method: &str) {
         .inc();
 }
 
+/// The bounds a permission request can break (`warden_decide::bounds`, its rule without the
+/// `request.malformed.` prefix): the label set of `oversized_permissions`.
+pub const OVERSIZED_BOUNDS: &[&str] = &[
+    "raw-input-too-large",
+    "title-too-large",
+    "too-many-locations",
+    "too-deeply-nested",
+    "too-many-options",
+    "request-too-large",
+];
+
+/// A permission request over the policy's limits, refused by the supervisor without sending it
+/// (`rule`: the bound's rule; one outside the known set counts as `other`).
+pub fn oversized_permission(rule: &str) {
+    let bound = rule.strip_prefix("request.malformed.").unwrap_or(rule);
+    let bound = OVERSIZED_BOUNDS
+        .iter()
+        .copied()
+        .find(|b| *b == bound)
+        .unwrap_or("other");
+    METRICS.oversized.get_or_create(&[("bound", bound)]).inc();
+}
+
 /// The state-read figures, set before each scrape.
 pub struct Figures {
     pub live_agents: usize,
@@ -172,6 +198,9 @@ pub fn exporter(refresh: Refresh) -> Exporter {
     for method in BETWEEN_TURNS_METHODS {
         let _ = m.between_turns.get_or_create(&[("method", method)]);
     }
+    for bound in OVERSIZED_BOUNDS {
+        let _ = m.oversized.get_or_create(&[("bound", bound)]);
+    }
     let mut r = Registry::with_prefix("warden_supervisor");
     r.register(
         "turns",
@@ -187,6 +216,11 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "policy_failures",
         "Permissions denied by the supervisor because the policy did not answer in time (timeout), could not be reached (unavailable) or answered malformed",
         m.policy_failures.clone(),
+    );
+    r.register(
+        "oversized_permissions",
+        "Permission requests over the policy's limits (size, count, nesting), refused by the supervisor without sending them, by the bound they broke",
+        m.oversized.clone(),
     );
     r.register(
         "refused",

@@ -6,6 +6,13 @@
 //! service describes (`PolicyService.Describe`: a person's time at warden-approver, nothing at
 //! warden-policy), the latter never beyond `warden_proto::limits::MAX_DECIDE_DEADLINE_MS`; so
 //! pointing `policy.socket` at an approver is the whole swap.
+//!
+//! Nothing over the service's request limits leaves the supervisor: the limits it states in its
+//! description (`warden_decide::bounds`, the contract's defaults when it states none) are
+//! checked before a request is sent ([`PolicyClient::oversized`]); a request over them is refused
+//! here ([`refused`]: DENY, the bound's rule, kept as what kind, how large and its digest, never
+//! the body), and no message can be larger than the contract's `MAX_DECIDE_MESSAGE_BYTES`, which
+//! both sides set as their gRPC message bound.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -34,6 +41,95 @@ pub struct Decided {
     /// The digest of the action the request asked about (`translate::judged`); an ALLOW named
     /// exactly this one (see `validate`).
     pub action_digest: String,
+}
+
+/// A permission request over the service's limits, as the supervisor keeps it: what kind (cut
+/// to [`KEPT_TEXT`]), how large, the digest of its raw input, and the bound it broke — never
+/// its body.
+#[derive(Debug, Clone)]
+pub struct Oversized {
+    /// The bound's rule (`request.malformed.*`, the rule the service would answer with).
+    pub rule: &'static str,
+    /// Which bound, with the figures (the supervisor's own words).
+    pub why: String,
+    /// The tool call's kind and id, cut to [`KEPT_TEXT`].
+    pub kind: String,
+    pub tool_call_id: String,
+    /// The encoded request's size and the raw input's, in bytes.
+    pub bytes: usize,
+    pub raw_input_bytes: usize,
+    /// Hex SHA-256 of the raw input (as the policy's audit names a raw input).
+    pub raw_input_sha256: String,
+}
+
+/// How much of an agent-chosen text (kind, tool call id) a refusal keeps, in bytes.
+pub const KEPT_TEXT: usize = 128;
+
+fn cut(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+impl Oversized {
+    /// The title a refusal shows in place of the agent's.
+    pub fn title(&self) -> String {
+        format!(
+            "(permission request refused before the policy: {} bytes, raw input sha256:{})",
+            self.bytes, self.raw_input_sha256
+        )
+    }
+
+    /// `req` with its body dropped: what the records and the caller's events carry instead.
+    pub fn stand_in(&self, req: &pb::DecideRequest) -> pb::DecideRequest {
+        pb::DecideRequest {
+            request_id: req.request_id.clone(),
+            subject: req.subject.clone(),
+            boundary: req.boundary.clone(),
+            tool_call: Some(pb::ToolCall {
+                id: self.tool_call_id.clone(),
+                kind: self.kind.clone(),
+                title: self.title(),
+                raw_input_json: String::new(),
+                locations: Vec::new(),
+            }),
+            options: Vec::new(),
+            current_mode: req.current_mode.clone(),
+            deadline_unix_ms: 0,
+            return_escalations: false,
+        }
+    }
+}
+
+/// The supervisor's own DENY of an oversized request (counted, logged; never sent).
+pub fn refused(o: &Oversized) -> Decided {
+    crate::metrics::oversized_permission(o.rule);
+    let decision_id = format!("local-{}", uuid::Uuid::new_v4().simple());
+    tracing::warn!(
+        decision_id = %decision_id,
+        rule = o.rule,
+        kind = %o.kind,
+        bytes = o.bytes,
+        raw_input_bytes = o.raw_input_bytes,
+        raw_input_sha256 = %o.raw_input_sha256,
+        "permission request over the policy's limits: refused without sending it"
+    );
+    Decided {
+        decision_id,
+        verdict: pb::Verdict::Deny,
+        option_id: None,
+        reason: format!(
+            "refused by the supervisor before asking the policy: {} (raw input sha256:{})",
+            o.why, o.raw_input_sha256
+        ),
+        rule: o.rule.to_string(),
+        end_turn: None,
+        latency: Duration::ZERO,
+        failed_closed: false,
+        action_digest: String::new(),
+    }
 }
 
 /// The default of `policy.answer_grace_ms`.
@@ -148,7 +244,11 @@ impl PolicyClient {
             .iter()
             .map(|p| Endpoint {
                 path: p.clone(),
-                client: PolicyServiceClient::new(warden_daemon::client::unix_channel(p)),
+                // The contract's message bound on both sides (the service decodes at most
+                // this); `oversized` keeps every request under it.
+                client: PolicyServiceClient::new(warden_daemon::client::unix_channel(p))
+                    .max_encoding_message_size(warden_proto::limits::MAX_DECIDE_MESSAGE_BYTES)
+                    .max_decoding_message_size(warden_proto::limits::MAX_DECIDE_MESSAGE_BYTES),
                 stream: Default::default(),
             })
             .collect();
@@ -281,6 +381,38 @@ impl PolicyClient {
         }
     }
 
+    /// The request limits the service states (its description), the contract's defaults for
+    /// what it does not state or when it could not be asked.
+    pub async fn limits(&self) -> warden_decide::bounds::Limits {
+        self.description()
+            .await
+            .map(|d| warden_decide::bounds::Limits::from_description(&d))
+            .unwrap_or_default()
+    }
+
+    /// `Some` when `req` is over the service's limits (it must then not be sent).
+    pub async fn oversized(&self, req: &pb::DecideRequest) -> Option<Oversized> {
+        let limits = self.limits().await;
+        let m = warden_decide::bounds::check(req, &limits).err()?;
+        let tool = req.tool_call.clone().unwrap_or_default();
+        let raw_input_bytes = tool.raw_input_json.len();
+        // Megabytes to hash: off the runtime's thread (it serves every other conversation).
+        let raw = tool.raw_input_json;
+        let raw_input_sha256 =
+            tokio::task::spawn_blocking(move || warden_rules::sha256_hex(raw.as_bytes()))
+                .await
+                .unwrap_or_default();
+        Some(Oversized {
+            rule: m.rule,
+            why: m.reason,
+            kind: cut(&tool.kind, KEPT_TEXT),
+            tool_call_id: cut(&tool.id, KEPT_TEXT),
+            bytes: prost::Message::encoded_len(req),
+            raw_input_bytes,
+            raw_input_sha256,
+        })
+    }
+
     /// `policy.answer_grace_ms`.
     pub fn with_answer_grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
@@ -321,6 +453,10 @@ impl PolicyClient {
     /// policy is treated as hung and this denies on its own (the policy, when it gets to the
     /// request, finds the deadline passed and records a DENY too).
     pub async fn decide(&self, mut req: pb::DecideRequest, deadline: Duration) -> Decided {
+        // The last gate: whatever path built it, nothing over the limits is sent.
+        if let Some(o) = self.oversized(&req).await {
+            return refused(&o);
+        }
         let agent = req
             .subject
             .as_ref()
@@ -345,15 +481,20 @@ impl PolicyClient {
         // the deadline itself, end the call.
         let res = tokio::time::timeout(wait, async {
             let mut unavailable = 0usize;
+            // Set once the shared stream ended while this request was on it: its retries are
+            // unary calls of their own, so a request that ends the stream (whatever in it a
+            // service cannot take) ends it once, and never again for everyone else's.
+            let mut off_stream = false;
             loop {
                 let (i, ep) = self.endpoint();
                 // Traced, each permission is its own unary Decide: one DecideStream has one set
                 // of metadata, and each decision's traceparent travels in its call's metadata.
-                let streamed = if warden_daemon::otel::enabled() {
+                let streamed = if warden_daemon::otel::enabled() || off_stream {
                     None
                 } else {
                     ep.stream.decide(&ep.client, req.clone()).await
                 };
+                off_stream |= matches!(&streamed, Some(Err(s)) if crate::decide_stream::is_ended(s));
                 let answer = match streamed {
                     Some(a) => a,
                     None => {
