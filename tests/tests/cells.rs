@@ -548,9 +548,21 @@ async fn every_cell_refuses_a_wrong_role_another_trust_domain_and_another_ca() {
         "foreign",
         "spiffe://other.example/warden/gateway",
     );
-    // The gateway presents the policy's certificate: no cell admits it.
+    // The gateway presents the policy's certificate: no cell admits it. The caller is told the
+    // certificate was refused (a misconfiguration), not that a cell was lost, and the gateway's
+    // log names the identity it presented.
     let r = send(&w.d, &format!("wrong-{}", std::process::id()), "hello").await;
     assert_eq!(state(&r), "TASK_STATE_FAILED", "{r}");
+    let said = r.to_string();
+    assert!(said.contains("cell-refused"), "{said}");
+    assert!(!said.contains("cell-lost"), "{said}");
+    assert!(said.contains(&format!("{TD}/policy")), "{said}");
+    let gateway_log = std::fs::read_to_string(w.d.log_file("gateway")).unwrap_or_default();
+    assert!(
+        gateway_log.contains("cell refused this gateway's certificate")
+            && gateway_log.contains(&format!("{TD}/policy")),
+        "the gateway logs the refusal with its identity: {gateway_log}"
+    );
     for (client, admitted) in [
         ("gateway", true),
         ("policy", false),
@@ -565,7 +577,8 @@ async fn every_cell_refuses_a_wrong_role_another_trust_domain_and_another_ca() {
         };
         let tls = warden_daemon::tls::ClientTls::new(&tls, &w.dir).unwrap();
         for (cell, host) in [(&w.a, &w.host_a), (&w.b, &w.host_b)] {
-            let channel = tls.channel(&format!("{}:{PORT}", host.addr)).unwrap();
+            let addr = format!("{}:{PORT}", host.addr);
+            let channel = tls.channel(&addr).unwrap();
             let mut c =
                 warden_proto::v1::supervisor_service_client::SupervisorServiceClient::new(channel);
             let answer = c.list_agents(warden_proto::v1::ListAgentsRequest {}).await;
@@ -575,6 +588,17 @@ async fn every_cell_refuses_a_wrong_role_another_trust_domain_and_another_ca() {
                 "{client} at {}: {answer:?}",
                 cell.id
             );
+            if let Err(status) = &answer {
+                // A refusal the client can tell from a lost host: the cell's TLS alert.
+                let refusal = std::error::Error::source(status)
+                    .and_then(warden_daemon::tls::refusal)
+                    .or_else(|| tls.refused(&addr));
+                assert!(
+                    matches!(refusal, Some(warden_daemon::tls::Refusal::ByPeer(_))),
+                    "{client} at {}: {refusal:?} from {status:?}",
+                    cell.id
+                );
+            }
             if !admitted {
                 let log = std::fs::read_to_string(d_log(&w.d, &cell.id)).unwrap_or_default();
                 assert!(
@@ -585,6 +609,32 @@ async fn every_cell_refuses_a_wrong_role_another_trust_domain_and_another_ca() {
             }
         }
     }
+    // The other way round: a client that expects another identity than the cell's refuses it.
+    let wrong_server = warden_daemon::tls::ClientTls::new(
+        &warden_daemon::tls::TlsConfig {
+            cert_file: w.dir.join("gateway.pem"),
+            key_file: w.dir.join("gateway.key"),
+            ca_file: w.dir.join("ca.pem"),
+            admit: vec![format!("{TD}/policy")],
+        },
+        &w.dir,
+    )
+    .unwrap();
+    let addr = format!("{}:{PORT}", w.host_a.addr);
+    let channel = wrong_server.channel(&addr).unwrap();
+    let answer = warden_proto::v1::supervisor_service_client::SupervisorServiceClient::new(channel)
+        .list_agents(warden_proto::v1::ListAgentsRequest {})
+        .await;
+    let refusal = answer
+        .as_ref()
+        .err()
+        .and_then(std::error::Error::source)
+        .and_then(warden_daemon::tls::refusal)
+        .or_else(|| wrong_server.refused(&addr));
+    assert!(
+        matches!(refusal, Some(warden_daemon::tls::Refusal::OfPeer(_))),
+        "{refusal:?} from {answer:?}"
+    );
     for cell in [&w.a, &w.b] {
         let log = std::fs::read_to_string(d_log(&w.d, &cell.id)).unwrap_or_default();
         for id in [

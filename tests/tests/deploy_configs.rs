@@ -1144,3 +1144,82 @@ fn the_postinst_puts_real_ids_into_allowlists_only() {
         "allow_uids = [967, 962]\nallow_gids = [4964]\n# allow_uids = [962]\nother = 962\nallow_uids = [9621, 1962]\n"
     );
 }
+
+/// GitHub's heading anchor: lower case, spaces to `-`, other punctuation dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The Debian package ships the monitoring files (scrape configuration, alert rules and their
+/// tests, the dashboard), and every alert's `runbook_url` names a section of deploy/README.md
+/// as installed (`/usr/share/doc/warden/deploy.md`) that exists.
+#[test]
+fn the_package_ships_the_monitoring_files_and_every_runbook_url_resolves() {
+    let manifest = std::fs::read_to_string(deploy_dir().join("../crates/cli/Cargo.toml")).unwrap();
+    let cargo: toml::Value = toml::from_str(&manifest).unwrap();
+    let assets: Vec<(String, String)> = cargo["package"]["metadata"]["deb"]["assets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a[0].as_str().unwrap().to_string(),
+                a[1].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for dir in ["prometheus", "grafana"] {
+        for e in std::fs::read_dir(deploy_dir().join(dir)).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            let src = format!("../../deploy/{dir}/{name}");
+            let shipped = assets
+                .iter()
+                .find(|(s, _)| *s == src)
+                .unwrap_or_else(|| panic!("{src} is not in the package's assets"));
+            assert_eq!(
+                shipped.1,
+                format!("usr/share/warden/monitoring/{dir}/{name}")
+            );
+        }
+    }
+    assert!(
+        assets
+            .iter()
+            .any(|(s, d)| s == "../../deploy/README.md" && d == "usr/share/doc/warden/deploy.md")
+    );
+    let readme = std::fs::read_to_string(deploy_dir().join("README.md")).unwrap();
+    let anchors: BTreeSet<String> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect();
+    let rules = std::fs::read_to_string(deploy_dir().join("prometheus/warden-alerts.yml")).unwrap();
+    // One `- alert:` item after another; its `runbook_url:` annotation before the next.
+    let mut alerts = 0;
+    for item in rules.split("- alert: ").skip(1) {
+        let name = item.lines().next().unwrap_or("").trim();
+        alerts += 1;
+        let url = item
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("runbook_url: "))
+            .map(|u| u.trim_matches('"'))
+            .unwrap_or_else(|| panic!("{name} has no runbook_url"));
+        let target = url
+            .strip_prefix("file:///usr/share/doc/warden/deploy.md#")
+            .unwrap_or_else(|| panic!("{name}: {url} is not a section of deploy.md"));
+        assert!(
+            anchors.contains(target),
+            "{name}: no section #{target} in deploy/README.md"
+        );
+    }
+    assert!(alerts >= 8, "{alerts}");
+}

@@ -119,7 +119,8 @@ async fn eventually(prom: &str, q: &str, ok: impl Fn(f64) -> bool) -> Vec<Value>
 }
 
 /// Metric names as scraped (`# TYPE` lines of the OpenMetrics text), with the sample names
-/// each type has (`_total` for counters; `_bucket`, `_sum`, `_count` for histograms).
+/// each type has (`_total` for counters; `_info` for info; `_bucket`, `_sum`, `_count` for
+/// histograms).
 fn exported_names(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for line in text.lines() {
@@ -133,6 +134,9 @@ fn exported_names(text: &str) -> BTreeSet<String> {
         match kind {
             "counter" => {
                 out.insert(format!("{name}_total"));
+            }
+            "info" => {
+                out.insert(format!("{name}_info"));
             }
             "histogram" => {
                 for s in ["_bucket", "_sum", "_count"] {
@@ -375,7 +379,21 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(loaded.len(), 5, "{rules_text}");
+    assert_eq!(loaded.len(), 8, "{rules_text}");
+    // An `up == 0` alert for every daemon, each with its runbook.
+    for daemon in ["gateway", "supervisor", "policy", "approver"] {
+        let want = format!("up{{job=\"warden-{daemon}\"}} == 0");
+        let rule = loaded
+            .iter()
+            .find(|r| r["query"].as_str() == Some(want.as_str()))
+            .unwrap_or_else(|| panic!("no {want} alert: {rules_text}"));
+        assert!(
+            rule["annotations"]["runbook_url"]
+                .as_str()
+                .is_some_and(|u| u.contains("deploy.md#")),
+            "{rule}"
+        );
+    }
     let start = Instant::now();
     loop {
         let (_, t) = http_get(&prom_addr, "/api/v1/rules").await;
@@ -391,6 +409,45 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // Every daemon says what it is and exports its process's figures.
+    for q in [
+        "count(warden_build_info{job=~\"warden-.*\"})",
+        "count(process_resident_memory_bytes{job=~\"warden-.*\"} > 0)",
+        "count(process_cpu_seconds_total{job=~\"warden-.*\"})",
+        "count(process_open_fds{job=~\"warden-.*\"} > 0)",
+        "count(process_start_time_seconds{job=~\"warden-.*\"} > 1e9)",
+    ] {
+        eventually(&prom_addr, q, |v| v == 4.0).await;
+    }
+    // The gateway's requests and the supervisor's turns are timed.
+    eventually(
+        &prom_addr,
+        "sum(warden_gateway_http_request_duration_seconds_count{job=\"warden-gateway\"})",
+        |v| v >= 1.0,
+    )
+    .await;
+    eventually(
+        &prom_addr,
+        "warden_supervisor_turn_duration_seconds_count{job=\"warden-supervisor\"}",
+        |v| v >= 1.0,
+    )
+    .await;
+    // Histograms whose timeouts are a person's time (the approver's decide, up to an hour)
+    // and a turn's have buckets past an hour: an answer after 300 s is not only `+Inf`.
+    for metric in [
+        "warden_approver_decide_duration_seconds_bucket",
+        "warden_supervisor_turn_duration_seconds_bucket",
+        "warden_gateway_http_request_duration_seconds_bucket",
+    ] {
+        let buckets = query(&prom_addr, metric).await;
+        let top = buckets
+            .iter()
+            .filter_map(|b| b["metric"]["le"].as_str()?.parse::<f64>().ok())
+            .filter(|le| le.is_finite())
+            .fold(0.0, f64::max);
+        assert!(top >= 3600.0, "{metric}: largest finite bucket {top} s");
+    }
+
     // Every metric the dashboard and the alert rules name is exported by some daemon.
     let mut exported = BTreeSet::new();
     for port in base..base + 4 {
@@ -402,6 +459,17 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
         &std::fs::read_to_string(deploy_dir().join("grafana/warden-dashboard.json")).unwrap(),
     )
     .unwrap();
+    // The dashboard can be narrowed to a job and an instance, and every query follows them.
+    let vars: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(
+        vars.contains(&"job") && vars.contains(&"instance"),
+        "{vars:?}"
+    );
     let mut used = BTreeSet::new();
     let mut silent = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
@@ -410,7 +478,15 @@ async fn a_real_prometheus_scrapes_warden_up_and_answers_for_a_decision_and_its_
             used.extend(names_in(expr));
             // Each panel's query is valid PromQL to the real server (Grafana's range variable
             // stood in for), and answers with data now that the daemons were scraped.
-            let answer = query(&prom_addr, &expr.replace("$__rate_interval", "1m")).await;
+            assert!(
+                expr.contains("instance=~\"$instance\"") && expr.contains("job=~\"$job\""),
+                "a panel query that ignores the job/instance variables: {expr}"
+            );
+            let expr_now = expr
+                .replace("$__rate_interval", "1m")
+                .replace("$job", "warden-.*")
+                .replace("$instance", ".*");
+            let answer = query(&prom_addr, &expr_now).await;
             if answer.is_empty() {
                 silent.push(expr.to_string());
             }

@@ -274,6 +274,15 @@ async fn five_hundred_leftover_trees_healthy_within_a_second_and_reaped_in_one_g
     drop(streams);
     let survivors: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
     assert!(survivors.len() >= MANY, "{} survivors", survivors.len());
+    // Each tree's agent home is left too; the restart removes them after it answers health.
+    let leftover_homes: Vec<PathBuf> = std::fs::read_dir(state(&d).join("homes"))
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        leftover_homes.len() >= MANY,
+        "{} homes",
+        leftover_homes.len()
+    );
 
     let t0 = Instant::now();
     d.start("supervisor").await;
@@ -297,6 +306,12 @@ async fn five_hundred_leftover_trees_healthy_within_a_second_and_reaped_in_one_g
         healthy < Duration::from_millis(1000 + SLACK_MS),
         "healthy only after {healthy:?}"
     );
+    let t1 = Instant::now();
+    let left = |h: &[PathBuf]| h.iter().filter(|p| p.symlink_metadata().is_ok()).count();
+    while left(&leftover_homes) > 0 && t1.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(left(&leftover_homes), 0, "leftover agent homes not removed");
     let mut c = client(&d);
     let evs = run(&mut c, turn("after-many", "t1", "write after.txt")).await;
     assert_eq!(stop(&evs).stop_reason, "end_turn", "{evs:#?}");

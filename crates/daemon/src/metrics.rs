@@ -6,6 +6,12 @@
 //! give a [`Refresh`]: run before each scrape, it sets the gauges that are read from the service's
 //! state (queue depths, live agents) rather than kept in step by hand.
 //!
+//! Every daemon also exports, beside its service's registry, what an SRE alerts on whatever the
+//! service: `warden_build_info{daemon,version}` (always 1) and the standard process metrics
+//! (`process_cpu_seconds_total`, `process_resident_memory_bytes`, `process_virtual_memory_bytes`,
+//! `process_open_fds`, `process_max_fds`, `process_threads`, `process_start_time_seconds`), read
+//! from `/proc/self` at each scrape ([`ProcessCollector`]; `prometheus-client` has none).
+//!
 //! Plain HTTP with no authentication (Prometheus cannot scrape a Unix socket): what it shows is
 //! counts, rule names and latencies, never a request's content; the operator keeps it on
 //! loopback or a monitoring network. Connections are bounded and must send their request head
@@ -83,8 +89,166 @@ pub async fn bind(section: &DaemonSection) -> Result<Option<MetricsListener>, Li
     Ok(Some(MetricsListener { listener, addr }))
 }
 
-/// Serves `exporter` on `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: MetricsListener, exporter: Exporter, shutdown: CancellationToken) {
+/// What every daemon exports besides its service's metrics: its build and its process.
+fn common_registry(daemon: &str) -> Registry {
+    let mut r = Registry::default();
+    r.register(
+        "warden_build",
+        "The daemon and the version of its binary (always 1)",
+        prometheus_client::metrics::info::Info::new(vec![
+            ("daemon", daemon.to_string()),
+            ("version", env!("CARGO_PKG_VERSION").to_string()),
+        ]),
+    );
+    r.register_collector(Box::new(ProcessCollector));
+    r
+}
+
+/// The standard `process_*` metrics of this process, read from `/proc/self` when scraped.
+#[derive(Debug)]
+pub struct ProcessCollector;
+
+/// Clock ticks per second in `/proc/<pid>/stat`: `USER_HZ`, fixed at 100 in Linux's user ABI.
+const USER_HZ: f64 = 100.0;
+
+/// What [`ProcessCollector`] reads.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProcessFigures {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub virtual_bytes: u64,
+    pub threads: u64,
+    pub start_time_seconds: f64,
+    pub open_fds: u64,
+    pub max_fds: u64,
+}
+
+impl ProcessFigures {
+    /// This process's figures; a file that cannot be read leaves its figures at 0.
+    pub fn read() -> Self {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let boot = std::fs::read_to_string("/proc/stat")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        let mut f = Self::parse(&stat, &status, boot);
+        f.open_fds = std::fs::read_dir("/proc/self/fd")
+            .map(|d| d.count() as u64)
+            .unwrap_or(0);
+        f.max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| soft)
+            .unwrap_or(0);
+        f
+    }
+
+    /// The figures of `/proc/self/stat` (the fields after the command, which may hold spaces
+    /// and parentheses, so it is split at its last `)`), `/proc/self/status` (kB) and the boot
+    /// time.
+    pub fn parse(stat: &str, status: &str, boot_unix_s: u64) -> Self {
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        // Field n of proc(5) (1-based) is index n - 3 here: pid and comm come before `)`.
+        let field = |n: usize| {
+            fields
+                .get(n - 3)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let kb = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Self {
+            cpu_seconds: (field(14) + field(15)) as f64 / USER_HZ,
+            resident_bytes: kb("VmRSS:") * 1024,
+            virtual_bytes: kb("VmSize:") * 1024,
+            threads: field(20),
+            start_time_seconds: boot_unix_s as f64 + field(22) as f64 / USER_HZ,
+            open_fds: 0,
+            max_fds: 0,
+        }
+    }
+}
+
+impl prometheus_client::collector::Collector for ProcessCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::registry::Unit;
+        let f = ProcessFigures::read();
+        let cpu = ConstCounter::new(f.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu",
+            "Total user and system CPU time spent in seconds",
+            Some(&Unit::Seconds),
+            cpu.metric_type(),
+        )?)?;
+        let gauges: [(&str, &str, Option<Unit>, f64); 6] = [
+            (
+                "process_resident_memory",
+                "Resident memory size in bytes",
+                Some(Unit::Bytes),
+                f.resident_bytes as f64,
+            ),
+            (
+                "process_virtual_memory",
+                "Virtual memory size in bytes",
+                Some(Unit::Bytes),
+                f.virtual_bytes as f64,
+            ),
+            (
+                "process_start_time",
+                "Start time of the process since the Unix epoch in seconds",
+                Some(Unit::Seconds),
+                f.start_time_seconds,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors",
+                None,
+                f.open_fds as f64,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                None,
+                f.max_fds as f64,
+            ),
+            (
+                "process_threads",
+                "Number of OS threads in the process",
+                None,
+                f.threads as f64,
+            ),
+        ];
+        for (name, help, unit, v) in gauges {
+            let g = ConstGauge::new(v);
+            g.encode(encoder.encode_descriptor(name, help, unit.as_ref(), g.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Serves `exporter` on `listener` until `shutdown` is cancelled; `daemon` names it in
+/// `warden_build_info`.
+pub async fn serve(
+    listener: MetricsListener,
+    exporter: Exporter,
+    shutdown: CancellationToken,
+    daemon: &str,
+) {
+    let common = Arc::new(common_registry(daemon));
     let exporter = Arc::new(exporter);
     let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
@@ -108,12 +272,14 @@ pub async fn serve(listener: MetricsListener, exporter: Exporter, shutdown: Canc
             },
         };
         let exporter = exporter.clone();
+        let common = common.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
             let _place = place;
             let service = hyper::service::service_fn(move |req| {
                 let exporter = exporter.clone();
-                async move { Ok::<_, Infallible>(answer(&exporter, req).await) }
+                let common = common.clone();
+                async move { Ok::<_, Infallible>(answer(&exporter, &common, req).await) }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -131,7 +297,11 @@ pub async fn serve(listener: MetricsListener, exporter: Exporter, shutdown: Canc
     }
 }
 
-async fn answer(exporter: &Exporter, req: Request<Incoming>) -> Response<String> {
+async fn answer(
+    exporter: &Exporter,
+    common: &Registry,
+    req: Request<Incoming>,
+) -> Response<String> {
     let reply = |status: StatusCode, ty: &'static str, body: String| {
         let mut r = Response::new(body);
         *r.status_mut() = status;
@@ -159,7 +329,10 @@ async fn answer(exporter: &Exporter, req: Request<Incoming>) -> Response<String>
         refresh().await;
     }
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &exporter.registry) {
+    let encoded = prometheus_client::encoding::text::encode_registry(&mut body, &exporter.registry)
+        .and_then(|()| prometheus_client::encoding::text::encode_registry(&mut body, common))
+        .and_then(|()| prometheus_client::encoding::text::encode_eof(&mut body));
+    match encoded {
         Ok(()) => reply(StatusCode::OK, CONTENT_TYPE, body),
         Err(e) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -170,9 +343,16 @@ async fn answer(exporter: &Exporter, req: Request<Incoming>) -> Response<String>
 }
 
 /// Latency buckets in seconds, 100 µs to about 52 s (doubling): a decision from the rules takes
-/// well under a millisecond, one that waits for a person or a fsync much longer.
+/// well under a millisecond, one that waits for a fsync or a database longer.
 pub fn latency_buckets() -> impl Iterator<Item = f64> {
     prometheus_client::metrics::histogram::exponential_buckets(0.0001, 2.0, 20)
+}
+
+/// Buckets in seconds for what may wait for a person or run as long as a turn: 1 ms to about
+/// 2.3 hours (doubling), past `MAX_DECIDE_DEADLINE_MS` (an hour), so an answer given within any
+/// deadline warden allows lands in a bucket of its own, never only in `+Inf`.
+pub fn long_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 24)
 }
 
 #[cfg(test)]
@@ -217,8 +397,23 @@ mod tests {
                 refresh: Some(refresh),
             },
             token.clone(),
+            "warden-test",
         ));
         let first = get(addr, "/metrics").await;
+        // Every daemon's build and process, after the service's own metrics.
+        for want in [
+            "warden_build_info{daemon=\"warden-test\",version=\"",
+            "\nprocess_cpu_seconds_total ",
+            "\nprocess_resident_memory_bytes ",
+            "\nprocess_virtual_memory_bytes ",
+            "\nprocess_start_time_seconds ",
+            "\nprocess_open_fds ",
+            "\nprocess_max_fds ",
+            "\nprocess_threads ",
+        ] {
+            assert!(first.contains(want), "{want} in {first}");
+        }
+        assert_eq!(first.matches("# EOF").count(), 1, "{first}");
         assert!(first.starts_with("HTTP/1.1 200"), "{first}");
         assert!(first.contains("application/openmetrics-text"), "{first}");
         assert!(first.contains("scrapes_total 1\n"), "{first}");
@@ -231,6 +426,27 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    /// The fields of `/proc/self/stat` are counted after the command's last `)` (a command may
+    /// hold both spaces and parentheses).
+    #[test]
+    fn process_figures_are_read_from_proc_stat_and_status() {
+        let stat = "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 7 0 \
+                    1000 123456789 2000 18446744073709551615";
+        let status = "Name:\tx\nVmSize:\t  123456 kB\nVmRSS:\t    2048 kB\nThreads:\t7\n";
+        let f = ProcessFigures::parse(stat, status, 1_700_000_000);
+        assert_eq!(f.cpu_seconds, 3.0);
+        assert_eq!(f.threads, 7);
+        assert_eq!(f.start_time_seconds, 1_700_000_010.0);
+        assert_eq!(f.resident_bytes, 2048 * 1024);
+        assert_eq!(f.virtual_bytes, 123456 * 1024);
+        let me = ProcessFigures::read();
+        assert!(
+            me.threads >= 1 && me.resident_bytes > 0 && me.open_fds > 0,
+            "{me:?}"
+        );
+        assert!(me.max_fds >= me.open_fds, "{me:?}");
     }
 
     #[test]

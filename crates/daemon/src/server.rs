@@ -180,8 +180,9 @@ impl Server {
         tracing::info!(daemon = self.daemon, listener = "metrics", at = %describe, "listening");
         self.listeners.push(describe);
         let token = self.shutdown.clone();
+        let daemon = self.daemon;
         self.tasks.spawn(async move {
-            crate::metrics::serve(listener, exporter, token).await;
+            crate::metrics::serve(listener, exporter, token, daemon).await;
             Ok(())
         });
         Ok(())

@@ -10,6 +10,11 @@
 //! at each new connection), so a rotated certificate is used without a restart; a change that
 //! does not load (a half-written file) keeps the last good material and says why.
 //!
+//! A refusal is a TLS alert the other end can read, not a closed connection: a server's
+//! listener refuses an identity it does not admit inside the handshake (`access_denied`), so a
+//! client tells "this peer refused my certificate" from "this peer is gone" ([`refusal`]), and
+//! both ends log the identities involved.
+//!
 //! Must never: admit a connection whose chain does not verify or whose identity is not listed,
 //! accept a certificate by DNS name (these certificates carry none), or fall back to plain TCP.
 
@@ -25,6 +30,7 @@ use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use serde::Deserialize;
 use tokio::net::{TcpListener, TcpStream};
@@ -271,9 +277,13 @@ impl<T> Reloading<T> {
 fn server_config(cfg: &TlsConfig) -> Result<rustls::ServerConfig, TlsError> {
     let m = Material::load(cfg)?;
     let provider = provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(m.roots, provider.clone())
+    let chain = WebPkiClientVerifier::builder_with_provider(m.roots, provider.clone())
         .build()
         .map_err(|e| TlsError::Setup(format!("client verifier: {e}")))?;
+    let verifier = Arc::new(AdmittingVerifier {
+        chain,
+        admit: cfg.admit.clone(),
+    });
     let mut sc = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Setup(e.to_string()))?
@@ -309,6 +319,111 @@ fn client_config(cfg: &TlsConfig) -> Result<rustls::ClientConfig, TlsError> {
     // No DNS name to send: the server is known by its SPIFFE ID.
     cc.enable_sni = false;
     Ok(cc)
+}
+
+/// A listener's check of a client: its chain (rustls's own), then its SPIFFE ID against the
+/// identities admitted, both inside the handshake, so a refused client receives a TLS alert
+/// (`access_denied` for an identity not admitted, `unknown_ca` for another CA) that says so.
+#[derive(Debug)]
+struct AdmittingVerifier {
+    chain: Arc<dyn ClientCertVerifier>,
+    admit: Vec<String>,
+}
+
+impl ClientCertVerifier for AdmittingVerifier {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.chain.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let ids = spiffe_ids(end_entity);
+        if let Err(e) = self
+            .chain
+            .verify_client_cert(end_entity, intermediates, now)
+        {
+            tracing::warn!(identities = ?ids, error = %e, "peer refused: its certificate does not verify against this listener's CA");
+            return Err(e);
+        }
+        if ids.iter().any(|id| self.admit.contains(id)) {
+            return Ok(ClientCertVerified::assertion());
+        }
+        tracing::warn!(identities = ?ids, admitted = ?self.admit, "peer refused: its certificate's identity is not admitted on this listener");
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::ApplicationVerificationFailure,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.chain.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.chain.supported_verify_schemes()
+    }
+}
+
+/// Which end refused a mutual-TLS connection, from the error of a call over it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The peer refused this end's certificate (the alert it sent, e.g. `AccessDenied`).
+    ByPeer(String),
+    /// This end refused the peer's certificate (why).
+    OfPeer(String),
+}
+
+/// Whether `err` (a gRPC status's source, a transport error) is a refused certificate on either
+/// end, found in its chain of sources (an `io::Error` is looked into: its `source()` skips the
+/// error it wraps).
+pub fn refusal(err: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        let inner = e
+            .downcast_ref::<io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|i| i as &(dyn std::error::Error + 'static));
+        for candidate in [Some(e), inner].into_iter().flatten() {
+            if let Some(r) = candidate.downcast_ref::<rustls::Error>() {
+                use rustls::AlertDescription as A;
+                match r {
+                    rustls::Error::AlertReceived(
+                        a @ (A::AccessDenied
+                        | A::BadCertificate
+                        | A::UnknownCA
+                        | A::CertificateRequired
+                        | A::CertificateUnknown
+                        | A::UnsupportedCertificate
+                        | A::CertificateExpired
+                        | A::CertificateRevoked),
+                    ) => return Some(Refusal::ByPeer(format!("{a:?}"))),
+                    rustls::Error::InvalidCertificate(_)
+                    | rustls::Error::NoCertificatesPresented
+                    | rustls::Error::General(_) => return Some(Refusal::OfPeer(r.to_string())),
+                    _ => {}
+                }
+            }
+        }
+        next = inner.and_then(|i| i.source()).or_else(|| e.source());
+    }
+    None
 }
 
 /// A server is accepted when its chain ends in the CA and its SPIFFE ID is one admitted. The
@@ -480,10 +595,12 @@ async fn handshake(
     tls: &ServerTls,
     name: &str,
 ) -> Option<TlsPeerStream> {
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let accept = acceptor.accept(tcp).into_fallible();
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
+        Ok(Err((e, tcp))) => {
             tracing::warn!(listener = %name, peer = %addr, error = %e, "peer refused: TLS handshake failed");
+            linger(tcp).await;
             return None;
         }
         Err(_) => {
@@ -507,11 +624,107 @@ async fn handshake(
     }
 }
 
+/// How long a refused connection is kept open for its peer to read the alert.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Closes a refused connection so that its peer reads the TLS alert already written: the write
+/// side first (FIN after the alert), then whatever the peer sent meanwhile is read and dropped
+/// for at most [`LINGER`]. Closed at once with the peer's bytes unread, the kernel would send a
+/// reset, which can arrive first and discard the alert: the peer would see a lost connection,
+/// not a refusal.
+async fn linger(mut tcp: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = tcp.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(LINGER, async {
+        while let Ok(n) = tcp.read(&mut sink).await {
+            if n == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
 /// A client's TLS side: connects to `addr` and presents this daemon's certificate; the server
 /// must prove one of `tls.admit`. Reloaded as its files change, at each new connection.
 #[derive(Clone)]
 pub struct ClientTls {
     config: Arc<Reloading<rustls::ClientConfig>>,
+    /// Per address dialled, the refusal its last connection ended with (a TLS alert read from
+    /// the stream, or this end's verdict on the peer's certificate), cleared once a connection
+    /// there reads its first bytes. HTTP/2 reports a connection that died under a pending call
+    /// only as "operation was canceled"; this is where the reason is kept.
+    refusals: Arc<Mutex<std::collections::HashMap<String, Refusal>>>,
+}
+
+/// The TLS stream of one client connection, noting a refusal it meets in [`ClientTls`].
+struct Watched<S> {
+    inner: S,
+    addr: String,
+    refusals: Arc<Mutex<std::collections::HashMap<String, Refusal>>>,
+    accepted: bool,
+}
+
+impl<S> Watched<S> {
+    fn note(&mut self, err: &io::Error) {
+        if let Some(r) = refusal(err) {
+            self.refusals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(self.addr.clone(), r);
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &r {
+            std::task::Poll::Ready(Err(e)) => self.note(e),
+            std::task::Poll::Ready(Ok(())) if !self.accepted && buf.filled().len() > before => {
+                // The server spoke after the handshake: it took this end's certificate.
+                self.accepted = true;
+                self.refusals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&self.addr);
+            }
+            _ => {}
+        }
+        r
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Err(e)) = &r {
+            self.note(e);
+        }
+        r
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 impl ClientTls {
@@ -520,7 +733,27 @@ impl ClientTls {
             .map_err(|(k, why)| TlsError::Config(format!("{k}: {why}")))?;
         Ok(Self {
             config: Arc::new(Reloading::new(cfg.resolved(state_dir), client_config)?),
+            refusals: Arc::default(),
         })
+    }
+
+    /// The refusal the last connection to `addr` ended with, if it was one (see the field).
+    pub fn refused(&self, addr: &str) -> Option<Refusal> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(addr)
+            .cloned()
+    }
+
+    /// The SPIFFE IDs of the certificate this end presents (read now; empty when it does not
+    /// load): what a refusal is logged with.
+    pub fn identities(&self) -> Vec<String> {
+        CertificateDer::pem_file_iter(&self.config.cfg.cert_file)
+            .ok()
+            .and_then(|mut certs| certs.next()?.ok())
+            .map(|c| spiffe_ids(&c))
+            .unwrap_or_default()
     }
 
     /// A lazily connecting gRPC channel to `addr` (`host:port`) over mutual TLS.
@@ -549,8 +782,24 @@ impl ClientTls {
                     // Not a name that is checked (see IdentityVerifier); rustls needs one.
                     let name = ServerName::try_from("warden.invalid")
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-                    let tls = connector.connect(name, tcp).await?;
-                    Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(tls))
+                    let tls = match connector.connect(name, tcp).await {
+                        Ok(tls) => tls,
+                        Err(e) => {
+                            if let Some(r) = refusal(&e) {
+                                me.refusals
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .insert(addr.clone(), r);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(Watched {
+                        inner: tls,
+                        addr: addr.clone(),
+                        refusals: me.refusals.clone(),
+                        accepted: false,
+                    }))
                 }
             })),
         )

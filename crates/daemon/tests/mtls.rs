@@ -12,7 +12,7 @@ use pki::{TD, certs, leaf};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use warden_daemon::config::ListenerConfig;
-use warden_daemon::tls::{ClientTls, TlsConfig};
+use warden_daemon::tls::{ClientTls, Refusal, TlsConfig};
 use warden_daemon::{Server, listener};
 
 fn tls(dir: &Path, name: &str, ca: &str, admit: &[&str]) -> TlsConfig {
@@ -85,6 +85,12 @@ async fn a_peer_is_admitted_by_its_certificate_identity_and_nothing_else() {
         health(&policy, &sup.addr).await.is_err(),
         "a wrong role got in"
     );
+    // And the client can tell: a TLS alert from the server, not a lost connection.
+    assert!(
+        matches!(policy.refused(&sup.addr), Some(Refusal::ByPeer(_))),
+        "{:?}",
+        policy.refused(&sup.addr)
+    );
 
     // The gateway's name signed by another CA: refused.
     let impostor = ClientTls::new(&tls(&d, "impostor", "ca", &want), &d).unwrap();
@@ -92,12 +98,25 @@ async fn a_peer_is_admitted_by_its_certificate_identity_and_nothing_else() {
         health(&impostor, &sup.addr).await.is_err(),
         "another CA's certificate got in"
     );
+    assert!(
+        matches!(impostor.refused(&sup.addr), Some(Refusal::ByPeer(_))),
+        "{:?}",
+        impostor.refused(&sup.addr)
+    );
 
     // A client that expects another server identity does not talk to this one.
     let confused =
         ClientTls::new(&tls(&d, "gateway", "ca", &[&format!("{TD}/policy")]), &d).unwrap();
     let err = health(&confused, &sup.addr).await.unwrap_err();
     assert_ne!(err.code(), tonic::Code::Ok);
+    assert!(
+        matches!(confused.refused(&sup.addr), Some(Refusal::OfPeer(_))),
+        "{:?}",
+        confused.refused(&sup.addr)
+    );
+    // A refusal is forgotten once a connection there is taken.
+    assert_eq!(health(&gateway, &sup.addr).await.expect("admitted"), 1);
+    assert_eq!(gateway.refused(&sup.addr), None);
 
     // Plain gRPC over TCP, no certificate at all: nothing is served.
     let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", sup.addr))

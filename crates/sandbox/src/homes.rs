@@ -71,13 +71,25 @@ impl AgentHomes {
 
     /// Removes every home a previous run left (each with the rights of the agent that owns it).
     pub fn remove_leftovers(&self) -> Result<(), SandboxError> {
+        Self::remove_homes(self.leftovers()?);
+        Ok(())
+    }
+
+    /// What is in the homes directory now: at start-up, what a previous run left. Listed before
+    /// the daemon serves, so [`AgentHomes::remove_homes`] can run in the background without
+    /// ever meeting a home made since (each new home has a name of its own).
+    pub fn leftovers(&self) -> Result<Vec<std::path::PathBuf>, SandboxError> {
         let entries = std::fs::read_dir(&self.dir)
             .map_err(|e| SandboxError::io("list homes", &self.dir, e))?;
+        Ok(entries.flatten().map(|e| e.path()).collect())
+    }
+
+    /// Removes `leftovers` (from [`AgentHomes::leftovers`]): a home as the agent that owns it
+    /// (the directory's owner), links as links; anything else there is the supervisor's own.
+    /// Blocking: hundreds of homes take a while, so a daemon runs this off its start-up path.
+    pub fn remove_homes(leftovers: Vec<std::path::PathBuf>) {
         let mut n = 0;
-        for e in entries.flatten() {
-            let p = e.path();
-            // A home is removed as the agent that owns it (the directory's owner), links as
-            // links; anything else here is the supervisor's own.
+        for p in leftovers {
             let r = match std::fs::symlink_metadata(&p) {
                 Ok(m) if m.is_dir() => crate::roots::remove_as_owner(&p, None, "remove agent home"),
                 _ => std::fs::remove_file(&p).map_err(|e| SandboxError::io("remove", &p, e)),
@@ -92,7 +104,6 @@ impl AgentHomes {
         if n > 0 {
             tracing::info!(homes = n, "removed agent homes left by a previous run");
         }
-        Ok(())
     }
 
     /// A fresh home for `conversation_id`: a copy of `template` when given (which must be a

@@ -12,7 +12,7 @@ use warden_daemon::metrics::prometheus_client::metrics::family::Family;
 use warden_daemon::metrics::prometheus_client::metrics::gauge::Gauge;
 use warden_daemon::metrics::prometheus_client::metrics::histogram::Histogram;
 use warden_daemon::metrics::prometheus_client::registry::{Registry, Unit};
-use warden_daemon::metrics::{Exporter, Refresh, latency_buckets};
+use warden_daemon::metrics::{Exporter, Refresh, long_buckets};
 use warden_proto::v1 as pb;
 
 struct Metrics {
@@ -24,7 +24,7 @@ struct Metrics {
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     decisions: Family::default(),
-    decide: Histogram::new(latency_buckets()),
+    decide: Histogram::new(long_buckets()),
     pending: Gauge::default(),
     oldest_pending_age: Gauge::default(),
 });

@@ -80,6 +80,9 @@ pub struct Routed {
     /// Placed again on this call because its cell was lost: the reason the caller is told.
     pub reset: Option<String>,
     lost: Option<CancellationToken>,
+    /// The gateway's side of the cell's channel and the address dialled (its identity and the
+    /// refusal its connection met, for a refused call's fault).
+    tls: Option<(warden_daemon::tls::ClientTls, String)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -117,7 +120,47 @@ impl Routed {
             cell: None,
             reset: None,
             lost: None,
+            tls: None,
         }
+    }
+
+    /// When `status` (a refused call to this route's cell) is a refused certificate on either
+    /// end: the `cell-refused` fault, logged with the identities involved.
+    pub fn refused_certificate(&self, status: &tonic::Status) -> Option<Fault> {
+        let cell = self.cell.as_deref()?;
+        // The status's own chain when it carries the TLS error; else what the connection to
+        // the cell noted (a refusal read after the handshake reaches the call only as
+        // "operation was canceled").
+        let refusal = std::error::Error::source(status)
+            .and_then(warden_daemon::tls::refusal)
+            .or_else(|| {
+                let (tls, addr) = self.tls.as_ref()?;
+                tls.refused(addr)
+            })?;
+        let mine = self
+            .tls
+            .as_ref()
+            .map(|(t, _)| t.identities())
+            .unwrap_or_default();
+        let message = match &refusal {
+            warden_daemon::tls::Refusal::ByPeer(alert) => {
+                tracing::error!(cell, identities = ?mine, alert = %alert, "cell refused this gateway's certificate: check the cell's tls.admit and CA against this identity");
+                format!(
+                    "cell {cell} refused this gateway's certificate (identity {mine:?}, TLS alert {alert}): a configuration error, nothing ran"
+                )
+            }
+            warden_daemon::tls::Refusal::OfPeer(why) => {
+                tracing::error!(cell, identities = ?mine, error = %why, "this gateway refused the cell's certificate: check cells.tls.admit and the CA");
+                format!(
+                    "this gateway refused cell {cell}'s certificate ({why}): a configuration error, nothing ran"
+                )
+            }
+        };
+        Some(Fault {
+            class: "cell-refused".into(),
+            message,
+            fault_class: FaultClass::CellRefused as i32,
+        })
     }
 
     /// The turn's events. On a cell: a ContextReset right after the turn starts when the
@@ -355,6 +398,7 @@ impl Cells {
             cell: Some(cell.to_string()),
             reset: None,
             lost: Some(lost),
+            tls: Some((self.tls.clone(), c.address.clone())),
         })
     }
 

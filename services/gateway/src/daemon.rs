@@ -560,7 +560,9 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         max_connections_per_principal: cfg.http.principal_connection_share(),
     };
     // Each HTTP request continues its caller's trace (W3C traceparent) when tracing is on.
-    let app = app.layer(warden_daemon::otel::TraceLayer);
+    let app = app
+        .layer(axum::middleware::from_fn(crate::http::observe))
+        .layer(warden_daemon::otel::TraceLayer);
     let mut http_task = tokio::spawn(crate::serve::serve_with(
         http, app, limits, edge_auth, conns, token,
     ));

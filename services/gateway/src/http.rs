@@ -90,6 +90,28 @@ fn rest_routes() -> Router<Arc<HttpState>> {
     crate::rest::routes().merge(crate::compat03::rest_routes())
 }
 
+/// Times each HTTP request to its response head for `warden_gateway_http_request_duration_seconds`
+/// (the layer over every front, MCP included).
+pub async fn observe(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let path = req.uri().path();
+    let front = if path == CARD_PATH {
+        "card"
+    } else if path.starts_with("/mcp") {
+        "mcp"
+    } else if path == JSONRPC_PATH || path == format!("{JSONRPC_PATH}/") || path == "/" {
+        "jsonrpc"
+    } else {
+        "rest"
+    };
+    let t0 = std::time::Instant::now();
+    let resp = next.run(req).await;
+    crate::metrics::http_request(front, resp.status().as_u16(), t0.elapsed());
+    resp
+}
+
 /// The whole HTTP router.
 pub fn router(state: Arc<HttpState>) -> Router {
     Router::new()

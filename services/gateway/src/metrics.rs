@@ -10,11 +10,16 @@ use std::sync::LazyLock;
 use warden_daemon::metrics::prometheus_client::metrics::counter::Counter;
 use warden_daemon::metrics::prometheus_client::metrics::family::Family;
 use warden_daemon::metrics::prometheus_client::metrics::gauge::Gauge;
+use warden_daemon::metrics::prometheus_client::metrics::histogram::Histogram;
 use warden_daemon::metrics::prometheus_client::registry::Registry;
-use warden_daemon::metrics::{Exporter, Refresh};
+use warden_daemon::metrics::prometheus_client::registry::Unit;
+use warden_daemon::metrics::{Exporter, Refresh, long_buckets};
+
+type RequestLabels = [(&'static str, &'static str); 2];
 
 struct Metrics {
     entered: Family<[(&'static str, &'static str); 1], Counter>,
+    requests: Family<RequestLabels, Histogram>,
     live: Gauge,
     stored: Gauge,
     streams: Gauge,
@@ -22,6 +27,8 @@ struct Metrics {
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     entered: Family::default(),
+    // Up to hours: a blocking `message/send` lasts as long as its turn (and a person's answer).
+    requests: Family::new_with_constructor(|| Histogram::new(long_buckets())),
     live: Gauge::default(),
     stored: Gauge::default(),
     streams: Gauge::default(),
@@ -30,6 +37,22 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
 /// A task's state changed to `state` (the proto name, `TASK_STATE_WORKING`, a fixed set).
 pub fn task_entered(state: &'static str) {
     METRICS.entered.get_or_create(&[("state", state)]).inc();
+}
+
+/// One HTTP request answered: its front (`jsonrpc`, `rest`, `mcp`, `card`), its status, and the
+/// time to its response head (a stream's head comes at once; its lifetime is not counted).
+pub fn http_request(front: &'static str, status: u16, took: std::time::Duration) {
+    let class = match status {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    METRICS
+        .requests
+        .get_or_create(&[("front", front), ("code", class)])
+        .observe(took.as_secs_f64());
 }
 
 /// The state-read figures, set before each scrape.
@@ -64,6 +87,12 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "streams_open",
         "Open streaming subscriptions (SSE on the HTTP bindings, streams on the gRPC binding)",
         m.streams.clone(),
+    );
+    r.register_with_unit(
+        "http_request_duration",
+        "Time from an HTTP request to its response head, by front (jsonrpc, rest, mcp, card) and status class",
+        Unit::Seconds,
+        m.requests.clone(),
     );
     Exporter {
         registry: r,

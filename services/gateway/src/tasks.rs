@@ -2359,11 +2359,15 @@ impl Core {
     }
 }
 
-/// A refused RunTurn's fault; on a cell that could not be reached, `cell-lost`.
+/// A refused RunTurn's fault; on a cell whose TLS handshake refused a certificate (either
+/// way), `cell-refused`; on a cell that could not be reached otherwise, `cell-lost`.
 pub fn refused_fault(
     routed: &crate::cells::Routed,
     status: &tonic::Status,
 ) -> warden_proto::v1::Fault {
+    if let Some(f) = routed.refused_certificate(status) {
+        return f;
+    }
     let f = fault_of_refused_turn(status);
     match &routed.cell {
         Some(cell) if f.fault_class() == warden_proto::v1::FaultClass::SupervisorUnavailable => {

@@ -3,6 +3,13 @@
 //! Keys: `r/<seq u64 BE>` → record, `d/<decision id>` → seq. `r` sorts after `d`, so the newest
 //! records are the tree's last keys.
 //!
+//! A decision has one record, except one whose answer was DENY `audit.unavailable` after its
+//! record was written (the journal's sync came after the caller's deadline): the service then
+//! appends its correction, a record of the same decision id saying what was answered. The
+//! index points at the newest record of a decision id, and readers skip any other (`newest`),
+//! so the decision reads as what was enforced; journal replay and the start-up repair keep the
+//! index on the newest.
+//!
 //! The two keys are two plain inserts, record first, both under the append lock, not one sled
 //! batch: sled 0.34 seals and writes its current log buffer twice for every batch (to pin the
 //! batch's recovery point), a disk write plus a wake-up of its whole I/O thread pool per
@@ -125,6 +132,11 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
+/// The sequence number an index entry holds.
+fn seq_value(v: &[u8]) -> Option<u64> {
+    Some(u64::from_be_bytes(<[u8; 8]>::try_from(v).ok()?))
+}
+
 fn seq_of(rec_key: &[u8]) -> Option<u64> {
     let b = rec_key.strip_prefix(REC)?;
     Some(u64::from_be_bytes(<[u8; 8]>::try_from(b).ok()?))
@@ -157,7 +169,12 @@ impl AuditLog {
                     tree.put(&key, &bytes)?;
                     replayed += 1;
                 }
-                tree.put(idx_key(&r.decision_id), seq.to_be_bytes())?;
+                // The newest record of a decision id is the one the index names (a correction
+                // may be in the other file, replayed before or after this one).
+                let idx = idx_key(&r.decision_id);
+                if tree.get(&idx)?.as_deref().and_then(seq_value) < Some(seq) {
+                    tree.put(&idx, seq.to_be_bytes())?;
+                }
             }
         }
         // Only once sled holds them on disk may the journal forget them.
@@ -187,7 +204,9 @@ impl AuditLog {
                 continue;
             };
             let idx = idx_key(&r.decision_id);
-            if tree.get(&idx)?.as_deref() != Some(&seq.to_be_bytes()[..]) {
+            // Missing, or naming an older record of the same decision id: a newer record (a
+            // correction) always wins.
+            if tree.get(&idx)?.as_deref().and_then(seq_value) < Some(seq) {
                 tree.put(&idx, seq.to_be_bytes())?;
                 repaired += 1;
             }
@@ -424,6 +443,12 @@ impl AuditLog {
                     break;
                 }
                 let r = Self::decode(k, v)?;
+                // A record replaced by a later one of the same decision (its correction) is
+                // not what was enforced.
+                let current = self.tree.get(idx_key(&r.decision_id))?;
+                if current.as_deref().and_then(seq_value) > seq_of(k) {
+                    continue;
+                }
                 if keep(&r) {
                     out.push((seq_of(k).map_or(0, |s| s + 1), r));
                     if out.len() == limit {
@@ -551,6 +576,52 @@ mod tests {
             .map(|r| r.decision_id)
             .collect();
         assert_eq!(ids, ["next", "torn", "whole"]);
+        Ok(())
+    }
+
+    /// A correction (a later record of the same decision id) is what the decision reads as,
+    /// by id and in the tail, and stays so after a reopen that replays the journal holding both.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_correction_replaces_its_decision_for_every_reader()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let mut allow = rec("d1", "c1");
+        allow.verdict = pb::Verdict::Allow as i32;
+        let mut deny = allow.clone();
+        deny.verdict = pb::Verdict::Deny as i32;
+        deny.rule = "audit.unavailable".into();
+        let verdicts = |log: &AuditLog| -> Result<Vec<(String, i32)>, AuditError> {
+            Ok(log
+                .newest(10, |_| true)?
+                .into_iter()
+                .map(|r| (r.decision_id, r.verdict))
+                .collect())
+        };
+        {
+            let log = AuditLog::open(reopen(dir.path())?)?;
+            log.append_durable(&rec("d0", "c1")).await?;
+            log.append_durable(&allow).await?;
+            log.append_durable(&rec("d2", "c1")).await?;
+            log.append_durable(&deny).await?;
+            assert_eq!(log.by_decision_id("d1")?, Some(deny.clone()));
+            assert_eq!(
+                verdicts(&log)?,
+                [
+                    ("d1".into(), deny.verdict),
+                    ("d2".into(), 0),
+                    ("d0".into(), 0)
+                ]
+            );
+        }
+        // Both records are still in the journal (no checkpoint yet): replay keeps the newest.
+        let log = AuditLog::open(reopen(dir.path())?)?;
+        assert_eq!(log.by_decision_id("d1")?, Some(deny.clone()));
+        assert_eq!(verdicts(&log)?.len(), 3);
+        assert!(
+            verdicts(&log)?
+                .iter()
+                .all(|(_, v)| *v != pb::Verdict::Allow as i32)
+        );
         Ok(())
     }
 

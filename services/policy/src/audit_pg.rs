@@ -10,10 +10,12 @@
 //!
 //! A write that fails or does not finish within the connect timeout is an error for every
 //! record of its batch: the service answers those decisions DENY (`audit.unavailable`) and
-//! counts them. The statement carries the writer's deadline and inserts nothing when the
-//! server runs it later (a hung server thawing); a commit that began before the deadline and
-//! whose acknowledgement was lost may still have landed: such a row records a decision that
-//! was answered DENY (the supervisor enforces the answer).
+//! counts them. Each row carries its own deadline (its caller's, or the writer's if sooner)
+//! and the statement inserts no row whose deadline the server's clock has passed (a hung
+//! server thawing, a lock waited for); a record whose caller has already stopped waiting is
+//! not sent at all. What is left — a commit that began before a row's deadline and was
+//! acknowledged after it — is closed by the service's correction ([`AuditStore::correct`]: an
+//! upsert on the decision id, which waits for such a commit and then overwrites its row).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +42,8 @@ struct Pending {
     context_id: String,
     decided_at: i64,
     bytes: Vec<u8>,
+    /// Unix ms after which this row must not land (0 = only the writer's own deadline).
+    deadline: i64,
     done: oneshot::Sender<Result<(), String>>,
 }
 
@@ -109,27 +113,38 @@ async fn writer(pg: Pg, mut rx: mpsc::Receiver<Pending>, stats: Arc<Stats>) {
                 Err(_) => break,
             }
         }
-        // The server inserts nothing once the writer has given up on the batch (see
-        // `insert`): a statement delayed in a hung server's socket does not land later.
+        // A caller that stopped waiting has answered DENY: its record is not sent at all.
+        batch.retain(|p| !p.done.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        // The server inserts no row once the writer has given up on it or its caller's
+        // deadline passed (see `insert`): a statement delayed in a hung server's socket, or
+        // behind a lock, does not land later.
         let deadline = now_ms() + pg.timeout().as_millis() as i64;
         let result = match tokio::time::timeout(pg.timeout(), insert(&pg, &batch, deadline)).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(landed)) => Ok(landed),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err(format!("no commit within {} ms", pg.timeout().as_millis())),
         };
         match &result {
-            Ok(()) => {
+            Ok(landed) => {
                 stats.commits.fetch_add(1, Ordering::Relaxed);
                 stats
                     .records
-                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
+                    .fetch_add(landed.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::error!(records = batch.len(), error = %e, target = %pg.target(), "audit commit failed");
             }
         }
         for p in batch.drain(..) {
-            let _ = p.done.send(result.clone());
+            let r = match &result {
+                Ok(landed) if landed.contains(&p.decision_id) => Ok(()),
+                Ok(_) => Err("not written before its deadline".to_string()),
+                Err(e) => Err(e.clone()),
+            };
+            let _ = p.done.send(r);
         }
     }
 }
@@ -141,31 +156,48 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// One statement for the whole batch: its implicit transaction commits every row or none, and
-/// none when the server runs it after `deadline_ms` (the writer's clock; the writer has then
-/// answered the batch's decisions DENY). The window left is a commit that starts before the
-/// deadline and is acknowledged after it, and the clocks' difference between the two hosts.
-async fn insert(pg: &Pg, batch: &[Pending], deadline_ms: i64) -> Result<(), PgError> {
+/// One statement for the whole batch: its implicit transaction commits the rows it inserts or
+/// none, and it inserts no row whose deadline (its own, or `deadline_ms` when sooner or unset)
+/// the server's clock has passed when it runs (the writer's clock set them; the writer has then
+/// answered those decisions DENY). A decision id already present (its correction got there
+/// first) is left as it is. Returns the decision ids inserted. The window left is a commit that
+/// starts before a deadline and is acknowledged after it, and the clocks' difference between
+/// the two hosts; the service's correction closes it.
+async fn insert(
+    pg: &Pg,
+    batch: &[Pending],
+    deadline_ms: i64,
+) -> Result<std::collections::HashSet<String>, PgError> {
     let client = pg.client().await?;
     let ids: Vec<&str> = batch.iter().map(|p| p.decision_id.as_str()).collect();
     let reqs: Vec<&str> = batch.iter().map(|p| p.request_id.as_str()).collect();
     let ctxs: Vec<&str> = batch.iter().map(|p| p.context_id.as_str()).collect();
     let at: Vec<i64> = batch.iter().map(|p| p.decided_at).collect();
     let recs: Vec<&[u8]> = batch.iter().map(|p| p.bytes.as_slice()).collect();
+    let due: Vec<i64> = batch
+        .iter()
+        .map(|p| match p.deadline {
+            0 => deadline_ms,
+            d => d.min(deadline_ms),
+        })
+        .collect();
     let stmt = client
         .prepare_cached(
             "INSERT INTO policy_audit (decision_id, request_id, context_id, decided_at_unix_ms, record)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[])
-             WHERE extract(epoch FROM clock_timestamp()) * 1000 < $6::int8",
+             SELECT d, r, c, a, rec
+               FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::bytea[], $6::int8[])
+                    AS u(d, r, c, a, rec, due)
+              WHERE extract(epoch FROM clock_timestamp()) * 1000 < due
+             ON CONFLICT (decision_id) DO NOTHING
+             RETURNING decision_id",
         )
         .await?;
-    let n = client
-        .execute(&stmt, &[&ids, &reqs, &ctxs, &at, &recs, &deadline_ms])
+    let rows = client
+        .query(&stmt, &[&ids, &reqs, &ctxs, &at, &recs, &due])
         .await?;
-    if n as usize != batch.len() {
-        return Err(PgError::Timeout(pg.timeout().as_millis() as u64));
-    }
-    Ok(())
+    rows.iter()
+        .map(|r| r.try_get::<_, String>(0).map_err(PgError::from))
+        .collect()
 }
 
 fn record_of(row: &tokio_postgres::Row) -> Result<pb::AuditRecord, AuditError> {
@@ -188,9 +220,18 @@ fn decode(seq: i64, bytes: &[u8]) -> Result<pb::AuditRecord, AuditError> {
 
 #[tonic::async_trait]
 impl AuditStore for PgAudit {
-    async fn append(&self, record: &pb::AuditRecord, _durable: bool) -> Result<(), AuditError> {
+    async fn append(&self, record: &pb::AuditRecord, durable: bool) -> Result<(), AuditError> {
+        self.append_by(record, durable, 0).await
+    }
+
+    async fn append_by(
+        &self,
+        record: &pb::AuditRecord,
+        _durable: bool,
+        deadline_unix_ms: u64,
+    ) -> Result<(), AuditError> {
         // What the table keeps is the bounded record (`audit_bounds`).
-        let record = crate::audit_bounds::bounded(record);
+        let record = &crate::audit_bounds::bounded(record);
         let (done, rx) = oneshot::channel();
         let p = Pending {
             decision_id: record.decision_id.clone(),
@@ -202,6 +243,7 @@ impl AuditStore for PgAudit {
                 .unwrap_or_default(),
             decided_at: record.decided_at_unix_ms.min(i64::MAX as u64) as i64,
             bytes: record.encode_to_vec(),
+            deadline: deadline_unix_ms.min(i64::MAX as u64) as i64,
             done,
         };
         match tokio::time::timeout(self.pg.timeout(), self.queue.send(p)).await {
@@ -214,6 +256,28 @@ impl AuditStore for PgAudit {
             Ok(Err(e)) => Err(AuditError::Unavailable(e)),
             Err(_) => Err(AuditError::FlushTask("the audit writer stopped".into())),
         }
+    }
+
+    /// An upsert on the decision id: a row of that decision committed meanwhile (or one whose
+    /// commit is still under way: the unique index makes this wait for it) is overwritten in
+    /// place, keeping its position in the log; otherwise the record is added.
+    async fn correct(&self, record: &pb::AuditRecord) -> Result<(), AuditError> {
+        let record = &crate::audit_bounds::bounded(record);
+        let context = record
+            .subject
+            .as_ref()
+            .map(|s| s.context_id.as_str())
+            .unwrap_or("");
+        let at = record.decided_at_unix_ms.min(i64::MAX as u64) as i64;
+        let bytes = record.encode_to_vec();
+        self.query(
+            "INSERT INTO policy_audit (decision_id, request_id, context_id, decided_at_unix_ms, record)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (decision_id) DO UPDATE SET record = EXCLUDED.record",
+            &[&record.decision_id, &record.request_id, &context, &at, &bytes],
+        )
+        .await
+        .map(|_| ())
     }
 
     async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError> {
@@ -410,11 +474,19 @@ mod tests {
                 ..Default::default()
             }
             .encode_to_vec(),
+            deadline: 0,
             done: oneshot::channel().0,
         };
-        let late = insert(&pg, &[pending("late")], now_ms() - 1).await;
-        assert!(late.is_err(), "a late batch was reported written");
-        insert(&pg, &[pending("on-time")], now_ms() + 5_000).await?;
+        let late = insert(&pg, &[pending("late")], now_ms() - 1).await?;
+        assert!(
+            late.is_empty(),
+            "a late batch was reported written: {late:?}"
+        );
+        // Each row by its own deadline: one past it, one within it, in one statement.
+        let mut past = pending("caller-gone");
+        past.deadline = now_ms() - 1;
+        let landed = insert(&pg, &[past, pending("on-time")], now_ms() + 5_000).await?;
+        assert_eq!(landed.into_iter().collect::<Vec<_>>(), ["on-time"]);
         let rows = pg
             .client()
             .await?

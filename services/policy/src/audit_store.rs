@@ -17,6 +17,25 @@ pub trait AuditStore: Send + Sync {
     /// be done: the caller must then not answer with the decision.
     async fn append(&self, record: &pb::AuditRecord, durable: bool) -> Result<(), AuditError>;
 
+    /// [`append`](Self::append) for a caller that answers at `deadline_unix_ms` (0 = none)
+    /// whatever happens: a backend that can refuse to land the record after that time does
+    /// (PostgreSQL: the statement inserts nothing once the server's clock passed it). A record
+    /// that lands late anyway is replaced by the caller's [`correct`](Self::correct).
+    async fn append_by(
+        &self,
+        record: &pb::AuditRecord,
+        durable: bool,
+        _deadline_unix_ms: u64,
+    ) -> Result<(), AuditError> {
+        self.append(record, durable).await
+    }
+
+    /// Records what was enforced for a decision whose `append` failed or did not return in
+    /// time (the caller answered DENY `audit.unavailable`): `record`, of the same decision id,
+    /// replaces whatever record of that decision landed, or is added when none did. From then
+    /// on `by_decision_id` and `newest` show `record` and never the one it replaces.
+    async fn correct(&self, record: &pb::AuditRecord) -> Result<(), AuditError>;
+
     /// The record of one decision.
     async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError>;
 
@@ -89,6 +108,12 @@ impl AuditStore for AuditLog {
         } else {
             AuditLog::append(self, record).map(|_| ())
         }
+    }
+
+    async fn correct(&self, record: &pb::AuditRecord) -> Result<(), AuditError> {
+        // A later record of the same decision id: the index moves to it, and readers skip the
+        // one it replaces (see `AuditLog::newest`).
+        self.append_durable(record).await.map(|_| ())
     }
 
     async fn by_decision_id(&self, id: &str) -> Result<Option<pb::AuditRecord>, AuditError> {

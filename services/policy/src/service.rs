@@ -53,6 +53,10 @@ pub struct PolicyState {
     /// were decided (bounded; see [`Ledger`]).
     ledger: Mutex<Ledger>,
     listeners: RwLock<Vec<String>>,
+    /// Records of decisions answered DENY `audit.unavailable`, each stating that answer, on
+    /// their way to the audit log (see [`corrections`]): bounded, the overflow counted.
+    corrections: tokio::sync::mpsc::Sender<pb::AuditRecord>,
+    corrections_dropped: AtomicU64,
     /// The boundary validator with this host's homes, read and resolved once at start (the
     /// same `AgentHomes::from_host` the supervisor's workspace check uses) and handed to every
     /// engine, reloaded ones included. It remembers a root it accepted for
@@ -78,6 +82,8 @@ impl PolicyState {
         let engine = Engine::new(config.policy.clone())
             .map_err(|e| ReloadError(e.to_string()))?
             .with_root_check(root_check.clone());
+        let (corrections, pending) = tokio::sync::mpsc::channel(CORRECTIONS_QUEUE);
+        tokio::spawn(write_corrections(audit.clone(), pending));
         Ok(Self {
             active: RwLock::new(Arc::new(Active {
                 engine,
@@ -96,6 +102,8 @@ impl PolicyState {
             last_reload_error: Mutex::new(String::new()),
             ledger: Mutex::new(Ledger::default()),
             listeners: RwLock::new(Vec::new()),
+            corrections,
+            corrections_dropped: AtomicU64::new(0),
             root_check,
         })
     }
@@ -264,7 +272,7 @@ impl PolicyState {
             // No record, no permission: the contract says the record exists before the answer.
             self.not_audited.fetch_add(1, Ordering::Relaxed);
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
-            return pb::Decision {
+            let answer = pb::Decision {
                 decision_id,
                 verdict: pb::Verdict::Deny as i32,
                 option_id: None,
@@ -275,6 +283,15 @@ impl PolicyState {
                 request_id: String::new(),
                 action_digest: String::new(),
             };
+            // A Withdraw of this request finds the DENY that was answered, not the ALLOW decided.
+            self.ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .decided(&req.request_id, &answer.decision_id, answer.verdict);
+            // The record asked for may still land (a commit acknowledged after the deadline, a
+            // journal synced late): what is recorded for this decision must be the DENY given.
+            self.correct(enforced(record, &answer, t0.elapsed()));
+            return answer;
         }
         let subject = record.subject.as_ref();
         let of_subject = |f: fn(&pb::Subject) -> &str| subject.map(f).unwrap_or("");
@@ -305,7 +322,7 @@ impl PolicyState {
         durable: bool,
         deadline_unix_ms: u64,
     ) -> Result<(), crate::audit::AuditError> {
-        let write = self.audit.append(record, durable);
+        let write = self.audit.append_by(record, durable, deadline_unix_ms);
         if deadline_unix_ms == 0 {
             return write.await;
         }
@@ -321,6 +338,18 @@ impl PolicyState {
     /// The audit store (retention runs on it).
     pub fn audit_store(&self) -> Arc<dyn AuditStore> {
         self.audit.clone()
+    }
+
+    /// Queues `record` (the answer actually given) for the audit log; see [`write_corrections`].
+    fn correct(&self, record: pb::AuditRecord) {
+        if let Err(e) = self.corrections.try_send(record) {
+            self.corrections_dropped.fetch_add(1, Ordering::Relaxed);
+            let id = match &e {
+                tokio::sync::mpsc::error::TrySendError::Full(r)
+                | tokio::sync::mpsc::error::TrySendError::Closed(r) => r.decision_id.clone(),
+            };
+            tracing::error!(decision_id = %id, "too many audit corrections waiting; this one is dropped");
+        }
     }
 
     /// The audit backend's name.
@@ -407,6 +436,66 @@ impl PolicyState {
             decision_id: earlier,
             superseded: true,
         })
+    }
+}
+
+/// Corrections waiting at most: each is one decision answered DENY while the audit log could not
+/// be written, so this many is an outage of minutes at full rate.
+const CORRECTIONS_QUEUE: usize = 65_536;
+
+/// The record of a decision as it was enforced: `record` (what the rules decided, whose write
+/// failed or came too late) answered `answer`, DENY `audit.unavailable`. Same decision id, so it
+/// replaces the decided record wherever that one landed.
+fn enforced(
+    record: pb::AuditRecord,
+    answer: &pb::Decision,
+    took: std::time::Duration,
+) -> pb::AuditRecord {
+    let decided = match pb::Verdict::try_from(record.verdict) {
+        Ok(pb::Verdict::Allow) => "ALLOW",
+        Ok(pb::Verdict::Escalate) => "ESCALATE",
+        _ => "DENY",
+    };
+    pb::AuditRecord {
+        verdict: answer.verdict,
+        option_id: None,
+        rule: answer.rule.clone(),
+        reason: format!(
+            "answered DENY: the audit record was not written before the answer was due; the \
+             rules had decided {decided} (rule {}), which was never enforced",
+            record.rule
+        ),
+        end_turn: false,
+        latency_micros: took.as_micros() as u64,
+        ..record
+    }
+}
+
+/// Writes each correction ([`enforced`]) to the audit log, in order, retrying until it is
+/// written: the log was unavailable a moment ago and comes back by itself (a thawed or
+/// restarted database, a disk that caught up). `AuditStore::correct` replaces a late record of
+/// the same decision or adds the correction when none landed, so once this has run the log
+/// says what was enforced. A process that dies with corrections still queued loses them (and
+/// a decided record that landed late keeps its verdict): README, "What the audit records".
+async fn write_corrections(
+    audit: Arc<dyn AuditStore>,
+    mut pending: tokio::sync::mpsc::Receiver<pb::AuditRecord>,
+) {
+    while let Some(record) = pending.recv().await {
+        let mut wait = std::time::Duration::from_millis(50);
+        loop {
+            match audit.correct(&record).await {
+                Ok(()) => {
+                    tracing::info!(decision_id = %record.decision_id, "audit: recorded the DENY answered while the log was unavailable");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(decision_id = %record.decision_id, error = %e, "audit correction not written yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(std::time::Duration::from_secs(2));
+                }
+            }
+        }
     }
 }
 
@@ -620,6 +709,14 @@ impl AdminService for AdminApi {
         details.insert(
             "decisions_not_audited".to_string(),
             s.not_audited.load(Ordering::Relaxed).to_string(),
+        );
+        details.insert(
+            "audit_corrections_pending".to_string(),
+            (CORRECTIONS_QUEUE - s.corrections.capacity()).to_string(),
+        );
+        details.insert(
+            "audit_corrections_dropped".to_string(),
+            s.corrections_dropped.load(Ordering::Relaxed).to_string(),
         );
         details.insert(
             "reload_attempts".to_string(),

@@ -1424,6 +1424,7 @@ impl Conversation {
             &stop.reason,
             stop.fault.as_ref().map(|f| crate::fault::name(f.0)),
         );
+        crate::metrics::turn_took(duration);
         turn.emit(Event::Stop(pb::TurnStop {
             stop_reason: stop.reason,
             refusals,

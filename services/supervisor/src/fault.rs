@@ -26,6 +26,7 @@ pub fn name(class: pb::FaultClass) -> &'static str {
         pb::FaultClass::EgressRefused => "egress-refused",
         pb::FaultClass::RequestLimit => "request-limit",
         pb::FaultClass::CellLost => "cell-lost",
+        pb::FaultClass::CellRefused => "cell-refused",
     }
 }
 
@@ -97,6 +98,7 @@ mod tests {
             pb::FaultClass::EgressRefused,
             pb::FaultClass::RequestLimit,
             pb::FaultClass::CellLost,
+            pb::FaultClass::CellRefused,
         ];
         let mut names: Vec<&str> = all.iter().map(|c| name(*c)).collect();
         names.sort();

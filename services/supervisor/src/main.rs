@@ -277,8 +277,14 @@ async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), Startup
     }
     // After the way in is open: a leftover home is removed with its agent's rights, which
     // need search on the state directory (the unit's StateDirectoryMode= takes it away at
-    // every start).
-    homes.remove_leftovers()?;
+    // every start). Listed now, removed in the background: hundreds of homes held up health
+    // for about a second, and no new home can meet one of them (each has a name of its own).
+    let leftover_homes = homes.leftovers()?;
+    if !leftover_homes.is_empty() {
+        tokio::task::spawn_blocking(move || {
+            warden_sandbox::AgentHomes::remove_homes(leftover_homes)
+        });
+    }
     let records = Records::new(&state, settings.limits().transcript_bytes)?;
     let policy = PolicyClient::with_failover(&settings.policy_sockets()).with_answer_grace(
         std::time::Duration::from_millis(settings.file.policy.answer_grace_ms),

@@ -14,13 +14,16 @@ use std::sync::atomic::AtomicI64;
 use warden_daemon::metrics::prometheus_client::metrics::counter::Counter;
 use warden_daemon::metrics::prometheus_client::metrics::family::Family;
 use warden_daemon::metrics::prometheus_client::metrics::gauge::Gauge;
+use warden_daemon::metrics::prometheus_client::metrics::histogram::Histogram;
 use warden_daemon::metrics::prometheus_client::registry::Registry;
-use warden_daemon::metrics::{Exporter, Refresh};
+use warden_daemon::metrics::prometheus_client::registry::Unit;
+use warden_daemon::metrics::{Exporter, Refresh, long_buckets};
 
 type Labels2 = [(&'static str, &'static str); 2];
 
 struct Metrics {
     turns: Family<Labels2, Counter>,
+    turn_duration: Histogram,
     egress: Family<[(&'static str, &'static str); 1], Counter>,
     policy_failures: Family<[(&'static str, &'static str); 1], Counter>,
     refused: Family<[(&'static str, &'static str); 1], Counter>,
@@ -37,6 +40,8 @@ struct Metrics {
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     turns: Family::default(),
+    // A turn may wait up to an hour for a person's answer, several times over.
+    turn_duration: Histogram::new(long_buckets()),
     egress: Family::default(),
     policy_failures: Family::default(),
     refused: Family::default(),
@@ -72,6 +77,11 @@ pub fn turn_ended(reason: &str, fault: Option<&'static str>) {
         .turns
         .get_or_create(&[("stop_reason", stop_label(reason)), ("fault_class", fault)])
         .inc();
+}
+
+/// How long a turn that ran took, from its start to its stop.
+pub fn turn_took(took: std::time::Duration) {
+    METRICS.turn_duration.observe(took.as_secs_f64());
 }
 
 /// A call (OpenConversation, or RunTurn with or without its open) refused with a fault before
@@ -206,6 +216,12 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "turns",
         "Turns ended, by stop reason (end_turn, cancelled, fault, ...) and fault class",
         m.turns.clone(),
+    );
+    r.register_with_unit(
+        "turn_duration",
+        "Time from a turn's start to its stop (its queueing, its agent's work and every answer it waited for)",
+        Unit::Seconds,
+        m.turn_duration.clone(),
     );
     r.register(
         "egress_connections",
