@@ -13,8 +13,6 @@
 mod supervisor_support;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -26,15 +24,6 @@ use warden_proto::v1::turn_event::Event;
 /// defaults (32 MiB of answers queued for an agent at most, 64 of its requests in flight) the
 /// supervisor measured well under it; without them it passed 1 GiB.
 const RSS_BOUND_KIB: u64 = 200 * 1024;
-
-fn vm_rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn flood(v: serde_json::Value) -> String {
     scenario(json!({"steps": [v]}))
@@ -77,18 +66,7 @@ async fn an_agent_that_stops_reading_cannot_take_the_supervisors_memory() {
     let evs = run(&mut other, turn("calm", "calm-0", "write calm-0.txt")).await;
     assert_eq!(stop(&evs).stop_reason, "end_turn");
 
-    let before = vm_rss_kib(pid);
-    let peak = Arc::new(AtomicU64::new(before));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        tokio::spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(vm_rss_kib(pid), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let sampler = RssSampler::start(pid);
     let t0 = Instant::now();
     let mut s = start(
         &mut c,
@@ -103,33 +81,17 @@ async fn an_agent_that_stops_reading_cannot_take_the_supervisors_memory() {
     )
     .await;
     // While the flood is on, the other conversation is served: three turns, each to its end.
-    let calm = tokio::spawn(async move {
-        let mut out = Vec::new();
-        for i in 1..=3 {
-            let evs = run(
-                &mut other,
-                turn("calm", &format!("calm-{i}"), &format!("write calm-{i}.txt")),
-            )
-            .await;
-            let p = permissions(&evs);
-            out.push((
-                stop(&evs).stop_reason,
-                p.len(),
-                p.iter().all(|p| p.verdict == pb::Verdict::Allow as i32),
-                text(&evs),
-            ));
-        }
-        out
-    });
+    let calm = calm_turns(other, "calm", 3);
     let evs = collect(&mut s, Duration::from_secs(60)).await;
     let ended_in = t0.elapsed();
     let calm = calm.await.unwrap();
     // Memory after the agent is gone (the queue dropped with it).
     tokio::time::sleep(Duration::from_millis(500)).await;
-    sampling.store(false, Ordering::Relaxed);
-    sampler.await.unwrap();
-    let after = vm_rss_kib(pid);
-    let peak = peak.load(Ordering::Relaxed).max(after);
+    let Rss {
+        before,
+        peak,
+        after,
+    } = sampler.stop().await;
     println!(
         "supervisor VmRSS: before {} KiB, peak {} KiB, after {} KiB (bound {} KiB); flooding turn ended in {:?}",
         before, peak, after, RSS_BOUND_KIB, ended_in
@@ -146,9 +108,10 @@ async fn an_agent_that_stops_reading_cannot_take_the_supervisors_memory() {
         peak < RSS_BOUND_KIB,
         "the supervisor grew to {peak} KiB (bound {RSS_BOUND_KIB} KiB)"
     );
-    for (i, (reason, asked, allowed, said)) in calm.iter().enumerate() {
+    for (i, t) in calm.iter().enumerate() {
+        let (reason, asked, allowed, said) = (&t.stop_reason, t.asked, t.allowed, &t.text);
         assert!(
-            reason == "end_turn" && *asked == 1 && *allowed,
+            reason == "end_turn" && asked == 1 && allowed,
             "the other conversation was served (turn {}): {reason}, {asked} permissions, allowed {allowed}: {said}",
             i + 1
         );

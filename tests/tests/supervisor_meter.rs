@@ -21,8 +21,6 @@
 mod supervisor_support;
 
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -35,15 +33,6 @@ use warden_proto::v1 as pb;
 /// conversation's turns and the allocator's slack take. 300 terminals holding 256 KiB each, as
 /// before, are 75 MiB of output alone.
 const RSS_GROWTH_BOUND_KIB: u64 = 24 * 1024;
-
-fn vm_rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn flood(method: &str, count: usize, extra: Value) -> Value {
     let mut v = json!({"type": "flood", "method": method, "count": count});
@@ -251,18 +240,7 @@ async fn a_terminal_flood_is_capped_and_another_conversation_is_served() {
         .into_inner();
     let root = PathBuf::from(&info.root);
 
-    let before = vm_rss_kib(pid);
-    let peak = Arc::new(AtomicU64::new(before));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        tokio::spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(vm_rss_kib(pid), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let sampler = RssSampler::start(pid);
     // 6 x 50 terminals (each flood under the 64 requests in flight), never released, each
     // writing 300 KB (more than the 256 KiB tail one terminal may keep) and staying alive; then
     // the turn waits 5 s with them all held.
@@ -282,30 +260,15 @@ async fn a_terminal_flood_is_capped_and_another_conversation_is_served() {
         turn("terms", "flood-1", &scenario(json!({"steps": steps}))),
     )
     .await;
-    let calm = tokio::spawn(async move {
-        let mut out = Vec::new();
-        for i in 1..=3 {
-            let evs = run(
-                &mut other,
-                turn("calm", &format!("calm-{i}"), &format!("write calm-{i}.txt")),
-            )
-            .await;
-            let p = permissions(&evs);
-            out.push((
-                stop(&evs).stop_reason,
-                p.len(),
-                p.iter().all(|p| p.verdict == pb::Verdict::Allow as i32),
-            ));
-        }
-        out
-    });
+    let calm = calm_turns(other, "calm", 3);
     let evs = collect(&mut s, Duration::from_secs(120)).await;
     let ended_in = t0.elapsed();
     let calm = calm.await.unwrap();
-    sampling.store(false, Ordering::Relaxed);
-    sampler.await.unwrap();
-    let after = vm_rss_kib(pid);
-    let peak = peak.load(Ordering::Relaxed).max(after);
+    let Rss {
+        before,
+        peak,
+        after,
+    } = sampler.stop().await;
     let ran = std::fs::read_dir(&root)
         .unwrap()
         .flatten()
@@ -339,9 +302,10 @@ async fn a_terminal_flood_is_capped_and_another_conversation_is_served() {
         peak.saturating_sub(before) < RSS_GROWTH_BOUND_KIB,
         "the supervisor grew from {before} KiB to {peak} KiB (bound +{RSS_GROWTH_BOUND_KIB} KiB)"
     );
-    for (i, (reason, asked, allowed)) in calm.iter().enumerate() {
+    for (i, t) in calm.iter().enumerate() {
+        let (reason, asked, allowed) = (&t.stop_reason, t.asked, t.allowed);
         assert!(
-            reason == "end_turn" && *asked == 1 && *allowed,
+            reason == "end_turn" && asked == 1 && allowed,
             "the other conversation was served (turn {}): {reason}, {asked} permissions, allowed {allowed}",
             i + 1
         );

@@ -13,8 +13,6 @@
 mod supervisor_support;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -29,15 +27,6 @@ const STORE_GROWTH_BOUND: u64 = 16 << 20;
 
 /// The other conversation's turns (of 100 reads each) measured during the attack, at most.
 const CALM_TURNS: usize = 10;
-
-fn vm_rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn dir_bytes(dir: &Path) -> u64 {
     let mut n = 0;
@@ -107,18 +96,7 @@ async fn a_hostile_agents_request_bodies_change_nothing_for_another_conversation
     assert_eq!(stop(&evs).stop_reason, "end_turn");
 
     let store_before = dir_bytes(&store);
-    let rss_before = vm_rss_kib(pid);
-    let peak = Arc::new(AtomicU64::new(rss_before));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let (peak, sampling) = (peak.clone(), sampling.clone());
-        tokio::spawn(async move {
-            while sampling.load(Ordering::Relaxed) {
-                peak.fetch_max(vm_rss_kib(pid), Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
+    let sampler = RssSampler::start(pid);
 
     let attack = scenario(json!({"steps": [
         {"type": "flood", "method": "session/request_permission", "count": 40,
@@ -146,9 +124,11 @@ async fn a_hostile_agents_request_bodies_change_nothing_for_another_conversation
     let evs = attacking.await.unwrap();
     let took = t0.elapsed();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    sampling.store(false, Ordering::Relaxed);
-    sampler.await.unwrap();
-    let peak = peak.load(Ordering::Relaxed);
+    let Rss {
+        before: rss_before,
+        peak,
+        ..
+    } = sampler.stop().await;
     let store_after = dir_bytes(&store);
     println!(
         "attack of 120 requests took {took:?}; the other conversation ran {} turns of 100 reads \

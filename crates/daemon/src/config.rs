@@ -162,6 +162,10 @@ pub struct DaemonSection {
     /// only the monitoring host reaches.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// A file holding a token every metrics request must carry (`Authorization: Bearer
+    /// <token>`; Prometheus's `authorization.credentials_file`); unset = no token asked.
+    #[serde(default)]
+    pub metrics_token_file: Option<std::path::PathBuf>,
     /// The OpenTelemetry collector this daemon exports its traces to over OTLP/gRPC, e.g.
     /// `http://127.0.0.1:4317`; unset = the `OTEL_EXPORTER_OTLP_ENDPOINT` environment variable
     /// decides (the OpenTelemetry specification's name, what a systemd drop-in or a Kubernetes

@@ -12,24 +12,29 @@
 //! `process_open_fds`, `process_max_fds`, `process_threads`, `process_start_time_seconds`), read
 //! from `/proc/self` at each scrape ([`ProcessCollector`]; `prometheus-client` has none).
 //!
-//! Plain HTTP with no authentication (Prometheus cannot scrape a Unix socket): what it shows is
-//! counts, rule names and latencies, never a request's content; the operator keeps it on
-//! loopback or a monitoring network. Connections are bounded and must send their request head
-//! promptly, like every other listener of warden's.
+//! Plain HTTP (Prometheus cannot scrape a Unix socket): what it shows is counts, rule names and
+//! latencies, never a principal, an id or a request's content; the operator keeps it on loopback
+//! or a monitoring network, and may require a bearer token (`[daemon] metrics_token_file`,
+//! Prometheus's `authorization.credentials_file`). No client can hold it (issue 36): a connection
+//! must send its request head within [`HEADER_TIMEOUT`]; at most [`MAX_CONNECTIONS`] are open, and
+//! when a new one finds them all taken, the oldest that is not being answered right now (idle, or
+//! still sending its head) is closed to make room, so a client holding half-sent requests loses
+//! its places to the next scraper instead of keeping it out.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 pub use prometheus_client;
@@ -44,10 +49,11 @@ pub type Refresh = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Se
 /// writes (Prometheus asks for it first in its Accept header).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Scrapes served at once; more connections wait for a place.
-const MAX_CONNECTIONS: usize = 8;
-/// How long a connection may take to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections open at once (many more than scrapers: Prometheus keeps one per target); a new
+/// one beyond them takes the place of the oldest that is not being answered.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a connection may take to send its request head (a scraper sends it at once).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What a daemon exports: its registry and the refresh of its state-read gauges.
 pub struct Exporter {
@@ -59,6 +65,8 @@ pub struct Exporter {
 pub struct MetricsListener {
     listener: TcpListener,
     addr: SocketAddr,
+    /// `[daemon] metrics_token_file`'s token: every request must carry it as a bearer.
+    token: Option<String>,
 }
 
 impl MetricsListener {
@@ -84,9 +92,33 @@ pub async fn bind(section: &DaemonSection) -> Result<Option<MetricsListener>, Li
             "not an IP address and port",
         ))
     })?;
+    let token = match &section.metrics_token_file {
+        None => None,
+        Some(f) => {
+            let t = std::fs::read_to_string(f).map_err(|source| ListenerError::Bind {
+                what: format!("daemon.metrics_token_file {}", f.display()),
+                source,
+            })?;
+            let t = t.trim().to_string();
+            if t.is_empty() {
+                return Err(ListenerError::Bind {
+                    what: format!("daemon.metrics_token_file {}", f.display()),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "the file is empty",
+                    ),
+                });
+            }
+            Some(t)
+        }
+    };
     let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
     let addr = listener.local_addr().map_err(bind_err)?;
-    Ok(Some(MetricsListener { listener, addr }))
+    Ok(Some(MetricsListener {
+        listener,
+        addr,
+        token,
+    }))
 }
 
 /// What every daemon exports besides its service's metrics: its build and its process.
@@ -250,15 +282,9 @@ pub async fn serve(
 ) {
     let common = Arc::new(common_registry(daemon));
     let exporter = Arc::new(exporter);
-    let places = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let token = listener.token.map(Arc::new);
+    let open = Arc::new(Mutex::new(Open::default()));
     loop {
-        let place = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            p = places.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
-        };
         let (stream, _) = tokio::select! {
             _ = shutdown.cancelled() => return,
             a = listener.listener.accept() => match a {
@@ -271,15 +297,39 @@ pub async fn serve(
                 }
             },
         };
+        let answering = Arc::new(AtomicUsize::new(0));
+        let Some(id) = open
+            .lock()
+            .map(|mut o| o.admit(answering.clone()))
+            .unwrap_or(None)
+        else {
+            // Every place is a scrape being answered: this one is closed at once (the
+            // scraper tries again at its next interval).
+            continue;
+        };
         let exporter = exporter.clone();
         let common = common.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let _place = place;
+        let token = token.clone();
+        let open_then = open.clone();
+        let task = tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let exporter = exporter.clone();
                 let common = common.clone();
-                async move { Ok::<_, Infallible>(answer(&exporter, &common, req).await) }
+                let token = token.clone();
+                let answering = answering.clone();
+                async move {
+                    answering.fetch_add(1, Ordering::SeqCst);
+                    let r = answer(
+                        &exporter,
+                        &common,
+                        token.as_deref().map(String::as_str),
+                        req,
+                    )
+                    .await;
+                    answering.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, Infallible>(r)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -293,13 +343,80 @@ pub async fn serve(
                     let _ = tokio::time::timeout(Duration::from_secs(1), conn).await;
                 }
             }
+            if let Ok(mut o) = open_then.lock() {
+                o.conns.remove(&id);
+            }
         });
+        if let Ok(mut o) = open.lock()
+            && let Some(c) = o.conns.get_mut(&id)
+        {
+            c.abort = Some(task.abort_handle());
+        }
     }
+}
+
+/// One open metrics connection.
+struct Conn {
+    opened: Instant,
+    /// Requests being answered on it now.
+    answering: Arc<AtomicUsize>,
+    abort: Option<tokio::task::AbortHandle>,
+}
+
+/// The metrics listener's open connections.
+#[derive(Default)]
+struct Open {
+    next: u64,
+    conns: HashMap<u64, Conn>,
+}
+
+impl Open {
+    /// A place for a new connection: free, or taken from the oldest connection that is not
+    /// being answered (idle, or still sending its head), which is closed; `None` when every
+    /// place is a request being answered.
+    fn admit(&mut self, answering: Arc<AtomicUsize>) -> Option<u64> {
+        self.conns
+            .retain(|_, c| c.abort.as_ref().is_none_or(|a| !a.is_finished()));
+        if self.conns.len() >= MAX_CONNECTIONS {
+            let oldest = self
+                .conns
+                .iter()
+                .filter(|(_, c)| c.answering.load(Ordering::SeqCst) == 0)
+                .min_by_key(|(_, c)| c.opened)
+                .map(|(id, _)| *id)?;
+            if let Some(c) = self.conns.remove(&oldest)
+                && let Some(a) = c.abort
+            {
+                a.abort();
+            }
+        }
+        self.next += 1;
+        self.conns.insert(
+            self.next,
+            Conn {
+                opened: Instant::now(),
+                answering,
+                abort: None,
+            },
+        );
+        Some(self.next)
+    }
+}
+
+/// Whether `req` carries `Authorization: Bearer <token>` (compared in constant time).
+fn authorized(req: &Request<Incoming>, token: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    req.headers()
+        .get(hyper::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())))
 }
 
 async fn answer(
     exporter: &Exporter,
     common: &Registry,
+    token: Option<&str>,
     req: Request<Incoming>,
 ) -> Response<String> {
     let reply = |status: StatusCode, ty: &'static str, body: String| {
@@ -311,6 +428,20 @@ async fn answer(
         );
         r
     };
+    if let Some(t) = token
+        && !authorized(&req, t)
+    {
+        let mut r = reply(
+            StatusCode::UNAUTHORIZED,
+            "text/plain; charset=utf-8",
+            "a bearer token is required (daemon.metrics_token_file)\n".into(),
+        );
+        r.headers_mut().insert(
+            hyper::header::WWW_AUTHENTICATE,
+            hyper::header::HeaderValue::from_static("Bearer"),
+        );
+        return r;
+    }
     if req.uri().path() != "/metrics" {
         return reply(
             StatusCode::NOT_FOUND,
@@ -371,6 +502,104 @@ mod tests {
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
+    }
+
+    fn serve_on(
+        section: &str,
+    ) -> impl std::future::Future<Output = (SocketAddr, CancellationToken)> {
+        let section: DaemonSection = toml::from_str(section).unwrap();
+        async move {
+            let l = bind(&section).await.unwrap().unwrap();
+            let addr = l.addr;
+            let token = CancellationToken::new();
+            tokio::spawn(serve(
+                l,
+                Exporter {
+                    registry: Registry::default(),
+                    refresh: None,
+                },
+                token.clone(),
+                "warden-test",
+            ));
+            (addr, token)
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_client_holding_half_sent_requests_cannot_keep_a_scraper_out() {
+        // Issue 36, finding 7: one client opening connection after connection, each sending
+        // half a request head and never the rest (and opening another whenever one closes).
+        // Before, 8 such connections held every place and no scrape got in (0 of 5).
+        let (addr, token) = serve_on("state_dir = \"/x\"\nmetrics_listen = \"127.0.0.1:0\"").await;
+        let stop = CancellationToken::new();
+        let holder = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut held = Vec::new();
+                while !stop.is_cancelled() {
+                    held.retain(|s: &tokio::net::TcpStream| {
+                        let mut b = [0u8; 1];
+                        !matches!(s.try_read(&mut b), Ok(0))
+                    });
+                    while held.len() < 4 * MAX_CONNECTIONS {
+                        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+                            break;
+                        };
+                        let _ = s.write_all(b"GET /metr").await;
+                        held.push(s);
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                held.len()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let mut served = 0;
+        for _ in 0..5 {
+            if let Ok(r) = tokio::time::timeout(Duration::from_secs(5), get(addr, "/metrics")).await
+                && r.starts_with("HTTP/1.1 200")
+            {
+                served += 1;
+            }
+        }
+        stop.cancel();
+        let held = holder.await.unwrap();
+        assert_eq!(
+            served, 5,
+            "scrapes served while a client held {held} connections"
+        );
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn with_a_token_file_a_scrape_without_the_bearer_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("metrics-token");
+        std::fs::write(&f, "s3cret-token\n").unwrap();
+        let (addr, token) = serve_on(&format!(
+            "state_dir = \"/x\"\nmetrics_listen = \"127.0.0.1:0\"\nmetrics_token_file = {:?}",
+            f.display().to_string()
+        ))
+        .await;
+        let ask = |auth: Option<&'static str>| async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = match auth {
+                Some(a) => format!(
+                    "GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: {a}\r\nConnection: close\r\n\r\n"
+                ),
+                None => "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_string(),
+            };
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        assert!(ask(None).await.starts_with("HTTP/1.1 401"));
+        assert!(ask(Some("Bearer wrong")).await.starts_with("HTTP/1.1 401"));
+        let ok = ask(Some("Bearer s3cret-token")).await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        assert!(ok.contains("warden_build_info"), "{ok}");
+        token.cancel();
     }
 
     #[tokio::test]

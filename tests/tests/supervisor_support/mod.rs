@@ -329,3 +329,105 @@ pub async fn audit_of(d: &Deployment, ctx: &str) -> Vec<pb::AuditRecord> {
         .into_inner()
         .records
 }
+
+/// A process's resident set size in KiB, from `/proc/PID/status` (0 once it is gone).
+pub fn vm_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A process's resident set size sampled every 5 ms from [`RssSampler::start`] to
+/// [`RssSampler::stop`]: what a flood made a daemon hold at its worst.
+pub struct RssSampler {
+    pid: i32,
+    before: u64,
+    peak: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    sampling: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// What an [`RssSampler`] saw, in KiB.
+#[derive(Debug, Clone, Copy)]
+pub struct Rss {
+    pub before: u64,
+    pub peak: u64,
+    pub after: u64,
+}
+
+impl RssSampler {
+    pub fn start(pid: i32) -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let before = vm_rss_kib(pid);
+        let peak = std::sync::Arc::new(AtomicU64::new(before));
+        let sampling = std::sync::Arc::new(AtomicBool::new(true));
+        let task = {
+            let (peak, sampling) = (peak.clone(), sampling.clone());
+            tokio::spawn(async move {
+                while sampling.load(Ordering::Relaxed) {
+                    peak.fetch_max(vm_rss_kib(pid), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        };
+        Self {
+            pid,
+            before,
+            peak,
+            sampling,
+            task,
+        }
+    }
+
+    pub async fn stop(self) -> Rss {
+        use std::sync::atomic::Ordering;
+        self.sampling.store(false, Ordering::Relaxed);
+        let _ = self.task.await;
+        let after = vm_rss_kib(self.pid);
+        Rss {
+            before: self.before,
+            peak: self.peak.load(Ordering::Relaxed).max(after),
+            after,
+        }
+    }
+}
+
+/// One turn of [`calm_turns`]: how it stopped, how many permissions it asked, whether all were
+/// allowed, and its text.
+#[derive(Debug, Clone)]
+pub struct CalmTurn {
+    pub stop_reason: String,
+    pub asked: usize,
+    pub allowed: bool,
+    pub text: String,
+}
+
+/// `n` ordinary turns (`write calm-N.txt`) of conversation `ctx`, one after another, in the
+/// background: another caller's conversation going on while a test floods the supervisor.
+pub fn calm_turns(
+    mut c: Client,
+    ctx: &'static str,
+    n: usize,
+) -> tokio::task::JoinHandle<Vec<CalmTurn>> {
+    tokio::spawn(async move {
+        let mut out = Vec::new();
+        for i in 1..=n {
+            let evs = run(
+                &mut c,
+                turn(ctx, &format!("calm-{i}"), &format!("write calm-{i}.txt")),
+            )
+            .await;
+            let p = permissions(&evs);
+            out.push(CalmTurn {
+                stop_reason: stop(&evs).stop_reason,
+                asked: p.len(),
+                allowed: p.iter().all(|p| p.verdict == pb::Verdict::Allow as i32),
+                text: text(&evs),
+            });
+        }
+        out
+    })
+}
