@@ -144,7 +144,7 @@ async fn the_python_admin_client_and_reflection_work_on_the_admin_sockets() {
     assert!(!services.contains(&"warden.v1.PolicyService"), "{v}");
     assert_eq!(
         v["methods"]["warden.v1.AdminService"],
-        serde_json::json!(["Status", "AuditQuery", "Reload"])
+        serde_json::json!(["Status", "AuditQuery", "Reload", "AuditFollow"])
     );
     assert_eq!(v["status"]["daemon"], "warden-policy", "{v}");
     // C-core's own :authority for a unix: target is refused by h2 before warden sees the call.
