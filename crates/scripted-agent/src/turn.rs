@@ -470,14 +470,11 @@ impl Turn {
                     if v.pointer("/outcome/outcome").and_then(Value::as_str) == Some("cancelled") {
                         cancelled += 1;
                     }
-                    if method == "session/request_permission" {
-                        let o = &v["outcome"];
-                        let key = o["optionId"]
-                            .as_str()
-                            .unwrap_or_else(|| o["outcome"].as_str().unwrap_or("?"))
-                            .to_string();
-                        let n = selected.get(&key).and_then(Value::as_u64).unwrap_or(0);
-                        selected.insert(key, json!(n + 1));
+                    if method == "session/request_permission"
+                        && let Some(key) = v.pointer("/outcome/optionId").and_then(Value::as_str)
+                    {
+                        let n = selected.get(key).and_then(Value::as_u64).unwrap_or(0);
+                        selected.insert(key.to_string(), json!(n + 1));
                     }
                 }
                 Ok(Err(e)) => {
@@ -490,9 +487,12 @@ impl Turn {
             }
         }
         let mut result = json!({"ok": ok, "errors": errors, "first_error": first_error});
-        if method == "session/request_permission" {
-            // Of the answers, how many were `cancelled`, and which option each chose.
+        // Of the permission answers, how many were `cancelled` and which option the others
+        // chose (each only when there is one).
+        if cancelled > 0 {
             result["cancelled"] = Value::from(cancelled);
+        }
+        if !selected.is_empty() {
             result["selected"] = Value::Object(selected);
         }
         self.chunk("agent_message_chunk", &format!("flood-result: {result}\n"));
