@@ -59,6 +59,11 @@ max_active_turns = 0
 # max_live_agents when that is smaller, at least 1): one caller's hanging tasks leave room for
 # the others. Waiting turns and waiting agent starts are served round robin across principals.
 max_active_turns_per_principal = 0
+# Open conversations one principal may hold at once, each with its root's fd and (with
+# sandbox.agent_uid_range) a uid until it is closed. Unset: three quarters of max_conversations, or
+# of the uid range when that is smaller, at least 1 (384 here). One more open is refused (fault
+# `capacity`); 0 is refused.
+# max_open_conversations_per_principal = 384
 # A turn whose conversation needs an agent while every live agent is busy waits for one this
 # long (fault `capacity` after it); at most max_agent_waiters wait at once (more are refused).
 capacity_wait_ms = 60000
@@ -331,6 +336,11 @@ pub struct Limits {
     pub max_active_turns: usize,
     /// Turn slots one principal may hold; 0 = `admission::default_share`.
     pub max_active_turns_per_principal: usize,
+    /// Open conversations one principal may hold at once (each holds its root's fd and, with
+    /// `sandbox.agent_uid_range`, a uid until it is closed); unset = three quarters of what the
+    /// supervisor holds (`max_conversations`, or the uid range when smaller), at least 1; 0 is
+    /// refused. One more open is refused (RESOURCE_EXHAUSTED, fault `capacity`).
+    pub max_open_conversations_per_principal: Option<usize>,
     /// How long a turn waits for a live agent when every one is busy (then fault `capacity`).
     pub capacity_wait_ms: u64,
     /// Turn starts waiting for a live agent at most; one more is refused (fault `capacity`).
@@ -395,6 +405,7 @@ impl Default for Limits {
             max_live_agents: 0,
             max_active_turns: 0,
             max_active_turns_per_principal: 0,
+            max_open_conversations_per_principal: None,
             capacity_wait_ms: 60_000,
             max_agent_waiters: 1024,
             max_queued_turns: 64,
@@ -905,6 +916,24 @@ impl Settings {
         }
     }
 
+    /// The open conversations one principal may hold in force: the configured share, or three
+    /// quarters of what the supervisor holds — `max_conversations`, or the size of
+    /// `sandbox.agent_uid_range` when smaller (each open conversation holds a uid) — at least 1,
+    /// so one principal's idle conversations always leave a quarter to the others.
+    pub fn max_open_conversations_per_principal(&self) -> usize {
+        let l = &self.file.limits;
+        if let Some(n) = l.max_open_conversations_per_principal {
+            return n;
+        }
+        let mut held = l.max_conversations;
+        if let [first, last] = self.file.sandbox.agent_uid_range[..]
+            && last >= first
+        {
+            held = held.min((last - first) as usize + 1);
+        }
+        (held * 3 / 4).max(1)
+    }
+
     /// The live-agent cap in force: the configured one, or derived from memory, never above
     /// `max_conversations`.
     pub fn max_live_agents(&self) -> usize {
@@ -1164,6 +1193,10 @@ pub fn load(file: Option<&Path>, sets: &[String]) -> Result<Settings, ConfigErro
         ("limits.agent_queue_bytes", l.agent_queue_bytes as u64),
         ("limits.agent_requests_bytes", l.agent_requests_bytes as u64),
         ("limits.max_terminals", l.max_terminals as u64),
+        (
+            "limits.max_open_conversations_per_principal",
+            l.max_open_conversations_per_principal.unwrap_or(1) as u64,
+        ),
         (
             "limits.terminal_output_bytes",
             l.terminal_output_bytes as u64,
@@ -1523,6 +1556,37 @@ mod tests {
             let e = load(None, &[format!("{key}=0")]).unwrap_err();
             assert!(e.to_string().contains(key), "{e}");
         }
+    }
+
+    #[test]
+    fn the_open_conversation_share_is_configured_or_three_quarters_of_what_is_held() {
+        // Unset: three quarters of max_conversations (512 -> 384) ...
+        let s = load(None, &[]).unwrap();
+        assert_eq!(s.limits().max_open_conversations_per_principal, None);
+        assert_eq!(s.max_open_conversations_per_principal(), 384);
+        // ... or of the uid range when that is smaller (each open conversation holds a uid):
+        // with 6 uids one principal holds 4 and another still opens 2.
+        let s = load(None, &["sandbox.agent_uid_range=[200000, 200005]".into()]).unwrap();
+        assert_eq!(s.max_open_conversations_per_principal(), 4);
+        let s = load(None, &["sandbox.agent_uid_range=[200000, 200000]".into()]).unwrap();
+        assert_eq!(s.max_open_conversations_per_principal(), 1);
+        let s = load(
+            None,
+            &["limits.max_open_conversations_per_principal=3".into()],
+        )
+        .unwrap();
+        assert_eq!(s.max_open_conversations_per_principal(), 3);
+        // A share of nothing is a mistake, named.
+        let e = load(
+            None,
+            &["limits.max_open_conversations_per_principal=0".into()],
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("limits.max_open_conversations_per_principal"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -55,6 +55,10 @@ pub struct Supervisor {
     ended: Mutex<std::collections::VecDeque<String>>,
     started: Instant,
     pub listeners: Mutex<Vec<String>>,
+    /// Every conversation held open (context id → its principal), counted against
+    /// `limits.max_open_conversations_per_principal`: taken before an open starts anything,
+    /// given back when the open fails or the conversation closes.
+    held: Mutex<HashMap<String, String>>,
 }
 
 /// A caller's context id: a valid id outside the warm agents' namespace.
@@ -159,6 +163,7 @@ impl Supervisor {
             ended: Mutex::new(std::collections::VecDeque::new()),
             started: Instant::now(),
             listeners: Mutex::new(Vec::new()),
+            held: Mutex::new(HashMap::new()),
         })
     }
 
@@ -211,15 +216,64 @@ impl Supervisor {
                 tracing::warn!(context_id = %req.context_id, principal = %req.principal, "open of another principal's sandbox refused");
                 Err(not_yours(&req.context_id))
             }
-            Ok(_) => self.start_locked(req, &mut guard).await,
+            Ok(_) => match self.hold(&req.context_id, &req.principal) {
+                Ok(()) => self.start_locked(req, &mut guard).await,
+                Err(e) => Err(e),
+            },
             Err(e) => Err(Status::internal(format!("sandbox registry: {e}"))),
         };
         if res.is_err() && guard.is_none() {
-            // A refused or failed open leaves no slot behind.
+            // A refused or failed open leaves no slot and holds nothing of the share.
+            self.unhold(&req.context_id);
             drop(guard);
             self.forget(&req.context_id, &slot);
         }
         res
+    }
+
+    /// Takes one of `principal`'s open conversations for `context_id` (its slot locked), or
+    /// refuses: RESOURCE_EXHAUSTED with fault `capacity`, naming the key. A context it already
+    /// holds (a failed conversation reopened) takes nothing more. Refused rather than closing
+    /// the principal's oldest idle conversation for it: a close removes that context's root —
+    /// the caller's files — which only the caller (or the gateway's idle expiry) may decide.
+    fn hold(&self, context_id: &str, principal: &str) -> Result<(), Status> {
+        let share = self
+            .shared
+            .settings()
+            .max_open_conversations_per_principal();
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(context_id).is_some_and(|p| p == principal) {
+            return Ok(());
+        }
+        let open = held.values().filter(|p| *p == principal).count();
+        if open >= share {
+            tracing::warn!(
+                context_id,
+                principal,
+                open,
+                share,
+                "open refused: the principal holds its share of open conversations"
+            );
+            return Err(crate::fault::status(
+                tonic::Code::ResourceExhausted,
+                pb::FaultClass::Capacity,
+                format!(
+                    "capacity: this caller holds {open} open conversations, its share \
+                     (limits.max_open_conversations_per_principal = {share}); close one \
+                     (or let it expire) to open another"
+                ),
+            ));
+        }
+        held.insert(context_id.to_string(), principal.to_string());
+        Ok(())
+    }
+
+    /// Gives back what [`Supervisor::hold`] took for `context_id`.
+    fn unhold(&self, context_id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(context_id);
     }
 
     /// The body of [`Supervisor::open`], with the conversation's slot locked.
@@ -591,6 +645,7 @@ impl Supervisor {
         }
         drop(guard);
         self.forget(context_id, &slot);
+        self.unhold(context_id);
         match conv {
             Some(c) => {
                 self.remember_ended(context_id);
@@ -788,6 +843,13 @@ impl Supervisor {
         details.insert(
             "max_active_turns_per_principal".to_string(),
             self.shared.admission.share().to_string(),
+        );
+        details.insert(
+            "max_open_conversations_per_principal".to_string(),
+            self.shared
+                .settings()
+                .max_open_conversations_per_principal()
+                .to_string(),
         );
         details.insert(
             "policy_failures".to_string(),
