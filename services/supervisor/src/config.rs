@@ -60,9 +60,8 @@ max_active_turns = 0
 # the others. Waiting turns and waiting agent starts are served round robin across principals.
 max_active_turns_per_principal = 0
 # Open conversations one principal may hold at once, each with its root's fd and (with
-# sandbox.agent_uid_range) a uid until it is closed. Unset: three quarters of max_conversations, or
-# of the uid range when that is smaller, at least 1 (384 here). One more open is refused (fault
-# `capacity`); 0 is refused.
+# sandbox.agent_uid_range) a uid until it is closed. Unset: 384, or three quarters of the uid range
+# when that is smaller, at least 1. One more open is refused (fault `capacity`); 0 is refused.
 # max_open_conversations_per_principal = 384
 # A turn whose conversation needs an agent while every live agent is busy waits for one this
 # long (fault `capacity` after it); at most max_agent_waiters wait at once (more are refused).
@@ -337,9 +336,8 @@ pub struct Limits {
     /// Turn slots one principal may hold; 0 = `admission::default_share`.
     pub max_active_turns_per_principal: usize,
     /// Open conversations one principal may hold at once (each holds its root's fd and, with
-    /// `sandbox.agent_uid_range`, a uid until it is closed); unset = three quarters of what the
-    /// supervisor holds (`max_conversations`, or the uid range when smaller), at least 1; 0 is
-    /// refused. One more open is refused (RESOURCE_EXHAUSTED, fault `capacity`).
+    /// `sandbox.agent_uid_range`, a uid until it is closed); unset = 384, or three quarters of
+    /// the uid range when smaller, at least 1; 0 is refused. One more open is refused (RESOURCE_EXHAUSTED, fault `capacity`).
     pub max_open_conversations_per_principal: Option<usize>,
     /// How long a turn waits for a live agent when every one is busy (then fault `capacity`).
     pub capacity_wait_ms: u64,
@@ -846,6 +844,11 @@ pub struct Settings {
     pub origin: Origin,
 }
 
+/// The open conversations one principal may hold when `limits.max_open_conversations_per_principal`
+/// is unset (and no smaller uid range bounds it): each holds its root's directory fd, so with the
+/// packaged unit's 65536 fds many principals fit; the 1024-fd default of a shell holds two.
+pub const DEFAULT_OPEN_CONVERSATIONS_PER_PRINCIPAL: usize = 384;
+
 impl Settings {
     pub fn state_dir(&self) -> &Path {
         &self.file.daemon.state_dir
@@ -916,22 +919,24 @@ impl Settings {
         }
     }
 
-    /// The open conversations one principal may hold in force: the configured share, or three
-    /// quarters of what the supervisor holds — `max_conversations`, or the size of
-    /// `sandbox.agent_uid_range` when smaller (each open conversation holds a uid) — at least 1,
-    /// so one principal's idle conversations always leave a quarter to the others.
+    /// The open conversations one principal may hold in force: the configured share, or
+    /// [`DEFAULT_OPEN_CONVERSATIONS_PER_PRINCIPAL`] — three quarters of the size of
+    /// `sandbox.agent_uid_range` when that is smaller (each open conversation holds a uid), at
+    /// least 1, so one principal's idle conversations always leave a quarter of the uids to the
+    /// others. Not derived from `max_conversations`: that bounds conversations with a live
+    /// agent, and idle-stopped ones (which still hold a root's fd) are not counted there.
     pub fn max_open_conversations_per_principal(&self) -> usize {
         let l = &self.file.limits;
         if let Some(n) = l.max_open_conversations_per_principal {
             return n;
         }
-        let mut held = l.max_conversations;
+        let mut share = DEFAULT_OPEN_CONVERSATIONS_PER_PRINCIPAL;
         if let [first, last] = self.file.sandbox.agent_uid_range[..]
             && last >= first
         {
-            held = held.min((last - first) as usize + 1);
+            share = share.min(((last - first) as usize + 1) * 3 / 4);
         }
-        (held * 3 / 4).max(1)
+        share.max(1)
     }
 
     /// The live-agent cap in force: the configured one, or derived from memory, never above
@@ -1560,7 +1565,7 @@ mod tests {
 
     #[test]
     fn the_open_conversation_share_is_configured_or_three_quarters_of_what_is_held() {
-        // Unset: three quarters of max_conversations (512 -> 384) ...
+        // Unset: 384 (whatever max_conversations, which bounds live agents only) ...
         let s = load(None, &[]).unwrap();
         assert_eq!(s.limits().max_open_conversations_per_principal, None);
         assert_eq!(s.max_open_conversations_per_principal(), 384);
