@@ -68,6 +68,10 @@ async fn main() {
         ),
         ("supervisor", format!("limits.max_live_agents={n}")),
         ("supervisor", format!("limits.max_conversations={n}")),
+        (
+            "supervisor",
+            format!("limits.max_open_conversations_per_principal={n}"),
+        ),
     ];
     let sets: Vec<(&str, &str)> = sets.iter().map(|(k, v)| (*k, v.as_str())).collect();
     for round in 0..rounds {

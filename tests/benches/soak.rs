@@ -91,6 +91,13 @@ async fn main() {
                 ),
                 (
                     "supervisor".into(),
+                    format!(
+                        "limits.max_open_conversations_per_principal={}",
+                        top.max(512)
+                    ),
+                ),
+                (
+                    "supervisor".into(),
                     format!("limits.max_live_agents={}", top.max(512)),
                 ),
                 ("supervisor".into(), "limits.idle_timeout_secs=2".into()),

@@ -381,6 +381,7 @@ impl Warden {
             // Thousands of permissions in one turn are the measurement, not a flood.
             "limits.permissions_per_turn=0".to_string(),
             "limits.max_conversations=1024".to_string(),
+            "limits.max_open_conversations_per_principal=1024".to_string(),
             "limits.max_live_agents=1024".to_string(),
         ];
         for (name, args) in agents {

@@ -390,6 +390,13 @@ async fn run_waves(knobs: &Knobs, run: u64, dumps: &Path) -> (usize, usize) {
             ),
             (
                 "supervisor".into(),
+                format!(
+                    "limits.max_open_conversations_per_principal={}",
+                    knobs.streams.max(512)
+                ),
+            ),
+            (
+                "supervisor".into(),
                 format!("limits.max_active_turns={}", knobs.active_turns),
             ),
             (

@@ -254,6 +254,11 @@ fn many_settings_bwrap() -> Vec<(&'static str, &'static str)> {
         ("supervisor", "limits.max_active_turns_per_principal=600"),
         ("supervisor", "limits.max_live_agents=600"),
         ("supervisor", "limits.max_conversations=600"),
+        // ... and its 500 open conversations (its default share is 384).
+        (
+            "supervisor",
+            "limits.max_open_conversations_per_principal=600",
+        ),
     ]
 }
 
