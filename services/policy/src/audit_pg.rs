@@ -298,24 +298,13 @@ impl AuditStore for PgAudit {
         limit: usize,
         context_id: Option<&str>,
     ) -> Result<Vec<pb::AuditRecord>, AuditError> {
-        let limit = limit.min(100_000) as i64;
-        let rows = match context_id {
-            Some(c) => {
-                self.query(
-                    "SELECT seq, record FROM policy_audit WHERE context_id = $1 ORDER BY seq DESC LIMIT $2",
-                    &[&c, &limit],
-                )
-                .await?
-            }
-            None => {
-                self.query(
-                    "SELECT seq, record FROM policy_audit ORDER BY seq DESC LIMIT $1",
-                    &[&limit],
-                )
-                .await?
-            }
-        };
-        rows.iter().map(record_of).collect()
+        // The same query as `newest_cursored`, without the cursors.
+        Ok(self
+            .newest_cursored(limit, context_id)
+            .await?
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect())
     }
 
     async fn head(&self) -> Result<u64, AuditError> {
