@@ -13,7 +13,6 @@ mod supervisor_support;
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use supervisor_support::*;
 
 fn env_num(k: &str, d: usize) -> usize {
@@ -21,23 +20,6 @@ fn env_num(k: &str, d: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(d)
-}
-
-fn spawn_and_hang() -> String {
-    scenario(json!({"on_cancel": "never", "steps": [
-        {"type": "spawn", "ignore_term": true, "grandchild_setsid": true, "pid_file": "pids"},
-        {"type": "hang"}]}))
-}
-
-async fn wait_pids(file: &std::path::Path, n: usize) -> Vec<i32> {
-    for _ in 0..400 {
-        let p = pids_in(file);
-        if p.len() >= n {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("helpers did not start: {:?}", pids_in(file));
 }
 
 fn homes(d: &warden_e2e::Deployment) -> Vec<std::path::PathBuf> {

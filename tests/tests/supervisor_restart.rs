@@ -11,27 +11,8 @@ mod supervisor_support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
-
-/// A turn that leaves a SIGTERM-ignoring child and a setsid'ed grandchild behind and hangs.
-fn spawn_and_hang() -> String {
-    scenario(json!({"on_cancel": "never", "steps": [
-        {"type": "spawn", "ignore_term": true, "grandchild_setsid": true, "pid_file": "pids"},
-        {"type": "hang"}]}))
-}
-
-async fn wait_pids(file: &std::path::Path, n: usize) -> Vec<i32> {
-    for _ in 0..400 {
-        let p = pids_in(file);
-        if p.len() >= n {
-            return p;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("helpers did not start: {:?}", pids_in(file));
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_over_many_leftover_trees_is_healthy_at_once_and_reaps_them_in_one_grace() {

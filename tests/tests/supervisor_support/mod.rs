@@ -431,3 +431,22 @@ pub fn calm_turns(
         out
     })
 }
+
+/// A turn that leaves a SIGTERM-ignoring child and a setsid'ed grandchild behind and hangs.
+pub fn spawn_and_hang() -> String {
+    scenario(serde_json::json!({"on_cancel": "never", "steps": [
+        {"type": "spawn", "ignore_term": true, "grandchild_setsid": true, "pid_file": "pids"},
+        {"type": "hang"}]}))
+}
+
+/// The pids in `file` once there are at least `n` (10 s).
+pub async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
+    for _ in 0..400 {
+        let p = pids_in(file);
+        if p.len() >= n {
+            return p;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("helpers did not start: {:?}", pids_in(file));
+}
