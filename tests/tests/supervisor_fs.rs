@@ -128,8 +128,15 @@ async fn a_read_only_conversation_refuses_client_writes() {
 /// byte may land outside or come back from outside.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flipping_symlink_never_lets_a_client_write_or_read_leave_the_root() {
-    // The scenario (1,000 steps) rides in the prompt.
-    let d = deploy(&[("supervisor", "limits.task_text_bytes=200000")]).await;
+    // The scenario (1,000 steps) rides in the prompt. Its 1,000 tool calls report about 240 KB
+    // (more when more of them are refused, with longer messages, and with longer paths), close
+    // to the default `output_bytes` of 256 KiB: that limit ending the turn is not what this
+    // test is about, so it is raised.
+    let d = deploy(&[
+        ("supervisor", "limits.task_text_bytes=200000"),
+        ("supervisor", "limits.output_bytes=4194304"),
+    ])
+    .await;
     let mut c = client(&d);
     let info = c
         .open_conversation(open("race", pb::Profile::WorkspaceWrite))
@@ -164,7 +171,19 @@ async fn a_flipping_symlink_never_lets_a_client_write_or_read_leave_the_root() {
     )
     .await;
     let evs = collect(&mut s, std::time::Duration::from_secs(240)).await;
-    assert_eq!(stop(&evs).stop_reason, "end_turn");
+    let end = stop(&evs);
+    let output: usize = evs
+        .iter()
+        .map(|e| match &e.event {
+            Some(pb::turn_event::Event::ToolCall(t)) => {
+                t.content_text.len() + t.raw_input_json.len()
+            }
+            Some(pb::turn_event::Event::MessageChunk(t)) => t.text.len() + t.meta_json.len(),
+            _ => 0,
+        })
+        .sum();
+    eprintln!("the turn's output: {output} bytes");
+    assert_eq!(end.stop_reason, "end_turn", "{:?}", end.fault);
     let written: Vec<_> = std::fs::read_dir(&outside)
         .unwrap()
         .flatten()
