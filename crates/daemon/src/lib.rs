@@ -32,4 +32,4 @@ pub use config::{ConfigError, DaemonSection, ListenerConfig, LoadedConfig};
 pub use listener::{BoundListener, ListenerError};
 pub use peer::{Peer, PeerGuard, PeerIdentity, PeerInfo, PeerStream};
 pub use server::{ServeError, Server};
-pub use start::{Daemon, start};
+pub use start::{Daemon, Share, start};

@@ -33,6 +33,13 @@ pub trait Daemon: Sized {
         Ok(())
     }
 
+    /// The per-principal shares this configuration gives (and the limits they are taken
+    /// from), listed by `--check-config` after its summary. `docs/shares.md` tabulates the
+    /// same keys; `tests/tests/shares_table.rs` keeps the two equal.
+    fn shares(&self) -> Vec<Share> {
+        Vec::new()
+    }
+
     /// Runtime worker threads: 0 = one per core, 1 = a single thread, n = n threads.
     fn worker_threads(&self) -> usize {
         0
@@ -40,6 +47,47 @@ pub trait Daemon: Sized {
 
     /// Serves until SIGTERM/SIGINT (via [`crate::Server::run`]) or a fatal error.
     fn run(self) -> impl Future<Output = Result<(), Self::Error>>;
+}
+
+/// One resource's share per principal (or per conversation, or for the unauthenticated), as
+/// the loaded configuration gives it: the key an operator sets, the value in force (computed
+/// defaults resolved), and the limit of the whole daemon it is carved from, when there is one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    pub key: &'static str,
+    pub value: u64,
+    pub whole: Option<(&'static str, u64)>,
+}
+
+impl Share {
+    pub fn new(key: &'static str, value: impl TryInto<u64>) -> Share {
+        Share {
+            key,
+            value: value.try_into().unwrap_or(u64::MAX),
+            whole: None,
+        }
+    }
+
+    /// The limit this share is carved from.
+    pub fn of(mut self, key: &'static str, value: impl TryInto<u64>) -> Share {
+        self.whole = Some((key, value.try_into().unwrap_or(u64::MAX)));
+        self
+    }
+}
+
+/// What `--check-config` prints after its summary: one line per share, `key = value`, and the
+/// whole it is taken from in parentheses. Nothing when the daemon has none.
+pub fn print_shares(shares: &[Share]) {
+    if shares.is_empty() {
+        return;
+    }
+    println!("shares (each principal's unless the key says otherwise):");
+    for s in shares {
+        match s.whole {
+            Some((k, v)) => println!("  {} = {} (of {k} = {v})", s.key, s.value),
+            None => println!("  {} = {}", s.key, s.value),
+        }
+    }
 }
 
 /// Runs daemon `D` with the parsed shared flags; returns only after a clean shutdown or a
@@ -54,6 +102,7 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
             fail(D::NAME, &*e);
         }
         println!("{}: configuration OK ({})", D::NAME, daemon.summary());
+        print_shares(&daemon.shares());
         return;
     }
     let section = daemon.daemon_section();

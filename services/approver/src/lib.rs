@@ -117,10 +117,26 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
             warden_pgstate::migrate::check(&pg).await?;
         }
         println!(
-            "{}: configuration OK (approval store: {})",
+            "warden-approver: configuration OK ({}; approval store: {})",
             loaded.origin,
             cfg.store.describe()
         );
+        let a = &cfg.approval;
+        warden_daemon::start::print_shares(&[
+            warden_daemon::Share::new(
+                "approval.max_pending_per_principal",
+                a.max_pending_per_principal,
+            )
+            .of("approval.max_pending", a.max_pending),
+            warden_daemon::Share::new(
+                "approval.max_pending_per_conversation",
+                a.max_pending_per_conversation,
+            )
+            .of(
+                "approval.max_pending_per_principal",
+                a.max_pending_per_principal,
+            ),
+        ]);
         return Ok(());
     }
     // SIGHUP's default action ends the process: caught from here on (tokio keeps the handler

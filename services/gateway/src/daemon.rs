@@ -255,6 +255,29 @@ impl warden_daemon::Daemon for GatewayDaemon {
         &self.loaded.value.daemon
     }
 
+    fn shares(&self) -> Vec<warden_daemon::Share> {
+        use warden_daemon::Share;
+        let c = &self.loaded.value;
+        vec![
+            Share::new(
+                "http.max_connections_per_principal",
+                c.http.principal_connection_share(),
+            )
+            .of("http.max_connections", c.http.max_connections),
+            Share::new(
+                "http.max_unauthenticated_connections",
+                c.http.unauthenticated_share(),
+            )
+            .of("http.max_connections", c.http.max_connections),
+            Share::new(
+                "http.max_streams_per_principal",
+                c.http.max_streams_per_principal,
+            ),
+            Share::new("store.max_tasks", c.store.max_tasks),
+            Share::new("push.max_configs_per_task", c.push.max_configs_per_task),
+        ]
+    }
+
     fn summary(&self) -> String {
         format!(
             "{} (task store: {})",

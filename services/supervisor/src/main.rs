@@ -126,6 +126,22 @@ impl warden_daemon::Daemon for SupervisorDaemon {
         Ok(())
     }
 
+    fn shares(&self) -> Vec<warden_daemon::Share> {
+        use warden_daemon::Share;
+        let s = &self.0;
+        vec![
+            Share::new(
+                "limits.max_active_turns_per_principal",
+                s.max_active_turns_per_principal(),
+            )
+            .of("limits.max_active_turns", s.max_active_turns()),
+            Share::new(
+                "limits.max_open_conversations_per_principal",
+                s.max_open_conversations_per_principal(),
+            ),
+        ]
+    }
+
     fn summary(&self) -> String {
         let agents: Vec<String> = self
             .0
