@@ -368,14 +368,7 @@ impl Core {
                 return Err(A2aError::TaskNotFound(format!("context {context_id}")));
             }
         }
-        let gate = self
-            .closing
-            .lock()
-            .ok()
-            .and_then(|m| m.get(context_id).cloned());
-        if let Some(gate) = gate {
-            let _ = gate.lock().await;
-        }
+        self.closing.wait(context_id).await;
         Ok(())
     }
 }

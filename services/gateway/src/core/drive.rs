@@ -20,14 +20,7 @@ impl Core {
         let task_id = run.task_id.clone();
         // The sweep may be closing this context's idle conversation; RunTurn after it has, so the
         // close cannot end this task's new conversation.
-        let gate = self
-            .closing
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&run.context_id).cloned());
-        if let Some(gate) = gate {
-            let _ = gate.lock().await;
-        }
+        self.closing.wait(&run.context_id).await;
         let context_id = run.context_id.clone();
         let principal = run
             .open

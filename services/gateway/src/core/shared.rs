@@ -167,7 +167,7 @@ pub struct Core {
     pub(super) contexts_guard: tokio::sync::Mutex<()>,
     /// Contexts whose conversation the sweep is closing right now; a task starting in one waits
     /// on its gate before RunTurn, so the close never ends the new task's conversation.
-    pub(super) closing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) closing: Closing,
     pub(super) agents: std::sync::RwLock<AgentList>,
     /// One `ListAgents` at a time: callers naming unknown agents at once share one refresh.
     pub(super) refreshing: tokio::sync::Mutex<()>,
@@ -206,7 +206,7 @@ impl Core {
             supervisor: SupervisorServiceClient::new(channel),
             live: Mutex::new(HashMap::new()),
             contexts_guard: tokio::sync::Mutex::new(()),
-            closing: Mutex::new(HashMap::new()),
+            closing: Closing::default(),
             agents: std::sync::RwLock::new(agents),
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
@@ -249,5 +249,41 @@ impl Core {
 
     pub(super) fn live(&self, id: &str) -> Option<Arc<LiveTask>> {
         self.live.lock().ok().and_then(|m| m.get(id).cloned())
+    }
+}
+
+/// Contexts whose conversation the sweep is closing right now, each with a gate the close holds:
+/// a task starting in one waits on its gate ([`Closing::wait`]) before RunTurn, so the close
+/// never ends the new task's conversation.
+#[derive(Default)]
+pub(super) struct Closing(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Closing {
+    /// Waits until no close of `context_id` is under way.
+    pub(super) async fn wait(&self, context_id: &str) {
+        let gate = self.0.lock().ok().and_then(|m| m.get(context_id).cloned());
+        if let Some(gate) = gate {
+            let _ = gate.lock().await;
+        }
+    }
+
+    /// Registers a close of `context_id`, its gate held until the returned guard drops and
+    /// [`Closing::end`] is called; `None` when a close of it is already under way.
+    pub(super) async fn begin(&self, context_id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let gate = Arc::new(tokio::sync::Mutex::new(()));
+        let held = gate.clone().lock_owned().await;
+        let mut m = self.0.lock().ok()?;
+        if m.contains_key(context_id) {
+            return None;
+        }
+        m.insert(context_id.to_string(), gate);
+        Some(held)
+    }
+
+    /// The close of `context_id` is over (its gate is released when the guard drops).
+    pub(super) fn end(&self, context_id: &str) {
+        if let Ok(mut m) = self.0.lock() {
+            m.remove(context_id);
+        }
     }
 }

@@ -17,10 +17,10 @@ use super::shared::Core;
 use crate::store::{ContextRecord, TaskStoreError};
 use crate::time::now_micros;
 
-/// What one sweep did.
 /// Idle conversations a sweep closes at the same time.
 const CLOSE_CONCURRENCY: usize = 16;
 
+/// What one sweep did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SweepReport {
     pub tasks_deleted: usize,
@@ -136,17 +136,9 @@ impl Core {
         seen: &ContextRecord,
         now: i64,
     ) -> Result<bool, TaskStoreError> {
-        let gate = Arc::new(tokio::sync::Mutex::new(()));
-        let _held = gate.clone().lock_owned().await;
-        match self.closing.lock() {
-            Ok(mut m) => {
-                if m.contains_key(context_id) {
-                    return Ok(false);
-                }
-                m.insert(context_id.to_string(), gate);
-            }
-            Err(_) => return Ok(false),
-        }
+        let Some(_held) = self.closing.begin(context_id).await else {
+            return Ok(false);
+        };
         // Registered first, checked second: a task that started before the registration is
         // live (or has moved the record on) now; one that starts after it waits on the gate.
         let unchanged = self
@@ -197,9 +189,7 @@ impl Core {
                 }
             }
         }
-        if let Ok(mut m) = self.closing.lock() {
-            m.remove(context_id);
-        }
+        self.closing.end(context_id);
         Ok(closed)
     }
 
