@@ -576,7 +576,26 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "store_pg.rs",
         ],
     ),
-    ("core", &["card.rs", "events.rs", "tasks.rs"]),
+    (
+        "core",
+        &[
+            "card.rs",
+            "events.rs",
+            "core/mod.rs",
+            "core/access.rs",
+            "core/admit.rs",
+            "core/answers.rs",
+            "core/cancel.rs",
+            "core/drive.rs",
+            "core/follow.rs",
+            "core/live.rs",
+            "core/push_configs.rs",
+            "core/read.rs",
+            "core/route.rs",
+            "core/shared.rs",
+            "core/sweep.rs",
+        ],
+    ),
     ("admission", &["admission.rs"]),
     (
         "bindings",
@@ -646,13 +665,13 @@ fn the_gateway_imports_only_down_its_floors_and_bindings_never_import_each_other
 fn the_floor_rule_refuses_an_import_up_or_sideways() {
     // The rule above is only as good as its table: an import up a floor, one binding using
     // another, and a file with no floor are each refused; down and within `mcp/` are not.
-    assert_eq!(floor_allows("tasks.rs", "store.rs"), Some(true));
+    assert_eq!(floor_allows("core/admit.rs", "store.rs"), Some(true));
     assert_eq!(floor_allows("mcp/server.rs", "mcp/turn.rs"), Some(true));
     assert_eq!(floor_allows("translate03.rs", "a2a.rs"), Some(true));
-    assert_eq!(floor_allows("store.rs", "tasks.rs"), Some(false));
+    assert_eq!(floor_allows("store.rs", "core/shared.rs"), Some(false));
     assert_eq!(floor_allows("compat03.rs", "rest.rs"), Some(false));
     assert_eq!(floor_allows("mcp/server.rs", "jsonrpc.rs"), Some(false));
-    assert_eq!(floor_allows("tasks.rs", "admission.rs"), Some(false));
+    assert_eq!(floor_allows("core/admit.rs", "admission.rs"), Some(false));
     assert_eq!(floor_allows("new_thing.rs", "a2a.rs"), None);
     let mut edges = BTreeMap::new();
     edges.insert(
@@ -662,5 +681,134 @@ fn the_floor_rule_refuses_an_import_up_or_sideways() {
     assert_eq!(
         gateway_floor_breaks(&edges),
         vec!["config.rs imports push.rs".to_string()]
+    );
+}
+
+/// The floors inside the A2A core (`services/gateway/src/core/`), bottom up: the task in memory,
+/// the handle every step works through, what every step asks (where, who may, is it yours), the
+/// steps of a task's life, the answers (which reuse admit's outcome and follow's store reading),
+/// and the face. A module imports only from lower floors: two steps never import each other.
+const CORE_FLOORS: &[(&str, &[&str])] = &[
+    ("the task in memory", &["core/live.rs"]),
+    ("the handle", &["core/shared.rs"]),
+    (
+        "what every step asks",
+        &["core/access.rs", "core/read.rs", "core/route.rs"],
+    ),
+    (
+        "the steps",
+        &[
+            "core/admit.rs",
+            "core/cancel.rs",
+            "core/drive.rs",
+            "core/follow.rs",
+            "core/push_configs.rs",
+            "core/sweep.rs",
+        ],
+    ),
+    ("answers", &["core/answers.rs"]),
+    ("the face", &["core/mod.rs"]),
+];
+
+/// The breaks of [`CORE_FLOORS`] among `edges` (gateway files): an import between two core files
+/// that does not go strictly down, or a core file with no core floor.
+fn core_floor_breaks(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let prefix = "services/gateway/src/";
+    let floor = |f: &str| CORE_FLOORS.iter().position(|(_, fs)| fs.contains(&f));
+    let mut out = Vec::new();
+    for (from, tos) in edges {
+        let f = from.strip_prefix(prefix).unwrap_or(from);
+        if !f.starts_with("core/") {
+            continue;
+        }
+        let Some(a) = floor(f) else {
+            out.push(format!("{f} has no floor in CORE_FLOORS"));
+            continue;
+        };
+        for to in tos {
+            let t = to.strip_prefix(prefix).unwrap_or(to);
+            if !t.starts_with("core/") {
+                continue;
+            }
+            match floor(t) {
+                Some(b) if b < a => {}
+                Some(_) => out.push(format!("{f} imports {t}")),
+                None => out.push(format!("{t} has no floor in CORE_FLOORS")),
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+#[test]
+fn the_core_imports_only_down_its_own_floors() {
+    let breaks = core_floor_breaks(&import_edges(Path::new("services/gateway")));
+    assert!(
+        breaks.is_empty(),
+        "ARCHITECTURE.md, the rows of services/gateway/src/core/: the core is one module per step \
+         of a task's life over one handle; a step imports only what is below the steps (the live \
+         task, the handle, access, reads, routing), never another step. Broken: {breaks:#?}"
+    );
+}
+
+#[test]
+fn the_core_floor_rule_refuses_a_step_importing_a_step() {
+    let edge = |from: &str, to: &str| {
+        BTreeMap::from([(
+            format!("services/gateway/src/{from}"),
+            BTreeSet::from([format!("services/gateway/src/{to}")]),
+        )])
+    };
+    assert!(core_floor_breaks(&edge("core/admit.rs", "core/live.rs")).is_empty());
+    assert!(core_floor_breaks(&edge("core/answers.rs", "core/admit.rs")).is_empty());
+    assert_eq!(
+        core_floor_breaks(&edge("core/admit.rs", "core/drive.rs")),
+        vec!["core/admit.rs imports core/drive.rs".to_string()]
+    );
+    assert_eq!(
+        core_floor_breaks(&edge("core/live.rs", "core/shared.rs")),
+        vec!["core/live.rs imports core/shared.rs".to_string()]
+    );
+    assert_eq!(
+        core_floor_breaks(&edge("core/new_step.rs", "core/live.rs")),
+        vec!["core/new_step.rs has no floor in CORE_FLOORS".to_string()]
+    );
+}
+
+#[test]
+fn every_module_of_the_core_has_a_short_row_in_the_code_map() {
+    // A newcomer finds a step of a task's life (where a lease is renewed, say) in one look at
+    // the code map: each file of the core has its own row, one line of at most 40 words.
+    let map = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let dir = workspace().join("services/gateway/src/core");
+    let mut wrong = Vec::new();
+    for f in rs_files(&dir) {
+        let path = rel(&f);
+        let row = map
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{path}` |")));
+        match row {
+            None => wrong.push(format!("{path}: no row")),
+            Some(r) => {
+                let words = r.split_whitespace().filter(|w| *w != "|").count() - 1;
+                if words > 40 {
+                    wrong.push(format!("{path}: {words} words"));
+                }
+            }
+        }
+    }
+    assert!(
+        map.lines().any(
+            |l| l.starts_with("| `services/gateway/src/core/follow.rs` |")
+                && l.contains("leases_forever")
+        ),
+        "the code map says where a task's lease is renewed"
+    );
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md: every file of services/gateway/src/core/ has a row of at most 40 \
+         words (owns / must never): {wrong:?}"
     );
 }

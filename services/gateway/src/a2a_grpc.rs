@@ -18,10 +18,10 @@ use warden_proto::a2a::v1::a2a_service_server::{A2aService, A2aServiceServer};
 
 use crate::a2a::{CancelTaskRequest, PROTOCOL_VERSION};
 use crate::auth::{AuthFailure, Authenticator};
+use crate::core::{Core, SendOutcome, Subscription};
 use crate::error::{A2aError, ERROR_DOMAIN};
 use crate::events::{StreamItem, stream_items};
 use crate::grpc_convert as cv;
-use crate::tasks::{Core, SendOutcome, Subscription};
 
 /// `google.rpc.ErrorInfo`, encoded into the status details.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -23,10 +23,10 @@ use serde_json::{Value, json};
 use crate::a2a::PROTOCOL_VERSION;
 use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
 use crate::card::CardResponse;
+use crate::core::{Core, Subscription};
 use crate::endpoints::A2A_JSON;
 use crate::error::A2aError;
 use crate::events::{StreamItem, stream_items};
-use crate::tasks::{Core, Subscription};
 
 /// Everything a handler needs.
 pub struct HttpState {

@@ -11,8 +11,8 @@ use crate::a2a::{
     HttpAuthSecurityScheme, PROTOCOL_VERSION, SecurityRequirement, SecurityScheme, StringList,
 };
 use crate::config::GatewayConfig;
+use crate::core::Core;
 use crate::endpoints::{GRPC_BINDING, JSONRPC_BINDING, JSONRPC_PATH, REST_BINDING, REST_PATH};
-use crate::tasks::Core;
 
 /// Builds the agent card from the configuration (URLs from `http.public_url`, never the bind
 /// address; one skill per configured agent).
@@ -183,7 +183,7 @@ impl CardResponse {
         card
     }
 
-    fn with_skills(&self, list: &crate::tasks::AgentList) -> AgentCard {
+    fn with_skills(&self, list: &crate::core::AgentList) -> AgentCard {
         let mut card = self.base.clone();
         card.skills = list
             .agents

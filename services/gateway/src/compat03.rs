@@ -20,9 +20,9 @@ use crate::admission::{
     HttpState, admit_caller, json_body, json_response, query_map, requested_version, rest_response,
     sse,
 };
+use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
-use crate::tasks::{SendOutcome, Subscription};
 use crate::translate03::{
     Shape, bad, card_json, error_out, error_type, event_out, member, message_out, push_in,
     push_out, send_in, speaks_03, str_member, task_out,

@@ -17,10 +17,10 @@ use crate::admission::HttpState;
 use crate::auth::{AuthConfigError, Authenticator, HostAllowlist};
 use crate::card::{CardResponse, agent_card};
 use crate::config::{EMBEDDED, GatewayConfig};
+use crate::core::{Core, CoreSettings, Retention};
 use crate::http::router;
 use crate::serve::EdgeLimits;
 use crate::store::{SledStore, TaskStore, TaskStoreError};
-use crate::tasks::{Core, CoreSettings, Retention};
 
 /// Why the gateway could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -165,7 +165,7 @@ fn reload(
     let tokens = Authenticator::from_config(&next).map_err(|e| e.to_string())?;
     // Checked whole; from here on nothing fails.
     auth.replace(&tokens);
-    core.set_access(crate::tasks::AgentAccess::from_config(&next.agents.access));
+    core.set_access(crate::core::AgentAccess::from_config(&next.agents.access));
     push.set_allowlist(&next.push);
     let mut said = format!(
         "{} caller token(s), {} [[agents.access]] entr(ies), push allowlist of {} host(s) and {} network(s)",
@@ -437,7 +437,7 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
     let push = crate::push::Push::new(cfg.push.clone(), store, &cfg.daemon.state_dir)
         .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
-    core.set_access(crate::tasks::AgentAccess::from_config(&cfg.agents.access));
+    core.set_access(crate::core::AgentAccess::from_config(&cfg.agents.access));
     if let Some(section) = &cfg.cells {
         let cells = crate::cells::Cells::start(section, &cfg.daemon.state_dir).await?;
         tracing::info!(

@@ -11,8 +11,8 @@ use futures::{Stream, StreamExt};
 use tokio::sync::broadcast;
 
 use crate::a2a::{StreamResponse, Task};
+use crate::core::{SharedEvent, Subscription};
 use crate::error::A2aError;
-use crate::tasks::{SharedEvent, Subscription};
 
 /// One item of a task's event stream (every binding's streams).
 pub enum StreamItem {

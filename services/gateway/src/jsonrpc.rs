@@ -17,9 +17,9 @@ use crate::a2a::{
     TaskPushNotificationConfigRef,
 };
 use crate::admission::{HttpState, json_response, params, rpc_error};
+use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
-use crate::tasks::{SendOutcome, Subscription};
 
 /// Serves one 1.0 JSON-RPC call; every failure is a JSON-RPC error with the call's id.
 pub async fn serve(

@@ -42,10 +42,11 @@ pub mod push;
 pub mod shares;
 pub mod store;
 pub mod store_pg;
-// Floor 2, the A2A core: every operation over A2A types; the card; what a subscriber sees.
+// Floor 2, the A2A core (`core/`, one module per step of a task's life); the card; what a
+// subscriber sees.
 pub mod card;
+pub mod core;
 pub mod events;
-pub mod tasks;
 // Floor 3, what the HTTP bindings share: admission and wire helpers.
 pub mod admission;
 // Floor 4, the bindings, leaves that never import each other.

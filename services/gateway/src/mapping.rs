@@ -20,8 +20,8 @@
 
 use serde_json::{Value, json};
 use warden_proto::v1::{
-    Fault, FaultClass, PermissionDecisionEvent, Refusal, ToolCallEvent, TurnEvent, TurnStop,
-    Verdict, turn_event::Event,
+    Fault, FaultClass, PermissionDecisionEvent, Refusal, ToolCallEvent, TurnEvent, TurnQueued,
+    TurnStop, Verdict, turn_event::Event,
 };
 
 use crate::a2a::{
@@ -230,6 +230,76 @@ fn meta(fields: Value) -> Option<Metadata> {
     let mut m = Metadata::new();
     m.insert(META_KEY.to_string(), fields);
     Some(m)
+}
+
+/// A queued turn's state, text and `kind`: holding a turn slot and waiting for a live agent
+/// (working, with its place: it starts as soon as a turn ends and gives an agent back),
+/// accepted and waiting for a turn slot (working, with its place), or behind other turns of its
+/// conversation (submitted).
+fn queued(q: &TurnQueued) -> (TaskState, String, &'static str) {
+    if q.agent {
+        let text = format!("queued for an agent, position {}", q.position);
+        (TaskState::Working, text, "agent")
+    } else if q.admission {
+        let text = format!(
+            "queued, position {}: waiting for one of the supervisor's turn slots",
+            q.position
+        );
+        (TaskState::Working, text, "admission")
+    } else {
+        let text = format!(
+            "queued behind other turns of this conversation (position {})",
+            q.position
+        );
+        (TaskState::Submitted, text, "queued")
+    }
+}
+
+/// The working note (text and `warden` fields) of an event that only informs the caller: a
+/// plan, a mode change, a context reset, a connection the agent's egress proxy refused (naming
+/// the destination and the setting that decides it). `None` for every other event.
+fn note(event: &Event) -> Option<(String, Value)> {
+    Some(match event {
+        Event::Plan(p) => {
+            let mut text = String::from("plan:");
+            for e in &p.entries {
+                text.push_str(&format!("\n- [{}] {}", e.status, e.content));
+            }
+            let entries: Vec<Value> = p
+                .entries
+                .iter()
+                .map(|e| json!({"content": e.content, "priority": e.priority, "status": e.status}))
+                .collect();
+            (text, json!({"kind": "plan", "entries": entries}))
+        }
+        Event::ModeChange(m) => {
+            let text = format!(
+                "agent mode is now {}{}{}",
+                m.mode_id,
+                if m.supervised {
+                    " (supervised)"
+                } else {
+                    " (NOT supervised)"
+                },
+                if m.by_supervisor {
+                    ", set by the supervisor"
+                } else {
+                    ""
+                }
+            );
+            let fields = json!({"kind": "mode", "modeId": m.mode_id, "supervised": m.supervised, "bySupervisor": m.by_supervisor});
+            (text, fields)
+        }
+        Event::ContextReset(r) => (
+            format!("the agent's context was reset: {}", r.reason),
+            json!({"kind": "context_reset", "reason": r.reason}),
+        ),
+        Event::EgressRefused(e) => (
+            e.message.clone(),
+            json!({"kind": "egress_refused", "host": e.host, "port": e.port, "address": e.address, "setting": e.setting}),
+        ),
+        _ => return None,
+    })
 }
 
 fn verdict_name(v: i32) -> &'static str {
@@ -485,39 +555,12 @@ impl TurnMapper {
             out.extend(self.flush(now));
         }
         match event {
-            Event::Queued(q) if q.agent => {
-                // Holds its turn slot and waits for a live agent to be free: working, with its
-                // place; it starts as soon as a turn ends and gives an agent back.
-                let text = format!("queued for an agent, position {}", q.position);
-                out.push(self.status(
-                    TaskState::Working,
-                    Some(text),
-                    Some(json!({"kind": "agent", "position": q.position})),
-                    now,
-                ));
-            }
-            Event::Queued(q) if q.admission => {
-                // Accepted and about to run once a turn slot frees: working, with its place.
-                let text = format!(
-                    "queued, position {}: waiting for one of the supervisor's turn slots",
-                    q.position
-                );
-                out.push(self.status(
-                    TaskState::Working,
-                    Some(text),
-                    Some(json!({"kind": "admission", "position": q.position})),
-                    now,
-                ));
-            }
             Event::Queued(q) => {
-                let text = format!(
-                    "queued behind other turns of this conversation (position {})",
-                    q.position
-                );
+                let (state, text, kind) = queued(q);
                 out.push(self.status(
-                    TaskState::Submitted,
+                    state,
                     Some(text),
-                    Some(json!({"kind": "queued", "position": q.position})),
+                    Some(json!({"kind": kind, "position": q.position})),
                     now,
                 ));
             }
@@ -528,43 +571,6 @@ impl TurnMapper {
                 self.task_only = true;
                 self.ensure_working(&mut out, now);
                 out.push(self.tool_call(t, now));
-            }
-            Event::Plan(p) => {
-                self.task_only = true;
-                self.ensure_working(&mut out, now);
-                let mut text = String::from("plan:");
-                for e in &p.entries {
-                    text.push_str(&format!("\n- [{}] {}", e.status, e.content));
-                }
-                let entries: Vec<Value> = p
-                    .entries
-                    .iter()
-                    .map(|e| json!({"content": e.content, "priority": e.priority, "status": e.status}))
-                    .collect();
-                out.push(self.working_note(text, json!({"kind": "plan", "entries": entries}), now));
-            }
-            Event::ModeChange(m) => {
-                self.task_only = true;
-                self.ensure_working(&mut out, now);
-                let text = format!(
-                    "agent mode is now {}{}{}",
-                    m.mode_id,
-                    if m.supervised {
-                        " (supervised)"
-                    } else {
-                        " (NOT supervised)"
-                    },
-                    if m.by_supervisor {
-                        ", set by the supervisor"
-                    } else {
-                        ""
-                    }
-                );
-                out.push(self.working_note(
-                    text,
-                    json!({"kind": "mode", "modeId": m.mode_id, "supervised": m.supervised, "bySupervisor": m.by_supervisor}),
-                    now,
-                ));
             }
             Event::Permission(p) => {
                 self.task_only = true;
@@ -582,25 +588,15 @@ impl TurnMapper {
                     now,
                 ));
             }
-            Event::ContextReset(r) => {
-                self.task_only = true;
-                self.ensure_working(&mut out, now);
-                out.push(self.working_note(
-                    format!("the agent's context was reset: {}", r.reason),
-                    json!({"kind": "context_reset", "reason": r.reason}),
-                    now,
-                ));
-            }
-            Event::EgressRefused(e) => {
-                // A connection the agent's egress proxy refused: a working note naming the
-                // destination and the setting that decides it.
-                self.task_only = true;
-                self.ensure_working(&mut out, now);
-                out.push(self.working_note(
-                    e.message.clone(),
-                    json!({"kind": "egress_refused", "host": e.host, "port": e.port, "address": e.address, "setting": e.setting}),
-                    now,
-                ));
+            Event::Plan(_)
+            | Event::ModeChange(_)
+            | Event::ContextReset(_)
+            | Event::EgressRefused(_) => {
+                if let Some((text, fields)) = note(event) {
+                    self.task_only = true;
+                    self.ensure_working(&mut out, now);
+                    out.push(self.working_note(text, fields, now));
+                }
             }
             Event::Fault(f) => {
                 // The stop that follows carries the outcome; remember the fault in case it does not.

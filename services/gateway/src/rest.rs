@@ -21,9 +21,9 @@ use crate::admission::{
     Caller, HttpState, RestError, check_content_type, host_ok, host_refused, json_body, json_value,
     params, query_map, read_body, rest_error, rest_ok,
 };
+use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
-use crate::tasks::{SendOutcome, Subscription};
 
 /// The stream's items as SSE events: each event's JSON, an error as an `error` event.
 fn stream(sub: Subscription) -> Response {

@@ -6,7 +6,7 @@
 //! Across replicas:
 //! - every write of a task's head, history or artifacts NOTIFYs [`CHANNEL`] with the task id in
 //!   the same statement (delivered when, and only if, it commits): a replica that did not start
-//!   the turn follows the task by reading it again on each note (`tasks.rs`, `follow`);
+//!   the turn follows the task by reading it again on each note (`core/follow.rs`, `follow`);
 //! - a terminal head is never overwritten (`ON CONFLICT ... WHERE NOT terminal`): the first
 //!   end a task reaches on any replica is the one that stands;
 //! - each replica has an id of its own (`owner`) and renews a lease on every task it follows;

@@ -18,9 +18,9 @@ use warden_gateway::admission::HttpState;
 use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
 use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
+use warden_gateway::core::{Core, CoreSettings};
 use warden_gateway::http::router;
 use warden_gateway::store::{SledStore, TaskStore};
-use warden_gateway::tasks::{Core, CoreSettings};
 
 /// (name, extra headers, body, HTTP status, JSON-RPC code)
 type RpcRow<'a> = (&'a str, Vec<(&'a str, &'a str)>, String, u16, i64);
@@ -71,7 +71,7 @@ fn build(dir: &std::path::Path, hosts: HostAllowlist, max_body: usize) -> Router
             turn_timeout_seconds: 0,
             cancel_grace: Duration::from_millis(500),
             coalesce_bytes: 1024,
-            retention: warden_gateway::tasks::Retention::default(),
+            retention: warden_gateway::core::Retention::default(),
             max_streams_per_principal: 1024,
             stream_keepalive: Duration::from_secs(15),
         },

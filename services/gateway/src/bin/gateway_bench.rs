@@ -35,9 +35,9 @@ use warden_gateway::admission::HttpState;
 use warden_gateway::auth::{Authenticator, HostAllowlist, token_digest_hex};
 use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
+use warden_gateway::core::{Core, CoreSettings};
 use warden_gateway::http::router;
 use warden_gateway::store::{SledStore, TaskStore};
-use warden_gateway::tasks::{Core, CoreSettings};
 use warden_proto::v1::supervisor_service_server::{SupervisorService, SupervisorServiceServer};
 use warden_proto::v1::{self as pb, TurnEvent, turn_event::Event};
 
@@ -361,9 +361,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             turn_timeout_seconds: 0,
             cancel_grace: Duration::from_secs(5),
             coalesce_bytes: warden_gateway::mapping::DEFAULT_COALESCE_BYTES,
-            retention: warden_gateway::tasks::Retention {
+            retention: warden_gateway::core::Retention {
                 max_tasks: 2 * per_wave.max(1),
-                ..warden_gateway::tasks::Retention::default()
+                ..warden_gateway::core::Retention::default()
             },
             max_streams_per_principal: 1024,
             stream_keepalive: Duration::from_secs(15),

@@ -32,7 +32,7 @@ use super::tools::{self, Verb, VerbArgs};
 use super::turn::{self, Answer, Ask, NotStarted, Progress, Question};
 use super::workspace;
 use crate::config::McpSection;
-use crate::tasks::Core;
+use crate::core::Core;
 
 /// Who is calling, as the HTTP edge authenticated it (put in the request's extensions).
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use warden_proto::v1::{
 };
 
 use super::envelope::{Blocker, BlockerKind, FaultSeen, Observed, ToolSeen};
-use crate::tasks::Core;
+use crate::core::Core;
 
 /// A question of the agent, for the caller.
 #[derive(Debug, Clone)]
@@ -82,7 +82,7 @@ pub async fn run(
     let stream = match client.run_turn(req).await {
         Ok(r) => routed.events(r.into_inner()),
         Err(status) => {
-            let f = crate::tasks::refused_fault(&routed, &status);
+            let f = crate::core::refused_fault(&routed, &status);
             return Err(match f.fault_class() {
                 FaultClass::Rejected => NotStarted::Refused("supervisor.rejected", f.message),
                 FaultClass::PromptTooLarge => {

@@ -1,0 +1,472 @@
+//! Admit and send: SendMessage / SendStreamingMessage checked, its agent and context claimed, the
+//! task recorded and on disk before the caller is answered, then its turn handed to
+//! [`drive`](super::drive). A message on an existing task goes to [`answers`](super::answers).
+//!
+//! Owns: what a new task must be to start (message, agent, context, text size) and the context
+//! claim (also for the MCP front, [`Core::claim_context`]). Must never: start a turn before the
+//! task is durable, or let a second principal into a context.
+
+use std::sync::Arc;
+
+use warden_proto::v1::{OpenConversationRequest, Profile, RunTurnRequest};
+
+use super::live::{LiveTask, Subscription, lock};
+use super::read::apply_history_length;
+use super::shared::{Core, store_err};
+use crate::a2a::{Message, Role, SendMessageRequest, Task, TaskState, TaskStatus};
+use crate::error::A2aError;
+use crate::mapping::{META_KEY, TurnMapper};
+use crate::store::{ContextRecord, TaskRecord};
+use crate::time::{format_micros, now_micros};
+
+/// Longest accepted `contextId` (it becomes a store key and a supervisor label).
+pub const MAX_CONTEXT_ID: usize = 256;
+
+/// What an answer to a task's question did: delivered here (the task is followed here), or by
+/// the replica following it (the task as stored right after).
+pub(super) enum Answered {
+    Here(Arc<LiveTask>),
+    Elsewhere(Box<Task>),
+}
+
+/// What `send` produced.
+pub enum SendOutcome {
+    /// Streaming: the snapshot and its events.
+    Stream(Box<Subscription>),
+    /// Blocking or returnImmediately: the task as the caller should see it.
+    Task(Box<Task>),
+    /// Blocking, and the agent answered with only a hinted direct reply (`warden.a2a =
+    /// "message"`, see [`TurnMapper::direct_message`]): the task's final status message. The task
+    /// is still stored, so GetTask/ListTasks keep the record.
+    Message(Box<Message>),
+}
+
+impl Core {
+    /// SendMessage / SendStreamingMessage.
+    pub async fn send(
+        self: &Arc<Self>,
+        principal: &str,
+        req: SendMessageRequest,
+        streaming: bool,
+    ) -> Result<SendOutcome, A2aError> {
+        let msg = &req.message;
+        // A stream is counted against its caller's share before anything of it is stored.
+        let permit = if streaming {
+            Some(self.streams.open(principal)?)
+        } else {
+            None
+        };
+        if msg.message_id.trim().is_empty() {
+            return Err(A2aError::InvalidParams(
+                "message.messageId is required".into(),
+            ));
+        }
+        if msg.role == Role::Agent {
+            return Err(A2aError::InvalidParams(
+                "message.role must be ROLE_USER".into(),
+            ));
+        }
+        if msg.parts.is_empty() {
+            return Err(A2aError::InvalidParams(
+                "message.parts must not be empty".into(),
+            ));
+        }
+        // A webhook sent with the message is checked before anything starts.
+        let push_cfg = match req
+            .configuration
+            .as_ref()
+            .and_then(|c| c.task_push_notification_config.clone())
+        {
+            None => None,
+            Some(cfg) => {
+                let push = self.push_or_unsupported()?;
+                let existing = msg.task_id.as_deref().filter(|t| !t.is_empty());
+                if let Some(t) = existing {
+                    self.owned(principal, t).await?;
+                }
+                Some(push.check(existing, cfg).await?)
+            }
+        };
+        let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
+        let return_immediately = req
+            .configuration
+            .as_ref()
+            .is_some_and(|c| c.return_immediately);
+        if let Some(n) = history_length
+            && n < 0
+        {
+            return Err(A2aError::InvalidParams(
+                "historyLength must not be negative".into(),
+            ));
+        }
+        let agent_asked = self.choose_agent(principal, &req).await?;
+        if self.agents().task_text_bytes.is_none()
+            && let Err(e) = self.refresh_agents().await
+        {
+            tracing::warn!(error = %e, "cannot list the supervisor's agents");
+        }
+
+        let live = match msg.task_id.as_deref().filter(|t| !t.is_empty()) {
+            Some(task_id) => {
+                if let (Some(cfg), Some(push)) = (push_cfg, self.push()) {
+                    push.put(principal, cfg).await?;
+                }
+                match self.answer(principal, task_id, &req).await? {
+                    Answered::Here(live) => live,
+                    Answered::Elsewhere(task) => {
+                        return self
+                            .answered_elsewhere(*task, permit, return_immediately, history_length)
+                            .await;
+                    }
+                }
+            }
+            None => {
+                let (live, run) = self.start(principal, &req, agent_asked, push_cfg).await?;
+                // On disk before the caller is answered and the turn starts. Waited for without
+                // holding a runtime worker: a wave of tasks starting at once each waited for the
+                // disk on a worker, and with every worker waiting the gateway answered nothing,
+                // kept no SSE stream alive and accepted no connection (issue 30).
+                if let Err(e) = self.store.flush().await {
+                    if let Ok(mut m) = self.live.lock() {
+                        m.remove(&run.task_id);
+                    }
+                    return Err(store_err(e));
+                }
+                let core = self.clone();
+                let driven = live.clone();
+                // The task's span, in the trace of the request that started it.
+                let span = tracing::info_span!("task", task_id = %run.task_id);
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        core.drive(driven, run).await;
+                    },
+                    span,
+                ));
+                live
+            }
+        };
+
+        if let Some(permit) = permit {
+            return Ok(SendOutcome::Stream(Box::new(
+                self.held(live.subscribe(), permit),
+            )));
+        }
+        if !return_immediately {
+            live.settled().await;
+        }
+        let (mut task, direct) = {
+            let inner = lock(&live.inner);
+            (inner.task.clone(), inner.mapper.direct_message())
+        };
+        if direct
+            && task.status.state == TaskState::Completed
+            && let Some(m) = task.status.message.take()
+        {
+            return Ok(SendOutcome::Message(Box::new(m)));
+        }
+        apply_history_length(&mut task, history_length)?;
+        Ok(SendOutcome::Task(Box::new(task)))
+    }
+
+    pub(super) async fn choose_agent(
+        &self,
+        principal: &str,
+        req: &SendMessageRequest,
+    ) -> Result<Option<String>, A2aError> {
+        let from = |m: &Option<crate::a2a::Metadata>| -> Option<String> {
+            let m = m.as_ref()?;
+            m.get(META_KEY)
+                .and_then(|w| w.get("agent"))
+                .or_else(|| m.get("agent"))
+                .or_else(|| m.get("skill"))
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
+        let asked = from(&req.message.metadata).or_else(|| from(&req.metadata));
+        let Some(a) = asked else { return Ok(None) };
+        self.resolve_agent(principal, Some(&a)).await.map(Some)
+    }
+
+    /// A new task: records it (not yet flushed: the caller waits for the disk, then starts its
+    /// turn with the returned request).
+    pub(super) async fn start(
+        self: &Arc<Self>,
+        principal: &str,
+        req: &SendMessageRequest,
+        agent_asked: Option<String>,
+        push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
+    ) -> Result<(Arc<LiveTask>, RunTurnRequest), A2aError> {
+        let msg = &req.message;
+        // A text the supervisor would refuse is refused here, before a byte of it is stored:
+        // a rejected request must not cost disk for the retention period.
+        let text = msg.prompt_text();
+        if let Some(limit) = self.agents().task_text_bytes
+            && text.len() > limit
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "prompt-too-large: task text is {} bytes, the limit is {limit}",
+                text.len()
+            )));
+        }
+        let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
+            Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
+                return Err(A2aError::InvalidParams(format!(
+                    "contextId must be at most {MAX_CONTEXT_ID} characters without control characters"
+                )));
+            }
+            Some(c) => c.to_string(),
+            None => uuid::Uuid::new_v4().to_string(),
+        };
+        let now = now_micros();
+        let agent = {
+            let _g = self.contexts_guard.lock().await;
+            // The agent a new context would run: checked before it is claimed.
+            let existing = self.store.context(&context_id).await.map_err(store_err)?;
+            let fresh_agent = match &existing {
+                Some(ctx) => ctx.agent.clone(),
+                None => {
+                    let agent = agent_asked.clone().unwrap_or_else(|| self.agents().default);
+                    // The default too must be one of the caller's agents: for a restricted
+                    // caller "the supervisor's default" ("") is named, so it can be checked.
+                    if (agent.is_empty() && self.restricted(principal))
+                        || !self.may_use(principal, &agent)
+                    {
+                        return Err(self.refuse_agent(principal, &agent));
+                    }
+                    agent
+                }
+            };
+            // Claimed atomically (replicas share the store): the first principal owns it.
+            let ctx = self
+                .store
+                .claim_context(
+                    &context_id,
+                    &ContextRecord {
+                        principal: principal.to_string(),
+                        agent: fresh_agent,
+                        created_micros: now,
+                        last_task_micros: now,
+                        closed_micros: None,
+                    },
+                )
+                .await
+                .map_err(store_err)?;
+            if ctx.principal != principal {
+                // Another principal's conversation does not exist for this caller.
+                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
+            }
+            if !self.may_use(principal, &ctx.agent) {
+                return Err(self.refuse_agent(principal, &ctx.agent));
+            }
+            if let Some(a) = &agent_asked
+                && *a != ctx.agent
+            {
+                return Err(A2aError::InvalidParams(format!(
+                    "context {context_id} runs agent {:?}; start a new context for {a:?}",
+                    ctx.agent
+                )));
+            }
+            ctx.agent
+        };
+        let task_id = uuid::Uuid::new_v4().to_string();
+        let mut user = msg.clone();
+        user.task_id = Some(task_id.clone());
+        user.context_id = Some(context_id.clone());
+        let status = TaskStatus {
+            state: TaskState::Submitted,
+            message: None,
+            timestamp: Some(format_micros(now)),
+        };
+        let head = Task {
+            id: task_id.clone(),
+            context_id: context_id.clone(),
+            status,
+            artifacts: Vec::new(),
+            history: Vec::new(),
+            metadata: None,
+        };
+        let record = TaskRecord {
+            task: head.clone(),
+            principal: principal.to_string(),
+            agent: agent.clone(),
+            created_micros: now,
+            status_micros: now,
+        };
+        self.store.put_head(&record).await.map_err(store_err)?;
+        self.store
+            .put_history_segment(&task_id, 0, std::slice::from_ref(&user))
+            .await
+            .map_err(store_err)?;
+        let mut task = head;
+        task.history.push(user.clone());
+        let live = Arc::new(LiveTask::new(
+            task,
+            record,
+            TurnMapper::new(&task_id, &context_id)
+                .with_coalesce_bytes(self.settings.coalesce_bytes),
+            self.store.clone(),
+            self.push().cloned(),
+        ));
+        // The task's webhook is stored before its turn starts, so it sees every change.
+        if let (Some(mut cfg), Some(push)) = (push_cfg, self.push()) {
+            cfg.task_id = task_id.clone();
+            push.put(principal, cfg).await?;
+        }
+        if let Ok(mut m) = self.live.lock() {
+            m.insert(task_id.clone(), live.clone());
+        }
+        tracing::info!(task_id = %task_id, context_id = %context_id, principal, agent = %agent, message_id = %msg.message_id, "task submitted");
+        let run = RunTurnRequest {
+            context_id: context_id.clone(),
+            turn_id: task_id.clone(),
+            text,
+            message_id: msg.message_id.clone(),
+            task_id: task_id.clone(),
+            timeout_seconds: self.settings.turn_timeout_seconds,
+            instructions: String::new(),
+            open: Some(OpenConversationRequest {
+                context_id,
+                agent,
+                workspace: String::new(),
+                profile: Profile::WorkspaceWrite as i32,
+                principal: principal.to_string(),
+                verb: "task".to_string(),
+                // A2A has no model field: the agent's default.
+                model: String::new(),
+                effort: String::new(),
+            }),
+        };
+        Ok((live, run))
+    }
+
+    /// Claims `context_id` for `principal` for a turn that is not an A2A task (the MCP front):
+    /// recorded as an A2A context is, so no other principal can reach its conversation through
+    /// either front, the sweep closes it after the conversation TTL, and a close the sweep has
+    /// under way is waited for. TaskNotFound (as for A2A) when another principal owns it.
+    pub async fn claim_context(
+        &self,
+        principal: &str,
+        context_id: &str,
+        agent: &str,
+    ) -> Result<(), A2aError> {
+        let now = now_micros();
+        {
+            let _g = self.contexts_guard.lock().await;
+            let fresh = ContextRecord {
+                principal: principal.to_string(),
+                agent: agent.to_string(),
+                created_micros: now,
+                last_task_micros: now,
+                closed_micros: None,
+            };
+            let rec = self
+                .store
+                .claim_context(context_id, &fresh)
+                .await
+                .map_err(store_err)?;
+            if rec.principal != principal {
+                return Err(A2aError::TaskNotFound(format!("context {context_id}")));
+            }
+        }
+        self.closing.wait(context_id).await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{CoreSettings, Retention};
+    use crate::store::{SledStore, TaskStore};
+    use std::time::Duration;
+
+    /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE
+    /// keep-alives run on the runtime's workers, and a task's start waited for the disk
+    /// (`flush`) on one. As many starts waiting on a slow disk as there are workers stopped the
+    /// whole gateway — no answer, no keep-alive, for any stream — until the disk came back.
+    /// Here the store's flushes wait on a gate while four tasks start on a two-worker runtime;
+    /// a task that only needs the runtime must still run, and every start finishes once the
+    /// disk answers.
+    #[test]
+    fn tasks_waiting_on_the_disk_do_not_stop_the_runtime() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sled = SledStore::open(dir.path()).unwrap();
+        let gate = sled.flush_gate.clone();
+        let store: TaskStore = Arc::new(sled);
+        let closed = gate.write().unwrap();
+        let core = {
+            let _rt = rt.enter();
+            // Nobody listens there: a turn that gets as far as RunTurn fails, which is fine.
+            let channel =
+                warden_daemon::client::unix_channel(&dir.path().join("no-supervisor.sock"));
+            Core::new(
+                store,
+                channel,
+                CoreSettings {
+                    agents: vec!["scripted".into()],
+                    default_agent: "scripted".into(),
+                    turn_timeout_seconds: 0,
+                    cancel_grace: Duration::from_secs(1),
+                    coalesce_bytes: crate::mapping::DEFAULT_COALESCE_BYTES,
+                    retention: Retention::default(),
+                    max_streams_per_principal: 1024,
+                    stream_keepalive: Duration::from_secs(15),
+                },
+            )
+        };
+        // Known limits, so no send asks the (absent) supervisor first.
+        core.agents.write().unwrap().task_text_bytes = Some(16384);
+        let message = |i: usize| SendMessageRequest {
+            tenant: None,
+            message: Message {
+                message_id: format!("m{i}"),
+                context_id: Some(format!("ctx-{i}")),
+                task_id: None,
+                role: Role::User,
+                parts: vec![crate::a2a::Part::text("hello")],
+                metadata: None,
+                extensions: vec![],
+                reference_task_ids: vec![],
+            },
+            configuration: None,
+            metadata: None,
+        };
+        let mut sends = Vec::new();
+        for i in 0..4 {
+            let core = core.clone();
+            let req = message(i);
+            sends.push(rt.spawn(async move { core.send("alice", req, true).await.is_ok() }));
+        }
+        // Give the starts time to reach the disk and wait there.
+        std::thread::sleep(Duration::from_millis(300));
+        let ran = Arc::new(AtomicBool::new(false));
+        {
+            let ran = ran.clone();
+            rt.spawn(async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ran.store(true, Ordering::SeqCst);
+            });
+        }
+        let t0 = std::time::Instant::now();
+        while !ran.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(3) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alive = ran.load(Ordering::SeqCst);
+        // The disk comes back: every start finishes.
+        drop(closed);
+        for s in sends {
+            assert!(rt.block_on(s).unwrap(), "a send failed");
+        }
+        assert!(
+            alive,
+            "while the store's flushes waited, a task needing only the runtime did not run within 3 s"
+        );
+        rt.shutdown_timeout(Duration::from_secs(5));
+    }
+}
