@@ -267,9 +267,10 @@ impl Closing {
         }
     }
 
-    /// Registers a close of `context_id`, its gate held until the returned guard drops and
-    /// [`Closing::end`] is called; `None` when a close of it is already under way.
-    pub(super) async fn begin(&self, context_id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+    /// Registers a close of `context_id`, its gate held until the returned guard drops (on
+    /// every path out of the close, an error included: a close that forgot to end would keep
+    /// every later sweep away from the context); `None` when a close of it is under way.
+    pub(super) async fn begin<'a>(&'a self, context_id: &str) -> Option<ClosingGuard<'a>> {
         let gate = Arc::new(tokio::sync::Mutex::new(()));
         let held = gate.clone().lock_owned().await;
         let mut m = self.0.lock().ok()?;
@@ -277,13 +278,26 @@ impl Closing {
             return None;
         }
         m.insert(context_id.to_string(), gate);
-        Some(held)
+        Some(ClosingGuard {
+            closing: self,
+            context_id: context_id.to_string(),
+            _held: held,
+        })
     }
+}
 
-    /// The close of `context_id` is over (its gate is released when the guard drops).
-    pub(super) fn end(&self, context_id: &str) {
-        if let Ok(mut m) = self.0.lock() {
-            m.remove(context_id);
+/// A close under way: dropping it ends the close (the context leaves the map, then its gate is
+/// released to the tasks waiting on it).
+pub(super) struct ClosingGuard<'a> {
+    closing: &'a Closing,
+    context_id: String,
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Drop for ClosingGuard<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.closing.0.lock() {
+            m.remove(&self.context_id);
         }
     }
 }

@@ -189,7 +189,6 @@ impl Core {
                 }
             }
         }
-        self.closing.end(context_id);
         Ok(closed)
     }
 
