@@ -68,8 +68,12 @@ max_active_turns_per_principal = 0
 capacity_wait_ms = 60000
 max_agent_waiters = 1024
 max_queued_turns = 64
-# Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
+# Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn,
+# served round robin across principals.
 max_starting_agents = 0
+# Start slots one principal may hold at once (0 = three quarters of max_starting_agents, at least
+# 1): one caller's burst of new contexts leaves a slot for the others' starts.
+max_starting_agents_per_principal = 0
 fs_read_bytes = 2097152
 # One agent's requests (fs/*, permissions, questions, terminals) handled at once; one more is
 # answered with an error at once.
@@ -348,6 +352,11 @@ pub struct Limits {
     /// Agents starting at once (spawn to `session/new`); 0 = two per core. More wait their turn
     /// before they spawn, so the handshake deadline measures the agent, not a crowd of starts.
     pub max_starting_agents: usize,
+    /// Start slots one principal may hold at once; 0 = three quarters of
+    /// `max_starting_agents`, at least 1 (`admission::default_share` of it). Waiting starts are
+    /// served round robin across principals, so one caller's burst of new contexts cannot
+    /// queue another's start behind it (issue 36).
+    pub max_starting_agents_per_principal: usize,
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
     /// lines); a larger one is refused with an error naming this key.
     pub fs_read_bytes: u64,
@@ -408,6 +417,7 @@ impl Default for Limits {
             max_agent_waiters: 1024,
             max_queued_turns: 64,
             max_starting_agents: 0,
+            max_starting_agents_per_principal: 0,
             fs_read_bytes: 2 * 1024 * 1024,
             agent_requests_in_flight: warden_acp::DEFAULT_MAX_INCOMING_REQUESTS,
             agent_requests_bytes: warden_acp::DEFAULT_MAX_INCOMING_BYTES,
@@ -902,6 +912,16 @@ impl Settings {
         }
     }
 
+    /// The start slots one principal may hold: the configured share (never above the cap), or
+    /// three quarters of the cap, at least 1.
+    pub fn max_starting_agents_per_principal(&self) -> usize {
+        let cap = self.max_starting_agents();
+        match self.file.limits.max_starting_agents_per_principal {
+            0 => crate::admission::default_share(cap, cap),
+            n => n.min(cap),
+        }
+    }
+
     /// The turn-slot cap in force.
     pub fn max_active_turns(&self) -> usize {
         match self.file.limits.max_active_turns {
@@ -1083,7 +1103,8 @@ impl Settings {
 /// because the daemon built its structures from them at start: `[daemon]`, the listeners,
 /// `[policy]`, `[sandbox]`, `[runtime]`, `[cell]`, and the capacity limits (`max_live_agents`,
 /// `max_active_turns`, `max_active_turns_per_principal`, `max_agent_waiters`,
-/// `max_starting_agents`, `max_conversations`, `transcript_bytes`). Returns the settings to
+/// `max_starting_agents`, `max_starting_agents_per_principal`, `max_conversations`,
+/// `transcript_bytes`). Returns the settings to
 /// put in force and the names of the kept ones whose value `next` changed (they need a
 /// restart).
 pub fn reloadable(running: &Settings, next: Settings) -> (Settings, Vec<&'static str>) {
@@ -1116,6 +1137,10 @@ pub fn reloadable(running: &Settings, next: Settings) -> (Settings, Vec<&'static
     keep!(
         file.limits.max_starting_agents,
         "limits.max_starting_agents"
+    );
+    keep!(
+        file.limits.max_starting_agents_per_principal,
+        "limits.max_starting_agents_per_principal"
     );
     keep!(file.limits.max_conversations, "limits.max_conversations");
     keep!(file.limits.transcript_bytes, "limits.transcript_bytes");

@@ -196,8 +196,22 @@ impl Conversation {
         let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id, wait).await?;
         // One of `limits.max_starting_agents` slots from spawn to the end of the handshake: a
         // crowd of starts (hundreds of new contexts at once) must not eat each other's
-        // handshake deadlines.
-        let _starting = self.shared.starts.clone().acquire_owned().await.ok();
+        // handshake deadlines. Served round robin across principals, at most
+        // `max_starting_agents_per_principal` of one: a caller's burst of new contexts waits
+        // behind itself, not in front of another caller's start (issue 36). A turn that ends
+        // (cancelled) while it waits leaves the queue.
+        let never = tokio_util::sync::CancellationToken::new();
+        let gave_up = turn.map_or(&never, |t| &t.end);
+        let Some(_starting) = self
+            .shared
+            .starts
+            .admit(&self.core.info.principal, gave_up, |_| {})
+            .await
+        else {
+            return Err(StartError::NoRoom(
+                "the turn ended while it waited for a start slot".into(),
+            ));
+        };
         let home = self
             .home
             .lock()

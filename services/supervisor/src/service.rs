@@ -411,7 +411,10 @@ impl Supervisor {
         e: &crate::agent::StartError,
     ) -> Status {
         tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
-        let capacity = matches!(e, crate::agent::StartError::Capacity(_));
+        let capacity = matches!(
+            e,
+            crate::agent::StartError::Capacity(_) | crate::agent::StartError::NoRoom(_)
+        );
         let not_offered = e.class() == pb::FaultClass::OptionNotOffered;
         if !capacity && !not_offered {
             let _ = self.shared.records.incident(&crate::records::Incident {
@@ -843,6 +846,14 @@ impl Supervisor {
         details.insert(
             "max_active_turns_per_principal".to_string(),
             self.shared.admission.share().to_string(),
+        );
+        let (starting, starts_waiting, starts_cap) = self.shared.starts.figures();
+        details.insert("agents_starting".to_string(), starting.to_string());
+        details.insert("starts_waiting".to_string(), starts_waiting.to_string());
+        details.insert("max_starting_agents".to_string(), starts_cap.to_string());
+        details.insert(
+            "max_starting_agents_per_principal".to_string(),
+            self.shared.starts.share().to_string(),
         );
         details.insert(
             "max_open_conversations_per_principal".to_string(),
