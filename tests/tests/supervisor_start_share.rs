@@ -21,15 +21,30 @@ use warden_proto::v1 as pb;
 const BURST: usize = 120;
 const START_DELAY: &str = "0.4";
 
-/// The `slow` agent: the scripted agent, started after a `sleep`.
-fn slow_agent() -> Vec<(&'static str, String)> {
+/// The `slow` agent: the scripted agent, started after a `sleep`, by a script in `dir` next to a
+/// link of the scripted agent (the sandbox binds the program's own directory, not the build's).
+fn slow_agent(dir: &std::path::Path) -> Vec<(&'static str, String)> {
     let agent = warden_e2e::binary("warden-scripted-agent");
-    let script = format!("sleep {START_DELAY}; exec {}", agent.display());
+    let linked = dir.join("warden-scripted-agent");
+    if std::fs::hard_link(&agent, &linked).is_err() {
+        std::fs::copy(&agent, &linked).expect("copy the scripted agent");
+    }
+    let script = dir.join("slow-agent");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsleep {START_DELAY}\nexec {}\n",
+            linked.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // Reachable (search only) by the agent's uid, as the build's own directory is.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o711)).unwrap();
     vec![
-        ("supervisor", "agents.slow.command=\"/bin/sh\"".into()),
         (
             "supervisor",
-            format!("agents.slow.args=[\"-c\", {script:?}]"),
+            format!("agents.slow.command={:?}", script.display().to_string()),
         ),
         // Four start slots whatever the host's cores (the default is two per core).
         ("supervisor", "limits.max_starting_agents=4".into()),
@@ -67,7 +82,8 @@ async fn alice_new_context(c: &mut Client, ctx: &str) -> (Duration, Vec<pb::Turn
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_one_principals_new_contexts_does_not_queue_anothers_start() {
-    let sets = slow_agent();
+    let bin = tempfile::tempdir_in(parent()).unwrap();
+    let sets = slow_agent(bin.path());
     let sets: Vec<(&str, &str)> = sets.iter().map(|(d, kv)| (*d, kv.as_str())).collect();
     let d = deploy(&sets).await;
     let mut alice = client(&d);

@@ -960,7 +960,7 @@ impl Settings {
     }
 
     /// The live-agent cap in force: the configured one, or derived from memory, never above
-    /// `max_conversations`.
+    /// `max_conversations` nor the size of `sandbox.agent_uid_range`.
     pub fn max_live_agents(&self) -> usize {
         let l = &self.file.limits;
         let cap = if l.max_live_agents == 0 {
@@ -968,7 +968,16 @@ impl Settings {
         } else {
             l.max_live_agents
         };
-        cap.min(l.max_conversations).max(1)
+        let mut cap = cap.min(l.max_conversations);
+        // With a uid range every live agent (warm ones included) holds one of its uids, and
+        // only they do (an idle-stopped conversation gives its uid back): a live-agent slot is
+        // then a uid, waited for in the fair order, never a start that finds none free.
+        if let [first, last] = self.file.sandbox.agent_uid_range[..]
+            && last >= first
+        {
+            cap = cap.min((last - first) as usize + 1);
+        }
+        cap.max(1)
     }
 
     /// The warm agents of `agent` in force: its `pool_size` (0 when disabled), never more than

@@ -304,12 +304,18 @@ impl Supervisor {
             return res.map(|conv| self.opened(req, guard, conv));
         }
         // The conversation's identity (its own uid when a range is configured) before its root
-        // and home are made for it; given back at close or when this open fails.
-        let ident = self
-            .shared
-            .spawner
-            .assign_identity(&req.context_id)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        // and home are made for it; given back at close, when this open fails, or when its
+        // agent stops (`Conversation::give_back_uid`). With every uid of the range held by
+        // conversations whose agents run, it opens without one, its root and home the
+        // supervisor's (as when given back), and takes one when its agent starts.
+        let ident = match self.shared.spawner.assign_identity(&req.context_id) {
+            Ok(i) => i,
+            Err(e) if crate::conversation::uid_range(&self.shared) => {
+                tracing::info!(context_id = %req.context_id, reason = %e, "no agent uid free: opened without one; its agent takes one when it starts");
+                None
+            }
+            Err(e) => return Err(Status::resource_exhausted(e.to_string())),
+        };
         let res = self
             .start_with_identity(req, guard, agent_name, agent_cfg, profile, ident)
             .await;
@@ -496,11 +502,14 @@ impl Supervisor {
             terminals: Default::default(),
             // Every look the supervisor takes at the root (the files a turn changed) runs
             // with the agent's rights: its root is its own, and what it closed stays closed.
-            files: warden_containment::beneath::RootDir::open_as(
-                &boundary.root,
-                ident.map(Into::into),
-            )
-            .map_err(|e| e.to_string()),
+            files: std::sync::RwLock::new(
+                warden_containment::beneath::RootDir::open_as(
+                    &boundary.root,
+                    ident.map(Into::into),
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
+            ),
             // fs/* carried out by the agent's own rights (what it creates is the agent's).
             servant: crate::servant::Servant::spawned(
                 self.shared.clone(),
