@@ -123,7 +123,8 @@ async fn an_idle_stopped_conversation_gives_its_uid_back_and_takes_one_on_its_ne
     let t0 = Instant::now();
     let bob_roots: Vec<PathBuf> = loop {
         let convs = conversations(&mut c).await;
-        let bobs: Vec<_> = convs.iter().filter(|i| i.principal == "bob").collect();
+        let mut bobs: Vec<_> = convs.iter().filter(|i| i.principal == "bob").collect();
+        bobs.sort_by(|a, b| a.context_id.cmp(&b.context_id));
         if bobs.len() == 4
             && bobs
                 .iter()
@@ -184,6 +185,7 @@ async fn an_idle_stopped_conversation_gives_its_uid_back_and_takes_one_on_its_ne
     );
     assert!(out.contains("secret-of-bob-0"), "{out}");
     assert_eq!(field(&out, "appended"), "yes", "{out}");
+    // bob-0's root (the list was sorted by context id).
     let notes = bob_roots[0].join("notes.txt");
     assert_eq!(std::fs::metadata(&notes).unwrap().uid(), uid);
     assert_eq!(std::fs::metadata(&bob_roots[0]).unwrap().uid(), uid);
