@@ -6,6 +6,10 @@
 //! first out within one (`fair`), and a principal at its share is passed over: one caller's
 //! hanging tasks hold at most its share, and the others' turns keep running.
 //!
+//! The agent-start slots (`limits.max_starting_agents`, `Shared::starts`) are one more
+//! `Admission`: a start waits for one the same way, so one principal's burst of new contexts holds
+//! at most its share of the starts (`max_starting_agents_per_principal`).
+//!
 //! Must never: let a turn overtake an earlier one of the same principal, let a principal hold
 //! more than its share, or keep a slot after its turn ends or its waiter gives up (a slot is an
 //! RAII permit; a waiter removes itself when dropped, whether cancelled or abandoned).
@@ -166,6 +170,20 @@ impl Admission {
     /// Slots `principal` holds now.
     pub fn held_by(&self, principal: &str) -> usize {
         self.lock().held_by(principal)
+    }
+
+    /// A slot for `principal` only when one is free now and nobody waits (the warm-agent pool:
+    /// conversations never wait behind it).
+    pub fn try_admit(&self, principal: &str) -> Option<Permit> {
+        let mut s = self.lock();
+        if !(s.waiting.is_empty() && s.active < s.cap && s.held_by(principal) < s.share) {
+            return None;
+        }
+        s.take(principal);
+        Some(Permit {
+            admission: self.clone(),
+            principal: principal.to_string(),
+        })
     }
 
     /// Waits for a slot for one of `principal`'s turns, in the fair order. `queued(position)`

@@ -21,6 +21,10 @@ pub enum StartError {
     /// No live-agent slot: every live agent is busy (not the agent's fault, nothing started).
     #[error(transparent)]
     Capacity(#[from] crate::live::Full),
+    /// Another resource a start needs is held by others (a start slot the turn gave up waiting
+    /// for, every uid of `sandbox.agent_uid_range`): fault `capacity`, nothing started.
+    #[error("{0}")]
+    NoRoom(String),
     #[error("cannot start the agent: {0}")]
     Spawn(String),
     #[error("the agent did not answer {0} within the handshake deadline")]
@@ -58,7 +62,9 @@ pub fn is_secret_name(name: &str) -> bool {
 impl StartError {
     pub fn class(&self) -> warden_proto::v1::FaultClass {
         match self {
-            StartError::Capacity(_) => warden_proto::v1::FaultClass::Capacity,
+            StartError::Capacity(_) | StartError::NoRoom(_) => {
+                warden_proto::v1::FaultClass::Capacity
+            }
             StartError::OptionNotOffered(_) => warden_proto::v1::FaultClass::OptionNotOffered,
             StartError::WithStderr { error, .. } => error.class(),
             _ => warden_proto::v1::FaultClass::Startup,

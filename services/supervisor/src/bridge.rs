@@ -830,10 +830,11 @@ impl ClientHandler for ConvCore {
                 "decision_id": decision_id, "action_digest": digest,
             }),
         );
+        let files = self.files();
         let target = crate::terminal::Target {
             context_id: &self.info.context_id,
             boundary: self.info.sandbox_boundary(),
-            files: self.files.as_ref().ok(),
+            files: files.as_deref(),
         };
         self.terminals
             .create(self.terminal.as_ref(), Some(turn), target, slot, req)
@@ -1062,7 +1063,9 @@ mod tests {
             deadline: Duration::from_millis(50),
             terminal: None,
             terminals: Default::default(),
-            files: RootDir::open(root).map_err(|e| e.to_string()),
+            files: std::sync::RwLock::new(
+                RootDir::open(root).map(Arc::new).map_err(|e| e.to_string()),
+            ),
             servant: crate::servant::Servant::in_process(root),
             fs_read_bytes: 1024,
             quotas: Default::default(),

@@ -68,8 +68,12 @@ max_active_turns_per_principal = 0
 capacity_wait_ms = 60000
 max_agent_waiters = 1024
 max_queued_turns = 64
-# Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn.
+# Agents starting at once (spawn to session/new; 0 = two per core): more wait before they spawn,
+# served round robin across principals.
 max_starting_agents = 0
+# Start slots one principal may hold at once (0 = three quarters of max_starting_agents, at least
+# 1): one caller's burst of new contexts leaves a slot for the others' starts.
+max_starting_agents_per_principal = 0
 fs_read_bytes = 2097152
 # One agent's requests (fs/*, permissions, questions, terminals) handled at once; one more is
 # answered with an error at once.
@@ -348,6 +352,11 @@ pub struct Limits {
     /// Agents starting at once (spawn to `session/new`); 0 = two per core. More wait their turn
     /// before they spawn, so the handshake deadline measures the agent, not a crowd of starts.
     pub max_starting_agents: usize,
+    /// Start slots one principal may hold at once; 0 = three quarters of
+    /// `max_starting_agents`, at least 1 (`admission::default_share` of it). Waiting starts are
+    /// served round robin across principals, so one caller's burst of new contexts cannot
+    /// queue another's start behind it (issue 36).
+    pub max_starting_agents_per_principal: usize,
     /// One `fs/read_text_file` answer is at most this many bytes (the file, or the selected
     /// lines); a larger one is refused with an error naming this key.
     pub fs_read_bytes: u64,
@@ -408,6 +417,7 @@ impl Default for Limits {
             max_agent_waiters: 1024,
             max_queued_turns: 64,
             max_starting_agents: 0,
+            max_starting_agents_per_principal: 0,
             fs_read_bytes: 2 * 1024 * 1024,
             agent_requests_in_flight: warden_acp::DEFAULT_MAX_INCOMING_REQUESTS,
             agent_requests_bytes: warden_acp::DEFAULT_MAX_INCOMING_BYTES,
@@ -902,6 +912,16 @@ impl Settings {
         }
     }
 
+    /// The start slots one principal may hold: the configured share (never above the cap), or
+    /// three quarters of the cap, at least 1.
+    pub fn max_starting_agents_per_principal(&self) -> usize {
+        let cap = self.max_starting_agents();
+        match self.file.limits.max_starting_agents_per_principal {
+            0 => crate::admission::default_share(cap, cap),
+            n => n.min(cap),
+        }
+    }
+
     /// The turn-slot cap in force.
     pub fn max_active_turns(&self) -> usize {
         match self.file.limits.max_active_turns {
@@ -940,7 +960,7 @@ impl Settings {
     }
 
     /// The live-agent cap in force: the configured one, or derived from memory, never above
-    /// `max_conversations`.
+    /// `max_conversations` nor the size of `sandbox.agent_uid_range`.
     pub fn max_live_agents(&self) -> usize {
         let l = &self.file.limits;
         let cap = if l.max_live_agents == 0 {
@@ -948,7 +968,16 @@ impl Settings {
         } else {
             l.max_live_agents
         };
-        cap.min(l.max_conversations).max(1)
+        let mut cap = cap.min(l.max_conversations);
+        // With a uid range every live agent (warm ones included) holds one of its uids, and
+        // only they do (an idle-stopped conversation gives its uid back): a live-agent slot is
+        // then a uid, waited for in the fair order, never a start that finds none free.
+        if let [first, last] = self.file.sandbox.agent_uid_range[..]
+            && last >= first
+        {
+            cap = cap.min((last - first) as usize + 1);
+        }
+        cap.max(1)
     }
 
     /// The warm agents of `agent` in force: its `pool_size` (0 when disabled), never more than
@@ -1083,7 +1112,8 @@ impl Settings {
 /// because the daemon built its structures from them at start: `[daemon]`, the listeners,
 /// `[policy]`, `[sandbox]`, `[runtime]`, `[cell]`, and the capacity limits (`max_live_agents`,
 /// `max_active_turns`, `max_active_turns_per_principal`, `max_agent_waiters`,
-/// `max_starting_agents`, `max_conversations`, `transcript_bytes`). Returns the settings to
+/// `max_starting_agents`, `max_starting_agents_per_principal`, `max_conversations`,
+/// `transcript_bytes`). Returns the settings to
 /// put in force and the names of the kept ones whose value `next` changed (they need a
 /// restart).
 pub fn reloadable(running: &Settings, next: Settings) -> (Settings, Vec<&'static str>) {
@@ -1116,6 +1146,10 @@ pub fn reloadable(running: &Settings, next: Settings) -> (Settings, Vec<&'static
     keep!(
         file.limits.max_starting_agents,
         "limits.max_starting_agents"
+    );
+    keep!(
+        file.limits.max_starting_agents_per_principal,
+        "limits.max_starting_agents_per_principal"
     );
     keep!(file.limits.max_conversations, "limits.max_conversations");
     keep!(file.limits.transcript_bytes, "limits.transcript_bytes");

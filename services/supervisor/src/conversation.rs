@@ -72,6 +72,8 @@ pub struct Conversation {
     /// Set when this conversation continues a context whose earlier conversation ended (closed
     /// by its owner or after being idle): its first turn says that the context was reset.
     pub ended_before: std::sync::atomic::AtomicBool,
+    /// The uid this conversation gave back while its agent was stopped (for the log).
+    parked_from: Mutex<Option<warden_sandbox::AgentIdentity>>,
 }
 
 /// How a turn ended.
@@ -141,6 +143,7 @@ impl Conversation {
             last_kill: Mutex::new((false, 0)),
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
+            parked_from: Mutex::new(None),
         });
         let p = match warm {
             Some((mut p, mut session)) => {
@@ -152,9 +155,11 @@ impl Conversation {
             }
             None => match conv.start_agent(false, None).await {
                 Ok((p, _)) => p,
-                Err(StartError::Capacity(full)) => {
-                    tracing::info!(context_id = %conv.core.info.context_id, reason = %full, "no live agent free: opened without one; its first turn waits for one");
+                Err(e @ (StartError::Capacity(_) | StartError::NoRoom(_))) => {
+                    tracing::info!(context_id = %conv.core.info.context_id, reason = %e, "no live agent (or agent uid) free: opened without one; its first turn waits for one");
                     conv.st().status = pb::ConversationState::IdleStopped;
+                    // No agent runs: its uid serves others meanwhile.
+                    conv.give_back_uid().await;
                     let worker = conv.clone();
                     tokio::spawn(async move { worker.worker().await });
                     return Ok(conv);
@@ -196,13 +201,26 @@ impl Conversation {
         let slot = crate::agent::live_slot(&self.shared, &self.core.info.context_id, wait).await?;
         // One of `limits.max_starting_agents` slots from spawn to the end of the handshake: a
         // crowd of starts (hundreds of new contexts at once) must not eat each other's
-        // handshake deadlines.
-        let _starting = self.shared.starts.clone().acquire_owned().await.ok();
-        let home = self
-            .home
-            .lock()
-            .ok()
-            .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()));
+        // handshake deadlines. Served round robin across principals, at most
+        // `max_starting_agents_per_principal` of one: a caller's burst of new contexts waits
+        // behind itself, not in front of another caller's start (issue 36). A turn that ends
+        // (cancelled) while it waits leaves the queue.
+        let never = tokio_util::sync::CancellationToken::new();
+        let gave_up = turn.map_or(&never, |t| &t.end);
+        let Some(_starting) = self
+            .shared
+            .starts
+            .admit(&self.core.info.principal, gave_up, |_| {})
+            .await
+        else {
+            return Err(StartError::NoRoom(
+                "the turn ended while it waited for a start slot".into(),
+            ));
+        };
+        // A conversation that gave its uid back takes one again (and its root and home with it)
+        // only now, holding both slots: a uid is held only while an agent may run.
+        self.take_uid().await?;
+        let home = self.home_path();
         let target = crate::agent::Target {
             spawn_id: &self.core.info.context_id,
             agent: &self.core.info.agent,
@@ -665,6 +683,12 @@ impl Conversation {
             None => (false, 0),
         };
         self.st().status = pb::ConversationState::Closed;
+        if stopping && self.core.info.owned {
+            // The root outlives this supervisor, the uid's holding does not: handed to the
+            // supervisor now, so the uid's holder after a restart finds nothing of it (the
+            // context's next open hands it to its new uid).
+            self.give_back_uid().await;
+        }
         // Nothing of this conversation's home may reach a later one.
         let home = self.home.lock().ok().and_then(|mut h| h.take());
         if let Some(h) = home {
@@ -748,11 +772,151 @@ impl Conversation {
             tracing::info!(context_id = %self.core.info.context_id, "stopping the idle agent (idle timeout, or to make room)");
             self.kill_terminals().await;
             proc_.kill(&self.shared).await;
-            let mut st = self.st();
-            if st.status == pb::ConversationState::Ready {
-                st.status = pb::ConversationState::IdleStopped;
+            {
+                let mut st = self.st();
+                if st.status == pb::ConversationState::Ready {
+                    st.status = pb::ConversationState::IdleStopped;
+                }
+            }
+            // Its processes are gone: its uid (with a range) serves others until its next turn.
+            self.give_back_uid().await;
+        }
+    }
+
+    fn home_path(&self) -> Option<std::path::PathBuf> {
+        self.home
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|h| h.path().to_path_buf()))
+    }
+
+    /// Closes the root's fd of a conversation whose agent is not running (reopened at its next
+    /// start). With `sandbox.agent_uid_range`, also gives back the uid of a conversation whose agent is not
+    /// running (idle-stopped, or opened without one), so idle conversations hold no uid another
+    /// caller waits for (issue 36, finding 3). Called with the agent stopped (its tree killed,
+    /// its terminals and fs servant stopped). Before the uid is free for another conversation:
+    /// no process may still run with it (checked in `/proc`, whatever the tree's kill said), and
+    /// the owned root and the home are handed to the supervisor itself (`chown_tree`, walked as
+    /// this uid, which nothing else holds yet; the root keeps its group, the policy's search),
+    /// so the uid's next holder finds nothing of this conversation it could reach: the top
+    /// directories are no longer its, and every entry below them neither. The root's fd is
+    /// closed (the supervisor's look at it is taken again with the next uid). Anything that
+    /// fails keeps the uid (and says why): never a uid given back with something still its.
+    pub async fn give_back_uid(&self) {
+        if !uid_range(&self.shared) {
+            // No uid to give back; the root's fd is not needed until the agent runs again.
+            self.core.set_files(Err(
+                "closed while the conversation's agent is stopped".into()
+            ));
+            return;
+        }
+        let ctx = self.core.info.context_id.clone();
+        let Some(held) = self.shared.spawner.agent_identity_for(&ctx) else {
+            return;
+        };
+        let root = self.core.info.owned.then(|| self.core.info.root.clone());
+        let home = self.home_path();
+        let parked = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            if uid_in_use(held.uid) {
+                return Err(format!("a process still runs as uid {}", held.uid));
+            }
+            let owner = parked_owner();
+            for dir in root.iter().chain(home.iter()) {
+                warden_sandbox::chown_tree(dir, owner)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        match parked {
+            Ok(()) => {
+                self.core
+                    .set_files(Err("the conversation holds no agent uid now".into()));
+                if let Ok(mut p) = self.parked_from.lock() {
+                    *p = Some(held);
+                }
+                self.shared.spawner.release_identity(&ctx);
+                tracing::info!(context_id = %ctx, uid = held.uid, "agent stopped: its uid given back, root and home the supervisor's until its next start");
+            }
+            Err(e) => {
+                tracing::warn!(context_id = %ctx, uid = held.uid, error = %e, "agent stopped, its uid kept: it cannot be given back safely");
             }
         }
+    }
+
+    /// Opens the root again for the supervisor's look (closed while the agent was stopped). With
+    /// a uid range: takes a uid of `sandbox.agent_uid_range` again for a conversation that gave its own back
+    /// ([`Conversation::give_back_uid`]), and hands its root and home to it: the lowest free
+    /// one, likely another than before. None free: fault `capacity` naming the range, nothing
+    /// started (the live-agent limit, at most the range's size, serves the turns waiting for an
+    /// agent round robin across principals; this is the rare race past it).
+    async fn take_uid(&self) -> Result<(), StartError> {
+        if !uid_range(&self.shared) {
+            if self.core.files().is_none() {
+                let rights = self
+                    .shared
+                    .spawner
+                    .agent_identity_for(&self.core.info.context_id)
+                    .map(Into::into);
+                let files =
+                    warden_containment::beneath::RootDir::open_as(&self.core.info.root, rights)
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string());
+                self.core.set_files(files);
+            }
+            return Ok(());
+        }
+        let ctx = self.core.info.context_id.clone();
+        if self.shared.spawner.agent_identity_for(&ctx).is_some() {
+            return Ok(());
+        }
+        let ident = match self.shared.spawner.assign_identity(&ctx) {
+            Ok(Some(i)) => i,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                return Err(StartError::NoRoom(format!(
+                    "capacity: no agent uid is free ({e}); every one is held by a conversation \
+                     whose agent runs. Try again when one stops (limits.idle_timeout_secs)"
+                )));
+            }
+        };
+        let root = self.core.info.owned.then(|| self.core.info.root.clone());
+        let home = self.home_path();
+        let handed = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let own_group = parked_owner().gid;
+            if let Some(root) = &root {
+                warden_sandbox::chown_tree(root, ident)
+                    .map_err(|e| format!("{}: {e}", root.display()))?;
+                // The root's group stays the supervisor's (the policy's search), as made.
+                std::os::unix::fs::lchown(root, None, Some(own_group))
+                    .map_err(|e| format!("{}: {e}", root.display()))?;
+            }
+            if let Some(home) = &home {
+                warden_sandbox::chown_tree(home, ident)
+                    .map_err(|e| format!("{}: {e}", home.display()))?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r);
+        if let Err(e) = handed {
+            self.shared.spawner.release_identity(&ctx);
+            return Err(StartError::Spawn(format!(
+                "cannot give the sandbox to the agent's uid {}: {e}",
+                ident.uid
+            )));
+        }
+        let files =
+            warden_containment::beneath::RootDir::open_as(&self.core.info.root, Some(ident.into()))
+                .map(Arc::new)
+                .map_err(|e| e.to_string());
+        self.core.set_files(files);
+        let before = self.parked_from.lock().ok().and_then(|mut p| p.take());
+        tracing::info!(context_id = %ctx, uid = ident.uid, before = ?before.map(|b| b.uid), "agent uid taken again for the conversation's start");
+        Ok(())
     }
 
     async fn run_turn(&self, turn: Arc<TurnCtx>) {
@@ -845,6 +1009,7 @@ impl Conversation {
                     context_reset = reset;
                 }
                 Err(_) if turn.end.is_cancelled() => {
+                    self.give_back_uid().await;
                     return match turn.end_reason() {
                         Some(EndRequest::Decision {
                             fault: Some((c, m)),
@@ -852,7 +1017,11 @@ impl Conversation {
                         _ => Stop::reason("cancelled"),
                     };
                 }
-                Err(e) => return Stop::fault(e.class(), e.to_string()),
+                Err(e) => {
+                    // A failed start holds nothing until the next turn tries again.
+                    self.give_back_uid().await;
+                    return Stop::fault(e.class(), e.to_string());
+                }
             }
         }
         let Some(p) = guard.as_mut() else {
@@ -938,6 +1107,10 @@ impl Conversation {
             }
             _ => (Vec::new(), true),
         };
+        if stop.kill {
+            // The agent is gone until the next turn: so is its uid (after the walk above).
+            self.give_back_uid().await;
+        }
         stop.stop
     }
 
@@ -945,10 +1118,7 @@ impl Conversation {
     async fn root_snapshot(&self) -> Option<warden_containment::beneath::Snapshot> {
         let core = self.core.clone();
         tokio::task::spawn_blocking(move || {
-            core.files
-                .as_ref()
-                .ok()
-                .and_then(|r| r.snapshot(ROOT_SNAPSHOT_ENTRIES))
+            core.files().and_then(|r| r.snapshot(ROOT_SNAPSHOT_ENTRIES))
         })
         .await
         .ok()
@@ -1474,4 +1644,48 @@ async fn sleep_until_idle(idle: Option<Duration>, since: Instant) {
         Some(d) => tokio::time::sleep_until((since + d).into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether agents run as one uid per conversation, from `sandbox.agent_uid_range`.
+pub fn uid_range(shared: &Shared) -> bool {
+    shared.spawner.agent_identity().is_none() && !shared.spawner.agent_uid_ranges().is_empty()
+}
+
+/// Who a conversation's root and home belong to while it holds no uid: the supervisor itself
+/// (its effective uid and gid; the root's group is the supervisor's anyway).
+fn parked_owner() -> warden_sandbox::AgentIdentity {
+    warden_sandbox::AgentIdentity {
+        uid: nix::unistd::geteuid().as_raw(),
+        gid: nix::unistd::getegid().as_raw(),
+    }
+}
+
+/// Whether any process on the host runs with `uid` as its real, effective, saved or filesystem
+/// uid (`/proc/<pid>/status`). A process whose status cannot be read (gone meanwhile) is not
+/// counted; one that cannot be parsed is (never a uid given back on a guess).
+fn uid_in_use(uid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(e.path().join("status")) else {
+            continue;
+        };
+        let Some(line) = status.lines().find(|l| l.starts_with("Uid:")) else {
+            return true;
+        };
+        let ids: Vec<Option<u32>> = line
+            .trim_start_matches("Uid:")
+            .split_whitespace()
+            .map(|n| n.parse().ok())
+            .collect();
+        if ids.is_empty() || ids.iter().any(|i| i.is_none_or(|i| i == uid)) {
+            return true;
+        }
+    }
+    false
 }

@@ -57,9 +57,11 @@ pub struct ConvCore {
     /// `Some` when the agent is configured with terminals.
     pub terminal: Option<TerminalCtx>,
     pub terminals: Terminals,
-    /// The root, held open since the conversation opened: the supervisor's own look at it (a
-    /// terminal's working directory, the walk of what a turn changed), never `fs/*`.
-    pub files: Result<RootDir, String>,
+    /// The root, held open while the conversation's agent may run: the supervisor's own look at
+    /// it (a terminal's working directory, the walk of what a turn changed), never `fs/*`. With
+    /// the agent's rights, so it is opened again when the conversation takes another uid of
+    /// `sandbox.agent_uid_range` (and closed while it holds none: `Conversation::give_back_uid`).
+    pub files: std::sync::RwLock<Result<Arc<RootDir>, String>>,
     /// Carries out `fs/*` inside the agent's sandbox with the agent's rights.
     pub servant: crate::servant::Servant,
     /// `limits.fs_read_bytes`.
@@ -105,6 +107,22 @@ impl ConvInfo {
 impl ConvCore {
     pub fn live(&self) -> std::sync::MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The root held open now, if it is.
+    pub fn files(&self) -> Option<Arc<RootDir>> {
+        match self.files.read() {
+            Ok(f) => f.as_ref().ok().cloned(),
+            Err(p) => p.into_inner().as_ref().ok().cloned(),
+        }
+    }
+
+    /// Puts `files` in place of the root held open (a new uid's rights, or none).
+    pub fn set_files(&self, files: Result<Arc<RootDir>, String>) {
+        match self.files.write() {
+            Ok(mut f) => *f = files,
+            Err(p) => *p.into_inner() = files,
+        }
     }
 
     pub fn turn(&self) -> Option<Arc<TurnCtx>> {

@@ -327,7 +327,10 @@ async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), Startup
             settings.max_active_turns(),
             settings.max_active_turns_per_principal(),
         ),
-        starts: std::sync::Arc::new(tokio::sync::Semaphore::new(settings.max_starting_agents())),
+        starts: warden_supervisor::admission::Admission::new(
+            settings.max_starting_agents(),
+            settings.max_starting_agents_per_principal(),
+        ),
         reaped,
     };
     let sup = Supervisor::new(shared);

@@ -55,6 +55,9 @@ use crate::shared::Shared;
 /// The id namespace of warm agents (their roots' registry keys, slots, uids, leases). A
 /// caller's context id may not start with it (`service.rs` refuses it).
 pub const POOL_PREFIX: &str = "warden-pool~";
+/// Whose the pool's start slots are (`Shared::starts`): a name no caller is given, so the pool
+/// holds at most one principal's share of the starts, and only when nobody waits.
+const POOL_PRINCIPAL: &str = "\u{0}warm-pool";
 
 /// The profile warm agents are made for: what every A2A task opens with. A conversation with
 /// another profile spawns its own agent.
@@ -252,7 +255,7 @@ impl Pool {
                 kind.name,
                 uuid::Uuid::new_v4().simple()
             );
-            let permit = self.shared.starts.clone().try_acquire_owned().ok();
+            let permit = self.shared.starts.try_admit(POOL_PRINCIPAL);
             let slot = permit
                 .as_ref()
                 .and_then(|_| self.shared.live.try_acquire_spare(&id));

@@ -304,12 +304,18 @@ impl Supervisor {
             return res.map(|conv| self.opened(req, guard, conv));
         }
         // The conversation's identity (its own uid when a range is configured) before its root
-        // and home are made for it; given back at close or when this open fails.
-        let ident = self
-            .shared
-            .spawner
-            .assign_identity(&req.context_id)
-            .map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        // and home are made for it; given back at close, when this open fails, or when its
+        // agent stops (`Conversation::give_back_uid`). With every uid of the range held by
+        // conversations whose agents run, it opens without one, its root and home the
+        // supervisor's (as when given back), and takes one when its agent starts.
+        let ident = match self.shared.spawner.assign_identity(&req.context_id) {
+            Ok(i) => i,
+            Err(e) if crate::conversation::uid_range(&self.shared) => {
+                tracing::info!(context_id = %req.context_id, reason = %e, "no agent uid free: opened without one; its agent takes one when it starts");
+                None
+            }
+            Err(e) => return Err(Status::resource_exhausted(e.to_string())),
+        };
         let res = self
             .start_with_identity(req, guard, agent_name, agent_cfg, profile, ident)
             .await;
@@ -411,7 +417,10 @@ impl Supervisor {
         e: &crate::agent::StartError,
     ) -> Status {
         tracing::warn!(context_id = %req.context_id, agent = %agent_name, error = %e.headline(), stderr_tail = %e.stderr_tail(), "conversation failed to start");
-        let capacity = matches!(e, crate::agent::StartError::Capacity(_));
+        let capacity = matches!(
+            e,
+            crate::agent::StartError::Capacity(_) | crate::agent::StartError::NoRoom(_)
+        );
         let not_offered = e.class() == pb::FaultClass::OptionNotOffered;
         if !capacity && !not_offered {
             let _ = self.shared.records.incident(&crate::records::Incident {
@@ -493,11 +502,14 @@ impl Supervisor {
             terminals: Default::default(),
             // Every look the supervisor takes at the root (the files a turn changed) runs
             // with the agent's rights: its root is its own, and what it closed stays closed.
-            files: warden_containment::beneath::RootDir::open_as(
-                &boundary.root,
-                ident.map(Into::into),
-            )
-            .map_err(|e| e.to_string()),
+            files: std::sync::RwLock::new(
+                warden_containment::beneath::RootDir::open_as(
+                    &boundary.root,
+                    ident.map(Into::into),
+                )
+                .map(Arc::new)
+                .map_err(|e| e.to_string()),
+            ),
             // fs/* carried out by the agent's own rights (what it creates is the agent's).
             servant: crate::servant::Servant::spawned(
                 self.shared.clone(),
@@ -843,6 +855,14 @@ impl Supervisor {
         details.insert(
             "max_active_turns_per_principal".to_string(),
             self.shared.admission.share().to_string(),
+        );
+        let (starting, starts_waiting, starts_cap) = self.shared.starts.figures();
+        details.insert("agents_starting".to_string(), starting.to_string());
+        details.insert("starts_waiting".to_string(), starts_waiting.to_string());
+        details.insert("max_starting_agents".to_string(), starts_cap.to_string());
+        details.insert(
+            "max_starting_agents_per_principal".to_string(),
+            self.shared.starts.share().to_string(),
         );
         details.insert(
             "max_open_conversations_per_principal".to_string(),

@@ -28,8 +28,9 @@ pub struct Shared {
     pub live: LiveAgents,
     /// The turn slots (limits.max_active_turns).
     pub admission: crate::admission::Admission,
-    /// The agent-start slots (limits.max_starting_agents).
-    pub starts: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The agent-start slots (limits.max_starting_agents, at most
+    /// limits.max_starting_agents_per_principal of one principal), waited for in the fair order.
+    pub starts: crate::admission::Admission,
     /// True once a predecessor's leftover trees are reaped (start-up reaps in the background;
     /// agent starts wait for it).
     pub reaped: tokio::sync::watch::Receiver<bool>,
