@@ -65,9 +65,7 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
 
     // Two more (second.txt, then third.txt); another operator (this test, on the admin socket)
     // answers second.txt first, the page's operator denies third.txt with the keyboard.
-    let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
-        &d.layout.approver_admin_socket(),
-    ));
+    let mut api = approvals(&d);
     let mut pending_now = async |n: usize| {
         let t0 = std::time::Instant::now();
         loop {
@@ -104,9 +102,7 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
         })
         .map(|a| a.id.clone())
         .unwrap_or_else(|| panic!("second.txt not pending: {both:#?}"));
-    let mut other = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
-        &d.layout.approver_admin_socket(),
-    ));
+    let mut other = approvals(&d);
     other
         .answer(pb::AnswerRequest {
             id: second_id,
@@ -186,6 +182,35 @@ async fn operator_deployment(http: &str) -> (Deployment, std::path::PathBuf) {
         d.start(n).await;
     }
     (d, token_file)
+}
+
+/// The approver's admin API, as an operator on its socket.
+fn approvals(d: &Deployment) -> ApprovalServiceClient<tonic::transport::Channel> {
+    ApprovalServiceClient::new(warden_daemon::client::unix_channel(
+        &d.layout.approver_admin_socket(),
+    ))
+}
+
+/// A write of `path` by the scripted agent, in a turn of conversation `ctx`, held for a person:
+/// the client, the turn's stream, the approver's admin API and the held request's id.
+async fn held_write(
+    d: &Deployment,
+    ctx: &str,
+    path: &str,
+) -> (
+    Client,
+    tonic::Streaming<pb::TurnEvent>,
+    ApprovalServiceClient<tonic::transport::Channel>,
+    String,
+) {
+    let mut c = client(d);
+    let text = scenario(json!({"vocabulary": "claude-0.101", "steps": [
+        {"type": "tool", "kind": "edit", "path": path, "content": "x", "ask": true},
+        {"type": "message", "text": "done"}]}));
+    let s = start(&mut c, turn(ctx, "t1", &text)).await;
+    let mut api = approvals(d);
+    let id = first_pending(&mut api).await;
+    (c, s, api, id)
 }
 
 /// The id of the first request held for a person, waiting up to 15 s for one.
@@ -331,15 +356,7 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     assert_eq!(code, 401);
 
     // A real request, held for a person.
-    let mut c = client(&d);
-    let text = scenario(json!({"vocabulary": "claude-0.101", "steps": [
-        {"type": "tool", "kind": "edit", "path": "x.txt", "content": "x", "ask": true},
-        {"type": "message", "text": "done"}]}));
-    let mut s = start(&mut c, turn("webx", "t1", &text)).await;
-    let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
-        &d.layout.approver_admin_socket(),
-    ));
-    let id = first_pending(&mut api).await;
+    let (_c, mut s, _api, id) = held_write(&d, "webx", "x.txt").await;
     let answer = |id: String, auth: String, header: bool| {
         let addr = http_addr.clone();
         async move {
@@ -502,15 +519,7 @@ async fn the_approvers_session_does_not_travel_to_another_port_of_the_host() {
     let http_addr = format!("127.0.0.1:{}", free_port());
     let (d, token_file) = operator_deployment(&http_addr).await;
     // alice's write, held for a person.
-    let mut c = client(&d);
-    let text = scenario(json!({"vocabulary": "claude-0.101", "steps": [
-        {"type": "tool", "kind": "edit", "path": "held.txt", "content": "x", "ask": true},
-        {"type": "message", "text": "done"}]}));
-    let mut s = start(&mut c, turn("leak1", "t1", &text)).await;
-    let mut api = ApprovalServiceClient::new(warden_daemon::client::unix_channel(
-        &d.layout.approver_admin_socket(),
-    ));
-    let id = first_pending(&mut api).await;
+    let (_c, mut s, mut api, id) = held_write(&d, "leak1", "held.txt").await;
 
     let mut neighbour = Neighbour::start().await;
     let script =

@@ -382,9 +382,15 @@ async fn one_on_each(w: &World, tag: &str) -> (String, String) {
 }
 
 fn long_turn(w: &World, ctx: &str) -> tokio::task::JoinHandle<Value> {
-    let long = json!({"steps": [
+    turn_sleeping(w, ctx, 60_000)
+}
+
+/// A turn in `ctx`, sent over A2A JSON-RPC in a task of its own, whose agent says "working. ",
+/// sleeps `ms`, then says "done.": the task's answer once it ends.
+fn turn_sleeping(w: &World, ctx: &str, ms: u64) -> tokio::task::JoinHandle<Value> {
+    let script = json!({"steps": [
         {"type": "message", "text": "working. "},
-        {"type": "sleep", "ms": 60000},
+        {"type": "sleep", "ms": ms},
         {"type": "message", "text": "done."},
         {"type": "stop", "reason": "end_turn"}
     ]})
@@ -399,7 +405,7 @@ fn long_turn(w: &World, ctx: &str) -> tokio::task::JoinHandle<Value> {
             Some(
                 &json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
                 "message": {"messageId": uuid(), "role": "ROLE_USER", "contextId": ctx,
-                            "parts": [{"text": long}]}}}),
+                            "parts": [{"text": script}]}}}),
             ),
         )
         .await
@@ -761,32 +767,7 @@ async fn a_frozen_store_ends_no_running_turn_and_fails_new_conversations_fast() 
         return;
     };
     let (ctx_a, ctx_b) = one_on_each(&w, "f").await;
-    let turn = |ctx: &str| {
-        let script = json!({"steps": [
-            {"type": "message", "text": "working. "},
-            {"type": "sleep", "ms": 3 * LOST_AFTER_MS},
-            {"type": "message", "text": "done."},
-            {"type": "stop", "reason": "end_turn"}
-        ]})
-        .to_string();
-        let (http, token, ctx) = (w.d.http.clone(), w.d.token(), ctx.to_string());
-        tokio::spawn(async move {
-            let resp = warden_cli::client::request(
-                &http,
-                http::Method::POST,
-                "/a2a/jsonrpc",
-                &token,
-                Some(
-                    &json!({"jsonrpc": "2.0", "id": 2, "method": "SendMessage", "params": {
-                    "message": {"messageId": uuid(), "role": "ROLE_USER", "contextId": ctx,
-                                "parts": [{"text": script}]}}}),
-                ),
-            )
-            .await
-            .expect("gateway reachable");
-            warden_cli::client::read_answer(resp).await.unwrap().0
-        })
-    };
+    let turn = |ctx: &str| turn_sleeping(&w, ctx, 3 * LOST_AFTER_MS);
     let (on_a, on_b) = (turn(&ctx_a), turn(&ctx_b));
     tokio::time::sleep(Duration::from_secs(1)).await;
     w.pgc.pause();

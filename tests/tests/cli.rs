@@ -361,7 +361,7 @@ async fn an_agents_crafted_title_cannot_forge_a_line_or_reach_the_terminal_raw()
     assert!(!detail.contains('\u{1b}'), "{detail:?}");
 }
 
-/// The README's example: three lines piped into `warden mcp`, stdin closed right after. Every
+/// docs/mcp.md's example: three lines piped into `warden mcp`, stdin closed right after. Every
 /// request read is answered before it exits, the tool call included (it used to exit with only
 /// the `initialize` answer).
 #[tokio::test]

@@ -210,6 +210,139 @@ fn no_service_depends_on_another_service_and_no_library_on_a_service() {
     );
 }
 
+/// The code map's rows, from ARCHITECTURE.md: (path, owns, must never).
+fn code_map_rows() -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(workspace().join("ARCHITECTURE.md")).unwrap();
+    let start = text
+        .find("## Code map")
+        .expect("ARCHITECTURE.md has a code map");
+    text[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with("| path |"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim().trim_matches('|').split(" | ").collect();
+            let cell = |i: usize| cells.get(i).map_or("", |c| c.trim()).to_string();
+            (cell(0).trim_matches('`').to_string(), cell(1), cell(2))
+        })
+        .collect()
+}
+
+/// Words in a row: what it owns and what it must never do.
+fn row_words(owns: &str, never: &str) -> usize {
+    owns.split_whitespace().count() + never.split_whitespace().count()
+}
+
+#[test]
+fn every_code_map_row_is_one_short_line() {
+    let rows = code_map_rows();
+    assert!(rows.len() >= 20, "the code map was not read: {rows:?}");
+    let long: Vec<String> = rows
+        .iter()
+        .filter(|(_, owns, never)| row_words(owns, never) > 40)
+        .map(|(path, owns, never)| format!("{path}: {} words", row_words(owns, never)))
+        .collect();
+    assert!(
+        long.is_empty(),
+        "ARCHITECTURE.md, \"Code map\": one line a path, at most 40 words (owns / must never); \
+         the detail goes in the README beside the path. Too long: {long:?}"
+    );
+}
+
+/// The paths a row names in backticks (`spawn/`, `judged.rs`, `crates/pgstate/migrations/`):
+/// anything ending in `/` or a source or document extension, not a host path (`/run/…`) nor a
+/// placeholder (`<state>/…`).
+fn paths_named(cell: &str) -> Vec<String> {
+    cell.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| !t.starts_with('/') && !t.contains(['<', ' ', '*', '{']))
+        .filter(|t| {
+            t.ends_with('/')
+                || [".rs", ".md", ".proto", ".toml"]
+                    .iter()
+                    .any(|e| t.ends_with(e))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// Whether `named` exists from the row of `row_path`: from the workspace, the row's own
+/// directory, its `src/`, or as the end of a path below the row's directory.
+fn named_exists(row_path: &str, named: &str) -> bool {
+    let root = workspace();
+    let dir = root.join(row_path);
+    let named = named.trim_end_matches('/');
+    if [
+        root.join(named),
+        dir.join(named),
+        dir.join("src").join(named),
+    ]
+    .iter()
+    .any(|p| p.exists())
+    {
+        return true;
+    }
+    fn below(d: &Path, named: &str) -> bool {
+        let Ok(rd) = std::fs::read_dir(d) else {
+            return false;
+        };
+        rd.filter_map(|e| e.ok()).any(|e| {
+            let p = e.path();
+            p.to_string_lossy().ends_with(&format!("/{named}"))
+                || (p.is_dir() && !p.ends_with("target") && below(&p, named))
+        })
+    }
+    below(&dir, named)
+}
+
+#[test]
+fn every_path_in_the_code_map_exists_and_every_package_has_a_row() {
+    let rows = code_map_rows();
+    let mut missing = Vec::new();
+    for (path, owns, never) in &rows {
+        if !workspace().join(path).exists() {
+            missing.push(path.clone());
+        }
+        for named in paths_named(owns).into_iter().chain(paths_named(never)) {
+            if !named_exists(path, &named) {
+                missing.push(format!("{path}: {named}"));
+            }
+        }
+    }
+    let unmapped: Vec<String> = packages()
+        .into_iter()
+        .map(|p| p.dir)
+        .filter(|d| {
+            !rows
+                .iter()
+                .any(|(path, _, _)| path.trim_end_matches('/') == d)
+        })
+        .collect();
+    assert!(
+        missing.is_empty() && unmapped.is_empty(),
+        "ARCHITECTURE.md, \"Code map\": every path it names exists, and every package has a \
+         row. Named but not there: {missing:?}. Packages without a row: {unmapped:?}"
+    );
+}
+
+#[test]
+fn the_code_map_checks_see_a_long_row_and_a_missing_path() {
+    // The two rules above are only as good as their readers: 41 words is too long, a file
+    // that is not there is found, one that is there is not.
+    let owns = "word ".repeat(30);
+    let never = "word ".repeat(11);
+    assert_eq!(row_words(&owns, &never), 41);
+    assert_eq!(
+        paths_named("a `spawn/` and `judged.rs`, not `<state>/x/` nor `/run/warden/`"),
+        vec!["spawn/".to_string(), "judged.rs".to_string()]
+    );
+    assert!(named_exists("crates/sandbox", "spawn/"));
+    assert!(named_exists("crates/rules", "judged.rs"));
+    assert!(!named_exists("crates/rules", "no_such_file.rs"));
+}
+
 #[test]
 fn the_gateway_never_depends_on_the_sandbox_or_the_agent_side() {
     let gw = packages()

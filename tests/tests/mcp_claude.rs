@@ -1,4 +1,4 @@
-//! The README's worked example with the real Claude Code CLI: `claude mcp add warden -- warden
+//! docs/mcp.md's worked example with the real Claude Code CLI: `claude mcp add warden -- warden
 //! mcp`, `claude mcp list` (Claude Code starts `warden mcp` and checks it), then a headless
 //! `claude -p` whose model (the scripted fake Anthropic server, `tests/fake_models/`, offline)
 //! calls `mcp__warden__review`: Claude Code → `warden mcp` → the gateway's `/mcp` → the

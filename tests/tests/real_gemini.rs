@@ -8,9 +8,10 @@
 //! Missing installs fail under CI (`CI=true`) and are a printed skip elsewhere.
 
 use std::path::Path;
-use std::time::Duration;
-
 use warden_e2e::real::{self, GEMINI_CLI, Matrix, Vocab};
+
+mod real_support;
+use real_support::WARM_IDLE;
 
 fn gemini() -> Matrix {
     Matrix {
@@ -171,22 +172,7 @@ async fn gemini_cli_review_plans_and_stays_supervised_after_the_plan() {
         r#"{"tool": "exit_plan_mode", "args": {"plan_filename": "warden-plan.md"}}"#.to_string(),
         Vocab::Gemini.write("{CWD}/after-plan.txt", "written after the plan"),
     ];
-    let evs = real::supervisor_turn(
-        &r.d,
-        "gemini",
-        "gemini-plan-1",
-        "t1",
-        "review",
-        real::script(&steps),
-    )
-    .await;
-    let asked = real::decisions(&evs);
-    for p in &asked {
-        eprintln!(
-            "plan turn: {} {:?} -> {} ({})",
-            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
-        );
-    }
+    let (evs, asked) = real_support::review_turn(&r, "gemini", "gemini-plan-1", &steps).await;
     let answers = r.model.answers();
     let first = r
         .model
@@ -224,10 +210,6 @@ async fn gemini_cli_review_plans_and_stays_supervised_after_the_plan() {
     );
 }
 
-/// How long a warm agent waits before it is taken: long enough for what an adapter does on its
-/// own once started (telemetry, update checks, a model list).
-const WARM_IDLE: Duration = Duration::from_secs(5);
-
 #[tokio::test]
 async fn gemini_cli_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
     gemini()
@@ -240,37 +222,11 @@ async fn gemini_cli_warm_under_the_proxy_is_handed_out_and_its_first_turn_works(
 /// the conversation went to the fake model.
 #[tokio::test]
 async fn gemini_cli_reaches_nothing_but_its_model() {
-    let m = gemini();
-    let Some(r) = m.start().await else { return };
-    let steps = [
-        r#"{"tool": "web_fetch", "args": {"prompt": "Summarize http://93.184.215.14/ and https://example.com/"}}"#
-            .to_string(),
-        Vocab::Gemini.shell(
-            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
-             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
-             echo done > {CWD}/net-done.txt",
-        ),
-    ];
-    let sent = m.send(&r, &steps).await;
-    let ctx = r.ctx(&sent);
-    let done = r.in_state("net-done.txt");
-    assert_eq!(done.len(), 1, "the command did not run: {ctx}");
-    for f in r.in_state("net.txt") {
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        assert!(!text.contains("reached"), "{text}\n{ctx}");
-    }
-    let records = real::egress_records(&r.d);
-    assert!(
-        records
-            .iter()
-            .filter(|rec| rec["allowed"] == true)
-            .all(|rec| rec["port"] == r.model.port),
-        "{records:#?}\n{ctx}"
-    );
-    r.assert_model_reached_through_the_proxy(&ctx);
-    // What the model was told of its fetch: it did not get the page.
-    let log = r.model.log_text();
-    assert!(!log.contains("Example Domain"), "{ctx}");
+    real_support::reaches_nothing_but_its_model(
+        &gemini(),
+        r#"{"tool": "web_fetch", "args": {"prompt": "Summarize http://93.184.215.14/ and https://example.com/"}}"#,
+    )
+    .await;
 }
 
 /// What Gemini CLI reads at start, planted by one allowed command (its `.env` files, system

@@ -10,6 +10,9 @@
 use std::time::Duration;
 
 use warden_e2e::real::{self, Matrix, OPENCODE, Vocab};
+
+mod real_support;
+use real_support::WARM_IDLE;
 use warden_proto::v1::Verdict;
 
 fn opencode() -> Matrix {
@@ -140,58 +143,18 @@ async fn opencode_reads_wardens_managed_configuration() {
 /// does not land without an ALLOW, and no command runs without being asked.
 #[tokio::test]
 async fn opencode_review_plans_and_stays_supervised() {
-    let m = opencode();
-    let Some(r) = m.start().await else { return };
-    let steps = [
-        Vocab::OpenCode.write("{CWD}/planned.txt", "written in plan mode"),
-        Vocab::OpenCode.shell("echo ran > {CWD}/ran.txt"),
-    ];
-    let evs = real::supervisor_turn(
-        &r.d,
-        "opencode",
-        "opencode-plan-1",
-        "t1",
-        "review",
-        real::script(&steps),
-    )
-    .await;
-    let asked = real::decisions(&evs);
-    for p in &asked {
-        eprintln!(
-            "plan turn: {} {:?} -> {} ({})",
-            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
-        );
-    }
-    let answers = r.model.answers();
-    let allowed = |kind: &str| {
-        asked
-            .iter()
-            .any(|p| p.tool_kind == kind && p.verdict == Verdict::Allow as i32)
+    let Some(r) =
+        real_support::review_plans_and_stays_supervised(&opencode(), "opencode-plan-1").await
+    else {
+        return;
     };
-    assert!(
-        r.in_state("planned.txt").is_empty() || allowed("edit"),
-        "{evs:#?}\n{answers}"
-    );
-    assert!(
-        r.in_state("ran.txt").is_empty() || allowed("execute"),
-        "{evs:#?}\n{answers}"
-    );
     let log = std::fs::read_to_string(r.d.log_file("supervisor")).unwrap_or_default();
     assert!(
         log.lines()
             .any(|l| l.contains("planning for the verb") && l.contains("value=plan")),
         "the plan mode was not set: {log}"
     );
-    // The model was asked as OpenCode's plan agent (its plan-mode reminder in the request).
-    assert!(
-        r.model.log_text().to_lowercase().contains("plan mode"),
-        "the model was not asked in plan mode: {answers}"
-    );
 }
-
-/// How long a warm agent waits before it is taken: long enough for what an adapter does on its
-/// own once started (telemetry, update checks, a model list).
-const WARM_IDLE: Duration = Duration::from_secs(5);
 
 #[tokio::test]
 async fn opencode_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
@@ -205,38 +168,11 @@ async fn opencode_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() 
 /// went to the fake model.
 #[tokio::test]
 async fn opencode_reaches_nothing_but_its_model() {
-    let m = opencode();
-    let Some(r) = m.start().await else { return };
-    let steps = [
-        r#"{"tool": "webfetch", "args": {"url": "https://example.com/", "format": "text"}}"#
-            .to_string(),
-        Vocab::OpenCode.shell(
-            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
-             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
-             echo done > {CWD}/net-done.txt",
-        ),
-    ];
-    let sent = m.send(&r, &steps).await;
-    let ctx = r.ctx(&sent);
-    assert_eq!(
-        r.in_state("net-done.txt").len(),
-        1,
-        "the command did not run: {ctx}"
-    );
-    for f in r.in_state("net.txt") {
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        assert!(!text.contains("reached"), "{text}\n{ctx}");
-    }
-    let records = real::egress_records(&r.d);
-    assert!(
-        records
-            .iter()
-            .filter(|rec| rec["allowed"] == true)
-            .all(|rec| rec["port"] == r.model.port),
-        "{records:#?}\n{ctx}"
-    );
-    r.assert_model_reached_through_the_proxy(&ctx);
-    assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
+    real_support::reaches_nothing_but_its_model(
+        &opencode(),
+        r#"{"tool": "webfetch", "args": {"url": "https://example.com/", "format": "text"}}"#,
+    )
+    .await;
 }
 
 /// OpenCode's search tools (not asked: they only read) run `rg` from `PATH` (`.ci/run` installs

@@ -7,9 +7,10 @@
 //!
 //! Missing installs fail under CI (`CI=true`) and are a printed skip elsewhere.
 
-use std::time::Duration;
-
 use warden_e2e::real::{self, Matrix, QWEN_CODE, Vocab};
+
+mod real_support;
+use real_support::WARM_IDLE;
 
 fn qwen() -> Matrix {
     Matrix {
@@ -106,51 +107,8 @@ async fn qwen_code_reads_wardens_settings() {
 /// land without an ALLOW, and no command runs without being asked.
 #[tokio::test]
 async fn qwen_code_review_plans_and_stays_supervised() {
-    let m = qwen();
-    let Some(r) = m.start().await else { return };
-    let steps = [
-        Vocab::Gemini.write("{CWD}/planned.txt", "written in plan mode"),
-        Vocab::Gemini.shell("echo ran > {CWD}/ran.txt"),
-    ];
-    let evs = real::supervisor_turn(
-        &r.d,
-        "qwen",
-        "qwen-plan-1",
-        "t1",
-        "review",
-        real::script(&steps),
-    )
-    .await;
-    let asked = real::decisions(&evs);
-    for p in &asked {
-        eprintln!(
-            "plan turn: {} {:?} -> {} ({})",
-            p.tool_kind, p.tool_title, p.option_id_sent, p.rule
-        );
-    }
-    let answers = r.model.answers();
-    let allowed = |kind: &str| {
-        asked
-            .iter()
-            .any(|p| p.tool_kind == kind && p.verdict == warden_proto::v1::Verdict::Allow as i32)
-    };
-    assert!(
-        r.in_state("planned.txt").is_empty() || allowed("edit"),
-        "{evs:#?}\n{answers}"
-    );
-    assert!(
-        r.in_state("ran.txt").is_empty() || allowed("execute"),
-        "{evs:#?}\n{answers}"
-    );
-    assert!(
-        r.model.log_text().to_lowercase().contains("plan mode"),
-        "the model was not asked in plan mode: {answers}"
-    );
+    real_support::review_plans_and_stays_supervised(&qwen(), "qwen-plan-1").await;
 }
-
-/// How long a warm agent waits before it is taken: long enough for what an adapter does on its
-/// own once started (telemetry, update checks, a model list).
-const WARM_IDLE: Duration = Duration::from_secs(5);
 
 #[tokio::test]
 async fn qwen_code_warm_under_the_proxy_is_handed_out_and_its_first_turn_works() {
@@ -164,38 +122,11 @@ async fn qwen_code_warm_under_the_proxy_is_handed_out_and_its_first_turn_works()
 /// went to the fake model.
 #[tokio::test]
 async fn qwen_code_reaches_nothing_but_its_model() {
-    let m = qwen();
-    let Some(r) = m.start().await else { return };
-    let steps = [
-        r#"{"tool": "web_fetch", "args": {"url": "https://example.com/", "prompt": "Summarize it"}}"#
-            .to_string(),
-        Vocab::Gemini.shell(
-            "(exec 3<>/dev/tcp/93.184.215.14/80 && echo reached) > {CWD}/net.txt 2>&1; \
-             /usr/bin/python3 -c 'import urllib.request; urllib.request.urlopen(\"https://example.com\", timeout=5); print(\"reached\")' >> {CWD}/net.txt 2>&1; \
-             echo done > {CWD}/net-done.txt",
-        ),
-    ];
-    let sent = m.send(&r, &steps).await;
-    let ctx = r.ctx(&sent);
-    assert_eq!(
-        r.in_state("net-done.txt").len(),
-        1,
-        "the command did not run: {ctx}"
-    );
-    for f in r.in_state("net.txt") {
-        let text = std::fs::read_to_string(&f).unwrap_or_default();
-        assert!(!text.contains("reached"), "{text}\n{ctx}");
-    }
-    let records = real::egress_records(&r.d);
-    assert!(
-        records
-            .iter()
-            .filter(|rec| rec["allowed"] == true)
-            .all(|rec| rec["port"] == r.model.port),
-        "{records:#?}\n{ctx}"
-    );
-    r.assert_model_reached_through_the_proxy(&ctx);
-    assert!(!r.model.log_text().contains("Example Domain"), "{ctx}");
+    real_support::reaches_nothing_but_its_model(
+        &qwen(),
+        r#"{"tool": "web_fetch", "args": {"url": "https://example.com/", "prompt": "Summarize it"}}"#,
+    )
+    .await;
 }
 
 /// Issue 35, finding 5: one allowed command wrote `~/.env` naming a system settings file of

@@ -59,18 +59,26 @@
 #![forbid(unsafe_code)]
 
 mod client;
+mod config;
+mod connection;
 mod error;
+mod events;
 mod handler;
+mod incoming;
+mod io;
 mod rpc;
 mod types;
 
-pub use client::{
-    AcpClient, AcpEvent, AcpEvents, CancelOutcome, CancelReport, ClientConfig, ClientStats,
-    DEFAULT_MAX_INCOMING_BYTES, DEFAULT_MAX_INCOMING_REQUESTS, DEFAULT_MAX_LINE_BYTES,
-    DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle, PermissionAnswer,
-    PermissionTiming, PromptEnd,
+pub use client::AcpClient;
+pub use config::{
+    ClientConfig, DEFAULT_MAX_INCOMING_BYTES, DEFAULT_MAX_INCOMING_REQUESTS,
+    DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_EVENT_BYTES, IdStyle,
 };
 pub use error::{AcpError, Fault};
+pub use events::{
+    AcpEvent, AcpEvents, CancelOutcome, CancelReport, ClientStats, PermissionAnswer,
+    PermissionTiming, PromptEnd,
+};
 pub use handler::ClientHandler;
 pub use rpc::{RequestId, RpcError, codes};
 pub use types::*;

@@ -163,6 +163,18 @@ async fn audit(p: &Policy, q: pb::AuditQueryRequest) -> Vec<pb::AuditRecord> {
         .records
 }
 
+/// The audit record(s) of one decision.
+async fn audit_of(p: &Policy, decision_id: &str) -> Vec<pb::AuditRecord> {
+    audit(
+        p,
+        pb::AuditQueryRequest {
+            decision_id: decision_id.to_string(),
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 async fn decide(p: &Policy, r: pb::DecideRequest) -> pb::Decision {
     p.policy()
         .decide(r)
@@ -271,14 +283,7 @@ async fn answered_decisions_survive_a_kill_9() {
     wait_healthy(&mut p).await;
 
     for (i, id) in ids.iter().enumerate() {
-        let got = audit(
-            &p,
-            pb::AuditQueryRequest {
-                decision_id: id.clone(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let got = audit_of(&p, id).await;
         assert_eq!(got.len(), 1, "decision {i} ({id}) lost by the crash");
         assert_eq!(
             got[0].subject.as_ref().map(|s| s.context_id.clone()),
@@ -315,14 +320,7 @@ async fn each_decision_is_audited_before_the_answer() {
     assert_eq!(deny.option_id.as_deref(), Some("denied"));
 
     let mut admin = p.admin();
-    let got = audit(
-        &p,
-        pb::AuditQueryRequest {
-            decision_id: allow.decision_id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let got = audit_of(&p, &allow.decision_id).await;
     assert_eq!(got.len(), 1);
     let r = &got[0];
     assert_eq!(r.request_id, "r-execute-ctx-a");
@@ -483,14 +481,7 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
         "the end of the turn is typed, not only spelled in the reason"
     );
     assert!(d.reason.starts_with("PERMISSION_PROMPT_UNAVAILABLE"));
-    let recs = audit(
-        &p,
-        pb::AuditQueryRequest {
-            decision_id: d.decision_id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let recs = audit_of(&p, &d.decision_id).await;
     assert_eq!(recs.first().map(|r| r.policy_version), Some(3));
 }
 
@@ -532,14 +523,7 @@ async fn a_caller_that_can_ask_a_person_gets_escalate_without_any_policy_setting
     };
     assert_eq!(decide(&p, outside).await.verdict, pb::Verdict::Deny as i32);
     // The audit says what was answered.
-    let recs = audit(
-        &p,
-        pb::AuditQueryRequest {
-            decision_id: approver.decision_id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let recs = audit_of(&p, &approver.decision_id).await;
     assert_eq!(
         recs.first().map(|r| r.verdict),
         Some(pb::Verdict::Escalate as i32)
@@ -643,14 +627,7 @@ async fn a_decision_past_the_callers_deadline_is_recorded_and_answered_as_deny()
     assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{d:?}");
     assert_eq!(d.rule, "deadline_exceeded");
     assert!(d.reason.contains("deadline"), "{}", d.reason);
-    let recs = audit(
-        &p,
-        pb::AuditQueryRequest {
-            decision_id: d.decision_id.clone(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let recs = audit_of(&p, &d.decision_id).await;
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0].verdict, pb::Verdict::Deny as i32);
     assert_eq!(recs[0].rule, "deadline_exceeded");
@@ -830,14 +807,7 @@ async fn decisions_during_reloads_each_see_one_whole_policy_version() {
     assert!(decisions.len() > 20, "only {} decisions", decisions.len());
     let mut versions = std::collections::BTreeSet::new();
     for d in &decisions {
-        let rec = audit(
-            &p,
-            pb::AuditQueryRequest {
-                decision_id: d.decision_id.clone(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let rec = audit_of(&p, &d.decision_id).await;
         let v = rec
             .first()
             .map(|r| r.policy_version)
@@ -918,14 +888,7 @@ async fn the_decision_stream_answers_each_request_with_its_own_id_as_decide_does
             pb::Verdict::Deny
         };
         assert_eq!(d.verdict, want as i32, "request {i}: {d:?}");
-        let records = audit(
-            &p,
-            pb::AuditQueryRequest {
-                decision_id: d.decision_id.clone(),
-                ..Default::default()
-            },
-        )
-        .await;
+        let records = audit_of(&p, &d.decision_id).await;
         assert_eq!(records.len(), 1, "request {i} audited");
         assert_eq!(records[0].request_id, format!("s-{i}"));
     }
