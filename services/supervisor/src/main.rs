@@ -136,6 +136,11 @@ impl warden_daemon::Daemon for SupervisorDaemon {
             )
             .of("limits.max_active_turns", s.max_active_turns()),
             Share::new(
+                "limits.max_starting_agents_per_principal",
+                s.max_starting_agents_per_principal(),
+            )
+            .of("limits.max_starting_agents", s.max_starting_agents()),
+            Share::new(
                 "limits.max_open_conversations_per_principal",
                 s.max_open_conversations_per_principal(),
             ),
