@@ -9,7 +9,8 @@
 //!   connection, are answered throughout, within twice her own baseline (measured first, in
 //!   the same test) plus a slack for a loaded 2-core machine; every one of bob's connections
 //!   is closed by the header deadline. (On the previous build the flood took every descriptor:
-//!   alice got no answer, and bob's connections stayed open.)
+//!   bob held 1,137 connections before his connects timed out, and alice's HTTP and gRPC calls
+//!   got no answer within 30 s.)
 //! - bob at his share of gRPC requests in flight (lowered by configuration) is refused
 //!   RESOURCE_EXHAUSTED by the edge, naming the key; alice is served meanwhile; his share comes
 //!   back when a request ends. A call without a token is UNAUTHENTICATED at the edge.
@@ -324,15 +325,15 @@ async fn idle_grpc_connections_never_lock_alice_out() {
         failures.len()
     );
     assert!(
-        held.len() > 2000,
-        "the flood opened only {} connections",
-        held.len()
-    );
-    assert!(
         failures.is_empty(),
         "alice was not served {} times, first: {:?}",
         failures.len(),
         failures.first()
+    );
+    assert!(
+        held.len() > 2000,
+        "the flood opened only {} connections",
+        held.len()
     );
     assert!(
         under_http.len() >= 5 && under_grpc.len() >= 5,

@@ -472,28 +472,8 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
             }
         });
     }
-    let listeners = Arc::new(Mutex::new(Vec::new()));
-    let listen =
-        warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
-    let conns = crate::shares::ConnTable::new(
-        cfg.http.unauthenticated_share(),
-        cfg.http.principal_connection_share(),
-    );
-    // The gateway's gRPC socket is the operators' (health and Status).
-    server.serve_admin(
-        listen,
-        Routes::new(AdminServiceServer::new(AdminApi {
-            reloads: server.reloads(),
-            core: core.clone(),
-            conns: conns.clone(),
-            push: push.clone(),
-            started: Instant::now(),
-            listeners: listeners.clone(),
-        })),
-        &[warden_proto::v1::admin_service_server::SERVICE_NAME],
-    );
-
-    // The A2A gRPC binding, when configured: the same core and tokens as the HTTP bindings. On
+    // The A2A gRPC binding, when configured, bound before health is served like the A2A port:
+    // the same core and tokens as the HTTP bindings. On
     // plain TCP it is served by the HTTP edge (`serve.rs`: one cap, one table of shares, the
     // same deadlines); on a Unix socket (peers admitted by uid) or with mutual TLS (by
     // certificate) by the daemon's gRPC server with its peer guard.
@@ -535,6 +515,27 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
             }
         }
     }
+
+    let listeners = Arc::new(Mutex::new(Vec::new()));
+    let listen =
+        warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
+    let conns = crate::shares::ConnTable::new(
+        cfg.http.unauthenticated_share(),
+        cfg.http.principal_connection_share(),
+    );
+    // The gateway's gRPC socket is the operators' (health and Status).
+    server.serve_admin(
+        listen,
+        Routes::new(AdminServiceServer::new(AdminApi {
+            reloads: server.reloads(),
+            core: core.clone(),
+            conns: conns.clone(),
+            push: push.clone(),
+            started: Instant::now(),
+            listeners: listeners.clone(),
+        })),
+        &[warden_proto::v1::admin_service_server::SERVICE_NAME],
+    );
 
     let bound = http
         .local_addr()

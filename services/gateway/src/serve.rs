@@ -486,7 +486,12 @@ impl Edge {
                 let mut closing_by: Option<Instant> = None;
                 let mut draining = false;
                 loop {
-                    let deadline = closing_by.or_else(|| activity.deadline(&limits));
+                    let busy = activity.in_flight.load(Ordering::Relaxed) > 0;
+                    // A connection told GOAWAY lets the requests it had accepted finish.
+                    let deadline = match closing_by {
+                        Some(by) => (!busy).then_some(by),
+                        None => activity.deadline(&limits),
+                    };
                     // While a request is in flight nothing is timed here; look again after
                     // the shorter timeout in case it has finished by then.
                     let wake = deadline.unwrap_or_else(|| {
@@ -500,11 +505,15 @@ impl Edge {
                             return;
                         }
                         _ = tokio::time::sleep_until(wake.into()) => {
-                            if closing_by.is_some_and(|by| Instant::now() >= by) {
-                                return;
+                            if let Some(by) = closing_by {
+                                if activity.in_flight.load(Ordering::Relaxed) == 0
+                                    && Instant::now() >= by
+                                {
+                                    return;
+                                }
+                                continue;
                             }
-                            if closing_by.is_none()
-                                && let Some(d) = activity.deadline(&limits)
+                            if let Some(d) = activity.deadline(&limits)
                                 && Instant::now() >= d
                             {
                                 // A head (or preface and first request) that did not arrive
@@ -620,6 +629,26 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["status"], "UNAVAILABLE");
+    }
+
+    #[test]
+    fn the_grpc_refusal_is_a_settings_frame_then_a_goaway_admitting_no_stream() {
+        let r = grpc_refusal();
+        assert_eq!(&r[..9], &[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+        let goaway = &r[9..];
+        let len = u32::from_be_bytes([0, goaway[0], goaway[1], goaway[2]]) as usize;
+        assert_eq!(goaway.len(), 9 + len);
+        assert_eq!(goaway[3], 0x7, "type GOAWAY");
+        assert_eq!(
+            &goaway[5..17],
+            &[0; 12],
+            "stream 0, last stream 0, NO_ERROR"
+        );
+        assert!(
+            std::str::from_utf8(&goaway[17..])
+                .unwrap()
+                .contains("maximum")
+        );
     }
 
     #[tokio::test]
