@@ -466,7 +466,7 @@ impl Edge {
             let answered = edge.admit(&req, protocol, &service_share, &service_close);
             async move {
                 let (response, permit) = match answered {
-                    Err(r) => (r, None),
+                    Err(r) => (*r, None),
                     Ok(permit) => (app.oneshot(req.map(Body::new)).await?, permit),
                 };
                 Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
@@ -572,14 +572,14 @@ impl Edge {
         protocol: Protocol,
         share: &ConnShare,
         close: &CancellationToken,
-    ) -> Result<Option<StreamPermit>, axum::response::Response> {
+    ) -> Result<Option<StreamPermit>, Box<axum::response::Response>> {
         // The token is checked here as well as by the handler (which answers a bad one).
         let principal = match self.auth.authenticate(req.headers()) {
             Ok(p) => p,
             Err(f) => {
                 return match protocol {
                     Protocol::Grpc if !req.uri().path().starts_with(GRPC_HEALTH_PREFIX) => {
-                        Err(grpc_answer(crate::a2a_grpc::unauthenticated(f)))
+                        Err(Box::new(grpc_answer(crate::a2a_grpc::unauthenticated(f))))
                     }
                     _ => Ok(None),
                 };
@@ -592,7 +592,7 @@ impl Edge {
                 ?protocol,
                 "connection refused: the principal holds its whole connection share"
             );
-            return Err(match protocol {
+            return Err(Box::new(match protocol {
                 Protocol::Http1 => at_share(req.uri().path(), limit),
                 Protocol::Grpc => {
                     close.cancel();
@@ -602,13 +602,13 @@ impl Edge {
                         ),
                     )))
                 }
-            });
+            }));
         }
         match protocol {
             Protocol::Http1 => Ok(None),
             Protocol::Grpc => match self.grpc_requests.open(&principal) {
                 Ok(permit) => Ok(Some(permit)),
-                Err(e) => Err(grpc_answer(crate::a2a_grpc::status_of(&e))),
+                Err(e) => Err(Box::new(grpc_answer(crate::a2a_grpc::status_of(&e)))),
             },
         }
     }
