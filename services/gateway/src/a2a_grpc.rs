@@ -88,6 +88,17 @@ pub fn status_of(err: &A2aError) -> Status {
     Status::with_details(code, message, body.encode_to_vec().into())
 }
 
+/// UNAUTHENTICATED for a call without a valid token (also answered by the edge, `serve.rs`,
+/// before the call is read).
+pub fn unauthenticated(f: AuthFailure) -> Status {
+    match f {
+        AuthFailure::Missing => Status::unauthenticated(
+            "authentication required: send the metadata authorization: Bearer <token>",
+        ),
+        AuthFailure::Invalid => Status::unauthenticated("the bearer token is not valid"),
+    }
+}
+
 /// The service over the task core.
 pub struct Grpc {
     pub core: Arc<Core>,
@@ -106,12 +117,7 @@ impl Grpc {
     /// Token, then version; the caller's principal.
     fn admit<T>(&self, req: &Request<T>) -> Result<String, Status> {
         let headers = req.metadata().clone().into_headers();
-        let principal = self.auth.authenticate(&headers).map_err(|f| match f {
-            AuthFailure::Missing => Status::unauthenticated(
-                "authentication required: send the metadata authorization: Bearer <token>",
-            ),
-            AuthFailure::Invalid => Status::unauthenticated("the bearer token is not valid"),
-        })?;
+        let principal = self.auth.authenticate(&headers).map_err(unauthenticated)?;
         match headers
             .get("a2a-version")
             .map(|v| v.to_str().unwrap_or("?").trim())

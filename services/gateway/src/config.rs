@@ -89,6 +89,16 @@ pub struct HttpSection {
     /// RESOURCE_EXHAUSTED) before anything is stored.
     #[serde(default = "default_max_streams_per_principal")]
     pub max_streams_per_principal: usize,
+    /// Requests one principal has in flight at once on the A2A gRPC listener on TCP, over all
+    /// its connections (HTTP/2 multiplexes many on one connection, where HTTP/1.1 has one). One
+    /// more is answered RESOURCE_EXHAUSTED by the edge. Default: the connection share
+    /// (`max_connections_per_principal`), what that principal may have in flight over HTTP/1.1.
+    #[serde(default)]
+    pub max_grpc_requests_per_principal: Option<usize>,
+    /// Requests (HTTP/2 streams) open at once on one connection to the A2A gRPC listener on TCP;
+    /// the client waits for one to end before it opens another.
+    #[serde(default = "default_grpc_max_concurrent_streams")]
+    pub grpc_max_concurrent_streams: u32,
     /// A stream with nothing to say (a queued or silent task) gets an SSE comment (A2A, MCP) or
     /// its current status again (A2A gRPC) at least this often, so a caller can tell waiting
     /// from dead.
@@ -120,6 +130,9 @@ fn default_max_connections() -> usize {
 fn default_max_streams_per_principal() -> usize {
     1024
 }
+fn default_grpc_max_concurrent_streams() -> u32 {
+    128
+}
 fn default_stream_keepalive() -> u64 {
     15_000
 }
@@ -136,6 +149,13 @@ impl HttpSection {
     pub fn principal_connection_share(&self) -> usize {
         self.max_connections_per_principal
             .unwrap_or(self.max_connections / 4)
+            .max(1)
+    }
+
+    /// `max_grpc_requests_per_principal`, or its default.
+    pub fn principal_grpc_request_share(&self) -> usize {
+        self.max_grpc_requests_per_principal
+            .unwrap_or_else(|| self.principal_connection_share())
             .max(1)
     }
 }
@@ -600,6 +620,22 @@ impl GatewayConfig {
                 origin,
                 "http.max_streams_per_principal",
                 "must be between 1 and 1000000",
+            ));
+        }
+        if let Some(n) = self.http.max_grpc_requests_per_principal
+            && !(1..=1_000_000).contains(&n)
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "http.max_grpc_requests_per_principal",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if !(1..=10_000).contains(&self.http.grpc_max_concurrent_streams) {
+            return Err(ConfigError::invalid(
+                origin,
+                "http.grpc_max_concurrent_streams",
+                "must be between 1 and 10000",
             ));
         }
         if !(100..=15_000).contains(&self.http.stream_keepalive_ms) {

@@ -43,6 +43,12 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot bind the A2A gRPC listener grpc.tcp = {addr}: {source}")]
+    GrpcBind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Serve(#[from] warden_daemon::ServeError),
     #[error("push.ca_file: {0}")]
@@ -489,6 +495,50 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
             }
         });
     }
+    // The A2A gRPC binding, when configured, bound before health is served like the A2A port:
+    // the same core and tokens as the HTTP bindings. On
+    // plain TCP it is served by the HTTP edge (`serve.rs`: one cap, one table of shares, the
+    // same deadlines); on a Unix socket (peers admitted by uid) or with mutual TLS (by
+    // certificate) by the daemon's gRPC server with its peer guard.
+    let mut grpc_edge = None;
+    if let Some(g) = &cfg.grpc {
+        let service = crate::a2a_grpc::Grpc {
+            core: core.clone(),
+            auth: auth.clone(),
+            card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
+        }
+        .server();
+        match (&g.tcp, &g.tls) {
+            (Some(addr), None) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RunError::GrpcBind {
+                        addr: addr.clone(),
+                        source,
+                    })?;
+                let at = listener
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|_| addr.clone());
+                tracing::info!(listener = %format!("tcp:{at}"), "A2A gRPC listening (HTTP edge)");
+                let health = tonic_health::pb::health_server::HealthServer::new(
+                    tonic_health::server::HealthService::from_health_reporter(server.health()),
+                );
+                let app = Routes::new(service)
+                    .add_service(health)
+                    .into_axum_router()
+                    .layer(warden_daemon::otel::TraceLayer);
+                grpc_edge = Some((listener, app, format!("tcp:{at}")));
+            }
+            _ => {
+                let listener =
+                    warden_daemon::listener::bind("grpc", g, &cfg.daemon.state_dir).await?;
+                tracing::info!(listener = %listener.describe(), "A2A gRPC listening");
+                server.serve(listener, Routes::new(service));
+            }
+        }
+    }
+
     let listeners = Arc::new(Mutex::new(Vec::new()));
     let listen =
         warden_daemon::listener::bind("listen", &cfg.listen, &cfg.daemon.state_dir).await?;
@@ -510,23 +560,6 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         &[warden_proto::v1::admin_service_server::SERVICE_NAME],
     );
 
-    // The A2A gRPC binding, when configured: the same core and tokens as the HTTP bindings.
-    if let Some(g) = &cfg.grpc {
-        let listener = warden_daemon::listener::bind("grpc", g, &cfg.daemon.state_dir).await?;
-        tracing::info!(listener = %listener.describe(), "A2A gRPC listening");
-        server.serve(
-            listener,
-            Routes::new(
-                crate::a2a_grpc::Grpc {
-                    core: core.clone(),
-                    auth: auth.clone(),
-                    card: CardResponse::new(&agent_card(&cfg), cfg.http.card_max_age_seconds),
-                }
-                .server(),
-            ),
-        );
-    }
-
     let bound = http
         .local_addr()
         .map(|a| a.to_string())
@@ -545,6 +578,9 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
     if let Ok(mut l) = listeners.lock() {
         *l = server.listeners();
         l.push(format!("tcp:{bound}"));
+        if let Some((_, _, at)) = &grpc_edge {
+            l.push(at.clone());
+        }
     }
     // Pruning and conversation TTL in the background, until shutdown.
     let sweeper = tokio::spawn(core.clone().sweep_forever(server.shutdown_token()));
@@ -581,14 +617,29 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         max_connections: cfg.http.max_connections,
         max_unauthenticated_connections: cfg.http.unauthenticated_share(),
         max_connections_per_principal: cfg.http.principal_connection_share(),
+        max_grpc_requests_per_principal: cfg.http.principal_grpc_request_share(),
+        grpc_max_concurrent_streams: cfg.http.grpc_max_concurrent_streams,
     };
     // Each HTTP request continues its caller's trace (W3C traceparent) when tracing is on.
     let app = app
         .layer(axum::middleware::from_fn(crate::http::observe))
         .layer(warden_daemon::otel::TraceLayer);
-    let mut http_task = tokio::spawn(crate::serve::serve_with(
-        http, app, limits, edge_auth, conns, token,
-    ));
+    // The HTTP listener and the A2A gRPC one on TCP: one edge, one cap, one table of shares.
+    let edge = crate::serve::Edge::new(limits, edge_auth, conns);
+    let mut http_task = tokio::spawn(async move {
+        let grpc = async {
+            if let Some((listener, app, _)) = grpc_edge {
+                edge.clone()
+                    .serve(listener, app, crate::serve::Protocol::Grpc, token.clone())
+                    .await
+            }
+        };
+        tokio::join!(
+            edge.clone()
+                .serve(http, app, crate::serve::Protocol::Http1, token.clone()),
+            grpc
+        );
+    });
     let shutdown = server.shutdown_token();
     let run = server.run();
     tokio::pin!(run);

@@ -1,4 +1,8 @@
-//! The HTTP edge: the accept loop that serves the router over HTTP/1.1 with limits.
+//! The edge: the accept loop that serves the A2A listeners with limits — the HTTP listener
+//! (HTTP/1.1: the JSON bindings, the card, MCP) and the A2A gRPC listener on TCP (HTTP/2, issue
+//! 36 finding 4: it had been a separate tonic server with no cap and no deadline, and 4,196 idle
+//! connections that never sent the HTTP/2 preface filled a 4096-file gateway). Both listeners
+//! share one [`Edge`]: one connection cap, one table of connection shares, the same deadlines.
 //!
 //! `axum::serve` has no connection cap and no timeouts, so 1,100 connections that each sent half
 //! a header held 1,100 file descriptors for ever (finding 3 of issue 13). Here:
@@ -18,6 +22,19 @@
 //!   and a request that would take a principal past its share is answered 429 and its
 //!   connection closed, in the shape of the route's protocol (a JSON-RPC error on the JSON-RPC
 //!   and MCP endpoints, a `google.rpc.Status` body elsewhere), before any handler sees it.
+//!
+//! On the gRPC listener (HTTP/2, many requests on one connection) the same rules read:
+//! - the preface and a first complete request head must arrive within `header_read_timeout` of
+//!   the accept (a connection that sent nothing, or half a preface, is closed); after that the
+//!   connection is idle while no stream is open and is closed (GOAWAY) after `idle_timeout`
+//!   however many pings it sends;
+//! - a request without a valid token is answered UNAUTHENTICATED by the edge itself (health
+//!   checks excepted), so an unauthenticated connection never holds a stream open;
+//! - an authenticated request attributes its connection to its principal, as above (past the
+//!   share: RESOURCE_EXHAUSTED and the connection is shut down), and holds one of the
+//!   principal's `max_grpc_requests_per_principal` requests in flight until its response ends
+//!   (HTTP/1.1 has one request per connection; HTTP/2 multiplexes up to `grpc_max_concurrent_streams`);
+//! - a connection over the cap is sent an HTTP/2 GOAWAY instead of the 503.
 //!
 //! hyper's own `header_read_timeout` is not used: it is armed whenever hyper waits for a head,
 //! including on an idle kept-alive connection, so it would also be the idle timeout.
@@ -39,9 +56,10 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::auth::Authenticator;
-use crate::shares::{AtConnectionLimit, ConnShare, ConnTable};
+use crate::error::A2aError;
+use crate::shares::{AtConnectionLimit, ConnShare, ConnTable, StreamPermit, StreamShares};
 
-/// The limits of the HTTP edge (from `[http]`).
+/// The limits of the edge (from `[http]`; they hold on every listener it serves).
 #[derive(Debug, Clone, Copy)]
 pub struct EdgeLimits {
     pub header_read_timeout: Duration,
@@ -51,7 +69,24 @@ pub struct EdgeLimits {
     pub max_unauthenticated_connections: usize,
     /// Connections of one principal, at once (`http.max_connections_per_principal`).
     pub max_connections_per_principal: usize,
+    /// Requests one principal has in flight on gRPC connections at once
+    /// (`http.max_grpc_requests_per_principal`).
+    pub max_grpc_requests_per_principal: usize,
+    /// Streams (requests) open at once on one gRPC connection (`http.grpc_max_concurrent_streams`).
+    pub grpc_max_concurrent_streams: u32,
 }
+
+/// What a listener of the edge speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// HTTP/1.1: the A2A JSON bindings, the agent card, MCP.
+    Http1,
+    /// HTTP/2 with gRPC's refusals: the A2A gRPC binding on TCP.
+    Grpc,
+}
+
+/// The health service a load balancer may ask without a token.
+const GRPC_HEALTH_PREFIX: &str = "/grpc.health.v1.Health/";
 
 /// Refusals being written at once; beyond it an over-the-cap connection is closed without a 503
 /// so that refusing cannot itself hold an unbounded number of descriptors.
@@ -65,6 +100,25 @@ Retry-After: 1\r\n\
 Connection: close\r\n\
 Content-Length: 114\r\n\r\n\
 {\"error\":{\"code\":503,\"status\":\"UNAVAILABLE\",\"message\":\"the gateway is serving its maximum number of connections\"}}";
+
+/// What a gRPC client over the cap reads: the server's HTTP/2 preface (an empty SETTINGS frame)
+/// and a GOAWAY that admits no stream (last stream id 0, NO_ERROR, a reason as debug data), so
+/// its calls fail UNAVAILABLE and may be retried.
+fn grpc_refusal() -> Vec<u8> {
+    const WHY: &[u8] = b"the gateway is serving its maximum number of connections";
+    let mut out = vec![0, 0, 0, 0x4, 0, 0, 0, 0, 0];
+    let len = (8 + WHY.len()) as u32;
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.extend_from_slice(&[0x7, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(WHY);
+    out
+}
+
+/// A gRPC answer given by the edge itself (trailers-only), in the binding's own status shape.
+fn grpc_answer(status: tonic::Status) -> axum::response::Response {
+    status.into_http::<Body>()
+}
 
 /// The answer to a request whose principal holds its whole connection share: 429 in the route's
 /// own shape, and the connection closed after it (it is not counted for the principal).
@@ -125,10 +179,13 @@ impl Activity {
     }
 }
 
-/// The connection's socket, noting when a new request head starts arriving.
+/// The connection's socket, noting when a new request head starts arriving (on HTTP/1.1: on
+/// HTTP/2 bytes arrive while idle without starting a request — pings, window updates — so only
+/// the first request is timed from the accept and idleness from the last stream's end).
 struct TrackedIo {
     inner: TcpStream,
     activity: Arc<Activity>,
+    heads_timed: bool,
 }
 
 impl AsyncRead for TrackedIo {
@@ -139,7 +196,7 @@ impl AsyncRead for TrackedIo {
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before {
+        if self.heads_timed && buf.filled().len() > before {
             let a = &self.activity;
             if a.in_flight.load(Ordering::Relaxed) == 0 && a.head_since.load(Ordering::Relaxed) == 0
             {
@@ -200,6 +257,8 @@ impl Drop for InFlight {
 struct TrackedBody {
     inner: Body,
     _in_flight: InFlight,
+    /// A gRPC request's place in its principal's share of requests in flight.
+    _permit: Option<StreamPermit>,
 }
 
 impl hyper::body::Body for TrackedBody {
@@ -220,9 +279,113 @@ impl hyper::body::Body for TrackedBody {
     }
 }
 
-/// Serves `app` on `listener` within `limits` until `shutdown`; then stops accepting, lets each
-/// connection finish its current request (hyper's graceful shutdown) and returns once every
-/// connection is gone. The caller bounds that wait (open SSE streams last as long as their task).
+/// The edge every A2A listener is served by: one connection cap and one table of connection
+/// shares over all of them (a flood on one listener is bounded by the same shares as on the
+/// other, and the file descriptors it can take by one cap).
+pub struct Edge {
+    limits: EdgeLimits,
+    auth: Authenticator,
+    table: Arc<ConnTable>,
+    slots: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+    grpc_requests: Arc<StreamShares>,
+}
+
+impl Edge {
+    pub fn new(limits: EdgeLimits, auth: Authenticator, table: Arc<ConnTable>) -> Arc<Self> {
+        Arc::new(Self {
+            limits,
+            auth,
+            table,
+            slots: Arc::new(Semaphore::new(limits.max_connections)),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            grpc_requests: StreamShares::with_refusal(
+                limits.max_grpc_requests_per_principal,
+                |limit| {
+                    format!(
+                        "this caller already has {limit} gRPC requests in flight, its limit (http.max_grpc_requests_per_principal); wait for one to finish"
+                    )
+                },
+            ),
+        })
+    }
+
+    /// Serves `app` on `listener` speaking `protocol` until `shutdown`; then stops accepting,
+    /// lets each connection finish its current requests (hyper's graceful shutdown) and returns
+    /// once every connection of this listener is gone. The caller bounds that wait (open SSE
+    /// and gRPC streams last as long as their task).
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        app: Router,
+        protocol: Protocol,
+        shutdown: CancellationToken,
+    ) {
+        // Every connection task holds a sender: all gone = every connection closed.
+        let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+        let mut accept_errors = 0u32;
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = shutdown.cancelled() => break,
+            };
+            let stream = match accepted {
+                Ok((stream, _)) => {
+                    accept_errors = 0;
+                    stream
+                }
+                Err(e) => {
+                    // EMFILE/ENFILE and aborted handshakes: back off briefly instead of
+                    // spinning; served connections keep working meanwhile.
+                    accept_errors = accept_errors.saturating_add(1);
+                    if accept_errors == 1 || accept_errors.is_power_of_two() {
+                        tracing::warn!(error = %e, consecutive = accept_errors, ?protocol, "cannot accept a connection");
+                    }
+                    tokio::time::sleep(Duration::from_millis(
+                        10 * u64::from(accept_errors.min(50)),
+                    ))
+                    .await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            // A slot, then a place in the unauthenticated share (`None`: a burst of new
+            // connections past twice that share, none of them old enough to be closed for it).
+            let admitted = self
+                .slots
+                .clone()
+                .try_acquire_owned()
+                .ok()
+                .and_then(|slot| Some((slot, self.table.accept()?)));
+            match admitted {
+                Some((slot, share)) => {
+                    let (edge, app, shutdown, open) =
+                        (self.clone(), app.clone(), shutdown.clone(), open.clone());
+                    tokio::spawn(async move {
+                        edge.connection(stream, app, protocol, share, shutdown)
+                            .await;
+                        drop(slot);
+                        drop(open);
+                    });
+                }
+                None => match self.refusing.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        tokio::spawn(async move {
+                            refuse(stream, protocol).await;
+                            drop(permit);
+                        });
+                    }
+                    Err(_) => drop(stream),
+                },
+            }
+        }
+        drop(open);
+        let _ = all_closed.recv().await;
+    }
+}
+
+/// Serves `app` over HTTP/1.1 on `listener` within `limits` until `shutdown`, as the only
+/// listener of its edge (the bench's).
 pub async fn serve(
     listener: TcpListener,
     app: Router,
@@ -234,81 +397,19 @@ pub async fn serve(
         limits.max_unauthenticated_connections,
         limits.max_connections_per_principal,
     );
-    serve_with(listener, app, limits, auth, table, shutdown).await
+    Edge::new(limits, auth, table)
+        .serve(listener, app, Protocol::Http1, shutdown)
+        .await
 }
 
-/// [`serve`] with the connection table given (the daemon reports it in `Status`).
-pub async fn serve_with(
-    listener: TcpListener,
-    app: Router,
-    limits: EdgeLimits,
-    auth: Authenticator,
-    table: Arc<ConnTable>,
-    shutdown: CancellationToken,
-) {
-    let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
-    let mut accept_errors = 0u32;
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.cancelled() => break,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                accept_errors = 0;
-                stream
-            }
-            Err(e) => {
-                // EMFILE/ENFILE and aborted handshakes: back off briefly instead of spinning;
-                // served connections keep working meanwhile.
-                accept_errors = accept_errors.saturating_add(1);
-                if accept_errors == 1 || accept_errors.is_power_of_two() {
-                    tracing::warn!(error = %e, consecutive = accept_errors, "cannot accept an HTTP connection");
-                }
-                tokio::time::sleep(Duration::from_millis(10 * u64::from(accept_errors.min(50))))
-                    .await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        // A slot, then a place in the unauthenticated share (`None`: a burst of new connections
-        // past twice that share, none of them old enough to be closed for it).
-        let admitted = slots
-            .clone()
-            .try_acquire_owned()
-            .ok()
-            .and_then(|slot| Some((slot, table.accept()?)));
-        match admitted {
-            Some((slot, share)) => {
-                let app = app.clone();
-                let shutdown = shutdown.clone();
-                let auth = auth.clone();
-                tokio::spawn(async move {
-                    connection(stream, app, limits, auth, share, shutdown).await;
-                    drop(slot);
-                });
-            }
-            None => match refusing.clone().try_acquire_owned() {
-                Ok(permit) => {
-                    tokio::spawn(async move {
-                        refuse(stream).await;
-                        drop(permit);
-                    });
-                }
-                Err(_) => drop(stream),
-            },
-        }
-    }
-    // Every slot back = every connection closed.
-    let _ = slots.acquire_many(limits.max_connections as u32).await;
-}
-
-/// Answers 503 without reading the request, then lingers briefly so the client reads the answer
-/// (closing with unread input would reset the connection and lose it).
-async fn refuse(mut stream: TcpStream) {
+/// Answers 503 (on gRPC: a GOAWAY) without reading the request, then lingers briefly so the
+/// client reads the answer (closing with unread input would reset the connection and lose it).
+async fn refuse(mut stream: TcpStream, protocol: Protocol) {
     let _ = tokio::time::timeout(REFUSAL_LINGER, async {
-        stream.write_all(REFUSAL).await?;
+        match protocol {
+            Protocol::Http1 => stream.write_all(REFUSAL).await?,
+            Protocol::Grpc => stream.write_all(&grpc_refusal()).await?,
+        }
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
         loop {
@@ -321,104 +422,194 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
-async fn connection(
-    stream: TcpStream,
-    app: Router,
-    limits: EdgeLimits,
-    auth: Authenticator,
-    share: Arc<ConnShare>,
-    shutdown: CancellationToken,
-) {
-    let activity = Arc::new(Activity {
-        epoch: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        idle_since: AtomicU64::new(0),
-        // The first head is timed from the accept: a client that connects and sends nothing is
-        // as slow as one that sends half a header.
-        head_since: AtomicU64::new(1),
-    });
-    // Who is on the other end, for the MCP front's recursion check (`peer.rs`).
-    let conn_peer = match (stream.peer_addr(), stream.local_addr()) {
-        (Ok(p), Ok(l)) => Some(crate::peer::ConnPeer::new(p, l)),
-        _ => None,
-    };
-    let io = TrackedIo {
-        inner: stream,
-        activity: activity.clone(),
-    };
-    let service_activity = activity.clone();
-    let service_share = share.clone();
-    let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
-        let in_flight = InFlight::begin(&service_activity);
-        let app = app.clone();
-        if let Some(p) = &conn_peer {
-            req.extensions_mut().insert(p.clone());
-        }
-        // The token is checked here as well as by the handler (which answers a bad one): a
-        // valid one makes the connection its principal's, within that principal's share.
-        let refused = match auth.authenticate(req.headers()) {
-            Ok(principal) => match service_share.attribute(&principal) {
-                Ok(()) => None,
-                Err(AtConnectionLimit(limit)) => {
-                    tracing::info!(
-                        principal,
-                        limit,
-                        "connection refused: the principal holds its whole connection share"
-                    );
-                    Some(at_share(req.uri().path(), limit))
-                }
-            },
-            Err(_) => None,
-        };
-        async move {
-            let response = match refused {
-                Some(r) => r,
-                None => app.oneshot(req.map(Body::new)).await?,
-            };
-            Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
-                inner,
-                _in_flight: in_flight,
-            }))
-        }
-    });
-    let conn = hyper::server::conn::http1::Builder::new()
-        // hyper's header timer would also time idle keep-alive waits (see the module comment);
-        // the watchdog below times heads and idleness separately.
-        .header_read_timeout(None)
-        .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
-    let mut draining = false;
-    loop {
-        let deadline = activity.deadline(&limits);
-        // While a request is in flight nothing is timed here; look again after the shorter
-        // timeout in case it has finished by then.
-        let wake = deadline.unwrap_or_else(|| {
-            Instant::now() + limits.header_read_timeout.min(limits.idle_timeout)
+impl Edge {
+    async fn connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        app: Router,
+        protocol: Protocol,
+        share: Arc<ConnShare>,
+        shutdown: CancellationToken,
+    ) {
+        let limits = self.limits;
+        let activity = Arc::new(Activity {
+            epoch: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            // The first head is timed from the accept: a client that connects and sends
+            // nothing is as slow as one that sends half a header (or half a preface).
+            head_since: AtomicU64::new(1),
         });
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "HTTP connection ended with an error");
+        // Who is on the other end, for the MCP front's recursion check (`peer.rs`).
+        let conn_peer = match (stream.peer_addr(), stream.local_addr()) {
+            (Ok(p), Ok(l)) => Some(crate::peer::ConnPeer::new(p, l)),
+            _ => None,
+        };
+        let io = TokioIo::new(TrackedIo {
+            inner: stream,
+            activity: activity.clone(),
+            heads_timed: protocol == Protocol::Http1,
+        });
+        // Cancelled by a request refused at the principal's connection share on HTTP/2 (on
+        // HTTP/1.1 its `Connection: close` ends the connection).
+        let close = CancellationToken::new();
+        let service_activity = activity.clone();
+        let service_share = share.clone();
+        let service_close = close.clone();
+        let edge = self.clone();
+        let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            let in_flight = InFlight::begin(&service_activity);
+            let app = app.clone();
+            if let Some(p) = &conn_peer {
+                req.extensions_mut().insert(p.clone());
+            }
+            let answered = edge.admit(&req, protocol, &service_share, &service_close);
+            async move {
+                let (response, permit) = match answered {
+                    Err(r) => (*r, None),
+                    Ok(permit) => (app.oneshot(req.map(Body::new)).await?, permit),
+                };
+                Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
+                    inner,
+                    _in_flight: in_flight,
+                    _permit: permit,
+                }))
+            }
+        });
+        // One loop for both protocols; only the connection type differs.
+        macro_rules! drive {
+            ($conn:expr) => {{
+                let conn = $conn;
+                tokio::pin!(conn);
+                // Set once the connection is being shut down for idleness (HTTP/2): it gets a
+                // head timeout more to say goodbye, then it is dropped.
+                let mut closing_by: Option<Instant> = None;
+                let mut draining = false;
+                loop {
+                    let busy = activity.in_flight.load(Ordering::Relaxed) > 0;
+                    // A connection told GOAWAY lets the requests it had accepted finish.
+                    let deadline = match closing_by {
+                        Some(by) => (!busy).then_some(by),
+                        None => activity.deadline(&limits),
+                    };
+                    // While a request is in flight nothing is timed here; look again after
+                    // the shorter timeout in case it has finished by then.
+                    let wake = deadline.unwrap_or_else(|| {
+                        Instant::now() + limits.header_read_timeout.min(limits.idle_timeout)
+                    });
+                    tokio::select! {
+                        r = conn.as_mut() => {
+                            if let Err(e) = r {
+                                tracing::debug!(error = %e, ?protocol, "connection ended with an error");
+                            }
+                            return;
+                        }
+                        _ = tokio::time::sleep_until(wake.into()) => {
+                            if let Some(by) = closing_by {
+                                if activity.in_flight.load(Ordering::Relaxed) == 0
+                                    && Instant::now() >= by
+                                {
+                                    return;
+                                }
+                                continue;
+                            }
+                            if let Some(d) = activity.deadline(&limits)
+                                && Instant::now() >= d
+                            {
+                                // A head (or preface and first request) that did not arrive
+                                // in time gets no answer: dropping the connection closes the
+                                // socket. An idle HTTP/2 connection that has served requests
+                                // is told GOAWAY first, so its client does not send on it.
+                                if protocol == Protocol::Http1
+                                    || activity.head_since.load(Ordering::Relaxed) != 0
+                                {
+                                    return;
+                                }
+                                conn.as_mut().graceful_shutdown();
+                                closing_by = Some(Instant::now() + limits.header_read_timeout);
+                            }
+                        }
+                        _ = share.closed() => {
+                            // The oldest unauthenticated connection, closed for a newer one
+                            // (`shares.rs`).
+                            return;
+                        }
+                        _ = close.cancelled(), if !draining => {
+                            draining = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                        _ = shutdown.cancelled(), if !draining => {
+                            draining = true;
+                            conn.as_mut().graceful_shutdown();
+                        }
+                    }
                 }
-                return;
+            }};
+        }
+        match protocol {
+            Protocol::Http1 => drive!(
+                hyper::server::conn::http1::Builder::new()
+                    // hyper's header timer would also time idle keep-alive waits (see the
+                    // module comment); the loop above times heads and idleness separately.
+                    .header_read_timeout(None)
+                    .serve_connection(io, service)
+            ),
+            Protocol::Grpc => drive!(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .max_concurrent_streams(limits.grpc_max_concurrent_streams)
+                    .serve_connection(io, service)
+            ),
+        }
+    }
+
+    /// The edge's own checks of a request, before the router sees it: the token makes the
+    /// connection its principal's, within that principal's share; on gRPC a request without a
+    /// valid token is answered here (so it never holds a stream), and one with a token takes a
+    /// place in its principal's share of requests in flight. `Err` is the answer.
+    fn admit(
+        &self,
+        req: &hyper::Request<Incoming>,
+        protocol: Protocol,
+        share: &ConnShare,
+        close: &CancellationToken,
+    ) -> Result<Option<StreamPermit>, Box<axum::response::Response>> {
+        // The token is checked here as well as by the handler (which answers a bad one).
+        let principal = match self.auth.authenticate(req.headers()) {
+            Ok(p) => p,
+            Err(f) => {
+                return match protocol {
+                    Protocol::Grpc if !req.uri().path().starts_with(GRPC_HEALTH_PREFIX) => {
+                        Err(Box::new(grpc_answer(crate::a2a_grpc::unauthenticated(f))))
+                    }
+                    _ => Ok(None),
+                };
             }
-            _ = tokio::time::sleep_until(wake.into()) => {
-                if let Some(d) = activity.deadline(&limits)
-                    && Instant::now() >= d
-                {
-                    // Dropping the connection closes the socket: a head that did not arrive in
-                    // time, or an idle keep-alive, gets no answer.
-                    return;
+        };
+        if let Err(AtConnectionLimit(limit)) = share.attribute(&principal) {
+            tracing::info!(
+                principal,
+                limit,
+                ?protocol,
+                "connection refused: the principal holds its whole connection share"
+            );
+            return Err(Box::new(match protocol {
+                Protocol::Http1 => at_share(req.uri().path(), limit),
+                Protocol::Grpc => {
+                    close.cancel();
+                    grpc_answer(crate::a2a_grpc::status_of(&A2aError::ResourceExhausted(
+                        format!(
+                            "this caller already holds {limit} connections to the gateway, its limit (http.max_connections_per_principal); reuse or close one"
+                        ),
+                    )))
                 }
-            }
-            _ = share.closed() => {
-                // The oldest unauthenticated connection, closed for a newer one (`shares.rs`).
-                return;
-            }
-            _ = shutdown.cancelled(), if !draining => {
-                draining = true;
-                conn.as_mut().graceful_shutdown();
-            }
+            }));
+        }
+        match protocol {
+            Protocol::Http1 => Ok(None),
+            Protocol::Grpc => match self.grpc_requests.open(&principal) {
+                Ok(permit) => Ok(Some(permit)),
+                Err(e) => Err(Box::new(grpc_answer(crate::a2a_grpc::status_of(&e)))),
+            },
         }
     }
 }
@@ -438,6 +629,26 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["status"], "UNAVAILABLE");
+    }
+
+    #[test]
+    fn the_grpc_refusal_is_a_settings_frame_then_a_goaway_admitting_no_stream() {
+        let r = grpc_refusal();
+        assert_eq!(&r[..9], &[0, 0, 0, 0x4, 0, 0, 0, 0, 0]);
+        let goaway = &r[9..];
+        let len = u32::from_be_bytes([0, goaway[0], goaway[1], goaway[2]]) as usize;
+        assert_eq!(goaway.len(), 9 + len);
+        assert_eq!(goaway[3], 0x7, "type GOAWAY");
+        assert_eq!(
+            &goaway[5..17],
+            &[0; 12],
+            "stream 0, last stream 0, NO_ERROR"
+        );
+        assert!(
+            std::str::from_utf8(&goaway[17..])
+                .unwrap()
+                .contains("maximum")
+        );
     }
 
     #[tokio::test]
@@ -474,6 +685,8 @@ mod tests {
             max_connections: 1,
             max_unauthenticated_connections: 1,
             max_connections_per_principal: 1,
+            max_grpc_requests_per_principal: 1,
+            grpc_max_concurrent_streams: 1,
         };
         let a = Arc::new(Activity {
             epoch: Instant::now(),

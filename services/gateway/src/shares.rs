@@ -35,6 +35,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct StreamShares {
     max_per_principal: usize,
+    /// The refusal's message, given the limit.
+    refusal: fn(usize) -> String,
     open: Mutex<HashMap<String, usize>>,
 }
 
@@ -47,8 +49,19 @@ pub struct StreamPermit {
 
 impl StreamShares {
     pub fn new(max_per_principal: usize) -> Arc<Self> {
+        Self::with_refusal(max_per_principal, |limit| {
+            format!(
+                "this caller already holds {limit} open streams, its limit (http.max_streams_per_principal); close one or poll with GetTask"
+            )
+        })
+    }
+
+    /// Shares of another per-principal resource, refused with `refusal(limit)` (e.g. the gRPC
+    /// requests in flight of `serve.rs`).
+    pub fn with_refusal(max_per_principal: usize, refusal: fn(usize) -> String) -> Arc<Self> {
         Arc::new(Self {
             max_per_principal,
+            refusal,
             open: Mutex::new(HashMap::new()),
         })
     }
@@ -61,11 +74,10 @@ impl StreamShares {
             tracing::info!(
                 principal,
                 limit = self.max_per_principal,
-                "stream refused: the principal holds its whole stream share"
+                "refused: the principal holds its whole share"
             );
-            return Err(A2aError::ResourceExhausted(format!(
-                "this caller already holds {} open streams, its limit (http.max_streams_per_principal); close one or poll with GetTask",
-                self.max_per_principal
+            return Err(A2aError::ResourceExhausted((self.refusal)(
+                self.max_per_principal,
             )));
         }
         *n += 1;

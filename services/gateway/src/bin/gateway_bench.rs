@@ -386,6 +386,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_connections: 4096,
         max_unauthenticated_connections: 256,
         max_connections_per_principal: 4096 - 256,
+        max_grpc_requests_per_principal: 4096 - 256,
+        grpc_max_concurrent_streams: 128,
     };
     tokio::spawn(warden_gateway::serve::serve(
         http,
