@@ -276,6 +276,10 @@ impl warden_daemon::Daemon for GatewayDaemon {
             )
             .of("http.max_connections", c.http.max_connections),
             Share::new(
+                "http.max_grpc_requests_per_principal",
+                c.http.principal_grpc_request_share(),
+            ),
+            Share::new(
                 "http.max_streams_per_principal",
                 c.http.max_streams_per_principal,
             ),
