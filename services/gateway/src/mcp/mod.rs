@@ -499,8 +499,17 @@ fn spawn_reaper(
             for sid in idle {
                 let id: rmcp::transport::streamable_http_server::session::SessionId =
                     sid.as_str().into();
-                if let Err(e) = manager.close_session(&id).await {
-                    tracing::debug!(session = %sid, error = %e, "idle MCP session was already ending");
+                // A worker that does not take the close at once is not waited for: the session is
+                // out of rmcp's map already, and its worker ends when its channel closes.
+                match tokio::time::timeout(Duration::from_secs(5), manager.close_session(&id)).await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(session = %sid, error = %e, "idle MCP session was already ending")
+                    }
+                    Err(_) => {
+                        tracing::warn!(session = %sid, "idle MCP session's worker did not take the close within 5 s")
+                    }
                 }
                 front.session_closed(&sid);
             }
