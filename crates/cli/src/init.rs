@@ -140,6 +140,9 @@ name = "warden"
 # max_timeout_seconds = 3600
 # job_retention_seconds = 3600  # a finished background job's result is kept this long
 # max_jobs = 16                 # background jobs per caller
+# max_sessions = 2048           # 2025-11-25 sessions open at once, of every caller
+# max_sessions_per_principal = 512  # sessions per caller (default max_sessions / 4)
+# session_idle_seconds = 300    # an idle session is ended and its memory handed back
 "#,
         state = q(layout.state_of("gateway")),
         socket = q(layout.socket_of("gateway")),

@@ -17,6 +17,7 @@ pub mod config;
 pub mod depth;
 pub mod listener;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod notify;
 pub mod otel;

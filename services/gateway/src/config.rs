@@ -880,6 +880,17 @@ pub struct McpSection {
     pub job_retention_seconds: u64,
     /// Background jobs per principal at once (running or kept).
     pub max_jobs: usize,
+    /// 2025-11-25 sessions open at once on this gateway, of every principal (each costs tens of
+    /// KiB of memory). An `initialize` past it is refused 429 with a JSON-RPC error.
+    pub max_sessions: usize,
+    /// Sessions one principal holds open at once; default `max_sessions` / 4, so three
+    /// principals at their share still leave a quarter for everyone else. An `initialize` past
+    /// it is refused 429 with a JSON-RPC error naming this key; other principals are served.
+    pub max_sessions_per_principal: Option<usize>,
+    /// A session with no request in flight (an open GET stream counts) and none for this long
+    /// is ended as a DELETE ends it: its binding goes, its conversations are closed, its share
+    /// comes back, and the memory it held is returned to the system.
+    pub session_idle_seconds: u64,
 }
 
 impl Default for McpSection {
@@ -892,6 +903,9 @@ impl Default for McpSection {
             max_timeout_seconds: 3600,
             job_retention_seconds: 3600,
             max_jobs: 16,
+            max_sessions: 2048,
+            max_sessions_per_principal: None,
+            session_idle_seconds: 300,
         }
     }
 }
@@ -931,7 +945,38 @@ impl McpSection {
                 "must be at least 1",
             ));
         }
+        if !(1..=1_000_000).contains(&self.max_sessions) {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.max_sessions",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if self
+            .max_sessions_per_principal
+            .is_some_and(|n| n == 0 || n > self.max_sessions)
+        {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.max_sessions_per_principal",
+                "must be at least 1 and at most mcp.max_sessions",
+            ));
+        }
+        if !(1..=86_400).contains(&self.session_idle_seconds) {
+            return Err(ConfigError::invalid(
+                origin,
+                "mcp.session_idle_seconds",
+                "must be between 1 and 86400",
+            ));
+        }
         Ok(())
+    }
+
+    /// Sessions one principal may hold open: the configured share, else a quarter of the whole.
+    pub fn sessions_per_principal(&self) -> usize {
+        self.max_sessions_per_principal
+            .unwrap_or(self.max_sessions / 4)
+            .clamp(1, self.max_sessions)
     }
 }
 
@@ -954,6 +999,9 @@ mod tests {
         assert_eq!(c.value.http.stream_keepalive_ms, 15_000);
         assert_eq!(c.value.store.task_retention_seconds, 7 * 24 * 3600);
         assert_eq!(c.value.store.conversation_ttl_seconds, 3600);
+        assert_eq!(c.value.mcp.max_sessions, 2048);
+        assert_eq!(c.value.mcp.sessions_per_principal(), 512);
+        assert_eq!(c.value.mcp.session_idle_seconds, 300);
         assert_eq!(
             c.value.token_file_path().unwrap(),
             PathBuf::from("/var/lib/warden/gateway/gateway.token")
@@ -986,6 +1034,12 @@ mod tests {
             ),
             ("http.stream_keepalive_ms=60000", "http.stream_keepalive_ms"),
             ("store.max_tasks=0", "store.max_tasks"),
+            ("mcp.max_sessions=0", "mcp.max_sessions"),
+            (
+                "mcp.max_sessions_per_principal=4096",
+                "mcp.max_sessions_per_principal",
+            ),
+            ("mcp.session_idle_seconds=0", "mcp.session_idle_seconds"),
             ("store.sweep_interval_ms=5", "store.sweep_interval_ms"),
             ("http.listn=1", "listn"),
         ] {

@@ -14,12 +14,13 @@
 
 pub mod envelope;
 pub mod server;
+pub mod sessions;
 pub mod tools;
 pub mod turn;
 pub mod workspace;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -28,6 +29,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use rmcp::transport::streamable_http_server::session::SessionManager;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::json;
@@ -269,6 +271,37 @@ fn carries_request(body: &[u8]) -> bool {
     }
 }
 
+/// The id of the `initialize` request a POST body carries (alone or in a batch), if it does:
+/// rmcp opens a session for every `initialize` that names no session.
+fn initialize_id(body: &[u8]) -> Option<serde_json::Value> {
+    fn init(v: &serde_json::Value) -> Option<serde_json::Value> {
+        (v.get("method").and_then(serde_json::Value::as_str) == Some("initialize"))
+            .then(|| v.get("id").cloned().unwrap_or(serde_json::Value::Null))
+    }
+    match serde_json::from_slice::<serde_json::Value>(body).ok()? {
+        serde_json::Value::Array(items) => items.iter().find_map(init),
+        v => init(&v),
+    }
+}
+
+/// The refusal of an `initialize` past a session share: 429 with a JSON-RPC error answering it.
+fn session_refused(id: serde_json::Value, why: &sessions::Refused) -> Response {
+    let mut r = (
+        StatusCode::TOO_MANY_REQUESTS,
+        json!({"jsonrpc": "2.0", "id": id, "error": {
+            "code": crate::error::RESOURCE_EXHAUSTED_CODE, "message": why.to_string()}})
+        .to_string(),
+    )
+        .into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
 /// Host, Origin, bearer token, session owner, body limit and timeout, then rmcp.
 async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Response {
     let headers = req.headers();
@@ -308,6 +341,11 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
     // at its limit is refused before rmcp sees the request. A POST of only notifications or
     // responses (an answer to an elicitation) takes none: it must get through to end a wait.
     let mut permit = None;
+    // The session is busy (never idle) until this request's response is written out.
+    let activity = session
+        .as_deref()
+        .and_then(|sid| edge.front.sessions.activity(sid));
+    let mut reservation = None;
     if req.method() == Method::GET {
         match stream_permit(&edge, &principal) {
             Ok(p) => permit = Some(p),
@@ -339,6 +377,17 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             .await
         {
             Ok(Ok(b)) => {
+                if session.is_none()
+                    && let Some(id) = initialize_id(&b)
+                {
+                    match edge.front.sessions.reserve(&principal) {
+                        Ok(r) => reservation = Some(r),
+                        Err(why) => {
+                            tracing::info!(principal = %principal, reason = %why, "MCP initialize refused");
+                            return session_refused(id, &why);
+                        }
+                    }
+                }
                 if carries_request(&b) {
                     match stream_permit(&edge, &principal) {
                         Ok(p) => permit = Some(p),
@@ -376,7 +425,10 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
     {
-        edge.front.session_opened(sid, &principal);
+        match reservation.take() {
+            Some(r) => r.bind(sid),
+            None => edge.front.sessions.adopt(sid, &principal),
+        }
     }
     if method == Method::DELETE
         && resp.status().is_success()
@@ -388,10 +440,96 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             *resp.status_mut() = StatusCode::NO_CONTENT;
         }
     }
+    let resp = match activity {
+        Some(a) => resp.map(|b| sessions::Holding::wrap(b, a)),
+        None => resp,
+    };
     match permit {
         Some(p) => resp.map(|b| crate::shares::HeldBody::wrap(b, p)),
         None => resp,
     }
+}
+
+/// Ends idle sessions (as DELETE does), forgets the ones rmcp ended by itself, and once they are
+/// gone hands their memory back: the maps shrink and the allocator returns its free pages.
+fn spawn_reaper(
+    front: Arc<McpFront>,
+    manager: Arc<LocalSessionManager>,
+    shutdown: CancellationToken,
+) {
+    let table = front.sessions.clone();
+    let every = (table.idle() / 4).clamp(Duration::from_millis(250), Duration::from_secs(30));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut trim = false;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if trim {
+                // The sessions ended a tick ago: their workers have stopped and freed since.
+                trim = false;
+                {
+                    let mut live = manager.sessions.write().await;
+                    if live.capacity() > 2 * live.len() + 64 {
+                        live.shrink_to_fit();
+                    }
+                }
+                table.shrink();
+                let before = warden_daemon::memory::resident_bytes().unwrap_or(0);
+                let _ =
+                    tokio::task::spawn_blocking(warden_daemon::memory::return_free_memory).await;
+                tracing::info!(
+                    open = table.open(),
+                    rss_before = before,
+                    rss_after = warden_daemon::memory::resident_bytes().unwrap_or(0),
+                    "MCP sessions ended; memory handed back"
+                );
+            }
+            let idle = table.idle_sessions(Instant::now());
+            if !idle.is_empty() {
+                tracing::info!(
+                    sessions = idle.len(),
+                    idle_seconds = table.idle().as_secs(),
+                    "ending idle MCP sessions"
+                );
+            }
+            for sid in idle {
+                let id: rmcp::transport::streamable_http_server::session::SessionId =
+                    sid.as_str().into();
+                // A worker that does not take the close at once is not waited for: the session is
+                // out of rmcp's map already, and its worker ends when its channel closes.
+                match tokio::time::timeout(Duration::from_secs(5), manager.close_session(&id)).await
+                {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(session = %sid, error = %e, "idle MCP session was already ending")
+                    }
+                    Err(_) => {
+                        tracing::warn!(session = %sid, "idle MCP session's worker did not take the close within 5 s")
+                    }
+                }
+                front.session_closed(&sid);
+            }
+            // A session whose rmcp worker stopped by itself (its transport failed, shutdown).
+            let gone: Vec<String> = {
+                let live = manager.sessions.read().await;
+                table
+                    .ids()
+                    .into_iter()
+                    .filter(|sid| !live.contains_key(sid.as_str()))
+                    .collect()
+            };
+            for sid in gone {
+                front.session_closed(&sid);
+            }
+            if table.take_ended() > 0 {
+                trim = true;
+            }
+        }
+    });
 }
 
 async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) -> Response {
@@ -424,13 +562,19 @@ async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) ->
 /// The `/mcp` routes (and the RFC 9728 metadata), to be merged into the gateway's router.
 pub fn routes(edge: Arc<Edge>, shutdown: CancellationToken) -> Router {
     let front = edge.front.clone();
+    // Idle sessions are ended by the reaper (`mcp.session_idle_seconds`, nothing in flight),
+    // not by rmcp's own timer, which would also end a session in the middle of a quiet call.
+    let mut manager = LocalSessionManager::default();
+    manager.session_config.keep_alive = None;
+    let manager = Arc::new(manager);
+    spawn_reaper(front.clone(), manager.clone(), shutdown.clone());
     let service = StreamableHttpService::new(
         move || {
             Ok(Handler {
                 front: front.clone(),
             })
         },
-        LocalSessionManager::default().into(),
+        manager,
         StreamableHttpServerConfig::default()
             .with_cancellation_token(shutdown)
             // The edge (above) checks Host and Origin with the gateway's own rules.

@@ -28,6 +28,7 @@ use warden_proto::v1::{
 };
 
 use super::envelope::{Blocker, Envelope, Harness};
+use super::sessions::SessionTable;
 use super::tools::{self, Verb, VerbArgs};
 use super::turn::{self, Answer, Ask, NotStarted, Progress, Question};
 use super::workspace;
@@ -123,8 +124,8 @@ pub struct McpFront {
     pub cfg: McpSection,
     pub cancel_grace: Duration,
     scopes: Mutex<HashMap<String, Arc<Scope>>>,
-    /// MCP session id → the principal that opened it.
-    sessions: Mutex<HashMap<String, String>>,
+    /// Open MCP sessions: the principal that opened each, the shares, idleness.
+    pub sessions: Arc<SessionTable>,
     pending: Mutex<HashMap<String, PendingBind>>,
     runs: Mutex<HashMap<String, PendingRun>>,
     jobs: Mutex<HashMap<String, Arc<Job>>>,
@@ -132,12 +133,17 @@ pub struct McpFront {
 
 impl McpFront {
     pub fn new(core: Arc<Core>, cfg: McpSection, cancel_grace: Duration) -> Arc<Self> {
+        let sessions = SessionTable::new(
+            cfg.max_sessions,
+            cfg.sessions_per_principal(),
+            Duration::from_secs(cfg.session_idle_seconds),
+        );
         Arc::new(Self {
             core,
             cfg,
             cancel_grace,
             scopes: Mutex::new(HashMap::new()),
-            sessions: Mutex::new(HashMap::new()),
+            sessions,
             pending: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
             jobs: Mutex::new(HashMap::new()),
@@ -146,18 +152,25 @@ impl McpFront {
 
     /// The principal that opened session `sid`, if it is known.
     pub fn session_owner(&self, sid: &str) -> Option<String> {
-        lock(&self.sessions).get(sid).cloned()
+        self.sessions.owner(sid)
     }
 
-    pub fn session_opened(&self, sid: &str, principal: &str) {
-        lock(&self.sessions).insert(sid.to_string(), principal.to_string());
-    }
-
-    /// A session ended (DELETE): its binding goes, and its conversations are closed at the
-    /// supervisor unless a background job still runs in one.
+    /// A session ended (DELETE, idle, or its rmcp worker stopped): its share comes back, its
+    /// binding goes, and its conversations are closed at the supervisor unless a background
+    /// job still runs in one. Ending a session twice does nothing the second time.
     pub fn session_closed(self: &Arc<Self>, sid: &str) {
-        let principal = lock(&self.sessions).remove(sid).unwrap_or_default();
-        let Some(scope) = lock(&self.scopes).remove(&format!("s:{sid}")) else {
+        let Some(principal) = self.sessions.remove(sid) else {
+            return;
+        };
+        let scope = {
+            let mut scopes = lock(&self.scopes);
+            let scope = scopes.remove(&format!("s:{sid}"));
+            if scopes.capacity() > 2 * scopes.len() + 64 {
+                scopes.shrink_to_fit();
+            }
+            scope
+        };
+        let Some(scope) = scope else {
             return;
         };
         let contexts: Vec<String> = lock(&scope.contexts).values().cloned().collect();
