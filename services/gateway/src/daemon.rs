@@ -283,6 +283,11 @@ impl warden_daemon::Daemon for GatewayDaemon {
                 "http.max_streams_per_principal",
                 c.http.max_streams_per_principal,
             ),
+            Share::new(
+                "mcp.max_sessions_per_principal",
+                c.mcp.sessions_per_principal(),
+            )
+            .of("mcp.max_sessions", c.mcp.max_sessions),
             Share::new("store.max_tasks", c.store.max_tasks),
             Share::new("push.max_configs_per_task", c.push.max_configs_per_task),
         ]
