@@ -26,12 +26,9 @@ pub struct DaemonArgs {
 
 /// Answers `--health` for `daemon` at `socket` (its own gRPC Unix socket, or None when the
 /// configuration names none): prints SERVING and returns, or says why not and exits with
-/// status 1. Bounded at 5 s, so a hung daemon fails its probe rather than holding it.
+/// status 1. Bounded at 5 s, so a hung daemon fails its probe rather than holding it. For a
+/// binary without a runtime; [`health_async`] inside one.
 pub fn health(daemon: &str, socket: Option<&std::path::Path>) {
-    let Some(socket) = socket else {
-        eprintln!("{daemon}: not serving: the configuration names no gRPC Unix socket to ask");
-        std::process::exit(1)
-    };
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -39,14 +36,21 @@ pub fn health(daemon: &str, socket: Option<&std::path::Path>) {
         Ok(rt) => rt,
         Err(e) => fail(daemon, &e),
     };
-    let serving = rt.block_on(async {
-        tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            crate::client::healthy(socket),
-        )
-        .await
-        .unwrap_or(false)
-    });
+    rt.block_on(health_async(daemon, socket));
+}
+
+/// [`health`] on the caller's runtime.
+pub async fn health_async(daemon: &str, socket: Option<&std::path::Path>) {
+    let Some(socket) = socket else {
+        eprintln!("{daemon}: not serving: the configuration names no gRPC Unix socket to ask");
+        std::process::exit(1)
+    };
+    let serving = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        crate::client::healthy(socket),
+    )
+    .await
+    .unwrap_or(false);
     if serving {
         println!("{daemon}: SERVING at {}", socket.display());
     } else {

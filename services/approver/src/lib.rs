@@ -125,10 +125,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
     }
     if args.health {
         // The admin socket: its default mode admits only the approver's own uid, as a probe runs.
-        warden_daemon::args::health(
+        warden_daemon::args::health_async(
             "warden-approver",
             cfg.admin.socket_path(&cfg.daemon.state_dir).as_deref(),
-        );
+        )
+        .await;
         return Ok(());
     }
     // SIGHUP's default action ends the process: caught from here on (tokio keeps the handler
