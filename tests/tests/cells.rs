@@ -381,6 +381,96 @@ async fn one_on_each(w: &World, tag: &str) -> (String, String) {
     panic!("20 conversations never spread over both cells");
 }
 
+/// The free slots each cell last reported, by cell id.
+async fn reported_free(pg: &warden_pgstate::Pg) -> Vec<(String, i32)> {
+    let c = pg.client().await.unwrap();
+    c.query(
+        "SELECT cell_id, free_slots FROM cell_registry ORDER BY cell_id",
+        &[],
+    )
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+/// Issue 38: a burst of new conversations is placed by what was just placed, not by the free
+/// slots of the cells' last reports (written every `cell.refresh_ms`, read every
+/// `cells.poll_ms`). One conversation is placed and reported first, so one cell reports a slot
+/// fewer; nine more arrive at once, before any cell reports again. Counted at once, they even
+/// the cells out (5/5 ± 1 over the ten); by the reports alone all nine went to the cell that
+/// reported more free slots (1/9).
+#[tokio::test]
+async fn a_burst_of_new_conversations_splits_evenly_over_two_equal_cells() {
+    let Some(w) = world(false, "gateway").await else {
+        return;
+    };
+    let pid = std::process::id();
+    let first = place_one(&w, &format!("first-{pid}")).await;
+    // Until the registry shows that conversation's slot taken, and this gateway has read it
+    // (its own count of the placement lapses a second after it).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let free = reported_free(&w.pg).await;
+        let of = |id: &str| free.iter().find(|(c, _)| c == id).map(|(_, n)| *n);
+        let other = if first == "cell-a" {
+            "cell-b"
+        } else {
+            "cell-a"
+        };
+        if let (Some(f), Some(o)) = (of(&first), of(other))
+            && f + 1 == o
+        {
+            eprintln!("reported before the burst: {free:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the cells never reported {first}'s conversation: {free:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2 * POLL_MS + 2 * REFRESH_MS + 1_000)).await;
+
+    let burst: Vec<_> = (0..9)
+        .map(|i| {
+            let (http, token, ctx) = (w.d.http.clone(), w.d.token(), format!("burst{i}-{pid}"));
+            tokio::spawn(async move {
+                let resp = warden_cli::client::request(
+                    &http,
+                    http::Method::POST,
+                    "/a2a/jsonrpc",
+                    &token,
+                    Some(
+                        &json!({"jsonrpc": "2.0", "id": i, "method": "SendMessage", "params": {
+                    "message": {"messageId": uuid(), "role": "ROLE_USER", "contextId": ctx,
+                                "parts": [{"text": "hello"}]}}}),
+                    ),
+                )
+                .await
+                .expect("gateway reachable");
+                (ctx, warden_cli::client::read_answer(resp).await.unwrap().0)
+            })
+        })
+        .collect();
+    let mut cells = vec![first];
+    for t in burst {
+        let (ctx, r) = t.await.unwrap();
+        assert_eq!(state(&r), "TASK_STATE_COMPLETED", "{r}");
+        cells.push(placement(&w.pg, &ctx).await.expect("placed"));
+    }
+    let on_a = cells.iter().filter(|c| *c == "cell-a").count();
+    eprintln!(
+        "ten conversations, the last nine at once: {on_a} on cell-a, {} on cell-b",
+        cells.len() - on_a
+    );
+    assert!(
+        (4..=6).contains(&on_a),
+        "10 new conversations on two equal cells split 5/5 ± 1: {cells:?}"
+    );
+}
+
 fn long_turn(w: &World, ctx: &str) -> tokio::task::JoinHandle<Value> {
     turn_sleeping(w, ctx, 60_000)
 }

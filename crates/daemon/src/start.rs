@@ -40,6 +40,9 @@ pub trait Daemon: Sized {
         Vec::new()
     }
 
+    /// The gRPC Unix socket `--health` asks (the one this process's own uid is admitted on).
+    fn health_socket(&self) -> Option<std::path::PathBuf>;
+
     /// Runtime worker threads: 0 = one per core, 1 = a single thread, n = n threads.
     fn worker_threads(&self) -> usize {
         0
@@ -103,6 +106,10 @@ pub fn start<D: Daemon>(args: DaemonArgs) {
         }
         println!("{}: configuration OK ({})", D::NAME, daemon.summary());
         print_shares(&daemon.shares());
+        return;
+    }
+    if args.health {
+        crate::args::health(D::NAME, daemon.health_socket().as_deref());
         return;
     }
     let section = daemon.daemon_section();

@@ -139,6 +139,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), RunError> {
         ]);
         return Ok(());
     }
+    if args.health {
+        // The admin socket: its default mode admits only the approver's own uid, as a probe runs.
+        warden_daemon::args::health_async(
+            "warden-approver",
+            cfg.admin.socket_path(&cfg.daemon.state_dir).as_deref(),
+        )
+        .await;
+        return Ok(());
+    }
     // SIGHUP's default action ends the process: caught from here on (tokio keeps the handler
     // for the process's life); from `Server::new` on each one is a reload.
     if let Err(e) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {

@@ -2,7 +2,8 @@
 //! context's conversation lives on. Reads the registry every `cells.poll_ms` (ages by the
 //! store's clock), places a new context on the best of K random live, non-draining cells
 //! (`placement.rs`), records context → cell in `placement_contexts`, and hands out one mutual-TLS
-//! channel per cell.
+//! channel per cell. Each placement it makes is taken off its cell's free slots at once, until
+//! a report of the cell that counts it is read (`placement::free_now`): a burst spreads.
 //!
 //! A cell whose report is older than `cells.lost_after_ms` is lost: every turn streaming from it
 //! ends with a `cell-lost` stop at the next poll, and the next message to one of its contexts is
@@ -36,7 +37,7 @@ use warden_proto::v1::turn_event::Event;
 use warden_proto::v1::{ContextReset, Fault, FaultClass, TurnEvent, TurnStop};
 
 use crate::config::CellsSection;
-use crate::placement::{CellView, choose};
+use crate::placement::{CellView, choose, counted, free_now};
 
 /// A turn's events as the core reads them, whichever way they came.
 pub type TurnEvents = BoxStream<'static, Result<TurnEvent, tonic::Status>>;
@@ -69,6 +70,8 @@ pub struct Cells {
     /// No cell is judged lost before this: after the registry could not be read, the cells get
     /// `lost_after` to write again (they could not either, when the store was the trouble).
     judge_from: Mutex<Instant>,
+    /// This gateway's placements per cell that the cell's last report read may not count yet.
+    placed: Mutex<HashMap<String, Vec<Instant>>>,
 }
 
 /// Where one context's turns go.
@@ -228,6 +231,13 @@ impl Routed {
     }
 }
 
+/// When a report read at `read_at`, `age_ms` old then, was written (this process's clock).
+fn reported_at(read_at: Instant, age_ms: u64) -> Instant {
+    read_at
+        .checked_sub(Duration::from_millis(age_ms))
+        .unwrap_or(read_at)
+}
+
 fn random_index(n: usize) -> usize {
     (uuid::Uuid::new_v4().as_u128() % n.max(1) as u128) as usize
 }
@@ -253,6 +263,7 @@ impl Cells {
             channels: Mutex::new(HashMap::new()),
             alive: Mutex::new(HashMap::new()),
             judge_from: Mutex::new(Instant::now()),
+            placed: Mutex::new(HashMap::new()),
         });
         me.poll_once().await?;
         let weak = Arc::downgrade(&me);
@@ -325,29 +336,57 @@ impl Cells {
                 started_ms: r.try_get(5)?,
             });
         }
+        let read_at = Instant::now();
+        // Placements the reports now read count are no longer taken off (nor those on cells
+        // gone from the registry).
+        lock(&self.placed).retain(|id, placed| {
+            if let Some(c) = cells.iter().find(|c| &c.id == id) {
+                let reported = reported_at(read_at, c.age_ms);
+                placed.retain(|p| !counted(*p, reported));
+            }
+            cells.iter().any(|c| &c.id == id) && !placed.is_empty()
+        });
         if let Ok(mut v) = self.view.write() {
-            *v = Snapshot {
-                cells,
-                read_at: Instant::now(),
-            };
+            *v = Snapshot { cells, read_at };
         }
         self.judge();
         Ok(())
     }
 
-    /// The registry now: each age grown by the time since it was read.
+    /// The registry now: each age grown by the time since it was read, each cell's free slots
+    /// less this gateway's placements its report does not count yet.
     fn cells_now(&self) -> Vec<CellView> {
         let Ok(v) = self.view.read() else {
             return Vec::new();
         };
         let since = v.read_at.elapsed().as_millis() as u64;
+        let placed = lock(&self.placed);
         v.cells
             .iter()
             .map(|c| CellView {
                 age_ms: c.age_ms.saturating_add(since),
+                free_slots: match placed.get(&c.id) {
+                    Some(p) => free_now(c.free_slots, reported_at(v.read_at, c.age_ms), p),
+                    None => c.free_slots,
+                },
                 ..c.clone()
             })
             .collect()
+    }
+
+    /// Takes back the latest placement counted on `cell` (it did not happen).
+    fn unreserve(&self, cell: &str) {
+        if let Some(p) = lock(&self.placed).get_mut(cell) {
+            p.pop();
+        }
+    }
+
+    /// Counts a placement on `cell` against its free slots from now on.
+    fn reserve(&self, cell: &str) {
+        lock(&self.placed)
+            .entry(cell.to_string())
+            .or_default()
+            .push(Instant::now());
     }
 
     /// Cancels the token of every cell that is lost now (or gone from the registry).
@@ -461,6 +500,9 @@ impl Cells {
             let Some(new) = self.choose() else {
                 return Ok(None);
             };
+            // Counted before the insert's round trip: the placements of a burst decided
+            // meanwhile see it.
+            self.reserve(&new.id);
             let inserted = c
                 .execute(
                     "INSERT INTO placement_contexts (context_id, cell_id, cell_started_ms, principal)
@@ -469,7 +511,9 @@ impl Cells {
                 )
                 .await?;
             if inserted == 0 {
-                // Another gateway placed it first: follow its choice.
+                // Another gateway placed it first: follow its choice (and count its placement
+                // no more here).
+                self.unreserve(&new.id);
                 drop(c);
                 return Box::pin(self.route_unbounded(context_id, None)).await;
             }
@@ -534,6 +578,9 @@ impl Cells {
             .await?;
         }
         tx.commit().await?;
+        if moved > 0 && lost {
+            self.reserve(&target.id);
+        }
         if moved == 0 {
             drop(c);
             return Box::pin(self.route_unbounded(context_id, None)).await;

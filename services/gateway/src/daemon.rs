@@ -293,6 +293,11 @@ impl warden_daemon::Daemon for GatewayDaemon {
         ]
     }
 
+    fn health_socket(&self) -> Option<std::path::PathBuf> {
+        let c = &self.loaded.value;
+        c.listen.socket_path(&c.daemon.state_dir)
+    }
+
     fn summary(&self) -> String {
         format!(
             "{} (task store: {})",

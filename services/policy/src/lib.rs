@@ -80,6 +80,12 @@ impl warden_daemon::Daemon for PolicyDaemon {
         &self.loaded.value.daemon
     }
 
+    /// The admin socket: its default mode admits only the policy's own uid, as a probe runs.
+    fn health_socket(&self) -> Option<std::path::PathBuf> {
+        let c = &self.loaded.value;
+        c.admin.socket_path(&c.daemon.state_dir)
+    }
+
     fn summary(&self) -> String {
         format!(
             "{}; audit store: {}",

@@ -105,6 +105,11 @@ impl warden_daemon::Daemon for SupervisorDaemon {
         &self.0.file.daemon
     }
 
+    fn health_socket(&self) -> Option<std::path::PathBuf> {
+        let f = &self.0.file;
+        f.listen.socket_path(&f.daemon.state_dir)
+    }
+
     /// Every enabled agent that names a `command` must name a program that exists and may be
     /// executed (a misspelt command used to pass here and fail at the first task). An installed
     /// adapter that is missing is not a fault of the file — the operator installs adapters after
