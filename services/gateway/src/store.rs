@@ -349,7 +349,15 @@ struct Flushes {
     done: std::sync::Condvar,
     /// …and callers waiting on the runtime ([`SledStore::flush_async`]).
     ended: tokio::sync::watch::Sender<u64>,
+    /// The store's own flush thread (started at the first async flush): a flush led from the
+    /// runtime runs there, never on tokio's blocking pool, which callers' work can fill (issue
+    /// 36: 512 threads each waiting on a webhook's DNS held every flush, and every answer
+    /// waiting on one, for tens of seconds). It ends when the store is dropped.
+    thread: std::sync::Mutex<Option<std::sync::mpsc::Sender<FlushJob>>>,
 }
+
+/// One lead flush for the flush thread.
+type FlushJob = Box<dyn FnOnce() + Send>;
 
 impl Default for Flushes {
     fn default() -> Self {
@@ -357,7 +365,40 @@ impl Default for Flushes {
             state: Default::default(),
             done: Default::default(),
             ended: tokio::sync::watch::Sender::new(0),
+            thread: Default::default(),
         }
+    }
+}
+
+impl Flushes {
+    /// Runs `job` on the flush thread (started if need be); the job back when no thread can
+    /// be had (the caller runs it elsewhere).
+    fn on_thread(&self, job: FlushJob) -> Result<(), FlushJob> {
+        let mut t = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let job = match t.as_ref() {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return Ok(()),
+                Err(back) => back.0,
+            },
+            None => job,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<FlushJob>();
+        let started = std::thread::Builder::new()
+            .name("store-flush".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    // A panic in one flush is its caller's error (the state is put back by
+                    // `lead_flush`); the thread serves the next.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the store's flush thread");
+            return Err(job);
+        }
+        let sent = tx.send(job).map_err(|back| back.0);
+        *t = Some(tx);
+        sent
     }
 }
 
@@ -773,12 +814,23 @@ impl SledStore {
                 let _ = ended.changed().await;
                 continue;
             };
-            // The whole lead runs on the blocking thread, so a caller that goes away (its
-            // request dropped) cannot leave a flush marked running for ever.
+            // The whole lead runs on the store's flush thread, so a caller that goes away (its
+            // request dropped) cannot leave a flush marked running for ever, and no work of
+            // callers on the blocking pool can hold it up.
             let store = self.clone();
-            return match tokio::task::spawn_blocking(move || store.lead_flush(upto)).await {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job: FlushJob = Box::new(move || {
+                let _ = tx.send(store.lead_flush(upto));
+            });
+            if let Err(job) = f.on_thread(job) {
+                // No thread to be had: the blocking pool, as before.
+                let _ = tokio::task::spawn_blocking(job).await;
+            }
+            return match rx.await {
                 Ok(r) => r,
-                Err(e) => Err(TaskStoreError::Background(e.to_string())),
+                Err(_) => Err(TaskStoreError::Background(
+                    "the flush ended without an answer".into(),
+                )),
             };
         }
     }

@@ -904,7 +904,7 @@ impl Core {
         }
         let task_id = cfg.task_id.clone();
         self.owned(principal, &task_id).await?;
-        let cfg = push.check(Some(&task_id), cfg).await?;
+        let cfg = push.check(principal, Some(&task_id), cfg).await?;
         push.put(principal, cfg.clone()).await?;
         Ok(cfg)
     }
@@ -1759,7 +1759,7 @@ impl Core {
                 if let Some(t) = existing {
                     self.owned(principal, t).await?;
                 }
-                Some(push.check(existing, cfg).await?)
+                Some(push.check(principal, existing, cfg).await?)
             }
         };
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);
