@@ -1401,6 +1401,50 @@ mod tests {
         Ok(())
     }
 
+    /// Issue 36: callers' blocking work can fill tokio's blocking pool (there, a webhook's
+    /// getaddrinfo per request); a flush must not wait for a thread of it.
+    #[test]
+    fn a_flush_does_not_wait_behind_a_full_blocking_pool() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(2)
+            .enable_all()
+            .build()?;
+        let dir = tempfile::tempdir()?;
+        let s = SledStore::open(dir.path())?;
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Arc::new(std::sync::Mutex::new(held));
+        for _ in 0..4 {
+            let held = held.clone();
+            rt.spawn_blocking(move || {
+                let _ = held
+                    .lock()
+                    .map(|h| h.recv_timeout(std::time::Duration::from_secs(30)));
+            });
+        }
+        s.put_push(&PushRecord {
+            principal: "alice".into(),
+            config: crate::a2a::TaskPushNotificationConfig {
+                task_id: "t".into(),
+                id: "c".into(),
+                url: "https://example.com/".into(),
+                ..Default::default()
+            },
+            created_micros: 0,
+        })?;
+        let flushed = {
+            let s = s.clone();
+            rt.spawn(async move { s.flush_async().await })
+        };
+        let r = rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), flushed).await
+        });
+        drop(release);
+        r.map_err(|_| "the flush waited for the full blocking pool")???;
+        Ok(())
+    }
+
     /// The gateway's store traffic of issue 30's waves, without the daemons: waves of tasks
     /// at once, each doing what a task's start and end do (context, head, history, flush;
     /// artifact batches; the terminal head and flush), a sweep pruning to 200 tasks between
