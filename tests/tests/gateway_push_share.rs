@@ -176,21 +176,26 @@ async fn bobs_silent_webhook_lookups_leave_alices_messages_as_fast_as_before() {
                     "params": {"taskId": tid, "id": format!("c{}", w % 10),
                                "url": format!("https://hook-{w}-{i}.example.com/h")}});
                 sent.fetch_add(1, Ordering::Relaxed);
-                let answer = match warden_cli::client::request(
-                    &http,
-                    http::Method::POST,
-                    "/a2a/jsonrpc",
-                    BOB,
-                    Some(&body),
-                )
-                .await
-                {
-                    Ok(resp) => warden_cli::client::read_answer(resp)
-                        .await
-                        .map(|a| a.0)
-                        .unwrap_or(Value::Null),
-                    Err(_) => Value::Null,
+                let call = async {
+                    match warden_cli::client::request(
+                        &http,
+                        http::Method::POST,
+                        "/a2a/jsonrpc",
+                        BOB,
+                        Some(&body),
+                    )
+                    .await
+                    {
+                        Ok(resp) => warden_cli::client::read_answer(resp)
+                            .await
+                            .map(|a| a.0)
+                            .unwrap_or(Value::Null),
+                        Err(_) => Value::Null,
+                    }
                 };
+                let answer = tokio::time::timeout(Duration::from_secs(60), call)
+                    .await
+                    .unwrap_or_else(|_| json!({"error": "no answer within 60 s"}));
                 if answer["error"]["code"] == -32029 {
                     shared_out.fetch_add(1, Ordering::Relaxed);
                 } else if answer["result"].is_null() {

@@ -11,6 +11,8 @@
 //! allowed that network explicitly), and the connection goes to the checked address itself
 //! (`TcpStream::connect(SocketAddr)`), never to the name again: a DNS answer that changes between
 //! check and connect (rebinding) cannot redirect it. Redirects are not followed.
+//! Names are resolved on the runtime (`push_limits::Resolver`, never a blocking thread), after
+//! every check that needs no lookup, within the principal's share of lookups and deliveries.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
