@@ -704,6 +704,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "metrics.rs",
             "peer.rs",
             "push.rs",
+            "push_limits.rs",
             "shares.rs",
             "store.rs",
             "store_pg.rs",

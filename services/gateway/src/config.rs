@@ -784,6 +784,48 @@ pub struct PushSection {
     /// CA), beside the public roots (webpki-roots). Relative paths: against the state directory.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
+    /// The nameservers webhook host names are asked (`IP` or `IP:PORT`, UDP with TCP for long
+    /// answers). Empty: the system's (`/etc/resolv.conf`, and `/etc/hosts`). Read at start.
+    #[serde(default)]
+    pub nameservers: Vec<String>,
+    /// Webhook host lookups one principal may have in flight while creating configs; one more
+    /// is refused (ResourceExhausted, -32029 / 429) before anything is looked up or stored.
+    #[serde(default = "default_lookups_per_principal")]
+    pub max_lookups_per_principal: usize,
+    /// Lookups in flight for config creation, every principal together (the sum the shares
+    /// draw from); one more is refused the same way.
+    #[serde(default = "default_lookups")]
+    pub max_lookups: usize,
+    /// Webhook deliveries (lookup, connect, POST) in flight for one principal's configs; more
+    /// wait, in order, behind that principal's own.
+    #[serde(default = "default_deliveries_per_principal")]
+    pub max_deliveries_per_principal: usize,
+    /// Deliveries in flight, every principal together; a principal within its share waits in
+    /// turn for one.
+    #[serde(default = "default_deliveries")]
+    pub max_deliveries: usize,
+}
+
+fn default_lookups_per_principal() -> usize {
+    16
+}
+fn default_lookups() -> usize {
+    256
+}
+fn default_deliveries_per_principal() -> usize {
+    32
+}
+fn default_deliveries() -> usize {
+    512
+}
+
+/// One nameserver of `push.nameservers`: `IP` (port 53) or `IP:PORT` (`[v6]:PORT`).
+pub fn parse_nameserver(s: &str) -> Option<std::net::SocketAddr> {
+    s.parse::<std::net::SocketAddr>().ok().or_else(|| {
+        s.parse::<std::net::IpAddr>()
+            .ok()
+            .map(|ip| std::net::SocketAddr::new(ip, 53))
+    })
 }
 
 fn default_true() -> bool {
@@ -820,6 +862,11 @@ impl Default for PushSection {
             timeout_ms: default_timeout(),
             max_configs_per_task: default_max_configs(),
             ca_file: None,
+            nameservers: Vec::new(),
+            max_lookups_per_principal: default_lookups_per_principal(),
+            max_lookups: default_lookups(),
+            max_deliveries_per_principal: default_deliveries_per_principal(),
+            max_deliveries: default_deliveries(),
         }
     }
 }
@@ -855,6 +902,30 @@ impl PushSection {
                 "push.max_configs_per_task".into(),
                 "must be at least 1".into(),
             ));
+        }
+        for (i, n) in self.nameservers.iter().enumerate() {
+            if parse_nameserver(n).is_none() {
+                return Err((
+                    format!("push.nameservers[{i}]"),
+                    format!("{n:?} is not an address like 192.0.2.53 or 127.0.0.1:5353"),
+                ));
+            }
+        }
+        for (key, n) in [
+            (
+                "push.max_lookups_per_principal",
+                self.max_lookups_per_principal,
+            ),
+            ("push.max_lookups", self.max_lookups),
+            (
+                "push.max_deliveries_per_principal",
+                self.max_deliveries_per_principal,
+            ),
+            ("push.max_deliveries", self.max_deliveries),
+        ] {
+            if !(1..=100_000).contains(&n) {
+                return Err((key.into(), "must be 1 to 100000".into()));
+            }
         }
         Ok(())
     }

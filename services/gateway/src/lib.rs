@@ -39,6 +39,7 @@ pub mod cells;
 pub mod metrics;
 pub mod peer;
 pub mod push;
+pub mod push_limits;
 pub mod shares;
 pub mod store;
 pub mod store_pg;

@@ -11,6 +11,8 @@
 //! allowed that network explicitly), and the connection goes to the checked address itself
 //! (`TcpStream::connect(SocketAddr)`), never to the name again: a DNS answer that changes between
 //! check and connect (rebinding) cannot redirect it. Redirects are not followed.
+//! Names are resolved on the runtime (`push_limits::Resolver`, never a blocking thread), after
+//! every check that needs no lookup, within the principal's share of lookups and deliveries.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -21,6 +23,7 @@ use tokio::sync::mpsc;
 
 use crate::a2a::{StreamResponse, TaskPushNotificationConfig};
 use crate::error::A2aError;
+use crate::push_limits::{Resolver, Shares};
 use crate::store::{PushRecord, TaskStore};
 
 /// Longest accepted config id (the URL's bound is `warden_egress::url::MAX_URL`).
@@ -89,8 +92,9 @@ impl TargetPolicy {
         Ok(first)
     }
 
-    /// Resolves and checks a webhook; the address to connect to.
-    pub async fn resolve(&self, url: &WebhookUrl) -> Result<SocketAddr, Refusal> {
+    /// What is decided without a lookup: the allowlist, and an IP literal's address (the
+    /// address to connect to). `Ok(None)`: the host is a name to resolve.
+    pub fn without_lookup(&self, url: &WebhookUrl) -> Result<Option<SocketAddr>, Refusal> {
         if !self.host_allowed(&url.host) {
             return Err(Refusal::Forbidden(format!(
                 "webhook host {} is not in the operator's allowlist (push.allowed_hosts)",
@@ -99,22 +103,20 @@ impl TargetPolicy {
         }
         if let Ok(ip) = url.host.parse::<IpAddr>() {
             self.address_allowed(ip).map_err(Refusal::Forbidden)?;
-            return Ok(SocketAddr::new(ip, url.port));
+            return Ok(Some(SocketAddr::new(ip, url.port)));
         }
-        let addrs: Vec<SocketAddr> = tokio::time::timeout(
-            Duration::from_secs(5),
-            tokio::net::lookup_host((url.host.as_str(), url.port)),
-        )
-        .await
-        .map_err(|_| Refusal::Unresolved(format!("resolving {} timed out", url.host)))?
-        .map_err(|e| Refusal::Unresolved(format!("cannot resolve {}: {e}", url.host)))?
-        .collect();
-        if addrs.is_empty() {
-            return Err(Refusal::Unresolved(format!(
-                "{} resolves to no address",
-                url.host
-            )));
+        Ok(None)
+    }
+
+    /// Resolves (on the runtime, [`Resolver`]) and checks a webhook; the address to connect to.
+    pub async fn resolve(&self, url: &WebhookUrl, dns: &Resolver) -> Result<SocketAddr, Refusal> {
+        if let Some(addr) = self.without_lookup(url)? {
+            return Ok(addr);
         }
+        let addrs = dns
+            .lookup(&url.host, url.port)
+            .await
+            .map_err(Refusal::Unresolved)?;
         self.pick(&url.host, &addrs).map_err(Refusal::Forbidden)
     }
 }
@@ -163,6 +165,12 @@ pub struct Push {
     workers: Mutex<HashMap<(String, String), Queue>>,
     /// Task id → its dispatcher (reads the task's configs for each event, in order).
     tasks: Mutex<HashMap<String, Queue>>,
+    /// Webhook host names, resolved on the runtime (`push.nameservers`).
+    dns: Resolver,
+    /// Lookups in flight for config creation, per principal (refused past the share).
+    lookups: Shares,
+    /// Deliveries in flight, per principal (waited for in turn).
+    deliveries: Shares,
 }
 
 impl Push {
@@ -182,12 +190,23 @@ impl Push {
         )?;
         Ok(Arc::new(Self {
             policy: std::sync::RwLock::new(Arc::new(TargetPolicy::from_config(&settings))),
-            settings,
             tls,
             store,
             stats: Mutex::new(PushStats::default()),
             workers: Mutex::new(HashMap::new()),
             tasks: Mutex::new(HashMap::new()),
+            dns: Resolver::new(&settings.nameservers),
+            lookups: Shares::new(
+                settings.max_lookups_per_principal,
+                settings.max_lookups,
+                ("push.max_lookups_per_principal", "push.max_lookups"),
+            ),
+            deliveries: Shares::new(
+                settings.max_deliveries_per_principal,
+                settings.max_deliveries,
+                ("push.max_deliveries_per_principal", "push.max_deliveries"),
+            ),
+            settings,
         }))
     }
 
@@ -217,12 +236,14 @@ impl Push {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Checks a config (URL, allowlist, what the host resolves to now, id, credentials) and
-    /// fills in its id, and its task when `task_id` is known (None: a config sent with the
-    /// message that creates the task, bound once the task exists). Refusals are InvalidParams
-    /// naming the reason.
+    /// Checks a config (URL, allowlist, id, credentials, room on its task, then what the host
+    /// resolves to now) and fills in its id, and its task when `task_id` is known (None: a
+    /// config sent with the message that creates the task, bound once the task exists).
+    /// Everything that needs no lookup is checked first; a lookup is made within `principal`'s
+    /// share of them (ResourceExhausted past it). Refusals are InvalidParams naming the reason.
     pub async fn check(
         &self,
+        principal: &str,
         task_id: Option<&str>,
         mut cfg: TaskPushNotificationConfig,
     ) -> Result<TaskPushNotificationConfig, A2aError> {
@@ -272,8 +293,19 @@ impl Push {
         }
         let url = WebhookUrl::parse(&cfg.url)
             .map_err(|e| A2aError::InvalidParams(format!("webhook url refused: {e}")))?;
+        if let Some(task_id) = task_id {
+            self.room_for(task_id, &cfg.id).await?;
+        }
         let policy = self.policy();
-        match policy.resolve(&url).await {
+        let resolved = match policy.without_lookup(&url) {
+            Ok(Some(addr)) => Ok(addr),
+            Ok(None) => {
+                let _lookup = self.lookups.try_take(principal, "webhook lookups")?;
+                policy.resolve(&url, &self.dns).await
+            }
+            Err(e) => Err(e),
+        };
+        match resolved {
             Ok(_) => {}
             // The name may resolve later (or only where deliveries run from): every delivery
             // resolves and checks it again before connecting.
@@ -288,26 +320,29 @@ impl Push {
         Ok(cfg)
     }
 
+    /// Whether `task_id` may have the config `id` (a new one within
+    /// `push.max_configs_per_task`, or one it has, replaced).
+    async fn room_for(&self, task_id: &str, id: &str) -> Result<(), A2aError> {
+        let existing = self.store.push_configs(task_id).await.map_err(store_err)?;
+        if existing.len() >= self.settings.max_configs_per_task
+            && !existing.iter().any(|r| r.config.id == id)
+        {
+            return Err(A2aError::InvalidParams(format!(
+                "task {task_id} already has {} push configs (push.max_configs_per_task)",
+                existing.len()
+            )));
+        }
+        Ok(())
+    }
+
     /// Stores a checked config (replacing one with the same id).
     pub async fn put(
         &self,
         principal: &str,
         cfg: TaskPushNotificationConfig,
     ) -> Result<(), A2aError> {
-        let existing = self
-            .store
-            .push_configs(&cfg.task_id)
-            .await
-            .map_err(store_err)?;
-        if existing.len() >= self.settings.max_configs_per_task
-            && !existing.iter().any(|r| r.config.id == cfg.id)
-        {
-            return Err(A2aError::InvalidParams(format!(
-                "task {} already has {} push configs (push.max_configs_per_task)",
-                cfg.task_id,
-                existing.len()
-            )));
-        }
+        // Again: configs stored while this one was checked count too.
+        self.room_for(&cfg.task_id, &cfg.id).await?;
         tracing::info!(task_id = %cfg.task_id, config_id = %cfg.id, "push config stored");
         self.store
             .put_push(&PushRecord {
@@ -449,7 +484,7 @@ impl Push {
                 matches!(&*ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal());
             // Read fresh: a deleted config gets nothing more, a replaced one the new URL.
             match self.store.push_config(&task_id, &config_id).await {
-                Ok(Some(rec)) => self.deliver(&rec.config, &ev).await,
+                Ok(Some(rec)) => self.deliver(&rec.principal, &rec.config, &ev).await,
                 Ok(None) => {}
                 Err(e) => tracing::error!(task_id, error = %e, "cannot read push config"),
             }
@@ -465,8 +500,14 @@ impl Push {
         }
     }
 
-    /// POSTs one notification with retries; counts and logs the outcome.
-    async fn deliver(&self, cfg: &TaskPushNotificationConfig, ev: &StreamResponse) {
+    /// POSTs one notification with retries, each try within the config's principal's share of
+    /// deliveries (waited for in turn); counts and logs the outcome.
+    async fn deliver(
+        &self,
+        principal: &str,
+        cfg: &TaskPushNotificationConfig,
+        ev: &StreamResponse,
+    ) {
         let body = match serde_json::to_string(ev) {
             Ok(b) => b,
             Err(_) => return,
@@ -475,7 +516,11 @@ impl Push {
         let max_wait = Duration::from_millis(self.settings.retry_max_ms);
         let mut last = String::new();
         for attempt in 1..=self.settings.max_attempts {
-            match self.post_once(cfg, &body).await {
+            let tried = match self.deliveries.take(principal).await {
+                Ok(_permit) => self.post_once(cfg, &body).await,
+                Err(e) => Err(Failure::Permanent(e.to_string())),
+            };
+            match tried {
                 Ok(()) => {
                     if let Ok(mut s) = self.stats.lock() {
                         s.delivered += 1;
@@ -518,7 +563,7 @@ impl Push {
         let url = WebhookUrl::parse(&cfg.url).map_err(Failure::Permanent)?;
         // Resolved and checked again now: what the name pointed to at creation proves nothing.
         let policy = self.policy();
-        let addr = policy.resolve(&url).await.map_err(|r| match r {
+        let addr = policy.resolve(&url, &self.dns).await.map_err(|r| match r {
             Refusal::Forbidden(e) => Failure::Permanent(e),
             Refusal::Unresolved(e) => Failure::Retry(e),
         })?;
@@ -705,14 +750,17 @@ mod tests {
     async fn a_name_that_does_not_resolve_is_unresolved_not_forbidden() {
         let p = TargetPolicy::from_config(&PushSection::default());
         let u = WebhookUrl::parse("https://no-such-host.invalid/hook").unwrap();
-        assert!(matches!(p.resolve(&u).await, Err(Refusal::Unresolved(_))));
+        assert!(matches!(
+            p.resolve(&u, &Resolver::new(&[])).await,
+            Err(Refusal::Unresolved(_))
+        ));
         // The allowlist is still applied first.
         let strict = TargetPolicy::from_config(&PushSection {
             allowed_hosts: vec!["hooks.example.com".into()],
             ..PushSection::default()
         });
         assert!(matches!(
-            strict.resolve(&u).await,
+            strict.resolve(&u, &Resolver::new(&[])).await,
             Err(Refusal::Forbidden(_))
         ));
     }
@@ -730,7 +778,10 @@ mod tests {
         ] {
             let u = WebhookUrl::parse(url).unwrap();
             assert!(
-                matches!(p.resolve(&u).await, Err(Refusal::Forbidden(_))),
+                matches!(
+                    p.resolve(&u, &Resolver::new(&[])).await,
+                    Err(Refusal::Forbidden(_))
+                ),
                 "{url} must be refused"
             );
         }

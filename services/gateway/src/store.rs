@@ -349,7 +349,15 @@ struct Flushes {
     done: std::sync::Condvar,
     /// …and callers waiting on the runtime ([`SledStore::flush_async`]).
     ended: tokio::sync::watch::Sender<u64>,
+    /// The store's own flush thread (started at the first async flush): a flush led from the
+    /// runtime runs there, never on tokio's blocking pool, which callers' work can fill (issue
+    /// 36: 512 threads each waiting on a webhook's DNS held every flush, and every answer
+    /// waiting on one, for tens of seconds). It ends when the store is dropped.
+    thread: std::sync::Mutex<Option<std::sync::mpsc::Sender<FlushJob>>>,
 }
+
+/// One lead flush for the flush thread.
+type FlushJob = Box<dyn FnOnce() + Send>;
 
 impl Default for Flushes {
     fn default() -> Self {
@@ -357,7 +365,40 @@ impl Default for Flushes {
             state: Default::default(),
             done: Default::default(),
             ended: tokio::sync::watch::Sender::new(0),
+            thread: Default::default(),
         }
+    }
+}
+
+impl Flushes {
+    /// Runs `job` on the flush thread (started if need be); the job back when no thread can
+    /// be had (the caller runs it elsewhere).
+    fn on_thread(&self, job: FlushJob) -> Result<(), FlushJob> {
+        let mut t = self.thread.lock().unwrap_or_else(|p| p.into_inner());
+        let job = match t.as_ref() {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return Ok(()),
+                Err(back) => back.0,
+            },
+            None => job,
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<FlushJob>();
+        let started = std::thread::Builder::new()
+            .name("store-flush".into())
+            .spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    // A panic in one flush is its caller's error (the state is put back by
+                    // `lead_flush`); the thread serves the next.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            });
+        if let Err(e) = started {
+            tracing::warn!(error = %e, "cannot start the store's flush thread");
+            return Err(job);
+        }
+        let sent = tx.send(job).map_err(|back| back.0);
+        *t = Some(tx);
+        sent
     }
 }
 
@@ -773,12 +814,23 @@ impl SledStore {
                 let _ = ended.changed().await;
                 continue;
             };
-            // The whole lead runs on the blocking thread, so a caller that goes away (its
-            // request dropped) cannot leave a flush marked running for ever.
+            // The whole lead runs on the store's flush thread, so a caller that goes away (its
+            // request dropped) cannot leave a flush marked running for ever, and no work of
+            // callers on the blocking pool can hold it up.
             let store = self.clone();
-            return match tokio::task::spawn_blocking(move || store.lead_flush(upto)).await {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let job: FlushJob = Box::new(move || {
+                let _ = tx.send(store.lead_flush(upto));
+            });
+            if let Err(job) = f.on_thread(job) {
+                // No thread to be had: the blocking pool, as before.
+                let _ = tokio::task::spawn_blocking(job).await;
+            }
+            return match rx.await {
                 Ok(r) => r,
-                Err(e) => Err(TaskStoreError::Background(e.to_string())),
+                Err(_) => Err(TaskStoreError::Background(
+                    "the flush ended without an answer".into(),
+                )),
             };
         }
     }
@@ -1346,6 +1398,50 @@ mod tests {
         })
         .map_err(|_| "a later flush waited for the caller that went away")???;
         assert_eq!(s.flushes_made(), 2);
+        Ok(())
+    }
+
+    /// Issue 36: callers' blocking work can fill tokio's blocking pool (there, a webhook's
+    /// getaddrinfo per request); a flush must not wait for a thread of it.
+    #[test]
+    fn a_flush_does_not_wait_behind_a_full_blocking_pool() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .max_blocking_threads(2)
+            .enable_all()
+            .build()?;
+        let dir = tempfile::tempdir()?;
+        let s = SledStore::open(dir.path())?;
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        let held = std::sync::Arc::new(std::sync::Mutex::new(held));
+        for _ in 0..4 {
+            let held = held.clone();
+            rt.spawn_blocking(move || {
+                let _ = held
+                    .lock()
+                    .map(|h| h.recv_timeout(std::time::Duration::from_secs(30)));
+            });
+        }
+        s.put_push(&PushRecord {
+            principal: "alice".into(),
+            config: crate::a2a::TaskPushNotificationConfig {
+                task_id: "t".into(),
+                id: "c".into(),
+                url: "https://example.com/".into(),
+                ..Default::default()
+            },
+            created_micros: 0,
+        })?;
+        let flushed = {
+            let s = s.clone();
+            rt.spawn(async move { s.flush_async().await })
+        };
+        let r = rt.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(10), flushed).await
+        });
+        drop(release);
+        r.map_err(|_| "the flush waited for the full blocking pool")???;
         Ok(())
     }
 

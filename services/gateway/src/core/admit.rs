@@ -84,7 +84,7 @@ impl Core {
                 if let Some(t) = existing {
                     self.owned(principal, t).await?;
                 }
-                Some(push.check(existing, cfg).await?)
+                Some(push.check(principal, existing, cfg).await?)
             }
         };
         let history_length = req.configuration.as_ref().and_then(|c| c.history_length);

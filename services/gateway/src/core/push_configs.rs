@@ -37,7 +37,7 @@ impl Core {
         }
         let task_id = cfg.task_id.clone();
         self.owned(principal, &task_id).await?;
-        let cfg = push.check(Some(&task_id), cfg).await?;
+        let cfg = push.check(principal, Some(&task_id), cfg).await?;
         push.put(principal, cfg.clone()).await?;
         Ok(cfg)
     }
