@@ -290,6 +290,16 @@ impl warden_daemon::Daemon for GatewayDaemon {
             .of("mcp.max_sessions", c.mcp.max_sessions),
             Share::new("store.max_tasks", c.store.max_tasks),
             Share::new("push.max_configs_per_task", c.push.max_configs_per_task),
+            Share::new(
+                "push.max_lookups_per_principal",
+                c.push.max_lookups_per_principal,
+            )
+            .of("push.max_lookups", c.push.max_lookups),
+            Share::new(
+                "push.max_deliveries_per_principal",
+                c.push.max_deliveries_per_principal,
+            )
+            .of("push.max_deliveries", c.push.max_deliveries),
         ]
     }
 
