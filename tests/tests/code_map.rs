@@ -274,12 +274,24 @@ fn named_exists(row_path: &str, named: &str) -> bool {
     let root = workspace();
     let dir = root.join(row_path);
     let named = named.trim_end_matches('/');
+    // A row for one file (the gateway's core modules) names its siblings and the files of the
+    // directory above it by their bare names.
+    let file_row = row_path.ends_with(".rs");
+    let beside = dir.parent().map(|d| d.join(named)).filter(|_| file_row);
+    let above = dir
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join(named))
+        .filter(|_| file_row);
     if [
-        root.join(named),
-        dir.join(named),
-        dir.join("src").join(named),
+        Some(root.join(named)),
+        Some(dir.join(named)),
+        Some(dir.join("src").join(named)),
+        beside,
+        above,
     ]
     .iter()
+    .flatten()
     .any(|p| p.exists())
     {
         return true;
@@ -741,6 +753,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "mcp/mod.rs",
             "mcp/envelope.rs",
             "mcp/server.rs",
+            "mcp/sessions.rs",
             "mcp/tools.rs",
             "mcp/turn.rs",
             "mcp/workspace.rs",
