@@ -10,28 +10,8 @@ mod supervisor_support;
 
 use std::path::PathBuf;
 
-use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
-
-/// A command the scripted agent runs itself (`sh -c` in its cwd), asking nothing.
-fn shell(cmd: &str) -> String {
-    scenario(json!({"steps": [
-        {"type": "tool", "kind": "execute", "command": cmd, "ask": false, "via": "direct"}]}))
-}
-
-/// The text of the last tool-call update: the command's output.
-fn output(evs: &[pb::TurnEvent]) -> String {
-    evs.iter()
-        .rev()
-        .find_map(|e| match &e.event {
-            Some(pb::turn_event::Event::ToolCall(t)) if t.update && !t.status.is_empty() => {
-                Some(t.content_text.clone())
-            }
-            _ => None,
-        })
-        .unwrap_or_default()
-}
 
 /// A turn of `ctx` for `principal`: a conversation is its opener's, and a turn of another
 /// principal is refused as not found.

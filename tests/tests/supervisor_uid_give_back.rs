@@ -12,30 +12,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use supervisor_support::*;
 use warden_proto::v1 as pb;
 
 const FIRST: u32 = 200_100;
 const LAST: u32 = 200_105;
-
-fn shell(cmd: &str) -> String {
-    scenario(json!({"steps": [
-        {"type": "tool", "kind": "execute", "command": cmd, "ask": false, "via": "direct"}]}))
-}
-
-/// The text of the last tool-call update: the command's output.
-fn output(evs: &[pb::TurnEvent]) -> String {
-    evs.iter()
-        .rev()
-        .find_map(|e| match &e.event {
-            Some(pb::turn_event::Event::ToolCall(t)) if t.update && !t.status.is_empty() => {
-                Some(t.content_text.clone())
-            }
-            _ => None,
-        })
-        .unwrap_or_default()
-}
 
 fn field(out: &str, key: &str) -> String {
     out.lines()

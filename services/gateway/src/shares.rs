@@ -274,22 +274,20 @@ impl Drop for ConnShare {
     }
 }
 
-/// A response body that holds a stream permit until it is written out or dropped.
-pub struct HeldBody {
+/// A response body that holds something (a stream permit, an MCP session's activity) until it
+/// is written out or dropped.
+pub struct HeldBody<T> {
     inner: axum::body::Body,
-    _permit: StreamPermit,
+    _held: T,
 }
 
-impl HeldBody {
-    pub fn wrap(inner: axum::body::Body, permit: StreamPermit) -> axum::body::Body {
-        axum::body::Body::new(Self {
-            inner,
-            _permit: permit,
-        })
+impl<T: Send + Unpin + 'static> HeldBody<T> {
+    pub fn wrap(inner: axum::body::Body, held: T) -> axum::body::Body {
+        axum::body::Body::new(Self { inner, _held: held })
     }
 }
 
-impl hyper::body::Body for HeldBody {
+impl<T: Send + Unpin + 'static> hyper::body::Body for HeldBody<T> {
     type Data = axum::body::Bytes;
     type Error = axum::Error;
 

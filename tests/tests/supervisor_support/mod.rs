@@ -450,3 +450,22 @@ pub async fn wait_pids(file: &Path, n: usize) -> Vec<i32> {
     }
     panic!("helpers did not start: {:?}", pids_in(file));
 }
+
+/// A command the scripted agent runs itself (`sh -c` in its cwd), asking nothing.
+pub fn shell(cmd: &str) -> String {
+    scenario(serde_json::json!({"steps": [
+        {"type": "tool", "kind": "execute", "command": cmd, "ask": false, "via": "direct"}]}))
+}
+
+/// The text of the last tool-call update: the command's output.
+pub fn output(evs: &[pb::TurnEvent]) -> String {
+    evs.iter()
+        .rev()
+        .find_map(|e| match &e.event {
+            Some(pb::turn_event::Event::ToolCall(t)) if t.update && !t.status.is_empty() => {
+                Some(t.content_text.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_default()
+}

@@ -441,7 +441,7 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         }
     }
     let resp = match activity {
-        Some(a) => resp.map(|b| sessions::Holding::wrap(b, a)),
+        Some(a) => resp.map(|b| crate::shares::HeldBody::wrap(b, a)),
         None => resp,
     };
     match permit {

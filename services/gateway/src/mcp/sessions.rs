@@ -250,36 +250,6 @@ impl Drop for Activity {
     }
 }
 
-/// A response body that holds something (an [`Activity`]) until it is written out or dropped.
-pub struct Holding<T> {
-    inner: axum::body::Body,
-    _held: T,
-}
-
-impl<T: Send + Unpin + 'static> Holding<T> {
-    pub fn wrap(inner: axum::body::Body, held: T) -> axum::body::Body {
-        axum::body::Body::new(Self { inner, _held: held })
-    }
-}
-
-impl<T: Send + Unpin + 'static> hyper::body::Body for Holding<T> {
-    type Data = axum::body::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
