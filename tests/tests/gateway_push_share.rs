@@ -30,7 +30,7 @@ const ALICE: &str = "alice-token-push-share-0123456789";
 const BOB: &str = "bob-token-push-share-9876543210";
 
 /// bob's requests in flight at once, and how long he keeps it up.
-const FLOOD: usize = 300;
+const FLOOD: usize = 700;
 const FLOOD_FOR: Duration = Duration::from_secs(25);
 
 fn digest(t: &str) -> String {
