@@ -35,20 +35,7 @@ fn digest(t: &str) -> String {
 }
 
 async fn rpc(d: &Deployment, token: &str, method: &str, params: Value) -> Option<Value> {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = warden_cli::client::request(
-        &d.http,
-        http::Method::POST,
-        "/a2a/jsonrpc",
-        token,
-        Some(&body),
-    )
-    .await
-    .ok()?;
-    warden_cli::client::read_answer(resp)
-        .await
-        .ok()
-        .map(|a| a.0)
+    d.a2a_rpc(token, method, params).await.ok()
 }
 
 fn message(id: &str, context: Option<&str>, steps: Value) -> Value {

@@ -205,6 +205,31 @@ pub fn free_port() -> u16 {
 }
 
 impl Deployment {
+    /// One A2A JSON-RPC call to the gateway's HTTP listener with `token`: the whole JSON-RPC
+    /// answer (its `result` or its `error`), or why none came (not reachable, not JSON).
+    pub async fn a2a_rpc(
+        &self,
+        token: &str,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let body =
+            serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let resp = warden_cli::client::request(
+            &self.http,
+            http::Method::POST,
+            "/a2a/jsonrpc",
+            token,
+            Some(&body),
+        )
+        .await
+        .map_err(|e| format!("gateway not reachable: {e}"))?;
+        warden_cli::client::read_answer(resp)
+            .await
+            .map(|a| a.0)
+            .map_err(|e| format!("no answer: {e}"))
+    }
+
     /// A fresh state directory under the target directory's `tmp/` (not `/tmp`: the supervisor
     /// refuses to keep sandboxes in a temp tree). The path stays short because Unix socket paths
     /// are limited to 108 bytes.

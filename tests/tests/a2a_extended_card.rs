@@ -15,16 +15,9 @@ const BOB: &str = "bob-token-extended-card-0123456789";
 const BOB_SHA: &str = "a642d253d7013463eef44b0a7d215d132a05e727951fcd580f822401d2a837bc";
 
 async fn rpc(d: &Deployment, token: &str, method: &str, params: Value) -> Value {
-    let resp = warden_cli::client::request(
-        &d.http,
-        http::Method::POST,
-        "/a2a/jsonrpc",
-        token,
-        Some(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})),
-    )
-    .await
-    .expect("gateway reachable");
-    warden_cli::client::read_answer(resp).await.unwrap().0
+    d.a2a_rpc(token, method, params)
+        .await
+        .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
 fn skills(card: &Value) -> Vec<String> {

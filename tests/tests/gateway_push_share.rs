@@ -39,20 +39,9 @@ fn digest(t: &str) -> String {
 }
 
 async fn rpc(d: &Deployment, token: &str, method: &str, params: Value) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-    let resp = warden_cli::client::request(
-        &d.http,
-        http::Method::POST,
-        "/a2a/jsonrpc",
-        token,
-        Some(&body),
-    )
-    .await
-    .expect("gateway reachable");
-    warden_cli::client::read_answer(resp)
+    d.a2a_rpc(token, method, params)
         .await
-        .expect("an answer")
-        .0
+        .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
 fn quick(id: &str, text: &str) -> Value {

@@ -50,16 +50,9 @@ async fn up(mut sets: Vec<(String, String)>) -> Deployment {
 }
 
 async fn rpc(d: &Deployment, token: &str, method: &str, params: Value) -> Value {
-    let resp = warden_cli::client::request(
-        &d.http,
-        http::Method::POST,
-        "/a2a/jsonrpc",
-        token,
-        Some(&json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})),
-    )
-    .await
-    .expect("gateway reachable");
-    warden_cli::client::read_answer(resp).await.unwrap().0
+    d.a2a_rpc(token, method, params)
+        .await
+        .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
 fn send_params(id: &str, ctx: Option<&str>, text: &str) -> Value {
