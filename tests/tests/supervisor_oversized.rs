@@ -9,6 +9,10 @@
 //! execute in an owned root ALLOWed). Now the supervisor refuses every one of them itself,
 //! without sending it: DENY with the bound's rule, kept as kind, size and digest; the policy's
 //! store does not grow by them, and the other conversation's reads are all ALLOWed, on time.
+//!
+//! And on time because the megabytes are parsed, serialised and measured on the blocking pool,
+//! one request at a time per conversation: in place, on the runtime's threads, they held the
+//! other conversation's decisions behind them (CI measured a median of 516 ms against 27 ms).
 
 mod supervisor_support;
 
@@ -143,15 +147,28 @@ async fn a_hostile_agents_request_bodies_change_nothing_for_another_conversation
     assert_eq!(stop(&evs).stop_reason, "end_turn", "{:?}", stop(&evs));
     let results = flood_results(&text(&evs));
     assert_eq!(results.len(), 4, "{results:?}");
-    for (r, n) in results.iter().zip([40, 20, 20, 40]) {
-        assert_eq!(
-            r,
-            &json!({"ok": n, "errors": 0, "first_error": null, "selected": {"reject": n}}),
-            "every hostile request was answered with the refusal"
-        );
+    // Each hostile request is answered: refused by the bound (the `reject` option), or — when the
+    // agent has more of its megabytes waiting to be handled than the supervisor holds for it
+    // (`acp.max_incoming_bytes`) — with the error telling it to wait. Never anything else.
+    let mut answered = [0usize; 4];
+    for ((r, n), a) in results
+        .iter()
+        .zip([40u64, 20, 20, 40])
+        .zip(answered.iter_mut())
+    {
+        let ok = r["ok"].as_u64().unwrap_or(0);
+        let errors = r["errors"].as_u64().unwrap_or(0);
+        assert_eq!(ok + errors, n, "{r}");
+        assert!(ok > 0, "none refused by the bound: {r}");
+        assert_eq!(r["selected"], json!({"reject": ok}), "{r}");
+        if errors > 0 {
+            let e = r["first_error"].as_str().unwrap_or_default();
+            assert!(e.contains("bytes of requests in flight"), "{r}");
+        }
+        *a = ok as usize;
     }
     let refused = permissions(&evs);
-    assert_eq!(refused.len(), 120);
+    assert_eq!(refused.len(), answered.iter().sum::<usize>());
     for p in &refused {
         assert_eq!(p.verdict, pb::Verdict::Deny as i32, "{p:?}");
         assert!(p.decision_id.starts_with("local-"), "{p:?}");
@@ -159,7 +176,11 @@ async fn a_hostile_agents_request_bodies_change_nothing_for_another_conversation
         assert!(p.tool_title.contains("sha256:"), "{}", p.tool_title);
     }
     let rules = |r: &str| refused.iter().filter(|p| p.rule == r).count();
-    assert_eq!(rules("request.malformed.raw-input-too-large"), 100);
+    assert_eq!(
+        rules("request.malformed.raw-input-too-large"),
+        answered[0] + answered[1] + answered[3]
+    );
+    // The nested ones are small: all of them get to the bound.
     assert_eq!(rules("request.malformed.too-deeply-nested"), 20);
     // Nothing of them reached the policy's audit.
     assert_eq!(

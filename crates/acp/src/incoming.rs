@@ -155,6 +155,7 @@ pub(crate) fn on_request<H: ClientHandler>(
                 cancel_rx,
                 received,
                 received_at,
+                line_bytes,
             )
             .await
         } else {
@@ -179,8 +180,9 @@ pub(crate) async fn handle_permission<H: ClientHandler>(
     cancel_rx: oneshot::Receiver<()>,
     received: Instant,
     received_at: SystemTime,
+    line_bytes: usize,
 ) -> Result<Value, RpcError> {
-    let req: PermissionRequest = match serde_json::from_value(params) {
+    let mut req: PermissionRequest = match serde_json::from_value(params) {
         Ok(r) => r,
         Err(e) => {
             return Err(RpcError::invalid_params(format!(
@@ -190,7 +192,16 @@ pub(crate) async fn handle_permission<H: ClientHandler>(
     };
     let session_id = req.session_id.clone();
     let tool_call_id = req.tool_call.tool_call_id.clone();
-    let offered = req.clone();
+    req.line_bytes = line_bytes;
+    // What was offered, to check the answer against: the options only, never a copy of a raw
+    // input of megabytes.
+    let offered = PermissionRequest {
+        session_id: String::new(),
+        tool_call: Default::default(),
+        options: req.options.clone(),
+        meta: None,
+        line_bytes: 0,
+    };
     let outcome = tokio::select! {
         r = handler.request_permission(req) => r,
         Ok(()) = cancel_rx => Ok(PermissionOutcome::Cancelled),

@@ -16,6 +16,9 @@ use crate::rpc::{self, Incoming, LineRead, RpcError};
 /// Lines already queued are written together, up to this many bytes per write.
 pub(crate) const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
+/// A line at least this long is parsed on the blocking pool, not on a runtime thread.
+pub(crate) const OFF_RUNTIME_LINE_BYTES: usize = 256 * 1024;
+
 pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<WriterMsg>,
@@ -110,7 +113,22 @@ where
         if buf.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match rpc::classify(&buf) {
+        let classified = if buf.len() >= OFF_RUNTIME_LINE_BYTES {
+            // Megabytes of JSON take a runtime thread for tens of milliseconds (more in a debug
+            // build): every other conversation's tasks queued behind it would wait that long.
+            // Parsed on the blocking pool instead, the operating system shares the CPU.
+            let line = std::mem::take(&mut buf);
+            match tokio::task::spawn_blocking(move || (rpc::classify(&line), line)).await {
+                Ok((c, line)) => {
+                    buf = line;
+                    c
+                }
+                Err(e) => return inner.set_fault(Fault::ReadFailed(e.to_string())),
+            }
+        } else {
+            rpc::classify(&buf)
+        };
+        match classified {
             Err(e) => {
                 let shown = String::from_utf8_lossy(&buf[..buf.len().min(120)]).into_owned();
                 inner.malformed(format!("not JSON ({e}): {shown}"));

@@ -717,6 +717,10 @@ pub struct PermissionRequest {
     /// `_meta`.
     #[serde(default, rename = "_meta", skip_serializing_if = "Option::is_none")]
     pub meta: Option<Value>,
+    /// The size of the line it came in, in bytes (set by the client, never read from the
+    /// wire): a handler moves the work over a large one off the runtime's threads.
+    #[serde(skip)]
+    pub line_bytes: usize,
 }
 
 impl PermissionRequest {

@@ -81,7 +81,45 @@ impl ConvCore {
     /// is replaced by its stand-in (kind, size, digest; never the body) and refused here, never
     /// sent (`policy::refused`); `None` when it is within them.
     async fn bound(&self, dreq: &mut pb::DecideRequest) -> Option<crate::policy::Decided> {
-        let o = self.policy.oversized(dreq).await?;
+        let o = self.policy.oversized(dreq).await;
+        self.stand_in(dreq, o)
+    }
+
+    /// [`Self::bound`] for a request whose raw input (`raw`, still a JSON value) came in a line
+    /// of megabytes: serialised and measured on the blocking pool, one at a time per
+    /// conversation, so a flood of them holds neither a runtime thread (every other
+    /// conversation's tasks) nor more than one CPU.
+    async fn bound_large(
+        &self,
+        dreq: &mut pb::DecideRequest,
+        raw: serde_json::Value,
+    ) -> Result<Option<crate::policy::Decided>, RpcError> {
+        let limits = self.policy.limits().await;
+        let _one =
+            self.bulk.acquire().await.map_err(|e| {
+                RpcError::internal(format!("the request could not be measured: {e}"))
+            })?;
+        let mut d = std::mem::take(dreq);
+        let (d, o) = tokio::task::spawn_blocking(move || {
+            if let Some(tc) = d.tool_call.as_mut() {
+                tc.raw_input_json = raw.to_string();
+            }
+            let o = crate::policy::oversized_under(&d, &limits);
+            (d, o)
+        })
+        .await
+        .map_err(|e| RpcError::internal(format!("the request could not be measured: {e}")))?;
+        *dreq = d;
+        Ok(self.stand_in(dreq, o))
+    }
+
+    /// Replaces an oversized `dreq` by its stand-in; the refusal.
+    fn stand_in(
+        &self,
+        dreq: &mut pb::DecideRequest,
+        o: Option<crate::policy::Oversized>,
+    ) -> Option<crate::policy::Decided> {
+        let o = o?;
         *dreq = o.stand_in(dreq);
         tracing::warn!(
             context_id = %self.info.context_id,
@@ -593,7 +631,7 @@ fn cancelled_event(tc_id: &str, kind: &str, title: &str) -> Event {
 impl ClientHandler for ConvCore {
     async fn request_permission(
         &self,
-        req: PermissionRequest,
+        mut req: PermissionRequest,
     ) -> Result<PermissionOutcome, RpcError> {
         let entered = std::time::Instant::now();
         let turn = self.turn();
@@ -608,9 +646,18 @@ impl ClientHandler for ConvCore {
             "session/request_permission",
         )?;
         let request_id = uuid::Uuid::new_v4().simple().to_string();
+        // A request of megabytes is serialised on the blocking pool (see OFF_RUNTIME_BYTES).
+        let large_raw = if req.line_bytes >= crate::policy::OFF_RUNTIME_BYTES {
+            req.tool_call.raw_input.take()
+        } else {
+            None
+        };
         let mut dreq = self.decide_request(&req, turn.as_deref(), request_id.clone());
         // Over the policy's limits: from here on only its stand-in exists (records, events).
-        let refused = self.bound(&mut dreq).await;
+        let refused = match large_raw {
+            Some(raw) => self.bound_large(&mut dreq, raw).await?,
+            None => self.bound(&mut dreq).await,
+        };
         let (kind, title) = dreq
             .tool_call
             .as_ref()
@@ -1069,6 +1116,7 @@ mod tests {
             servant: crate::servant::Servant::in_process(root),
             fs_read_bytes: 1024,
             quotas: Default::default(),
+            bulk: tokio::sync::Semaphore::new(1),
         }
     }
 

@@ -68,6 +68,9 @@ pub struct ConvCore {
     pub fs_read_bytes: u64,
     /// `limits.*_per_turn`: the agent's requests each turn may make.
     pub quotas: crate::turn::Quotas,
+    /// One permit: the conversation's work over an agent's line of megabytes, on the blocking
+    /// pool, one at a time (`bridge::ConvCore::bound_large`).
+    pub bulk: tokio::sync::Semaphore,
 }
 
 impl ConvInfo {

@@ -62,6 +62,31 @@ pub struct Oversized {
     pub raw_input_sha256: String,
 }
 
+/// A raw input (or an agent's line) at least this long is measured, serialised and hashed on
+/// the blocking pool: on a runtime thread it would hold every other conversation's tasks behind
+/// it for tens of milliseconds.
+pub const OFF_RUNTIME_BYTES: usize = 256 * 1024;
+
+/// `Some` when `req` is over `limits`: the stand-in's figures, the raw input hashed. Runs
+/// wherever it is called: over [`OFF_RUNTIME_BYTES`], call it on the blocking pool.
+pub fn oversized_under(
+    req: &pb::DecideRequest,
+    limits: &warden_decide::bounds::Limits,
+) -> Option<Oversized> {
+    let m = warden_decide::bounds::check(req, limits).err()?;
+    let tool = req.tool_call.as_ref();
+    let raw = tool.map_or("", |t| t.raw_input_json.as_str());
+    Some(Oversized {
+        rule: m.rule,
+        why: m.reason,
+        kind: cut(tool.map_or("", |t| t.kind.as_str()), KEPT_TEXT),
+        tool_call_id: cut(tool.map_or("", |t| t.id.as_str()), KEPT_TEXT),
+        bytes: prost::Message::encoded_len(req),
+        raw_input_bytes: raw.len(),
+        raw_input_sha256: warden_rules::sha256_hex(raw.as_bytes()),
+    })
+}
+
 /// How much of an agent-chosen text (kind, tool call id) a refusal keeps, in bytes.
 pub const KEPT_TEXT: usize = 128;
 
@@ -390,27 +415,11 @@ impl PolicyClient {
             .unwrap_or_default()
     }
 
-    /// `Some` when `req` is over the service's limits (it must then not be sent).
+    /// `Some` when `req` is over the service's limits (it must then not be sent). Measured
+    /// in place: a request over [`OFF_RUNTIME_BYTES`] is measured with [`oversized_under`] on
+    /// the blocking pool by its caller first.
     pub async fn oversized(&self, req: &pb::DecideRequest) -> Option<Oversized> {
-        let limits = self.limits().await;
-        let m = warden_decide::bounds::check(req, &limits).err()?;
-        let tool = req.tool_call.clone().unwrap_or_default();
-        let raw_input_bytes = tool.raw_input_json.len();
-        // Megabytes to hash: off the runtime's thread (it serves every other conversation).
-        let raw = tool.raw_input_json;
-        let raw_input_sha256 =
-            tokio::task::spawn_blocking(move || warden_rules::sha256_hex(raw.as_bytes()))
-                .await
-                .unwrap_or_default();
-        Some(Oversized {
-            rule: m.rule,
-            why: m.reason,
-            kind: cut(&tool.kind, KEPT_TEXT),
-            tool_call_id: cut(&tool.id, KEPT_TEXT),
-            bytes: prost::Message::encoded_len(req),
-            raw_input_bytes,
-            raw_input_sha256,
-        })
+        oversized_under(req, &self.limits().await)
     }
 
     /// `policy.answer_grace_ms`.

@@ -518,6 +518,7 @@ impl Supervisor {
             ),
             fs_read_bytes: s.limits().fs_read_bytes,
             quotas: s.limits().turn_quotas(),
+            bulk: tokio::sync::Semaphore::new(1),
         })
     }
 
