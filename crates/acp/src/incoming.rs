@@ -153,9 +153,11 @@ pub(crate) fn on_request<H: ClientHandler>(
                 &id,
                 params,
                 cancel_rx,
-                received,
-                received_at,
-                line_bytes,
+                Received {
+                    at: received,
+                    at_wall: received_at,
+                    line_bytes,
+                },
             )
             .await
         } else {
@@ -172,16 +174,26 @@ pub(crate) fn on_request<H: ClientHandler>(
     });
 }
 
+/// When and in how many bytes an agent's request arrived.
+pub(crate) struct Received {
+    at: Instant,
+    at_wall: SystemTime,
+    line_bytes: usize,
+}
+
 pub(crate) async fn handle_permission<H: ClientHandler>(
     inner: &Arc<Inner>,
     handler: &Arc<H>,
     id: &RequestId,
     params: Value,
     cancel_rx: oneshot::Receiver<()>,
-    received: Instant,
-    received_at: SystemTime,
-    line_bytes: usize,
+    received: Received,
 ) -> Result<Value, RpcError> {
+    let Received {
+        at: received,
+        at_wall: received_at,
+        line_bytes,
+    } = received;
     let mut req: PermissionRequest = match serde_json::from_value(params) {
         Ok(r) => r,
         Err(e) => {
