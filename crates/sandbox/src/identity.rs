@@ -591,12 +591,12 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
             dir.display()
         )));
     }
-    let dev = top.dev();
     let previous = top.uid();
     // Walked with the earlier uid's rights (it owns what is walked) and CAP_CHOWN alone, never
     // past a mode that stops that uid. Its gid is the range's group when there is one, else
-    // its uid (UidRange::identity). Every path is listed first and chowned deepest first, the
-    // root last: a directory already handed over could no longer be passed by the earlier uid.
+    // its uid (UidRange::identity). Through fds only (`chown_beneath`): an earlier agent's
+    // process still running could swap a directory for a link mid-walk, and a walk by path
+    // would then hand over what the link points to.
     let rights = (previous != nix::unistd::geteuid().as_raw()).then_some(
         warden_containment::rights::Rights {
             uid: previous,
@@ -611,29 +611,11 @@ pub fn chown_tree(dir: &Path, who: AgentIdentity) -> Result<(), SandboxError> {
         rights,
         warden_containment::rights::Capabilities::CHOWN,
         || {
-            let mut all = vec![dir.to_path_buf()];
-            let mut stack = vec![dir.to_path_buf()];
-            while let Some(d) = stack.pop() {
-                let entries = std::fs::read_dir(&d).map_err(|e| SandboxError::io("list", &d, e))?;
-                for e in entries.flatten() {
-                    let p = e.path();
-                    let Ok(m) = std::fs::symlink_metadata(&p) else {
-                        continue;
-                    };
-                    if m.dev() != dev || m.uid() != previous || (!m.is_dir() && m.nlink() > 1) {
-                        continue;
-                    }
-                    if m.is_dir() {
-                        stack.push(p.clone());
-                    }
-                    all.push(p);
-                }
-            }
-            for p in all.iter().rev() {
-                std::os::unix::fs::lchown(p, Some(who.uid), Some(who.gid))
-                    .map_err(|e| SandboxError::io("chown", p, e))?;
-            }
-            Ok(())
+            warden_containment::beneath::chown_beneath(dir, previous, (who.uid, who.gid))
+                .map(|_| ())
+                .map_err(|e| {
+                    SandboxError::InvalidInput(format!("hand over {}: {e}", dir.display()))
+                })
         },
     )
     .map_err(|e| SandboxError::InvalidInput(e.to_string()))?

@@ -27,10 +27,12 @@ use rustix::io::Errno;
 use crate::rights::{Rights, with_rights};
 use crate::{RealFs, resolve};
 
+mod chown;
 mod find;
 mod remove;
 mod snapshot;
 
+pub use chown::{CHOWN_MAX_DEPTH, chown_beneath};
 pub use find::{EntryKind, FIND_MAX_DEPTH};
 pub use remove::{REMOVE_MAX_DEPTH, remove_tree};
 pub use snapshot::{SNAPSHOT_MAX_DEPTH, Snapshot};

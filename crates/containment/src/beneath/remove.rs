@@ -54,7 +54,7 @@ pub fn remove_tree(path: &Path, rights: Option<Rights>) -> Result<(), BeneathErr
 /// The directory behind `path_fd` (an `O_PATH` fd) opened for listing, after giving its owner
 /// back `rwx` when the owner is who this thread is and closed it to itself (a `chmod` through
 /// `/proc/self/fd`, which names exactly this directory: a name could be swapped for a link).
-fn enter(path_fd: OwnedFd, shown: &str) -> Result<OwnedFd, BeneathError> {
+pub(super) fn enter(path_fd: OwnedFd, shown: &str) -> Result<OwnedFd, BeneathError> {
     let st = rustix::fs::fstat(&path_fd).map_err(|e| io_err(shown, e))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
         return Err(BeneathError::NotRegular(shown.to_string()));
