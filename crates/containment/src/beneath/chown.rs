@@ -152,15 +152,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn only_the_previous_owners_entries_and_never_through_a_link() {
+    /// A temporary directory with the paths of a root and of a tree outside it; None (saying
+    /// so) when this test cannot chown.
+    fn fixture() -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> {
         if !nix::unistd::geteuid().is_root() {
             println!("SKIP: chown needs root");
-            return;
+            return None;
         }
         let t = tempfile::tempdir().unwrap();
-        let root = t.path().join("root");
-        let outside = t.path().join("outside");
+        let (root, outside) = (t.path().join("root"), t.path().join("outside"));
+        Some((t, root, outside))
+    }
+
+    #[test]
+    fn only_the_previous_owners_entries_and_never_through_a_link() {
+        let Some((t, root, outside)) = fixture() else {
+            return;
+        };
         std::fs::create_dir_all(root.join("a/b")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
         std::fs::write(root.join("a/b/f"), "f").unwrap();
@@ -189,13 +197,9 @@ mod tests {
     /// over, over and over: nothing outside ever changes owner.
     #[test]
     fn a_name_flipped_between_a_directory_and_a_link_never_hands_over_what_is_outside() {
-        if !nix::unistd::geteuid().is_root() {
-            println!("SKIP: chown needs root");
+        let Some((_t, root, outside)) = fixture() else {
             return;
-        }
-        let t = tempfile::tempdir().unwrap();
-        let root = t.path().join("root");
-        let outside = t.path().join("outside");
+        };
         std::fs::create_dir_all(&root).unwrap();
         std::fs::create_dir_all(outside.join("deep")).unwrap();
         for i in 0..20 {
