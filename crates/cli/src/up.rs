@@ -21,7 +21,7 @@
 //! and that `up`'s own failure otherwise. Logs are rotated (`.log` → `.log.1`) only under the
 //! lock, so a second attempt never renames a running instance's log.
 
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -31,6 +31,13 @@ use tokio::process::{Child, Command};
 
 use crate::layout::{DAEMONS, DAEMONS_WITH_APPROVER, Layout, toml_str};
 use warden_daemon::logging::Severity;
+
+mod args;
+mod state;
+
+pub use args::{daemon_args, metrics_addr, warden_listeners};
+use state::*;
+pub use state::{UpLock, lock};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
@@ -228,21 +235,6 @@ pub struct UpOptions {
     pub echo_from: Severity,
 }
 
-/// Where daemon `name` serves its metrics with `warden up --metrics BASE`: the gateway on BASE,
-/// the supervisor on BASE+1, the policy on BASE+2, the approver on BASE+3 (a scrape job per
-/// daemon, each named by its port).
-pub fn metrics_addr(base: std::net::SocketAddr, name: &str) -> Option<std::net::SocketAddr> {
-    let offset = match name {
-        "gateway" => 0,
-        "supervisor" => 1,
-        "policy" => 2,
-        "approver" => 3,
-        _ => return None,
-    };
-    let port = base.port().checked_add(offset)?;
-    Some(std::net::SocketAddr::new(base.ip(), port))
-}
-
 impl UpOptions {
     /// The daemons this deployment runs, in start order.
     pub fn daemons(&self) -> &'static [&'static str] {
@@ -257,260 +249,6 @@ impl UpOptions {
 struct Running {
     name: &'static str,
     child: Child,
-}
-
-/// The flags that point one daemon at its place in the layout (also used by the test harness).
-pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
-    let l = &o.layout;
-    let mut sets = vec![
-        format!("daemon.state_dir={}", toml_str(&l.state_of(name))),
-        format!("daemon.log_format={}", toml_str(Path::new(&o.log_format))),
-        format!("listen.socket={}", toml_str(&l.socket_of(name))),
-    ];
-    if let Some(addr) = o.metrics.and_then(|base| metrics_addr(base, name)) {
-        sets.push(format!("daemon.metrics_listen=\"{addr}\""));
-    }
-    if let Some(level) = &o.log_level {
-        sets.push(format!("daemon.log_level={}", toml_str(Path::new(level))));
-    }
-    match name {
-        "policy" => {
-            sets.push(format!(
-                "admin.socket={}",
-                toml_str(&l.policy_admin_socket())
-            ));
-            if o.approver {
-                // Not part of the swap (the approver asks for escalations in each request): what
-                // the local demo escalates. Reads pass; every other call the floor allows waits
-                // for a person, so `warden send "write hello.txt"` shows the approver at work.
-                sets.push("policy.global.mode=\"approve-reads\"".into());
-            }
-        }
-        "approver" => {
-            sets.push(format!(
-                "admin.socket={}",
-                toml_str(&l.approver_admin_socket())
-            ));
-            sets.push(format!(
-                "upstream.socket={}",
-                toml_str(&l.socket_of("policy"))
-            ));
-            sets.push(format!(
-                "web.bind={}",
-                toml_str(Path::new(&o.approver_http))
-            ));
-            sets.push(format!(
-                "web.token_file={}",
-                toml_str(&l.operator_token_file())
-            ));
-        }
-        "supervisor" => {
-            // The one line of the swap: the supervisor learns the approver's deadline from it
-            // (`PolicyService.Describe`).
-            let to = if o.approver { "approver" } else { "policy" };
-            sets.push(format!("policy.socket={}", toml_str(&l.socket_of(to))));
-            // warden's own doors, which no agent's egress proxy may connect to whatever its
-            // allowlist names: the gateway's HTTP listener, its gRPC one when the operator's
-            // gateway.toml has one on TCP, and the approver's page.
-            let listeners: Vec<String> = warden_listeners(o)
-                .iter()
-                .map(|a| toml_str(Path::new(a)))
-                .collect();
-            sets.push(format!("egress.warden_listeners=[{}]", listeners.join(",")));
-        }
-        "gateway" => {
-            sets.push(format!(
-                "supervisor.socket={}",
-                toml_str(&l.socket_of("supervisor"))
-            ));
-            sets.push(format!("http.bind={}", toml_str(Path::new(&o.http))));
-            sets.push(format!(
-                "http.public_url={}",
-                toml_str(Path::new(&format!("http://{}", o.http)))
-            ));
-            sets.push(format!("auth.token_file={}", toml_str(&l.token_file())));
-        }
-        _ => {}
-    }
-    let mut args = Vec::new();
-    if let Some(dir) = &o.config_dir {
-        let file = crate::layout::file_of(dir, name);
-        if file.is_file() {
-            args.push("--config".to_string());
-            args.push(file.to_string_lossy().into_owned());
-        }
-    }
-    args.extend(sets.into_iter().flat_map(|s| ["--set".to_string(), s]));
-    args
-}
-
-/// The TCP listeners of the deployment `o` starts: the gateway's HTTP (`--http`), its gRPC
-/// listener when `<config>/gateway.toml` puts one on TCP, the approver's page when it is
-/// served, and whatever `<config>/supervisor.toml` lists already (the `--set` replaces the
-/// file's list, so it is carried over).
-pub fn warden_listeners(o: &UpOptions) -> Vec<String> {
-    let mut out = vec![o.http.clone()];
-    let read = |daemon: &str| {
-        o.config_dir.as_ref().and_then(|dir| {
-            std::fs::read_to_string(crate::layout::file_of(dir, daemon))
-                .ok()?
-                .parse::<toml::Table>()
-                .ok()
-        })
-    };
-    if let Some(tcp) =
-        read("gateway").and_then(|g| g.get("grpc")?.get("tcp")?.as_str().map(str::to_string))
-    {
-        out.push(tcp);
-    }
-    if o.approver && !o.approver_http.is_empty() {
-        out.push(o.approver_http.clone());
-    }
-    // Each daemon's metrics listener (`--metrics`).
-    if let Some(base) = o.metrics {
-        for name in o.daemons() {
-            if let Some(a) = metrics_addr(base, name) {
-                out.push(a.to_string());
-            }
-        }
-    }
-    if let Some(listed) = read("supervisor").and_then(|s| {
-        s.get("egress")?
-            .get("warden_listeners")?
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(str::to_string))
-                    .collect::<Vec<_>>()
-            })
-    }) {
-        out.extend(listed);
-    }
-    out.sort();
-    out.dedup();
-    out
-}
-
-fn make_dir(path: &Path) -> Result<(), UpError> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(path)
-        .map_err(|source| UpError::Dir {
-            path: path.to_path_buf(),
-            source,
-        })
-}
-
-/// The environment variable naming the descriptor of the lock `warden up -d` hands to the
-/// background `up` it starts.
-const LOCK_FD_ENV: &str = "WARDEN_UP_LOCK_FD";
-
-/// The lock one `warden up` holds on its state directory while it runs.
-pub struct UpLock(#[allow(dead_code)] nix::fcntl::Flock<std::fs::File>);
-
-impl std::os::fd::AsRawFd for UpLock {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-/// Takes the state directory's `up` lock without waiting: [`UpError::AlreadyRunning`] when
-/// another `warden up` holds it. The state directory itself is created (0700) first, nothing
-/// else. A background `up` started by `up -d` adopts the descriptor it was handed (the same
-/// open file, already locked) instead of opening a new one.
-pub fn lock(l: &Layout) -> Result<UpLock, UpError> {
-    use nix::fcntl::{Flock, FlockArg};
-    make_dir(&l.root)?;
-    let path = l.up_lock_file();
-    let err = |source: std::io::Error| UpError::Lock {
-        path: path.clone(),
-        source,
-    };
-    let file = match inherited_lock(&path) {
-        Some(f) => f,
-        None => std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&path)
-            .map_err(err)?,
-    };
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(held) => Ok(UpLock(held)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(UpError::AlreadyRunning(l.root.clone())),
-        Err((_, e)) => Err(err(std::io::Error::from(e))),
-    }
-}
-
-/// The lock file's descriptor `warden up -d` handed over (`WARDEN_UP_LOCK_FD`), when it is
-/// there and is that file (same device and inode); marked close-on-exec again so that no
-/// daemon inherits it.
-fn inherited_lock(path: &Path) -> Option<std::fs::File> {
-    use std::os::fd::{FromRawFd, RawFd};
-    use std::os::unix::fs::MetadataExt;
-    std::env::var_os(DETACHED_ENV)?;
-    let fd: RawFd = std::env::var(LOCK_FD_ENV).ok()?.parse().ok()?;
-    // SAFETY: fcntl(F_GETFD) only asks whether `fd` is open; it changes nothing.
-    let open = nix::fcntl::fcntl(
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        nix::fcntl::FcntlArg::F_GETFD,
-    )
-    .is_ok();
-    if fd < 3 || !open {
-        return None;
-    }
-    // SAFETY: the descriptor is open, was handed to this process for this purpose by its
-    // parent, and nothing else in this process owns it (it is read once, here).
-    let file = unsafe { std::fs::File::from_raw_fd(fd) };
-    let (m, want) = (file.metadata().ok()?, std::fs::metadata(path).ok()?);
-    if (m.dev(), m.ino()) != (want.dev(), want.ino()) {
-        // Not the lock file: leave the descriptor as it was found.
-        std::mem::forget(file);
-        return None;
-    }
-    let _ = nix::fcntl::fcntl(
-        &file,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    );
-    Some(file)
-}
-
-/// Writes a fresh random token (mode 0600) unless one exists.
-fn ensure_token(path: &Path) -> Result<bool, UpError> {
-    write_secret(path, "")
-}
-
-/// Writes `operator <random token>` (mode 0600) unless the file exists: the web page's login.
-fn ensure_operator_token(path: &Path) -> Result<bool, UpError> {
-    write_secret(path, "operator ")
-}
-
-/// Writes `<prefix><32 random bytes in hex>` to a new file of mode 0600; false when it exists.
-fn write_secret(path: &Path, prefix: &str) -> Result<bool, UpError> {
-    if path.exists() {
-        return Ok(false);
-    }
-    let err = |source| UpError::Token {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut bytes = [0u8; 32];
-    use std::io::{Read, Write};
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(err)?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(err)?;
-    f.write_all(format!("{prefix}{token}\n").as_bytes())
-        .map_err(err)?;
-    Ok(true)
 }
 
 /// Opens `<state>/logs/<daemon>.log` afresh, the previous run's kept as `.log.1`.
@@ -807,19 +545,6 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
 /// Set on the `warden up` that `warden up -d` starts: it runs in the foreground of its own
 /// session (the flag `-d` it was given again is then ignored).
 pub const DETACHED_ENV: &str = "WARDEN_UP_DETACHED";
-
-/// `<pid> <start time in clock ticks since boot>` (field 22 of /proc/PID/stat): a pid and the
-/// moment its process started name that process and no later one.
-fn pid_record(pid: u32) -> Option<String> {
-    Some(format!("{pid} {}", start_time(pid)?))
-}
-
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count after its last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
 
 /// `warden up -d`: the same `warden up` in a session of its own (its output to
 /// `<state>/logs/up.log`), returning once every daemon answers healthy, or with the background
