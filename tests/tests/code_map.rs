@@ -720,6 +720,8 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "shares.rs",
             "store.rs",
             "store_pg.rs",
+            "store_sled.rs",
+            "store_contract.rs",
         ],
     ),
     (

@@ -20,7 +20,8 @@ use crate::config::{EMBEDDED, GatewayConfig};
 use crate::core::{Core, CoreSettings, Retention};
 use crate::http::router;
 use crate::serve::EdgeLimits;
-use crate::store::{SledStore, TaskStore, TaskStoreError};
+use crate::store::{TaskStore, TaskStoreError};
+use crate::store_sled::SledStore;
 
 /// Why the gateway could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]

@@ -42,7 +42,10 @@ pub mod push;
 pub mod push_limits;
 pub mod shares;
 pub mod store;
+#[cfg(test)]
+mod store_contract;
 pub mod store_pg;
+pub mod store_sled;
 // Floor 2, the A2A core (`core/`, one module per step of a task's life); the card; what a
 // subscriber sees.
 pub mod card;

@@ -20,7 +20,8 @@ use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
 use warden_gateway::core::{Core, CoreSettings};
 use warden_gateway::http::router;
-use warden_gateway::store::{SledStore, TaskStore};
+use warden_gateway::store::TaskStore;
+use warden_gateway::store_sled::SledStore;
 
 /// (name, extra headers, body, HTTP status, JSON-RPC code)
 type RpcRow<'a> = (&'a str, Vec<(&'a str, &'a str)>, String, u16, i64);

@@ -37,7 +37,8 @@ use warden_gateway::card::{CardResponse, agent_card};
 use warden_gateway::config::{EMBEDDED, GatewayConfig};
 use warden_gateway::core::{Core, CoreSettings};
 use warden_gateway::http::router;
-use warden_gateway::store::{SledStore, TaskStore};
+use warden_gateway::store::TaskStore;
+use warden_gateway::store_sled::SledStore;
 use warden_proto::v1::supervisor_service_server::{SupervisorService, SupervisorServiceServer};
 use warden_proto::v1::{self as pb, TurnEvent, turn_event::Event};
 

@@ -377,7 +377,8 @@ impl Core {
 mod tests {
     use super::*;
     use crate::core::{CoreSettings, Retention};
-    use crate::store::{SledStore, TaskStore};
+    use crate::store::TaskStore;
+    use crate::store_sled::SledStore;
     use std::time::Duration;
 
     /// Issue 30's wave stall, without the daemons: every stream, the accept loop and the SSE

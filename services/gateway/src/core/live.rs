@@ -422,7 +422,7 @@ mod tests {
     use crate::a2a::TaskStatus;
     use warden_proto::v1::{TextChunk, TurnEvent, TurnStarted, TurnStop, turn_event::Event};
 
-    use crate::store::SledStore;
+    use crate::store_sled::SledStore;
 
     /// A runtime for the live task's writer (tests drive it with `block_on`).
     fn runtime() -> tokio::runtime::Runtime {
