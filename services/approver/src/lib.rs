@@ -12,6 +12,7 @@
 //! answer a request twice; read another daemon's store.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod config;
 pub mod metrics;
 pub mod queue;
@@ -30,8 +31,9 @@ use warden_proto::v1::admin_service_server::AdminServiceServer;
 use warden_proto::v1::approval_service_server::ApprovalServiceServer;
 use warden_proto::v1::policy_service_server::PolicyServiceServer;
 
+use crate::api::{AdminApi, ApprovalApi, PolicyApi};
 use crate::queue::{Queue, QueueError};
-use crate::service::{AdminApi, ApprovalApi, ApproverState, PolicyApi};
+use crate::service::ApproverState;
 
 /// Fatal start-up and serving errors.
 #[derive(Debug, thiserror::Error)]
