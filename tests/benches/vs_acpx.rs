@@ -410,10 +410,20 @@ impl Warden {
         for name in ["policy", "supervisor", "gateway"] {
             d.start(name).await;
         }
-        let pids = DAEMONS
+        let pids: Vec<i32> = DAEMONS
             .iter()
             .map(|n| d.daemon(n).map(|x| x.pid()).unwrap_or(0))
             .collect();
+        // For a profiler to attach to (`perf record -p`) while the rounds run.
+        println!(
+            "warden (audit.sync = {audit_sync}) pids: {}",
+            DAEMONS
+                .iter()
+                .zip(&pids)
+                .map(|(n, p)| format!("{n} {p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         Warden {
             d,
             pids,

@@ -74,7 +74,16 @@ impl JudgedAction {
             .into_iter()
             .map(|l| abs(root, Path::new(l.as_ref())))
             .collect();
-        let raw = crate::raw_input::extract(raw_input_json).unwrap_or_default();
+        // Parsed once for the paths and the fields below (text that is not JSON names nothing).
+        let parsed: Option<Value> = if raw_input_json.trim().is_empty() {
+            None
+        } else {
+            serde_json::from_str::<Value>(raw_input_json).ok()
+        };
+        let raw = parsed
+            .as_ref()
+            .and_then(|v| crate::raw_input::extract_value(v).ok())
+            .unwrap_or_default();
         let base: PathBuf = raw
             .cwds
             .first()
@@ -84,8 +93,7 @@ impl JudgedAction {
         locs.extend(raw.reached.iter().map(|p| abs(&base, p)));
         locs.sort();
         locs.dedup();
-        let obj: Map<String, Value> = serde_json::from_str::<Value>(raw_input_json)
-            .ok()
+        let obj: Map<String, Value> = parsed
             .and_then(|v| match v {
                 Value::Object(o) => Some(o),
                 _ => None,

@@ -71,12 +71,18 @@ const PATCH_HEADERS: &[&str] = &[
 /// that is not an object names nothing; text that is not JSON, or a known field of the wrong
 /// type, is an error.
 pub fn extract(raw_input_json: &str) -> Result<RawPaths, RawInputError> {
-    let mut out = RawPaths::default();
     if raw_input_json.trim().is_empty() {
-        return Ok(out);
+        return Ok(RawPaths::default());
     }
     let value: Value =
         serde_json::from_str(raw_input_json).map_err(|e| RawInputError::NotJson(e.to_string()))?;
+    extract_value(&value)
+}
+
+/// [`extract`] of raw input already parsed (a caller that reads other fields of it too parses
+/// it once).
+pub fn extract_value(value: &Value) -> Result<RawPaths, RawInputError> {
+    let mut out = RawPaths::default();
     let Some(obj) = value.as_object() else {
         return Ok(out);
     };

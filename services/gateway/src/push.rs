@@ -425,10 +425,23 @@ impl Push {
         mut rx: mpsc::UnboundedReceiver<Arc<StreamResponse>>,
     ) {
         while let Some(ev) = rx.recv().await {
-            let terminal =
-                matches!(&*ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal());
+            // The events queued behind it go with it, in order, to the configs of one store
+            // read: a read per event was a scan of the store for each of a turn's events, on
+            // tasks that mostly have no config at all.
+            let mut batch = vec![ev];
+            while let Ok(more) = rx.try_recv() {
+                batch.push(more);
+            }
+            let terminal = batch.iter().any(
+                |ev| matches!(&**ev, StreamResponse::StatusUpdate(s) if s.status.state.is_terminal()),
+            );
             match self.store.push_configs(&task_id).await {
-                Ok(configs) => self.to_workers(&task_id, &ev, configs),
+                Ok(configs) if !configs.is_empty() => {
+                    for ev in &batch {
+                        self.to_workers(&task_id, ev, configs.clone());
+                    }
+                }
+                Ok(_) => {}
                 Err(e) => tracing::error!(task_id, error = %e, "cannot read push configs"),
             }
             if terminal {

@@ -141,6 +141,7 @@ impl ConvCore {
         refused: Option<crate::policy::Decided>,
         offered: &[OfferedOption],
         entered: std::time::Instant,
+        digest: Option<String>,
     ) -> Enforced {
         let request_id = dreq.request_id.clone();
         let subject = dreq.subject.clone();
@@ -171,7 +172,7 @@ impl ConvCore {
             (Some(d), _) => d,
             (None, Some(t)) => {
                 tokio::select! {
-                    d = self.policy.decide(dreq, self.deadline).instrument(span) => d,
+                    d = self.policy.decide_judged(dreq, self.deadline, digest).instrument(span) => d,
                     _ = t.cancel.cancelled() => {
                         // The Decide in flight is dropped; whatever it decides is not enforced.
                         self.policy.withdraw_later(request_id, subject, "the turn was cancelled".into());
@@ -182,7 +183,7 @@ impl ConvCore {
             }
             (None, None) => {
                 self.policy
-                    .decide(dreq, self.deadline)
+                    .decide_judged(dreq, self.deadline, digest)
                     .instrument(span)
                     .await
             }
@@ -523,7 +524,9 @@ impl ConvCore {
                 }),
             );
         }
-        let mut e = self.enforce(turn, dreq, refused, &offered, entered).await;
+        let mut e = self
+            .enforce(turn, dreq, refused, &offered, entered, None)
+            .await;
         let allow = own.allow.0;
         e.allowed &=
             matches!(&e.outcome, PermissionOutcome::Selected { option_id } if option_id == allow);
@@ -686,8 +689,17 @@ impl ClientHandler for ConvCore {
         }
         let tool_call = dreq.tool_call.clone().unwrap_or_default();
         let judged = crate::translate::judged(&dreq);
+        // What the answer must name: computed once here, from the request as sent.
+        let digest = judged.digest();
         let e = self
-            .enforce(turn.as_ref(), dreq, refused, &offered, entered)
+            .enforce(
+                turn.as_ref(),
+                dreq,
+                refused,
+                &offered,
+                entered,
+                Some(digest),
+            )
             .await;
         if let Some(t) = &turn
             && e.allowed

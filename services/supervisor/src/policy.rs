@@ -461,7 +461,18 @@ impl PolicyClient {
     /// answer may take `grace` longer to arrive (the audit write and the trip back); past that the
     /// policy is treated as hung and this denies on its own (the policy, when it gets to the
     /// request, finds the deadline passed and records a DENY too).
-    pub async fn decide(&self, mut req: pb::DecideRequest, deadline: Duration) -> Decided {
+    pub async fn decide(&self, req: pb::DecideRequest, deadline: Duration) -> Decided {
+        self.decide_judged(req, deadline, None).await
+    }
+
+    /// [`Self::decide`], with the digest of what `req` asks (`translate::judged(&req).digest()`)
+    /// when the caller already computed it from this very request; None computes it here.
+    pub async fn decide_judged(
+        &self,
+        mut req: pb::DecideRequest,
+        deadline: Duration,
+        digest: Option<String>,
+    ) -> Decided {
         // The last gate: whatever path built it, nothing over the limits is sent.
         if let Some(o) = self.oversized(&req).await {
             return refused(&o);
@@ -482,7 +493,7 @@ impl PolicyClient {
         let request_id = req.request_id.clone();
         let subject = req.subject.clone();
         let offered: Vec<String> = req.options.iter().map(|o| o.id.clone()).collect();
-        let digest = crate::translate::judged(&req).digest();
+        let digest = digest.unwrap_or_else(|| crate::translate::judged(&req).digest());
         // UNAVAILABLE (nothing listening, a broken connection, an approver restarting) is retried
         // with the same request id until the deadline: an approver that restarts while a person
         // has not answered yet finds the held request again by its id, and with replicas the
