@@ -27,10 +27,12 @@ use rustix::io::Errno;
 use crate::rights::{Rights, with_rights};
 use crate::{RealFs, resolve};
 
+mod contents;
 mod find;
 mod remove;
 mod snapshot;
 
+pub use contents::Content;
 pub use find::{EntryKind, FIND_MAX_DEPTH};
 pub use remove::{REMOVE_MAX_DEPTH, remove_tree};
 pub use snapshot::{SNAPSHOT_MAX_DEPTH, Snapshot};
