@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, adapters, records, fault, metrics, policy, translate, mode, options, fair, live,
+//   config, adapters, records, fault, metrics, policy, translate, mode, options, patch, fair, live,
 //   admission, cell                                    leaves (live, admission: over fair; cell:
 //                                                      the registry row, figures handed in)
 //   egress                                             an agent's egress proxy (reports through a trait)
@@ -44,6 +44,7 @@ pub mod live;
 pub mod metrics;
 pub mod mode;
 pub mod options;
+pub mod patch;
 pub mod policy;
 pub mod pool;
 pub mod records;
