@@ -136,6 +136,16 @@ pub fn render(files: &[(PathBuf, Content, Content)], max_bytes: usize) -> Patch 
         }
         let name = path.to_string_lossy().into_owned();
         out.files.push(name.clone());
+        if is_git_internal(path) {
+            // A nested repository's own files (config, hooks) are never part of a change
+            // anyone applies: git refuses such paths, and they could configure git.
+            let _ = writeln!(
+                notes,
+                "# {}: changed, not shown (a repository's own files, `.git`)",
+                quoted(&name)
+            );
+            continue;
+        }
         if let (Side::Opaque(why), _) | (_, Side::Opaque(why)) = (&b, &a) {
             let _ = writeln!(notes, "# {}: changed, not shown ({why})", quoted(&name));
             continue;
@@ -159,6 +169,15 @@ pub fn render(files: &[(PathBuf, Content, Content)], max_bytes: usize) -> Patch 
     out.text.push_str(&body);
     out.files.sort();
     out
+}
+
+/// A path with a `.git` component (any case, as git compares it on case-insensitive hosts).
+fn is_git_internal(p: &Path) -> bool {
+    p.components().any(|c| {
+        c.as_os_str()
+            .as_encoded_bytes()
+            .eq_ignore_ascii_case(b".git")
+    })
 }
 
 /// A path as git writes it in a header: C-quoted when it holds a quote, backslash, control
@@ -347,6 +366,32 @@ mod tests {
             "the link was followed: {}",
             p.text
         );
+    }
+
+    #[test]
+    fn a_nested_repositorys_own_files_are_named_never_shown() {
+        let files = vec![
+            (
+                PathBuf::from("sub/.git/config"),
+                Content::Absent,
+                Content::File {
+                    bytes: b"[core]\n\tfsmonitor = touch /tmp/pwned\n".to_vec(),
+                    executable: false,
+                },
+            ),
+            (
+                PathBuf::from("x/.GIT/hooks/post-merge"),
+                Content::Absent,
+                Content::File {
+                    bytes: b"#!/bin/sh\n".to_vec(),
+                    executable: true,
+                },
+            ),
+        ];
+        let p = render(&files, 10_000);
+        assert_eq!(p.files, vec!["sub/.git/config", "x/.GIT/hooks/post-merge"]);
+        assert!(!p.text.contains("diff --git"), "{}", p.text);
+        assert!(!p.text.contains("fsmonitor"), "{}", p.text);
     }
 
     #[test]
