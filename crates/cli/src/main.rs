@@ -8,6 +8,7 @@ use warden_cli::output::Format;
 use warden_cli::{agents, approvals, audit, layout, logs, status, up};
 
 mod send;
+mod tasks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -178,6 +179,25 @@ enum Command {
         #[command(flatten)]
         out: OutputArgs,
     },
+    /// Your tasks at the running gateway: list them, show one, print the change it made (a
+    /// unified diff computed by warden from the agent's root), or apply that change in a
+    /// directory with `git apply --3way`. An ID may be any unique prefix.
+    #[command(
+        after_help = "Exit codes: 0 done, 1 error (a change that does not apply cleanly changes \
+                      nothing), 3 no such task, or the task changed no file."
+    )]
+    Tasks {
+        /// The gateway's URL (default: the one `warden up` wrote in the state directory).
+        #[arg(long, env = "WARDEN_GATEWAY_URL", global = true)]
+        url: Option<String>,
+        /// A file holding your bearer token (default: the one `warden up` generated).
+        #[arg(long, env = "WARDEN_TOKEN_FILE", global = true)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        out: OutputArgs,
+        #[command(subcommand)]
+        what: TasksCommand,
+    },
     /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
     /// audit log, warden-approver's queue and warden-gateway's tasks are copied (each daemon
     /// reading its own store, checked record by record; running it again copies nothing
@@ -285,6 +305,28 @@ enum ApprovalsCommand {
     /// Stream requests as they arrive; on a terminal, answer with a key: a = approve the
     /// selected one, d = deny it (asks for a reason), n = select the next, q = quit.
     Watch,
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// Your tasks, newest first.
+    List {
+        /// Only the tasks of this context (conversation).
+        #[arg(long)]
+        context: Option<String>,
+    },
+    /// One task: its context, state, what was asked, the files it changed.
+    Show { id: String },
+    /// The task's change as a unified diff on stdout (also saved under the state directory).
+    Diff { id: String },
+    /// Apply the task's change in DIR (default: the current directory) with `git apply --3way`
+    /// (plain `git apply` outside a repository), after checking that it applies cleanly; git
+    /// runs with hooks off and no system or global configuration.
+    Apply {
+        id: String,
+        #[arg(short = 'C', long = "dir", value_name = "DIR", default_value = ".")]
+        dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -768,6 +810,35 @@ async fn main() -> ExitCode {
                 },
             )
             .await
+        }
+        Command::Tasks {
+            url,
+            token_file,
+            out,
+            what,
+        } => {
+            let json = out.json();
+            let name = match &what {
+                TasksCommand::List { .. } => "list",
+                TasksCommand::Show { .. } => "show",
+                TasksCommand::Diff { .. } => "diff",
+                TasksCommand::Apply { .. } => "apply",
+            };
+            let r = async {
+                let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
+                match what {
+                    TasksCommand::List { context } => {
+                        tasks::list(&gw, context.as_deref(), json).await
+                    }
+                    TasksCommand::Show { id } => tasks::show(&gw, &id, json).await,
+                    TasksCommand::Diff { id } => tasks::diff(&gw, &layout, &id, json).await,
+                    TasksCommand::Apply { id, dir } => {
+                        tasks::apply(&gw, &layout, &id, &dir, json).await
+                    }
+                }
+            }
+            .await;
+            tasks::finish(name, r, json)
         }
         Command::Mcp => match warden_cli::mcp::run(&layout).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -121,6 +121,10 @@ pub struct Rendered {
     pub refused: bool,
     /// A tool call's edit as a diff, with the tool call's id (shown once per call).
     pub diff: Option<(String, String)>,
+    /// The context id, from the stream's first event.
+    pub context_id: Option<String>,
+    /// The task's diff artifact (the change to its root), when this event carried it.
+    pub patch: Option<Value>,
 }
 
 fn short_state(s: &str) -> String {
@@ -132,6 +136,7 @@ pub fn render(ev: &Value) -> Rendered {
     let mut r = Rendered::default();
     if let Some(task) = ev.get("task") {
         r.task_id = task["id"].as_str().map(str::to_string);
+        r.context_id = task["contextId"].as_str().map(str::to_string);
         r.state = task["status"]["state"].as_str().map(str::to_string);
         r.shown.push(Shown::Line(format!(
             "[task] {} (context {})",
@@ -139,6 +144,10 @@ pub fn render(ev: &Value) -> Rendered {
             task["contextId"].as_str().unwrap_or("?")
         )));
     } else if let Some(a) = ev.get("artifactUpdate") {
+        if crate::tasks::is_diff(&a["artifact"]) {
+            r.patch = Some(a["artifact"].clone());
+            return r;
+        }
         for p in a["artifact"]["parts"].as_array().into_iter().flatten() {
             if let Some(t) = p["text"].as_str()
                 && !t.is_empty()
@@ -354,6 +363,9 @@ async fn cancel_task(addr: String, token: String, id: String) -> Option<String> 
 /// How one stream (one message) ended.
 struct Ended {
     task_id: Option<String>,
+    context_id: Option<String>,
+    /// The task's diff artifact, when it changed files.
+    patch: Option<Value>,
     /// The last state seen ("" if none).
     state: String,
     /// Whether the policy refused any permission on the way.
@@ -695,6 +707,8 @@ async fn stream(
     let mut events = SseStream::new(resp.into_body());
     let mut end = Ended {
         task_id: None,
+        context_id: None,
+        patch: None,
         state: String::new(),
         refused: false,
         interrupt: None,
@@ -777,6 +791,10 @@ async fn stream(
         let r = render(&ev);
         if end.task_id.is_none() {
             end.task_id = r.task_id.clone();
+            end.context_id = r.context_id.clone();
+        }
+        if r.patch.is_some() {
+            end.patch = r.patch.clone();
         }
         end.refused |= r.refused;
         if !view.json {
@@ -890,13 +908,35 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
                 .as_deref()
                 .filter(|_| is_terminal(&end.state))
                 .and_then(|id| incident_of(layout, id, since_ms));
+            // The change the task made, kept on disk for the person and for `git apply`.
+            let patch = match (&end.patch, end.task_id.as_deref()) {
+                (Some(a), Some(id)) => crate::tasks::decode(id, a)
+                    .and_then(|d| Ok((crate::tasks::save_diff(layout, id, &d.text)?, d)))
+                    .map_err(|e| eprintln!("warden send: {e}"))
+                    .ok(),
+                _ => None,
+            };
             if view.json {
                 output::print_line(&json!({
-                    "type": "end", "taskId": end.task_id, "state": end.state,
-                    "exitCode": code, "refused": refused,
+                    "type": "end", "taskId": end.task_id, "contextId": end.context_id,
+                    "state": end.state, "exitCode": code, "refused": refused,
                     "incident": incident.as_ref().map(|p| p.display().to_string()),
+                    "diff": patch.as_ref().map(|(p, _)| p.display().to_string()),
+                    "filesChanged": patch.as_ref().map(|(_, d)| d.files.clone()).unwrap_or_default(),
                 }));
-            } else if let Some(p) = incident {
+                return Ok(code);
+            }
+            if let Some((path, d)) = &patch {
+                let id = end.task_id.as_deref().unwrap_or("");
+                view.show(&[Shown::Line(format!(
+                    "[diff] changed {}{}: `warden tasks diff {short}` shows it, `warden tasks apply {short} -C DIR` applies it (saved as {})",
+                    warden_terminal_text::inline(&d.files.join(", ")),
+                    if d.cut { " (cut at its cap)" } else { "" },
+                    path.display(),
+                    short = crate::tasks::short(id),
+                ))]);
+            }
+            if let Some(p) = incident {
                 view.show(&[Shown::Line(format!(
                     "[incident] what went wrong is recorded in {}",
                     p.display()
