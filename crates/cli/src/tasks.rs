@@ -207,8 +207,7 @@ pub fn diff_of(task: &Value) -> Result<Option<TaskDiff>, TasksError> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|a| is_diff(a))
-        .next_back()
+        .rfind(|a| is_diff(a))
     {
         Some(art) => decode(id, art).map(Some),
         None => Ok(None),

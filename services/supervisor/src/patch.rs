@@ -185,7 +185,7 @@ fn is_git_internal(p: &Path) -> bool {
 fn quoted(p: &str) -> String {
     if !p
         .bytes()
-        .any(|b| b == b'"' || b == b'\\' || b < 0x20 || b >= 0x7f)
+        .any(|b| b == b'"' || b == b'\\' || !(0x20..0x7f).contains(&b))
     {
         return p.to_string();
     }

@@ -691,7 +691,7 @@ mod tests {
         assert!(d.cut);
         assert_eq!(d.files, vec!["a"]);
         assert!(d.text.len() <= MAX_DIFF_TEXT && d.text.len() > MAX_DIFF_TEXT / 2);
-        assert!(d.text.ends_with('\n') && d.text.len() % line.len() == 0);
+        assert!(d.text.ends_with('\n') && d.text.len().is_multiple_of(line.len()));
         assert!(serde_json::to_vec(&e).unwrap().len() <= MAX_ENVELOPE_BYTES);
         assert!(
             Envelope::from_observed(h(), &Observed::default())
