@@ -187,3 +187,117 @@ async fn send_then_tasks_diff_and_apply_give_the_person_the_change() {
         assert!(!Path::new(&p).exists(), "a planted {what} ran");
     }
 }
+
+/// `send -C DIR`: the agent works on a copy of DIR (its uncommitted changes included); DIR is
+/// untouched until `tasks apply`; `--context` continues on the same copy and the diff grows;
+/// after the apply, `git diff` in DIR is the task's diff. Bad directories are refused before
+/// anything is sent, and a directory of another user by the supervisor.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
+    // As `warden up` starts it: [copies] local_dirs on.
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("mine");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("README"), "base\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    // Uncommitted work (staged, so `git diff` later shows the task's change alone).
+    std::fs::write(repo.join("README"), "base\nlocal\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    let dir = repo.to_string_lossy().to_string();
+
+    let edit = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "README", "content": "base\nlocal\nagent\n"},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(&d, &["send", "-C", &dir, "-o", "json", &edit.to_string()]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .expect("an end record");
+    let ctx = end["contextId"].as_str().unwrap().to_string();
+    let first = std::fs::read_to_string(end["diff"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        first,
+        "diff --git a/README b/README\n--- a/README\n+++ b/README\n@@ -1,2 +1,3 @@\n base\n local\n+agent\n"
+    );
+    // DIR itself is untouched.
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "base\nlocal\n"
+    );
+
+    // The same context: the same copy, the diff grows.
+    let more = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "docs/added.txt", "content": "more\n"},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(
+        &d,
+        &[
+            "send",
+            "-C",
+            &dir,
+            "--context",
+            &ctx,
+            "-o",
+            "json",
+            &more.to_string(),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .unwrap();
+    assert_eq!(end["contextId"], ctx.as_str());
+    assert_eq!(
+        end["filesChanged"],
+        json!(["README", "docs/added.txt"]),
+        "{end}"
+    );
+    let task = end["taskId"].as_str().unwrap().to_string();
+    assert!(!repo.join("docs").exists());
+
+    let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (_, shown, _) = warden(&d, &["tasks", "diff", &task[..8]]).await;
+    git(&repo, &["add", "-N", "."]);
+    let theirs = git(&repo, &["diff", "--no-color", "--no-ext-diff"]);
+    assert_eq!(body(&theirs), body(&shown));
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "base\nlocal\nagent\n"
+    );
+
+    // Refused before anything is sent: missing, not a directory, a link.
+    let file = repo.join("README").to_string_lossy().to_string();
+    let link = d.dir.path().join("link");
+    std::os::unix::fs::symlink(&repo, &link).unwrap();
+    for (bad, why) in [
+        ("/nonexistent/warden-e2e", "no such directory"),
+        (file.as_str(), "not a directory"),
+        (link.to_str().unwrap(), "a symbolic link"),
+    ] {
+        let (code, _, err) = warden(&d, &["send", "-C", bad, "write x.txt"]).await;
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(
+            err.contains(why) && err.contains("nothing was sent"),
+            "{err}"
+        );
+    }
+    // Another user's directory: the supervisor refuses to copy it.
+    if nix::unistd::Uid::effective().is_root() {
+        let theirs = d.dir.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+        let (code, out, err) =
+            warden(&d, &["send", "-C", theirs.to_str().unwrap(), "write x.txt"]).await;
+        assert_ne!(code, 0, "{out}\n{err}");
+        assert!(out.contains("owned by uid 65534"), "{out}\n{err}");
+    }
+}

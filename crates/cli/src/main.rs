@@ -164,6 +164,11 @@ enum Command {
         /// Continue this A2A context (conversation) instead of starting a new one.
         #[arg(long)]
         context: Option<String>,
+        /// Have the agent work on a copy of DIR (its files, `.git` left out), made by warden
+        /// inside the agent's sandbox: DIR is never touched; `warden tasks apply ID -C DIR`
+        /// brings the change back. Local deployments (`warden up`), your own directories only.
+        #[arg(short = 'C', long = "dir", value_name = "DIR")]
+        dir: Option<PathBuf>,
         /// The gateway's URL (default: the one `warden up` wrote in the state directory).
         #[arg(long, env = "WARDEN_GATEWAY_URL")]
         url: Option<String>,
@@ -785,6 +790,7 @@ async fn main() -> ExitCode {
         Command::Send {
             agent,
             context,
+            dir,
             url,
             token_file,
             file,
@@ -803,6 +809,7 @@ async fn main() -> ExitCode {
                 send::SendArgs {
                     agent,
                     context,
+                    copy_from: dir,
                     text,
                     url,
                     token_file,

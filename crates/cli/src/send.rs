@@ -61,6 +61,8 @@ Exit status:
 pub struct SendArgs {
     pub agent: Option<String>,
     pub context: Option<String>,
+    /// `-C DIR`: the agent works on a copy of this directory.
+    pub copy_from: Option<PathBuf>,
     pub text: String,
     /// The gateway's URL instead of the one `warden up` wrote (a deployed gateway).
     pub url: Option<String>,
@@ -96,6 +98,30 @@ pub enum SendError {
     Signal(#[source] std::io::Error),
     #[error("cannot read the answer from stdin: {0}")]
     Stdin(#[source] std::io::Error),
+    #[error("-C {0}: {1}; nothing was sent")]
+    BadDir(String, String),
+}
+
+/// `-C DIR` as an absolute path (not resolved: a link is the supervisor's to refuse, and is
+/// refused here first), after the checks a person should hear about before anything starts.
+fn copy_source(dir: &Path) -> Result<String, SendError> {
+    let shown = dir.display().to_string();
+    let abs =
+        std::path::absolute(dir).map_err(|e| SendError::BadDir(shown.clone(), e.to_string()))?;
+    let meta = std::fs::symlink_metadata(&abs)
+        .map_err(|_| SendError::BadDir(shown.clone(), "no such directory".into()))?;
+    if meta.file_type().is_symlink() {
+        return Err(SendError::BadDir(
+            shown,
+            "a symbolic link; name the directory itself".into(),
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(SendError::BadDir(shown, "not a directory".into()));
+    }
+    abs.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| SendError::BadDir(shown, "not UTF-8".into()))
 }
 
 /// One line of the live view.
@@ -888,6 +914,13 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     }
     if let Some(a) = &args.agent {
         message["metadata"] = json!({"agent": a});
+    }
+    if let Some(dir) = &args.copy_from {
+        let src = copy_source(dir)?;
+        if !message["metadata"].is_object() {
+            message["metadata"] = json!({});
+        }
+        message["metadata"]["warden"] = json!({"copyFrom": src});
     }
     let mut view = View::new(layout, args.json);
     let since_ms = warden_cli::approvals::now_ms();

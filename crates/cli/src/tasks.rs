@@ -450,8 +450,9 @@ fn in_repository(dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// `warden tasks apply ID [-C DIR]`: the task's diff applied in DIR (`git apply --3way` in a
-/// repository, `git apply` elsewhere), after a check that it applies cleanly.
+/// `warden tasks apply ID [-C DIR]`: the task's diff applied in DIR's files as they are (`git
+/// apply`), or, where they changed since, merged (`git apply --3way`, in a repository), after a
+/// check that it applies cleanly.
 pub async fn apply(
     gw: &Gateway,
     layout: &Layout,
@@ -471,26 +472,47 @@ pub async fn apply(
         return Err(TasksError::Cut { id, files: d.files });
     }
     let path = save_diff(layout, &id, &d.text)?;
-    let repo = in_repository(dir);
     let patch = path.display().to_string();
-    let check = git(dir)
-        .args(["apply", "--check"])
-        .args(repo.then_some("--3way"))
-        .arg(&patch)
-        .output()
-        .map_err(TasksError::Git)?;
-    // --3way --check reports a conflict it would leave on stderr ("with conflicts").
-    let conflicts = String::from_utf8_lossy(&check.stderr).contains("with conflicts");
-    if !check.status.success() || conflicts {
-        return Err(TasksError::DoesNotApply {
-            id,
-            dir: dir.display().to_string(),
-            why: String::from_utf8_lossy(&check.stderr).trim().to_string(),
-        });
-    }
+    // Onto the files as they are (the copy was made of them, uncommitted changes and all);
+    // where they moved on since, a three-way merge in a repository; else nothing changes.
+    let check = |three_way: bool| {
+        git(dir)
+            .args(["apply", "--check"])
+            .args(three_way.then_some("--3way"))
+            .arg(&patch)
+            .output()
+            .map_err(TasksError::Git)
+    };
+    let plain = check(false)?;
+    let three_way = if plain.status.success() {
+        false
+    } else {
+        let merged = if in_repository(dir) {
+            Some(check(true)?)
+        } else {
+            None
+        };
+        match merged {
+            // --3way --check names a conflict it would leave on stderr ("with conflicts").
+            Some(m)
+                if m.status.success()
+                    && !String::from_utf8_lossy(&m.stderr).contains("with conflicts") =>
+            {
+                true
+            }
+            m => {
+                let why = m.as_ref().unwrap_or(&plain);
+                return Err(TasksError::DoesNotApply {
+                    id,
+                    dir: dir.display().to_string(),
+                    why: String::from_utf8_lossy(&why.stderr).trim().to_string(),
+                });
+            }
+        }
+    };
     let out = git(dir)
         .arg("apply")
-        .args(repo.then_some("--3way"))
+        .args(three_way.then_some("--3way"))
         .arg(&patch)
         .output()
         .map_err(TasksError::Git)?;
