@@ -186,7 +186,7 @@ enum Command {
     },
     /// Your tasks at the running gateway: list them, show one, print the change it made (a
     /// unified diff computed by warden from the agent's root), or apply that change in a
-    /// directory with `git apply --3way`. An ID may be any unique prefix.
+    /// directory with git. An ID may be any unique prefix.
     #[command(
         after_help = "Exit codes: 0 done, 1 error (a change that does not apply cleanly changes \
                       nothing), 3 no such task, or the task changed no file."
@@ -324,9 +324,10 @@ enum TasksCommand {
     Show { id: String },
     /// The task's change as a unified diff on stdout (also saved under the state directory).
     Diff { id: String },
-    /// Apply the task's change in DIR (default: the current directory) with `git apply --3way`
-    /// (plain `git apply` outside a repository), after checking that it applies cleanly; git
-    /// runs with hooks off and no system or global configuration.
+    /// Apply the task's change in DIR (default: the current directory): to its files as they
+    /// are (`git apply`), or where they changed since, merged (`git apply --3way`); checked
+    /// first, nothing changed when it does not apply cleanly. git runs with hooks off and no
+    /// system or global configuration.
     Apply {
         id: String,
         #[arg(short = 'C', long = "dir", value_name = "DIR", default_value = ".")]
