@@ -375,6 +375,27 @@ impl Core {
     }
 }
 
+/// The directory a new conversation's root is to be a copy of (`metadata.warden.copyFrom`, as
+/// `warden send -C DIR` sends it), passed to the supervisor, which alone decides whether it
+/// copies it (`[copies]`: a local deployment's own user's directories only). Only its shape is
+/// checked here: absolute, bounded, no control characters.
+fn copy_from(req: &SendMessageRequest) -> Result<String, A2aError> {
+    let get = |m: &Option<crate::a2a::Metadata>| -> Option<serde_json::Value> {
+        m.as_ref()?.get(META_KEY)?.get("copyFrom").cloned()
+    };
+    let Some(v) = get(&req.message.metadata).or_else(|| get(&req.metadata)) else {
+        return Ok(String::new());
+    };
+    match v.as_str() {
+        Some(p) if p.starts_with('/') && p.len() <= 4096 && !p.chars().any(char::is_control) => {
+            Ok(p.to_string())
+        }
+        _ => Err(A2aError::InvalidParams(
+            "metadata.warden.copyFrom must be an absolute path of at most 4096 bytes".into(),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,26 +491,5 @@ mod tests {
             "while the store's flushes waited, a task needing only the runtime did not run within 3 s"
         );
         rt.shutdown_timeout(Duration::from_secs(5));
-    }
-}
-
-/// The directory a new conversation's root is to be a copy of (`metadata.warden.copyFrom`, as
-/// `warden send -C DIR` sends it), passed to the supervisor, which alone decides whether it
-/// copies it (`[copies]`: a local deployment's own user's directories only). Only its shape is
-/// checked here: absolute, bounded, no control characters.
-fn copy_from(req: &SendMessageRequest) -> Result<String, A2aError> {
-    let get = |m: &Option<crate::a2a::Metadata>| -> Option<serde_json::Value> {
-        m.as_ref()?.get(META_KEY)?.get("copyFrom").cloned()
-    };
-    let Some(v) = get(&req.message.metadata).or_else(|| get(&req.metadata)) else {
-        return Ok(String::new());
-    };
-    match v.as_str() {
-        Some(p) if p.starts_with('/') && p.len() <= 4096 && !p.chars().any(char::is_control) => {
-            Ok(p.to_string())
-        }
-        _ => Err(A2aError::InvalidParams(
-            "metadata.warden.copyFrom must be an absolute path of at most 4096 bytes".into(),
-        )),
     }
 }
