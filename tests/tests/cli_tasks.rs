@@ -262,6 +262,17 @@ async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
     );
     let task = end["taskId"].as_str().unwrap().to_string();
     assert!(!repo.join("docs").exists());
+    let (code, listed, err) = warden(&d, &["contexts", "list", "-o", "json"]).await;
+    assert_eq!(code, 0, "{err}");
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    let c = listed["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["contextId"] == ctx.as_str())
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(c["tasks"], 2, "{listed}");
+    assert_eq!(c["lastTaskId"], task.as_str(), "{listed}");
 
     let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
     assert_eq!(code, 0, "{out}\n{err}");

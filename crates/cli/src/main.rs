@@ -203,6 +203,20 @@ enum Command {
         #[command(subcommand)]
         what: TasksCommand,
     },
+    /// The contexts (conversations) of your tasks at the running gateway: `send --context ID`
+    /// continues one (on the same copy, with `-C`).
+    Contexts {
+        /// The gateway's URL (default: the one `warden up` wrote in the state directory).
+        #[arg(long, env = "WARDEN_GATEWAY_URL", global = true)]
+        url: Option<String>,
+        /// A file holding your bearer token (default: the one `warden up` generated).
+        #[arg(long, env = "WARDEN_TOKEN_FILE", global = true)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        out: OutputArgs,
+        #[command(subcommand)]
+        what: ContextsCommand,
+    },
     /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
     /// audit log, warden-approver's queue and warden-gateway's tasks are copied (each daemon
     /// reading its own store, checked record by record; running it again copies nothing
@@ -333,6 +347,12 @@ enum TasksCommand {
         #[arg(short = 'C', long = "dir", value_name = "DIR", default_value = ".")]
         dir: PathBuf,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContextsCommand {
+    /// Your contexts, newest first: how many tasks each holds, the newest one and its state.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -847,6 +867,20 @@ async fn main() -> ExitCode {
             }
             .await;
             tasks::finish(name, r, json)
+        }
+        Command::Contexts {
+            url,
+            token_file,
+            out,
+            what: ContextsCommand::List,
+        } => {
+            let json = out.json();
+            let r = async {
+                let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
+                tasks::contexts(&gw, json).await
+            }
+            .await;
+            tasks::finish("contexts list", r, json)
         }
         Command::Mcp => match warden_cli::mcp::run(&layout).await {
             Ok(()) => ExitCode::SUCCESS,

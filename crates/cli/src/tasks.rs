@@ -353,6 +353,57 @@ pub async fn list(gw: &Gateway, context: Option<&str>, json_out: bool) -> Result
     Ok(())
 }
 
+/// `warden contexts list`: the contexts (conversations) of the caller's tasks, newest first,
+/// with how many tasks each holds and the newest one's state.
+pub async fn contexts(gw: &Gateway, json_out: bool) -> Result<(), TasksError> {
+    let tasks = gw.list(None).await?;
+    // Tasks come newest first: a context's first task seen is its newest.
+    let mut order: Vec<String> = Vec::new();
+    let mut rows: std::collections::HashMap<String, (usize, Value)> = Default::default();
+    for t in &tasks {
+        let ctx = t["contextId"].as_str().unwrap_or("").to_string();
+        match rows.get_mut(&ctx) {
+            Some(r) => r.0 += 1,
+            None => {
+                order.push(ctx.clone());
+                rows.insert(ctx, (1, t.clone()));
+            }
+        }
+    }
+    if json_out {
+        let out: Vec<Value> = order
+            .iter()
+            .filter_map(|c| rows.get(c).map(|r| (c, r)))
+            .map(|(c, (n, t))| {
+                json!({"contextId": c, "tasks": n, "lastTaskId": t["id"],
+                       "lastState": t["status"]["state"], "timestamp": t["status"]["timestamp"]})
+            })
+            .collect();
+        println!("{}", json!({"contexts": out}));
+        return Ok(());
+    }
+    if order.is_empty() {
+        println!("no contexts");
+        return Ok(());
+    }
+    println!(
+        "{:<38} {:>5} {:<10} {:<15}",
+        "CONTEXT", "TASKS", "LAST", "STATE"
+    );
+    for c in &order {
+        if let Some((n, t)) = rows.get(c) {
+            println!(
+                "{:<38} {:>5} {:<10} {:<15}",
+                warden_terminal_text::inline(c),
+                n,
+                short(t["id"].as_str().unwrap_or("")),
+                state(t)
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `warden tasks show ID`.
 pub async fn show(gw: &Gateway, prefix: &str, json_out: bool) -> Result<(), TasksError> {
     let t = gw.task(prefix).await?;

@@ -23,6 +23,8 @@ const COMMANDS: &[&[&str]] = &[
     &["tasks", "show"],
     &["tasks", "diff"],
     &["tasks", "apply"],
+    &["contexts"],
+    &["contexts", "list"],
     &["migrate-store"],
     &["doctor"],
     &["approvals"],
