@@ -293,6 +293,14 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     assert_eq!(e["status"], "complete", "{e}");
     assert_eq!(e["files_touched"], json!(["notes.txt"]), "{e}");
     assert_eq!(e["files_touched_from"], "root", "{e}");
+    // The change itself, computed by warden from the root: a diff `git apply` takes.
+    assert_eq!(e["diff"]["files"], json!(["notes.txt"]), "{e}");
+    assert_eq!(e["diff"]["cut"], false, "{e}");
+    assert_eq!(
+        e["diff"]["text"],
+        "diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n",
+        "{e}"
+    );
     assert!(e["blockers"].as_array().unwrap().is_empty(), "{e}");
     let convs = conversations(&d).await;
     let w = convs
@@ -316,6 +324,15 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     let e = envelope(&r);
     assert_eq!(e["files_touched"], json!(["out", "out/shell.txt"]), "{e}");
     assert_eq!(e["files_touched_from"], "root");
+    let files = e["diff"]["files"].as_array().expect("a diff");
+    assert!(files.contains(&json!("out/shell.txt")), "{e}");
+    assert!(
+        e["diff"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("+++ b/out/shell.txt\n@@ -0,0 +1 @@\n+hi\n"),
+        "{e}"
+    );
 
     // A client that cannot be asked (no elicitation capability): the agent's question is
     // declined, and the envelope says so.
@@ -368,6 +385,7 @@ async fn a_refused_edit_is_a_policy_blocker_with_rule_and_reason() {
         "{e}"
     );
     assert!(e["files_touched"].as_array().unwrap().is_empty(), "{e}");
+    assert!(e["diff"].is_null(), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -8,6 +8,7 @@ use warden_cli::output::Format;
 use warden_cli::{agents, approvals, audit, layout, logs, status, up};
 
 mod send;
+mod tasks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -163,6 +164,11 @@ enum Command {
         /// Continue this A2A context (conversation) instead of starting a new one.
         #[arg(long)]
         context: Option<String>,
+        /// Have the agent work on a copy of DIR (its files, `.git` left out), made by warden
+        /// inside the agent's sandbox: DIR is never touched; `warden tasks apply ID -C DIR`
+        /// brings the change back. Local deployments (`warden up`), your own directories only.
+        #[arg(short = 'C', long = "dir", value_name = "DIR")]
+        dir: Option<PathBuf>,
         /// The gateway's URL (default: the one `warden up` wrote in the state directory).
         #[arg(long, env = "WARDEN_GATEWAY_URL")]
         url: Option<String>,
@@ -177,6 +183,39 @@ enum Command {
         text: Option<String>,
         #[command(flatten)]
         out: OutputArgs,
+    },
+    /// Your tasks at the running gateway: list them, show one, print the change it made (a
+    /// unified diff computed by warden from the agent's root), or apply that change in a
+    /// directory with git. An ID may be any unique prefix.
+    #[command(
+        after_help = "Exit codes: 0 done, 1 error (a change that does not apply cleanly changes \
+                      nothing), 3 no such task, or the task changed no file."
+    )]
+    Tasks {
+        /// The gateway's URL (default: the one `warden up` wrote in the state directory).
+        #[arg(long, env = "WARDEN_GATEWAY_URL", global = true)]
+        url: Option<String>,
+        /// A file holding your bearer token (default: the one `warden up` generated).
+        #[arg(long, env = "WARDEN_TOKEN_FILE", global = true)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        out: OutputArgs,
+        #[command(subcommand)]
+        what: TasksCommand,
+    },
+    /// The contexts (conversations) of your tasks at the running gateway: `send --context ID`
+    /// continues one (on the same copy, with `-C`).
+    Contexts {
+        /// The gateway's URL (default: the one `warden up` wrote in the state directory).
+        #[arg(long, env = "WARDEN_GATEWAY_URL", global = true)]
+        url: Option<String>,
+        /// A file holding your bearer token (default: the one `warden up` generated).
+        #[arg(long, env = "WARDEN_TOKEN_FILE", global = true)]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        out: OutputArgs,
+        #[command(subcommand)]
+        what: ContextsCommand,
     },
     /// Move the local deployment's durable state from sled into PostgreSQL: warden-policy's
     /// audit log, warden-approver's queue and warden-gateway's tasks are copied (each daemon
@@ -285,6 +324,35 @@ enum ApprovalsCommand {
     /// Stream requests as they arrive; on a terminal, answer with a key: a = approve the
     /// selected one, d = deny it (asks for a reason), n = select the next, q = quit.
     Watch,
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// Your tasks, newest first.
+    List {
+        /// Only the tasks of this context (conversation).
+        #[arg(long)]
+        context: Option<String>,
+    },
+    /// One task: its context, state, what was asked, the files it changed.
+    Show { id: String },
+    /// The task's change as a unified diff on stdout (also saved under the state directory).
+    Diff { id: String },
+    /// Apply the task's change in DIR (default: the current directory): to its files as they
+    /// are (`git apply`), or where they changed since, merged (`git apply --3way`); checked
+    /// first, nothing changed when it does not apply cleanly. git runs with hooks off and no
+    /// system or global configuration.
+    Apply {
+        id: String,
+        #[arg(short = 'C', long = "dir", value_name = "DIR", default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContextsCommand {
+    /// Your contexts, newest first: how many tasks each holds, the newest one and its state.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -743,6 +811,7 @@ async fn main() -> ExitCode {
         Command::Send {
             agent,
             context,
+            dir,
             url,
             token_file,
             file,
@@ -761,6 +830,7 @@ async fn main() -> ExitCode {
                 send::SendArgs {
                     agent,
                     context,
+                    copy_from: dir,
                     text,
                     url,
                     token_file,
@@ -768,6 +838,49 @@ async fn main() -> ExitCode {
                 },
             )
             .await
+        }
+        Command::Tasks {
+            url,
+            token_file,
+            out,
+            what,
+        } => {
+            let json = out.json();
+            let name = match &what {
+                TasksCommand::List { .. } => "list",
+                TasksCommand::Show { .. } => "show",
+                TasksCommand::Diff { .. } => "diff",
+                TasksCommand::Apply { .. } => "apply",
+            };
+            let r = async {
+                let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
+                match what {
+                    TasksCommand::List { context } => {
+                        tasks::list(&gw, context.as_deref(), json).await
+                    }
+                    TasksCommand::Show { id } => tasks::show(&gw, &id, json).await,
+                    TasksCommand::Diff { id } => tasks::diff(&gw, &layout, &id, json).await,
+                    TasksCommand::Apply { id, dir } => {
+                        tasks::apply(&gw, &layout, &id, &dir, json).await
+                    }
+                }
+            }
+            .await;
+            tasks::finish(name, r, json)
+        }
+        Command::Contexts {
+            url,
+            token_file,
+            out,
+            what: ContextsCommand::List,
+        } => {
+            let json = out.json();
+            let r = async {
+                let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
+                tasks::contexts(&gw, json).await
+            }
+            .await;
+            tasks::finish("contexts list", r, json)
         }
         Command::Mcp => match warden_cli::mcp::run(&layout).await {
             Ok(()) => ExitCode::SUCCESS,

@@ -61,6 +61,8 @@ Exit status:
 pub struct SendArgs {
     pub agent: Option<String>,
     pub context: Option<String>,
+    /// `-C DIR`: the agent works on a copy of this directory.
+    pub copy_from: Option<PathBuf>,
     pub text: String,
     /// The gateway's URL instead of the one `warden up` wrote (a deployed gateway).
     pub url: Option<String>,
@@ -96,6 +98,30 @@ pub enum SendError {
     Signal(#[source] std::io::Error),
     #[error("cannot read the answer from stdin: {0}")]
     Stdin(#[source] std::io::Error),
+    #[error("-C {0}: {1}; nothing was sent")]
+    BadDir(String, String),
+}
+
+/// `-C DIR` as an absolute path (not resolved: a link is the supervisor's to refuse, and is
+/// refused here first), after the checks a person should hear about before anything starts.
+fn copy_source(dir: &Path) -> Result<String, SendError> {
+    let shown = dir.display().to_string();
+    let abs =
+        std::path::absolute(dir).map_err(|e| SendError::BadDir(shown.clone(), e.to_string()))?;
+    let meta = std::fs::symlink_metadata(&abs)
+        .map_err(|_| SendError::BadDir(shown.clone(), "no such directory".into()))?;
+    if meta.file_type().is_symlink() {
+        return Err(SendError::BadDir(
+            shown,
+            "a symbolic link; name the directory itself".into(),
+        ));
+    }
+    if !meta.is_dir() {
+        return Err(SendError::BadDir(shown, "not a directory".into()));
+    }
+    abs.to_str()
+        .map(str::to_string)
+        .ok_or_else(|| SendError::BadDir(shown, "not UTF-8".into()))
 }
 
 /// One line of the live view.
@@ -121,6 +147,10 @@ pub struct Rendered {
     pub refused: bool,
     /// A tool call's edit as a diff, with the tool call's id (shown once per call).
     pub diff: Option<(String, String)>,
+    /// The context id, from the stream's first event.
+    pub context_id: Option<String>,
+    /// The task's diff artifact (the change to its root), when this event carried it.
+    pub patch: Option<Value>,
 }
 
 fn short_state(s: &str) -> String {
@@ -132,6 +162,7 @@ pub fn render(ev: &Value) -> Rendered {
     let mut r = Rendered::default();
     if let Some(task) = ev.get("task") {
         r.task_id = task["id"].as_str().map(str::to_string);
+        r.context_id = task["contextId"].as_str().map(str::to_string);
         r.state = task["status"]["state"].as_str().map(str::to_string);
         r.shown.push(Shown::Line(format!(
             "[task] {} (context {})",
@@ -139,6 +170,10 @@ pub fn render(ev: &Value) -> Rendered {
             task["contextId"].as_str().unwrap_or("?")
         )));
     } else if let Some(a) = ev.get("artifactUpdate") {
+        if crate::tasks::is_diff(&a["artifact"]) {
+            r.patch = Some(a["artifact"].clone());
+            return r;
+        }
         for p in a["artifact"]["parts"].as_array().into_iter().flatten() {
             if let Some(t) = p["text"].as_str()
                 && !t.is_empty()
@@ -354,6 +389,9 @@ async fn cancel_task(addr: String, token: String, id: String) -> Option<String> 
 /// How one stream (one message) ended.
 struct Ended {
     task_id: Option<String>,
+    context_id: Option<String>,
+    /// The task's diff artifact, when it changed files.
+    patch: Option<Value>,
     /// The last state seen ("" if none).
     state: String,
     /// Whether the policy refused any permission on the way.
@@ -695,6 +733,8 @@ async fn stream(
     let mut events = SseStream::new(resp.into_body());
     let mut end = Ended {
         task_id: None,
+        context_id: None,
+        patch: None,
         state: String::new(),
         refused: false,
         interrupt: None,
@@ -777,6 +817,10 @@ async fn stream(
         let r = render(&ev);
         if end.task_id.is_none() {
             end.task_id = r.task_id.clone();
+            end.context_id = r.context_id.clone();
+        }
+        if r.patch.is_some() {
+            end.patch = r.patch.clone();
         }
         end.refused |= r.refused;
         if !view.json {
@@ -871,6 +915,13 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     if let Some(a) = &args.agent {
         message["metadata"] = json!({"agent": a});
     }
+    if let Some(dir) = &args.copy_from {
+        let src = copy_source(dir)?;
+        if !message["metadata"].is_object() {
+            message["metadata"] = json!({});
+        }
+        message["metadata"]["warden"] = json!({"copyFrom": src});
+    }
     let mut view = View::new(layout, args.json);
     let since_ms = warden_cli::approvals::now_ms();
     let mut refused = false;
@@ -890,13 +941,35 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
                 .as_deref()
                 .filter(|_| is_terminal(&end.state))
                 .and_then(|id| incident_of(layout, id, since_ms));
+            // The change the task made, kept on disk for the person and for `git apply`.
+            let patch = match (&end.patch, end.task_id.as_deref()) {
+                (Some(a), Some(id)) => crate::tasks::decode(id, a)
+                    .and_then(|d| Ok((crate::tasks::save_diff(layout, id, &d.text)?, d)))
+                    .map_err(|e| eprintln!("warden send: {e}"))
+                    .ok(),
+                _ => None,
+            };
             if view.json {
                 output::print_line(&json!({
-                    "type": "end", "taskId": end.task_id, "state": end.state,
-                    "exitCode": code, "refused": refused,
+                    "type": "end", "taskId": end.task_id, "contextId": end.context_id,
+                    "state": end.state, "exitCode": code, "refused": refused,
                     "incident": incident.as_ref().map(|p| p.display().to_string()),
+                    "diff": patch.as_ref().map(|(p, _)| p.display().to_string()),
+                    "filesChanged": patch.as_ref().map(|(_, d)| d.files.clone()).unwrap_or_default(),
                 }));
-            } else if let Some(p) = incident {
+                return Ok(code);
+            }
+            if let Some((path, d)) = &patch {
+                let id = end.task_id.as_deref().unwrap_or("");
+                view.show(&[Shown::Line(format!(
+                    "[diff] changed {}{}: `warden tasks diff {short}` shows it, `warden tasks apply {short} -C DIR` applies it (saved as {})",
+                    warden_terminal_text::inline(&d.files.join(", ")),
+                    if d.cut { " (cut at its cap)" } else { "" },
+                    path.display(),
+                    short = crate::tasks::short(id),
+                ))]);
+            }
+            if let Some(p) = incident {
                 view.show(&[Shown::Line(format!(
                     "[incident] what went wrong is recorded in {}",
                     p.display()

@@ -37,6 +37,12 @@ pub const META_KEY: &str = "warden";
 
 /// Longest `_meta` the gateway reads hints from; a bigger one is treated as having none.
 pub const MAX_HINT_META_BYTES: usize = 64 * 1024;
+/// The diff artifact: its id is the task's id and this suffix (never `-`, the agent's hinted
+/// artifacts' separator, so no agent can name it), its one part a file.
+pub const DIFF_ARTIFACT_SUFFIX: &str = ".diff";
+pub const DIFF_FILENAME: &str = "changes.diff";
+pub const DIFF_MEDIA_TYPE: &str = "text/x-diff";
+
 /// Longest artifact id, name, filename or media type taken from a hint.
 const MAX_HINT_FIELD: usize = 256;
 
@@ -610,6 +616,44 @@ impl TurnMapper {
         out
     }
 
+    fn diff_artifact_id(&self) -> String {
+        format!("{}{DIFF_ARTIFACT_SUFFIX}", self.task_id)
+    }
+
+    /// The conversation's change to its root so far (the supervisor's diff) as the task's
+    /// `text/x-diff` file artifact, whole in one update.
+    fn diff_artifact(&mut self, stop: &TurnStop) -> StreamResponse {
+        let mut meta = Metadata::new();
+        meta.insert(
+            "warden".into(),
+            json!({"files": stop.diff_files, "cut": stop.diff_cut}),
+        );
+        StreamResponse::ArtifactUpdate(TaskArtifactUpdateEvent {
+            task_id: self.task_id.clone(),
+            context_id: self.context_id.clone(),
+            artifact: Artifact {
+                artifact_id: self.diff_artifact_id(),
+                name: Some(DIFF_FILENAME.into()),
+                description: Some(
+                    "what this conversation changed in its root so far, as a unified diff \
+                     (git apply)"
+                        .into(),
+                ),
+                parts: vec![Part {
+                    content: PartContent::Raw(base64(stop.diff.as_bytes())),
+                    metadata: None,
+                    filename: Some(DIFF_FILENAME.into()),
+                    media_type: Some(DIFF_MEDIA_TYPE.into()),
+                }],
+                metadata: Some(meta),
+                extensions: Vec::new(),
+            },
+            append: false,
+            last_chunk: true,
+            metadata: None,
+        })
+    }
+
     /// One hinted chunk as an artifact update. The agent's id is scoped by the task id so it can
     /// never collide with the answer artifact or another task's artifacts.
     fn hinted_artifact(&mut self, hint: &ArtifactHint, text: &str) -> StreamResponse {
@@ -728,6 +772,7 @@ impl TurnMapper {
             && stop.stop_reason == "end_turn"
             && stop.refusals.is_empty()
             && !self.task_only
+            && stop.diff.is_empty()
             && !self.answer_started
             && self.text.is_empty()
             && !reply.is_empty();
@@ -740,6 +785,9 @@ impl TurnMapper {
             self.ensure_working(&mut out, now);
             let rest = std::mem::take(&mut self.text);
             out.push(self.answer_update(rest, true));
+        }
+        if !stop.diff.is_empty() {
+            out.push(self.diff_artifact(stop));
         }
         let refusals: Vec<String> = stop.refusals.iter().map(refusal_line).collect();
         let fault = stop.fault.clone().or_else(|| self.last_fault.clone());
@@ -825,6 +873,12 @@ impl TurnMapper {
         }
         if direct {
             fields["directMessage"] = Value::Bool(true);
+        }
+        if !stop.diff.is_empty() {
+            fields["diff"] = json!({
+                "artifactId": self.diff_artifact_id(), "files": stop.diff_files,
+                "cut": stop.diff_cut, "bytes": stop.diff.len(),
+            });
         }
         if rejected {
             fields["rejectedByAgent"] = Value::Bool(true);
@@ -973,6 +1027,50 @@ mod tests {
             }
             other => panic!("last event is not a status: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_turn_that_changed_files_ends_with_its_diff_as_a_file_artifact() {
+        let mut m = TurnMapper::new("t1", "c1");
+        let diff = "diff --git a/a.txt b/a.txt\nnew file mode 100644\n--- /dev/null\n+++ b/a.txt\n@@ -0,0 +1 @@\n+hi\n";
+        let out = run(
+            &mut m,
+            vec![
+                started(),
+                Event::Stop(TurnStop {
+                    stop_reason: "end_turn".into(),
+                    diff: diff.into(),
+                    diff_files: vec!["a.txt".into()],
+                    ..Default::default()
+                }),
+            ],
+        );
+        let art = out
+            .iter()
+            .find_map(|e| match e {
+                StreamResponse::ArtifactUpdate(a) => Some(&a.artifact),
+                _ => None,
+            })
+            .expect("the diff artifact");
+        assert_eq!(art.artifact_id, "t1.diff");
+        assert_eq!(art.parts.len(), 1);
+        assert_eq!(
+            art.parts[0].content,
+            PartContent::Raw(base64(diff.as_bytes()))
+        );
+        assert_eq!(art.parts[0].media_type.as_deref(), Some("text/x-diff"));
+        assert_eq!(art.parts[0].filename.as_deref(), Some("changes.diff"));
+        let (status, _, meta) = final_status(&out);
+        assert_eq!(status.state, TaskState::Completed);
+        assert_eq!(meta["diff"]["files"], json!(["a.txt"]));
+        assert_eq!(meta["diff"]["artifactId"], "t1.diff");
+        // A turn that changed nothing has no diff artifact.
+        let mut m = TurnMapper::new("t2", "c1");
+        let out = run(&mut m, vec![started(), stop("end_turn", vec![], None)]);
+        assert!(
+            !out.iter()
+                .any(|e| matches!(e, StreamResponse::ArtifactUpdate(_)))
+        );
     }
 
     #[test]

@@ -140,6 +140,9 @@ pub struct SupervisorConfig {
     pub workspaces: BTreeMap<String, WorkspaceConfig>,
     #[serde(default)]
     pub sandbox: SandboxSection,
+    /// Conversations that start as a copy of a caller's directory (`copy_from`).
+    #[serde(default)]
+    pub copies: CopiesSection,
     #[serde(default)]
     pub runtime: RuntimeSection,
     #[serde(default)]
@@ -803,6 +806,31 @@ pub struct WorkspaceConfig {
     /// Allow execute/fetch/other in this (not owned) root.
     #[serde(default)]
     pub allow_execute: bool,
+}
+
+/// `[copies]`: a conversation's root made as a copy of a directory the caller names
+/// (`OpenConversationRequest.copy_from`, `warden send -C DIR`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CopiesSection {
+    /// Honour `copy_from` at all (off by default; `warden up` turns it on for a local
+    /// deployment, where the caller is the person who owns the directory). A deployed host
+    /// offers operator workspaces instead.
+    pub local_dirs: bool,
+    /// Bytes of file content a copy holds at most; a larger directory is refused.
+    pub max_bytes: u64,
+    /// Entries a copied directory holds at most; a larger one is refused.
+    pub max_entries: usize,
+}
+
+impl Default for CopiesSection {
+    fn default() -> Self {
+        Self {
+            local_dirs: false,
+            max_bytes: 64 << 20,
+            max_entries: 20_000,
+        }
+    }
 }
 
 /// OS containment settings.

@@ -74,6 +74,8 @@ pub struct Conversation {
     pub ended_before: std::sync::atomic::AtomicBool,
     /// The uid this conversation gave back while its agent was stopped (for the log).
     parked_from: Mutex<Option<warden_sandbox::AgentIdentity>>,
+    /// The root as this conversation's first turn found it: what each turn's diff is against.
+    baseline: Mutex<Option<Arc<crate::patch::Baseline>>>,
 }
 
 /// How a turn ended.
@@ -143,6 +145,7 @@ impl Conversation {
             last_kill: Mutex::new((false, 0)),
             home: Mutex::new(Some(home)),
             ended_before: std::sync::atomic::AtomicBool::new(false),
+            baseline: Mutex::new(None),
             parked_from: Mutex::new(None),
         });
         let p = match warm {
@@ -556,6 +559,7 @@ impl Conversation {
             duration_millis: 0,
             files_changed: vec![],
             files_changed_unknown: true,
+            ..Default::default()
         }));
     }
 
@@ -1061,6 +1065,7 @@ impl Conversation {
             None => None,
         };
         let before = self.root_snapshot().await;
+        self.take_baseline(before.as_ref()).await;
         let stop = match early {
             Some(out) => out,
             None => self.drive_inner(p, turn, &session_id, timeout_secs).await,
@@ -1094,6 +1099,13 @@ impl Conversation {
         }
         // After the kill, if there was one: nothing of the tree writes any more.
         let after = self.root_snapshot().await;
+        let changed_any = match (&before, &after) {
+            (Some(b), Some(a)) => !b.changed(a).is_empty(),
+            _ => true,
+        };
+        if changed_any && let Some(a) = &after {
+            turn.lock().patch = self.patch_now(a.clone()).await;
+        }
         turn.lock().files_changed = match (before, after) {
             (Some(b), Some(a)) => {
                 let mut changed: Vec<String> = b
@@ -1112,6 +1124,39 @@ impl Conversation {
             self.give_back_uid().await;
         }
         stop.stop
+    }
+
+    /// At the conversation's first turn (the first whose root could be walked): the root's
+    /// content, the baseline of every later turn's diff.
+    async fn take_baseline(&self, snap: Option<&warden_containment::beneath::Snapshot>) {
+        let Some(snap) = snap else { return };
+        if self.baseline.lock().map(|b| b.is_some()).unwrap_or(true) {
+            return;
+        }
+        let core = self.core.clone();
+        let snap = snap.clone();
+        let taken = tokio::task::spawn_blocking(move || {
+            core.files().map(|r| crate::patch::Baseline::take(&r, snap))
+        })
+        .await
+        .ok()
+        .flatten();
+        if let (Some(b), Ok(mut slot)) = (taken, self.baseline.lock()) {
+            *slot = Some(Arc::new(b));
+        }
+    }
+
+    /// The conversation's change so far: the baseline against the root as `now` shows it.
+    async fn patch_now(
+        &self,
+        now: warden_containment::beneath::Snapshot,
+    ) -> Option<crate::patch::Patch> {
+        let base = self.baseline.lock().ok()?.clone()?;
+        let core = self.core.clone();
+        tokio::task::spawn_blocking(move || base.patch(&*core.files()?, &now))
+            .await
+            .ok()
+            .flatten()
     }
 
     /// The root as it is now (off the runtime threads), or None when it cannot be walked.
@@ -1542,7 +1587,14 @@ impl Conversation {
             }
             turn.emit(Event::Fault(fault::fault(*class, msg.clone())));
         }
-        let (refusals, permissions, usage, transcript_path, (files_changed, files_changed_unknown)) = {
+        let (
+            refusals,
+            permissions,
+            usage,
+            transcript_path,
+            (files_changed, files_changed_unknown),
+            patch,
+        ) = {
             let mut st = turn.lock();
             let path = st
                 .transcript
@@ -1562,6 +1614,7 @@ impl Conversation {
                 st.usage,
                 path,
                 std::mem::take(&mut st.files_changed),
+                st.patch.take().unwrap_or_default(),
             )
         };
         let health = Health {
@@ -1605,6 +1658,9 @@ impl Conversation {
             duration_millis: duration.as_millis() as u64,
             files_changed,
             files_changed_unknown,
+            diff: patch.text,
+            diff_files: patch.files,
+            diff_cut: patch.cut,
         }));
     }
 }

@@ -13,7 +13,7 @@
 #![forbid(unsafe_code)]
 
 // Layers, each importing only those below it (ARCHITECTURE.md draws them):
-//   config, adapters, records, fault, metrics, policy, translate, mode, options, fair, live,
+//   config, adapters, records, fault, metrics, policy, translate, mode, options, patch, copy, fair, live,
 //   admission, cell                                    leaves (live, admission: over fair; cell:
 //                                                      the registry row, figures handed in)
 //   egress                                             an agent's egress proxy (reports through a trait)
@@ -35,6 +35,7 @@ pub mod bridge;
 pub mod cell;
 pub mod config;
 pub mod conversation;
+pub mod copy;
 pub mod core;
 pub mod decide_stream;
 pub mod egress;
@@ -44,6 +45,7 @@ pub mod live;
 pub mod metrics;
 pub mod mode;
 pub mod options;
+pub mod patch;
 pub mod policy;
 pub mod pool;
 pub mod records;

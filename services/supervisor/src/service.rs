@@ -295,6 +295,7 @@ impl Supervisor {
         // (its root, home and uid become the conversation's; what the request asks of the
         // session — a model, an effort, planning for its verb — is set at the take).
         if req.workspace.is_empty()
+            && req.copy_from.is_empty()
             && matches!(self.shared.roots.get(&req.context_id), Ok(None))
             && let Some(w) = self.pool.take(agent_name, &agent_cfg, profile)
             && let Some(res) = self
@@ -362,13 +363,33 @@ impl Supervisor {
                     b
                 }
                 None => {
+                    // Refused before anything is made.
+                    if !req.copy_from.is_empty() && !s.file.copies.local_dirs {
+                        return Err(Status::failed_precondition(
+                            crate::copy::CopyError::Off.to_string(),
+                        ));
+                    }
                     made_root = true;
-                    self.shared
+                    let b = self
+                        .shared
                         .roots
                         .create(&req.context_id, &req.principal, false, profile, ident)
-                        .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?
+                        .map_err(|e| Status::internal(format!("cannot make a sandbox: {e}")))?;
+                    if !req.copy_from.is_empty()
+                        && let Err(e) = self.copy_into(req, &b, ident).await
+                    {
+                        if let Err(e) = self.shared.roots.remove(&req.context_id) {
+                            tracing::warn!(context_id = %req.context_id, error = %e, "cannot remove the sandbox of a refused copy");
+                        }
+                        return Err(e);
+                    }
+                    b
                 }
             }
+        } else if !req.copy_from.is_empty() {
+            return Err(Status::invalid_argument(
+                "copy_from and workspace exclude each other: a conversation works in an operator workspace, or on a copy",
+            ));
         } else {
             let w = s.file.workspaces.get(&req.workspace).ok_or_else(|| {
                 Status::invalid_argument(format!("no configured workspace {:?}", req.workspace))
@@ -405,6 +426,34 @@ impl Supervisor {
             }
         };
         Ok(self.opened(req, guard, conv))
+    }
+
+    /// The new root `b` made a copy of `req.copy_from`, with the agent's rights (off the
+    /// runtime threads).
+    async fn copy_into(
+        &self,
+        req: &pb::OpenConversationRequest,
+        b: &warden_sandbox::Boundary,
+        ident: Option<warden_sandbox::AgentIdentity>,
+    ) -> Result<(), Status> {
+        let caps = self.shared.settings().file.copies.clone();
+        let src = req.copy_from.clone();
+        let root = b.root.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let dst = warden_containment::beneath::RootDir::open_as(&root, ident.map(Into::into))
+                .map_err(|e| crate::copy::CopyError::Write(e.to_string()))?;
+            crate::copy::copy_into(&src, &dst, &caps)
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the copy stopped: {e}")))?;
+        match done {
+            Ok(files) => {
+                tracing::info!(context_id = %req.context_id, files, "conversation root made as a copy");
+                Ok(())
+            }
+            Err(e @ crate::copy::CopyError::Write(_)) => Err(Status::internal(e.to_string())),
+            Err(e) => Err(Status::failed_precondition(e.to_string())),
+        }
     }
 
     /// What a caller is told for a start that failed, recorded as an incident unless it was no

@@ -79,6 +79,8 @@ pub struct TurnInput {
 pub struct TurnMut {
     /// What the root walk saw change during the turn: (paths, unknown).
     pub files_changed: (Vec<String>, bool),
+    /// The conversation's change to its root so far, when this turn changed files.
+    pub patch: Option<crate::patch::Patch>,
     pub refusals: Vec<pb::Refusal>,
     pub questions: HashMap<String, oneshot::Sender<ElicitationResponse>>,
     /// Locations, kind and title of tool calls seen in this session's updates, by id.

@@ -78,6 +78,9 @@ pub fn daemon_args(name: &str, o: &UpOptions) -> Vec<String> {
                 .map(|a| toml_str(Path::new(a)))
                 .collect();
             sets.push(format!("egress.warden_listeners=[{}]", listeners.join(",")));
+            // A local deployment is the person's own: `warden send -C DIR` may have the agent
+            // work on a copy of a directory of theirs (the supervisor checks it is theirs).
+            sets.push("copies.local_dirs=true".into());
         }
         "gateway" => {
             sets.push(format!(

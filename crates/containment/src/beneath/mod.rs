@@ -28,11 +28,13 @@ use crate::rights::{Rights, with_rights};
 use crate::{RealFs, resolve};
 
 mod chown;
+mod contents;
 mod find;
 mod remove;
 mod snapshot;
 
 pub use chown::{CHOWN_MAX_DEPTH, chown_beneath};
+pub use contents::Content;
 pub use find::{EntryKind, FIND_MAX_DEPTH};
 pub use remove::{REMOVE_MAX_DEPTH, remove_tree};
 pub use snapshot::{SNAPSHOT_MAX_DEPTH, Snapshot};

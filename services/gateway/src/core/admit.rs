@@ -208,6 +208,7 @@ impl Core {
                 text.len()
             )));
         }
+        let copy_from = copy_from(req)?;
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
             Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
                 return Err(A2aError::InvalidParams(format!(
@@ -334,6 +335,7 @@ impl Core {
                 // A2A has no model field: the agent's default.
                 model: String::new(),
                 effort: String::new(),
+                copy_from,
             }),
         };
         Ok((live, run))
@@ -370,6 +372,27 @@ impl Core {
         }
         self.closing.wait(context_id).await;
         Ok(())
+    }
+}
+
+/// The directory a new conversation's root is to be a copy of (`metadata.warden.copyFrom`, as
+/// `warden send -C DIR` sends it), passed to the supervisor, which alone decides whether it
+/// copies it (`[copies]`: a local deployment's own user's directories only). Only its shape is
+/// checked here: absolute, bounded, no control characters.
+fn copy_from(req: &SendMessageRequest) -> Result<String, A2aError> {
+    let get = |m: &Option<crate::a2a::Metadata>| -> Option<serde_json::Value> {
+        m.as_ref()?.get(META_KEY)?.get("copyFrom").cloned()
+    };
+    let Some(v) = get(&req.message.metadata).or_else(|| get(&req.metadata)) else {
+        return Ok(String::new());
+    };
+    match v.as_str() {
+        Some(p) if p.starts_with('/') && p.len() <= 4096 && !p.chars().any(char::is_control) => {
+            Ok(p.to_string())
+        }
+        _ => Err(A2aError::InvalidParams(
+            "metadata.warden.copyFrom must be an absolute path of at most 4096 bytes".into(),
+        )),
     }
 }
 

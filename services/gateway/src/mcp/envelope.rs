@@ -23,6 +23,8 @@ pub const MAX_ITEMS: usize = 64;
 pub const MAX_TEXT: usize = 4096;
 /// The envelope's JSON at most.
 pub const MAX_ENVELOPE_BYTES: usize = 64 * 1024;
+/// The diff's text kept in an envelope at most (cut at a line's end past it).
+pub const MAX_DIFF_TEXT: usize = 32 * 1024;
 /// `{` positions (from the end) tried as the start of the decision object.
 pub const DECISION_CANDIDATES: usize = 256;
 /// The answer text retained per attempt for the decision fields (the tail is kept).
@@ -131,6 +133,19 @@ pub struct Observed {
     pub changed_files: Vec<String>,
     /// False when the supervisor could not walk the root (too large, unreadable).
     pub changed_files_known: bool,
+    /// The conversation's change to its root so far, when this turn changed files.
+    pub diff: Option<Diff>,
+}
+
+/// The supervisor's unified diff of the root (its baseline against the turn's end).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Diff {
+    /// git's format (`git apply` takes it); at most [`MAX_DIFF_TEXT`] bytes here.
+    pub text: String,
+    /// Every file the diff is about, also those cut from `text`.
+    pub files: Vec<String>,
+    /// True when `text` stops before the end of the diff.
+    pub cut: bool,
 }
 
 impl Observed {
@@ -295,6 +310,9 @@ pub struct Envelope {
     /// after), "tool-calls" (the turn's completed edits, when the root could not be walked), or
     /// "none" (nothing ran).
     pub files_touched_from: &'static str,
+    /// The conversation's change to its root so far as a unified diff (null when this turn
+    /// changed no file or nothing ran).
+    pub diff: Option<Diff>,
     pub remaining: Vec<String>,
     pub blockers: Vec<Blocker>,
     pub run_id: String,
@@ -329,6 +347,7 @@ impl Envelope {
             findings: vec![],
             files_touched: vec![],
             files_touched_from: "none",
+            diff: None,
             remaining: vec![],
             blockers: vec![blocker],
             run_id: h.run_id,
@@ -432,6 +451,7 @@ impl Envelope {
             findings,
             files_touched,
             files_touched_from,
+            diff: o.diff.clone(),
             remaining,
             blockers,
             run_id: h.run_id,
@@ -466,9 +486,26 @@ impl Envelope {
             b.reason = r;
             t |= rt;
         }
+        if let Some(d) = &mut e.diff {
+            if d.files.len() > MAX_ITEMS {
+                d.files.truncate(MAX_ITEMS);
+                d.cut = true;
+            }
+            if d.text.len() > MAX_DIFF_TEXT {
+                cut_lines(&mut d.text, MAX_DIFF_TEXT);
+                d.cut = true;
+            }
+        }
         e.truncated = t;
         while serde_json::to_vec(&e).map(|v| v.len()).unwrap_or(0) > MAX_ENVELOPE_BYTES {
             e.truncated = true;
+            // The diff's text goes first: its files stay named, and the whole diff is the task's.
+            if let Some(d) = e.diff.as_mut().filter(|d| !d.text.is_empty()) {
+                let half = d.text.len() / 2;
+                cut_lines(&mut d.text, half);
+                d.cut = true;
+                continue;
+            }
             if e.findings.pop().is_none() && e.remaining.pop().is_none() {
                 // Blockers are kept longest: they are what the caller must act on.
                 if e.files_touched.pop().is_none() && e.blockers.pop().is_none() {
@@ -484,13 +521,26 @@ impl Envelope {
     }
 }
 
+/// Cuts `text` to at most `max` bytes, at the end of a line.
+fn cut_lines(text: &mut String, max: usize) {
+    if text.len() <= max {
+        return;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let end = text[..end].rfind('\n').map_or(0, |i| i + 1);
+    text.truncate(end);
+}
+
 /// The `outputSchema` of the verbs.
 pub fn output_schema() -> Value {
     let strings = json!({"type": "array", "items": {"type": "string"}, "maxItems": MAX_ITEMS});
     json!({
         "type": "object",
         "additionalProperties": false,
-        "required": ["status", "verdict", "findings", "files_touched", "files_touched_from", "remaining", "blockers",
+        "required": ["status", "verdict", "findings", "files_touched", "files_touched_from", "diff", "remaining", "blockers",
                      "run_id", "duration_ms", "depth", "transcript_path", "incident",
                      "verb", "agent", "attempts", "truncated"],
         "properties": {
@@ -502,6 +552,13 @@ pub fn output_schema() -> Value {
                               "description": "files warden saw change under the root (relative to it), not what the model claims"},
             "files_touched_from": {"type": "string", "enum": ["root", "tool-calls", "none"],
                                    "description": "root: the supervisor walked the root before and after the turn; tool-calls: the root could not be walked, so the turn's completed edits are listed"},
+            "diff": {"type": ["object", "null"], "additionalProperties": false,
+                     "required": ["text", "files", "cut"],
+                     "description": "what the conversation changed in its root so far, as a unified diff in git's format computed by warden from the root's contents (links never followed); null when this turn changed no file",
+                     "properties": {
+                         "text": {"type": "string", "maxLength": MAX_DIFF_TEXT},
+                         "files": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_ITEMS},
+                         "cut": {"type": "boolean", "description": "the text stops before the diff's end (its cap, or the envelope's)"}}},
             "remaining": strings,
             "blockers": {"type": "array", "maxItems": MAX_ITEMS, "items": {
                 "type": "object", "additionalProperties": false, "required": ["kind", "reason"],
@@ -616,6 +673,31 @@ mod tests {
         let e = Envelope::from_observed(h(), &o);
         assert_eq!(e.files_touched, vec!["made-by-shell.txt"]);
         assert_eq!(e.files_touched_from, "root");
+    }
+
+    #[test]
+    fn the_diff_is_carried_and_cut_at_a_line_to_fit() {
+        let line = format!("+{}\n", "x".repeat(99));
+        let o = Observed {
+            diff: Some(Diff {
+                text: line.repeat(2000),
+                files: vec!["a".into()],
+                cut: false,
+            }),
+            ..Default::default()
+        };
+        let e = Envelope::from_observed(h(), &o);
+        let d = e.diff.as_ref().expect("the diff");
+        assert!(d.cut);
+        assert_eq!(d.files, vec!["a"]);
+        assert!(d.text.len() <= MAX_DIFF_TEXT && d.text.len() > MAX_DIFF_TEXT / 2);
+        assert!(d.text.ends_with('\n') && d.text.len().is_multiple_of(line.len()));
+        assert!(serde_json::to_vec(&e).unwrap().len() <= MAX_ENVELOPE_BYTES);
+        assert!(
+            Envelope::from_observed(h(), &Observed::default())
+                .diff
+                .is_none()
+        );
     }
 
     #[test]

@@ -361,6 +361,8 @@ impl McpFront {
                     verb: verb.name().into(),
                     model: args.model.clone().unwrap_or_default(),
                     effort: args.effort.clone().unwrap_or_default(),
+                    // MCP works in an operator workspace or its own sandbox, never on a copy.
+                    copy_from: String::new(),
                 }),
             };
             tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.principal, "MCP turn");

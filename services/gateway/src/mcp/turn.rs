@@ -13,7 +13,7 @@ use warden_proto::v1::{
     turn_event::Event,
 };
 
-use super::envelope::{Blocker, BlockerKind, FaultSeen, Observed, ToolSeen};
+use super::envelope::{Blocker, BlockerKind, Diff, FaultSeen, Observed, ToolSeen};
 use crate::core::Core;
 
 /// A question of the agent, for the caller.
@@ -261,6 +261,13 @@ pub async fn run(
                 }
                 o.changed_files = s.files_changed;
                 o.changed_files_known = !s.files_changed_unknown;
+                if !s.diff.is_empty() {
+                    o.diff = Some(Diff {
+                        text: s.diff,
+                        files: s.diff_files,
+                        cut: s.diff_cut,
+                    });
+                }
                 o.stop_reason = s.stop_reason;
                 o.transcript_path = s.transcript_path;
                 o.duration_ms = s.duration_millis;
