@@ -37,6 +37,7 @@ pub mod translate03;
 pub mod auth;
 pub mod cells;
 pub mod metrics;
+pub mod oidc;
 pub mod peer;
 pub mod push;
 pub mod push_limits;

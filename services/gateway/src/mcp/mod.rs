@@ -183,20 +183,15 @@ fn jsonrpc_error(status: StatusCode, code: i64, message: &str) -> Response {
 }
 
 fn unauthorized(edge: &Edge, failure: AuthFailure) -> Response {
-    let (challenge, message) = match failure {
-        AuthFailure::Missing => (
-            format!(
-                "Bearer realm=\"warden\", resource_metadata=\"{}\"",
-                edge.metadata_url
-            ),
-            "authentication required: send Authorization: Bearer <token>",
+    let message = failure.message();
+    let challenge = match failure {
+        AuthFailure::Missing => format!(
+            "Bearer realm=\"warden\", resource_metadata=\"{}\"",
+            edge.metadata_url
         ),
-        AuthFailure::Invalid => (
-            format!(
-                "Bearer realm=\"warden\", error=\"invalid_token\", resource_metadata=\"{}\"",
-                edge.metadata_url
-            ),
-            "the bearer token is not valid",
+        _ => format!(
+            "Bearer realm=\"warden\", error=\"invalid_token\", resource_metadata=\"{}\"",
+            edge.metadata_url
         ),
     };
     let mut r = jsonrpc_error(StatusCode::UNAUTHORIZED, -32001, message);
@@ -319,8 +314,12 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             "Forbidden: Origin header is not allowed",
         );
     }
-    let principal = match edge.auth.authenticate(headers) {
-        Ok(p) => p,
+    let principal = match edge
+        .auth
+        .authenticate_request(headers, req.extensions())
+        .await
+    {
+        Ok(id) => id.principal,
         Err(f) => return unauthorized(&edge, f),
     };
     let session = headers
