@@ -268,6 +268,35 @@ pub struct TokenEntry {
     pub groups: Vec<String>,
 }
 
+/// An algorithm name of `algorithms`: asymmetric ones only.
+pub fn parse_algorithm(name: &str) -> Result<jsonwebtoken::Algorithm, String> {
+    use jsonwebtoken::Algorithm;
+    let alg: Algorithm = name
+        .parse()
+        .map_err(|_| format!("{name:?} is not a JWS algorithm this gateway knows"))?;
+    match alg {
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => Err(format!(
+            "{name} is symmetric: a gateway holding the issuer's secret could mint tokens; use an asymmetric algorithm"
+        )),
+        a => Ok(a),
+    }
+}
+
+/// A discovery or JWKS URL: https, or http to a loopback host only (nothing else can read it).
+pub fn check_fetch_url(url: &str) -> Result<(), String> {
+    let u = warden_egress::HttpUrl::parse(url)?;
+    let loopback = u.host == "localhost"
+        || u.host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if !u.tls && !loopback {
+        return Err(format!(
+            "{url}: must be https (http only to a loopback host)"
+        ));
+    }
+    Ok(())
+}
+
 /// `[[auth.oidc]]`: one OpenID Connect issuer whose signed JWTs are accepted as bearer tokens
 /// (`src/oidc.rs` verifies them; docs/identity.md).
 #[derive(Debug, Clone, Deserialize)]
@@ -846,12 +875,12 @@ impl GatewayConfig {
         let mut prefixes: Vec<String> = Vec::new();
         for (i, o) in a.oidc.iter().enumerate() {
             let k = |f: &str| format!("auth.oidc[{i}].{f}");
-            crate::oidc::check_fetch_url(&o.issuer).or_else(|e| bad(k("issuer"), e))?;
+            check_fetch_url(&o.issuer).or_else(|e| bad(k("issuer"), e))?;
             if o.issuer.contains('#') || o.issuer.contains('?') {
                 return bad(k("issuer"), "an issuer URL has no query or fragment".into());
             }
             if let Some(u) = &o.jwks_url {
-                crate::oidc::check_fetch_url(u).or_else(|e| bad(k("jwks_url"), e))?;
+                check_fetch_url(u).or_else(|e| bad(k("jwks_url"), e))?;
             }
             if o.audiences.is_empty() || o.audiences.iter().any(|x| x.is_empty()) {
                 return bad(k("audiences"), "name at least one, none empty".into());
@@ -860,7 +889,7 @@ impl GatewayConfig {
                 return bad(k("algorithms"), "name at least one".into());
             }
             for alg in &o.algorithms {
-                crate::oidc::parse_algorithm(alg)
+                parse_algorithm(alg)
                     .map(|_| ())
                     .or_else(|e| bad(k("algorithms"), e))?;
             }

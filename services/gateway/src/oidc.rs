@@ -18,6 +18,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
 use crate::config::{AuthSection, OidcIssuerConfig};
+pub use crate::config::{check_fetch_url, parse_algorithm};
 
 /// Largest discovery document or JWKS read (a real one is a few KiB).
 const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
@@ -106,34 +107,6 @@ pub struct Verified {
 /// Seconds since the epoch (`exp` is compared with this).
 pub fn now_secs() -> u64 {
     jsonwebtoken::get_current_timestamp()
-}
-
-/// An algorithm name of `algorithms`: asymmetric ones only.
-pub fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
-    let alg: Algorithm = name
-        .parse()
-        .map_err(|_| format!("{name:?} is not a JWS algorithm this gateway knows"))?;
-    match alg {
-        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => Err(format!(
-            "{name} is symmetric: a gateway holding the issuer's secret could mint tokens; use an asymmetric algorithm"
-        )),
-        a => Ok(a),
-    }
-}
-
-/// A discovery or JWKS URL: https, or http to a loopback host only (nothing else can read it).
-pub fn check_fetch_url(url: &str) -> Result<(), String> {
-    let u = warden_egress::HttpUrl::parse(url)?;
-    let loopback = u.host == "localhost"
-        || u.host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    if !u.tls && !loopback {
-        return Err(format!(
-            "{url}: must be https (http only to a loopback host)"
-        ));
-    }
-    Ok(())
 }
 
 /// Fetch settings shared by every issuer.
