@@ -71,8 +71,11 @@ pub struct Authenticated(pub Identity);
 /// `[[agents.access]]` rules naming a group are matched against.
 #[derive(Debug, Default)]
 pub struct Groups {
-    by_principal: std::sync::RwLock<std::collections::HashMap<String, (Vec<String>, Option<u64>)>>,
+    by_principal: std::sync::RwLock<std::collections::HashMap<String, Membership>>,
 }
+
+/// A principal's groups and when they stop counting (`exp` of the token that carried them).
+type Membership = (Vec<String>, Option<u64>);
 
 /// Past this many principals, expired entries are dropped at the next record.
 const GROUPS_PRUNE_AT: usize = 4096;
