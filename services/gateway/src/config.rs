@@ -1364,6 +1364,74 @@ mod tests {
     }
 
     #[test]
+    fn oidc_issuers_and_group_rules_are_checked() {
+        let iss = |extra: &str| {
+            format!(r#"auth.oidc=[{{issuer="https://idp.example", audiences=["warden"]{extra}}}]"#)
+        };
+        let ok =
+            load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_O", &[iss("")]).unwrap();
+        ok.value.validate(&ok.origin).unwrap();
+        assert_eq!(ok.value.auth.oidc[0].prefix(), "https://idp.example#");
+        let two = format!(
+            r#"auth.oidc=[{{issuer="https://a.example", audiences=["w"], principal_prefix="corp:"}}, {{issuer="https://b.example", audiences=["w"], principal_prefix="corp:eu:"}}]"#
+        );
+        for (set, key) in [
+            (iss(r#", algorithms=["HS256"]"#), "auth.oidc[0].algorithms"),
+            (iss(r#", algorithms=["none"]"#), "auth.oidc[0].algorithms"),
+            (
+                iss(r#", jwks_url="http://idp.example/keys""#),
+                "auth.oidc[0].jwks_url",
+            ),
+            (
+                iss(r#", principal_claim="name""#),
+                "auth.oidc[0].principal_claim",
+            ),
+            (iss(r#", leeway_secs=3600"#), "auth.oidc[0].leeway_secs"),
+            (
+                iss(r#", principal_prefix="""#),
+                "auth.oidc[0].principal_prefix",
+            ),
+            (
+                r#"auth.oidc=[{issuer="http://idp.example", audiences=["w"]}]"#.into(),
+                "auth.oidc[0].issuer",
+            ),
+            (
+                r#"auth.oidc=[{issuer="https://idp.example", audiences=[]}]"#.into(),
+                "auth.oidc[0].audiences",
+            ),
+            (two, "auth.oidc[1].principal_prefix"),
+            (
+                r#"agents.access=[{principal="a", group="g"}]"#.into(),
+                "agents.access[0]",
+            ),
+            (
+                r#"agents.access=[{agents=["x"]}]"#.into(),
+                "agents.access[0]",
+            ),
+            (
+                r#"agents.access=[{group="g"}, {group="g"}]"#.into(),
+                "agents.access[1].group",
+            ),
+            ("auth.max_token_bytes=10".into(), "auth.max_token_bytes"),
+            ("auth.jwks_timeout_ms=0".into(), "auth.jwks_timeout_ms"),
+        ] {
+            let err =
+                load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_O", &[set.clone()])
+                    .and_then(|c| c.value.validate(&c.origin));
+            let text = err.expect_err(&set).to_string();
+            assert!(text.contains(key), "{set}: {text}");
+        }
+        // A static token's principal inside an issuer's namespace would collide with it.
+        let clash = format!(
+            "{EMBEDDED}\n[[auth.tokens]]\nprincipal = \"https://idp.example#alice\"\nsha256 = \"{}\"\n",
+            "0".repeat(64)
+        );
+        let c = load::<GatewayConfig>(None, &clash, "WARDEN_GATEWAY_TEST_O", &[iss("")]).unwrap();
+        let text = c.value.validate(&c.origin).unwrap_err().to_string();
+        assert!(text.contains("auth.oidc[0].principal_prefix"), "{text}");
+    }
+
+    #[test]
     fn url_hosts() {
         assert_eq!(url_host("http://127.0.0.1:8080/a"), Some("127.0.0.1:8080"));
         assert_eq!(url_host("https://gw.example"), Some("gw.example"));
