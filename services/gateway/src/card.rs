@@ -241,3 +241,30 @@ impl CardResponse {
         card
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_openid_connect_scheme_gets_its_0_3_type_and_url() {
+        let mut cfg: crate::config::GatewayConfig = warden_daemon::config::load(
+            None,
+            crate::config::EMBEDDED,
+            "WARDEN_GATEWAY_TEST_T03",
+            &[r#"auth.oidc=[{issuer="https://idp.example", audiences=["w"]}]"#.to_string()],
+        )
+        .unwrap()
+        .value;
+        cfg.auth.token_file = Some("t".into());
+        let card = crate::translate03::card_json(&agent_card(&cfg));
+        let s = &card["securitySchemes"];
+        assert_eq!(s["oidc1"]["type"], "openIdConnect", "{card}");
+        assert_eq!(
+            s["oidc1"]["openIdConnectUrl"],
+            "https://idp.example/.well-known/openid-configuration"
+        );
+        assert_eq!(s["bearer"]["type"], "http", "{card}");
+        assert_eq!(card["security"].as_array().map(Vec::len), Some(2), "{card}");
+    }
+}

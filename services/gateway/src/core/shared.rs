@@ -321,3 +321,44 @@ impl Drop for ClosingGuard<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AgentAccess;
+    use crate::config::AgentAccessEntry;
+
+    fn entry(principal: &str, group: Option<&str>, agents: Option<&[&str]>) -> AgentAccessEntry {
+        AgentAccessEntry {
+            principal: principal.into(),
+            group: group.map(str::to_string),
+            agents: agents.map(|l| l.iter().map(|s| s.to_string()).collect()),
+            workspaces: None,
+        }
+    }
+
+    #[test]
+    fn a_principal_entry_decides_else_its_groups_together_else_everything() {
+        let a = AgentAccess::from_config(&[
+            entry("", Some("interns"), Some(&["claude"])),
+            entry("", Some("reviewers"), Some(&["codex"])),
+            entry("", Some("admins"), None),
+            entry("alice", None, Some(&["gemini"])),
+        ]);
+        let g = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Own entry wins over any group.
+        assert!(a.allows("alice", &g(&["admins"]), "gemini"));
+        assert!(!a.allows("alice", &g(&["admins"]), "claude"));
+        // One group: its list.
+        assert!(a.allows("bob", &g(&["interns"]), "claude"));
+        assert!(!a.allows("bob", &g(&["interns"]), "codex"));
+        assert!(a.restricts_agents("bob", &g(&["interns"])));
+        // Several groups: any of them.
+        assert!(a.allows("carol", &g(&["interns", "reviewers"]), "codex"));
+        assert!(!a.allows("carol", &g(&["interns", "reviewers"]), "gemini"));
+        // A group without a list, or no entry at all: every agent.
+        assert!(a.allows("dave", &g(&["interns", "admins"]), "gemini"));
+        assert!(!a.restricts_agents("dave", &g(&["interns", "admins"])));
+        assert!(a.allows("erin", &g(&["unlisted"]), "anything"));
+        assert!(!a.restricts_agents("erin", &[]));
+    }
+}
