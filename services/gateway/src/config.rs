@@ -1372,9 +1372,7 @@ mod tests {
             load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_O", &[iss("")]).unwrap();
         ok.value.validate(&ok.origin).unwrap();
         assert_eq!(ok.value.auth.oidc[0].prefix(), "https://idp.example#");
-        let two = format!(
-            r#"auth.oidc=[{{issuer="https://a.example", audiences=["w"], principal_prefix="corp:"}}, {{issuer="https://b.example", audiences=["w"], principal_prefix="corp:eu:"}}]"#
-        );
+        let two = r#"auth.oidc=[{issuer="https://a.example", audiences=["w"], principal_prefix="corp:"}, {issuer="https://b.example", audiences=["w"], principal_prefix="corp:eu:"}]"#.to_string();
         for (set, key) in [
             (iss(r#", algorithms=["HS256"]"#), "auth.oidc[0].algorithms"),
             (iss(r#", algorithms=["none"]"#), "auth.oidc[0].algorithms"),
@@ -1415,9 +1413,13 @@ mod tests {
             ("auth.max_token_bytes=10".into(), "auth.max_token_bytes"),
             ("auth.jwks_timeout_ms=0".into(), "auth.jwks_timeout_ms"),
         ] {
-            let err =
-                load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_O", &[set.clone()])
-                    .and_then(|c| c.value.validate(&c.origin));
+            let err = load::<GatewayConfig>(
+                None,
+                EMBEDDED,
+                "WARDEN_GATEWAY_TEST_O",
+                std::slice::from_ref(&set),
+            )
+            .and_then(|c| c.value.validate(&c.origin));
             let text = err.expect_err(&set).to_string();
             assert!(text.contains(key), "{set}: {text}");
         }
