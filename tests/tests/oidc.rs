@@ -346,6 +346,11 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
         "{card}"
     );
     assert!(card["securitySchemes"]["bearer"].is_object(), "{card}");
+    let meta =
+        warden_cli::client::get_json(&d.http, "/.well-known/oauth-protected-resource/mcp", "")
+            .await
+            .unwrap();
+    assert_eq!(meta["authorization_servers"], json!([issuer]), "{meta}");
     let reqs = card["securityRequirements"].to_string();
     assert!(reqs.contains("oidc1") && reqs.contains("bearer"), "{card}");
 

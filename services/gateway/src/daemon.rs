@@ -631,7 +631,7 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
             cfg.mcp.clone(),
             Duration::from_millis(cfg.supervisor.cancel_grace_ms),
         );
-        let edge = Arc::new(crate::mcp::Edge::new(front, &cfg)?);
+        let edge = Arc::new(crate::mcp::Edge::new(front, &cfg, edge_auth.clone())?);
         app = app.merge(crate::mcp::routes(edge, server.shutdown_token()));
         tracing::info!(path = crate::mcp::MCP_PATH, "MCP listening");
     }

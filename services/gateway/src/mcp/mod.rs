@@ -61,6 +61,8 @@ pub struct Edge {
     gate: Gate,
     resource: String,
     metadata_url: String,
+    /// The `[[auth.oidc]]` issuers, the authorization servers RFC 9728 metadata names.
+    issuers: Vec<String>,
     max_body: usize,
     body_timeout: Duration,
 }
@@ -151,17 +153,20 @@ impl Gate {
 }
 
 impl Edge {
+    /// `auth` is the daemon's one authenticator (shared, so a reload changes it here too).
     pub fn new(
         front: Arc<McpFront>,
         cfg: &GatewayConfig,
+        auth: Authenticator,
     ) -> Result<Self, crate::auth::AuthConfigError> {
         let base = cfg.http.public_url.trim_end_matches('/').to_string();
         Ok(Self {
             front,
-            auth: Authenticator::from_config(cfg)?,
+            auth,
             gate: Gate::from_config(cfg),
             resource: format!("{base}{MCP_PATH}"),
             metadata_url: format!("{base}{RESOURCE_METADATA_PATH}"),
+            issuers: cfg.auth.oidc.iter().map(|o| o.issuer.clone()).collect(),
             max_body: cfg.http.max_body_bytes,
             body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
         })
@@ -543,10 +548,10 @@ async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) ->
         StatusCode::OK,
         json!({
             "resource": edge.resource,
-            "authorization_servers": [],
+            "authorization_servers": edge.issuers,
             "bearer_methods_supported": ["header"],
             "resource_name": "warden (supervised coding agents over MCP)",
-            "resource_documentation": "The bearer token is configured on the gateway; `warden up` writes one to <state>/gateway/token. Tokens are static: there is no authorization server to obtain one from.",
+            "resource_documentation": "A bearer token configured on the gateway (`warden up` writes one to <state>/gateway/token), or a JWT of one of the authorization servers listed (docs/identity.md).",
         })
         .to_string(),
     )
