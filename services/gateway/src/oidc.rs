@@ -334,11 +334,15 @@ impl Issuer {
         alg: Algorithm,
     ) -> Result<DecodingKey, Reject> {
         if let Some(k) = self.find(kid, alg) {
-            if self
-                .keys()
-                .fetched
-                .is_some_and(|t| t.elapsed() > self.limits.max_age)
-            {
+            let stale = {
+                let keys = self.keys();
+                keys.fetched
+                    .is_some_and(|t| t.elapsed() > self.limits.max_age)
+                    && keys
+                        .attempted
+                        .is_none_or(|t| t.elapsed() >= self.limits.refresh_interval)
+            };
+            if stale {
                 // Old keys keep working while fresh ones are fetched in the background.
                 let me = self.clone();
                 tokio::spawn(async move {
