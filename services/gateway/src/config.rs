@@ -915,17 +915,17 @@ impl GatewayConfig {
                     format!("{p:?} and another issuer's {other:?} could name the same principal"),
                 );
             }
+            let file_principal = a.token_file.as_ref().map(|_| &a.token_file_principal);
             if let Some(t) = a
                 .tokens
                 .iter()
-                .find(|t| t.principal.starts_with(p.as_str()))
+                .map(|t| &t.principal)
+                .chain(file_principal)
+                .find(|t| t.starts_with(p.as_str()))
             {
                 return bad(
                     k("principal_prefix"),
-                    format!(
-                        "the static token principal {:?} starts with {p:?}",
-                        t.principal
-                    ),
+                    format!("the static token principal {t:?} starts with {p:?}"),
                 );
             }
             prefixes.push(p);
