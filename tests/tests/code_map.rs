@@ -714,6 +714,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "auth.rs",
             "cells.rs",
             "metrics.rs",
+            "oidc.rs",
             "peer.rs",
             "push.rs",
             "push_limits.rs",

@@ -478,11 +478,23 @@ pub struct HttpAuthSecurityScheme {
     pub description: Option<String>,
 }
 
-/// `lf.a2a.v1.SecurityScheme` (only the HTTP-auth member is used).
+/// `lf.a2a.v1.OpenIdConnectSecurityScheme`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OpenIdConnectSecurityScheme {
+    pub open_id_connect_url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `lf.a2a.v1.SecurityScheme` (a oneof: the HTTP-auth or the OpenID Connect member).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SecurityScheme {
-    pub http_auth_security_scheme: HttpAuthSecurityScheme,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_auth_security_scheme: Option<HttpAuthSecurityScheme>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub open_id_connect_security_scheme: Option<OpenIdConnectSecurityScheme>,
 }
 
 /// `lf.a2a.v1.StringList`.

@@ -95,7 +95,7 @@ pub fn unauthenticated(f: AuthFailure) -> Status {
         AuthFailure::Missing => Status::unauthenticated(
             "authentication required: send the metadata authorization: Bearer <token>",
         ),
-        AuthFailure::Invalid => Status::unauthenticated("the bearer token is not valid"),
+        f => Status::unauthenticated(f.message()),
     }
 }
 
@@ -115,9 +115,14 @@ impl Grpc {
     }
 
     /// Token, then version; the caller's principal.
-    fn admit<T>(&self, req: &Request<T>) -> Result<String, Status> {
+    async fn admit<T>(&self, req: &Request<T>) -> Result<String, Status> {
         let headers = req.metadata().clone().into_headers();
-        let principal = self.auth.authenticate(&headers).map_err(unauthenticated)?;
+        let principal = self
+            .auth
+            .authenticate_request(&headers, req.extensions())
+            .await
+            .map_err(unauthenticated)?
+            .principal;
         match headers
             .get("a2a-version")
             .map(|v| v.to_str().unwrap_or("?").trim())
@@ -202,7 +207,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let req = cv::send_request_from_pb(request.get_ref()).map_err(err)?;
         use pb::send_message_response::Payload;
         let payload = match self.core.send(&principal, req, false).await.map_err(err)? {
@@ -221,7 +226,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let req = cv::send_request_from_pb(request.get_ref()).map_err(err)?;
         Ok(Response::new(
             match self.core.send(&principal, req, true).await.map_err(err)? {
@@ -236,7 +241,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let r = request.get_ref();
         let task = self
             .core
@@ -250,7 +255,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let req = cv::list_request_from_pb(request.get_ref());
         let resp = self.core.list(&principal, &req).await.map_err(err)?;
         Ok(Response::new(cv::list_response_to_pb(&resp)))
@@ -260,7 +265,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let req = CancelTaskRequest {
             tenant: None,
             id: request.get_ref().id.clone(),
@@ -276,7 +281,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SubscribeToTaskRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let sub = self
             .core
             .subscribe(&principal, &request.get_ref().id)
@@ -289,7 +294,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::TaskPushNotificationConfig>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let cfg = cv::push_config_from_pb(request.get_ref());
         let created = self
             .core
@@ -303,7 +308,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let r = request.get_ref();
         let cfg = self
             .core
@@ -317,7 +322,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let listed = self
             .core
             .list_push_configs(&principal, &request.get_ref().task_id)
@@ -333,7 +338,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetExtendedAgentCardRequest>,
     ) -> Result<Response<pb::AgentCard>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         Ok(Response::new(cv::card_to_pb(
             &self.card.extended(&self.core, &principal),
         )))
@@ -343,7 +348,7 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<()>, Status> {
-        let principal = self.admit(&request)?;
+        let principal = self.admit(&request).await?;
         let r = request.get_ref();
         self.core
             .delete_push_config(&principal, &r.task_id, &r.id)

@@ -74,15 +74,10 @@ pub fn rest_error(err: &A2aError) -> Response {
 }
 
 pub fn unauthorized(failure: AuthFailure) -> Response {
-    let (challenge, message) = match failure {
-        AuthFailure::Missing => (
-            "Bearer realm=\"warden\"",
-            "authentication required: send Authorization: Bearer <token>",
-        ),
-        AuthFailure::Invalid => (
-            "Bearer realm=\"warden\", error=\"invalid_token\"",
-            "the bearer token is not valid",
-        ),
+    let message = failure.message();
+    let challenge = match failure {
+        AuthFailure::Missing => "Bearer realm=\"warden\"",
+        _ => "Bearer realm=\"warden\", error=\"invalid_token\"",
     };
     let mut r = json_response(
         StatusCode::UNAUTHORIZED,
@@ -297,12 +292,13 @@ fn query_pairs(q: &str) -> Result<Vec<(String, String)>, A2aError> {
 }
 
 /// Host, token and version checks shared by every 1.0 HTTP+JSON route.
-pub fn admit(
+pub async fn admit(
     state: &HttpState,
-    headers: &HeaderMap,
+    parts: &Parts,
     query: Option<&str>,
 ) -> Result<String, Box<Response>> {
-    let principal = admit_caller(state, headers)?;
+    let headers = &parts.headers;
+    let principal = admit_caller(state, parts).await?;
     check_version(requested_version(headers, query).as_deref())
         .map_err(|e| Box::new(rest_error(&e)))?;
     Ok(principal)
@@ -310,13 +306,15 @@ pub fn admit(
 
 /// The Host and the bearer token, the first two checks of every route (each binding then checks
 /// the version its way); the caller's principal.
-pub fn admit_caller(state: &HttpState, headers: &HeaderMap) -> Result<String, Box<Response>> {
-    if !host_ok(state, headers) {
+pub async fn admit_caller(state: &HttpState, parts: &Parts) -> Result<String, Box<Response>> {
+    if !host_ok(state, &parts.headers) {
         return Err(Box::new(host_refused()));
     }
     state
         .auth
-        .authenticate(headers)
+        .authenticate_request(&parts.headers, &parts.extensions)
+        .await
+        .map(|id| id.principal)
         .map_err(|f| Box::new(unauthorized(f)))
 }
 
@@ -331,7 +329,8 @@ impl FromRequestParts<Arc<HttpState>> for Caller {
         parts: &mut Parts,
         state: &Arc<HttpState>,
     ) -> Result<Self, Response> {
-        admit(state, &parts.headers, parts.uri.query())
+        admit(state, parts, parts.uri.query())
+            .await
             .map(Caller)
             .map_err(|r| *r)
     }
@@ -388,7 +387,12 @@ impl RpcCall {
         if !host_ok(state, headers) {
             return Err(host_refused());
         }
-        let principal = state.auth.authenticate(headers).map_err(unauthorized)?;
+        let principal = state
+            .auth
+            .authenticate_request(headers, &parts.extensions)
+            .await
+            .map_err(unauthorized)?
+            .principal;
         let null = Value::Null;
         let value = json_value(state, headers, body)
             .await

@@ -1,7 +1,13 @@
-//! Bearer-token authentication and the Host allowlist.
+//! Bearer-token authentication and the Host allowlist: the one place a caller's identity is
+//! established, for every front (the edge in `serve.rs`, then each binding and `/mcp`).
 //!
-//! Tokens are held only as SHA-256 digests and compared in constant time against every entry (no
-//! early exit), so neither the configuration nor the timing of a refusal reveals a token.
+//! Static tokens are held only as SHA-256 digests and compared in constant time against every
+//! entry (no early exit), so neither the configuration nor the timing of a refusal reveals a
+//! token. A token shaped as a JWT that matches none is verified against `[[auth.oidc]]`
+//! (`oidc.rs`). Each caller's groups are recorded in [`Groups`], which the access rules read.
+//!
+//! Must never: accept a token without a constant-time comparison or a verified signature, or
+//! answer a refusal without counting its reason.
 
 use std::path::Path;
 
@@ -25,24 +31,89 @@ pub enum AuthConfigError {
     TokenFileMode(String),
     #[error("token file {0} holds a token shorter than 16 characters")]
     TokenTooShort(String),
+    #[error(transparent)]
+    Oidc(#[from] crate::oidc::OidcConfigError),
 }
 
-type Entries = Vec<([u8; 32], String)>;
+/// One static token: its digest, principal and groups.
+type Entries = Vec<([u8; 32], String, Vec<String>)>;
+
+/// What a reload replaces whole: the static tokens and the issuers.
+struct Accepted {
+    entries: Entries,
+    oidc: std::sync::Arc<crate::oidc::Issuers>,
+}
 
 /// The accepted tokens. Clones share them: [`Authenticator::replace`] (a reload) changes
 /// them for every front at once, each request reading one whole set.
 #[derive(Clone)]
 pub struct Authenticator {
-    entries: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Entries>>>,
+    accepted: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Accepted>>>,
+    groups: std::sync::Arc<Groups>,
+}
+
+/// Who a request is from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub principal: String,
+    /// The OIDC issuer that vouched for it (None: a static token).
+    pub issuer: Option<String>,
+    pub groups: Vec<String>,
+}
+
+/// An identity the edge (`serve.rs`) established for a request, carried in its extensions so
+/// the binding that serves it does not verify the token again. Only this process inserts it.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub Identity);
+
+/// Each principal's groups, as its latest authenticated request carried them (a static token's
+/// configured groups, or a JWT's groups claim until that token's `exp`): what
+/// `[[agents.access]]` rules naming a group are matched against.
+#[derive(Debug, Default)]
+pub struct Groups {
+    by_principal: std::sync::RwLock<std::collections::HashMap<String, Membership>>,
+}
+
+/// A principal's groups and when they stop counting (`exp` of the token that carried them).
+type Membership = (Vec<String>, Option<u64>);
+
+/// Past this many principals, expired entries are dropped at the next record.
+const GROUPS_PRUNE_AT: usize = 4096;
+
+impl Groups {
+    fn record(&self, principal: &str, groups: &[String], expires: Option<u64>) {
+        let mut m = self.by_principal.write().unwrap_or_else(|p| p.into_inner());
+        if m.get(principal)
+            .is_some_and(|(g, e)| g.as_slice() == groups && *e == expires)
+        {
+            return;
+        }
+        if m.len() >= GROUPS_PRUNE_AT {
+            let now = crate::oidc::now_secs();
+            m.retain(|_, (_, e)| e.is_none_or(|e| e > now));
+        }
+        m.insert(principal.to_string(), (groups.to_vec(), expires));
+    }
+
+    /// `principal`'s groups now (none once the token that carried them has expired).
+    pub fn of(&self, principal: &str) -> Vec<String> {
+        let m = self.by_principal.read().unwrap_or_else(|p| p.into_inner());
+        match m.get(principal) {
+            Some((g, e)) if e.is_none_or(|e| e > crate::oidc::now_secs()) => g.clone(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.accepted();
         f.debug_struct("Authenticator")
             .field(
                 "principals",
-                &self.entries().iter().map(|e| &e.1).collect::<Vec<_>>(),
+                &a.entries.iter().map(|e| &e.1).collect::<Vec<_>>(),
             )
+            .field("oidc", &a.oidc)
             .finish()
     }
 }
@@ -57,37 +128,73 @@ pub fn token_digest_hex(token: &str) -> String {
 pub enum AuthFailure {
     /// No `Authorization: Bearer` header.
     Missing,
-    /// A token was presented but matches none.
+    /// A token was presented but matches no static token (and is not a JWT).
     Invalid,
+    /// A JWT was presented and refused.
+    Token(crate::oidc::Reject),
+}
+
+impl AuthFailure {
+    /// The `reason` label of `warden_gateway_auth_refused_total`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Invalid => "invalid",
+            AuthFailure::Token(r) => r.reason(),
+        }
+    }
+
+    /// What the caller is told (every front says the same).
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "authentication required: send Authorization: Bearer <token>",
+            AuthFailure::Invalid => "the bearer token is not valid",
+            AuthFailure::Token(r) => r.message(),
+        }
+    }
 }
 
 impl Authenticator {
     fn of(entries: Entries) -> Self {
+        Self::with(entries, crate::oidc::Issuers::none())
+    }
+
+    fn with(entries: Entries, oidc: crate::oidc::Issuers) -> Self {
         Self {
-            entries: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(entries))),
+            accepted: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(Accepted {
+                entries,
+                oidc: std::sync::Arc::new(oidc),
+            }))),
+            groups: std::sync::Arc::new(Groups::default()),
         }
     }
 
-    fn entries(&self) -> std::sync::Arc<Entries> {
-        match self.entries.read() {
+    fn accepted(&self) -> std::sync::Arc<Accepted> {
+        match self.accepted.read() {
             Ok(g) => g.clone(),
             // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
             Err(p) => p.into_inner().clone(),
         }
     }
 
-    /// Makes every clone of this authenticator accept `next`'s tokens instead (a reload).
+    /// Each principal's groups, for the access rules (shared by every clone).
+    pub fn groups(&self) -> std::sync::Arc<Groups> {
+        self.groups.clone()
+    }
+
+    /// Makes every clone of this authenticator accept `next`'s tokens and issuers instead (a
+    /// reload; the issuers' keys are fetched again when first needed).
     pub fn replace(&self, next: &Authenticator) {
-        let entries = next.entries();
-        match self.entries.write() {
-            Ok(mut g) => *g = entries,
-            Err(p) => *p.into_inner() = entries,
+        let accepted = next.accepted();
+        match self.accepted.write() {
+            Ok(mut g) => *g = accepted,
+            Err(p) => *p.into_inner() = accepted,
         }
     }
 
-    /// How many tokens are accepted, for the reload's log line.
+    /// How many static tokens are accepted, for the reload's log line.
     pub fn len(&self) -> usize {
-        self.entries().len()
+        self.accepted().entries.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -97,40 +204,96 @@ impl Authenticator {
     /// From `(principal, hex digest)` pairs; invalid digests are skipped (config validation
     /// rejects them before this).
     pub fn from_digests<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let entries = pairs
-            .into_iter()
-            .filter_map(|(principal, hexd)| {
-                let bytes = hex::decode(hexd).ok()?;
-                let arr: [u8; 32] = bytes.try_into().ok()?;
-                Some((arr, principal.to_string()))
-            })
-            .collect();
-        Self::of(entries)
+        Self::of(digests(pairs.into_iter().map(|(p, d)| (p, d, &[][..]))))
     }
 
-    /// From the configuration: `auth.tokens`, or when there are none, the token file.
+    /// From the configuration: `auth.tokens`, or when there are none, the token file; and the
+    /// `[[auth.oidc]]` issuers.
     pub fn from_config(cfg: &GatewayConfig) -> Result<Self, AuthConfigError> {
+        let oidc = crate::oidc::Issuers::from_config(&cfg.auth)?;
         if !cfg.auth.tokens.is_empty() {
-            return Ok(Self::from_digests(
-                cfg.auth
-                    .tokens
-                    .iter()
-                    .map(|t| (t.principal.as_str(), t.sha256.as_str())),
+            return Ok(Self::with(
+                digests(
+                    cfg.auth
+                        .tokens
+                        .iter()
+                        .map(|t| (t.principal.as_str(), t.sha256.as_str(), t.groups.as_slice())),
+                ),
+                oidc,
             ));
         }
         let Some(path) = cfg.token_file_path() else {
-            return Ok(Self::of(Vec::new()));
+            return Ok(Self::with(Vec::new(), oidc));
         };
         let token = ensure_token_file(&path)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        Ok(Self::of(vec![(
-            digest,
-            cfg.auth.token_file_principal.clone(),
-        )]))
+        Ok(Self::with(
+            vec![(digest, cfg.auth.token_file_principal.clone(), Vec::new())],
+            oidc,
+        ))
     }
 
-    /// The principal of the request's bearer token.
-    pub fn authenticate(&self, headers: &http::HeaderMap) -> Result<String, AuthFailure> {
+    /// The caller of a request: the identity the edge established (see [`Authenticated`]), or
+    /// else its bearer token's. A refusal is counted by reason.
+    pub async fn authenticate_request(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> Result<Identity, AuthFailure> {
+        if let Some(Authenticated(id)) = extensions.get::<Authenticated>() {
+            return Ok(id.clone());
+        }
+        let got = self.authenticate(headers).await;
+        if let Err(f) = got {
+            crate::metrics::auth_refused(f.reason());
+        }
+        got
+    }
+
+    /// The caller of the request's bearer token: a static token, or a JWT of a configured
+    /// issuer. Its groups are recorded for the access rules. Not counted (the front that
+    /// answers the refusal counts it, through [`Authenticator::authenticate_request`]).
+    pub async fn authenticate(&self, headers: &http::HeaderMap) -> Result<Identity, AuthFailure> {
+        let accepted = self.accepted();
+        let token = bearer(headers)?;
+        if let Some((principal, groups)) = static_match(&accepted.entries, token) {
+            self.groups.record(&principal, &groups, None);
+            return Ok(Identity {
+                principal,
+                issuer: None,
+                groups,
+            });
+        }
+        if accepted.oidc.is_empty() || !crate::oidc::Issuers::looks_like_jwt(token) {
+            return Err(AuthFailure::Invalid);
+        }
+        let v = accepted
+            .oidc
+            .verify(token)
+            .await
+            .map_err(AuthFailure::Token)?;
+        self.groups.record(&v.principal, &v.groups, Some(v.expires));
+        Ok(Identity {
+            principal: v.principal,
+            issuer: Some(v.issuer),
+            groups: v.groups,
+        })
+    }
+}
+
+fn digests<'a>(pairs: impl Iterator<Item = (&'a str, &'a str, &'a [String])>) -> Entries {
+    pairs
+        .filter_map(|(principal, hexd, groups)| {
+            let bytes = hex::decode(hexd).ok()?;
+            let arr: [u8; 32] = bytes.try_into().ok()?;
+            Some((arr, principal.to_string(), groups.to_vec()))
+        })
+        .collect()
+}
+
+/// The bearer token of the `Authorization` header.
+fn bearer(headers: &http::HeaderMap) -> Result<&str, AuthFailure> {
+    {
         let Some(value) = headers.get(http::header::AUTHORIZATION) else {
             return Err(AuthFailure::Missing);
         };
@@ -143,17 +306,21 @@ impl Authenticator {
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(AuthFailure::Invalid);
         }
-        let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
-        let mut found: Option<&str> = None;
-        let entries = self.entries();
-        for (d, principal) in entries.iter() {
-            // Every entry is compared, whatever matched before, so timing reveals nothing.
-            if bool::from(d.ct_eq(&digest)) && found.is_none() {
-                found = Some(principal);
-            }
-        }
-        found.map(str::to_string).ok_or(AuthFailure::Invalid)
+        Ok(token.trim())
     }
+}
+
+/// The static token `token` is, if any: its principal and groups.
+fn static_match(entries: &Entries, token: &str) -> Option<(String, Vec<String>)> {
+    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let mut found: Option<&([u8; 32], String, Vec<String>)> = None;
+    for e in entries.iter() {
+        // Every entry is compared, whatever matched before, so timing reveals nothing.
+        if bool::from(e.0.ct_eq(&digest)) && found.is_none() {
+            found = Some(e);
+        }
+    }
+    found.map(|e| (e.1.clone(), e.2.clone()))
 }
 
 /// Reads the token file, generating a random one (mode 0600) when it does not exist yet.
@@ -277,22 +444,29 @@ mod tests {
         h
     }
 
-    #[test]
-    fn tokens_map_to_principals_and_anything_else_is_refused() {
+    #[tokio::test]
+    async fn tokens_map_to_principals_and_anything_else_is_refused() {
         let alice = "alice-token-0123456789";
         let bob = "bob-token-0123456789";
         let da = token_digest_hex(alice);
         let db = token_digest_hex(bob);
         let auth = Authenticator::from_digests([("alice", da.as_str()), ("bob", db.as_str())]);
         assert_eq!(
-            auth.authenticate(&headers(Some(&format!("Bearer {alice}")))),
+            auth.authenticate(&headers(Some(&format!("Bearer {alice}"))))
+                .await
+                .map(|i| i.principal),
             Ok("alice".into())
         );
         assert_eq!(
-            auth.authenticate(&headers(Some(&format!("bearer {bob}")))),
+            auth.authenticate(&headers(Some(&format!("bearer {bob}"))))
+                .await
+                .map(|i| i.principal),
             Ok("bob".into())
         );
-        assert_eq!(auth.authenticate(&headers(None)), Err(AuthFailure::Missing));
+        assert_eq!(
+            auth.authenticate(&headers(None)).await,
+            Err(AuthFailure::Missing)
+        );
         for bad in [
             "Bearer".to_string(),
             "Bearer ".to_string(),
@@ -303,7 +477,7 @@ mod tests {
             format!("Bearer {da}"),
         ] {
             assert_eq!(
-                auth.authenticate(&headers(Some(&bad))),
+                auth.authenticate(&headers(Some(&bad))).await,
                 Err(AuthFailure::Invalid),
                 "{bad}"
             );
@@ -313,7 +487,31 @@ mod tests {
             http::header::AUTHORIZATION,
             http::HeaderValue::from_bytes(b"Bearer \xff\xfe").unwrap(),
         );
-        assert_eq!(auth.authenticate(&h), Err(AuthFailure::Invalid));
+        assert_eq!(auth.authenticate(&h).await, Err(AuthFailure::Invalid));
+    }
+
+    #[tokio::test]
+    async fn a_static_token_carries_its_groups_and_a_jwt_without_issuers_is_invalid() {
+        let tok = "carol-token-0123456789";
+        let d = token_digest_hex(tok);
+        let groups = vec!["ops".to_string()];
+        let auth = Authenticator::of(digests(
+            [("carol", d.as_str(), groups.as_slice())].into_iter(),
+        ));
+        let id = auth
+            .authenticate(&headers(Some(&format!("Bearer {tok}"))))
+            .await
+            .unwrap();
+        assert_eq!(id.groups, groups);
+        assert_eq!(id.issuer, None);
+        assert_eq!(auth.groups().of("carol"), groups);
+        assert!(auth.groups().of("dave").is_empty());
+        // Shaped as a JWT, but no issuer is configured: an invalid static token.
+        assert_eq!(
+            auth.authenticate(&headers(Some("Bearer aaa.bbb.ccc")))
+                .await,
+            Err(AuthFailure::Invalid)
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@ use axum::body::Bytes;
 
 use crate::a2a::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill,
-    HttpAuthSecurityScheme, PROTOCOL_VERSION, SecurityRequirement, SecurityScheme, StringList,
+    HttpAuthSecurityScheme, OpenIdConnectSecurityScheme, PROTOCOL_VERSION, SecurityRequirement,
+    SecurityScheme, StringList,
 };
 use crate::config::GatewayConfig;
 use crate::core::Core;
@@ -19,17 +20,41 @@ use crate::endpoints::{GRPC_BINDING, JSONRPC_BINDING, JSONRPC_PATH, REST_BINDING
 pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
     let base = cfg.http.public_url.trim_end_matches('/');
     let mut schemes = std::collections::BTreeMap::new();
-    schemes.insert(
-        "bearer".to_string(),
-        SecurityScheme {
-            http_auth_security_scheme: HttpAuthSecurityScheme {
-                scheme: "Bearer".into(),
-                description: Some("A token configured on the gateway (warden up writes one to its state directory)".into()),
+    // Any one requirement suffices (A2A: the list is alternatives): a static token, or a token
+    // of any configured issuer.
+    let mut requirements = Vec::new();
+    if !cfg.auth.tokens.is_empty() || cfg.auth.token_file.is_some() {
+        schemes.insert(
+            "bearer".to_string(),
+            SecurityScheme {
+                http_auth_security_scheme: Some(HttpAuthSecurityScheme {
+                    scheme: "Bearer".into(),
+                    description: Some("A token configured on the gateway (warden up writes one to its state directory)".into()),
+                }),
+                open_id_connect_security_scheme: None,
             },
-        },
-    );
-    let mut req = std::collections::BTreeMap::new();
-    req.insert("bearer".to_string(), StringList { list: vec![] });
+        );
+        requirements.push(requirement("bearer"));
+    }
+    for (i, (issuer, url)) in crate::oidc::Issuers::discovery_urls(&cfg.auth)
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("oidc{}", i + 1);
+        schemes.insert(
+            name.clone(),
+            SecurityScheme {
+                http_auth_security_scheme: None,
+                open_id_connect_security_scheme: Some(OpenIdConnectSecurityScheme {
+                    open_id_connect_url: url,
+                    description: Some(format!(
+                        "An ID or access token of {issuer}, sent as Authorization: Bearer"
+                    )),
+                }),
+            },
+        );
+        requirements.push(requirement(&name));
+    }
     let mut card = AgentCard {
         name: cfg.card.name.clone(),
         description: cfg.card.description.clone(),
@@ -66,7 +91,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
             extended_agent_card: true,
         },
         security_schemes: schemes,
-        security_requirements: vec![SecurityRequirement { schemes: req }],
+        security_requirements: requirements,
         default_input_modes: vec!["text/plain".into(), "application/json".into()],
         default_output_modes: vec!["text/plain".into()],
         skills: cfg
@@ -94,6 +119,12 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
     let v03 = crate::translate03::interfaces_03(&card.supported_interfaces);
     card.supported_interfaces.extend(v03);
     card
+}
+
+fn requirement(scheme: &str) -> SecurityRequirement {
+    let mut req = std::collections::BTreeMap::new();
+    req.insert(scheme.to_string(), StringList { list: vec![] });
+    SecurityRequirement { schemes: req }
 }
 
 /// One prepared card body with its caching headers.
@@ -208,5 +239,32 @@ impl CardResponse {
             })
             .collect();
         card
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_openid_connect_scheme_gets_its_0_3_type_and_url() {
+        let mut cfg: crate::config::GatewayConfig = warden_daemon::config::load(
+            None,
+            crate::config::EMBEDDED,
+            "WARDEN_GATEWAY_TEST_T03",
+            &[r#"auth.oidc=[{issuer="https://idp.example", audiences=["w"]}]"#.to_string()],
+        )
+        .unwrap()
+        .value;
+        cfg.auth.token_file = Some("t".into());
+        let card = crate::translate03::card_json(&agent_card(&cfg));
+        let s = &card["securitySchemes"];
+        assert_eq!(s["oidc1"]["type"], "openIdConnect", "{card}");
+        assert_eq!(
+            s["oidc1"]["openIdConnectUrl"],
+            "https://idp.example/.well-known/openid-configuration"
+        );
+        assert_eq!(s["bearer"]["type"], "http", "{card}");
+        assert_eq!(card["security"].as_array().map(Vec::len), Some(2), "{card}");
     }
 }

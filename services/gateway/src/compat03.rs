@@ -178,7 +178,7 @@ impl FromRequestParts<Arc<HttpState>> for Caller03 {
         parts: &mut Parts,
         state: &Arc<HttpState>,
     ) -> Result<Self, Response> {
-        let principal = admit_caller(state, &parts.headers).map_err(|r| *r)?;
+        let principal = admit_caller(state, parts).await.map_err(|r| *r)?;
         match requested_version(&parts.headers, parts.uri.query()) {
             v if speaks_03(v.as_deref()) => Ok(Self(principal)),
             Some(v) => Err(rest_error(&A2aError::VersionNotSupported(format!(

@@ -469,6 +469,7 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
     core.set_access(crate::core::AgentAccess::from_config(&cfg.agents.access));
+    core.set_groups(auth.groups());
     if let Some(section) = &cfg.cells {
         let cells = crate::cells::Cells::start(section, &cfg.daemon.state_dir).await?;
         tracing::info!(
@@ -631,7 +632,7 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
             cfg.mcp.clone(),
             Duration::from_millis(cfg.supervisor.cancel_grace_ms),
         );
-        let edge = Arc::new(crate::mcp::Edge::new(front, &cfg)?);
+        let edge = Arc::new(crate::mcp::Edge::new(front, &cfg, edge_auth.clone())?);
         app = app.merge(crate::mcp::routes(edge, server.shutdown_token()));
         tracing::info!(path = crate::mcp::MCP_PATH, "MCP listening");
     }

@@ -375,17 +375,29 @@ pub fn card_to_pb(c: &AgentCard) -> pb::AgentCard {
                 (
                     k.clone(),
                     pb::SecurityScheme {
-                        scheme: Some(pb::security_scheme::Scheme::HttpAuthSecurityScheme(
-                            pb::HttpAuthSecurityScheme {
-                                description: s
-                                    .http_auth_security_scheme
-                                    .description
-                                    .clone()
-                                    .unwrap_or_default(),
-                                scheme: s.http_auth_security_scheme.scheme.clone(),
-                                bearer_format: String::new(),
-                            },
-                        )),
+                        scheme: match (
+                            &s.http_auth_security_scheme,
+                            &s.open_id_connect_security_scheme,
+                        ) {
+                            (Some(h), _) => {
+                                Some(pb::security_scheme::Scheme::HttpAuthSecurityScheme(
+                                    pb::HttpAuthSecurityScheme {
+                                        description: h.description.clone().unwrap_or_default(),
+                                        scheme: h.scheme.clone(),
+                                        bearer_format: String::new(),
+                                    },
+                                ))
+                            }
+                            (None, Some(o)) => {
+                                Some(pb::security_scheme::Scheme::OpenIdConnectSecurityScheme(
+                                    pb::OpenIdConnectSecurityScheme {
+                                        description: o.description.clone().unwrap_or_default(),
+                                        open_id_connect_url: o.open_id_connect_url.clone(),
+                                    },
+                                ))
+                            }
+                            (None, None) => None,
+                        },
                     },
                 )
             })

@@ -33,10 +33,12 @@ pub mod mapping;
 pub mod placement;
 pub mod time;
 pub mod translate03;
-// Floor 1, state and delivery: the store, webhooks, shares, peers, tokens, the metrics registry.
+// Floor 1, state and delivery: the store, webhooks, shares, peers, tokens and OIDC issuers, the
+// metrics registry.
 pub mod auth;
 pub mod cells;
 pub mod metrics;
+pub mod oidc;
 pub mod peer;
 pub mod push;
 pub mod push_limits;

@@ -23,6 +23,7 @@ struct Metrics {
     live: Gauge,
     stored: Gauge,
     streams: Gauge,
+    auth_refused: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -32,7 +33,17 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     live: Gauge::default(),
     stored: Gauge::default(),
     streams: Gauge::default(),
+    auth_refused: Family::default(),
 });
+
+/// A request refused as unauthenticated, by reason (`missing`, `invalid`, `expired`,
+/// `audience`, `unknown_key`, ... a fixed set: `AuthFailure::reason`).
+pub fn auth_refused(reason: &'static str) {
+    METRICS
+        .auth_refused
+        .get_or_create(&[("reason", reason)])
+        .inc();
+}
 
 /// A task's state changed to `state` (the proto name, `TASK_STATE_WORKING`, a fixed set).
 pub fn task_entered(state: &'static str) {
@@ -87,6 +98,11 @@ pub fn exporter(refresh: Refresh) -> Exporter {
         "streams_open",
         "Open streaming subscriptions (SSE on the HTTP bindings, streams on the gRPC binding)",
         m.streams.clone(),
+    );
+    r.register(
+        "auth_refused",
+        "Requests refused as unauthenticated, by reason (missing, invalid, too_large, malformed, unknown_issuer, algorithm, unknown_key, keys_unavailable, signature, expired, not_yet_valid, audience, claims)",
+        m.auth_refused.clone(),
     );
     r.register_with_unit(
         "http_request_duration",

@@ -668,7 +668,9 @@ where
 }
 
 /// The TLS client: the public roots, plus the CA certificates of `ca_file` when given.
-fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>, String> {
+pub(crate) fn tls_config(
+    ca_file: Option<&std::path::Path>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();

@@ -463,8 +463,11 @@ impl Edge {
             if let Some(p) = &conn_peer {
                 req.extensions_mut().insert(p.clone());
             }
-            let answered = edge.admit(&req, protocol, &service_share, &service_close);
+            let edge = edge.clone();
+            let share = service_share.clone();
+            let close = service_close.clone();
             async move {
+                let answered = edge.admit(&mut req, protocol, &share, &close).await;
                 let (response, permit) = match answered {
                     Err(r) => (*r, None),
                     Ok(permit) => (app.oneshot(req.map(Body::new)).await?, permit),
@@ -566,19 +569,25 @@ impl Edge {
     /// connection its principal's, within that principal's share; on gRPC a request without a
     /// valid token is answered here (so it never holds a stream), and one with a token takes a
     /// place in its principal's share of requests in flight. `Err` is the answer.
-    fn admit(
+    async fn admit(
         &self,
-        req: &hyper::Request<Incoming>,
+        req: &mut hyper::Request<Incoming>,
         protocol: Protocol,
         share: &ConnShare,
         close: &CancellationToken,
     ) -> Result<Option<StreamPermit>, Box<axum::response::Response>> {
-        // The token is checked here as well as by the handler (which answers a bad one).
-        let principal = match self.auth.authenticate(req.headers()) {
-            Ok(p) => p,
+        // The token is checked here once; the identity rides in the request's extensions to
+        // the handler, which answers a bad token in its binding's shape (and counts it).
+        let principal = match self.auth.authenticate(req.headers()).await {
+            Ok(id) => {
+                let p = id.principal.clone();
+                req.extensions_mut().insert(crate::auth::Authenticated(id));
+                p
+            }
             Err(f) => {
                 return match protocol {
                     Protocol::Grpc if !req.uri().path().starts_with(GRPC_HEALTH_PREFIX) => {
+                        crate::metrics::auth_refused(f.reason());
                         Err(Box::new(grpc_answer(crate::a2a_grpc::unauthenticated(f))))
                     }
                     _ => Ok(None),

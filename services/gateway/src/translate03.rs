@@ -600,16 +600,13 @@ pub fn card_json(card: &crate::a2a::AgentCard) -> Value {
             if let (Some(sch), Some(card_scheme)) =
                 (scheme.as_object_mut(), card.security_schemes.get(name))
             {
-                sch.insert("type".into(), json!("http"));
-                sch.insert(
-                    "scheme".into(),
-                    json!(
-                        card_scheme
-                            .http_auth_security_scheme
-                            .scheme
-                            .to_ascii_lowercase()
-                    ),
-                );
+                if let Some(h) = &card_scheme.http_auth_security_scheme {
+                    sch.insert("type".into(), json!("http"));
+                    sch.insert("scheme".into(), json!(h.scheme.to_ascii_lowercase()));
+                } else if let Some(o) = &card_scheme.open_id_connect_security_scheme {
+                    sch.insert("type".into(), json!("openIdConnect"));
+                    sch.insert("openIdConnectUrl".into(), json!(o.open_id_connect_url));
+                }
             }
         }
     }

@@ -27,23 +27,38 @@ impl Core {
         }
     }
 
+    /// Where the groups of each principal are recorded (by the authenticator; once, at start).
+    pub fn set_groups(&self, groups: Arc<crate::auth::Groups>) {
+        let _ = self.groups.set(groups);
+    }
+
+    /// `principal`'s groups, as its latest authenticated request carried them.
+    fn groups_of(&self, principal: &str) -> Vec<String> {
+        self.groups
+            .get()
+            .map(|g| g.of(principal))
+            .unwrap_or_default()
+    }
+
     /// Whether `principal` may use `agent`.
     pub fn may_use(&self, principal: &str, agent: &str) -> bool {
-        self.access().is_none_or(|a| a.allows(principal, agent))
+        self.access()
+            .is_none_or(|a| a.allows(principal, &self.groups_of(principal), agent))
     }
 
     /// Whether `principal` is limited to some agents.
     pub(super) fn restricted(&self, principal: &str) -> bool {
-        self.access().is_some_and(|a| a.restricts_agents(principal))
+        self.access()
+            .is_some_and(|a| a.restricts_agents(principal, &self.groups_of(principal)))
     }
 
     /// Whether `principal` may use the operator workspace `workspace` ("" = an owned sandbox,
     /// always).
     pub fn may_use_workspace(&self, principal: &str, workspace: &str) -> bool {
         workspace.is_empty()
-            || self
-                .access()
-                .is_none_or(|a| a.allows_workspace(principal, workspace))
+            || self.access().is_none_or(|a| {
+                a.allows_workspace(principal, &self.groups_of(principal), workspace)
+            })
     }
 
     /// The agents `principal` may use now (for its extended card).

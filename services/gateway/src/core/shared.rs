@@ -112,41 +112,58 @@ impl AgentList {
 
 /// Which agents and workspaces each principal may use (`[[agents.access]]`): the one rule every
 /// front asks, through [`Core::may_use`], [`Core::may_use_workspace`] and [`Core::resolve_agent`].
-/// A principal without an entry, or an entry without a list, may use every one.
+/// A principal's own entry decides for it; without one, the entries of its groups do (it may
+/// use what any of them allows); with neither, or an entry without a list, every one.
 #[derive(Debug, Clone, Default)]
 pub struct AgentAccess {
     by_principal: HashMap<String, crate::config::AgentAccessEntry>,
+    by_group: HashMap<String, crate::config::AgentAccessEntry>,
 }
 
 impl AgentAccess {
     pub fn from_config(entries: &[crate::config::AgentAccessEntry]) -> Self {
-        Self {
-            by_principal: entries
-                .iter()
-                .map(|e| (e.principal.clone(), e.clone()))
-                .collect(),
+        let mut me = Self::default();
+        for e in entries {
+            match &e.group {
+                Some(g) => me.by_group.insert(g.clone(), e.clone()),
+                None => me.by_principal.insert(e.principal.clone(), e.clone()),
+            };
+        }
+        me
+    }
+
+    /// The entries that decide for `principal` (member of `groups`).
+    fn entries(&self, principal: &str, groups: &[String]) -> Vec<&crate::config::AgentAccessEntry> {
+        match self.by_principal.get(principal) {
+            Some(e) => vec![e],
+            None => groups.iter().filter_map(|g| self.by_group.get(g)).collect(),
         }
     }
 
-    pub fn allows(&self, principal: &str, agent: &str) -> bool {
-        self.by_principal
-            .get(principal)
-            .and_then(|e| e.agents.as_ref())
-            .is_none_or(|list| list.iter().any(|a| a == agent))
+    pub fn allows(&self, principal: &str, groups: &[String], agent: &str) -> bool {
+        let es = self.entries(principal, groups);
+        es.is_empty()
+            || es.iter().any(|e| {
+                e.agents
+                    .as_ref()
+                    .is_none_or(|list| list.iter().any(|a| a == agent))
+            })
     }
 
-    pub fn allows_workspace(&self, principal: &str, workspace: &str) -> bool {
-        self.by_principal
-            .get(principal)
-            .and_then(|e| e.workspaces.as_ref())
-            .is_none_or(|list| list.iter().any(|w| w == workspace))
+    pub fn allows_workspace(&self, principal: &str, groups: &[String], workspace: &str) -> bool {
+        let es = self.entries(principal, groups);
+        es.is_empty()
+            || es.iter().any(|e| {
+                e.workspaces
+                    .as_ref()
+                    .is_none_or(|list| list.iter().any(|w| w == workspace))
+            })
     }
 
     /// Whether `principal` is limited to some agents.
-    pub(super) fn restricts_agents(&self, principal: &str) -> bool {
-        self.by_principal
-            .get(principal)
-            .is_some_and(|e| e.agents.is_some())
+    pub(super) fn restricts_agents(&self, principal: &str, groups: &[String]) -> bool {
+        let es = self.entries(principal, groups);
+        !es.is_empty() && es.iter().all(|e| e.agents.is_some())
     }
 }
 
@@ -177,6 +194,8 @@ pub struct Core {
     /// Who may use which agent; replaced whole by a reload (SIGHUP), so a request reads one
     /// version.
     pub(super) access: std::sync::RwLock<Option<Arc<AgentAccess>>>,
+    /// Each principal's groups, as authentication recorded them ([`Core::set_groups`]).
+    pub(super) groups: std::sync::OnceLock<Arc<crate::auth::Groups>>,
     /// Streams open per principal, over every front.
     pub(super) streams: Arc<crate::shares::StreamShares>,
     /// `[cells]` mode ([`Core::set_cells`]): each context's turns go to its cell.
@@ -211,6 +230,7 @@ impl Core {
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
             access: std::sync::RwLock::new(None),
+            groups: std::sync::OnceLock::new(),
             streams: crate::shares::StreamShares::new(settings.max_streams_per_principal),
             settings,
             cells: std::sync::OnceLock::new(),
@@ -299,5 +319,46 @@ impl Drop for ClosingGuard<'_> {
         if let Ok(mut m) = self.closing.0.lock() {
             m.remove(&self.context_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AgentAccess;
+    use crate::config::AgentAccessEntry;
+
+    fn entry(principal: &str, group: Option<&str>, agents: Option<&[&str]>) -> AgentAccessEntry {
+        AgentAccessEntry {
+            principal: principal.into(),
+            group: group.map(str::to_string),
+            agents: agents.map(|l| l.iter().map(|s| s.to_string()).collect()),
+            workspaces: None,
+        }
+    }
+
+    #[test]
+    fn a_principal_entry_decides_else_its_groups_together_else_everything() {
+        let a = AgentAccess::from_config(&[
+            entry("", Some("interns"), Some(&["claude"])),
+            entry("", Some("reviewers"), Some(&["codex"])),
+            entry("", Some("admins"), None),
+            entry("alice", None, Some(&["gemini"])),
+        ]);
+        let g = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Own entry wins over any group.
+        assert!(a.allows("alice", &g(&["admins"]), "gemini"));
+        assert!(!a.allows("alice", &g(&["admins"]), "claude"));
+        // One group: its list.
+        assert!(a.allows("bob", &g(&["interns"]), "claude"));
+        assert!(!a.allows("bob", &g(&["interns"]), "codex"));
+        assert!(a.restricts_agents("bob", &g(&["interns"])));
+        // Several groups: any of them.
+        assert!(a.allows("carol", &g(&["interns", "reviewers"]), "codex"));
+        assert!(!a.allows("carol", &g(&["interns", "reviewers"]), "gemini"));
+        // A group without a list, or no entry at all: every agent.
+        assert!(a.allows("dave", &g(&["interns", "admins"]), "gemini"));
+        assert!(!a.restricts_agents("dave", &g(&["interns", "admins"])));
+        assert!(a.allows("erin", &g(&["unlisted"]), "anything"));
+        assert!(!a.restricts_agents("erin", &[]));
     }
 }

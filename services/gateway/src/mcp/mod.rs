@@ -61,6 +61,8 @@ pub struct Edge {
     gate: Gate,
     resource: String,
     metadata_url: String,
+    /// The `[[auth.oidc]]` issuers, the authorization servers RFC 9728 metadata names.
+    issuers: Vec<String>,
     max_body: usize,
     body_timeout: Duration,
 }
@@ -151,17 +153,20 @@ impl Gate {
 }
 
 impl Edge {
+    /// `auth` is the daemon's one authenticator (shared, so a reload changes it here too).
     pub fn new(
         front: Arc<McpFront>,
         cfg: &GatewayConfig,
+        auth: Authenticator,
     ) -> Result<Self, crate::auth::AuthConfigError> {
         let base = cfg.http.public_url.trim_end_matches('/').to_string();
         Ok(Self {
             front,
-            auth: Authenticator::from_config(cfg)?,
+            auth,
             gate: Gate::from_config(cfg),
             resource: format!("{base}{MCP_PATH}"),
             metadata_url: format!("{base}{RESOURCE_METADATA_PATH}"),
+            issuers: cfg.auth.oidc.iter().map(|o| o.issuer.clone()).collect(),
             max_body: cfg.http.max_body_bytes,
             body_timeout: Duration::from_millis(cfg.http.body_read_timeout_ms),
         })
@@ -183,20 +188,15 @@ fn jsonrpc_error(status: StatusCode, code: i64, message: &str) -> Response {
 }
 
 fn unauthorized(edge: &Edge, failure: AuthFailure) -> Response {
-    let (challenge, message) = match failure {
-        AuthFailure::Missing => (
-            format!(
-                "Bearer realm=\"warden\", resource_metadata=\"{}\"",
-                edge.metadata_url
-            ),
-            "authentication required: send Authorization: Bearer <token>",
+    let message = failure.message();
+    let challenge = match failure {
+        AuthFailure::Missing => format!(
+            "Bearer realm=\"warden\", resource_metadata=\"{}\"",
+            edge.metadata_url
         ),
-        AuthFailure::Invalid => (
-            format!(
-                "Bearer realm=\"warden\", error=\"invalid_token\", resource_metadata=\"{}\"",
-                edge.metadata_url
-            ),
-            "the bearer token is not valid",
+        _ => format!(
+            "Bearer realm=\"warden\", error=\"invalid_token\", resource_metadata=\"{}\"",
+            edge.metadata_url
         ),
     };
     let mut r = jsonrpc_error(StatusCode::UNAUTHORIZED, -32001, message);
@@ -319,8 +319,12 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             "Forbidden: Origin header is not allowed",
         );
     }
-    let principal = match edge.auth.authenticate(headers) {
-        Ok(p) => p,
+    let principal = match edge
+        .auth
+        .authenticate_request(headers, req.extensions())
+        .await
+    {
+        Ok(id) => id.principal,
         Err(f) => return unauthorized(&edge, f),
     };
     let session = headers
@@ -544,10 +548,10 @@ async fn resource_metadata(State(edge): State<Arc<Edge>>, headers: HeaderMap) ->
         StatusCode::OK,
         json!({
             "resource": edge.resource,
-            "authorization_servers": [],
+            "authorization_servers": edge.issuers,
             "bearer_methods_supported": ["header"],
             "resource_name": "warden (supervised coding agents over MCP)",
-            "resource_documentation": "The bearer token is configured on the gateway; `warden up` writes one to <state>/gateway/token. Tokens are static: there is no authorization server to obtain one from.",
+            "resource_documentation": "A bearer token configured on the gateway (`warden up` writes one to <state>/gateway/token), or a JWT of one of the authorization servers listed (docs/identity.md).",
         })
         .to_string(),
     )
