@@ -142,6 +142,12 @@ impl Layout {
         self.run_dir().join("up.pid")
     }
 
+    /// Written by a running `warden up` (its pid record) once every daemon is healthy and it
+    /// has said so: what `warden up -d` waits for.
+    pub fn up_ready_file(&self) -> PathBuf {
+        self.run_dir().join("up.ready")
+    }
+
     /// The advisory lock one `warden up` holds on this state directory for as long as it runs
     /// (`up::lock`).
     pub fn up_lock_file(&self) -> PathBuf {

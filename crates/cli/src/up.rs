@@ -432,6 +432,9 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     let mut int = signal(SignalKind::interrupt()).map_err(UpError::Signal)?;
     let mut term = signal(SignalKind::terminate()).map_err(UpError::Signal)?;
 
+    // A ready file an earlier instance left (killed) names another process; gone before this
+    // one starts its daemons.
+    let _ = std::fs::remove_file(l.up_ready_file());
     // For `warden down`: this process, named by its pid and its start time.
     let _ = std::fs::write(
         l.up_pid_file(),
@@ -498,6 +501,16 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
             String::new()
         }
     );
+    // Ready once all of the above is said (a `warden up -d` that started this one reports
+    // success only then, and its caller finds this output in up.log).
+    {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+    let _ = std::fs::write(
+        l.up_ready_file(),
+        pid_record(std::process::id()).unwrap_or_default(),
+    );
     {
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -526,6 +539,7 @@ pub async fn run(o: UpOptions) -> Result<(), UpError> {
     } else {
         eprintln!("warden: stopping");
     }
+    let _ = std::fs::remove_file(l.up_ready_file());
     stop_all(&mut running).await;
     let _ = std::fs::remove_file(l.url_file());
     let _ = std::fs::remove_file(l.up_pid_file());
@@ -623,9 +637,10 @@ pub async fn detach(o: UpOptions) -> Result<(), UpError> {
         for d in o.daemons() {
             all &= warden_daemon::client::healthy(&l.socket_of(d)).await;
         }
-        // Ready means the `up` started here wrote its pid file: healthy sockets alone could
-        // be another instance's.
-        let ours = std::fs::read_to_string(l.up_pid_file())
+        // Ready means the `up` started here said so (its ready file, written once it has
+        // printed its status): healthy sockets alone could be another instance's, and its pid
+        // file is written before its daemons start.
+        let ours = std::fs::read_to_string(l.up_ready_file())
             .ok()
             .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok());
         if all && ours.is_some() && ours == child_pid {
