@@ -415,11 +415,30 @@ impl PolicyClient {
             .unwrap_or_default()
     }
 
-    /// `Some` when `req` is over the service's limits (it must then not be sent). Measured
-    /// in place: a request over [`OFF_RUNTIME_BYTES`] is measured with [`oversized_under`] on
-    /// the blocking pool by its caller first.
+    /// `Some` when `req` is over the service's limits (it must then not be sent); a raw input
+    /// over [`OFF_RUNTIME_BYTES`] is measured on the blocking pool.
     pub async fn oversized(&self, req: &pb::DecideRequest) -> Option<Oversized> {
-        oversized_under(req, &self.limits().await)
+        let limits = self.limits().await;
+        let raw = req.tool_call.as_ref().map_or(0, |t| t.raw_input_json.len());
+        if raw < OFF_RUNTIME_BYTES {
+            return oversized_under(req, &limits);
+        }
+        // A terminal's argv or environment of megabytes (built here, not from a large line)
+        // is measured and hashed off the runtime's threads too.
+        let req = req.clone();
+        match tokio::task::spawn_blocking(move || oversized_under(&req, &limits)).await {
+            Ok(o) => o,
+            // Only a panic gets here: what could not be measured is not sent.
+            Err(e) => Some(Oversized {
+                rule: "request.malformed.request-too-large",
+                why: format!("the request could not be measured: {e}"),
+                kind: String::new(),
+                tool_call_id: String::new(),
+                bytes: 0,
+                raw_input_bytes: raw,
+                raw_input_sha256: String::new(),
+            }),
+        }
     }
 
     /// `policy.answer_grace_ms`.
