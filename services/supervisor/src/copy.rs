@@ -69,6 +69,19 @@ pub fn copy_into(src: &str, dst: &RootDir, caps: &CopiesSection) -> Result<usize
         warden_containment::beneath::BeneathError::Symlink(_) => CopyError::Symlink(src.into()),
         _ => CopyError::Unreadable(src.into()),
     })?;
+    // The owner again, of the directory held open: a directory renamed into `path` since the
+    // look above (another user's) is refused here, not copied.
+    match root.owner() {
+        Ok(owner) if owner == me => {}
+        Ok(owner) => {
+            return Err(CopyError::NotYours {
+                path: src.into(),
+                owner,
+                me,
+            });
+        }
+        Err(_) => return Err(CopyError::Unreadable(src.into())),
+    }
     let snap = root
         .snapshot(caps.max_entries)
         .ok_or_else(|| CopyError::TooManyEntries {

@@ -243,6 +243,13 @@ impl RootDir {
         self
     }
 
+    /// The owner uid of the directory this root holds open (its fd, never its name again).
+    pub fn owner(&self) -> Result<u32, BeneathError> {
+        rustix::fs::fstat(&self.fd)
+            .map(|st| st.st_uid)
+            .map_err(|e| io_err(&self.path.display().to_string(), e))
+    }
+
     /// The root as it was named when opened (for messages and for matching agent paths).
     pub fn path(&self) -> &Path {
         &self.path
