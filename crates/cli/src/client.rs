@@ -35,6 +35,55 @@ pub enum ClientError {
     Answer(String),
 }
 
+/// Why the gateway a command talks to could not be located.
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    #[error(
+        "warden does not seem to be running: cannot read {path} ({source}); start it with `warden up`"
+    )]
+    NotRunning {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read the caller token {path}: {source}")]
+    Token {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+/// The gateway's `host:port` and the caller's token: `url` or the one `warden up` wrote in the
+/// state directory, the token in `token_file` or the one `warden up` generated.
+pub fn locate(
+    layout: &crate::layout::Layout,
+    url: Option<&str>,
+    token_file: Option<&std::path::Path>,
+) -> Result<(String, String), LocateError> {
+    let read = |p: &std::path::Path| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    let url = match url {
+        Some(u) => u.to_string(),
+        None => {
+            let f = layout.url_file();
+            read(&f).map_err(|source| LocateError::NotRunning {
+                path: f.display().to_string(),
+                source,
+            })?
+        }
+    };
+    let tf = token_file
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| layout.token_file());
+    let token = read(&tf).map_err(|source| LocateError::Token {
+        path: tf.display().to_string(),
+        source,
+    })?;
+    Ok((gateway_addr(&url)?, token))
+}
+
 /// `host:port` of a local `http://` gateway URL.
 pub fn gateway_addr(url: &str) -> Result<String, ClientError> {
     let rest = url

@@ -74,20 +74,8 @@ pub struct SendArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    #[error(
-        "warden does not seem to be running: cannot read {path} ({source}); start it with `warden up`"
-    )]
-    NotRunning {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read the caller token {path}: {source}")]
-    Token {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Locate(#[from] client::LocateError),
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("the gateway refused the request (HTTP {status}): {message}")]
@@ -367,10 +355,6 @@ impl Signals {
             else => std::future::pending().await,
         }
     }
-}
-
-fn read(path: &Path) -> Result<String, std::io::Error> {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string())
 }
 
 /// Asks the gateway to cancel the task; the state in its answer (the gateway answers once the
@@ -885,25 +869,7 @@ fn read_answer_line() -> tokio::sync::oneshot::Receiver<std::io::Result<(usize, 
 
 async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     let mut signals = Signals::install()?;
-    let url = match &args.url {
-        Some(u) => u.clone(),
-        None => {
-            let url_file = layout.url_file();
-            read(&url_file).map_err(|source| SendError::NotRunning {
-                path: url_file.display().to_string(),
-                source,
-            })?
-        }
-    };
-    let token_file = args
-        .token_file
-        .clone()
-        .unwrap_or_else(|| layout.token_file());
-    let token = read(&token_file).map_err(|source| SendError::Token {
-        path: token_file.display().to_string(),
-        source,
-    })?;
-    let addr = client::gateway_addr(&url)?;
+    let (addr, token) = client::locate(layout, args.url.as_deref(), args.token_file.as_deref())?;
     let mut message = json!({
         "messageId": uuid::Uuid::new_v4().to_string(),
         "role": "ROLE_USER",

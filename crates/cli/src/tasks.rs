@@ -24,20 +24,8 @@ const LIST_MAX: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TasksError {
-    #[error(
-        "warden does not seem to be running: cannot read {path} ({source}); start it with `warden up`"
-    )]
-    NotRunning {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read the caller token {path}: {source}")]
-    Token {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Locate(#[from] client::LocateError),
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error("the gateway refused {method}: {message}")]
@@ -88,27 +76,8 @@ impl Gateway {
         url: Option<&str>,
         token_file: Option<&Path>,
     ) -> Result<Self, TasksError> {
-        let url = match url {
-            Some(u) => u.to_string(),
-            None => {
-                let f = layout.url_file();
-                read(&f).map_err(|source| TasksError::NotRunning {
-                    path: f.display().to_string(),
-                    source,
-                })?
-            }
-        };
-        let tf = token_file
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| layout.token_file());
-        let token = read(&tf).map_err(|source| TasksError::Token {
-            path: tf.display().to_string(),
-            source,
-        })?;
-        Ok(Gateway {
-            addr: client::gateway_addr(&url)?,
-            token,
-        })
+        let (addr, token) = client::locate(layout, url, token_file)?;
+        Ok(Gateway { addr, token })
     }
 
     /// One A2A JSON-RPC call: its `result`, or the gateway's error as [`TasksError::Refused`].
@@ -186,10 +155,6 @@ impl Gateway {
             }),
         }
     }
-}
-
-fn read(path: &Path) -> Result<String, std::io::Error> {
-    std::fs::read_to_string(path).map(|s| s.trim().to_string())
 }
 
 /// A task's diff: its text, the files it is about, whether it was cut.
