@@ -348,9 +348,14 @@ mod tests {
                 c.env(format!("{filler_prefix}{i}"), &big);
             }
             let child = c.spawn().expect("sleep");
-            // Until it has exec'd (before, /proc shows the forked test's environment).
-            for _ in 0..500 {
-                if comm(child.id() as i32).as_deref() == Some("sleep") {
+            // Until it has exec'd (before, /proc shows the forked test's environment) and the
+            // kernel has laid out its new environment: `comm` changes before `env_start` is set,
+            // and in between /proc/PID/environ reads empty.
+            let path = format!("/proc/{}/environ", child.id());
+            for _ in 0..2500 {
+                if comm(child.id() as i32).as_deref() == Some("sleep")
+                    && std::fs::read(&path).is_ok_and(|e| !e.is_empty())
+                {
                     break;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));
