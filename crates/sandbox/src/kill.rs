@@ -152,6 +152,8 @@ pub struct ProcessTree {
     leases: Option<Leases>,
     known: HashMap<i32, u64>,
     finished: bool,
+    /// The principal's CPU group, held while the tree lives.
+    cpu_group: Option<std::sync::Arc<crate::CpuGroup>>,
 }
 
 impl ProcessTree {
@@ -181,6 +183,7 @@ impl ProcessTree {
             leases: None,
             known: HashMap::new(),
             finished: false,
+            cpu_group: None,
         })
     }
 
@@ -207,7 +210,13 @@ impl ProcessTree {
             leases: Some(leases),
             known: HashMap::new(),
             finished: false,
+            cpu_group: None,
         }
+    }
+
+    /// Keeps `group` (the principal's CPU group its processes are in) while the tree lives.
+    pub(crate) fn hold_cpu_group(&mut self, group: Option<std::sync::Arc<crate::CpuGroup>>) {
+        self.cpu_group = group;
     }
 
     /// A tree known only from a lease (startup recovery). Its recorded pgid is never signalled
@@ -229,6 +238,7 @@ impl ProcessTree {
             leases,
             known: HashMap::new(),
             finished: false,
+            cpu_group: None,
         }
     }
 

@@ -17,6 +17,7 @@
 
 mod cgroup;
 mod control;
+mod cpu_share;
 mod env;
 mod etc;
 mod features;
@@ -34,6 +35,7 @@ pub use cgroup::{CgroupBase, ConvCgroup, Limits, LimitsOutcome};
 pub use control::{
     ControlBind, GEMINI_SETTINGS_JSON, HOME_CONTROL, HOME_ENTRIES, OPENCODE_GITIGNORE, ROOT_CONTROL,
 };
+pub use cpu_share::{CpuGroup, CpuShares};
 pub use env::{
     BASE_KEYS, ChildEnv, DEFAULT_MAX_DEPTH, DEPTH_ENV, DepthGuard, EnvPolicy, TREE_MARKER_ENV,
 };

@@ -279,6 +279,10 @@ impl hyper::body::Body for TrackedBody {
     }
 }
 
+/// The fair-share key of requests without a valid token: a principal is a configured name or
+/// `ISSUER#sub`, never this.
+const UNAUTHENTICATED: &str = "(unauthenticated)";
+
 /// The edge every A2A listener is served by: one connection cap and one table of connection
 /// shares over all of them (a flood on one listener is bounded by the same shares as on the
 /// other, and the file descriptors it can take by one cap).
@@ -289,6 +293,9 @@ pub struct Edge {
     slots: Arc<Semaphore>,
     refusing: Arc<Semaphore>,
     grpc_requests: Arc<StreamShares>,
+    /// Each principal's share of the poll time spent on requests (`warden-fairshare`): a
+    /// principal with hundreds of requests in flight is polled no more than one with one.
+    fair: Arc<warden_fairshare::Scheduler>,
 }
 
 impl Edge {
@@ -299,6 +306,7 @@ impl Edge {
             table,
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            fair: warden_fairshare::Scheduler::new(),
             grpc_requests: StreamShares::with_refusal(
                 limits.max_grpc_requests_per_principal,
                 |limit| {
@@ -470,7 +478,13 @@ impl Edge {
                 let answered = edge.admit(&mut req, protocol, &share, &close).await;
                 let (response, permit) = match answered {
                     Err(r) => (*r, None),
-                    Ok(permit) => (app.oneshot(req.map(Body::new)).await?, permit),
+                    Ok((permit, principal)) => {
+                        // The request's work is its principal's (the callers without a valid
+                        // token share one key, which no principal can be named).
+                        let key = principal.as_deref().unwrap_or(UNAUTHENTICATED);
+                        let served = edge.fair.fair(key, app.oneshot(req.map(Body::new)));
+                        (served.await?, permit)
+                    }
                 };
                 Ok::<_, std::convert::Infallible>(response.map(|inner| TrackedBody {
                     inner,
@@ -575,7 +589,7 @@ impl Edge {
         protocol: Protocol,
         share: &ConnShare,
         close: &CancellationToken,
-    ) -> Result<Option<StreamPermit>, Box<axum::response::Response>> {
+    ) -> Result<(Option<StreamPermit>, Option<String>), Box<axum::response::Response>> {
         // The token is checked here once; the identity rides in the request's extensions to
         // the handler, which answers a bad token in its binding's shape (and counts it).
         let principal = match self.auth.authenticate(req.headers()).await {
@@ -590,7 +604,7 @@ impl Edge {
                         crate::metrics::auth_refused(f.reason());
                         Err(Box::new(grpc_answer(crate::a2a_grpc::unauthenticated(f))))
                     }
-                    _ => Ok(None),
+                    _ => Ok((None, None)),
                 };
             }
         };
@@ -614,9 +628,9 @@ impl Edge {
             }));
         }
         match protocol {
-            Protocol::Http1 => Ok(None),
+            Protocol::Http1 => Ok((None, Some(principal))),
             Protocol::Grpc => match self.grpc_requests.open(&principal) {
-                Ok(permit) => Ok(Some(permit)),
+                Ok(permit) => Ok((Some(permit), Some(principal))),
                 Err(e) => Err(Box::new(grpc_answer(crate::a2a_grpc::status_of(&e)))),
             },
         }

@@ -115,6 +115,9 @@ pub struct AgentProc {
 pub struct Target<'a> {
     pub spawn_id: &'a str,
     pub agent: &'a str,
+    /// Whose agent it is (its CPU group, `Shared::cpu_group`); none for a warm pool's agent,
+    /// which belongs to nobody until it is adopted.
+    pub principal: Option<&'a str>,
     pub boundary: warden_sandbox::Boundary,
     pub home: Option<&'a std::path::Path>,
 }
@@ -585,6 +588,7 @@ fn spawn(
         env,
         shared.depth,
     );
+    spec.cpu_group = target.principal.and_then(|p| shared.cpu_group(p));
     spec.args = adapter
         .iter()
         .filter(|a| !a.native)

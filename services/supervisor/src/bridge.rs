@@ -892,6 +892,7 @@ impl ClientHandler for ConvCore {
         let files = self.files();
         let target = crate::terminal::Target {
             context_id: &self.info.context_id,
+            principal: &self.info.principal,
             boundary: self.info.sandbox_boundary(),
             files: files.as_deref(),
         };

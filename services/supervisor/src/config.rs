@@ -842,6 +842,10 @@ pub struct SandboxSection {
     pub bubblewrap: bool,
     /// Use a cgroup v2 per agent where writable.
     pub cgroup: bool,
+    /// One CPU group per principal, of equal weight, for its agents and terminals, where the
+    /// host has a writable `cpu` hierarchy of cgroup v1 (`warden_sandbox::CpuShares`): under
+    /// contention a principal with eight agents gets the CPU of one with one.
+    pub cpu_share: bool,
     /// Extra environment names passed to every agent (operator-only).
     pub env_extra: Vec<String>,
     /// The user every agent (and ACP terminal) runs as: a name from /etc/passwd or a number.
@@ -865,6 +869,7 @@ impl Default for SandboxSection {
         SandboxSection {
             bubblewrap: true,
             cgroup: true,
+            cpu_share: true,
             env_extra: Vec::new(),
             agent_user: String::new(),
             agent_group: String::new(),

@@ -227,6 +227,7 @@ impl Conversation {
         let target = crate::agent::Target {
             spawn_id: &self.core.info.context_id,
             agent: &self.core.info.agent,
+            principal: Some(&self.core.info.principal),
             boundary: self.core.info.sandbox_boundary(),
             home: home.as_deref(),
         };

@@ -216,6 +216,18 @@ async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), Startup
     } else {
         None
     };
+    let cpu = if settings.file.sandbox.cgroup && settings.file.sandbox.cpu_share {
+        let found = warden_sandbox::CpuShares::detect(&cgroup_name(&state));
+        match &found {
+            Some(c) => tracing::info!(root = %c.root().display(), "agents share CPU per principal"),
+            None => tracing::info!(
+                "no writable cgroup v1 cpu hierarchy: agents share CPU per process, not per principal"
+            ),
+        }
+        found
+    } else {
+        None
+    };
     // A crashed predecessor's agents: whatever is left of every leased tree is killed in the
     // background, so the daemon serves (and reports healthy) at once; agent starts wait for it
     // (a new conversation must not meet a lease or cgroup the reaper is about to remove).
@@ -342,6 +354,7 @@ async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), Startup
             settings.max_starting_agents_per_principal(),
         ),
         reaped,
+        cpu,
     };
     let sup = Supervisor::new(shared);
     {

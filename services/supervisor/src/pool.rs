@@ -347,6 +347,7 @@ impl Pool {
         let target = Target {
             spawn_id: id,
             agent: &kind.name,
+            principal: None,
             boundary: boundary.clone(),
             home: Some(home.path()),
         };

@@ -939,6 +939,22 @@ impl Supervisor {
             "cgroup".to_string(),
             self.shared.spawner.cgroups().is_some().to_string(),
         );
+        // Where the principals' CPU groups are ("off" without them): `sandbox.cpu_share`.
+        details.insert(
+            "cpu_share".to_string(),
+            self.shared
+                .cpu
+                .as_ref()
+                .map_or_else(|| "off".to_string(), |c| c.root().display().to_string()),
+        );
+        details.insert(
+            "cpu_share_groups".to_string(),
+            self.shared
+                .cpu
+                .as_ref()
+                .map_or(0, |c| c.groups())
+                .to_string(),
+        );
         // The uid agents run as: switched, or the supervisor's own ("self").
         details.insert(
             "agent_uid".to_string(),

@@ -34,9 +34,26 @@ pub struct Shared {
     /// True once a predecessor's leftover trees are reaped (start-up reaps in the background;
     /// agent starts wait for it).
     pub reaped: tokio::sync::watch::Receiver<bool>,
+    /// One CPU group per principal with agents running, of equal weight (`sandbox.cpu_share`;
+    /// none where the host has no writable `cpu` hierarchy of its own).
+    pub cpu: Option<std::sync::Arc<warden_sandbox::CpuShares>>,
 }
 
 impl Shared {
+    /// A place in `principal`'s CPU group for a process about to be spawned; `None` (and a
+    /// warning) when there are no groups or this one cannot be made: the process then shares
+    /// the CPU as any process does, and is contained all the same.
+    pub fn cpu_group(&self, principal: &str) -> Option<std::sync::Arc<warden_sandbox::CpuGroup>> {
+        let shares = self.cpu.as_ref()?;
+        match shares.join(principal) {
+            Ok(g) => Some(std::sync::Arc::new(g)),
+            Err(e) => {
+                tracing::warn!(error = %e, "no CPU group for this principal's process");
+                None
+            }
+        }
+    }
+
     /// The settings in force now. A conversation, an agent start or a turn reads them when it
     /// begins; what it began with stays its own.
     pub fn settings(&self) -> std::sync::Arc<Settings> {

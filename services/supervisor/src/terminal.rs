@@ -35,6 +35,8 @@ use crate::turn::TurnCtx;
 /// enforces it, and its root's directory fd (the only way a `cwd` is checked).
 pub struct Target<'a> {
     pub context_id: &'a str,
+    /// Whose terminal it is (its CPU group).
+    pub principal: &'a str,
     pub boundary: warden_sandbox::Boundary,
     pub files: Option<&'a RootDir>,
 }
@@ -278,6 +280,7 @@ impl Terminals {
         );
         spec.args = req.args.iter().map(Into::into).collect();
         spec.cwd = Some(cwd);
+        spec.cpu_group = shared.cpu_group(target.principal);
         spec.network = ctx.network;
         // The program, arguments, cwd and environment are the agent's: the spawn finds the
         // program inside the sandbox and keeps every host-side process on its fixed

@@ -490,6 +490,7 @@ impl Spawner {
         };
         let parent = std::process::id() as libc::pid_t;
         let procs_fd = procs_file.as_ref().map(|f| f.as_raw_fd());
+        let cpu_fd = spec.cpu_group.as_ref().map(|g| g.procs_fd());
         let (r_fd, w_fd) = (gate_r.as_raw_fd(), gate_w.as_raw_fd());
         let keep: Vec<i32> = data_fds
             .iter()
@@ -519,6 +520,12 @@ impl Spawner {
                 }
                 // Entering the cgroup needs the supervisor's rights: before the switch.
                 if let Some(fd) = procs_fd
+                    && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // And the principal's CPU group (a v1 `cpu` hierarchy), likewise.
+                if let Some(fd) = cpu_fd
                     && libc::write(fd, b"0".as_ptr().cast(), 1) != 1
                 {
                     return Err(std::io::Error::last_os_error());
@@ -586,7 +593,7 @@ impl Spawner {
         let pid = pid as i32;
         let leader = ProcessIdentity::of(pid).unwrap_or(ProcessIdentity { pid, start_time: 0 });
         let cgroup_path = cgroup.as_ref().map(|c| c.path().to_path_buf());
-        let tree = ProcessTree::from_spawn(
+        let mut tree = ProcessTree::from_spawn(
             spec.conversation_id.clone(),
             child,
             leader,
@@ -595,6 +602,7 @@ impl Spawner {
             bwrapped,
             self.leases.clone(),
         );
+        tree.hold_cpu_group(spec.cpu_group.clone());
         let lease = Lease {
             conversation_id: spec.conversation_id.clone(),
             leader,

@@ -121,6 +121,9 @@ pub struct SpawnSpec {
     /// on the host. Refused together with [`SpawnSpec::exec_only`], whose allowlist would have
     /// to name a program resolved on the host.
     pub agent_supplied: bool,
+    /// The principal's CPU group (`cpu_share.rs`): the child enters it between fork and exec,
+    /// and its tree holds it until the tree is gone.
+    pub cpu_group: Option<std::sync::Arc<crate::CpuGroup>>,
 }
 
 impl SpawnSpec {
@@ -147,6 +150,7 @@ impl SpawnSpec {
             adapter_policy: AdapterPolicy::default(),
             exec_only: None,
             agent_supplied: false,
+            cpu_group: None,
         }
     }
 }
