@@ -189,6 +189,14 @@ impl CpuShares {
     }
 }
 
+impl Drop for CpuShares {
+    fn drop(&mut self) {
+        // Every group is dropped by now (each holds this); the empty root goes with them.
+        self.sweep();
+        let _ = std::fs::remove_dir(&self.root);
+    }
+}
+
 /// `p-` and 16 hex digits of a hash of the principal: a fixed, plain name whatever the
 /// principal's text (an `ISSUER#sub` holds slashes).
 fn group_name(principal: &str) -> String {
@@ -247,6 +255,7 @@ mod tests {
         assert!(!pa.exists(), "gone with its last holder");
         drop(b);
         assert_eq!(shares.groups(), 0);
-        let _ = std::fs::remove_dir(&root);
+        drop(shares);
+        assert!(!root.exists(), "the root goes with the last handle");
     }
 }
