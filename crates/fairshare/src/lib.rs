@@ -99,6 +99,13 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The process's scheduler: a daemon's CPU is one, so every share of it is taken from the same
+/// poll time (a request and the work it spawns are charged to one principal in one place).
+pub fn global() -> &'static Arc<Scheduler> {
+    static GLOBAL: std::sync::OnceLock<Arc<Scheduler>> = std::sync::OnceLock::new();
+    GLOBAL.get_or_init(Scheduler::new)
+}
+
 impl Scheduler {
     /// A scheduler with the default quantum.
     pub fn new() -> Arc<Self> {

@@ -306,7 +306,7 @@ impl Edge {
             table,
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
-            fair: warden_fairshare::Scheduler::new(),
+            fair: warden_fairshare::global().clone(),
             grpc_requests: StreamShares::with_refusal(
                 limits.max_grpc_requests_per_principal,
                 |limit| {

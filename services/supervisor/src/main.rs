@@ -355,6 +355,7 @@ async fn run(settings: config::Settings, args: DaemonArgs) -> Result<(), Startup
         ),
         reaped,
         cpu,
+        fair: warden_fairshare::global().clone(),
     };
     let sup = Supervisor::new(shared);
     {

@@ -994,7 +994,13 @@ impl SupervisorService for Api {
         &self,
         req: Request<pb::OpenConversationRequest>,
     ) -> Result<Response<pb::ConversationInfo>, Status> {
-        let c = self.0.open(req.get_ref()).await?;
+        let r = req.get_ref();
+        let c = self
+            .0
+            .shared
+            .fair
+            .fair(&r.principal, self.0.open(r))
+            .await?;
         // No turn follows this open: its agent is idle from now on.
         c.idle_if_unused();
         Ok(Response::new(c.info()))
@@ -1068,7 +1074,11 @@ impl SupervisorService for Api {
                         "open.context_id differs from context_id",
                     ));
                 }
-                self.0.open(&open).await?
+                self.0
+                    .shared
+                    .fair
+                    .fair(&open.principal, self.0.open(&open))
+                    .await?
             }
         };
         let (turn, rx) = TurnCtx::new(

@@ -37,6 +37,10 @@ pub struct Shared {
     /// One CPU group per principal with agents running, of equal weight (`sandbox.cpu_share`;
     /// none where the host has no writable `cpu` hierarchy of its own).
     pub cpu: Option<std::sync::Arc<warden_sandbox::CpuShares>>,
+    /// Each principal's share of this daemon's poll time (`warden-fairshare`): opening a
+    /// conversation (its agent's start) and each conversation's worker run as their principal's
+    /// work, so one principal's burst of new contexts is polled no more than another's one.
+    pub fair: std::sync::Arc<warden_fairshare::Scheduler>,
 }
 
 impl Shared {

@@ -136,11 +136,15 @@ impl Core {
                 let driven = live.clone();
                 // The task's span, in the trace of the request that started it.
                 let span = tracing::info_span!("task", task_id = %run.task_id);
-                tokio::spawn(tracing::Instrument::instrument(
-                    async move {
-                        core.drive(driven, run).await;
-                    },
-                    span,
+                // The turn's work (its events, its store writes) is its principal's too.
+                tokio::spawn(warden_fairshare::global().fair(
+                    principal,
+                    tracing::Instrument::instrument(
+                        async move {
+                            core.drive(driven, run).await;
+                        },
+                        span,
+                    ),
                 ));
                 live
             }
