@@ -743,6 +743,7 @@ const GATEWAY_FLOORS: &[(&str, &[&str])] = &[
             "core/route.rs",
             "core/shared.rs",
             "core/sweep.rs",
+            "core/writer.rs",
         ],
     ),
     ("admission", &["admission.rs"]),
@@ -834,11 +835,13 @@ fn the_floor_rule_refuses_an_import_up_or_sideways() {
     );
 }
 
-/// The floors inside the A2A core (`services/gateway/src/core/`), bottom up: the task in memory,
+/// The floors inside the A2A core (`services/gateway/src/core/`), bottom up: the task's state and
+/// its writes, the task in memory,
 /// the handle every step works through, what every step asks (where, who may, is it yours), the
 /// steps of a task's life, the answers (which reuse admit's outcome and follow's store reading),
 /// and the face. A module imports only from lower floors: two steps never import each other.
 const CORE_FLOORS: &[(&str, &[&str])] = &[
+    ("the task's state and its writes", &["core/writer.rs"]),
     ("the task in memory", &["core/live.rs"]),
     ("the handle", &["core/shared.rs"]),
     (
