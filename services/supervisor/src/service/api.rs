@@ -12,6 +12,15 @@ pub struct Api(pub Arc<Supervisor>);
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TurnEvent, Status>> + Send>>;
 
+/// A turn's events as a caller's stream, sent in batches: a permission's three events in one
+/// frame (see `batch`).
+fn batched(rx: crate::turn::EventRx) -> EventStream {
+    Box::pin(crate::batch::Batched::new(
+        UnboundedReceiverStream::new(rx),
+        crate::batch::EVENT_WINDOW,
+    ))
+}
+
 #[tonic::async_trait]
 impl SupervisorService for Api {
     async fn open_conversation(
@@ -118,11 +127,7 @@ impl SupervisorService for Api {
                 agent: false,
             }));
         }
-        // Sent in batches: a permission's three events in one frame (see `batch`).
-        Ok(Response::new(Box::pin(crate::batch::Batched::new(
-            UnboundedReceiverStream::new(rx),
-            crate::batch::EVENT_WINDOW,
-        ))))
+        Ok(Response::new(batched(rx)))
     }
 
     type AttachTurnStream = EventStream;
@@ -149,10 +154,7 @@ impl SupervisorService for Api {
             ))
         })?;
         tracing::info!(context_id = %r.context_id, turn_id = %r.turn_id, after_seq = r.after_seq, "a caller attached to a turn");
-        Ok(Response::new(Box::pin(crate::batch::Batched::new(
-            UnboundedReceiverStream::new(rx),
-            crate::batch::EVENT_WINDOW,
-        ))))
+        Ok(Response::new(batched(rx)))
     }
 
     async fn answer_question(
