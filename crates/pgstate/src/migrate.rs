@@ -16,44 +16,27 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+/// One migration of `migrations/NNNN_name.sql`: its version, its name and its text, named once.
+macro_rules! migration {
+    ($version:literal, $file:literal, $name:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../migrations/", $file, "_", $name, ".sql")),
+        }
+    };
+}
+
 /// Every migration, in order. Each daemon's tables are prefixed with its name (`policy_`,
 /// `approver_`, the gateway's next); a daemon reads and writes only its own.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "policy_audit",
-        sql: include_str!("../migrations/0001_policy_audit.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "approver_queue",
-        sql: include_str!("../migrations/0002_approver_queue.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "policy_audit_request",
-        sql: include_str!("../migrations/0003_policy_audit_request.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "gateway_tasks",
-        sql: include_str!("../migrations/0004_gateway_tasks.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "gateway_answers",
-        sql: include_str!("../migrations/0005_gateway_answers.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "cells",
-        sql: include_str!("../migrations/0006_cells.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "placement_orphans",
-        sql: include_str!("../migrations/0007_placement_orphans.sql"),
-    },
+    migration!(1, "0001", "policy_audit"),
+    migration!(2, "0002", "approver_queue"),
+    migration!(3, "0003", "policy_audit_request"),
+    migration!(4, "0004", "gateway_tasks"),
+    migration!(5, "0005", "gateway_answers"),
+    migration!(6, "0006", "cells"),
+    migration!(7, "0007", "placement_orphans"),
 ];
 
 /// The key of the advisory lock migrations run under ("warden" in ASCII, then 1): held for the

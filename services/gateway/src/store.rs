@@ -12,7 +12,7 @@
 //! - tree `tasks`:     `<task id>` → [`TaskRecord`] (the task without history and artifacts)
 //! - tree `history`:   `<task id>/<seq:010>` → one [`Message`], or a JSON array of the messages
 //!   numbered from `seq` on (a segment: a live task's status messages are written in batches,
-//!   see `core::live::LiveTask::write_pending`)
+//!   see `core::writer::Writes::write_pending`)
 //! - tree `artifacts`: `<task id>/<artifact index:04>/<chunk:010>` → one [`ArtifactChunk`]
 //! - tree `contexts`:  `<context id>` → [`ContextRecord`] (who owns the conversation)
 //! - tree `push`:      `<task id>/<config id>` → [`PushRecord`] (a task's webhook configs)

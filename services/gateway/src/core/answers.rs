@@ -226,11 +226,11 @@ impl Core {
                 let mut m = req.message.clone();
                 m.task_id = Some(task_id.to_string());
                 m.context_id = Some(task.context_id.clone());
-                LiveTask::push_history(&mut inner, m);
+                inner.push_history(m);
                 let events = inner.mapper.question_answered(now_micros());
                 live.apply(&mut inner, events);
                 // The turn may stay quiet a long time now: the answer is stored at once.
-                live.write_pending(&mut inner);
+                live.writes.write_pending(&mut inner);
                 drop(inner);
                 Ok(live)
             }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use futures::{FutureExt, StreamExt};
 use warden_proto::v1::RunTurnRequest;
 
-use super::live::{LiveTask, PENDING_AGE, lock, waits_for_disk};
+use super::live::{LiveTask, lock};
 use super::shared::Core;
+use super::writer::{PENDING_AGE, waits_for_disk};
 use crate::time::now_micros;
 
 impl Core {
@@ -75,14 +76,14 @@ impl Core {
                                 if !events.is_empty() {
                                     live.apply(&mut inner, events);
                                 }
-                                LiveTask::has_unwritten(&inner)
+                                inner.has_unwritten()
                             };
                             if pending {
                                 // Quiet for a while: store what streamed so far.
                                 match tokio::time::timeout(PENDING_AGE, stream.next()).await {
                                     Ok(n) => n,
                                     Err(_) => {
-                                        live.write_pending(&mut lock(&live.inner));
+                                        live.writes.write_pending(&mut lock(&live.inner));
                                         stream.next().await
                                     }
                                 }
@@ -144,7 +145,7 @@ impl Core {
         let state = {
             let mut inner = lock(&live.inner);
             // Read from the store from now on: nothing may stay buffered.
-            live.write_pending(&mut inner);
+            live.writes.write_pending(&mut inner);
             inner.task.status.state
         };
         if let Err(e) = live.sync().await {

@@ -5,6 +5,7 @@
 //! 2. [`access`]: which agents and workspaces a principal may use, the agent list;
 //! 3. [`drive`]: `RunTurn`, and the turn's events followed to the task's end;
 //! 4. [`live`]: the task in memory — each event applied, written, announced, in one order;
+//!    [`writer`] batches its writes and applies them in order;
 //! 5. [`answers`]: a message on an INPUT_REQUIRED task, here or held for another replica;
 //! 6. [`cancel`]: CancelTask, never hanging;
 //! 7. [`follow`]: SubscribeToTask, following through the store, leases, takeover (`AttachTurn`),
@@ -30,6 +31,7 @@ mod read;
 mod route;
 mod shared;
 mod sweep;
+mod writer;
 
 pub use admit::{MAX_CONTEXT_ID, SendOutcome};
 pub use drive::{fault_of_refused_turn, refused_fault};
