@@ -217,14 +217,17 @@ impl Scheduler {
         false
     }
 
-    /// A future of `key` was polled for `spent`; `finished` if it completed.
-    fn ran(&self, key: &Arc<str>, spent: Duration, finished: bool) {
+    /// A future of `key` was polled for `spent`; `finished` if it completed. A finished future
+    /// woken during its last poll is counted ready no longer (`woken` is cleared here, under the
+    /// lock): a count left behind would make its principal look ready forever.
+    fn ran(&self, key: &Arc<str>, spent: Duration, finished: bool, woken: &AtomicBool) {
         let spent = u64::try_from(spent.as_nanos()).unwrap_or(u64::MAX);
         let wake = {
             let mut st = lock(&self.state);
+            let late = finished && woken.swap(false, Ordering::Relaxed);
             st.update(key, |e| {
                 e.vtime = e.vtime.saturating_add(spent);
-                e.ready = e.ready.saturating_sub(1);
+                e.ready = e.ready.saturating_sub(1 + usize::from(late));
                 e.last_run = Instant::now();
                 if finished {
                     e.futures = e.futures.saturating_sub(1);
@@ -450,7 +453,9 @@ impl<F: Future> Future for Fair<F> {
             this.done = true;
             shared.gone.store(true, Ordering::Relaxed);
         }
-        shared.sched.ran(&shared.key, started.elapsed(), finished);
+        shared
+            .sched
+            .ran(&shared.key, started.elapsed(), finished, &shared.woken);
         out
     }
 }

@@ -229,3 +229,20 @@ fn the_watcher_ends_with_its_scheduler() {
     }
     assert!(weak.upgrade().is_none());
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_future_woken_in_its_last_poll_leaves_no_ready_count() {
+    let sched = Scheduler::new();
+    // Woken during the poll that completes it (a channel sent to and read in one poll does
+    // this): left counted ready, its principal would hold every other one back.
+    sched
+        .fair(
+            "alice",
+            std::future::poll_fn(|cx| {
+                cx.waker().wake_by_ref();
+                Poll::Ready(())
+            }),
+        )
+        .await;
+    assert!(sched.shares().is_empty(), "{:?}", sched.shares());
+}
