@@ -169,6 +169,19 @@ enum Command {
         /// brings the change back. Local deployments (`warden up`), your own directories only.
         #[arg(short = 'C', long = "dir", value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// The model for a new conversation, from those the agent offers (refused, naming
+        /// them, when it offers no such model; a context keeps the model it opened with).
+        #[arg(long)]
+        model: Option<String>,
+        /// The effort (reasoning level) for a new conversation, from those the agent offers.
+        #[arg(long)]
+        effort: Option<String>,
+        /// How the conversation may work: `edit` (the default: changes inside its root),
+        /// `read-only` (every edit, delete, move, command and fetch is denied by warden's
+        /// policy floor, whatever the agent does), `plan` (read-only, and the agent's own
+        /// planning mode where it offers one).
+        #[arg(long, value_parser = ["read-only", "edit", "plan"])]
+        mode: Option<String>,
         /// The gateway's URL (default: the one `warden up` wrote in the state directory).
         #[arg(long, env = "WARDEN_GATEWAY_URL")]
         url: Option<String>,
@@ -353,6 +366,12 @@ enum TasksCommand {
 enum ContextsCommand {
     /// Your contexts, newest first: how many tasks each holds, the newest one and its state.
     List,
+    /// End a context's conversation and remove its copy (`send -C`); a later `send --context
+    /// ID` starts afresh. Refused while a task of it runs.
+    Close {
+        /// The context's id, or a unique prefix of it.
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -812,6 +831,9 @@ async fn main() -> ExitCode {
             agent,
             context,
             dir,
+            model,
+            effort,
+            mode,
             url,
             token_file,
             file,
@@ -831,6 +853,9 @@ async fn main() -> ExitCode {
                     agent,
                     context,
                     copy_from: dir,
+                    model,
+                    effort,
+                    mode,
                     text,
                     url,
                     token_file,
@@ -847,10 +872,10 @@ async fn main() -> ExitCode {
         } => {
             let json = out.json();
             let name = match &what {
-                TasksCommand::List { .. } => "list",
-                TasksCommand::Show { .. } => "show",
-                TasksCommand::Diff { .. } => "diff",
-                TasksCommand::Apply { .. } => "apply",
+                TasksCommand::List { .. } => "tasks list",
+                TasksCommand::Show { .. } => "tasks show",
+                TasksCommand::Diff { .. } => "tasks diff",
+                TasksCommand::Apply { .. } => "tasks apply",
             };
             let r = async {
                 let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
@@ -872,15 +897,22 @@ async fn main() -> ExitCode {
             url,
             token_file,
             out,
-            what: ContextsCommand::List,
+            what,
         } => {
             let json = out.json();
             let r = async {
                 let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
-                tasks::contexts(&gw, json).await
+                match &what {
+                    ContextsCommand::List => tasks::contexts(&gw, json).await,
+                    ContextsCommand::Close { id } => tasks::close_context(&gw, id, json).await,
+                }
             }
             .await;
-            tasks::finish("contexts list", r, json)
+            let name = match what {
+                ContextsCommand::List => "contexts list",
+                ContextsCommand::Close { .. } => "contexts close",
+            };
+            tasks::finish(name, r, json)
         }
         Command::Mcp => match warden_cli::mcp::run(&layout).await {
             Ok(()) => ExitCode::SUCCESS,

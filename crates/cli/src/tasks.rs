@@ -34,6 +34,10 @@ pub enum TasksError {
     NoSuchTask(String),
     #[error("{prefix:?} names more than one task: {}; give more of the id", .ids.join(", "))]
     Ambiguous { prefix: String, ids: Vec<String> },
+    #[error("no context of yours has an id starting with {0:?} (`warden contexts list` shows them)")]
+    NoSuchContext(String),
+    #[error("{prefix:?} names more than one context: {}; give more of the id", .ids.join(", "))]
+    AmbiguousContext { prefix: String, ids: Vec<String> },
     #[error("task {0} changed no file: it has no diff")]
     NoDiff(String),
     #[error("the diff of task {0} is not base64 text (the gateway sent something else)")]
@@ -155,6 +159,55 @@ impl Gateway {
             }),
         }
     }
+}
+
+impl Gateway {
+    /// The context `prefix` names among the caller's tasks' contexts: its whole id, or the one
+    /// that starts with it.
+    pub async fn context(&self, prefix: &str) -> Result<String, TasksError> {
+        let mut ids: Vec<String> = self
+            .list(None)
+            .await?
+            .iter()
+            .filter_map(|t| t["contextId"].as_str())
+            .filter(|c| c.starts_with(prefix))
+            .map(str::to_string)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        if ids.iter().any(|c| c == prefix) {
+            return Ok(prefix.to_string());
+        }
+        match ids.as_slice() {
+            [] => Err(TasksError::NoSuchContext(prefix.into())),
+            [one] => Ok(one.clone()),
+            _ => Err(TasksError::AmbiguousContext {
+                prefix: prefix.into(),
+                ids,
+            }),
+        }
+    }
+}
+
+/// `warden contexts close ID`: the conversation ended at the gateway and its supervisor, its
+/// root (a `send -C` copy) removed; the next message in the context starts afresh.
+pub async fn close_context(gw: &Gateway, prefix: &str, json_out: bool) -> Result<(), TasksError> {
+    let ctx = gw.context(prefix).await?;
+    let r = gw
+        .rpc("warden.CloseContext", json!({"contextId": ctx}))
+        .await?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"contextId": ctx, "closed": r["closed"].as_bool().unwrap_or(false)})
+        );
+    } else {
+        println!(
+            "closed context {} (its conversation ended, its copy removed)",
+            warden_terminal_text::inline(&ctx)
+        );
+    }
+    Ok(())
 }
 
 /// A task's diff: its text, the files it is about, whether it was cut.
@@ -560,13 +613,13 @@ pub fn finish(what: &str, r: Result<(), TasksError>, json_out: bool) -> ExitCode
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = match e {
-                TasksError::NoSuchTask(_) | TasksError::NoDiff(_) => 3,
+                TasksError::NoSuchTask(_) | TasksError::NoSuchContext(_) | TasksError::NoDiff(_) => 3,
                 _ => 1,
             };
             if json_out {
                 output::print_line(&json!({"error": e.to_string(), "exitCode": code}));
             }
-            eprintln!("warden tasks {what}: {e}");
+            eprintln!("warden {what}: {e}");
             ExitCode::from(code)
         }
     }
