@@ -34,7 +34,9 @@ pub enum TasksError {
     NoSuchTask(String),
     #[error("{prefix:?} names more than one task: {}; give more of the id", .ids.join(", "))]
     Ambiguous { prefix: String, ids: Vec<String> },
-    #[error("no context of yours has an id starting with {0:?} (`warden contexts list` shows them)")]
+    #[error(
+        "no context of yours has an id starting with {0:?} (`warden contexts list` shows them)"
+    )]
     NoSuchContext(String),
     #[error("{prefix:?} names more than one context: {}; give more of the id", .ids.join(", "))]
     AmbiguousContext { prefix: String, ids: Vec<String> },
@@ -613,7 +615,9 @@ pub fn finish(what: &str, r: Result<(), TasksError>, json_out: bool) -> ExitCode
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = match e {
-                TasksError::NoSuchTask(_) | TasksError::NoSuchContext(_) | TasksError::NoDiff(_) => 3,
+                TasksError::NoSuchTask(_)
+                | TasksError::NoSuchContext(_)
+                | TasksError::NoDiff(_) => 3,
                 _ => 1,
             };
             if json_out {

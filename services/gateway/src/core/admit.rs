@@ -401,7 +401,8 @@ const MAX_OPTION: usize = 128;
 impl Asked {
     fn of(req: &SendMessageRequest) -> Result<Self, A2aError> {
         let get = |key: &str| -> Option<serde_json::Value> {
-            let of = |m: &Option<crate::a2a::Metadata>| m.as_ref()?.get(META_KEY)?.get(key).cloned();
+            let of =
+                |m: &Option<crate::a2a::Metadata>| m.as_ref()?.get(META_KEY)?.get(key).cloned();
             of(&req.message.metadata).or_else(|| of(&req.metadata))
         };
         let copy_from = match get("copyFrom") {

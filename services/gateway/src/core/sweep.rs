@@ -146,9 +146,7 @@ impl Core {
         let running = |heads: &[crate::store::TaskRecord]| {
             heads
                 .iter()
-                .find(|h| {
-                    h.task.context_id == context_id && !h.task.status.state.is_terminal()
-                })
+                .find(|h| h.task.context_id == context_id && !h.task.status.state.is_terminal())
                 .map(|h| h.task.id.clone())
         };
         let heads = self.store.heads_of(principal).await.map_err(store_err)?;
