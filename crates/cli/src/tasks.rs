@@ -3,9 +3,10 @@
 //! prefix. `diff` prints a task's diff artifact (the conversation's change to its root, computed
 //! by the supervisor); `apply` hands it to `git apply --3way` in a directory.
 //!
-//! Must never: run a hook or a command the agent could have configured (git runs with hooks off,
-//! no system or global config, no fsmonitor; the diff never holds a `.git` path); change a
-//! directory when the diff does not apply cleanly (checked first, nothing written).
+//! Must never: run a hook or a command the agent or the directory's `.git/config` could name
+//! (git runs with a scratch repository of warden's own, `git_apply.rs`; the diff never holds a
+//! `.git` path); change a directory when the diff does not apply cleanly (checked first,
+//! nothing written).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use base64::Engine;
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use warden_cli::client::{self, ClientError};
+use warden_cli::git_apply;
 use warden_cli::layout::Layout;
 use warden_cli::output;
 
@@ -48,8 +50,8 @@ pub enum TasksError {
     Cut { id: String, files: Vec<String> },
     #[error("{0} is not a directory")]
     NotADir(String),
-    #[error("cannot run git: {0}")]
-    Git(#[source] std::io::Error),
+    #[error(transparent)]
+    Git(#[from] git_apply::GitApplyError),
     #[error(
         "the change of task {id} does not apply cleanly in {dir}, so nothing was changed:\n{why}\nCommit or stash your own changes to those files, or read the change with `warden tasks diff {id}`"
     )]
@@ -490,37 +492,6 @@ pub async fn diff(
     Ok(())
 }
 
-/// git with warden's own settings: no system or global config, hooks off, no fsmonitor, no
-/// pager, no prompt. The repository's own `.git/config` is the person's (the agent never wrote
-/// it: a diff holds no `.git` path).
-fn git(dir: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new("git");
-    c.current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_EXTERNAL_DIFF")
-        .args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.pager=cat",
-        ]);
-    c
-}
-
-fn in_repository(dir: &Path) -> bool {
-    git(dir)
-        .args(["rev-parse", "--is-inside-work-tree"])
-        .output()
-        .map(|o| o.status.success() && o.stdout.starts_with(b"true"))
-        .unwrap_or(false)
-}
-
 /// `warden tasks apply ID [-C DIR]`: the task's diff applied in DIR's files as they are (`git
 /// apply`), or, where they changed since, merged (`git apply --3way`, in a repository), after a
 /// check that it applies cleanly.
@@ -544,22 +515,18 @@ pub async fn apply(
     }
     let path = save_diff(layout, &id, &d.text)?;
     let patch = path.display().to_string();
+    // git with a repository of warden's own: nothing DIR's .git/config names ever runs.
+    let scratch = git_apply::Scratch::new(&layout.root.join("cli"), dir)?;
     // Onto the files as they are (the copy was made of them, uncommitted changes and all);
-    // where they moved on since, a three-way merge in a repository; else nothing changes.
-    let check = |three_way: bool| {
-        git(dir)
-            .args(["apply", "--check"])
-            .args(three_way.then_some("--3way"))
-            .arg(&patch)
-            .output()
-            .map_err(TasksError::Git)
-    };
-    let plain = check(false)?;
+    // where they moved on since, a three-way merge with DIR's repository's blobs; else nothing
+    // changes.
+    let plain = scratch.apply(&path, false, true)?;
     let three_way = if plain.status.success() {
         false
     } else {
-        let merged = if in_repository(dir) {
-            Some(check(true)?)
+        let merged = if scratch.has_objects {
+            scratch.index_paths(&d.files)?;
+            Some(scratch.apply(&path, true, true)?)
         } else {
             None
         };
@@ -581,12 +548,7 @@ pub async fn apply(
             }
         }
     };
-    let out = git(dir)
-        .arg("apply")
-        .args(three_way.then_some("--3way"))
-        .arg(&patch)
-        .output()
-        .map_err(TasksError::Git)?;
+    let out = scratch.apply(&path, three_way, false)?;
     if !out.status.success() {
         return Err(TasksError::ApplyFailed {
             dir: dir.display().to_string(),
