@@ -312,3 +312,114 @@ async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
         assert!(out.contains("owned by uid 65534"), "{out}\n{err}");
     }
 }
+
+/// A hostile directory and a hostile agent together: DIR's own `.git/config` names an fsmonitor,
+/// a hooks directory, clean/smudge filters and a merge driver, and its `.gitattributes` asks for
+/// them on every file; the agent plants `.git/config`, hooks and `.gitattributes` in its copy.
+/// Neither the copy (`send -C`) nor `tasks apply` runs any of them: the marker each would leave
+/// is never made, and the change still lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_a_directory_or_an_agent_configured_runs_on_copy_or_apply() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("hostile");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("README"), "base\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    // Each command leaves its own marker (a script: `;` starts a comment in git's config).
+    let marker = |what: &str| d.dir.path().join(format!("ran-{what}"));
+    let script = |what: &str| {
+        let p = d.dir.path().join(format!("{what}.sh"));
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\ntouch {}\ncat\n", marker(what).display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    let hooks = repo.join(".git/myhooks");
+    std::fs::create_dir(&hooks).unwrap();
+    for h in [
+        "pre-commit",
+        "post-checkout",
+        "post-applypatch",
+        "pre-applypatch",
+    ] {
+        std::fs::copy(script("hook"), hooks.join(h)).unwrap();
+    }
+    let mut config = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    config.push_str(&format!(
+        "[core]\n\tfsmonitor = {}\n\thooksPath = {}\n[filter \"evil\"]\n\tclean = {}\n\tsmudge = {}\n\trequired = true\n[merge \"evil\"]\n\tdriver = {}\n",
+        script("fsmonitor"),
+        hooks.display(),
+        script("clean"),
+        script("smudge"),
+        script("merge"),
+    ));
+    std::fs::write(repo.join(".git/config"), config).unwrap();
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil merge=evil\n").unwrap();
+    let dir = repo.to_string_lossy().to_string();
+
+    // The agent plants its own in the copy, and changes a file.
+    let plant = format!(
+        "mkdir -p .git/hooks; \
+         printf '#!/bin/sh\\ntouch {p}\\n' > .git/hooks/post-applypatch; chmod +x .git/hooks/post-applypatch; \
+         printf '[core]\\n\\tfsmonitor = {p}\\n[filter \"x\"]\\n\\tclean = {p}\\n' > .git/config; \
+         printf '* filter=x diff=x merge=x\\n' >> .gitattributes",
+        p = marker("planted").display()
+    );
+    let scenario = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "README", "content": "base\nagent\n"},
+        {"type": "tool", "kind": "execute", "command": plant},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(
+        &d,
+        &["send", "-C", &dir, "-o", "json", &scenario.to_string()],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .expect("an end record");
+    assert_eq!(
+        end["filesChanged"],
+        json!([".gitattributes", "README"]),
+        "{end}"
+    );
+    let task = end["taskId"].as_str().unwrap().to_string();
+
+    let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "base\nagent\n"
+    );
+    // What the agent planted in its copy's .git never reached DIR's.
+    let config = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    assert!(!config.contains("ran-planted"), "{config}");
+    assert!(!repo.join(".git/hooks/post-applypatch").exists());
+    for what in ["hook", "fsmonitor", "clean", "smudge", "merge", "planted"] {
+        assert!(!marker(what).exists(), "{what} ran on copy or apply");
+    }
+    // The harness's git (with the repository's config, as the person's would) does run the
+    // filter: the test's commands are real ones. (The agent's attributes line, applied, names
+    // its own filter for every file: the directory's is put back first.)
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil merge=evil\n").unwrap();
+    std::process::Command::new("git")
+        .args(["-c", "core.fsmonitor=false", "add", "README"])
+        .current_dir(&repo)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        marker("clean").exists(),
+        "the directory's filter is not a real one"
+    );
+}
