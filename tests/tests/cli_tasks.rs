@@ -222,7 +222,11 @@ async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
     let first = std::fs::read_to_string(end["diff"].as_str().unwrap()).unwrap();
     assert_eq!(
         first,
-        "diff --git a/README b/README\n--- a/README\n+++ b/README\n@@ -1,2 +1,3 @@\n base\n local\n+agent\n"
+        format!(
+            "diff --git a/README b/README\nindex {}..{} 100644\n--- a/README\n+++ b/README\n@@ -1,2 +1,3 @@\n base\n local\n+agent\n",
+            warden_e2e::git_blob_id(b"base\nlocal\n"),
+            warden_e2e::git_blob_id(b"base\nlocal\nagent\n")
+        )
     );
     // DIR itself is untouched.
     assert_eq!(
@@ -422,4 +426,68 @@ async fn nothing_a_directory_or_an_agent_configured_runs_on_copy_or_apply() {
         marker("clean").exists(),
         "the directory's filter is not a real one"
     );
+}
+
+/// The person's files moved on since the copy: where their change and the agent's touch
+/// different lines of a file, `tasks apply` merges them three ways (the diff names git's blob
+/// ids, the pre-image is found in DIR's repository); where they touch the same line it is
+/// refused with DIR left as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_apply_merges_three_ways_and_refuses_a_conflict() {
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("moving");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    let lines = |change: &[(usize, &str)]| {
+        (1..=9)
+            .map(|i| {
+                change
+                    .iter()
+                    .find(|(n, _)| *n == i)
+                    .map_or(i.to_string(), |(_, s)| s.to_string())
+                    + "\n"
+            })
+            .collect::<String>()
+    };
+    std::fs::write(repo.join("f.txt"), lines(&[])).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    let dir = repo.to_string_lossy().to_string();
+    let edit = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "f.txt", "content": lines(&[(7, "seven")])},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(&d, &["send", "-C", &dir, "-o", "json", &edit.to_string()]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .expect("an end record");
+    let task = end["taskId"].as_str().unwrap().to_string();
+
+    // The same line changed meanwhile: refused, nothing changed.
+    std::fs::write(repo.join("f.txt"), lines(&[(7, "mine")])).unwrap();
+    git(&repo, &["commit", "-qam", "mine"]);
+    let (code, _, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not apply cleanly"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("f.txt")).unwrap(),
+        lines(&[(7, "mine")])
+    );
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+
+    // Another line, two away, in the hunk's context: a plain apply cannot, the merge does.
+    git(&repo, &["reset", "-q", "--hard", "HEAD~1"]);
+    std::fs::write(repo.join("f.txt"), lines(&[(5, "five")])).unwrap();
+    git(&repo, &["commit", "-qam", "theirs"]);
+    let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("f.txt")).unwrap(),
+        lines(&[(5, "five"), (7, "seven")])
+    );
+    // DIR's own index is the person's: the change is in the working tree, unstaged.
+    assert_eq!(git(&repo, &["status", "--porcelain"]), " M f.txt\n");
 }
