@@ -516,29 +516,6 @@ pub fn use_release_binaries_in_benches(packages: &[&str]) {
     unsafe { std::env::set_var("WARDEN_BIN_DIR", dir) };
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkout_in_a_temp_tree_gets_its_deployments_somewhere_the_supervisor_accepts() {
-        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("target-probe/tmp");
-        if warden_sandbox::temp_tree_of(Path::new(env!("CARGO_MANIFEST_DIR"))).is_none() {
-            assert_eq!(outside_temp_trees(&here, true), here);
-        }
-        for cloned in [
-            "/tmp/warden/target/tmp",
-            "/var/tmp/w/target/tmp",
-            "/dev/shm/x",
-        ] {
-            let root = outside_temp_trees(Path::new(cloned), true);
-            assert_eq!(root, Path::new("/var/lib/warden-e2e"));
-            let user = outside_temp_trees(Path::new(cloned), false);
-            assert!(warden_sandbox::temp_tree_of(&user).is_none(), "{user:?}");
-        }
-    }
-}
-
 /// git's own id of a blob with `content` (`git hash-object`), for the `index` lines of a task's
 /// diff: the answer of the real git, not a second implementation of it.
 pub fn git_blob_id(content: &[u8]) -> String {
@@ -565,4 +542,27 @@ pub fn git_blob_id(content: &[u8]) -> String {
 /// The `index` line of a diff of a file that is new with `content`.
 pub fn new_file_index(content: &[u8]) -> String {
     format!("index {}..{}\n", "0".repeat(40), git_blob_id(content))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkout_in_a_temp_tree_gets_its_deployments_somewhere_the_supervisor_accepts() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("target-probe/tmp");
+        if warden_sandbox::temp_tree_of(Path::new(env!("CARGO_MANIFEST_DIR"))).is_none() {
+            assert_eq!(outside_temp_trees(&here, true), here);
+        }
+        for cloned in [
+            "/tmp/warden/target/tmp",
+            "/var/tmp/w/target/tmp",
+            "/dev/shm/x",
+        ] {
+            let root = outside_temp_trees(Path::new(cloned), true);
+            assert_eq!(root, Path::new("/var/lib/warden-e2e"));
+            let user = outside_temp_trees(Path::new(cloned), false);
+            assert!(warden_sandbox::temp_tree_of(&user).is_none(), "{user:?}");
+        }
+    }
 }
