@@ -293,3 +293,51 @@ async fn contexts_close_removes_the_copy_and_the_context_starts_afresh() {
     let conv = conversation(&d, &ctx).await.expect("the new conversation");
     assert!(!Path::new(&conv.root).join("first.txt").exists());
 }
+
+/// `--mode plan` on an agent with a planning option (`plan_config_option`, as the real
+/// adapters' entries have it): the session is put in the agent's plan mode before the first
+/// prompt, and the conversation runs under the read-only profile.
+#[tokio::test(flavor = "multi_thread")]
+async fn plan_puts_the_agent_in_its_plan_mode_under_the_read_only_profile() {
+    let d = Deployment::up(Options {
+        sets: vec![(
+            "supervisor".into(),
+            "agents.scripted.plan_config_option=\"mode=plan\"".into(),
+        )],
+        ..Default::default()
+    })
+    .await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let attempt = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "plan.txt", "content": "written\n"},
+        {"type": "message", "text": "here is the plan"}]});
+    let (code, out, err) = warden(
+        &d,
+        &["send", "--mode", "plan", "-o", "json", &attempt.to_string()],
+    )
+    .await;
+    // The agent, in its plan mode, refuses the write itself (warden's floor would have, as
+    // the first test shows for an agent without one).
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("not allowed in plan mode"), "{out}");
+    let end = end_of(&out);
+    assert_eq!(end["filesChanged"], json!([]), "{end}");
+    let conv = conversation(&d, end["contextId"].as_str().unwrap())
+        .await
+        .expect("the conversation");
+    assert_eq!(conv.current_mode, "plan", "{conv:?}");
+    assert_eq!(conv.profile, pb::Profile::ReadOnly as i32);
+
+    // Without --mode the same agent opens in its supervised default mode, and may edit.
+    let edit = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "plan.txt", "content": "written\n"},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(&d, &["send", "-o", "json", &edit.to_string()]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end = end_of(&out);
+    assert_eq!(end["filesChanged"], json!(["plan.txt"]), "{end}");
+    let conv = conversation(&d, end["contextId"].as_str().unwrap())
+        .await
+        .expect("the conversation");
+    assert_eq!(conv.current_mode, "default", "{conv:?}");
+}
