@@ -561,4 +561,51 @@ mod tests {
         );
         rt.shutdown_timeout(Duration::from_secs(5));
     }
+
+    /// `metadata.warden.mode|model|effort|copyFrom`, as `warden send` sends them: each mode
+    /// mapped to its profile and verb, anything else refused as invalid params naming why.
+    #[test]
+    fn the_callers_mode_model_and_effort_are_checked_and_mapped() {
+        let req = |meta: serde_json::Value| -> SendMessageRequest {
+            serde_json::from_value(
+                serde_json::json!({"message": {"messageId": "m", "role": "ROLE_USER",
+                "parts": [{"text": "x"}], "metadata": {"warden": meta}}}),
+            )
+            .unwrap()
+        };
+        let a = Asked::of(&req(serde_json::json!({}))).unwrap();
+        assert_eq!((a.profile, a.verb), (Profile::WorkspaceWrite, "task"));
+        for (mode, profile, verb) in [
+            ("edit", Profile::WorkspaceWrite, "task"),
+            ("read-only", Profile::ReadOnly, "task"),
+            ("plan", Profile::ReadOnly, "advise"),
+        ] {
+            let a = Asked::of(&req(serde_json::json!({"mode": mode}))).unwrap();
+            assert_eq!((a.profile, a.verb), (profile, verb), "{mode}");
+        }
+        let a = Asked::of(&req(
+            serde_json::json!({"model": "m1", "effort": "high", "copyFrom": "/src"}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (a.model.as_str(), a.effort.as_str(), a.copy_from.as_str()),
+            ("m1", "high", "/src")
+        );
+        for bad in [
+            serde_json::json!({"mode": "yolo"}),
+            serde_json::json!({"mode": 1}),
+            serde_json::json!({"model": ""}),
+            serde_json::json!({"model": "m".repeat(129)}),
+            serde_json::json!({"effort": "a\u{1b}b"}),
+            serde_json::json!({"copyFrom": "relative"}),
+        ] {
+            assert!(
+                matches!(
+                    Asked::of(&req(bad.clone())),
+                    Err(A2aError::InvalidParams(_))
+                ),
+                "{bad}"
+            );
+        }
+    }
 }
