@@ -164,9 +164,11 @@ enum Command {
         /// Continue this A2A context (conversation) instead of starting a new one.
         #[arg(long)]
         context: Option<String>,
-        /// Have the agent work on a copy of DIR (its files, `.git` left out), made by warden
-        /// inside the agent's sandbox: DIR is never touched; `warden tasks apply ID -C DIR`
-        /// brings the change back. Local deployments (`warden up`), your own directories only.
+        /// Have the agent work on a copy of DIR (its files, `.git` left out; in a repository
+        /// what a worktree of HEAD plus your uncommitted changes holds, ignored files left
+        /// out), made by warden inside the agent's sandbox: DIR is never touched; `warden tasks
+        /// apply ID -C DIR` brings the change back. Local deployments (`warden up`), your own
+        /// directories only.
         #[arg(short = 'C', long = "dir", value_name = "DIR")]
         dir: Option<PathBuf>,
         /// The model for a new conversation, from those the agent offers (refused, naming
