@@ -516,6 +516,34 @@ pub fn use_release_binaries_in_benches(packages: &[&str]) {
     unsafe { std::env::set_var("WARDEN_BIN_DIR", dir) };
 }
 
+/// git's own id of a blob with `content` (`git hash-object`), for the `index` lines of a task's
+/// diff: the answer of the real git, not a second implementation of it.
+pub fn git_blob_id(content: &[u8]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("git")
+        .args(["hash-object", "--stdin"])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .current_dir("/")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("git runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(content)
+        .expect("git reads");
+    let out = child.wait_with_output().expect("git answers");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The `index` line of a diff of a file that is new with `content`.
+pub fn new_file_index(content: &[u8]) -> String {
+    format!("index {}..{}\n", "0".repeat(40), git_blob_id(content))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -222,7 +222,11 @@ async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
     let first = std::fs::read_to_string(end["diff"].as_str().unwrap()).unwrap();
     assert_eq!(
         first,
-        "diff --git a/README b/README\n--- a/README\n+++ b/README\n@@ -1,2 +1,3 @@\n base\n local\n+agent\n"
+        format!(
+            "diff --git a/README b/README\nindex {}..{} 100644\n--- a/README\n+++ b/README\n@@ -1,2 +1,3 @@\n base\n local\n+agent\n",
+            warden_e2e::git_blob_id(b"base\nlocal\n"),
+            warden_e2e::git_blob_id(b"base\nlocal\nagent\n")
+        )
     );
     // DIR itself is untouched.
     assert_eq!(
@@ -311,4 +315,179 @@ async fn send_dash_c_works_on_a_copy_and_tasks_apply_brings_the_change_back() {
         assert_ne!(code, 0, "{out}\n{err}");
         assert!(out.contains("owned by uid 65534"), "{out}\n{err}");
     }
+}
+
+/// A hostile directory and a hostile agent together: DIR's own `.git/config` names an fsmonitor,
+/// a hooks directory, clean/smudge filters and a merge driver, and its `.gitattributes` asks for
+/// them on every file; the agent plants `.git/config`, hooks and `.gitattributes` in its copy.
+/// Neither the copy (`send -C`) nor `tasks apply` runs any of them: the marker each would leave
+/// is never made, and the change still lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_a_directory_or_an_agent_configured_runs_on_copy_or_apply() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("hostile");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    std::fs::write(repo.join("README"), "base\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    // Each command leaves its own marker (a script: `;` starts a comment in git's config).
+    let marker = |what: &str| d.dir.path().join(format!("ran-{what}"));
+    let script = |what: &str| {
+        let p = d.dir.path().join(format!("{what}.sh"));
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\ntouch {}\ncat\n", marker(what).display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    let hooks = repo.join(".git/myhooks");
+    std::fs::create_dir(&hooks).unwrap();
+    for h in [
+        "pre-commit",
+        "post-checkout",
+        "post-applypatch",
+        "pre-applypatch",
+    ] {
+        std::fs::copy(script("hook"), hooks.join(h)).unwrap();
+    }
+    let mut config = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    config.push_str(&format!(
+        "[core]\n\tfsmonitor = {}\n\thooksPath = {}\n[filter \"evil\"]\n\tclean = {}\n\tsmudge = {}\n\trequired = true\n[merge \"evil\"]\n\tdriver = {}\n",
+        script("fsmonitor"),
+        hooks.display(),
+        script("clean"),
+        script("smudge"),
+        script("merge"),
+    ));
+    std::fs::write(repo.join(".git/config"), config).unwrap();
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil merge=evil\n").unwrap();
+    let dir = repo.to_string_lossy().to_string();
+
+    // The agent plants its own in the copy, and changes a file.
+    let plant = format!(
+        "mkdir -p .git/hooks; \
+         printf '#!/bin/sh\\ntouch {p}\\n' > .git/hooks/post-applypatch; chmod +x .git/hooks/post-applypatch; \
+         printf '[core]\\n\\tfsmonitor = {p}\\n[filter \"x\"]\\n\\tclean = {p}\\n' > .git/config; \
+         printf '* filter=x diff=x merge=x\\n' >> .gitattributes",
+        p = marker("planted").display()
+    );
+    let scenario = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "README", "content": "base\nagent\n"},
+        {"type": "tool", "kind": "execute", "command": plant},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(
+        &d,
+        &["send", "-C", &dir, "-o", "json", &scenario.to_string()],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .expect("an end record");
+    assert_eq!(
+        end["filesChanged"],
+        json!([".gitattributes", "README"]),
+        "{end}"
+    );
+    let task = end["taskId"].as_str().unwrap().to_string();
+
+    let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "base\nagent\n"
+    );
+    // What the agent planted in its copy's .git never reached DIR's.
+    let config = std::fs::read_to_string(repo.join(".git/config")).unwrap();
+    assert!(!config.contains("ran-planted"), "{config}");
+    assert!(!repo.join(".git/hooks/post-applypatch").exists());
+    for what in ["hook", "fsmonitor", "clean", "smudge", "merge", "planted"] {
+        assert!(!marker(what).exists(), "{what} ran on copy or apply");
+    }
+    // The harness's git (with the repository's config, as the person's would) does run the
+    // filter: the test's commands are real ones. (The agent's attributes line, applied, names
+    // its own filter for every file: the directory's is put back first.)
+    std::fs::write(repo.join(".gitattributes"), "* filter=evil merge=evil\n").unwrap();
+    std::process::Command::new("git")
+        .args(["-c", "core.fsmonitor=false", "add", "README"])
+        .current_dir(&repo)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        marker("clean").exists(),
+        "the directory's filter is not a real one"
+    );
+}
+
+/// The person's files moved on since the copy: where their change and the agent's touch
+/// different lines of a file, `tasks apply` merges them three ways (the diff names git's blob
+/// ids, the pre-image is found in DIR's repository); where they touch the same line it is
+/// refused with DIR left as it was.
+#[tokio::test(flavor = "multi_thread")]
+async fn tasks_apply_merges_three_ways_and_refuses_a_conflict() {
+    let d = Deployment::up(Options::default()).await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("moving");
+    std::fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    let lines = |change: &[(usize, &str)]| {
+        (1..=9)
+            .map(|i| {
+                change
+                    .iter()
+                    .find(|(n, _)| *n == i)
+                    .map_or(i.to_string(), |(_, s)| s.to_string())
+                    + "\n"
+            })
+            .collect::<String>()
+    };
+    std::fs::write(repo.join("f.txt"), lines(&[])).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "base"]);
+    let dir = repo.to_string_lossy().to_string();
+    let edit = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "f.txt", "content": lines(&[(7, "seven")])},
+        {"type": "message", "text": "done"}]});
+    let (code, out, err) = warden(&d, &["send", "-C", &dir, "-o", "json", &edit.to_string()]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    let end: Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .expect("an end record");
+    let task = end["taskId"].as_str().unwrap().to_string();
+
+    // The same line changed meanwhile: refused, nothing changed.
+    std::fs::write(repo.join("f.txt"), lines(&[(7, "mine")])).unwrap();
+    git(&repo, &["commit", "-qam", "mine"]);
+    let (code, _, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("does not apply cleanly"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("f.txt")).unwrap(),
+        lines(&[(7, "mine")])
+    );
+    assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+
+    // Another line, two away, in the hunk's context: a plain apply cannot, the merge does.
+    git(&repo, &["reset", "-q", "--hard", "HEAD~1"]);
+    std::fs::write(repo.join("f.txt"), lines(&[(5, "five")])).unwrap();
+    git(&repo, &["commit", "-qam", "theirs"]);
+    let (code, out, err) = warden(&d, &["tasks", "apply", &task[..8], "-C", &dir]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("f.txt")).unwrap(),
+        lines(&[(5, "five"), (7, "seven")])
+    );
+    // DIR's own index is the person's: the change is in the working tree, unstaged.
+    assert_eq!(git(&repo, &["status", "--porcelain"]), " M f.txt\n");
 }

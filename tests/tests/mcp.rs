@@ -298,7 +298,10 @@ async fn each_verb_runs_one_supervised_turn_and_returns_the_envelope() {
     assert_eq!(e["diff"]["cut"], false, "{e}");
     assert_eq!(
         e["diff"]["text"],
-        "diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n",
+        format!(
+            "diff --git a/notes.txt b/notes.txt\nnew file mode 100644\n{}--- /dev/null\n+++ b/notes.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n",
+            warden_e2e::new_file_index(b"hi")
+        ),
         "{e}"
     );
     assert!(e["blockers"].as_array().unwrap().is_empty(), "{e}");

@@ -215,6 +215,145 @@ async fn a_model_endpoint_not_allowed_fails_the_turn_in_seconds_naming_the_host_
     println!("refused model endpoint: the task ended after {took:?}");
 }
 
+/// Issue 39 with a real adapter: `send -C REPO` has Claude Code (driven by the fake model) read
+/// and rewrite a file of a git repository and add one, on warden's copy; REPO is untouched until
+/// `tasks apply`, after which `git diff` there (with git's full blob ids) is exactly the task's
+/// diff.
+#[tokio::test]
+async fn claude_code_acp_edits_a_copy_of_a_repository_and_the_diff_applies_back() {
+    let (node, entry) = match adapter() {
+        Ok(a) => a,
+        Err(why) => {
+            eprintln!("SKIPPED claude_code_acp test: {why}");
+            return;
+        }
+    };
+    let mut d = Deployment::new(Options::default());
+    let model = real::FakeModel::start(real::ModelKind::Anthropic, d.dir.path()).await;
+    let base = format!("ANTHROPIC_BASE_URL = \"http://127.0.0.1:{}\", ", model.port);
+    d.opts.sets = claude_sets(&node, &entry, &base);
+    // As `warden up` sets it on a local deployment: copies of the user's own directories.
+    d.opts
+        .sets
+        .push(("supervisor".into(), "copies.local_dirs=true".into()));
+    for name in ["policy", "supervisor", "gateway"] {
+        d.start(name).await;
+    }
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let repo = d.dir.path().join("repo");
+    std::fs::create_dir(&repo).unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+            .args(args)
+            .current_dir(&repo)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .output()
+            .expect("git runs");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&["init", "-q"]);
+    std::fs::write(repo.join("README"), "base\n").unwrap();
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "base"]);
+    let dir = repo.to_string_lossy().to_string();
+
+    let script = r#"SCRIPT {"steps": [
+        {"tool": ["mcp__acp__Read", "Read"], "input": {"file_path": "{CWD}/README"}},
+        {"tool": ["mcp__acp__Write", "Write"], "input": {"file_path": "{CWD}/README", "content": "base\nedited by claude\n"}},
+        {"tool": ["mcp__acp__Write", "Write"], "input": {"file_path": "{CWD}/src/hello.txt", "content": "hello from the fake model\n"}}
+    ], "final": "done"}"#;
+    let state = d.dir.path().to_string_lossy().to_string();
+    let warden = |args: Vec<String>| {
+        let mut c = tokio::process::Command::new(binary("warden"));
+        c.args(["--state-dir", &state])
+            .args(args)
+            .stdin(Stdio::null());
+        c
+    };
+    let mut send = warden(
+        [
+            "send",
+            "--agent",
+            "claude-test",
+            "-C",
+            &dir,
+            "-o",
+            "json",
+            script,
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let out = run_with_deadline(&mut send, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let model_log = std::fs::read_to_string(&model.log).unwrap_or_default();
+    let ctx = format!(
+        "{stdout}{}\n-- fake model log --\n{model_log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{ctx}");
+    let end: serde_json::Value = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["type"] == "end")
+        .unwrap_or_else(|| panic!("no end record: {ctx}"));
+    assert_eq!(
+        end["filesChanged"],
+        serde_json::json!(["README", "src/hello.txt"]),
+        "{ctx}"
+    );
+    // The repository itself is untouched.
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README")).unwrap(),
+        "base\n"
+    );
+    assert!(!repo.join("src").exists());
+
+    let task = end["taskId"].as_str().unwrap().to_string();
+    let mut diff = warden(["tasks", "diff", &task[..8]].map(String::from).to_vec());
+    let shown = run_with_deadline(&mut diff, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    let mut apply = warden(
+        ["tasks", "apply", &task[..8], "-C", &dir]
+            .map(String::from)
+            .to_vec(),
+    );
+    let applied = run_with_deadline(&mut apply, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    git(&["add", "-N", "."]);
+    let theirs = git(&["diff", "--no-color", "--no-ext-diff", "--full-index"]);
+    assert_eq!(
+        theirs, shown,
+        "git diff after tasks apply is the task's diff"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo.join("src/hello.txt")).unwrap(),
+        "hello from the fake model\n"
+    );
+}
+
 /// The supervisor's `--set`s of the `claude-test` agent: the installed adapter under node, in
 /// its own network namespace (`network = "proxy"`, no `egress_allow` entry), with `base` (an
 /// `ANTHROPIC_BASE_URL = "...", ` or nothing) in its fixed environment.

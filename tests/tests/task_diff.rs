@@ -92,9 +92,10 @@ async fn a_task_that_changed_files_ends_with_its_diff_and_links_are_never_follow
         "{art}"
     );
     assert!(
-        text.contains(
-            "diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n"
-        ),
+        text.contains(&format!(
+            "diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n{}--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n",
+            warden_e2e::new_file_index(b"hello\n")
+        )),
         "{text}"
     );
     assert!(
@@ -104,7 +105,8 @@ async fn a_task_that_changed_files_ends_with_its_diff_and_links_are_never_follow
     // The links are links: their targets as text, never what they point at.
     assert!(
         text.contains(&format!(
-            "diff --git a/evil b/evil\nnew file mode 120000\n--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+{}\n\\ No newline at end of file\n",
+            "diff --git a/evil b/evil\nnew file mode 120000\n{}--- /dev/null\n+++ b/evil\n@@ -0,0 +1 @@\n+{}\n\\ No newline at end of file\n",
+            warden_e2e::new_file_index(secret.display().to_string().as_bytes()),
             secret.display()
         )),
         "{text}"
@@ -197,7 +199,8 @@ async fn the_python_a2a_sdk_gets_the_diff_artifact_on_every_binding() {
             .collect();
         assert_eq!(lines.len(), 3, "{stdout}");
         let expected = format!(
-            "diff --git a/{name} b/{name}\nnew file mode 100644\n--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+from the sdk\n"
+            "diff --git a/{name} b/{name}\nnew file mode 100644\n{}--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+from the sdk\n",
+            warden_e2e::new_file_index(b"from the sdk\n")
         );
         for l in &lines {
             let diffs = l["diffs"].as_array().expect("diffs");

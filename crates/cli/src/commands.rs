@@ -156,11 +156,26 @@ pub(crate) enum Command {
         /// Continue this A2A context (conversation) instead of starting a new one.
         #[arg(long)]
         context: Option<String>,
-        /// Have the agent work on a copy of DIR (its files, `.git` left out), made by warden
-        /// inside the agent's sandbox: DIR is never touched; `warden tasks apply ID -C DIR`
-        /// brings the change back. Local deployments (`warden up`), your own directories only.
+        /// Have the agent work on a copy of DIR (its files, `.git` left out; in a repository
+        /// what a worktree of HEAD plus your uncommitted changes holds, ignored files left
+        /// out), made by warden inside the agent's sandbox: DIR is never touched; `warden tasks
+        /// apply ID -C DIR` brings the change back. Local deployments (`warden up`), your own
+        /// directories only.
         #[arg(short = 'C', long = "dir", value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// The model for a new conversation, from those the agent offers (refused, naming
+        /// them, when it offers no such model; a context keeps the model it opened with).
+        #[arg(long)]
+        model: Option<String>,
+        /// The effort (reasoning level) for a new conversation, from those the agent offers.
+        #[arg(long)]
+        effort: Option<String>,
+        /// How the conversation may work: `edit` (the default: changes inside its root),
+        /// `read-only` (every edit, delete, move, command and fetch is denied by warden's
+        /// policy floor, whatever the agent does), `plan` (read-only, and the agent's own
+        /// planning mode where it offers one).
+        #[arg(long, value_parser = ["read-only", "edit", "plan"])]
+        mode: Option<String>,
         /// The gateway's URL (default: the one `warden up` wrote in the state directory).
         #[arg(long, env = "WARDEN_GATEWAY_URL")]
         url: Option<String>,
@@ -345,6 +360,12 @@ pub(crate) enum TasksCommand {
 pub(crate) enum ContextsCommand {
     /// Your contexts, newest first: how many tasks each holds, the newest one and its state.
     List,
+    /// End a context's conversation and remove its copy (`send -C`); a later `send --context
+    /// ID` starts afresh. Refused while a task of it runs.
+    Close {
+        /// The context's id, or a unique prefix of it.
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

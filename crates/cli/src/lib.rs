@@ -10,6 +10,7 @@ pub mod audit;
 pub mod client;
 pub mod deployed;
 pub mod doctor;
+pub mod git_apply;
 pub mod init;
 pub mod layout;
 pub mod logs;

@@ -437,6 +437,9 @@ async fn main() -> ExitCode {
             agent,
             context,
             dir,
+            model,
+            effort,
+            mode,
             url,
             token_file,
             file,
@@ -456,6 +459,9 @@ async fn main() -> ExitCode {
                     agent,
                     context,
                     copy_from: dir,
+                    model,
+                    effort,
+                    mode,
                     text,
                     url,
                     token_file,
@@ -472,10 +478,10 @@ async fn main() -> ExitCode {
         } => {
             let json = out.json();
             let name = match &what {
-                TasksCommand::List { .. } => "list",
-                TasksCommand::Show { .. } => "show",
-                TasksCommand::Diff { .. } => "diff",
-                TasksCommand::Apply { .. } => "apply",
+                TasksCommand::List { .. } => "tasks list",
+                TasksCommand::Show { .. } => "tasks show",
+                TasksCommand::Diff { .. } => "tasks diff",
+                TasksCommand::Apply { .. } => "tasks apply",
             };
             let r = async {
                 let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
@@ -497,15 +503,22 @@ async fn main() -> ExitCode {
             url,
             token_file,
             out,
-            what: ContextsCommand::List,
+            what,
         } => {
             let json = out.json();
             let r = async {
                 let gw = tasks::Gateway::locate(&layout, url.as_deref(), token_file.as_deref())?;
-                tasks::contexts(&gw, json).await
+                match &what {
+                    ContextsCommand::List => tasks::contexts(&gw, json).await,
+                    ContextsCommand::Close { id } => tasks::close_context(&gw, id, json).await,
+                }
             }
             .await;
-            tasks::finish("contexts list", r, json)
+            let name = match what {
+                ContextsCommand::List => "contexts list",
+                ContextsCommand::Close { .. } => "contexts close",
+            };
+            tasks::finish(name, r, json)
         }
         Command::Mcp => match warden_cli::mcp::run(&layout).await {
             Ok(()) => ExitCode::SUCCESS,

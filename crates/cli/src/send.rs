@@ -63,6 +63,10 @@ pub struct SendArgs {
     pub context: Option<String>,
     /// `-C DIR`: the agent works on a copy of this directory.
     pub copy_from: Option<PathBuf>,
+    /// `--model`, `--effort`, `--mode`: sent as `metadata.warden.model|effort|mode`.
+    pub model: Option<String>,
+    pub effort: Option<String>,
+    pub mode: Option<String>,
     pub text: String,
     /// The gateway's URL instead of the one `warden up` wrote (a deployed gateway).
     pub url: Option<String>,
@@ -881,12 +885,24 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
     if let Some(a) = &args.agent {
         message["metadata"] = json!({"agent": a});
     }
+    let mut warden = serde_json::Map::new();
     if let Some(dir) = &args.copy_from {
-        let src = copy_source(dir)?;
+        warden.insert("copyFrom".into(), json!(copy_source(dir)?));
+    }
+    for (key, v) in [
+        ("model", &args.model),
+        ("effort", &args.effort),
+        ("mode", &args.mode),
+    ] {
+        if let Some(v) = v {
+            warden.insert(key.into(), json!(v));
+        }
+    }
+    if !warden.is_empty() {
         if !message["metadata"].is_object() {
             message["metadata"] = json!({});
         }
-        message["metadata"]["warden"] = json!({"copyFrom": src});
+        message["metadata"]["warden"] = Value::Object(warden);
     }
     let mut view = View::new(layout, args.json);
     let since_ms = warden_cli::approvals::now_ms();

@@ -3,9 +3,10 @@
 //! prefix. `diff` prints a task's diff artifact (the conversation's change to its root, computed
 //! by the supervisor); `apply` hands it to `git apply --3way` in a directory.
 //!
-//! Must never: run a hook or a command the agent could have configured (git runs with hooks off,
-//! no system or global config, no fsmonitor; the diff never holds a `.git` path); change a
-//! directory when the diff does not apply cleanly (checked first, nothing written).
+//! Must never: run a hook or a command the agent or the directory's `.git/config` could name
+//! (git runs with a scratch repository of warden's own, `git_apply.rs`; the diff never holds a
+//! `.git` path); change a directory when the diff does not apply cleanly (checked first,
+//! nothing written).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,6 +15,7 @@ use base64::Engine;
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 use warden_cli::client::{self, ClientError};
+use warden_cli::git_apply;
 use warden_cli::layout::Layout;
 use warden_cli::output;
 
@@ -34,6 +36,12 @@ pub enum TasksError {
     NoSuchTask(String),
     #[error("{prefix:?} names more than one task: {}; give more of the id", .ids.join(", "))]
     Ambiguous { prefix: String, ids: Vec<String> },
+    #[error(
+        "no context of yours has an id starting with {0:?} (`warden contexts list` shows them)"
+    )]
+    NoSuchContext(String),
+    #[error("{prefix:?} names more than one context: {}; give more of the id", .ids.join(", "))]
+    AmbiguousContext { prefix: String, ids: Vec<String> },
     #[error("task {0} changed no file: it has no diff")]
     NoDiff(String),
     #[error("the diff of task {0} is not base64 text (the gateway sent something else)")]
@@ -42,8 +50,8 @@ pub enum TasksError {
     Cut { id: String, files: Vec<String> },
     #[error("{0} is not a directory")]
     NotADir(String),
-    #[error("cannot run git: {0}")]
-    Git(#[source] std::io::Error),
+    #[error(transparent)]
+    Git(#[from] git_apply::GitApplyError),
     #[error(
         "the change of task {id} does not apply cleanly in {dir}, so nothing was changed:\n{why}\nCommit or stash your own changes to those files, or read the change with `warden tasks diff {id}`"
     )]
@@ -155,6 +163,55 @@ impl Gateway {
             }),
         }
     }
+}
+
+impl Gateway {
+    /// The context `prefix` names among the caller's tasks' contexts: its whole id, or the one
+    /// that starts with it.
+    pub async fn context(&self, prefix: &str) -> Result<String, TasksError> {
+        let mut ids: Vec<String> = self
+            .list(None)
+            .await?
+            .iter()
+            .filter_map(|t| t["contextId"].as_str())
+            .filter(|c| c.starts_with(prefix))
+            .map(str::to_string)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        if ids.iter().any(|c| c == prefix) {
+            return Ok(prefix.to_string());
+        }
+        match ids.as_slice() {
+            [] => Err(TasksError::NoSuchContext(prefix.into())),
+            [one] => Ok(one.clone()),
+            _ => Err(TasksError::AmbiguousContext {
+                prefix: prefix.into(),
+                ids,
+            }),
+        }
+    }
+}
+
+/// `warden contexts close ID`: the conversation ended at the gateway and its supervisor, its
+/// root (a `send -C` copy) removed; the next message in the context starts afresh.
+pub async fn close_context(gw: &Gateway, prefix: &str, json_out: bool) -> Result<(), TasksError> {
+    let ctx = gw.context(prefix).await?;
+    let r = gw
+        .rpc("warden.CloseContext", json!({"contextId": ctx}))
+        .await?;
+    if json_out {
+        println!(
+            "{}",
+            json!({"contextId": ctx, "closed": r["closed"].as_bool().unwrap_or(false)})
+        );
+    } else {
+        println!(
+            "closed context {} (its conversation ended, its copy removed)",
+            warden_terminal_text::inline(&ctx)
+        );
+    }
+    Ok(())
 }
 
 /// A task's diff: its text, the files it is about, whether it was cut.
@@ -435,37 +492,6 @@ pub async fn diff(
     Ok(())
 }
 
-/// git with warden's own settings: no system or global config, hooks off, no fsmonitor, no
-/// pager, no prompt. The repository's own `.git/config` is the person's (the agent never wrote
-/// it: a diff holds no `.git` path).
-fn git(dir: &Path) -> std::process::Command {
-    let mut c = std::process::Command::new("git");
-    c.current_dir(dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_EXTERNAL_DIFF")
-        .args([
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.pager=cat",
-        ]);
-    c
-}
-
-fn in_repository(dir: &Path) -> bool {
-    git(dir)
-        .args(["rev-parse", "--is-inside-work-tree"])
-        .output()
-        .map(|o| o.status.success() && o.stdout.starts_with(b"true"))
-        .unwrap_or(false)
-}
-
 /// `warden tasks apply ID [-C DIR]`: the task's diff applied in DIR's files as they are (`git
 /// apply`), or, where they changed since, merged (`git apply --3way`, in a repository), after a
 /// check that it applies cleanly.
@@ -489,22 +515,18 @@ pub async fn apply(
     }
     let path = save_diff(layout, &id, &d.text)?;
     let patch = path.display().to_string();
+    // git with a repository of warden's own: nothing DIR's .git/config names ever runs.
+    let scratch = git_apply::Scratch::new(&layout.root.join("cli"), dir)?;
     // Onto the files as they are (the copy was made of them, uncommitted changes and all);
-    // where they moved on since, a three-way merge in a repository; else nothing changes.
-    let check = |three_way: bool| {
-        git(dir)
-            .args(["apply", "--check"])
-            .args(three_way.then_some("--3way"))
-            .arg(&patch)
-            .output()
-            .map_err(TasksError::Git)
-    };
-    let plain = check(false)?;
+    // where they moved on since, a three-way merge with DIR's repository's blobs; else nothing
+    // changes.
+    let plain = scratch.apply(&path, false, true)?;
     let three_way = if plain.status.success() {
         false
     } else {
-        let merged = if in_repository(dir) {
-            Some(check(true)?)
+        let merged = if scratch.has_objects {
+            scratch.index_paths(&d.files)?;
+            Some(scratch.apply(&path, true, true)?)
         } else {
             None
         };
@@ -526,12 +548,7 @@ pub async fn apply(
             }
         }
     };
-    let out = git(dir)
-        .arg("apply")
-        .args(three_way.then_some("--3way"))
-        .arg(&patch)
-        .output()
-        .map_err(TasksError::Git)?;
+    let out = scratch.apply(&path, three_way, false)?;
     if !out.status.success() {
         return Err(TasksError::ApplyFailed {
             dir: dir.display().to_string(),
@@ -560,13 +577,15 @@ pub fn finish(what: &str, r: Result<(), TasksError>, json_out: bool) -> ExitCode
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = match e {
-                TasksError::NoSuchTask(_) | TasksError::NoDiff(_) => 3,
+                TasksError::NoSuchTask(_)
+                | TasksError::NoSuchContext(_)
+                | TasksError::NoDiff(_) => 3,
                 _ => 1,
             };
             if json_out {
                 output::print_line(&json!({"error": e.to_string(), "exitCode": code}));
             }
-            eprintln!("warden tasks {what}: {e}");
+            eprintln!("warden {what}: {e}");
             ExitCode::from(code)
         }
     }

@@ -25,6 +25,7 @@ const COMMANDS: &[&[&str]] = &[
     &["tasks", "apply"],
     &["contexts"],
     &["contexts", "list"],
+    &["contexts", "close"],
     &["migrate-store"],
     &["doctor"],
     &["approvals"],

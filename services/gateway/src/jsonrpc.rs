@@ -117,6 +117,15 @@ async fn dispatch(
                 .await?;
             Ok(result(id, json!({})))
         }
+        // warden's own: the caller's context closed and its conversation's root removed.
+        "warden.CloseContext" => {
+            let ctx = p
+                .get("contextId")
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| A2aError::InvalidParams("params.contextId is required".into()))?;
+            Ok(result(id, core.close_context(principal, ctx).await?))
+        }
         "GetExtendedAgentCard" => Ok(result(id, state.card.extended(core, principal))),
         m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
             "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"

@@ -229,6 +229,24 @@ fn file_diff(path: &Path, b: &Side<'_>, a: &Side<'_>) -> String {
         }
         _ => (old.clone(), new.clone()),
     };
+    // git's blob ids of both sides (zeros for an absent one), so `git apply --3way` finds the
+    // pre-image in the person's repository and merges where their files moved on.
+    fn text<'s>(x: &Side<'s>) -> Option<Option<&'s str>> {
+        match x {
+            Side::Text(t, _) => Some(Some(*t)),
+            Side::Absent => Some(None),
+            _ => None,
+        }
+    }
+    if let (Some(bt), Some(at)) = (text(b), text(a))
+        && bt != at
+    {
+        let unchanged_mode = match (mode(b), mode(a)) {
+            (Some(m), Some(n)) if m == n => format!(" {m:o}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(s, "index {}..{}{unchanged_mode}", blob_id(bt), blob_id(at));
+    }
     match (b, a) {
         (Side::Binary(_), _) | (_, Side::Binary(_)) => {
             let _ = writeln!(s, "Binary files {from} and {to} differ");
@@ -249,6 +267,23 @@ fn file_diff(path: &Path, b: &Side<'_>, a: &Side<'_>) -> String {
         }
     }
     s
+}
+
+/// git's id of a blob with `content` (`None`: no blob, all zeros).
+fn blob_id(content: Option<&str>) -> String {
+    use sha1::Digest;
+    let Some(c) = content else {
+        return "0".repeat(40);
+    };
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {}\0", c.len()).as_bytes());
+    h.update(c.as_bytes());
+    h.finalize()
+        .iter()
+        .fold(String::with_capacity(40), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 #[cfg(test)]
@@ -316,6 +351,19 @@ mod tests {
                 .join("\n")
         };
         assert_eq!(strip(&p.text), strip(&theirs));
+        // With git's own blob ids (its text files): `git apply --3way` finds the pre-image.
+        let full = git(
+            r,
+            &[
+                "diff",
+                "--no-color",
+                "--no-ext-diff",
+                "--full-index",
+                "HEAD",
+            ],
+        );
+        let text_part = |s: &str| s.split("diff --git a/zbin.dat").next().unwrap().to_string();
+        assert_eq!(text_part(&p.text), text_part(&full));
         // Applied to the baseline, the text part gives what the root holds.
         git(r, &["reset", "-q", "--hard"]);
         git(r, &["clean", "-qfd"]);

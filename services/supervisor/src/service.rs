@@ -122,6 +122,15 @@ fn same_session_options(
     open: &pb::OpenConversationRequest,
     info: &crate::core::ConvInfo,
 ) -> Result<(), Status> {
+    // Read-only asked of a conversation that may write: refused, never carried on writable
+    // (the other way round it stays read-only, which asks nothing more of anyone).
+    if open.profile == pb::Profile::ReadOnly as i32
+        && info.profile != warden_sandbox::Profile::ReadOnly
+    {
+        return Err(Status::failed_precondition(
+            "this conversation opened in mode edit (it may change its root); mode read-only or plan needs a new conversation (close this context or use another)",
+        ));
+    }
     for (what, wanted, current) in [
         ("model", &open.model, &info.model),
         ("effort", &open.effort, &info.effort),

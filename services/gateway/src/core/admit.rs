@@ -212,7 +212,7 @@ impl Core {
                 text.len()
             )));
         }
-        let copy_from = copy_from(req)?;
+        let asked = Asked::of(req)?;
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
             Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
                 return Err(A2aError::InvalidParams(format!(
@@ -333,13 +333,12 @@ impl Core {
                 context_id,
                 agent,
                 workspace: String::new(),
-                profile: Profile::WorkspaceWrite as i32,
+                profile: asked.profile as i32,
                 principal: principal.to_string(),
-                verb: "task".to_string(),
-                // A2A has no model field: the agent's default.
-                model: String::new(),
-                effort: String::new(),
-                copy_from,
+                verb: asked.verb.to_string(),
+                model: asked.model,
+                effort: asked.effort,
+                copy_from: asked.copy_from,
             }),
         };
         Ok((live, run))
@@ -379,24 +378,93 @@ impl Core {
     }
 }
 
-/// The directory a new conversation's root is to be a copy of (`metadata.warden.copyFrom`, as
-/// `warden send -C DIR` sends it), passed to the supervisor, which alone decides whether it
-/// copies it (`[copies]`: a local deployment's own user's directories only). Only its shape is
-/// checked here: absolute, bounded, no control characters.
-fn copy_from(req: &SendMessageRequest) -> Result<String, A2aError> {
-    let get = |m: &Option<crate::a2a::Metadata>| -> Option<serde_json::Value> {
-        m.as_ref()?.get(META_KEY)?.get("copyFrom").cloned()
-    };
-    let Some(v) = get(&req.message.metadata).or_else(|| get(&req.metadata)) else {
-        return Ok(String::new());
-    };
-    match v.as_str() {
-        Some(p) if p.starts_with('/') && p.len() <= 4096 && !p.chars().any(char::is_control) => {
-            Ok(p.to_string())
-        }
-        _ => Err(A2aError::InvalidParams(
-            "metadata.warden.copyFrom must be an absolute path of at most 4096 bytes".into(),
-        )),
+/// What the caller asked of its conversation in `metadata.warden` (of the message, else of the
+/// request), as `warden send` sends it. Only shapes are checked here; the supervisor alone
+/// decides whether it copies a directory and whether the agent offers a model or effort.
+///
+/// - `copyFrom`: the directory the new root is a copy of (absolute, bounded, no control
+///   characters; `[copies]` at the supervisor: a local deployment's own user's directories);
+/// - `model`, `effort`: applied through the agent's ACP session config options, refused by the
+///   supervisor (`option-not-offered`, naming what is) when the agent offers no such value;
+/// - `mode`: `edit` (default, profile workspace-write), `read-only` (profile read-only: the
+///   policy floor denies every edit, delete, move, execute and fetch), `plan` (read-only, verb
+///   `advise`: the agent's planning option where it has one).
+struct Asked {
+    copy_from: String,
+    model: String,
+    effort: String,
+    profile: Profile,
+    verb: &'static str,
+}
+
+/// The modes `metadata.warden.mode` may name.
+pub const MODES: &[&str] = &["read-only", "edit", "plan"];
+/// The longest model or effort name (the supervisor's own bound).
+const MAX_OPTION: usize = 128;
+
+impl Asked {
+    fn of(req: &SendMessageRequest) -> Result<Self, A2aError> {
+        let get = |key: &str| -> Option<serde_json::Value> {
+            let of =
+                |m: &Option<crate::a2a::Metadata>| m.as_ref()?.get(META_KEY)?.get(key).cloned();
+            of(&req.message.metadata).or_else(|| of(&req.metadata))
+        };
+        let copy_from = match get("copyFrom") {
+            None => String::new(),
+            Some(v) => match v.as_str() {
+                Some(p)
+                    if p.starts_with('/')
+                        && p.len() <= 4096
+                        && !p.chars().any(char::is_control) =>
+                {
+                    p.to_string()
+                }
+                _ => {
+                    return Err(A2aError::InvalidParams(
+                        "metadata.warden.copyFrom must be an absolute path of at most 4096 bytes"
+                            .into(),
+                    ));
+                }
+            },
+        };
+        let option = |key: &str| -> Result<String, A2aError> {
+            match get(key) {
+                None => Ok(String::new()),
+                Some(v) => match v.as_str() {
+                    Some(s)
+                        if !s.is_empty()
+                            && s.len() <= MAX_OPTION
+                            && !s.chars().any(char::is_control) =>
+                    {
+                        Ok(s.to_string())
+                    }
+                    _ => Err(A2aError::InvalidParams(format!(
+                        "metadata.warden.{key} must be a non-empty string of at most {MAX_OPTION} bytes without control characters"
+                    ))),
+                },
+            }
+        };
+        let (profile, verb) = match get("mode") {
+            None => (Profile::WorkspaceWrite, "task"),
+            Some(v) => match v.as_str() {
+                Some("edit") => (Profile::WorkspaceWrite, "task"),
+                Some("read-only") => (Profile::ReadOnly, "task"),
+                Some("plan") => (Profile::ReadOnly, "advise"),
+                _ => {
+                    return Err(A2aError::InvalidParams(format!(
+                        "metadata.warden.mode {v} is not a mode; one of: {}",
+                        MODES.join(", ")
+                    )));
+                }
+            },
+        };
+        Ok(Asked {
+            copy_from,
+            model: option("model")?,
+            effort: option("effort")?,
+            profile,
+            verb,
+        })
     }
 }
 
@@ -496,5 +564,52 @@ mod tests {
             "while the store's flushes waited, a task needing only the runtime did not run within 3 s"
         );
         rt.shutdown_timeout(Duration::from_secs(5));
+    }
+
+    /// `metadata.warden.mode|model|effort|copyFrom`, as `warden send` sends them: each mode
+    /// mapped to its profile and verb, anything else refused as invalid params naming why.
+    #[test]
+    fn the_callers_mode_model_and_effort_are_checked_and_mapped() {
+        let req = |meta: serde_json::Value| -> SendMessageRequest {
+            serde_json::from_value(
+                serde_json::json!({"message": {"messageId": "m", "role": "ROLE_USER",
+                "parts": [{"text": "x"}], "metadata": {"warden": meta}}}),
+            )
+            .unwrap()
+        };
+        let a = Asked::of(&req(serde_json::json!({}))).unwrap();
+        assert_eq!((a.profile, a.verb), (Profile::WorkspaceWrite, "task"));
+        for (mode, profile, verb) in [
+            ("edit", Profile::WorkspaceWrite, "task"),
+            ("read-only", Profile::ReadOnly, "task"),
+            ("plan", Profile::ReadOnly, "advise"),
+        ] {
+            let a = Asked::of(&req(serde_json::json!({"mode": mode}))).unwrap();
+            assert_eq!((a.profile, a.verb), (profile, verb), "{mode}");
+        }
+        let a = Asked::of(&req(
+            serde_json::json!({"model": "m1", "effort": "high", "copyFrom": "/src"}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (a.model.as_str(), a.effort.as_str(), a.copy_from.as_str()),
+            ("m1", "high", "/src")
+        );
+        for bad in [
+            serde_json::json!({"mode": "yolo"}),
+            serde_json::json!({"mode": 1}),
+            serde_json::json!({"model": ""}),
+            serde_json::json!({"model": "m".repeat(129)}),
+            serde_json::json!({"effort": "a\u{1b}b"}),
+            serde_json::json!({"copyFrom": "relative"}),
+        ] {
+            assert!(
+                matches!(
+                    Asked::of(&req(bad.clone())),
+                    Err(A2aError::InvalidParams(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 }

@@ -38,4 +38,4 @@ pub use drive::{fault_of_refused_turn, refused_fault};
 pub use live::{SUBSCRIBER_BUFFER, SharedEvent, Subscription};
 pub use read::apply_history_length;
 pub use shared::{AgentAccess, AgentList, Core, CoreSettings, KnownAgent, Retention};
-pub use sweep::SweepReport;
+pub use sweep::{ContextClosed, SweepReport};

@@ -13,7 +13,8 @@ use tokio_util::sync::CancellationToken;
 use warden_proto::v1::CloseConversationRequest;
 
 use super::live::{LiveTask, lock};
-use super::shared::Core;
+use super::shared::{Core, store_err};
+use crate::error::A2aError;
 use crate::store::{ContextRecord, TaskStoreError};
 use crate::time::now_micros;
 
@@ -26,6 +27,15 @@ pub struct SweepReport {
     pub tasks_deleted: usize,
     pub conversations_closed: usize,
     pub contexts_forgotten: usize,
+}
+
+/// What `warden.CloseContext` answers.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContextClosed {
+    pub context_id: String,
+    /// Marked closed (false only when a task started in it as the close ended).
+    pub closed: bool,
 }
 
 /// How long the sweep waits for the supervisor to close one conversation.
@@ -116,6 +126,101 @@ impl Core {
             }
         }
         Ok(report)
+    }
+
+    /// Closes the caller's context now (`warden contexts close`, the JSON-RPC method
+    /// `warden.CloseContext`): its conversation ended at the supervisor, which removes the root
+    /// it owned (a `-C` copy with it), and the context marked closed, as the sweep does for an
+    /// idle one. A later message in the context starts a fresh conversation. Refused while a
+    /// task of it has not ended; another principal's context does not exist for the caller.
+    pub async fn close_context(
+        &self,
+        principal: &str,
+        context_id: &str,
+    ) -> Result<ContextClosed, A2aError> {
+        let not_found = || A2aError::TaskNotFound(format!("context {context_id}"));
+        let rec = match self.store.context(context_id).await.map_err(store_err)? {
+            Some(r) if r.principal == principal => r,
+            _ => return Err(not_found()),
+        };
+        let running = |heads: &[crate::store::TaskRecord]| {
+            heads
+                .iter()
+                .find(|h| h.task.context_id == context_id && !h.task.status.state.is_terminal())
+                .map(|h| h.task.id.clone())
+        };
+        let heads = self.store.heads_of(principal).await.map_err(store_err)?;
+        if let Some(id) = running(&heads) {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "context {context_id} has a task that has not ended ({id}); cancel it first (CancelTask, `warden tasks` shows it)"
+            )));
+        }
+        let Some(_held) = self.closing.begin(context_id).await else {
+            // The sweep is closing it right now: closed once that ends.
+            self.closing.wait(context_id).await;
+            return Ok(ContextClosed {
+                context_id: context_id.to_string(),
+                closed: true,
+            });
+        };
+        // Registered first, checked second (as `close_idle`): a task that started since the
+        // look above is live now, or moved the record on.
+        let unchanged = self
+            .store
+            .context(context_id)
+            .await
+            .map_err(store_err)?
+            .is_some_and(|r| r.last_task_micros == rec.last_task_micros);
+        if !unchanged || self.context_busy(context_id) {
+            return Err(A2aError::UnsupportedOperation(format!(
+                "a task started in context {context_id} while it was being closed; it stays open"
+            )));
+        }
+        let req = CloseConversationRequest {
+            context_id: context_id.to_string(),
+            principal: principal.to_string(),
+        };
+        let close = async {
+            self.supervisor_of(context_id)
+                .await?
+                .close_conversation(req)
+                .await
+        };
+        match tokio::time::timeout(CLOSE_TIMEOUT, close).await {
+            Ok(Ok(r)) => {
+                let r = r.into_inner();
+                tracing::info!(
+                    context_id,
+                    found = r.closed,
+                    forced = r.forced,
+                    processes = r.processes,
+                    "closed a conversation at its caller's request"
+                );
+            }
+            // On a lost cell (or never placed): there is nothing to close any more.
+            Ok(Err(status))
+                if self.cells.get().is_some() && status.code() == tonic::Code::NotFound => {}
+            Ok(Err(status)) => {
+                return Err(A2aError::Internal(format!(
+                    "the supervisor did not close the conversation of context {context_id}: {}",
+                    status.message()
+                )));
+            }
+            Err(_) => {
+                return Err(A2aError::Internal(format!(
+                    "the supervisor did not close the conversation of context {context_id} within {} s",
+                    CLOSE_TIMEOUT.as_secs()
+                )));
+            }
+        }
+        let closed = self
+            .mark_closed(context_id, &rec, now_micros())
+            .await
+            .map_err(store_err)?;
+        Ok(ContextClosed {
+            context_id: context_id.to_string(),
+            closed,
+        })
     }
 
     /// True when a task of `context_id` is being followed by this process.
