@@ -4,7 +4,8 @@
 //! Static tokens are held only as SHA-256 digests and compared in constant time against every
 //! entry (no early exit), so neither the configuration nor the timing of a refusal reveals a
 //! token. A token shaped as a JWT that matches none is verified against `[[auth.oidc]]`
-//! (`oidc.rs`). Each caller's groups are recorded in [`Groups`], which the access rules read.
+//! (`oidc.rs`). The result is the request's [`Identity`] (principal, issuer, groups), which
+//! travels with that request; nothing of it is kept here between requests.
 //!
 //! Must never: accept a token without a constant-time comparison or a verified signature, or
 //! answer a refusal without counting its reason.
@@ -49,10 +50,11 @@ struct Accepted {
 #[derive(Clone)]
 pub struct Authenticator {
     accepted: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Accepted>>>,
-    groups: std::sync::Arc<Groups>,
 }
 
-/// Who a request is from.
+/// Who a request is from. It travels with the request from the edge through its binding into
+/// the core's access check (`core/access.rs`) and the turn it starts: a principal's groups are
+/// what this request's token or certificate carried, never another request's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub principal: String,
@@ -61,49 +63,21 @@ pub struct Identity {
     pub groups: Vec<String>,
 }
 
+impl Identity {
+    /// A principal with no issuer and no groups (a static token without groups).
+    pub fn plain(principal: impl Into<String>) -> Self {
+        Self {
+            principal: principal.into(),
+            issuer: None,
+            groups: Vec::new(),
+        }
+    }
+}
+
 /// An identity the edge (`serve.rs`) established for a request, carried in its extensions so
 /// the binding that serves it does not verify the token again. Only this process inserts it.
 #[derive(Debug, Clone)]
 pub struct Authenticated(pub Identity);
-
-/// Each principal's groups, as its latest authenticated request carried them (a static token's
-/// configured groups, or a JWT's groups claim until that token's `exp`): what
-/// `[[agents.access]]` rules naming a group are matched against.
-#[derive(Debug, Default)]
-pub struct Groups {
-    by_principal: std::sync::RwLock<std::collections::HashMap<String, Membership>>,
-}
-
-/// A principal's groups and when they stop counting (`exp` of the token that carried them).
-type Membership = (Vec<String>, Option<u64>);
-
-/// Past this many principals, expired entries are dropped at the next record.
-const GROUPS_PRUNE_AT: usize = 4096;
-
-impl Groups {
-    fn record(&self, principal: &str, groups: &[String], expires: Option<u64>) {
-        let mut m = self.by_principal.write().unwrap_or_else(|p| p.into_inner());
-        if m.get(principal)
-            .is_some_and(|(g, e)| g.as_slice() == groups && *e == expires)
-        {
-            return;
-        }
-        if m.len() >= GROUPS_PRUNE_AT {
-            let now = crate::oidc::now_secs();
-            m.retain(|_, (_, e)| e.is_none_or(|e| e > now));
-        }
-        m.insert(principal.to_string(), (groups.to_vec(), expires));
-    }
-
-    /// `principal`'s groups now (none once the token that carried them has expired).
-    pub fn of(&self, principal: &str) -> Vec<String> {
-        let m = self.by_principal.read().unwrap_or_else(|p| p.into_inner());
-        match m.get(principal) {
-            Some((g, e)) if e.is_none_or(|e| e > crate::oidc::now_secs()) => g.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -165,7 +139,6 @@ impl Authenticator {
                 entries,
                 oidc: std::sync::Arc::new(oidc),
             }))),
-            groups: std::sync::Arc::new(Groups::default()),
         }
     }
 
@@ -175,11 +148,6 @@ impl Authenticator {
             // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
             Err(p) => p.into_inner().clone(),
         }
-    }
-
-    /// Each principal's groups, for the access rules (shared by every clone).
-    pub fn groups(&self) -> std::sync::Arc<Groups> {
-        self.groups.clone()
     }
 
     /// Makes every clone of this authenticator accept `next`'s tokens and issuers instead (a
@@ -251,13 +219,12 @@ impl Authenticator {
     }
 
     /// The caller of the request's bearer token: a static token, or a JWT of a configured
-    /// issuer. Its groups are recorded for the access rules. Not counted (the front that
+    /// issuer, with the groups it carries. Not counted (the front that
     /// answers the refusal counts it, through [`Authenticator::authenticate_request`]).
     pub async fn authenticate(&self, headers: &http::HeaderMap) -> Result<Identity, AuthFailure> {
         let accepted = self.accepted();
         let token = bearer(headers)?;
         if let Some((principal, groups)) = static_match(&accepted.entries, token) {
-            self.groups.record(&principal, &groups, None);
             return Ok(Identity {
                 principal,
                 issuer: None,
@@ -272,7 +239,6 @@ impl Authenticator {
             .verify(token)
             .await
             .map_err(AuthFailure::Token)?;
-        self.groups.record(&v.principal, &v.groups, Some(v.expires));
         Ok(Identity {
             principal: v.principal,
             issuer: Some(v.issuer),
@@ -504,8 +470,6 @@ mod tests {
             .unwrap();
         assert_eq!(id.groups, groups);
         assert_eq!(id.issuer, None);
-        assert_eq!(auth.groups().of("carol"), groups);
-        assert!(auth.groups().of("dave").is_empty());
         // Shaped as a JWT, but no issuer is configured: an invalid static token.
         assert_eq!(
             auth.authenticate(&headers(Some("Bearer aaa.bbb.ccc")))

@@ -199,12 +199,13 @@ impl CardResponse {
         if with_03 { dual } else { plain }
     }
 
-    /// The extended card (`GetExtendedAgentCard`) for an authenticated `principal`: the public
-    /// card with one skill per agent that principal may use (`[[agents.access]]`), the default
-    /// one tagged `default`.
-    pub fn extended(&self, core: &Core, principal: &str) -> AgentCard {
-        let list = core.agents_for(principal);
+    /// The extended card (`GetExtendedAgentCard`) for an authenticated `caller`: the public
+    /// card with one skill per agent that caller may use (`[[agents.access]]`, with the groups
+    /// its own request carried), the default one tagged `default`.
+    pub fn extended(&self, core: &Core, caller: &crate::auth::Identity) -> AgentCard {
+        let list = core.agents_for(caller);
         let mut card = self.with_skills(&list);
+        let principal = &caller.principal;
         card.description = format!("{} (the agents available to {principal})", card.description);
         for s in &mut card.skills {
             if s.id == list.default {

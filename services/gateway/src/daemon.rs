@@ -469,7 +469,6 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
     core.set_access(crate::core::AgentAccess::from_config(&cfg.agents.access));
-    core.set_groups(auth.groups());
     if let Some(section) = &cfg.cells {
         let cells = crate::cells::Cells::start(section, &cfg.daemon.state_dir).await?;
         tracing::info!(

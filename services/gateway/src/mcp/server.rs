@@ -38,7 +38,8 @@ use crate::core::Core;
 /// Who is calling, as the HTTP edge authenticated it (put in the request's extensions).
 #[derive(Debug, Clone)]
 pub struct Caller {
-    pub principal: String,
+    /// The request's own identity: its groups decide which agents and workspaces it may use.
+    pub identity: crate::auth::Identity,
     /// The inherited recursion depth (`Warden-Depth`, set by `warden mcp` from `WARDEN_DEPTH`).
     pub depth: u32,
 }
@@ -244,9 +245,13 @@ impl McpFront {
 
     /// The agent a verb runs, by the gateway's one access rule (the same as A2A's): a refusal
     /// names only the caller's own agents.
-    async fn resolve_agent(&self, principal: &str, asked: Option<&str>) -> Result<String, String> {
+    async fn resolve_agent(
+        &self,
+        caller: &crate::auth::Identity,
+        asked: Option<&str>,
+    ) -> Result<String, String> {
         self.core
-            .resolve_agent(principal, asked)
+            .resolve_agent(caller, asked)
             .await
             .map_err(|e| e.to_string())
     }
@@ -290,7 +295,7 @@ impl McpFront {
             );
         }
         let agent = match self
-            .resolve_agent(&caller.principal, args.agent.as_deref())
+            .resolve_agent(&caller.identity, args.agent.as_deref())
             .await
         {
             Ok(a) => a,
@@ -305,7 +310,7 @@ impl McpFront {
             .as_ref()
             .map(|b| b.workspace.clone())
             .unwrap_or_default();
-        if !self.core.may_use_workspace(&caller.principal, &workspace) {
+        if !self.core.may_use_workspace(&caller.identity, &workspace) {
             *lock(&scope.binding) = None;
             return refused(
                 h,
@@ -317,7 +322,7 @@ impl McpFront {
         let context_id = self.context_for(scope, profile, &workspace, &agent);
         if let Err(e) = self
             .core
-            .claim_context(&caller.principal, &context_id, &agent)
+            .claim_context(&caller.identity.principal, &context_id, &agent)
             .await
         {
             return refused(h, "mcp.context", e.to_string());
@@ -331,7 +336,11 @@ impl McpFront {
         // Keep the context fresh for the sweep while a long turn runs.
         let toucher = {
             let core = self.core.clone();
-            let (p, c, a) = (caller.principal.clone(), context_id.clone(), agent.clone());
+            let (p, c, a) = (
+                caller.identity.principal.clone(),
+                context_id.clone(),
+                agent.clone(),
+            );
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
                 tick.tick().await;
@@ -357,7 +366,7 @@ impl McpFront {
                     agent: agent.clone(),
                     workspace: workspace.clone(),
                     profile,
-                    principal: caller.principal.clone(),
+                    principal: caller.identity.principal.clone(),
                     verb: verb.name().into(),
                     model: args.model.clone().unwrap_or_default(),
                     effort: args.effort.clone().unwrap_or_default(),
@@ -365,7 +374,7 @@ impl McpFront {
                     copy_from: String::new(),
                 }),
             };
-            tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.principal, "MCP turn");
+            tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.identity.principal, "MCP turn");
             match turn::run(
                 &self.core,
                 req,
@@ -435,7 +444,7 @@ fn caller_of(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), McpEr
         .and_then(|v| v.to_str().ok())
     {
         Some(sid) if !stateless(ctx) => format!("s:{sid}"),
-        _ => format!("p:{}", caller.principal),
+        _ => format!("p:{}", caller.identity.principal),
     };
     Ok((caller, scope))
 }
@@ -647,9 +656,9 @@ impl McpFront {
             // presented by another caller changes nothing.
             let pending = {
                 let mut m = lock(&self.pending);
-                let mine = m
-                    .get(state)
-                    .is_some_and(|p| p.principal == caller.principal && p.scope == scope_key);
+                let mine = m.get(state).is_some_and(|p| {
+                    p.principal == caller.identity.principal && p.scope == scope_key
+                });
                 if mine { m.remove(state) } else { None }
             };
             let Some(p) = pending.filter(|p| p.at.elapsed() < PENDING_BIND_TTL) else {
@@ -670,7 +679,7 @@ impl McpFront {
             {
                 Ok(w) => {
                     let b = self.bind(&scope, &w);
-                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    tracing::info!(principal = %caller.identity.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
                     bind_result(Some(&b), format!("bound to {}", b.path)).into()
                 }
                 Err(e) => bind_result(None, e).into(),
@@ -687,7 +696,7 @@ impl McpFront {
         let allowed = match self.workspaces().await {
             Ok(w) => w
                 .into_iter()
-                .filter(|w| self.core.may_use_workspace(&caller.principal, &w.name))
+                .filter(|w| self.core.may_use_workspace(&caller.identity, &w.name))
                 .collect::<Vec<_>>(),
             Err(e) => return bind_result(None, e).into(),
         };
@@ -700,7 +709,7 @@ impl McpFront {
             Some(p) => match workspace::match_proposed(p, &allowed) {
                 Ok(w) => vec![w],
                 Err(e) => {
-                    tracing::info!(principal = %caller.principal, proposed = %p, reason = %e, "MCP bind refused");
+                    tracing::info!(principal = %caller.identity.principal, proposed = %p, reason = %e, "MCP bind refused");
                     return bind_result(None, e).into();
                 }
             },
@@ -737,7 +746,7 @@ impl McpFront {
             pending.insert(
                 handle.clone(),
                 PendingBind {
-                    principal: caller.principal.clone(),
+                    principal: caller.identity.principal.clone(),
                     scope: scope_key.to_string(),
                     candidates,
                     at: Instant::now(),
@@ -757,7 +766,7 @@ impl McpFront {
             Ok(r) => match chosen(&candidates, &r) {
                 Ok(w) => {
                     let b = self.bind(&scope, &w);
-                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    tracing::info!(principal = %caller.identity.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
                     bind_result(Some(&b), format!("bound to {}", b.path)).into()
                 }
                 Err(e) => bind_result(None, e).into(),
@@ -782,7 +791,7 @@ impl McpFront {
             json!({
                 "server": "warden-gateway",
                 "version": env!("CARGO_PKG_VERSION"),
-                "principal": caller.principal,
+                "principal": caller.identity.principal,
                 "protocol": ctx.protocol_version().map(|v| v.as_str().to_string()),
                 "era": if stateless(ctx) { "stateless" } else { "session" },
                 "binding": b.as_ref().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)),
@@ -790,7 +799,7 @@ impl McpFront {
                 "workspace_fingerprint": b.as_ref().map(|b| b.fingerprint.clone()),
                 "tools": tools::INVENTORY,
                 "depth": caller.depth,
-                "agents": self.core.agents_for(&caller.principal).agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+                "agents": self.core.agents_for(&caller.identity).agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
                 "limits": {"task_max_bytes": self.cfg.task_max_bytes, "max_timeout_seconds": self.cfg.max_timeout_seconds,
                            "default_timeout_seconds": self.cfg.default_timeout_seconds},
             }),
@@ -819,7 +828,7 @@ impl McpFront {
         let cancel = CancellationToken::new();
         let front = self.clone();
         let run_cancel = cancel.clone();
-        let principal = caller.principal.clone();
+        let principal = caller.identity.principal.clone();
         tokio::spawn(async move {
             let scope = front.scope(&scope_key);
             let ask: Arc<Ask> = Arc::new(move |q: Question| {
@@ -1002,7 +1011,7 @@ impl McpFront {
         self.prune_jobs();
         let mine = lock(&self.jobs)
             .values()
-            .filter(|j| j.principal == caller.principal)
+            .filter(|j| j.principal == caller.identity.principal)
             .count();
         if mine >= self.cfg.max_jobs {
             return json_result(
@@ -1013,7 +1022,7 @@ impl McpFront {
         }
         let job = Arc::new(Job {
             id: uuid::Uuid::new_v4().to_string(),
-            principal: caller.principal.clone(),
+            principal: caller.identity.principal.clone(),
             context_id: Mutex::new(None),
             cancel: CancellationToken::new(),
             inner: Mutex::new(JobInner {
@@ -1131,7 +1140,7 @@ impl ServerHandler for Handler {
                     .resume_run(
                         state,
                         request.input_responses.as_ref(),
-                        &caller.principal,
+                        &caller.identity.principal,
                         ctx.ct.clone(),
                     )
                     .await;
@@ -1222,11 +1231,13 @@ impl ServerHandler for Handler {
                     }
                 }
             }
-            tools::JOB_STATUS | tools::JOB_RESULT => match front.job(&caller.principal, &args) {
-                Ok(j) => json_result(McpFront::job_view(&j), false).into(),
-                Err(r) => r.into(),
-            },
-            tools::JOB_CANCEL => match front.job(&caller.principal, &args) {
+            tools::JOB_STATUS | tools::JOB_RESULT => {
+                match front.job(&caller.identity.principal, &args) {
+                    Ok(j) => json_result(McpFront::job_view(&j), false).into(),
+                    Err(r) => r.into(),
+                }
+            }
+            tools::JOB_CANCEL => match front.job(&caller.identity.principal, &args) {
                 Ok(j) => front.cancel_job(j).await.into(),
                 Err(r) => r.into(),
             },
