@@ -39,10 +39,11 @@ pub enum AuthConfigError {
 /// One static token: its digest, principal and groups.
 type Entries = Vec<([u8; 32], String, Vec<String>)>;
 
-/// What a reload replaces whole: the static tokens and the issuers.
+/// What a reload replaces whole: the static tokens, the issuers and the certificates' callers.
 struct Accepted {
     entries: Entries,
     oidc: std::sync::Arc<crate::oidc::Issuers>,
+    certs: Vec<crate::config::CertEntry>,
 }
 
 /// The accepted tokens. Clones share them: [`Authenticator::replace`] (a reload) changes
@@ -73,6 +74,11 @@ impl Identity {
         }
     }
 }
+
+/// The client certificate of the connection a request came on (verified against
+/// `http.tls.client_ca_file` in the handshake), put in its extensions by the edge.
+#[derive(Debug, Clone)]
+pub struct ConnCert(pub std::sync::Arc<warden_daemon::tls::CallerCert>);
 
 /// An identity the edge (`serve.rs`) established for a request, carried in its extensions so
 /// the binding that serves it does not verify the token again. Only this process inserts it.
@@ -106,6 +112,8 @@ pub enum AuthFailure {
     Invalid,
     /// A JWT was presented and refused.
     Token(crate::oidc::Reject),
+    /// No token, and the connection's client certificate names no caller (`[[auth.certs]]`).
+    Certificate,
 }
 
 impl AuthFailure {
@@ -115,6 +123,7 @@ impl AuthFailure {
             AuthFailure::Missing => "missing",
             AuthFailure::Invalid => "invalid",
             AuthFailure::Token(r) => r.reason(),
+            AuthFailure::Certificate => "certificate_unmapped",
         }
     }
 
@@ -124,6 +133,9 @@ impl AuthFailure {
             AuthFailure::Missing => "authentication required: send Authorization: Bearer <token>",
             AuthFailure::Invalid => "the bearer token is not valid",
             AuthFailure::Token(r) => r.message(),
+            AuthFailure::Certificate => {
+                "the client certificate verified but names no caller of this gateway (auth.certs); send Authorization: Bearer <token>"
+            }
         }
     }
 }
@@ -134,10 +146,19 @@ impl Authenticator {
     }
 
     fn with(entries: Entries, oidc: crate::oidc::Issuers) -> Self {
+        Self::with_certs(entries, oidc, Vec::new())
+    }
+
+    fn with_certs(
+        entries: Entries,
+        oidc: crate::oidc::Issuers,
+        certs: Vec<crate::config::CertEntry>,
+    ) -> Self {
         Self {
             accepted: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(Accepted {
                 entries,
                 oidc: std::sync::Arc::new(oidc),
+                certs,
             }))),
         }
     }
@@ -179,8 +200,9 @@ impl Authenticator {
     /// `[[auth.oidc]]` issuers.
     pub fn from_config(cfg: &GatewayConfig) -> Result<Self, AuthConfigError> {
         let oidc = crate::oidc::Issuers::from_config(&cfg.auth)?;
+        let certs = cfg.auth.certs.clone();
         if !cfg.auth.tokens.is_empty() {
-            return Ok(Self::with(
+            return Ok(Self::with_certs(
                 digests(
                     cfg.auth
                         .tokens
@@ -188,16 +210,18 @@ impl Authenticator {
                         .map(|t| (t.principal.as_str(), t.sha256.as_str(), t.groups.as_slice())),
                 ),
                 oidc,
+                certs,
             ));
         }
         let Some(path) = cfg.token_file_path() else {
-            return Ok(Self::with(Vec::new(), oidc));
+            return Ok(Self::with_certs(Vec::new(), oidc, certs));
         };
         let token = ensure_token_file(&path)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        Ok(Self::with(
+        Ok(Self::with_certs(
             vec![(digest, cfg.auth.token_file_principal.clone(), Vec::new())],
             oidc,
+            certs,
         ))
     }
 
@@ -211,7 +235,8 @@ impl Authenticator {
         if let Some(Authenticated(id)) = extensions.get::<Authenticated>() {
             return Ok(id.clone());
         }
-        let got = self.authenticate(headers).await;
+        let cert = extensions.get::<ConnCert>().map(|c| &*c.0);
+        let got = self.authenticate_with(headers, cert).await;
         if let Err(f) = got {
             crate::metrics::auth_refused(f.reason());
         }
@@ -222,8 +247,26 @@ impl Authenticator {
     /// issuer, with the groups it carries. Not counted (the front that
     /// answers the refusal counts it, through [`Authenticator::authenticate_request`]).
     pub async fn authenticate(&self, headers: &http::HeaderMap) -> Result<Identity, AuthFailure> {
+        self.authenticate_with(headers, None).await
+    }
+
+    /// The caller of a request: its bearer token's when it sends one (a certificate then only
+    /// carried the connection), else the caller `[[auth.certs]]` maps the connection's client
+    /// certificate to. A verified certificate that maps to nothing is no caller
+    /// ([`AuthFailure::Certificate`]): a certificate valid for a cell, or any other service of
+    /// the same CA, does not sign anyone in unless it is mapped.
+    pub async fn authenticate_with(
+        &self,
+        headers: &http::HeaderMap,
+        cert: Option<&warden_daemon::tls::CallerCert>,
+    ) -> Result<Identity, AuthFailure> {
         let accepted = self.accepted();
-        let token = bearer(headers)?;
+        let token = match (bearer(headers), cert) {
+            (Err(AuthFailure::Missing), Some(cert)) => {
+                return cert_caller(&accepted.certs, cert).ok_or(AuthFailure::Certificate);
+            }
+            (t, _) => t?,
+        };
         if let Some((principal, groups)) = static_match(&accepted.entries, token) {
             return Ok(Identity {
                 principal,
@@ -245,6 +288,26 @@ impl Authenticator {
             groups: v.groups,
         })
     }
+}
+
+/// The caller `certs` maps `cert` to: the first entry naming one of its SPIFFE IDs or its
+/// subject CN. Its "issuer" says which name matched (`mtls:spiffe://…`, `mtls:CN=…`).
+fn cert_caller(
+    certs: &[crate::config::CertEntry],
+    cert: &warden_daemon::tls::CallerCert,
+) -> Option<Identity> {
+    certs.iter().find_map(|e| {
+        let matched = match (&e.spiffe_id, &e.subject_cn) {
+            (Some(id), _) if cert.spiffe_ids.contains(id) => id.clone(),
+            (None, Some(cn)) if cert.subject_cn.as_ref() == Some(cn) => format!("CN={cn}"),
+            _ => return None,
+        };
+        Some(Identity {
+            principal: e.principal.clone(),
+            issuer: Some(format!("mtls:{matched}")),
+            groups: e.groups.clone(),
+        })
+    })
 }
 
 fn digests<'a>(pairs: impl Iterator<Item = (&'a str, &'a str, &'a [String])>) -> Entries {
@@ -473,6 +536,88 @@ mod tests {
         // Shaped as a JWT, but no issuer is configured: an invalid static token.
         assert_eq!(
             auth.authenticate(&headers(Some("Bearer aaa.bbb.ccc")))
+                .await,
+            Err(AuthFailure::Invalid)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_is_a_caller_only_when_mapped_and_a_token_wins() {
+        use warden_daemon::tls::CallerCert;
+        let tok = "erin-token-0123456789";
+        let d = token_digest_hex(tok);
+        let certs = vec![
+            crate::config::CertEntry {
+                spiffe_id: Some("spiffe://example.org/ci/builder".into()),
+                subject_cn: None,
+                principal: "ci".into(),
+                groups: vec!["builders".into()],
+            },
+            crate::config::CertEntry {
+                spiffe_id: None,
+                subject_cn: Some("laptop-of-frank".into()),
+                principal: "frank".into(),
+                groups: vec![],
+            },
+        ];
+        let auth = Authenticator::with_certs(
+            digests([("erin", d.as_str(), &[][..])].into_iter()),
+            crate::oidc::Issuers::none(),
+            certs,
+        );
+        let builder = CallerCert {
+            spiffe_ids: vec!["spiffe://example.org/ci/builder".into()],
+            subject_cn: Some("whatever".into()),
+        };
+        let id = auth
+            .authenticate_with(&headers(None), Some(&builder))
+            .await
+            .unwrap();
+        assert_eq!(id.principal, "ci");
+        assert_eq!(id.groups, ["builders"]);
+        assert_eq!(
+            id.issuer.as_deref(),
+            Some("mtls:spiffe://example.org/ci/builder")
+        );
+        let laptop = CallerCert {
+            spiffe_ids: vec![],
+            subject_cn: Some("laptop-of-frank".into()),
+        };
+        let id = auth
+            .authenticate_with(&headers(None), Some(&laptop))
+            .await
+            .unwrap();
+        assert_eq!(
+            (id.principal.as_str(), id.issuer.as_deref()),
+            ("frank", Some("mtls:CN=laptop-of-frank"))
+        );
+        // A cell's certificate (same CA, a SPIFFE ID nobody mapped) signs no one in; neither
+        // does a CN that only looks like a mapped SPIFFE ID.
+        for unmapped in [
+            CallerCert {
+                spiffe_ids: vec!["spiffe://example.org/warden/supervisor".into()],
+                subject_cn: None,
+            },
+            CallerCert {
+                spiffe_ids: vec![],
+                subject_cn: Some("spiffe://example.org/ci/builder".into()),
+            },
+        ] {
+            assert_eq!(
+                auth.authenticate_with(&headers(None), Some(&unmapped))
+                    .await,
+                Err(AuthFailure::Certificate)
+            );
+        }
+        // A bearer token decides when one is sent, with or without a certificate; a bad one is
+        // refused even on a mapped certificate's connection.
+        let id = auth
+            .authenticate_with(&headers(Some(&format!("Bearer {tok}"))), Some(&builder))
+            .await
+            .unwrap();
+        assert_eq!(id.principal, "erin");
+        assert_eq!(
+            auth.authenticate_with(&headers(Some("Bearer nope-nope-nope")), Some(&builder))
                 .await,
             Err(AuthFailure::Invalid)
         );
