@@ -341,6 +341,9 @@ impl Core {
                 effort: String::new(),
                 copy_from,
             }),
+            // This request's identity, for the policy's subject of the turn's permissions.
+            groups: caller.groups.clone(),
+            issuer: caller.issuer.clone().unwrap_or_default(),
         };
         Ok((live, run))
     }

@@ -373,6 +373,9 @@ impl McpFront {
                     // MCP works in an operator workspace or its own sandbox, never on a copy.
                     copy_from: String::new(),
                 }),
+                // This request's identity, for the policy's subject of the turn's permissions.
+                groups: caller.identity.groups.clone(),
+                issuer: caller.identity.issuer.clone().unwrap_or_default(),
             };
             tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.identity.principal, "MCP turn");
             match turn::run(
