@@ -4,9 +4,10 @@
 //! SDK presents the certificate (httpx for JSON-RPC and HTTP+JSON, grpcio for gRPC) without a
 //! bearer token.
 //!
-//! A mapped certificate runs tasks as its principal (the audit says so) on all three bindings,
-//! with the groups its mapping gives (a group rule limits its agents); the card declares the
-//! `mtls` scheme. Refused: a certificate of another CA carrying the mapped SPIFFE ID (forged),
+//! A mapped certificate runs tasks as its principal (the audit says so, with its groups and the
+//! certificate as its issuer) on all three bindings, with the groups its mapping gives: a group
+//! rule limits its agents, and a policy rule for the group (`[groups.builders]`) denies its
+//! edits while another caller's are allowed; the card declares the `mtls` scheme. Refused: a certificate of another CA carrying the mapped SPIFFE ID (forged),
 //! an expired one, and one valid for a cell (same CA, an unmapped SPIFFE ID) — the first two in
 //! the handshake, the last with a 401 naming the reason; that same cell certificate with a
 //! static token is the token's caller. With `client_certs = "require"`, a caller without a
@@ -233,6 +234,11 @@ async fn client_certificates_sign_callers_in_on_every_binding_and_nothing_else_d
                 "gateway".into(),
                 r#"agents.access=[{group="builders", agents=["scripted"]}]"#.into(),
             ),
+            // A policy rule for the group: its members' edits are denied.
+            (
+                "policy".into(),
+                r#"policy.groups.builders.auto_deny=["edit"]"#.into(),
+            ),
             ("gateway".into(), format!("grpc.tcp={grpc}")),
             ("gateway".into(), "grpc.allow_any_peer=true".into()),
             (
@@ -278,9 +284,23 @@ async fn client_certificates_sign_callers_in_on_every_binding_and_nothing_else_d
         let got = send(&base, p, "builder", binding, "", "").await;
         assert!(got.starts_with("TASK_STATE_COMPLETED "), "{binding}: {got}");
         if binding == "JSONRPC" {
+            // The policy judged its edit as ci-builder, of the group builders, vouched for by
+            // its certificate; the group's rule decided.
             let context = got.split_whitespace().nth(1).unwrap();
             let show = audit_principal(&d, context);
             assert_eq!(show["subject"]["principal"], "ci-builder", "{show}");
+            assert_eq!(
+                show["subject"]["groups"],
+                serde_json::json!(["builders"]),
+                "{show}"
+            );
+            assert_eq!(
+                show["subject"]["issuer"],
+                format!("mtls:{BUILDER}"),
+                "{show}"
+            );
+            assert_eq!(show["verdict"], "DENY", "{show}");
+            assert_eq!(show["rule"], "tool.autoDeny", "{show}");
         }
     }
     // Its mapping's group limits its agents, on every binding (the SDK's HTTP+JSON client
@@ -301,6 +321,12 @@ async fn client_certificates_sign_callers_in_on_every_binding_and_nothing_else_d
     assert!(got.starts_with("TASK_STATE_COMPLETED "), "{got}");
     let show = audit_principal(&d, got.split_whitespace().nth(1).unwrap());
     assert_eq!(show["subject"]["principal"], "frank", "{show}");
+    assert_eq!(
+        show["subject"]["issuer"], "mtls:CN=laptop-of-frank",
+        "{show}"
+    );
+    // Not in the group: the same edit is allowed.
+    assert_eq!(show["verdict"], "ALLOW", "{show}");
 
     // A cell's certificate is no caller; with a static token it is that token's caller.
     let got = send(&base, p, "cell", "JSONRPC", "", "").await;

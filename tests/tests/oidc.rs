@@ -404,6 +404,13 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
         format!("{issuer}#ci-bot"),
         "{show}"
     );
+    // …vouched for by the issuer, with the groups its token carried.
+    assert_eq!(show["subject"]["issuer"], issuer, "{show}");
+    assert_eq!(
+        show["subject"]["groups"],
+        json!([format!("{issuer}#builders")]),
+        "{show}"
+    );
     // The task is ci-bot's: listed for its token, not for the static token's principal.
     let (_, _, mine) = rpc(&d, &bot_token, "ListTasks", json!({"contextId": context})).await;
     assert_eq!(mine["result"]["totalSize"], 1, "{mine}");
