@@ -1533,6 +1533,75 @@ mod tests {
     }
 
     #[test]
+    fn client_certificates_are_mapped_once_by_one_name_where_they_are_asked_for() {
+        let tls = r#"http.tls={cert_file="g.pem", key_file="g.key", client_ca_file="ca.pem", client_certs="require"}"#;
+        let check = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_M", &sets)
+                .and_then(|c| c.value.validate(&c.origin))
+        };
+        check(&[
+            tls,
+            r#"auth.certs=[{spiffe_id="spiffe://example.org/ci", principal="ci"}, {subject_cn="frank", principal="frank"}]"#,
+        ])
+        .unwrap();
+        for (sets, key) in [
+            (
+                vec![r#"auth.certs=[{subject_cn="frank", principal="frank"}]"#],
+                "auth.certs",
+            ),
+            (
+                vec![r#"http.tls={cert_file="g.pem", key_file="g.key", client_certs="request"}"#],
+                "http.tls.client_ca_file",
+            ),
+            (
+                vec![r#"http.tls={cert_file="g.pem", key_file="g.key", client_ca_file="ca.pem"}"#],
+                "http.tls.client_certs",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{spiffe_id="spiffe://x/y", subject_cn="y", principal="p"}]"#,
+                ],
+                "auth.certs[0]",
+            ),
+            (
+                vec![tls, r#"auth.certs=[{principal="p"}]"#],
+                "auth.certs[0]",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{spiffe_id="ci-builder", principal="p"}]"#,
+                ],
+                "auth.certs[0].spiffe_id",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{subject_cn="a", principal="p"}, {subject_cn="a", principal="q"}]"#,
+                ],
+                "auth.certs[1]",
+            ),
+            (
+                vec![tls, r#"auth.certs=[{subject_cn="a", principal=" "}]"#],
+                "auth.certs[0].principal",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.oidc=[{issuer="https://idp.example", audiences=["w"]}]"#,
+                    r#"auth.certs=[{subject_cn="a", principal="https://idp.example#alice"}]"#,
+                ],
+                "auth.certs[0].principal",
+            ),
+        ] {
+            let text = check(&sets).expect_err(&sets.join(" ")).to_string();
+            assert!(text.contains(key), "{sets:?}: {text}");
+        }
+    }
+
+    #[test]
     fn url_hosts() {
         assert_eq!(url_host("http://127.0.0.1:8080/a"), Some("127.0.0.1:8080"));
         assert_eq!(url_host("https://gw.example"), Some("gw.example"));
