@@ -1,14 +1,17 @@
-//! Bearer-token authentication and the Host allowlist: the one place a caller's identity is
-//! established, for every front (the edge in `serve.rs`, then each binding and `/mcp`).
+//! Bearer-token and client-certificate authentication and the Host allowlist: the one place a
+//! caller's identity is established, for every front (the edge in `serve.rs`, then each binding
+//! and `/mcp`).
 //!
 //! Static tokens are held only as SHA-256 digests and compared in constant time against every
 //! entry (no early exit), so neither the configuration nor the timing of a refusal reveals a
 //! token. A token shaped as a JWT that matches none is verified against `[[auth.oidc]]`
-//! (`oidc.rs`). The result is the request's [`Identity`] (principal, issuer, groups), which
+//! (`oidc.rs`). A request without a token on a connection whose client certificate verified
+//! (in the TLS handshake) is the caller `[[auth.certs]]` maps that certificate to, if any. The result is the request's [`Identity`] (principal, issuer, groups), which
 //! travels with that request; nothing of it is kept here between requests.
 //!
-//! Must never: accept a token without a constant-time comparison or a verified signature, or
-//! answer a refusal without counting its reason.
+//! Must never: accept a token without a constant-time comparison or a verified signature, make
+//! a caller of a certificate no `[[auth.certs]]` entry names, or answer a refusal without
+//! counting its reason.
 
 use std::path::Path;
 
@@ -59,7 +62,8 @@ pub struct Authenticator {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub principal: String,
-    /// The OIDC issuer that vouched for it (None: a static token).
+    /// What vouched for it: the OIDC issuer, or `mtls:<SPIFFE ID>` / `mtls:CN=<name>` for a
+    /// client certificate (None: a static token).
     pub issuer: Option<String>,
     pub groups: Vec<String>,
 }

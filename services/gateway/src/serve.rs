@@ -36,6 +36,12 @@
 //!   (HTTP/1.1 has one request per connection; HTTP/2 multiplexes up to `grpc_max_concurrent_streams`);
 //! - a connection over the cap is sent an HTTP/2 GOAWAY instead of the 503.
 //!
+//! With `http.tls` both listeners speak TLS: a connection's handshake (its client certificate
+//! verified there, when one is asked for) must finish within `header_read_timeout` of the
+//! accept, holding its slot meanwhile; the certificate rides in each of its requests'
+//! extensions (`auth::ConnCert`) for the authenticator. Over the cap a TLS connection is closed
+//! unanswered (a plain 503 would be garbage to it).
+//!
 //! hyper's own `header_read_timeout` is not used: it is armed whenever hyper waits for a head,
 //! including on an idle kept-alive connection, so it would also be the idle timeout.
 
