@@ -8,6 +8,9 @@ Usage:
       prints "<STATE> <contextId> <answer>", or "refused <error>" (a refusal in the handshake
       or an error the gateway answered)
   python3 caller.py card BASE_URL CA_FILE      prints the public agent card (JSON)
+  python3 caller.py mcp BASE_URL CA_FILE CERT KEY TOOL
+      a stateless MCP tools/call (no arguments) with the certificate; prints the HTTP status
+      and the body
 """
 
 import asyncio
@@ -72,6 +75,19 @@ async def main(argv: list[str]) -> None:
         agent = argv[6] if len(argv) > 6 else ""
         token = argv[7] if len(argv) > 7 else ""
         await send(base, ca, cert, key, binding, agent, token)
+    elif argv[0] == "mcp":
+        base, ca, cert, key, tool = argv[1:6]
+        era = "2026-07-28"
+        body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": tool, "arguments": {},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": era,
+                      "io.modelcontextprotocol/clientInfo": {"name": "e2e", "version": "0"},
+                      "io.modelcontextprotocol/clientCapabilities": {}}}}
+        headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": era,
+                   "Mcp-Method": "tools/call", "Mcp-Name": tool}
+        async with httpx.AsyncClient(verify=context(ca, cert, key), timeout=60) as http:
+            r = await http.post(f"{base}/mcp", json=body, headers=headers)
+            print(r.status_code, r.text)
     elif argv[0] == "card":
         base, ca = argv[1:3]
         async with httpx.AsyncClient(verify=context(ca, "", "")) as http:

@@ -328,6 +328,35 @@ async fn client_certificates_sign_callers_in_on_every_binding_and_nothing_else_d
     // Not in the group: the same edit is allowed.
     assert_eq!(show["verdict"], "ALLOW", "{show}");
 
+    // MCP, too: the builder's certificate is ci-builder with its group's agents; a cell's is no
+    // caller.
+    let mcp = |who: &'static str| {
+        let mut cmd = tokio::process::Command::new("python3");
+        cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/mtls/caller.py"))
+            .args(["mcp", &base])
+            .arg(p.join("ca.pem"))
+            .arg(p.join(format!("{who}.pem")))
+            .arg(p.join(format!("{who}.key")))
+            .arg("status");
+        async move {
+            let out = run_with_deadline(&mut cmd, Duration::from_secs(60))
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let text = mcp("builder").await;
+    assert!(text.starts_with("200 "), "{text}");
+    assert!(
+        text.contains("ci-builder") && text.contains(r#"\"agents\":[\"scripted\"]"#),
+        "{text}"
+    );
+    let text = mcp("cell").await;
+    assert!(
+        text.starts_with("401 ") && text.contains("names no caller"),
+        "{text}"
+    );
+
     // A cell's certificate is no caller; with a static token it is that token's caller.
     let got = send(&base, p, "cell", "JSONRPC", "", "").await;
     assert!(
