@@ -291,6 +291,24 @@ pub struct CertEntry {
     pub groups: Vec<String>,
 }
 
+/// A credential's configured groups: as many and as long as the policy's Decide accepts (a
+/// subject over them would have every permission of its turns denied as malformed).
+fn check_groups(groups: &[String]) -> Result<(), String> {
+    use warden_proto::limits::{MAX_GROUP_BYTES, MAX_SUBJECT_GROUPS};
+    if groups.len() > MAX_SUBJECT_GROUPS {
+        return Err(format!("at most {MAX_SUBJECT_GROUPS} groups"));
+    }
+    match groups
+        .iter()
+        .find(|g| g.trim().is_empty() || g.len() > MAX_GROUP_BYTES)
+    {
+        Some(g) => Err(format!(
+            "{g:?}: a group is non-empty and at most {MAX_GROUP_BYTES} bytes"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// An algorithm name of `algorithms`: asymmetric ones only.
 pub fn parse_algorithm(name: &str) -> Result<jsonwebtoken::Algorithm, String> {
     use jsonwebtoken::Algorithm;
@@ -826,6 +844,9 @@ impl GatewayConfig {
                     "must not be empty",
                 ));
             }
+            check_groups(&t.groups).map_err(|why| {
+                ConfigError::invalid(origin, &format!("auth.tokens[{i}].groups"), why)
+            })?;
         }
         let mut seen = std::collections::HashSet::new();
         let mut seen_groups = std::collections::HashSet::new();
@@ -930,6 +951,7 @@ impl GatewayConfig {
             if c.principal.trim().is_empty() {
                 return bad(k("principal"), "must not be empty".into());
             }
+            check_groups(&c.groups).or_else(|why| bad(k("groups"), why))?;
             if let Some(o) = self
                 .auth
                 .oidc
@@ -1004,6 +1026,17 @@ impl GatewayConfig {
             let p = o.prefix();
             if p.is_empty() {
                 return bad(k("principal_prefix"), "must not be empty".into());
+            }
+            // A prefixed group (a claim's value is at most 512 bytes) must stay within what the
+            // policy's Decide accepts.
+            if p.len() > warden_proto::limits::MAX_GROUP_BYTES / 2 {
+                return bad(
+                    k("principal_prefix"),
+                    format!(
+                        "at most {} bytes (the issuer URL, when it is the prefix)",
+                        warden_proto::limits::MAX_GROUP_BYTES / 2
+                    ),
+                );
             }
             if let Some(other) = prefixes
                 .iter()
@@ -1586,6 +1619,13 @@ mod tests {
             (
                 vec![tls, r#"auth.certs=[{subject_cn="a", principal=" "}]"#],
                 "auth.certs[0].principal",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{subject_cn="a", principal="p", groups=[""]}]"#,
+                ],
+                "auth.certs[0].groups",
             ),
             (
                 vec![
