@@ -75,6 +75,8 @@ async fn sample(d: &warden_e2e::Deployment, agent: &str, n: usize) -> (Duration,
             verb: "task".into(),
             ..Default::default()
         }),
+        groups: Vec::new(),
+        issuer: String::new(),
     };
     let t0 = Instant::now();
     let mut s = c.run_turn(req).await.expect("RunTurn").into_inner();

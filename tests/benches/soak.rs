@@ -150,6 +150,8 @@ async fn main() {
                             verb: "implement".into(),
                             ..Default::default()
                         }),
+                        groups: Vec::new(),
+                        issuer: String::new(),
                     };
                     let mut late = 0;
                     let mut why = String::new();

@@ -34,6 +34,8 @@ fn request(root: &str, n: usize) -> pb::DecideRequest {
             session_id: "s".into(),
             agent: "scripted".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: root.into(),

@@ -86,6 +86,8 @@ async fn sample(
             verb: "task".into(),
             ..Default::default()
         }),
+        groups: Vec::new(),
+        issuer: String::new(),
     };
     let t0 = Instant::now();
     let mut s = c

@@ -823,6 +823,8 @@ pub async fn supervisor_turn(
             verb: verb.into(),
             ..Default::default()
         }),
+        groups: Vec::new(),
+        issuer: String::new(),
     };
     let mut s = c.run_turn(req).await.expect("RunTurn").into_inner();
     let mut evs = Vec::new();

@@ -22,6 +22,8 @@ fn ask(root: &std::path::Path, n: usize, ctx: &str) -> DecideRequest {
             session_id: "s1".into(),
             agent: "scripted".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(Boundary {
             root: root.to_string_lossy().into(),

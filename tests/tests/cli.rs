@@ -39,6 +39,8 @@ async fn warden_audit_shows_each_decision_the_policy_made() {
             session_id: "s1".into(),
             agent: "scripted".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(Boundary {
             root: root.to_string_lossy().into(),

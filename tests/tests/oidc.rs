@@ -404,6 +404,13 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
         format!("{issuer}#ci-bot"),
         "{show}"
     );
+    // …vouched for by the issuer, with the groups its token carried.
+    assert_eq!(show["subject"]["issuer"], issuer, "{show}");
+    assert_eq!(
+        show["subject"]["groups"],
+        json!([format!("{issuer}#builders")]),
+        "{show}"
+    );
     // The task is ci-bot's: listed for its token, not for the static token's principal.
     let (_, _, mine) = rpc(&d, &bot_token, "ListTasks", json!({"contextId": context})).await;
     assert_eq!(mine["result"]["totalSize"], 1, "{mine}");
@@ -506,6 +513,76 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
                 .to_string()
         }
     };
+
+    // One subject, two tokens with different groups: each request gets its own token's access,
+    // not the other's and not the union, whichever came last (the identity travels with the
+    // request; no table of a principal's groups).
+    let as_intern = mint(json!({"claims": {"sub": "shared", "groups": ["interns"]}})).await;
+    let as_builder = mint(json!({"claims": {"sub": "shared", "groups": ["builders"]}})).await;
+    let skills_of = |card: &Value| -> Vec<String> {
+        card["skills"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s["id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let scripted = || {
+        let mut m = msg(json!({"agent": "scripted"}));
+        m["configuration"] = json!({"returnImmediately": true});
+        m
+    };
+    // Sequentially, then interleaved: the requests of both tokens at once, so a check that
+    // read the subject's groups from anywhere but its own request would see the other's.
+    for round in 0..2 {
+        let (_, r) = rest(&d, &as_builder, "/a2a/rest/extendedAgentCard", None).await;
+        assert!(
+            skills_of(&r).contains(&"scripted".to_string()),
+            "round {round}: {r}"
+        );
+        let (_, r) = rest(&d, &as_intern, "/a2a/rest/extendedAgentCard", None).await;
+        assert_eq!(skills_of(&r), ["claude"], "round {round}: {r}");
+        let (_, _, r) = rpc(&d, &as_builder, "SendMessage", scripted()).await;
+        assert!(r["result"]["task"]["id"].is_string(), "round {round}: {r}");
+        let (_, _, r) = rpc(&d, &as_intern, "SendMessage", scripted()).await;
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("yours: claude"),
+            "round {round}: {r}"
+        );
+        let (status, text) = mcp(&d, &as_intern, "status", json!({})).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            text.contains(r#"\"agents\":[\"claude\"]"#) || text.contains(r#""agents":["claude"]"#),
+            "round {round}: {text}"
+        );
+        let e = grpc_send(&grpc, &as_intern, Some("scripted"))
+            .await
+            .unwrap_err();
+        assert!(e.message().contains("yours: claude"), "{e:?}");
+    }
+    let at_once = (0..12).map(|i| {
+        let token = if i % 2 == 0 { &as_builder } else { &as_intern };
+        let d = &d;
+        async move { (i % 2 == 0, rpc(d, token, "SendMessage", scripted()).await.2) }
+    });
+    for (builder, r) in futures::future::join_all(at_once).await {
+        if builder {
+            assert!(r["result"]["task"]["id"].is_string(), "builder: {r}");
+        } else {
+            assert!(
+                r["error"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("yours: claude"),
+                "intern: {r}"
+            );
+        }
+    }
     let cases = [
         (
             "expired",
@@ -537,6 +614,15 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
             "too_large",
             format!("{}.{}.x", "a".repeat(6000), "b".repeat(6000)),
             "larger",
+        ),        (
+            "claims",
+            mint(json!({"claims": {"groups": {"admins": true}}})).await,
+            "wrong type",
+        ),
+        (
+            "claims",
+            mint(json!({"claims": {"groups": (0..300).map(|i| format!("g{i}")).collect::<Vec<_>>()}})).await,
+            "wrong type",
         ),
     ];
     for (reason, token, said) in &cases {
@@ -596,6 +682,7 @@ async fn oidc_callers_run_tasks_as_issuer_principals_groups_limit_agents_and_bad
         "unknown_key",
         "algorithm",
         "too_large",
+        "claims",
     ] {
         let line = format!("warden_gateway_auth_refused_total{{reason=\"{reason}\"}}");
         let n: u64 = text

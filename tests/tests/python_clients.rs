@@ -68,6 +68,8 @@ async fn the_python_admin_client_and_reflection_work_on_the_admin_sockets() {
                 session_id: "s1".into(),
                 agent: "scripted".into(),
                 verb: "implement".into(),
+                groups: Vec::new(),
+                issuer: String::new(),
             }),
             boundary: Some(Boundary {
                 root: root.to_string_lossy().into(),

@@ -635,6 +635,8 @@ fn edit_request(root: &Path, n: usize) -> pb::DecideRequest {
             session_id: "s".into(),
             agent: "scripted".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: root.display().to_string(),

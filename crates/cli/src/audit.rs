@@ -76,6 +76,15 @@ pub fn detail(r: &AuditRecord) -> String {
         format!("judged content  {}", j.content_sha256),
         format!("judged paths    {}", j.locations.join(", ")),
         format!("principal       {}", s.principal),
+        format!(
+            "issuer          {}",
+            if s.issuer.is_empty() {
+                "- (a static token, or not recorded)"
+            } else {
+                &s.issuer
+            }
+        ),
+        format!("groups          {}", s.groups.join(", ")),
         format!("context/task    {} / {}", s.context_id, s.task_id),
         format!("session/agent   {} / {}", s.session_id, s.agent),
         format!("verb            {}", s.verb),

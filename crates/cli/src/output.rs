@@ -62,6 +62,7 @@ fn subject(s: Option<&pb::Subject>) -> Value {
     json!({
         "principal": s.principal, "contextId": s.context_id, "taskId": s.task_id,
         "sessionId": s.session_id, "agent": s.agent, "verb": s.verb,
+        "groups": s.groups, "issuer": s.issuer,
     })
 }
 

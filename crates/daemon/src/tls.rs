@@ -42,6 +42,9 @@ use x509_cert::ext::pkix::name::GeneralName;
 
 use crate::peer::{PeerInfo, PeerStream};
 
+mod callers;
+pub use callers::{CallerCert, CallerStream, CallerTls, CallerTlsConfig, ClientCerts, subject_cn};
+
 /// How long a TLS handshake may take before the connection is dropped (a peer that opens a
 /// connection and sends nothing must not hold anything).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -208,26 +211,51 @@ impl Material {
         let chain = certs(&cfg.cert_file)?;
         let key = PrivateKeyDer::from_pem_slice(&read(&cfg.key_file)?)
             .map_err(|e| bad(&cfg.key_file, format!("no private key: {e}")))?;
-        let mut roots = RootCertStore::empty();
-        for ca in certs(&cfg.ca_file)? {
-            roots
-                .add(ca)
-                .map_err(|e| bad(&cfg.ca_file, format!("not a CA certificate: {e}")))?;
-        }
         Ok(Self {
             chain,
             key,
-            roots: Arc::new(roots),
+            roots: Self::roots(&cfg.ca_file)?,
         })
+    }
+
+    /// The trust anchors in the PEM file `path`.
+    fn roots(path: &Path) -> Result<Arc<RootCertStore>, TlsError> {
+        let bad = |what: String| TlsError::Material {
+            path: path.to_path_buf(),
+            what,
+        };
+        let pem = read(path)?;
+        let cas: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| bad(format!("not PEM certificates: {e}")))?;
+        if cas.is_empty() {
+            return Err(bad("holds no certificate".into()));
+        }
+        let mut roots = RootCertStore::empty();
+        for ca in cas {
+            roots
+                .add(ca)
+                .map_err(|e| bad(format!("not a CA certificate: {e}")))?;
+        }
+        Ok(Arc::new(roots))
     }
 }
 
 /// What the files looked like when they were last read: a change to any is a reload.
 type Stamp = Vec<Option<(std::time::SystemTime, u64, u64)>>;
 
-fn stamp(cfg: &TlsConfig) -> Stamp {
+/// Files read again when they change; the last good result kept when a change does not load.
+struct Reloading<T> {
+    /// The files watched, and the certificate named in the log.
+    files: Vec<PathBuf>,
+    cert_file: PathBuf,
+    build: Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>,
+    current: Mutex<(Stamp, Arc<T>)>,
+}
+
+fn stamp(files: &[PathBuf]) -> Stamp {
     use std::os::unix::fs::MetadataExt;
-    cfg.files()
+    files
         .iter()
         .map(|p| {
             std::fs::metadata(p)
@@ -237,31 +265,35 @@ fn stamp(cfg: &TlsConfig) -> Stamp {
         .collect()
 }
 
-/// Files read again when they change; the last good result kept when a change does not load.
-struct Reloading<T> {
-    cfg: TlsConfig,
-    build: fn(&TlsConfig) -> Result<T, TlsError>,
-    current: Mutex<(Stamp, Arc<T>)>,
-}
-
-impl<T> Reloading<T> {
+impl<T: 'static> Reloading<T> {
     fn new(cfg: TlsConfig, build: fn(&TlsConfig) -> Result<T, TlsError>) -> Result<Self, TlsError> {
-        let s = stamp(&cfg);
-        let first = build(&cfg)?;
+        let files = cfg.files().iter().map(|p| p.to_path_buf()).collect();
+        let cert_file = cfg.cert_file.clone();
+        Self::of(files, cert_file, Box::new(move || build(&cfg)))
+    }
+
+    fn of(
+        files: Vec<PathBuf>,
+        cert_file: PathBuf,
+        build: Box<dyn Fn() -> Result<T, TlsError> + Send + Sync>,
+    ) -> Result<Self, TlsError> {
+        let s = stamp(&files);
+        let first = build()?;
         Ok(Self {
-            cfg,
+            files,
+            cert_file,
             build,
             current: Mutex::new((s, Arc::new(first))),
         })
     }
 
     fn current(&self) -> Arc<T> {
-        let now = stamp(&self.cfg);
+        let now = stamp(&self.files);
         let mut cur = self.current.lock().unwrap_or_else(|p| p.into_inner());
         if cur.0 != now {
-            match (self.build)(&self.cfg) {
+            match (self.build)() {
                 Ok(fresh) => {
-                    tracing::info!(cert = %self.cfg.cert_file.display(), "TLS certificate, key or CA changed: reloaded");
+                    tracing::info!(cert = %self.cert_file.display(), "TLS certificate, key or CA changed: reloaded");
                     *cur = (now, Arc::new(fresh));
                 }
                 Err(e) => {
@@ -497,7 +529,7 @@ pub struct ServerTls {
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerTls")
-            .field("cert", &self.config.cfg.cert_file)
+            .field("cert", &self.config.cert_file)
             .field("admit", &self.admit)
             .finish()
     }
@@ -749,7 +781,7 @@ impl ClientTls {
     /// The SPIFFE IDs of the certificate this end presents (read now; empty when it does not
     /// load): what a refusal is logged with.
     pub fn identities(&self) -> Vec<String> {
-        CertificateDer::pem_file_iter(&self.config.cfg.cert_file)
+        CertificateDer::pem_file_iter(&self.config.cert_file)
             .ok()
             .and_then(|mut certs| certs.next()?.ok())
             .map(|c| spiffe_ids(&c))

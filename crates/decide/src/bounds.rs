@@ -116,6 +116,28 @@ pub fn check(req: &pb::DecideRequest, limits: &Limits) -> Result<(), Malformed> 
             ));
         }
     }
+    if let Some(subject) = req.subject.as_ref() {
+        if subject.groups.len() > limits::MAX_SUBJECT_GROUPS {
+            return Err(over(
+                "request.malformed.too-many-groups",
+                "the number of the subject's groups",
+                subject.groups.len(),
+                limits::MAX_SUBJECT_GROUPS as u64,
+            ));
+        }
+        if let Some(g) = subject
+            .groups
+            .iter()
+            .find(|g| g.len() > limits::MAX_GROUP_BYTES)
+        {
+            return Err(over(
+                "request.malformed.group-too-large",
+                "a group name (bytes)",
+                g.len(),
+                limits::MAX_GROUP_BYTES as u64,
+            ));
+        }
+    }
     if req.options.len() as u64 > limits.max_options {
         return Err(over(
             "request.malformed.too-many-options",
@@ -231,6 +253,31 @@ mod tests {
             Some("request.malformed.request-too-large"),
             "{m:?}"
         );
+        // The subject's groups: how many, and how long each.
+        let mut r = req("{}");
+        r.subject = Some(pb::Subject {
+            groups: (0..=limits::MAX_SUBJECT_GROUPS)
+                .map(|i| format!("g{i}"))
+                .collect(),
+            ..Default::default()
+        });
+        assert_eq!(
+            check(&r, &l).map_err(|m| m.rule),
+            Err("request.malformed.too-many-groups")
+        );
+        r.subject = Some(pb::Subject {
+            groups: vec!["ops".into(), "g".repeat(limits::MAX_GROUP_BYTES + 1)],
+            ..Default::default()
+        });
+        assert_eq!(
+            check(&r, &l).map_err(|m| m.rule),
+            Err("request.malformed.group-too-large")
+        );
+        r.subject = Some(pb::Subject {
+            groups: vec!["ops".into(); limits::MAX_SUBJECT_GROUPS],
+            ..Default::default()
+        });
+        assert!(check(&r, &l).is_ok());
     }
 
     #[test]

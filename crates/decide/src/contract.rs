@@ -178,6 +178,8 @@ fn request(
             session_id: "s".into(),
             agent: "contract".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: root.display().to_string(),

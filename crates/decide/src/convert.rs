@@ -64,6 +64,7 @@ pub fn to_input(
             principal: subject.principal,
             agent: subject.agent,
             verb: subject.verb,
+            groups: subject.groups,
         },
         boundary: Boundary {
             root: PathBuf::from(&b.root),

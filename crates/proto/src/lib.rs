@@ -36,6 +36,11 @@ pub mod limits {
     pub const DEFAULT_MAX_TITLE_BYTES: u64 = 64 * 1024;
     /// Nesting of arrays and objects in the raw input's JSON text.
     pub const DEFAULT_MAX_JSON_DEPTH: u64 = 64;
+
+    /// `Subject.groups`: at most this many, each at most `MAX_GROUP_BYTES` (what the gateway
+    /// takes from one credential); a request over either is malformed.
+    pub const MAX_SUBJECT_GROUPS: usize = 256;
+    pub const MAX_GROUP_BYTES: usize = 1024;
 }
 
 /// The encoded `FileDescriptorSet` of every `warden.v1` file, for gRPC server reflection.

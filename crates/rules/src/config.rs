@@ -15,6 +15,10 @@
 //! [principals.alice]            # per authenticated principal; the most specific scope wins
 //! auto_deny = ["Bash"]
 //!
+//! [groups.interns]              # per group of the caller (its credential's, for the turn):
+//! mode = "approve-reads"        # below the principal's scope, above the agent's; a caller in
+//!                               # several groups takes each key from the first by group name
+//!
 //! [floor]                       # additions to the boundary floor; they can only deny more
 //! agent_control_paths = ["deploy/secrets", "**/Makefile"]
 //! ```
@@ -101,7 +105,7 @@ pub struct FloorPolicy {
     pub agent_control_paths: Vec<String>,
 }
 
-/// The whole operator policy: a global scope, per-agent and per-principal scopes.
+/// The whole operator policy: a global scope, per-agent, per-group and per-principal scopes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
@@ -111,6 +115,10 @@ pub struct PolicyConfig {
     pub agents: BTreeMap<String, ScopePolicy>,
     #[serde(default)]
     pub principals: BTreeMap<String, ScopePolicy>,
+    /// Per group of the caller (issuer-prefixed for an OpenID Connect group, as the gateway
+    /// names it).
+    #[serde(default)]
+    pub groups: BTreeMap<String, ScopePolicy>,
     #[serde(default)]
     pub floor: FloorPolicy,
 }
@@ -156,6 +164,12 @@ impl PolicyConfig {
                 });
             }
             check_scope(&format!("principals.{name}"), s)?;
+        }
+        for (name, s) in &self.groups {
+            if name.is_empty() {
+                return Err(PolicyError::EmptyScopeName { scope: "groups" });
+            }
+            check_scope(&format!("groups.{name}"), s)?;
         }
         for (index, entry) in self.floor.agent_control_paths.iter().enumerate() {
             let bad = |why| {

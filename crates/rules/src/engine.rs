@@ -44,21 +44,24 @@ pub struct Engine {
     global: Scope,
     agents: Vec<(String, Scope)>,
     principals: Vec<(String, Scope)>,
+    /// By group name, in name order (the order a principal's groups are consulted in).
+    groups: Vec<(String, Scope)>,
     floor: FloorContext,
 }
 
-/// The per-key resolution of global → agent → principal for one subject.
+/// The per-key resolution of global → agent → groups → principal for one subject: each key
+/// from the most specific scope that sets it.
 struct Effective<'a> {
-    scopes: [Option<&'a Scope>; 3], // most specific first: principal, agent, global
+    /// Most specific first: the principal's, each of its groups' (by group name), the agent's,
+    /// the global one; each with the name its provenance is told by.
+    scopes: Vec<(&'a Scope, &'static str)>,
 }
 
 impl<'a> Effective<'a> {
     fn get<T>(&self, f: impl Fn(&'a Scope) -> Option<T>) -> Option<(T, &'static str)> {
-        const NAMES: [&str; 3] = ["principal", "agent", "global"];
         self.scopes
             .iter()
-            .zip(NAMES)
-            .find_map(|(s, name)| s.and_then(&f).map(|v| (v, name)))
+            .find_map(|(s, name)| f(s).map(|v| (v, *name)))
     }
 }
 
@@ -142,6 +145,7 @@ impl Engine {
             global: Scope::compile(&config.global),
             agents: compile(&config.agents),
             principals: compile(&config.principals),
+            groups: compile(&config.groups),
             floor: FloorContext {
                 root_check: RootCheck::default(),
                 control: ControlPaths::new(&config.floor.agent_control_paths),
@@ -170,11 +174,23 @@ impl Engine {
             }
             list.iter().find(|(k, _)| k == name).map(|(_, s)| s)
         }
-        let principal = find(&self.principals, &input.subject.principal);
-        let agent = find(&self.agents, &input.subject.agent);
-        Effective {
-            scopes: [principal, agent, Some(&self.global)],
+        let mut scopes = Vec::with_capacity(3);
+        if let Some(s) = find(&self.principals, &input.subject.principal) {
+            scopes.push((s, "principal"));
         }
+        if !input.subject.groups.is_empty() {
+            scopes.extend(
+                self.groups
+                    .iter()
+                    .filter(|(g, _)| input.subject.groups.contains(g))
+                    .map(|(_, s)| (s, "group")),
+            );
+        }
+        if let Some(s) = find(&self.agents, &input.subject.agent) {
+            scopes.push((s, "agent"));
+        }
+        scopes.push((&self.global, "global"));
+        Effective { scopes }
     }
 
     /// The decision as warden-policy gives it when no approver stands behind it: an ESCALATE

@@ -33,6 +33,7 @@ fn input(tool: ToolCall, b: Boundary, options: &[(&str, &str)]) -> DecisionInput
             principal: "alice".into(),
             agent: "codex".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
         },
         boundary: b,
         tool,
@@ -797,6 +798,67 @@ fn the_most_specific_scope_that_sets_a_key_wins() {
     assert_eq!(mk("carol", "claude", "read").rule, "mode.deny-all");
     // bob sets an empty auto_deny: it replaces the global list
     assert_eq!(mk("bob", "claude", "fetch").rule, "mode.deny-all");
+}
+
+#[test]
+fn a_group_scope_decides_for_its_members_below_the_principal_and_above_the_agent() {
+    let e = engine(
+        "[global]\nmode='approve-all'\n\
+         [agents.codex]\nmode='approve-all'\n\
+         [groups.interns]\nauto_deny=['edit']\nmode='approve-reads'\n\
+         [groups.oncall]\nauto_approve=['execute']\n\
+         [groups.zeta]\nauto_deny=['execute']\n\
+         [principals.alice]\nmode='approve-all'\n",
+    );
+    let mk = |principal: &str, groups: &[&str], kind: &str| {
+        let mut i = input(
+            ToolCall::new(kind, "t"),
+            boundary(true, true, W),
+            CLAUDE_101,
+        );
+        i.subject.principal = principal.into();
+        i.subject.groups = groups.iter().map(|g| g.to_string()).collect();
+        e.decide_with_approver(&i, &fs())
+    };
+    // A member of interns: its autoDeny and its mode, over the agent's.
+    let d = mk("carol", &["interns"], "edit");
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Deny, "tool.autoDeny")
+    );
+    assert_eq!(
+        mk("carol", &["interns"], "execute").verdict,
+        Verdict::Escalate
+    );
+    // The same principal without the group (another credential): the agent's scope.
+    assert_eq!(mk("carol", &[], "edit").verdict, Verdict::Allow);
+    assert_eq!(mk("carol", &["others"], "execute").verdict, Verdict::Allow);
+    // The principal's own scope is more specific than its groups' for the keys it sets (mode),
+    // and the group's still apply for the keys it does not (autoDeny).
+    assert_eq!(mk("alice", &["interns"], "execute").verdict, Verdict::Allow);
+    assert_eq!(mk("alice", &["interns"], "edit").rule, "tool.autoDeny");
+    // Several groups: each key from the first by group name (oncall's autoApprove before
+    // zeta's autoDeny; autoDeny is consulted first, and zeta is the only group setting it).
+    let d = mk("dave", &["zeta", "oncall"], "execute");
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Deny, "tool.autoDeny")
+    );
+    // A group name matches exactly: case and prefix matter.
+    assert_eq!(mk("carol", &["Interns"], "edit").verdict, Verdict::Allow);
+    assert_eq!(mk("carol", &["intern"], "edit").verdict, Verdict::Allow);
+}
+
+#[test]
+fn a_group_scope_needs_a_name_and_non_empty_matchers() {
+    assert_eq!(
+        PolicyConfig::from_toml_str("[groups.\"\"]\nmode='deny-all'").unwrap_err(),
+        PolicyError::EmptyScopeName { scope: "groups" }
+    );
+    assert!(matches!(
+        PolicyConfig::from_toml_str("[groups.ops]\nauto_deny=['']").unwrap_err(),
+        PolicyError::EmptyMatcher { .. }
+    ));
 }
 
 #[test]

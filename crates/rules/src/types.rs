@@ -73,13 +73,15 @@ impl fmt::Display for ToolKind {
 
 pub use warden_containment::{Boundary, Profile};
 
-/// Who asks; only `principal`, `agent` and `verb` influence the decision, the rest is carried
-/// for the record.
+/// Who asks; `principal`, its `groups`, `agent` and `verb` influence the decision, the rest is
+/// carried for the record.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Subject {
     pub principal: String,
     pub agent: String,
     pub verb: String,
+    /// The groups the caller's credential carried for this turn (`[groups.NAME]` scopes).
+    pub groups: Vec<String>,
 }
 
 /// The tool call the agent wants to perform.

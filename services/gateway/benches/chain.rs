@@ -40,6 +40,8 @@ async fn direct(d: &Deployment, n: usize) -> Result<(usize, Duration), Box<dyn s
             verb: "task".into(),
             ..Default::default()
         }),
+        groups: Vec::new(),
+        issuer: String::new(),
     };
     let mut stream = client.run_turn(req).await?.into_inner();
     let mut chunks = 0;

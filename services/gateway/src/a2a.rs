@@ -487,14 +487,25 @@ pub struct OpenIdConnectSecurityScheme {
     pub description: Option<String>,
 }
 
-/// `lf.a2a.v1.SecurityScheme` (a oneof: the HTTP-auth or the OpenID Connect member).
+/// `lf.a2a.v1.MutualTlsSecurityScheme`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MutualTlsSecurityScheme {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+/// `lf.a2a.v1.SecurityScheme` (a oneof: the HTTP-auth, OpenID Connect or mutual TLS member;
+/// one is set).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SecurityScheme {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http_auth_security_scheme: Option<HttpAuthSecurityScheme>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_id_connect_security_scheme: Option<OpenIdConnectSecurityScheme>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtls_security_scheme: Option<MutualTlsSecurityScheme>,
 }
 
 /// `lf.a2a.v1.StringList`.

@@ -17,7 +17,7 @@ use warden_proto::a2a::v1 as pb;
 use warden_proto::a2a::v1::a2a_service_server::{A2aService, A2aServiceServer};
 
 use crate::a2a::{CancelTaskRequest, PROTOCOL_VERSION};
-use crate::auth::{AuthFailure, Authenticator};
+use crate::auth::{AuthFailure, Authenticator, Identity};
 use crate::core::{Core, SendOutcome, Subscription};
 use crate::error::{A2aError, ERROR_DOMAIN};
 use crate::events::{StreamItem, stream_items};
@@ -114,20 +114,19 @@ impl Grpc {
         A2aServiceServer::new(self)
     }
 
-    /// Token, then version; the caller's principal.
-    async fn admit<T>(&self, req: &Request<T>) -> Result<String, Status> {
+    /// Token, then version; the caller's identity.
+    async fn admit<T>(&self, req: &Request<T>) -> Result<Identity, Status> {
         let headers = req.metadata().clone().into_headers();
-        let principal = self
+        let caller = self
             .auth
             .authenticate_request(&headers, req.extensions())
             .await
-            .map_err(unauthenticated)?
-            .principal;
+            .map_err(unauthenticated)?;
         match headers
             .get("a2a-version")
             .map(|v| v.to_str().unwrap_or("?").trim())
         {
-            None | Some(PROTOCOL_VERSION) | Some("") => Ok(principal),
+            None | Some(PROTOCOL_VERSION) | Some("") => Ok(caller),
             Some(v) => Err(status_of(&A2aError::VersionNotSupported(format!(
                 "A2A version '{v}' is not supported on lf.a2a.v1.A2AService; it speaks A2A {PROTOCOL_VERSION}"
             )))),
@@ -207,10 +206,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let req = cv::send_request_from_pb(request.get_ref()).map_err(err)?;
         use pb::send_message_response::Payload;
-        let payload = match self.core.send(&principal, req, false).await.map_err(err)? {
+        let payload = match self.core.send(&caller, req, false).await.map_err(err)? {
             SendOutcome::Task(t) => Payload::Task(cv::task_to_pb(&t)),
             SendOutcome::Message(m) => Payload::Message(cv::message_to_pb(&m)),
             SendOutcome::Stream(sub) => Payload::Task(cv::task_to_pb(&sub.task)),
@@ -226,10 +225,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SendMessageRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let req = cv::send_request_from_pb(request.get_ref()).map_err(err)?;
         Ok(Response::new(
-            match self.core.send(&principal, req, true).await.map_err(err)? {
+            match self.core.send(&caller, req, true).await.map_err(err)? {
                 SendOutcome::Stream(sub) => grpc_stream(*sub),
                 SendOutcome::Task(t) => single(crate::a2a::StreamResponse::Task(*t)),
                 SendOutcome::Message(m) => single(crate::a2a::StreamResponse::Message(*m)),
@@ -241,11 +240,11 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let r = request.get_ref();
         let task = self
             .core
-            .get(&principal, &r.id, r.history_length)
+            .get(&caller.principal, &r.id, r.history_length)
             .await
             .map_err(err)?;
         Ok(Response::new(cv::task_to_pb(&task)))
@@ -255,9 +254,9 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::ListTasksRequest>,
     ) -> Result<Response<pb::ListTasksResponse>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let req = cv::list_request_from_pb(request.get_ref());
-        let resp = self.core.list(&principal, &req).await.map_err(err)?;
+        let resp = self.core.list(&caller.principal, &req).await.map_err(err)?;
         Ok(Response::new(cv::list_response_to_pb(&resp)))
     }
 
@@ -265,13 +264,17 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::CancelTaskRequest>,
     ) -> Result<Response<pb::Task>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let req = CancelTaskRequest {
             tenant: None,
             id: request.get_ref().id.clone(),
             metadata: None,
         };
-        let task = self.core.cancel(&principal, &req.id).await.map_err(err)?;
+        let task = self
+            .core
+            .cancel(&caller.principal, &req.id)
+            .await
+            .map_err(err)?;
         Ok(Response::new(cv::task_to_pb(&task)))
     }
 
@@ -281,10 +284,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::SubscribeToTaskRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let sub = self
             .core
-            .subscribe(&principal, &request.get_ref().id)
+            .subscribe(&caller.principal, &request.get_ref().id)
             .await
             .map_err(err)?;
         Ok(Response::new(grpc_stream(sub)))
@@ -294,11 +297,11 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::TaskPushNotificationConfig>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let cfg = cv::push_config_from_pb(request.get_ref());
         let created = self
             .core
-            .create_push_config(&principal, cfg)
+            .create_push_config(&caller.principal, cfg)
             .await
             .map_err(err)?;
         Ok(Response::new(cv::push_config_to_pb(&created)))
@@ -308,11 +311,11 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetTaskPushNotificationConfigRequest>,
     ) -> Result<Response<pb::TaskPushNotificationConfig>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let r = request.get_ref();
         let cfg = self
             .core
-            .get_push_config(&principal, &r.task_id, &r.id)
+            .get_push_config(&caller.principal, &r.task_id, &r.id)
             .await
             .map_err(err)?;
         Ok(Response::new(cv::push_config_to_pb(&cfg)))
@@ -322,10 +325,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::ListTaskPushNotificationConfigsRequest>,
     ) -> Result<Response<pb::ListTaskPushNotificationConfigsResponse>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let listed = self
             .core
-            .list_push_configs(&principal, &request.get_ref().task_id)
+            .list_push_configs(&caller.principal, &request.get_ref().task_id)
             .await
             .map_err(err)?;
         Ok(Response::new(pb::ListTaskPushNotificationConfigsResponse {
@@ -338,9 +341,9 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::GetExtendedAgentCardRequest>,
     ) -> Result<Response<pb::AgentCard>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         Ok(Response::new(cv::card_to_pb(
-            &self.card.extended(&self.core, &principal),
+            &self.card.extended(&self.core, &caller),
         )))
     }
 
@@ -348,10 +351,10 @@ impl A2aService for Grpc {
         &self,
         request: Request<pb::DeleteTaskPushNotificationConfigRequest>,
     ) -> Result<Response<()>, Status> {
-        let principal = self.admit(&request).await?;
+        let caller = self.admit(&request).await?;
         let r = request.get_ref();
         self.core
-            .delete_push_config(&principal, &r.task_id, &r.id)
+            .delete_push_config(&caller.principal, &r.task_id, &r.id)
             .await
             .map_err(err)?;
         Ok(Response::new(()))

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::a2a::PROTOCOL_VERSION;
-use crate::auth::{AuthFailure, Authenticator, HostAllowlist};
+use crate::auth::{AuthFailure, Authenticator, HostAllowlist, Identity};
 use crate::card::CardResponse;
 use crate::core::{Core, Subscription};
 use crate::endpoints::A2A_JSON;
@@ -296,17 +296,17 @@ pub async fn admit(
     state: &HttpState,
     parts: &Parts,
     query: Option<&str>,
-) -> Result<String, Box<Response>> {
+) -> Result<Identity, Box<Response>> {
     let headers = &parts.headers;
-    let principal = admit_caller(state, parts).await?;
+    let caller = admit_caller(state, parts).await?;
     check_version(requested_version(headers, query).as_deref())
         .map_err(|e| Box::new(rest_error(&e)))?;
-    Ok(principal)
+    Ok(caller)
 }
 
 /// The Host and the bearer token, the first two checks of every route (each binding then checks
-/// the version its way); the caller's principal.
-pub async fn admit_caller(state: &HttpState, parts: &Parts) -> Result<String, Box<Response>> {
+/// the version its way); the caller's identity, which travels with the request into the core.
+pub async fn admit_caller(state: &HttpState, parts: &Parts) -> Result<Identity, Box<Response>> {
     if !host_ok(state, &parts.headers) {
         return Err(Box::new(host_refused()));
     }
@@ -314,13 +314,12 @@ pub async fn admit_caller(state: &HttpState, parts: &Parts) -> Result<String, Bo
         .auth
         .authenticate_request(&parts.headers, &parts.extensions)
         .await
-        .map(|id| id.principal)
         .map_err(|f| Box::new(unauthorized(f)))
 }
 
 /// A caller admitted on a 1.0 HTTP+JSON route (Host, token, then `A2A-Version`), as an axum
-/// extractor: a handler taking one runs only for an admitted caller, and holds its principal.
-pub struct Caller(pub String);
+/// extractor: a handler taking one runs only for an admitted caller, and holds its identity.
+pub struct Caller(pub Identity);
 
 impl FromRequestParts<Arc<HttpState>> for Caller {
     type Rejection = Response;
@@ -371,7 +370,7 @@ pub fn sse(sub: Subscription, frame: impl FnMut(StreamItem) -> Event + Send + 's
 
 /// One JSON-RPC call, admitted and taken out of its envelope (both A2A versions use this one).
 pub struct RpcCall {
-    pub principal: String,
+    pub caller: Identity,
     pub id: Value,
     pub method: String,
     params: Option<Value>,
@@ -387,12 +386,11 @@ impl RpcCall {
         if !host_ok(state, headers) {
             return Err(host_refused());
         }
-        let principal = state
+        let caller = state
             .auth
             .authenticate_request(headers, &parts.extensions)
             .await
-            .map_err(unauthorized)?
-            .principal;
+            .map_err(unauthorized)?;
         let null = Value::Null;
         let value = json_value(state, headers, body)
             .await
@@ -431,7 +429,7 @@ impl RpcCall {
             ));
         };
         Ok(Self {
-            principal,
+            caller,
             id,
             method,
             params: obj.remove("params"),

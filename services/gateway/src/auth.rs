@@ -1,13 +1,17 @@
-//! Bearer-token authentication and the Host allowlist: the one place a caller's identity is
-//! established, for every front (the edge in `serve.rs`, then each binding and `/mcp`).
+//! Bearer-token and client-certificate authentication and the Host allowlist: the one place a
+//! caller's identity is established, for every front (the edge in `serve.rs`, then each binding
+//! and `/mcp`).
 //!
 //! Static tokens are held only as SHA-256 digests and compared in constant time against every
 //! entry (no early exit), so neither the configuration nor the timing of a refusal reveals a
 //! token. A token shaped as a JWT that matches none is verified against `[[auth.oidc]]`
-//! (`oidc.rs`). Each caller's groups are recorded in [`Groups`], which the access rules read.
+//! (`oidc.rs`). A request without a token on a connection whose client certificate verified
+//! (in the TLS handshake) is the caller `[[auth.certs]]` maps that certificate to, if any. The result is the request's [`Identity`] (principal, issuer, groups), which
+//! travels with that request; nothing of it is kept here between requests.
 //!
-//! Must never: accept a token without a constant-time comparison or a verified signature, or
-//! answer a refusal without counting its reason.
+//! Must never: accept a token without a constant-time comparison or a verified signature, make
+//! a caller of a certificate no `[[auth.certs]]` entry names, or answer a refusal without
+//! counting its reason.
 
 use std::path::Path;
 
@@ -38,10 +42,11 @@ pub enum AuthConfigError {
 /// One static token: its digest, principal and groups.
 type Entries = Vec<([u8; 32], String, Vec<String>)>;
 
-/// What a reload replaces whole: the static tokens and the issuers.
+/// What a reload replaces whole: the static tokens, the issuers and the certificates' callers.
 struct Accepted {
     entries: Entries,
     oidc: std::sync::Arc<crate::oidc::Issuers>,
+    certs: Vec<crate::config::CertEntry>,
 }
 
 /// The accepted tokens. Clones share them: [`Authenticator::replace`] (a reload) changes
@@ -49,61 +54,40 @@ struct Accepted {
 #[derive(Clone)]
 pub struct Authenticator {
     accepted: std::sync::Arc<std::sync::RwLock<std::sync::Arc<Accepted>>>,
-    groups: std::sync::Arc<Groups>,
 }
 
-/// Who a request is from.
+/// Who a request is from. It travels with the request from the edge through its binding into
+/// the core's access check (`core/access.rs`) and the turn it starts: a principal's groups are
+/// what this request's token or certificate carried, never another request's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
     pub principal: String,
-    /// The OIDC issuer that vouched for it (None: a static token).
+    /// What vouched for it: the OIDC issuer, or `mtls:<SPIFFE ID>` / `mtls:CN=<name>` for a
+    /// client certificate (None: a static token).
     pub issuer: Option<String>,
     pub groups: Vec<String>,
 }
+
+impl Identity {
+    /// A principal with no issuer and no groups (a static token without groups).
+    pub fn plain(principal: impl Into<String>) -> Self {
+        Self {
+            principal: principal.into(),
+            issuer: None,
+            groups: Vec::new(),
+        }
+    }
+}
+
+/// The client certificate of the connection a request came on (verified against
+/// `http.tls.client_ca_file` in the handshake), put in its extensions by the edge.
+#[derive(Debug, Clone)]
+pub struct ConnCert(pub std::sync::Arc<warden_daemon::tls::CallerCert>);
 
 /// An identity the edge (`serve.rs`) established for a request, carried in its extensions so
 /// the binding that serves it does not verify the token again. Only this process inserts it.
 #[derive(Debug, Clone)]
 pub struct Authenticated(pub Identity);
-
-/// Each principal's groups, as its latest authenticated request carried them (a static token's
-/// configured groups, or a JWT's groups claim until that token's `exp`): what
-/// `[[agents.access]]` rules naming a group are matched against.
-#[derive(Debug, Default)]
-pub struct Groups {
-    by_principal: std::sync::RwLock<std::collections::HashMap<String, Membership>>,
-}
-
-/// A principal's groups and when they stop counting (`exp` of the token that carried them).
-type Membership = (Vec<String>, Option<u64>);
-
-/// Past this many principals, expired entries are dropped at the next record.
-const GROUPS_PRUNE_AT: usize = 4096;
-
-impl Groups {
-    fn record(&self, principal: &str, groups: &[String], expires: Option<u64>) {
-        let mut m = self.by_principal.write().unwrap_or_else(|p| p.into_inner());
-        if m.get(principal)
-            .is_some_and(|(g, e)| g.as_slice() == groups && *e == expires)
-        {
-            return;
-        }
-        if m.len() >= GROUPS_PRUNE_AT {
-            let now = crate::oidc::now_secs();
-            m.retain(|_, (_, e)| e.is_none_or(|e| e > now));
-        }
-        m.insert(principal.to_string(), (groups.to_vec(), expires));
-    }
-
-    /// `principal`'s groups now (none once the token that carried them has expired).
-    pub fn of(&self, principal: &str) -> Vec<String> {
-        let m = self.by_principal.read().unwrap_or_else(|p| p.into_inner());
-        match m.get(principal) {
-            Some((g, e)) if e.is_none_or(|e| e > crate::oidc::now_secs()) => g.clone(),
-            _ => Vec::new(),
-        }
-    }
-}
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,6 +116,8 @@ pub enum AuthFailure {
     Invalid,
     /// A JWT was presented and refused.
     Token(crate::oidc::Reject),
+    /// No token, and the connection's client certificate names no caller (`[[auth.certs]]`).
+    Certificate,
 }
 
 impl AuthFailure {
@@ -141,6 +127,7 @@ impl AuthFailure {
             AuthFailure::Missing => "missing",
             AuthFailure::Invalid => "invalid",
             AuthFailure::Token(r) => r.reason(),
+            AuthFailure::Certificate => "certificate_unmapped",
         }
     }
 
@@ -150,6 +137,9 @@ impl AuthFailure {
             AuthFailure::Missing => "authentication required: send Authorization: Bearer <token>",
             AuthFailure::Invalid => "the bearer token is not valid",
             AuthFailure::Token(r) => r.message(),
+            AuthFailure::Certificate => {
+                "the client certificate verified but names no caller of this gateway (auth.certs); send Authorization: Bearer <token>"
+            }
         }
     }
 }
@@ -160,12 +150,20 @@ impl Authenticator {
     }
 
     fn with(entries: Entries, oidc: crate::oidc::Issuers) -> Self {
+        Self::with_certs(entries, oidc, Vec::new())
+    }
+
+    fn with_certs(
+        entries: Entries,
+        oidc: crate::oidc::Issuers,
+        certs: Vec<crate::config::CertEntry>,
+    ) -> Self {
         Self {
             accepted: std::sync::Arc::new(std::sync::RwLock::new(std::sync::Arc::new(Accepted {
                 entries,
                 oidc: std::sync::Arc::new(oidc),
+                certs,
             }))),
-            groups: std::sync::Arc::new(Groups::default()),
         }
     }
 
@@ -175,11 +173,6 @@ impl Authenticator {
             // Replaced in one assignment: a panic elsewhere cannot leave it half-written.
             Err(p) => p.into_inner().clone(),
         }
-    }
-
-    /// Each principal's groups, for the access rules (shared by every clone).
-    pub fn groups(&self) -> std::sync::Arc<Groups> {
-        self.groups.clone()
     }
 
     /// Makes every clone of this authenticator accept `next`'s tokens and issuers instead (a
@@ -211,8 +204,9 @@ impl Authenticator {
     /// `[[auth.oidc]]` issuers.
     pub fn from_config(cfg: &GatewayConfig) -> Result<Self, AuthConfigError> {
         let oidc = crate::oidc::Issuers::from_config(&cfg.auth)?;
+        let certs = cfg.auth.certs.clone();
         if !cfg.auth.tokens.is_empty() {
-            return Ok(Self::with(
+            return Ok(Self::with_certs(
                 digests(
                     cfg.auth
                         .tokens
@@ -220,16 +214,18 @@ impl Authenticator {
                         .map(|t| (t.principal.as_str(), t.sha256.as_str(), t.groups.as_slice())),
                 ),
                 oidc,
+                certs,
             ));
         }
         let Some(path) = cfg.token_file_path() else {
-            return Ok(Self::with(Vec::new(), oidc));
+            return Ok(Self::with_certs(Vec::new(), oidc, certs));
         };
         let token = ensure_token_file(&path)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-        Ok(Self::with(
+        Ok(Self::with_certs(
             vec![(digest, cfg.auth.token_file_principal.clone(), Vec::new())],
             oidc,
+            certs,
         ))
     }
 
@@ -243,7 +239,8 @@ impl Authenticator {
         if let Some(Authenticated(id)) = extensions.get::<Authenticated>() {
             return Ok(id.clone());
         }
-        let got = self.authenticate(headers).await;
+        let cert = extensions.get::<ConnCert>().map(|c| &*c.0);
+        let got = self.authenticate_with(headers, cert).await;
         if let Err(f) = got {
             crate::metrics::auth_refused(f.reason());
         }
@@ -251,13 +248,30 @@ impl Authenticator {
     }
 
     /// The caller of the request's bearer token: a static token, or a JWT of a configured
-    /// issuer. Its groups are recorded for the access rules. Not counted (the front that
+    /// issuer, with the groups it carries. Not counted (the front that
     /// answers the refusal counts it, through [`Authenticator::authenticate_request`]).
     pub async fn authenticate(&self, headers: &http::HeaderMap) -> Result<Identity, AuthFailure> {
+        self.authenticate_with(headers, None).await
+    }
+
+    /// The caller of a request: its bearer token's when it sends one (a certificate then only
+    /// carried the connection), else the caller `[[auth.certs]]` maps the connection's client
+    /// certificate to. A verified certificate that maps to nothing is no caller
+    /// ([`AuthFailure::Certificate`]): a certificate valid for a cell, or any other service of
+    /// the same CA, does not sign anyone in unless it is mapped.
+    pub async fn authenticate_with(
+        &self,
+        headers: &http::HeaderMap,
+        cert: Option<&warden_daemon::tls::CallerCert>,
+    ) -> Result<Identity, AuthFailure> {
         let accepted = self.accepted();
-        let token = bearer(headers)?;
+        let token = match (bearer(headers), cert) {
+            (Err(AuthFailure::Missing), Some(cert)) => {
+                return cert_caller(&accepted.certs, cert).ok_or(AuthFailure::Certificate);
+            }
+            (t, _) => t?,
+        };
         if let Some((principal, groups)) = static_match(&accepted.entries, token) {
-            self.groups.record(&principal, &groups, None);
             return Ok(Identity {
                 principal,
                 issuer: None,
@@ -272,13 +286,32 @@ impl Authenticator {
             .verify(token)
             .await
             .map_err(AuthFailure::Token)?;
-        self.groups.record(&v.principal, &v.groups, Some(v.expires));
         Ok(Identity {
             principal: v.principal,
             issuer: Some(v.issuer),
             groups: v.groups,
         })
     }
+}
+
+/// The caller `certs` maps `cert` to: the first entry naming one of its SPIFFE IDs or its
+/// subject CN. Its "issuer" says which name matched (`mtls:spiffe://…`, `mtls:CN=…`).
+fn cert_caller(
+    certs: &[crate::config::CertEntry],
+    cert: &warden_daemon::tls::CallerCert,
+) -> Option<Identity> {
+    certs.iter().find_map(|e| {
+        let matched = match (&e.spiffe_id, &e.subject_cn) {
+            (Some(id), _) if cert.spiffe_ids.contains(id) => id.clone(),
+            (None, Some(cn)) if cert.subject_cn.as_ref() == Some(cn) => format!("CN={cn}"),
+            _ => return None,
+        };
+        Some(Identity {
+            principal: e.principal.clone(),
+            issuer: Some(format!("mtls:{matched}")),
+            groups: e.groups.clone(),
+        })
+    })
 }
 
 fn digests<'a>(pairs: impl Iterator<Item = (&'a str, &'a str, &'a [String])>) -> Entries {
@@ -504,11 +537,91 @@ mod tests {
             .unwrap();
         assert_eq!(id.groups, groups);
         assert_eq!(id.issuer, None);
-        assert_eq!(auth.groups().of("carol"), groups);
-        assert!(auth.groups().of("dave").is_empty());
         // Shaped as a JWT, but no issuer is configured: an invalid static token.
         assert_eq!(
             auth.authenticate(&headers(Some("Bearer aaa.bbb.ccc")))
+                .await,
+            Err(AuthFailure::Invalid)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_is_a_caller_only_when_mapped_and_a_token_wins() {
+        use warden_daemon::tls::CallerCert;
+        let tok = "erin-token-0123456789";
+        let d = token_digest_hex(tok);
+        let certs = vec![
+            crate::config::CertEntry {
+                spiffe_id: Some("spiffe://example.org/ci/builder".into()),
+                subject_cn: None,
+                principal: "ci".into(),
+                groups: vec!["builders".into()],
+            },
+            crate::config::CertEntry {
+                spiffe_id: None,
+                subject_cn: Some("laptop-of-frank".into()),
+                principal: "frank".into(),
+                groups: vec![],
+            },
+        ];
+        let auth = Authenticator::with_certs(
+            digests([("erin", d.as_str(), &[][..])].into_iter()),
+            crate::oidc::Issuers::none(),
+            certs,
+        );
+        let builder = CallerCert {
+            spiffe_ids: vec!["spiffe://example.org/ci/builder".into()],
+            subject_cn: Some("whatever".into()),
+        };
+        let id = auth
+            .authenticate_with(&headers(None), Some(&builder))
+            .await
+            .unwrap();
+        assert_eq!(id.principal, "ci");
+        assert_eq!(id.groups, ["builders"]);
+        assert_eq!(
+            id.issuer.as_deref(),
+            Some("mtls:spiffe://example.org/ci/builder")
+        );
+        let laptop = CallerCert {
+            spiffe_ids: vec![],
+            subject_cn: Some("laptop-of-frank".into()),
+        };
+        let id = auth
+            .authenticate_with(&headers(None), Some(&laptop))
+            .await
+            .unwrap();
+        assert_eq!(
+            (id.principal.as_str(), id.issuer.as_deref()),
+            ("frank", Some("mtls:CN=laptop-of-frank"))
+        );
+        // A cell's certificate (same CA, a SPIFFE ID nobody mapped) signs no one in; neither
+        // does a CN that only looks like a mapped SPIFFE ID.
+        for unmapped in [
+            CallerCert {
+                spiffe_ids: vec!["spiffe://example.org/warden/supervisor".into()],
+                subject_cn: None,
+            },
+            CallerCert {
+                spiffe_ids: vec![],
+                subject_cn: Some("spiffe://example.org/ci/builder".into()),
+            },
+        ] {
+            assert_eq!(
+                auth.authenticate_with(&headers(None), Some(&unmapped))
+                    .await,
+                Err(AuthFailure::Certificate)
+            );
+        }
+        // A bearer token decides when one is sent, with or without a certificate; a bad one is
+        // refused even on a mapped certificate's connection.
+        let id = auth
+            .authenticate_with(&headers(Some(&format!("Bearer {tok}"))), Some(&builder))
+            .await
+            .unwrap();
+        assert_eq!(id.principal, "erin");
+        assert_eq!(
+            auth.authenticate_with(&headers(Some("Bearer nope-nope-nope")), Some(&builder))
                 .await,
             Err(AuthFailure::Invalid)
         );

@@ -8,8 +8,8 @@ use axum::body::Bytes;
 
 use crate::a2a::{
     AgentCapabilities, AgentCard, AgentInterface, AgentProvider, AgentSkill,
-    HttpAuthSecurityScheme, OpenIdConnectSecurityScheme, PROTOCOL_VERSION, SecurityRequirement,
-    SecurityScheme, StringList,
+    HttpAuthSecurityScheme, MutualTlsSecurityScheme, OpenIdConnectSecurityScheme, PROTOCOL_VERSION,
+    SecurityRequirement, SecurityScheme, StringList,
 };
 use crate::config::GatewayConfig;
 use crate::core::Core;
@@ -31,7 +31,7 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
                     scheme: "Bearer".into(),
                     description: Some("A token configured on the gateway (warden up writes one to its state directory)".into()),
                 }),
-                open_id_connect_security_scheme: None,
+                ..SecurityScheme::default()
             },
         );
         requirements.push(requirement("bearer"));
@@ -44,16 +44,38 @@ pub fn agent_card(cfg: &GatewayConfig) -> AgentCard {
         schemes.insert(
             name.clone(),
             SecurityScheme {
-                http_auth_security_scheme: None,
                 open_id_connect_security_scheme: Some(OpenIdConnectSecurityScheme {
                     open_id_connect_url: url,
                     description: Some(format!(
                         "An ID or access token of {issuer}, sent as Authorization: Bearer"
                     )),
                 }),
+                ..SecurityScheme::default()
             },
         );
         requirements.push(requirement(&name));
+    }
+    // Client certificates that `[[auth.certs]]` maps to callers.
+    if cfg
+        .http
+        .tls
+        .as_ref()
+        .is_some_and(|t| t.client_certs != warden_daemon::tls::ClientCerts::Off)
+        && !cfg.auth.certs.is_empty()
+    {
+        schemes.insert(
+            "mtls".to_string(),
+            SecurityScheme {
+                mtls_security_scheme: Some(MutualTlsSecurityScheme {
+                    description: Some(
+                        "A client certificate of the gateway's client CA whose SPIFFE ID or subject CN is mapped to a caller"
+                            .into(),
+                    ),
+                }),
+                ..SecurityScheme::default()
+            },
+        );
+        requirements.push(requirement("mtls"));
     }
     let mut card = AgentCard {
         name: cfg.card.name.clone(),
@@ -199,12 +221,13 @@ impl CardResponse {
         if with_03 { dual } else { plain }
     }
 
-    /// The extended card (`GetExtendedAgentCard`) for an authenticated `principal`: the public
-    /// card with one skill per agent that principal may use (`[[agents.access]]`), the default
-    /// one tagged `default`.
-    pub fn extended(&self, core: &Core, principal: &str) -> AgentCard {
-        let list = core.agents_for(principal);
+    /// The extended card (`GetExtendedAgentCard`) for an authenticated `caller`: the public
+    /// card with one skill per agent that caller may use (`[[agents.access]]`, with the groups
+    /// its own request carried), the default one tagged `default`.
+    pub fn extended(&self, core: &Core, caller: &crate::auth::Identity) -> AgentCard {
+        let list = core.agents_for(caller);
         let mut card = self.with_skills(&list);
+        let principal = &caller.principal;
         card.description = format!("{} (the agents available to {principal})", card.description);
         for s in &mut card.skills {
             if s.id == list.default {
@@ -266,5 +289,42 @@ mod tests {
         );
         assert_eq!(s["bearer"]["type"], "http", "{card}");
         assert_eq!(card["security"].as_array().map(Vec::len), Some(2), "{card}");
+    }
+
+    #[test]
+    fn mapped_client_certificates_put_an_mtls_scheme_on_both_card_versions() {
+        let load = |sets: &[&str]| -> crate::config::GatewayConfig {
+            warden_daemon::config::load(
+                None,
+                crate::config::EMBEDDED,
+                "WARDEN_GATEWAY_TEST_MTLS",
+                &sets.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+            )
+            .unwrap()
+            .value
+        };
+        let tls = r#"http.tls={cert_file="g.pem", key_file="g.key", client_ca_file="ca.pem", client_certs="request"}"#;
+        let cfg = load(&[
+            tls,
+            r#"auth.certs=[{spiffe_id="spiffe://example.org/ci", principal="ci"}]"#,
+        ]);
+        let card = agent_card(&cfg);
+        assert!(card.security_schemes["mtls"].mtls_security_scheme.is_some());
+        let v = serde_json::to_value(&card).unwrap();
+        assert!(
+            v["securitySchemes"]["mtls"]["mtlsSecurityScheme"]["description"].is_string(),
+            "{v}"
+        );
+        let v03 = crate::translate03::card_json(&card);
+        assert_eq!(v03["securitySchemes"]["mtls"]["type"], "mutualTLS", "{v03}");
+        assert!(v03["security"].to_string().contains("mtls"), "{v03}");
+        let g = crate::grpc_convert::card_to_pb(&card);
+        assert!(matches!(
+            g.security_schemes["mtls"].scheme,
+            Some(warden_proto::a2a::v1::security_scheme::Scheme::MtlsSecurityScheme(_))
+        ));
+        // TLS without mapped certificates: no mtls scheme.
+        let cfg = load(&[r#"http.tls={cert_file="g.pem", key_file="g.key"}"#]);
+        assert!(!agent_card(&cfg).security_schemes.contains_key("mtls"));
     }
 }

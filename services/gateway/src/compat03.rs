@@ -20,6 +20,7 @@ use crate::admission::{
     HttpState, admit_caller, json_body, json_response, query_map, requested_version, rest_response,
     sse,
 };
+use crate::auth::Identity;
 use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
@@ -55,12 +56,12 @@ fn task_id_param(p: &Value) -> Result<String, A2aError> {
 /// Serves one 0.3 JSON-RPC call.
 pub async fn jsonrpc(
     state: &Arc<HttpState>,
-    principal: &str,
+    caller: &Identity,
     method: &str,
     p: Value,
     id: Value,
 ) -> Response {
-    match dispatch_rpc(state, principal, method, p, &id).await {
+    match dispatch_rpc(state, caller, method, p, &id).await {
         Ok(r) => r,
         Err(e) => rpc_error(&id, &e),
     }
@@ -78,17 +79,18 @@ fn rpc_stream(sub: Subscription, id: Value) -> Response {
 
 async fn dispatch_rpc(
     state: &Arc<HttpState>,
-    principal: &str,
+    caller: &Identity,
     method: &str,
     p: Value,
     id: &Value,
 ) -> Result<Response, A2aError> {
     let core = &state.core;
+    let principal = caller.principal.as_str();
     match method {
         "message/send" | "message/stream" => {
             let streaming = method == "message/stream";
             let req = send_in(&p, Shape::Rpc)?;
-            Ok(match core.send(principal, req, streaming).await? {
+            Ok(match core.send(caller, req, streaming).await? {
                 SendOutcome::Stream(sub) => rpc_stream(*sub, id.clone()),
                 SendOutcome::Task(t) => rpc_result(id, task_out(&t, Shape::Rpc)),
                 SendOutcome::Message(m) => rpc_result(id, message_out(&m, Shape::Rpc)),
@@ -158,7 +160,7 @@ async fn dispatch_rpc(
             Ok(rpc_result(id, Value::Null))
         }
         "agent/getAuthenticatedExtendedCard" => {
-            let card = state.card.extended(core, principal);
+            let card = state.card.extended(core, caller);
             Ok(rpc_result(id, card_json(&card)))
         }
         m => Err(A2aError::MethodNotFound(format!("method {m:?} not found"))),
@@ -169,7 +171,7 @@ async fn dispatch_rpc(
 
 /// A caller admitted on a `/v1` route: Host, token, then the version — a `/v1` path speaks 0.3
 /// (absent or `0.3`). An axum extractor, as the 1.0 routes' [`crate::admission::Caller`].
-struct Caller03(String);
+struct Caller03(Identity);
 
 impl FromRequestParts<Arc<HttpState>> for Caller03 {
     type Rejection = Response;
@@ -221,14 +223,14 @@ fn rest_sse(sub: Subscription) -> Response {
 
 async fn rest_send(
     state: Arc<HttpState>,
-    principal: String,
+    caller: Identity,
     req: Request,
     streaming: bool,
 ) -> Answer {
     let (parts, body) = req.into_parts();
     let v = json_body(&state, &parts.headers, body).await?;
     let req = send_in(&v, Shape::Proto)?;
-    Ok(match state.core.send(&principal, req, streaming).await? {
+    Ok(match state.core.send(&caller, req, streaming).await? {
         SendOutcome::Stream(sub) => rest_sse(*sub),
         SendOutcome::Task(t) => ok(&json!({"task": task_out(&t, Shape::Proto)})),
         SendOutcome::Message(m) => ok(&json!({"message": message_out(&m, Shape::Proto)})),
@@ -238,33 +240,33 @@ async fn rest_send(
 /// GET /v1/tasks/{id}, GET /v1/tasks/{id}:subscribe.
 async fn rest_task_get(
     State(state): State<Arc<HttpState>>,
-    Caller03(principal): Caller03,
+    Caller03(caller): Caller03,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Answer {
     if let Some(t) = id.strip_suffix(":subscribe") {
-        return Ok(rest_sse(state.core.subscribe(&principal, t).await?));
+        return Ok(rest_sse(state.core.subscribe(&caller.principal, t).await?));
     }
     let q = query_map(query.as_deref())?;
     let history = q
         .get("historyLength")
         .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
-    let t = state.core.get(&principal, &id, history).await?;
+    let t = state.core.get(&caller.principal, &id, history).await?;
     Ok(ok(&task_out(&t, Shape::Proto)))
 }
 
 /// POST /v1/tasks/{id}:cancel, POST /v1/tasks/{id}:subscribe.
 async fn rest_task_post(
     State(state): State<Arc<HttpState>>,
-    Caller03(principal): Caller03,
+    Caller03(caller): Caller03,
     Path(id): Path<String>,
 ) -> Answer {
     if let Some(t) = id.strip_suffix(":cancel") {
-        let t = state.core.cancel(&principal, t).await?;
+        let t = state.core.cancel(&caller.principal, t).await?;
         return Ok(ok(&task_out(&t, Shape::Proto)));
     }
     if let Some(t) = id.strip_suffix(":subscribe") {
-        return Ok(rest_sse(state.core.subscribe(&principal, t).await?));
+        return Ok(rest_sse(state.core.subscribe(&caller.principal, t).await?));
     }
     Err(A2aError::MethodNotFound(format!("no such operation: POST /v1/tasks/{id}")).into())
 }
@@ -272,13 +274,16 @@ async fn rest_task_post(
 /// POST (create) and GET (list) /v1/tasks/{id}/pushNotificationConfigs.
 async fn rest_push_collection(
     State(state): State<Arc<HttpState>>,
-    Caller03(principal): Caller03,
+    Caller03(caller): Caller03,
     Path(task_id): Path<String>,
     req: Request,
 ) -> Answer {
     let (parts, body) = req.into_parts();
     if parts.method == Method::GET {
-        let listed = state.core.list_push_configs(&principal, &task_id).await?;
+        let listed = state
+            .core
+            .list_push_configs(&caller.principal, &task_id)
+            .await?;
         return Ok(ok(&json!({
             "configs": listed.configs.iter().map(|c| push_out(c, Shape::Proto)).collect::<Vec<_>>(),
             "nextPageToken": "",
@@ -297,34 +302,37 @@ async fn rest_push_collection(
     if cfg.id.is_empty() {
         cfg.id = str_member(&v, &["configId", "config_id"]).unwrap_or_default();
     }
-    let created = state.core.create_push_config(&principal, cfg).await?;
+    let created = state
+        .core
+        .create_push_config(&caller.principal, cfg)
+        .await?;
     Ok(ok(&push_out(&created, Shape::Proto)))
 }
 
 /// GET and DELETE /v1/tasks/{id}/pushNotificationConfigs/{config}.
 async fn rest_push_item(
     State(state): State<Arc<HttpState>>,
-    Caller03(principal): Caller03,
+    Caller03(caller): Caller03,
     Path((task_id, cid)): Path<(String, String)>,
     method: Method,
 ) -> Answer {
     if method == Method::DELETE {
         state
             .core
-            .delete_push_config(&principal, &task_id, &cid)
+            .delete_push_config(&caller.principal, &task_id, &cid)
             .await?;
         return Ok(ok(&json!({})));
     }
     let cfg = state
         .core
-        .get_push_config(&principal, &task_id, &cid)
+        .get_push_config(&caller.principal, &task_id, &cid)
         .await?;
     Ok(ok(&push_out(&cfg, Shape::Proto)))
 }
 
 /// GET /v1/card: the authenticated (extended) card in 0.3 form.
-async fn rest_card(State(state): State<Arc<HttpState>>, Caller03(principal): Caller03) -> Response {
-    ok(&card_json(&state.card.extended(&state.core, &principal)))
+async fn rest_card(State(state): State<Arc<HttpState>>, Caller03(caller): Caller03) -> Response {
+    ok(&card_json(&state.card.extended(&state.core, &caller)))
 }
 
 /// The 0.3 REST routes (`/v1/…`), merged into the HTTP+JSON routes.

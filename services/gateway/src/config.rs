@@ -16,7 +16,10 @@ mod auth;
 mod mcp;
 mod push;
 
-pub use auth::{AuthSection, OidcIssuerConfig, TokenEntry, check_fetch_url, parse_algorithm};
+use auth::check_groups;
+pub use auth::{
+    AuthSection, CertEntry, OidcIssuerConfig, TokenEntry, check_fetch_url, parse_algorithm,
+};
 pub use mcp::McpSection;
 pub use push::{PushSection, parse_nameserver};
 use warden_egress::Cidr;
@@ -113,6 +116,11 @@ pub struct HttpSection {
     /// from dead.
     #[serde(default = "default_stream_keepalive")]
     pub stream_keepalive_ms: u64,
+    /// TLS on the callers' listeners (this one and the A2A gRPC one on `grpc.tcp`), and whether
+    /// callers may (`request`) or must (`require`) present a client certificate, which
+    /// `[[auth.certs]]` maps to a principal (docs/identity.md). Left out: plain TCP.
+    #[serde(default)]
+    pub tls: Option<warden_daemon::tls::CallerTlsConfig>,
 }
 
 fn default_bind() -> String {
@@ -662,6 +670,9 @@ impl GatewayConfig {
                     "must not be empty",
                 ));
             }
+            check_groups(&t.groups).map_err(|why| {
+                ConfigError::invalid(origin, &format!("auth.tokens[{i}].groups"), why)
+            })?;
         }
         let mut seen = std::collections::HashSet::new();
         let mut seen_groups = std::collections::HashSet::new();
@@ -695,9 +706,11 @@ impl GatewayConfig {
             }
         }
         self.validate_oidc(origin)?;
+        self.validate_certs(origin)?;
         if self.auth.tokens.is_empty()
             && self.auth.token_file.is_none()
             && self.auth.oidc.is_empty()
+            && self.auth.certs.is_empty()
         {
             return Err(ConfigError::invalid(
                 origin,
@@ -904,6 +917,82 @@ mod tests {
         let c = load::<GatewayConfig>(None, &clash, "WARDEN_GATEWAY_TEST_O", &[iss("")]).unwrap();
         let text = c.value.validate(&c.origin).unwrap_err().to_string();
         assert!(text.contains("auth.oidc[0].principal_prefix"), "{text}");
+    }
+
+    #[test]
+    fn client_certificates_are_mapped_once_by_one_name_where_they_are_asked_for() {
+        let tls = r#"http.tls={cert_file="g.pem", key_file="g.key", client_ca_file="ca.pem", client_certs="require"}"#;
+        let check = |sets: &[&str]| {
+            let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+            load::<GatewayConfig>(None, EMBEDDED, "WARDEN_GATEWAY_TEST_M", &sets)
+                .and_then(|c| c.value.validate(&c.origin))
+        };
+        check(&[
+            tls,
+            r#"auth.certs=[{spiffe_id="spiffe://example.org/ci", principal="ci"}, {subject_cn="frank", principal="frank"}]"#,
+        ])
+        .unwrap();
+        for (sets, key) in [
+            (
+                vec![r#"auth.certs=[{subject_cn="frank", principal="frank"}]"#],
+                "auth.certs",
+            ),
+            (
+                vec![r#"http.tls={cert_file="g.pem", key_file="g.key", client_certs="request"}"#],
+                "http.tls.client_ca_file",
+            ),
+            (
+                vec![r#"http.tls={cert_file="g.pem", key_file="g.key", client_ca_file="ca.pem"}"#],
+                "http.tls.client_certs",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{spiffe_id="spiffe://x/y", subject_cn="y", principal="p"}]"#,
+                ],
+                "auth.certs[0]",
+            ),
+            (
+                vec![tls, r#"auth.certs=[{principal="p"}]"#],
+                "auth.certs[0]",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{spiffe_id="ci-builder", principal="p"}]"#,
+                ],
+                "auth.certs[0].spiffe_id",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{subject_cn="a", principal="p"}, {subject_cn="a", principal="q"}]"#,
+                ],
+                "auth.certs[1]",
+            ),
+            (
+                vec![tls, r#"auth.certs=[{subject_cn="a", principal=" "}]"#],
+                "auth.certs[0].principal",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.certs=[{subject_cn="a", principal="p", groups=[""]}]"#,
+                ],
+                "auth.certs[0].groups",
+            ),
+            (
+                vec![
+                    tls,
+                    r#"auth.oidc=[{issuer="https://idp.example", audiences=["w"]}]"#,
+                    r#"auth.certs=[{subject_cn="a", principal="https://idp.example#alice"}]"#,
+                ],
+                "auth.certs[0].principal",
+            ),
+        ] {
+            let text = check(&sets).expect_err(&sets.join(" ")).to_string();
+            assert!(text.contains(key), "{sets:?}: {text}");
+        }
     }
 
     #[test]

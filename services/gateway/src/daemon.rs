@@ -469,7 +469,6 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         .map_err(RunError::PushTls)?;
     core.set_push(push.clone());
     core.set_access(crate::core::AgentAccess::from_config(&cfg.agents.access));
-    core.set_groups(auth.groups());
     if let Some(section) = &cfg.cells {
         let cells = crate::cells::Cells::start(section, &cfg.daemon.state_dir).await?;
         tracing::info!(
@@ -652,17 +651,42 @@ async fn run(cfg: GatewayConfig, args: DaemonArgs) -> Result<(), RunError> {
         .layer(warden_daemon::otel::TraceLayer);
     // The HTTP listener and the A2A gRPC one on TCP: one edge, one cap, one table of shares.
     let edge = crate::serve::Edge::new(limits, edge_auth, conns);
+    // `http.tls`: both callers' listeners speak TLS, each with its own ALPN.
+    let caller_tls = |alpn: &[&[u8]]| {
+        cfg.http
+            .tls
+            .as_ref()
+            .map(|t| warden_daemon::tls::CallerTls::new(t, &cfg.daemon.state_dir, alpn))
+            .transpose()
+            .map(|t| t.map(Arc::new))
+    };
+    let http_tls = caller_tls(&[b"http/1.1"])?;
+    let grpc_tls = caller_tls(&[b"h2"])?;
+    if let Some(t) = &http_tls {
+        tracing::info!(client_certs = ?t.client_certs(), "callers' listeners speak TLS");
+    }
     let mut http_task = tokio::spawn(async move {
         let grpc = async {
             if let Some((listener, app, _)) = grpc_edge {
                 edge.clone()
-                    .serve(listener, app, crate::serve::Protocol::Grpc, token.clone())
+                    .serve(
+                        listener,
+                        app,
+                        crate::serve::Protocol::Grpc,
+                        grpc_tls,
+                        token.clone(),
+                    )
                     .await
             }
         };
         tokio::join!(
-            edge.clone()
-                .serve(http, app, crate::serve::Protocol::Http1, token.clone()),
+            edge.clone().serve(
+                http,
+                app,
+                crate::serve::Protocol::Http1,
+                http_tls,
+                token.clone()
+            ),
             grpc
         );
     });

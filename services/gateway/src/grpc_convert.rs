@@ -375,28 +375,29 @@ pub fn card_to_pb(c: &AgentCard) -> pb::AgentCard {
                 (
                     k.clone(),
                     pb::SecurityScheme {
-                        scheme: match (
-                            &s.http_auth_security_scheme,
-                            &s.open_id_connect_security_scheme,
-                        ) {
-                            (Some(h), _) => {
-                                Some(pb::security_scheme::Scheme::HttpAuthSecurityScheme(
-                                    pb::HttpAuthSecurityScheme {
-                                        description: h.description.clone().unwrap_or_default(),
-                                        scheme: h.scheme.clone(),
-                                        bearer_format: String::new(),
+                        scheme: if let Some(h) = &s.http_auth_security_scheme {
+                            Some(pb::security_scheme::Scheme::HttpAuthSecurityScheme(
+                                pb::HttpAuthSecurityScheme {
+                                    description: h.description.clone().unwrap_or_default(),
+                                    scheme: h.scheme.clone(),
+                                    bearer_format: String::new(),
+                                },
+                            ))
+                        } else if let Some(o) = &s.open_id_connect_security_scheme {
+                            Some(pb::security_scheme::Scheme::OpenIdConnectSecurityScheme(
+                                pb::OpenIdConnectSecurityScheme {
+                                    description: o.description.clone().unwrap_or_default(),
+                                    open_id_connect_url: o.open_id_connect_url.clone(),
+                                },
+                            ))
+                        } else {
+                            s.mtls_security_scheme.as_ref().map(|m| {
+                                pb::security_scheme::Scheme::MtlsSecurityScheme(
+                                    pb::MutualTlsSecurityScheme {
+                                        description: m.description.clone().unwrap_or_default(),
                                     },
-                                ))
-                            }
-                            (None, Some(o)) => {
-                                Some(pb::security_scheme::Scheme::OpenIdConnectSecurityScheme(
-                                    pb::OpenIdConnectSecurityScheme {
-                                        description: o.description.clone().unwrap_or_default(),
-                                        open_id_connect_url: o.open_id_connect_url.clone(),
-                                    },
-                                ))
-                            }
-                            (None, None) => None,
+                                )
+                            })
                         },
                     },
                 )

@@ -79,9 +79,9 @@ async fn jsonrpc(
         Err(e) => return rpc_error(&call.id, &e),
     };
     if v03 {
-        crate::compat03::jsonrpc(&state, &call.principal, &call.method, params, call.id).await
+        crate::compat03::jsonrpc(&state, &call.caller, &call.method, params, call.id).await
     } else {
-        crate::jsonrpc::serve(&state, &call.principal, &call.method, params, &call.id).await
+        crate::jsonrpc::serve(&state, &call.caller, &call.method, params, &call.id).await
     }
 }
 

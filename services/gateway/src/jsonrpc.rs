@@ -17,6 +17,7 @@ use crate::a2a::{
     TaskPushNotificationConfigRef,
 };
 use crate::admission::{HttpState, json_response, params, rpc_error};
+use crate::auth::Identity;
 use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
@@ -24,12 +25,12 @@ use crate::events::StreamItem;
 /// Serves one 1.0 JSON-RPC call; every failure is a JSON-RPC error with the call's id.
 pub async fn serve(
     state: &Arc<HttpState>,
-    principal: &str,
+    caller: &Identity,
     method: &str,
     p: Value,
     id: &Value,
 ) -> Response {
-    match dispatch(state, principal, method, p, id).await {
+    match dispatch(state, caller, method, p, id).await {
         Ok(r) => r,
         Err(e) => rpc_error(id, &e),
     }
@@ -57,17 +58,18 @@ fn stream(sub: Subscription, id: &Value) -> Response {
 
 async fn dispatch(
     state: &Arc<HttpState>,
-    principal: &str,
+    caller: &Identity,
     method: &str,
     p: Value,
     id: &Value,
 ) -> Result<Response, A2aError> {
     let core = &state.core;
+    let principal = caller.principal.as_str();
     match method {
         "SendMessage" | "SendStreamingMessage" => {
             let streaming = method == "SendStreamingMessage";
             let req: SendMessageRequest = params(p)?;
-            Ok(match core.send(principal, req, streaming).await? {
+            Ok(match core.send(caller, req, streaming).await? {
                 SendOutcome::Stream(sub) => stream(*sub, id),
                 SendOutcome::Task(task) => result(id, StreamResponse::Task(*task)),
                 SendOutcome::Message(m) => result(id, StreamResponse::Message(*m)),
@@ -126,7 +128,7 @@ async fn dispatch(
                 .ok_or_else(|| A2aError::InvalidParams("params.contextId is required".into()))?;
             Ok(result(id, core.close_context(principal, ctx).await?))
         }
-        "GetExtendedAgentCard" => Ok(result(id, state.card.extended(core, principal))),
+        "GetExtendedAgentCard" => Ok(result(id, state.card.extended(core, caller))),
         m if m.contains('/') => Err(A2aError::MethodNotFound(format!(
             "method {m:?} is an A2A 0.3 method; this agent speaks A2A 1.0 (e.g. SendMessage)"
         ))),

@@ -101,7 +101,7 @@ pub fn exporter(refresh: Refresh) -> Exporter {
     );
     r.register(
         "auth_refused",
-        "Requests refused as unauthenticated, by reason (missing, invalid, too_large, malformed, unknown_issuer, algorithm, unknown_key, keys_unavailable, signature, expired, not_yet_valid, audience, claims)",
+        "Requests refused as unauthenticated, by reason (missing, invalid, too_large, malformed, unknown_issuer, algorithm, unknown_key, keys_unavailable, signature, expired, not_yet_valid, audience, claims, certificate_unmapped)",
         m.auth_refused.clone(),
     );
     r.register_with_unit(

@@ -909,6 +909,24 @@ mod tests {
                 t(with(claims(&idp), "groups", json!([1, 2]))),
                 Reject::Claims,
             ),
+            (
+                "groups an object",
+                t(with(claims(&idp), "groups", json!({"admins": true}))),
+                Reject::Claims,
+            ),
+            (
+                "more groups than are kept",
+                t(with(
+                    claims(&idp),
+                    "groups",
+                    json!(
+                        (0..=MAX_GROUPS)
+                            .map(|i| format!("g{i}"))
+                            .collect::<Vec<_>>()
+                    ),
+                )),
+                Reject::Claims,
+            ),
             ("not a JWT", "abc.def.ghi".to_string(), Reject::Malformed),
             (
                 "too large",

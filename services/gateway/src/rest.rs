@@ -21,6 +21,7 @@ use crate::admission::{
     Caller, HttpState, RestError, check_content_type, host_ok, host_refused, json_body, json_value,
     params, query_map, read_body, rest_error, rest_ok,
 };
+use crate::auth::Identity;
 use crate::core::{SendOutcome, Subscription};
 use crate::error::A2aError;
 use crate::events::StreamItem;
@@ -39,11 +40,11 @@ fn stream(sub: Subscription) -> Response {
 
 type Answer = Result<Response, RestError>;
 
-async fn send(state: Arc<HttpState>, principal: String, req: Request, streaming: bool) -> Answer {
+async fn send(state: Arc<HttpState>, caller: Identity, req: Request, streaming: bool) -> Answer {
     let (parts, body) = req.into_parts();
     let value = json_body(&state, &parts.headers, body).await?;
     let req: SendMessageRequest = params(value)?;
-    Ok(match state.core.send(&principal, req, streaming).await? {
+    Ok(match state.core.send(&caller, req, streaming).await? {
         SendOutcome::Stream(sub) => stream(*sub),
         SendOutcome::Task(task) => rest_ok(&StreamResponse::Task(*task)),
         SendOutcome::Message(m) => rest_ok(&StreamResponse::Message(*m)),
@@ -52,22 +53,24 @@ async fn send(state: Arc<HttpState>, principal: String, req: Request, streaming:
 
 async fn list(
     State(state): State<Arc<HttpState>>,
-    Caller(principal): Caller,
+    Caller(caller): Caller,
     RawQuery(query): RawQuery,
 ) -> Answer {
     let req: ListTasksRequest = params(Value::Object(query_map(query.as_deref())?))?;
-    Ok(rest_ok(&state.core.list(&principal, &req).await?))
+    Ok(rest_ok(&state.core.list(&caller.principal, &req).await?))
 }
 
 /// GET /tasks/{id} and GET /tasks/{id}:subscribe.
 async fn task_get(
     State(state): State<Arc<HttpState>>,
-    Caller(principal): Caller,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Answer {
     if let Some(task_id) = id.strip_suffix(":subscribe") {
-        return Ok(stream(state.core.subscribe(&principal, task_id).await?));
+        return Ok(stream(
+            state.core.subscribe(&caller.principal, task_id).await?,
+        ));
     }
     if id.contains(':') {
         return Err(A2aError::MethodNotFound(format!("no such operation: GET /tasks/{id}")).into());
@@ -77,14 +80,17 @@ async fn task_get(
         .get("historyLength")
         .map(|v| v.as_i64().unwrap_or(-1).clamp(-1, i32::MAX as i64) as i32);
     Ok(rest_ok(
-        &state.core.get(&principal, &id, history_length).await?,
+        &state
+            .core
+            .get(&caller.principal, &id, history_length)
+            .await?,
     ))
 }
 
 /// POST /tasks/{id}:cancel and POST /tasks/{id}:subscribe.
 async fn task_post(
     State(state): State<Arc<HttpState>>,
-    Caller(principal): Caller,
+    Caller(caller): Caller,
     Path(id): Path<String>,
     req: Request,
 ) -> Answer {
@@ -110,10 +116,14 @@ async fn task_post(
         }
     }
     if let Some(task_id) = id.strip_suffix(":cancel") {
-        return Ok(rest_ok(&state.core.cancel(&principal, task_id).await?));
+        return Ok(rest_ok(
+            &state.core.cancel(&caller.principal, task_id).await?,
+        ));
     }
     if let Some(task_id) = id.strip_suffix(":subscribe") {
-        return Ok(stream(state.core.subscribe(&principal, task_id).await?));
+        return Ok(stream(
+            state.core.subscribe(&caller.principal, task_id).await?,
+        ));
     }
     Err(A2aError::MethodNotFound(format!("no such operation: POST /tasks/{id}")).into())
 }
@@ -121,7 +131,7 @@ async fn task_post(
 /// POST (create) and GET (list) `/tasks/{id}/pushNotificationConfigs`.
 async fn push_collection(
     State(state): State<Arc<HttpState>>,
-    Caller(principal): Caller,
+    Caller(caller): Caller,
     Path(task_id): Path<String>,
     req: Request,
 ) -> Answer {
@@ -142,11 +152,17 @@ async fn push_collection(
             }
             cfg.task_id = task_id;
             Ok(rest_ok(
-                &state.core.create_push_config(&principal, cfg).await?,
+                &state
+                    .core
+                    .create_push_config(&caller.principal, cfg)
+                    .await?,
             ))
         }
         Method::GET => Ok(rest_ok(
-            &state.core.list_push_configs(&principal, &task_id).await?,
+            &state
+                .core
+                .list_push_configs(&caller.principal, &task_id)
+                .await?,
         )),
         m => Err(A2aError::MethodNotFound(format!(
             "no such operation: {m} /tasks/{task_id}/pushNotificationConfigs"
@@ -158,7 +174,7 @@ async fn push_collection(
 /// GET and DELETE `/tasks/{id}/pushNotificationConfigs/{config}`.
 async fn push_item(
     State(state): State<Arc<HttpState>>,
-    Caller(principal): Caller,
+    Caller(caller): Caller,
     Path((task_id, id)): Path<(String, String)>,
     method: Method,
 ) -> Answer {
@@ -166,13 +182,13 @@ async fn push_item(
         Method::GET => Ok(rest_ok(
             &state
                 .core
-                .get_push_config(&principal, &task_id, &id)
+                .get_push_config(&caller.principal, &task_id, &id)
                 .await?,
         )),
         Method::DELETE => {
             state
                 .core
-                .delete_push_config(&principal, &task_id, &id)
+                .delete_push_config(&caller.principal, &task_id, &id)
                 .await?;
             Ok(rest_ok(&json!({})))
         }
@@ -183,8 +199,8 @@ async fn push_item(
     }
 }
 
-async fn extended_card(State(state): State<Arc<HttpState>>, Caller(principal): Caller) -> Response {
-    rest_ok(&state.card.extended(&state.core, &principal))
+async fn extended_card(State(state): State<Arc<HttpState>>, Caller(caller): Caller) -> Response {
+    rest_ok(&state.card.extended(&state.core, &caller))
 }
 
 pub async fn not_found(

@@ -36,6 +36,12 @@
 //!   (HTTP/1.1 has one request per connection; HTTP/2 multiplexes up to `grpc_max_concurrent_streams`);
 //! - a connection over the cap is sent an HTTP/2 GOAWAY instead of the 503.
 //!
+//! With `http.tls` both listeners speak TLS: a connection's handshake (its client certificate
+//! verified there, when one is asked for) must finish within `header_read_timeout` of the
+//! accept, holding its slot meanwhile; the certificate rides in each of its requests'
+//! extensions (`auth::ConnCert`) for the authenticator. Over the cap a TLS connection is closed
+//! unanswered (a plain 503 would be garbage to it).
+//!
 //! hyper's own `header_read_timeout` is not used: it is armed whenever hyper waits for a head,
 //! including on an idle kept-alive connection, so it would also be the idle timeout.
 
@@ -182,13 +188,13 @@ impl Activity {
 /// The connection's socket, noting when a new request head starts arriving (on HTTP/1.1: on
 /// HTTP/2 bytes arrive while idle without starting a request — pings, window updates — so only
 /// the first request is timed from the accept and idleness from the last stream's end).
-struct TrackedIo {
-    inner: TcpStream,
+struct TrackedIo<S> {
+    inner: S,
     activity: Arc<Activity>,
     heads_timed: bool,
 }
 
-impl AsyncRead for TrackedIo {
+impl<S: AsyncRead + Unpin> AsyncRead for TrackedIo<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -207,7 +213,7 @@ impl AsyncRead for TrackedIo {
     }
 }
 
-impl tokio::io::AsyncWrite for TrackedIo {
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for TrackedIo<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -321,12 +327,14 @@ impl Edge {
     /// Serves `app` on `listener` speaking `protocol` until `shutdown`; then stops accepting,
     /// lets each connection finish its current requests (hyper's graceful shutdown) and returns
     /// once every connection of this listener is gone. The caller bounds that wait (open SSE
-    /// and gRPC streams last as long as their task).
+    /// and gRPC streams last as long as their task). With `tls`, each connection's handshake
+    /// comes first, within the head timeout, and holds its slot meanwhile.
     pub async fn serve(
         self: Arc<Self>,
         listener: TcpListener,
         app: Router,
         protocol: Protocol,
+        tls: Option<Arc<warden_daemon::tls::CallerTls>>,
         shutdown: CancellationToken,
     ) {
         // Every connection task holds a sender: all gone = every connection closed.
@@ -367,15 +375,45 @@ impl Edge {
                 .and_then(|slot| Some((slot, self.table.accept()?)));
             match admitted {
                 Some((slot, share)) => {
-                    let (edge, app, shutdown, open) =
-                        (self.clone(), app.clone(), shutdown.clone(), open.clone());
+                    let (edge, app, shutdown, open, tls) = (
+                        self.clone(),
+                        app.clone(),
+                        shutdown.clone(),
+                        open.clone(),
+                        tls.clone(),
+                    );
                     tokio::spawn(async move {
-                        edge.connection(stream, app, protocol, share, shutdown)
-                            .await;
+                        // Who is on the other end, for the MCP front's recursion check
+                        // (`peer.rs`).
+                        let conn_peer = match (stream.peer_addr(), stream.local_addr()) {
+                            (Ok(p), Ok(l)) => Some(crate::peer::ConnPeer::new(p, l)),
+                            _ => None,
+                        };
+                        match tls {
+                            None => {
+                                edge.connection(
+                                    stream, conn_peer, None, app, protocol, share, shutdown,
+                                )
+                                .await
+                            }
+                            Some(tls) => {
+                                let timeout = edge.limits.header_read_timeout;
+                                if let Some((stream, cert)) = tls.accept(stream, timeout).await {
+                                    let cert = cert.map(|c| crate::auth::ConnCert(Arc::new(c)));
+                                    edge.connection(
+                                        stream, conn_peer, cert, app, protocol, share, shutdown,
+                                    )
+                                    .await
+                                }
+                            }
+                        }
                         drop(slot);
                         drop(open);
                     });
                 }
+                // Over the cap, a TLS listener's connection is closed unanswered: a plain 503
+                // would be garbage to a TLS client.
+                None if tls.is_some() => drop(stream),
                 None => match self.refusing.clone().try_acquire_owned() {
                     Ok(permit) => {
                         tokio::spawn(async move {
@@ -406,7 +444,7 @@ pub async fn serve(
         limits.max_connections_per_principal,
     );
     Edge::new(limits, auth, table)
-        .serve(listener, app, Protocol::Http1, shutdown)
+        .serve(listener, app, Protocol::Http1, None, shutdown)
         .await
 }
 
@@ -431,14 +469,19 @@ async fn refuse(mut stream: TcpStream, protocol: Protocol) {
 }
 
 impl Edge {
-    async fn connection(
+    #[allow(clippy::too_many_arguments)]
+    async fn connection<S>(
         self: Arc<Self>,
-        stream: TcpStream,
+        stream: S,
+        conn_peer: Option<Arc<crate::peer::ConnPeer>>,
+        cert: Option<crate::auth::ConnCert>,
         app: Router,
         protocol: Protocol,
         share: Arc<ConnShare>,
         shutdown: CancellationToken,
-    ) {
+    ) where
+        S: AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let limits = self.limits;
         let activity = Arc::new(Activity {
             epoch: Instant::now(),
@@ -448,11 +491,6 @@ impl Edge {
             // nothing is as slow as one that sends half a header (or half a preface).
             head_since: AtomicU64::new(1),
         });
-        // Who is on the other end, for the MCP front's recursion check (`peer.rs`).
-        let conn_peer = match (stream.peer_addr(), stream.local_addr()) {
-            (Ok(p), Ok(l)) => Some(crate::peer::ConnPeer::new(p, l)),
-            _ => None,
-        };
         let io = TokioIo::new(TrackedIo {
             inner: stream,
             activity: activity.clone(),
@@ -470,6 +508,9 @@ impl Edge {
             let app = app.clone();
             if let Some(p) = &conn_peer {
                 req.extensions_mut().insert(p.clone());
+            }
+            if let Some(c) = &cert {
+                req.extensions_mut().insert(c.clone());
             }
             let edge = edge.clone();
             let share = service_share.clone();
@@ -592,7 +633,15 @@ impl Edge {
     ) -> Result<(Option<StreamPermit>, Option<String>), Box<axum::response::Response>> {
         // The token is checked here once; the identity rides in the request's extensions to
         // the handler, which answers a bad token in its binding's shape (and counts it).
-        let principal = match self.auth.authenticate(req.headers()).await {
+        let cert = req
+            .extensions()
+            .get::<crate::auth::ConnCert>()
+            .map(|c| c.0.clone());
+        let principal = match self
+            .auth
+            .authenticate_with(req.headers(), cert.as_deref())
+            .await
+        {
             Ok(id) => {
                 let p = id.principal.clone();
                 req.extensions_mut().insert(crate::auth::Authenticated(id));

@@ -606,6 +606,8 @@ pub fn card_json(card: &crate::a2a::AgentCard) -> Value {
                 } else if let Some(o) = &card_scheme.open_id_connect_security_scheme {
                     sch.insert("type".into(), json!("openIdConnect"));
                     sch.insert("openIdConnectUrl".into(), json!(o.open_id_connect_url));
+                } else if card_scheme.mtls_security_scheme.is_some() {
+                    sch.insert("type".into(), json!("mutualTLS"));
                 }
             }
         }

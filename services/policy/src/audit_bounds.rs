@@ -22,11 +22,14 @@ pub const LIST_CAP: usize = 32;
 pub const ARGV_CAP: usize = 8 * 1024;
 /// Cap of all judged locations together, in bytes.
 pub const LOCATIONS_CAP: usize = 16 * 1024;
+/// Cap of the subject's groups together, in bytes (each is a short field).
+pub const GROUPS_CAP: usize = 4 * 1024;
 /// What every cap together allows, the figure the README states: a record holds at most about
 /// this much text (plus its fixed-size digests and numbers).
-pub const MAX_RECORD_TEXT_BYTES: usize = 3 * TEXT_CAP // title, reason, cwd
+pub const MAX_RECORD_TEXT_BYTES: usize = 4 * TEXT_CAP // title, reason, cwd, subject's issuer
     + ARGV_CAP
     + LOCATIONS_CAP
+    + GROUPS_CAP
     + 12 * SHORT_CAP; // ids, rule, kind, subject
 
 /// What marks a cut: the text goes on with this, then the count of bytes cut.
@@ -89,6 +92,10 @@ fn fits(r: &pb::AuditRecord) -> bool {
         ]
         .iter()
         .all(|f| short(f))
+            && text(&s.issuer)
+            && s.groups.len() <= LIST_CAP
+            && s.groups.iter().all(|g| short(g))
+            && s.groups.iter().map(String::len).sum::<usize>() <= GROUPS_CAP
     });
     let judged = r.judged.as_ref().is_none_or(|j| {
         short(&j.kind)
@@ -131,6 +138,8 @@ pub fn bounded(record: &pb::AuditRecord) -> Cow<'_, pb::AuditRecord> {
         ] {
             cap_text(f, SHORT_CAP, &mut elided);
         }
+        cap_text(&mut s.issuer, TEXT_CAP, &mut elided);
+        cap_list(&mut s.groups, LIST_CAP, SHORT_CAP, GROUPS_CAP, &mut elided);
     }
     if let Some(j) = r.judged.as_mut() {
         cap_text(&mut j.kind, SHORT_CAP, &mut elided);
@@ -175,6 +184,10 @@ mod tests {
             request_id: "r".into(),
             subject: Some(pb::Subject {
                 session_id: "s".repeat(100_000),
+                issuer: "i".repeat(10_000),
+                groups: (0..300)
+                    .map(|i| format!("group-{i}-{}", "g".repeat(500)))
+                    .collect(),
                 ..Default::default()
             }),
             tool_kind: "execute".into(),
@@ -238,6 +251,15 @@ mod tests {
         );
         assert!(b.tool_title.ends_with(CUT));
         assert!(b.reason.ends_with(CUT) && b.reason.len() <= TEXT_CAP);
+        let subject = b.subject.clone().unwrap_or_default();
+        assert!(subject.issuer.ends_with(CUT) && subject.issuer.len() <= TEXT_CAP);
+        assert!(subject.groups.len() <= LIST_CAP);
+        assert!(subject.groups.iter().map(String::len).sum::<usize>() <= GROUPS_CAP);
+        assert!(
+            subject.groups.last().is_some_and(|g| g.contains("more")),
+            "{:?}",
+            subject.groups.last()
+        );
         let j = b.judged.unwrap_or_default();
         assert!(j.argv[0].ends_with(CUT));
         // The last entry of a cut list names what was dropped (and counts in the cap).

@@ -114,6 +114,8 @@ fn read(root: &Path, id: &str, deadline_ms: u64) -> pb::DecideRequest {
             session_id: "s1".into(),
             agent: "codex".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: root.display().to_string(),

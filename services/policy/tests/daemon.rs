@@ -121,6 +121,8 @@ fn req(root: &Path, owned: bool, kind: &str, locs: &[&str], context: &str) -> pb
             session_id: "s1".into(),
             agent: "codex".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: root.display().to_string(),

@@ -828,6 +828,8 @@ mod tests {
                 message_id: String::new(),
                 task_id: "task-1".into(),
                 timeout_secs: 1,
+                groups: Vec::new(),
+                issuer: String::new(),
                 span: tracing::Span::none(),
             },
             1024,

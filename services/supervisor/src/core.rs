@@ -103,6 +103,9 @@ impl ConvInfo {
             session_id,
             agent: self.agent.clone(),
             verb: self.verb.clone(),
+            // The turn's own caller's, never another turn's of the same principal.
+            groups: turn.map(|t| t.input.groups.clone()).unwrap_or_default(),
+            issuer: turn.map(|t| t.input.issuer.clone()).unwrap_or_default(),
         }
     }
 }

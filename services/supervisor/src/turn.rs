@@ -70,6 +70,10 @@ pub struct TurnInput {
     pub message_id: String,
     pub task_id: String,
     pub timeout_secs: u64,
+    /// The identity of the request that started the turn (RunTurnRequest.groups, .issuer):
+    /// its permission requests' subject carries them.
+    pub groups: Vec<String>,
+    pub issuer: String,
     /// The turn's trace span (a child of the `RunTurn` call's, so of the caller's trace when
     /// tracing is on; `Span::none()` otherwise): each permission's `Decide` is a child of it.
     pub span: tracing::Span,

@@ -112,6 +112,8 @@ pub fn turn(ctx: &str, id: &str, text: &str) -> pb::RunTurnRequest {
         task_id: format!("t-{id}"),
         timeout_seconds: 0,
         open: Some(open(ctx, pb::Profile::WorkspaceWrite)),
+        groups: Vec::new(),
+        issuer: String::new(),
     }
 }
 

@@ -19,6 +19,42 @@ pub struct TokenEntry {
     pub groups: Vec<String>,
 }
 
+/// `[[auth.certs]]`: a client certificate (verified against `http.tls.client_ca_file`) that
+/// names a caller, by its SPIFFE ID or its subject's common name (exactly one).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertEntry {
+    /// A SPIFFE ID (URI SAN) the certificate must carry.
+    #[serde(default)]
+    pub spiffe_id: Option<String>,
+    /// The subject CN the certificate must have.
+    #[serde(default)]
+    pub subject_cn: Option<String>,
+    /// The caller it is: the owner of its tasks and the policy's subject.
+    pub principal: String,
+    /// Its groups, for `[[agents.access]]` and policy rules naming a group.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// A credential's configured groups: as many and as long as the policy's Decide accepts (a
+/// subject over them would have every permission of its turns denied as malformed).
+pub(super) fn check_groups(groups: &[String]) -> Result<(), String> {
+    use warden_proto::limits::{MAX_GROUP_BYTES, MAX_SUBJECT_GROUPS};
+    if groups.len() > MAX_SUBJECT_GROUPS {
+        return Err(format!("at most {MAX_SUBJECT_GROUPS} groups"));
+    }
+    match groups
+        .iter()
+        .find(|g| g.trim().is_empty() || g.len() > MAX_GROUP_BYTES)
+    {
+        Some(g) => Err(format!(
+            "{g:?}: a group is non-empty and at most {MAX_GROUP_BYTES} bytes"
+        )),
+        None => Ok(()),
+    }
+}
+
 /// An algorithm name of `algorithms`: asymmetric ones only.
 pub fn parse_algorithm(name: &str) -> Result<jsonwebtoken::Algorithm, String> {
     use jsonwebtoken::Algorithm;
@@ -147,6 +183,9 @@ pub struct AuthSection {
     /// Keys older than this are fetched again in the background while still used.
     #[serde(default = "default_jwks_max_age")]
     pub jwks_max_age_secs: u64,
+    /// Client certificates that name callers (with `http.tls.client_certs`).
+    #[serde(default)]
+    pub certs: Vec<CertEntry>,
 }
 
 fn default_file_principal() -> String {
@@ -154,6 +193,78 @@ fn default_file_principal() -> String {
 }
 
 impl GatewayConfig {
+    /// `http.tls` and `[[auth.certs]]`: each entry names one certificate by exactly one of its
+    /// SPIFFE ID or subject CN, once; entries only where client certificates are asked for.
+    pub(super) fn validate_certs(&self, origin: &Origin) -> Result<(), ConfigError> {
+        let bad = |k: String, why: String| Err(ConfigError::invalid(origin, &k, why));
+        if let Some(t) = &self.http.tls
+            && let Err((k, why)) = t.check()
+        {
+            return bad(format!("http.tls.{k}"), why);
+        }
+        let asked = self
+            .http
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.client_certs != warden_daemon::tls::ClientCerts::Off);
+        if !self.auth.certs.is_empty() && !asked {
+            return bad(
+                "auth.certs".into(),
+                "certificates are mapped but no listener asks for them: set http.tls.client_certs (and client_ca_file)".into(),
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, c) in self.auth.certs.iter().enumerate() {
+            let k = |f: &str| format!("auth.certs[{i}].{f}");
+            let key = match (&c.spiffe_id, &c.subject_cn) {
+                (Some(id), None) => {
+                    let ok = id
+                        .strip_prefix("spiffe://")
+                        .and_then(|r| r.split_once('/'))
+                        .is_some_and(|(d, p)| !d.is_empty() && !p.is_empty());
+                    if !ok {
+                        return bad(
+                            k("spiffe_id"),
+                            format!(
+                                "{id:?} is not a SPIFFE ID like spiffe://example.org/ci/builder"
+                            ),
+                        );
+                    }
+                    format!("spiffe:{id}")
+                }
+                (None, Some(cn)) if !cn.is_empty() => format!("cn:{cn}"),
+                _ => {
+                    return bad(
+                        format!("auth.certs[{i}]"),
+                        "name exactly one of spiffe_id or subject_cn".into(),
+                    );
+                }
+            };
+            if !seen.insert(key) {
+                return bad(
+                    format!("auth.certs[{i}]"),
+                    "this certificate is mapped more than once".into(),
+                );
+            }
+            if c.principal.trim().is_empty() {
+                return bad(k("principal"), "must not be empty".into());
+            }
+            check_groups(&c.groups).or_else(|why| bad(k("groups"), why))?;
+            if let Some(o) = self
+                .auth
+                .oidc
+                .iter()
+                .find(|o| c.principal.starts_with(&o.prefix()))
+            {
+                return bad(
+                    k("principal"),
+                    format!("starts with the issuer {:?}'s prefix", o.issuer),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// `[[auth.oidc]]` and its limits: https issuers, asymmetric algorithms, prefixes that
     /// cannot make two issuers' (or a static token's) principals collide.
     pub(super) fn validate_oidc(&self, origin: &Origin) -> Result<(), ConfigError> {
@@ -213,6 +324,17 @@ impl GatewayConfig {
             let p = o.prefix();
             if p.is_empty() {
                 return bad(k("principal_prefix"), "must not be empty".into());
+            }
+            // A prefixed group (a claim's value is at most 512 bytes) must stay within what the
+            // policy's Decide accepts.
+            if p.len() > warden_proto::limits::MAX_GROUP_BYTES / 2 {
+                return bad(
+                    k("principal_prefix"),
+                    format!(
+                        "at most {} bytes (the issuer URL, when it is the prefix)",
+                        warden_proto::limits::MAX_GROUP_BYTES / 2
+                    ),
+                );
             }
             if let Some(other) = prefixes
                 .iter()

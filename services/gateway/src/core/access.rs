@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use super::shared::{AgentAccess, AgentList, Core, KnownAgent};
+use crate::auth::Identity;
 use crate::error::A2aError;
 
 impl Core {
@@ -27,52 +28,41 @@ impl Core {
         }
     }
 
-    /// Where the groups of each principal are recorded (by the authenticator; once, at start).
-    pub fn set_groups(&self, groups: Arc<crate::auth::Groups>) {
-        let _ = self.groups.set(groups);
-    }
-
-    /// `principal`'s groups, as its latest authenticated request carried them.
-    fn groups_of(&self, principal: &str) -> Vec<String> {
-        self.groups
-            .get()
-            .map(|g| g.of(principal))
-            .unwrap_or_default()
-    }
-
-    /// Whether `principal` may use `agent`.
-    pub fn may_use(&self, principal: &str, agent: &str) -> bool {
+    /// Whether `caller` may use `agent`. Its groups are the ones its own request carried (a
+    /// static token's configured groups, a JWT's claim, a certificate's mapping), never another
+    /// request's of the same principal.
+    pub fn may_use(&self, caller: &Identity, agent: &str) -> bool {
         self.access()
-            .is_none_or(|a| a.allows(principal, &self.groups_of(principal), agent))
+            .is_none_or(|a| a.allows(&caller.principal, &caller.groups, agent))
     }
 
-    /// Whether `principal` is limited to some agents.
-    pub(super) fn restricted(&self, principal: &str) -> bool {
+    /// Whether `caller` is limited to some agents.
+    pub(super) fn restricted(&self, caller: &Identity) -> bool {
         self.access()
-            .is_some_and(|a| a.restricts_agents(principal, &self.groups_of(principal)))
+            .is_some_and(|a| a.restricts_agents(&caller.principal, &caller.groups))
     }
 
-    /// Whether `principal` may use the operator workspace `workspace` ("" = an owned sandbox,
+    /// Whether `caller` may use the operator workspace `workspace` ("" = an owned sandbox,
     /// always).
-    pub fn may_use_workspace(&self, principal: &str, workspace: &str) -> bool {
+    pub fn may_use_workspace(&self, caller: &Identity, workspace: &str) -> bool {
         workspace.is_empty()
-            || self.access().is_none_or(|a| {
-                a.allows_workspace(principal, &self.groups_of(principal), workspace)
-            })
+            || self
+                .access()
+                .is_none_or(|a| a.allows_workspace(&caller.principal, &caller.groups, workspace))
     }
 
-    /// The agents `principal` may use now (for its extended card).
-    pub fn agents_for(&self, principal: &str) -> AgentList {
+    /// The agents `caller` may use now (for its extended card).
+    pub fn agents_for(&self, caller: &Identity) -> AgentList {
         let mut list = self.agents();
-        list.agents.retain(|a| self.may_use(principal, &a.name));
+        list.agents.retain(|a| self.may_use(caller, &a.name));
         list
     }
 
     /// The refusal of an agent: it names only the caller's own agents, and a restricted caller
     /// is told the same whether the agent exists or not.
-    pub fn refuse_agent(&self, principal: &str, agent: &str) -> A2aError {
+    pub fn refuse_agent(&self, caller: &Identity, agent: &str) -> A2aError {
         let mine: Vec<String> = self
-            .agents_for(principal)
+            .agents_for(caller)
             .agents
             .into_iter()
             .map(|a| a.name)
@@ -87,22 +77,20 @@ impl Core {
         ))
     }
 
-    /// The agent a new conversation of `principal` runs: the one it asked for or the default,
+    /// The agent a new conversation of `caller` runs: the one it asked for or the default,
     /// refused (naming only its own agents) unless it is configured and the principal may use
     /// it. Every front opens conversations through this (A2A in each binding, MCP verbs).
     pub async fn resolve_agent(
         &self,
-        principal: &str,
+        caller: &Identity,
         asked: Option<&str>,
     ) -> Result<String, A2aError> {
         let Some(a) = asked else {
             let default = self.agents().default;
             // The default too must be one of the caller's agents: for a restricted caller
             // "the supervisor's default" ("") is named, so it can be checked.
-            if self.restricted(principal)
-                && (default.is_empty() || !self.may_use(principal, &default))
-            {
-                return Err(self.refuse_agent(principal, &default));
+            if self.restricted(caller) && (default.is_empty() || !self.may_use(caller, &default)) {
+                return Err(self.refuse_agent(caller, &default));
             }
             return Ok(default);
         };
@@ -119,11 +107,11 @@ impl Core {
             }
         }
         let list = self.agents();
-        if list.contains(a) && self.may_use(principal, a) {
+        if list.contains(a) && self.may_use(caller, a) {
             return Ok(a.to_string());
         }
-        if self.restricted(principal) {
-            return Err(self.refuse_agent(principal, a));
+        if self.restricted(caller) {
+            return Err(self.refuse_agent(caller, a));
         }
         let names: Vec<&str> = list.agents.iter().map(|k| k.name.as_str()).collect();
         Err(A2aError::InvalidParams(format!(

@@ -14,6 +14,7 @@ use super::live::{LiveTask, Subscription, lock};
 use super::read::apply_history_length;
 use super::shared::{Core, store_err};
 use crate::a2a::{Message, Role, SendMessageRequest, Task, TaskState, TaskStatus};
+use crate::auth::Identity;
 use crate::error::A2aError;
 use crate::mapping::{META_KEY, TurnMapper};
 use crate::store::{ContextRecord, TaskRecord};
@@ -43,12 +44,14 @@ pub enum SendOutcome {
 
 impl Core {
     /// SendMessage / SendStreamingMessage.
+    /// `caller` is the request's own identity: its groups decide which agents it may use.
     pub async fn send(
         self: &Arc<Self>,
-        principal: &str,
+        caller: &Identity,
         req: SendMessageRequest,
         streaming: bool,
     ) -> Result<SendOutcome, A2aError> {
+        let principal = caller.principal.as_str();
         let msg = &req.message;
         // A stream is counted against its caller's share before anything of it is stored.
         let permit = if streaming {
@@ -99,7 +102,7 @@ impl Core {
                 "historyLength must not be negative".into(),
             ));
         }
-        let agent_asked = self.choose_agent(principal, &req).await?;
+        let agent_asked = self.choose_agent(caller, &req).await?;
         if self.agents().task_text_bytes.is_none()
             && let Err(e) = self.refresh_agents().await
         {
@@ -121,7 +124,7 @@ impl Core {
                 }
             }
             None => {
-                let (live, run) = self.start(principal, &req, agent_asked, push_cfg).await?;
+                let (live, run) = self.start(caller, &req, agent_asked, push_cfg).await?;
                 // On disk before the caller is answered and the turn starts. Waited for without
                 // holding a runtime worker: a wave of tasks starting at once each waited for the
                 // disk on a worker, and with every worker waiting the gateway answered nothing,
@@ -174,7 +177,7 @@ impl Core {
 
     pub(super) async fn choose_agent(
         &self,
-        principal: &str,
+        caller: &Identity,
         req: &SendMessageRequest,
     ) -> Result<Option<String>, A2aError> {
         let from = |m: &Option<crate::a2a::Metadata>| -> Option<String> {
@@ -188,18 +191,19 @@ impl Core {
         };
         let asked = from(&req.message.metadata).or_else(|| from(&req.metadata));
         let Some(a) = asked else { return Ok(None) };
-        self.resolve_agent(principal, Some(&a)).await.map(Some)
+        self.resolve_agent(caller, Some(&a)).await.map(Some)
     }
 
     /// A new task: records it (not yet flushed: the caller waits for the disk, then starts its
     /// turn with the returned request).
     pub(super) async fn start(
         self: &Arc<Self>,
-        principal: &str,
+        caller: &Identity,
         req: &SendMessageRequest,
         agent_asked: Option<String>,
         push_cfg: Option<crate::a2a::TaskPushNotificationConfig>,
     ) -> Result<(Arc<LiveTask>, RunTurnRequest), A2aError> {
+        let principal = caller.principal.as_str();
         let msg = &req.message;
         // A text the supervisor would refuse is refused here, before a byte of it is stored:
         // a rejected request must not cost disk for the retention period.
@@ -233,10 +237,10 @@ impl Core {
                     let agent = agent_asked.clone().unwrap_or_else(|| self.agents().default);
                     // The default too must be one of the caller's agents: for a restricted
                     // caller "the supervisor's default" ("") is named, so it can be checked.
-                    if (agent.is_empty() && self.restricted(principal))
-                        || !self.may_use(principal, &agent)
+                    if (agent.is_empty() && self.restricted(caller))
+                        || !self.may_use(caller, &agent)
                     {
-                        return Err(self.refuse_agent(principal, &agent));
+                        return Err(self.refuse_agent(caller, &agent));
                     }
                     agent
                 }
@@ -260,8 +264,8 @@ impl Core {
                 // Another principal's conversation does not exist for this caller.
                 return Err(A2aError::TaskNotFound(format!("context {context_id}")));
             }
-            if !self.may_use(principal, &ctx.agent) {
-                return Err(self.refuse_agent(principal, &ctx.agent));
+            if !self.may_use(caller, &ctx.agent) {
+                return Err(self.refuse_agent(caller, &ctx.agent));
             }
             if let Some(a) = &agent_asked
                 && *a != ctx.agent
@@ -340,6 +344,9 @@ impl Core {
                 effort: asked.effort,
                 copy_from: asked.copy_from,
             }),
+            // This request's identity, for the policy's subject of the turn's permissions.
+            groups: caller.groups.clone(),
+            issuer: caller.issuer.clone().unwrap_or_default(),
         };
         Ok((live, run))
     }
@@ -537,7 +544,11 @@ mod tests {
         for i in 0..4 {
             let core = core.clone();
             let req = message(i);
-            sends.push(rt.spawn(async move { core.send("alice", req, true).await.is_ok() }));
+            sends.push(rt.spawn(async move {
+                core.send(&Identity::plain("alice"), req, true)
+                    .await
+                    .is_ok()
+            }));
         }
         // Give the starts time to reach the disk and wait there.
         std::thread::sleep(Duration::from_millis(300));

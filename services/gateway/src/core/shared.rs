@@ -194,8 +194,6 @@ pub struct Core {
     /// Who may use which agent; replaced whole by a reload (SIGHUP), so a request reads one
     /// version.
     pub(super) access: std::sync::RwLock<Option<Arc<AgentAccess>>>,
-    /// Each principal's groups, as authentication recorded them ([`Core::set_groups`]).
-    pub(super) groups: std::sync::OnceLock<Arc<crate::auth::Groups>>,
     /// Streams open per principal, over every front.
     pub(super) streams: Arc<crate::shares::StreamShares>,
     /// `[cells]` mode ([`Core::set_cells`]): each context's turns go to its cell.
@@ -230,7 +228,6 @@ impl Core {
             refreshing: tokio::sync::Mutex::new(()),
             push: std::sync::OnceLock::new(),
             access: std::sync::RwLock::new(None),
-            groups: std::sync::OnceLock::new(),
             streams: crate::shares::StreamShares::new(settings.max_streams_per_principal),
             settings,
             cells: std::sync::OnceLock::new(),

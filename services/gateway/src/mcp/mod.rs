@@ -319,14 +319,15 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
             "Forbidden: Origin header is not allowed",
         );
     }
-    let principal = match edge
+    let identity = match edge
         .auth
         .authenticate_request(headers, req.extensions())
         .await
     {
-        Ok(id) => id.principal,
+        Ok(id) => id,
         Err(f) => return unauthorized(&edge, f),
     };
+    let principal = identity.principal.clone();
     let session = headers
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
@@ -419,7 +420,7 @@ async fn guard(State(edge): State<Arc<Edge>>, req: Request, next: Next) -> Respo
         body
     };
     parts.extensions.insert(Caller {
-        principal: principal.clone(),
+        identity: identity.clone(),
         depth,
     });
     let mut resp = next.run(Request::from_parts(parts, body)).await;

@@ -45,7 +45,8 @@ use jobs::{Job, JobState};
 /// Who is calling, as the HTTP edge authenticated it (put in the request's extensions).
 #[derive(Debug, Clone)]
 pub struct Caller {
-    pub principal: String,
+    /// The request's own identity: its groups decide which agents and workspaces it may use.
+    pub identity: crate::auth::Identity,
     /// The inherited recursion depth (`Warden-Depth`, set by `warden mcp` from `WARDEN_DEPTH`).
     pub depth: u32,
 }
@@ -225,9 +226,13 @@ impl McpFront {
 
     /// The agent a verb runs, by the gateway's one access rule (the same as A2A's): a refusal
     /// names only the caller's own agents.
-    async fn resolve_agent(&self, principal: &str, asked: Option<&str>) -> Result<String, String> {
+    async fn resolve_agent(
+        &self,
+        caller: &crate::auth::Identity,
+        asked: Option<&str>,
+    ) -> Result<String, String> {
         self.core
-            .resolve_agent(principal, asked)
+            .resolve_agent(caller, asked)
             .await
             .map_err(|e| e.to_string())
     }
@@ -271,7 +276,7 @@ impl McpFront {
             );
         }
         let agent = match self
-            .resolve_agent(&caller.principal, args.agent.as_deref())
+            .resolve_agent(&caller.identity, args.agent.as_deref())
             .await
         {
             Ok(a) => a,
@@ -286,7 +291,7 @@ impl McpFront {
             .as_ref()
             .map(|b| b.workspace.clone())
             .unwrap_or_default();
-        if !self.core.may_use_workspace(&caller.principal, &workspace) {
+        if !self.core.may_use_workspace(&caller.identity, &workspace) {
             *lock(&scope.binding) = None;
             return refused(
                 h,
@@ -298,7 +303,7 @@ impl McpFront {
         let context_id = self.context_for(scope, profile, &workspace, &agent);
         if let Err(e) = self
             .core
-            .claim_context(&caller.principal, &context_id, &agent)
+            .claim_context(&caller.identity.principal, &context_id, &agent)
             .await
         {
             return refused(h, "mcp.context", e.to_string());
@@ -312,7 +317,11 @@ impl McpFront {
         // Keep the context fresh for the sweep while a long turn runs.
         let toucher = {
             let core = self.core.clone();
-            let (p, c, a) = (caller.principal.clone(), context_id.clone(), agent.clone());
+            let (p, c, a) = (
+                caller.identity.principal.clone(),
+                context_id.clone(),
+                agent.clone(),
+            );
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
                 tick.tick().await;
@@ -338,15 +347,18 @@ impl McpFront {
                     agent: agent.clone(),
                     workspace: workspace.clone(),
                     profile,
-                    principal: caller.principal.clone(),
+                    principal: caller.identity.principal.clone(),
                     verb: verb.name().into(),
                     model: args.model.clone().unwrap_or_default(),
                     effort: args.effort.clone().unwrap_or_default(),
                     // MCP works in an operator workspace or its own sandbox, never on a copy.
                     copy_from: String::new(),
                 }),
+                // This request's identity, for the policy's subject of the turn's permissions.
+                groups: caller.identity.groups.clone(),
+                issuer: caller.identity.issuer.clone().unwrap_or_default(),
             };
-            tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.principal, "MCP turn");
+            tracing::info!(run_id = %run_id, context_id = %context_id, verb = verb.name(), attempt, principal = %caller.identity.principal, "MCP turn");
             match turn::run(
                 &self.core,
                 req,
@@ -416,7 +428,7 @@ fn caller_of(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), McpEr
         .and_then(|v| v.to_str().ok())
     {
         Some(sid) if !stateless(ctx) => format!("s:{sid}"),
-        _ => format!("p:{}", caller.principal),
+        _ => format!("p:{}", caller.identity.principal),
     };
     Ok((caller, scope))
 }
@@ -557,7 +569,7 @@ impl McpFront {
             json!({
                 "server": "warden-gateway",
                 "version": env!("CARGO_PKG_VERSION"),
-                "principal": caller.principal,
+                "principal": caller.identity.principal,
                 "protocol": ctx.protocol_version().map(|v| v.as_str().to_string()),
                 "era": if stateless(ctx) { "stateless" } else { "session" },
                 "binding": b.as_ref().map(|b| serde_json::to_value(b).unwrap_or(Value::Null)),
@@ -565,7 +577,7 @@ impl McpFront {
                 "workspace_fingerprint": b.as_ref().map(|b| b.fingerprint.clone()),
                 "tools": tools::INVENTORY,
                 "depth": caller.depth,
-                "agents": self.core.agents_for(&caller.principal).agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+                "agents": self.core.agents_for(&caller.identity).agents.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
                 "limits": {"task_max_bytes": self.cfg.task_max_bytes, "max_timeout_seconds": self.cfg.max_timeout_seconds,
                            "default_timeout_seconds": self.cfg.default_timeout_seconds},
             }),
@@ -628,7 +640,7 @@ impl ServerHandler for Handler {
                     .resume_run(
                         state,
                         request.input_responses.as_ref(),
-                        &caller.principal,
+                        &caller.identity.principal,
                         ctx.ct.clone(),
                     )
                     .await;
@@ -719,11 +731,13 @@ impl ServerHandler for Handler {
                     }
                 }
             }
-            tools::JOB_STATUS | tools::JOB_RESULT => match front.job(&caller.principal, &args) {
-                Ok(j) => json_result(McpFront::job_view(&j), false).into(),
-                Err(r) => r.into(),
-            },
-            tools::JOB_CANCEL => match front.job(&caller.principal, &args) {
+            tools::JOB_STATUS | tools::JOB_RESULT => {
+                match front.job(&caller.identity.principal, &args) {
+                    Ok(j) => json_result(McpFront::job_view(&j), false).into(),
+                    Err(r) => r.into(),
+                }
+            }
+            tools::JOB_CANCEL => match front.job(&caller.identity.principal, &args) {
                 Ok(j) => front.cancel_job(j).await.into(),
                 Err(r) => r.into(),
             },

@@ -99,6 +99,7 @@ fn inputs(root: &Path) -> Vec<DecisionInput> {
             principal: "bench".into(),
             agent: "claude".into(),
             verb: "implement".into(),
+            groups: Vec::new(),
         },
         boundary: Boundary {
             root: root.to_path_buf(),
@@ -148,6 +149,8 @@ fn to_request(i: &DecisionInput, n: usize) -> pb::DecideRequest {
             session_id: "s".into(),
             agent: i.subject.agent.clone(),
             verb: i.subject.verb.clone(),
+            groups: Vec::new(),
+            issuer: String::new(),
         }),
         boundary: Some(pb::Boundary {
             root: i.boundary.root.display().to_string(),

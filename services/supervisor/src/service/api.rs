@@ -123,6 +123,8 @@ impl SupervisorService for Api {
                 span: tracing::info_span!("turn", task_id = %r.task_id, context_id = %r.context_id),
                 task_id: r.task_id,
                 timeout_secs: r.timeout_seconds as u64,
+                groups: r.groups,
+                issuer: r.issuer,
             },
             self.0.shared.settings().limits().output_bytes,
         );

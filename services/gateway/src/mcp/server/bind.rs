@@ -93,9 +93,9 @@ impl McpFront {
             // presented by another caller changes nothing.
             let pending = {
                 let mut m = lock(&self.pending);
-                let mine = m
-                    .get(state)
-                    .is_some_and(|p| p.principal == caller.principal && p.scope == scope_key);
+                let mine = m.get(state).is_some_and(|p| {
+                    p.principal == caller.identity.principal && p.scope == scope_key
+                });
                 if mine { m.remove(state) } else { None }
             };
             let Some(p) = pending.filter(|p| p.at.elapsed() < PENDING_BIND_TTL) else {
@@ -116,7 +116,7 @@ impl McpFront {
             {
                 Ok(w) => {
                     let b = self.bind(&scope, &w);
-                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    tracing::info!(principal = %caller.identity.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
                     bind_result(Some(&b), format!("bound to {}", b.path)).into()
                 }
                 Err(e) => bind_result(None, e).into(),
@@ -133,7 +133,7 @@ impl McpFront {
         let allowed = match self.workspaces().await {
             Ok(w) => w
                 .into_iter()
-                .filter(|w| self.core.may_use_workspace(&caller.principal, &w.name))
+                .filter(|w| self.core.may_use_workspace(&caller.identity, &w.name))
                 .collect::<Vec<_>>(),
             Err(e) => return bind_result(None, e).into(),
         };
@@ -146,7 +146,7 @@ impl McpFront {
             Some(p) => match workspace::match_proposed(p, &allowed) {
                 Ok(w) => vec![w],
                 Err(e) => {
-                    tracing::info!(principal = %caller.principal, proposed = %p, reason = %e, "MCP bind refused");
+                    tracing::info!(principal = %caller.identity.principal, proposed = %p, reason = %e, "MCP bind refused");
                     return bind_result(None, e).into();
                 }
             },
@@ -183,7 +183,7 @@ impl McpFront {
             pending.insert(
                 handle.clone(),
                 PendingBind {
-                    principal: caller.principal.clone(),
+                    principal: caller.identity.principal.clone(),
                     scope: scope_key.to_string(),
                     candidates,
                     at: Instant::now(),
@@ -203,7 +203,7 @@ impl McpFront {
             Ok(r) => match chosen(&candidates, &r) {
                 Ok(w) => {
                     let b = self.bind(&scope, &w);
-                    tracing::info!(principal = %caller.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
+                    tracing::info!(principal = %caller.identity.principal, workspace = %b.workspace, path = %b.path, "MCP workspace bound");
                     bind_result(Some(&b), format!("bound to {}", b.path)).into()
                 }
                 Err(e) => bind_result(None, e).into(),

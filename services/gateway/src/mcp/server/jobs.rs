@@ -76,7 +76,7 @@ impl McpFront {
         self.prune_jobs();
         let mine = lock(&self.jobs)
             .values()
-            .filter(|j| j.principal == caller.principal)
+            .filter(|j| j.principal == caller.identity.principal)
             .count();
         if mine >= self.cfg.max_jobs {
             return json_result(
@@ -87,7 +87,7 @@ impl McpFront {
         }
         let job = Arc::new(Job {
             id: uuid::Uuid::new_v4().to_string(),
-            principal: caller.principal.clone(),
+            principal: caller.identity.principal.clone(),
             context_id: Mutex::new(None),
             cancel: CancellationToken::new(),
             inner: Mutex::new(JobInner {

@@ -25,7 +25,7 @@ impl McpFront {
         let cancel = CancellationToken::new();
         let front = self.clone();
         let run_cancel = cancel.clone();
-        let principal = caller.principal.clone();
+        let principal = caller.identity.principal.clone();
         tokio::spawn(async move {
             let scope = front.scope(&scope_key);
             let ask: Arc<Ask> = Arc::new(move |q: Question| {
