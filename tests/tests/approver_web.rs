@@ -69,12 +69,7 @@ async fn an_operator_approves_a_live_request_on_the_web_page_with_the_keyboard()
     let mut pending_now = async |n: usize| {
         let t0 = std::time::Instant::now();
         loop {
-            let got = api
-                .list(pb::ListApprovalsRequest { limit: 0 })
-                .await
-                .unwrap_or_else(|e| panic!("List: {e}"))
-                .into_inner()
-                .approvals;
+            let got = held(&mut api).await;
             if got.len() >= n {
                 return got;
             }
@@ -213,16 +208,20 @@ async fn held_write(
     (c, s, api, id)
 }
 
+/// The requests held for a person right now.
+async fn held(api: &mut ApprovalServiceClient<tonic::transport::Channel>) -> Vec<pb::Approval> {
+    api.list(pb::ListApprovalsRequest { limit: 0 })
+        .await
+        .unwrap_or_else(|e| panic!("List: {e}"))
+        .into_inner()
+        .approvals
+}
+
 /// The id of the first request held for a person, waiting up to 15 s for one.
 async fn first_pending(api: &mut ApprovalServiceClient<tonic::transport::Channel>) -> String {
     let t0 = std::time::Instant::now();
     loop {
-        let got = api
-            .list(pb::ListApprovalsRequest { limit: 0 })
-            .await
-            .unwrap_or_else(|e| panic!("List: {e}"))
-            .into_inner()
-            .approvals;
+        let got = held(api).await;
         if let Some(a) = got.first() {
             return a.id.clone();
         }
@@ -241,6 +240,18 @@ fn bearer_of(login_body: &str) -> String {
 }
 
 /// One HTTP/1.1 request to the page's address: (status, Set-Cookie value, body).
+/// `GET /api/pending` with `authorization` (a bearer token or a session): status, headers, body.
+async fn pending_as(addr: &str, authorization: &str) -> (u16, String, String) {
+    http(
+        addr,
+        "GET",
+        "/api/pending",
+        &[("authorization", authorization)],
+        "",
+    )
+    .await
+}
+
 async fn http(
     addr: &str,
     method: &str,
@@ -410,24 +421,10 @@ async fn the_page_refuses_removed_tokens_expired_sessions_and_answers_it_must_no
     assert_eq!(permissions(&evs)[0].verdict, pb::Verdict::Allow as i32);
 
     // The session ends with its lifetime (2 s here): the cookie is refused afterwards.
-    let (code, _, _) = http(
-        &http_addr,
-        "GET",
-        "/api/pending",
-        &[("authorization", alice.as_str())],
-        "",
-    )
-    .await;
+    let (code, _, _) = pending_as(&http_addr, &alice).await;
     assert_eq!(code, 200);
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    let (code, _, body) = http(
-        &http_addr,
-        "GET",
-        "/api/pending",
-        &[("authorization", alice.as_str())],
-        "",
-    )
-    .await;
+    let (code, _, body) = pending_as(&http_addr, &alice).await;
     assert_eq!(code, 401, "an expired session: {body}");
     let (code, _, _) = answer(id, alice, true).await;
     assert_eq!(code, 401);
@@ -680,14 +677,7 @@ async fn sessions_are_bound_to_the_host_limited_on_failure_and_survive_a_restart
     )
     .await;
     assert_eq!(code, 401, "a session answers under its own Host only");
-    let (code, _, _) = http(
-        &http_addr,
-        "GET",
-        "/api/pending",
-        &[("authorization", auth.as_str())],
-        "",
-    )
-    .await;
+    let (code, _, _) = pending_as(&http_addr, &auth).await;
     assert_eq!(code, 200);
 
     // Failed logins: three a minute, then 429 even for the right token.
@@ -709,14 +699,7 @@ async fn sessions_are_bound_to_the_host_limited_on_failure_and_survive_a_restart
     let approver = d.take("approver").unwrap_or_else(|| panic!("no approver"));
     approver.terminate().await;
     d.start("approver").await;
-    let (code, _, body) = http(
-        &http_addr,
-        "GET",
-        "/api/pending",
-        &[("authorization", auth.as_str())],
-        "",
-    )
-    .await;
+    let (code, _, body) = pending_as(&http_addr, &auth).await;
     assert_eq!(code, 200, "{body}");
     // Logout ends it.
     let (code, _, _) = http(
@@ -728,13 +711,6 @@ async fn sessions_are_bound_to_the_host_limited_on_failure_and_survive_a_restart
     )
     .await;
     assert_eq!(code, 200);
-    let (code, _, _) = http(
-        &http_addr,
-        "GET",
-        "/api/pending",
-        &[("authorization", auth.as_str())],
-        "",
-    )
-    .await;
+    let (code, _, _) = pending_as(&http_addr, &auth).await;
     assert_eq!(code, 401);
 }

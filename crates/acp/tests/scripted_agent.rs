@@ -12,18 +12,29 @@ fn s(v: Value) -> String {
     v.to_string()
 }
 
+/// The agent started with no arguments, every permission answered with its allow-once option
+/// unless `picks` says otherwise.
+async fn start_allowing(picks: Vec<Pick>) -> Harness {
+    start(
+        &[],
+        picks,
+        Pick::Kind(PermissionOptionKind::AllowOnce),
+        config(),
+    )
+    .await
+}
+
+/// How the agent's turn on `scenario` stopped.
+async fn stop_of(h: &Harness, scenario: Value) -> StopReason {
+    h.prompt(&s(scenario)).await.unwrap().stop_reason
+}
+
 // ---------------------------------------------------------------------------
 // Done when: three permissions in three vocabularies, answered, full stream.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_permissions_three_vocabularies_full_event_stream() {
-    let mut h = start(
-        &[],
-        vec![],
-        Pick::Kind(PermissionOptionKind::AllowOnce),
-        config(),
-    )
-    .await;
+    let mut h = start_allowing(vec![]).await;
     let scenario = json!({"report": "perm.jsonl", "steps": [
         {"type": "message", "text": "Starting"},
         {"type": "thought", "text": "thinking"},
@@ -454,20 +465,11 @@ async fn every_vocabulary_every_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_always_is_remembered_for_the_session() {
-    let mut h = start(
-        &[],
-        vec![id("allow_always")],
-        Pick::Kind(PermissionOptionKind::AllowOnce),
-        config(),
-    )
-    .await;
+    let mut h = start_allowing(vec![id("allow_always")]).await;
     let sc = json!({"vocabulary": "claude-0.16", "steps": [
         {"type": "tool", "kind": "edit", "path": "one.txt"},
         {"type": "tool", "kind": "edit", "path": "two.txt"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     h.drain();
     assert_eq!(
         h.handler.seen.lock().unwrap().len(),
@@ -488,19 +490,10 @@ async fn allow_always_is_remembered_for_the_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plan_exit_changes_mode_like_each_adapter() {
     // claude-0.101: exit-plan-default -> current_mode_update default, next edit asks.
-    let mut h = start(
-        &[],
-        vec![id("exit-plan-default")],
-        Pick::Kind(PermissionOptionKind::AllowOnce),
-        config(),
-    )
-    .await;
+    let mut h = start_allowing(vec![id("exit-plan-default")]).await;
     let sc = json!({"vocabulary": "claude-0.101", "mode": "plan", "steps": [
         {"type": "plan_exit"}, {"type": "tool", "kind": "edit", "path": "p.txt"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let ev = updates(&h.drain());
     assert!(ev.iter().any(|e| matches!(e, SessionEvent::CurrentModeUpdate { current_mode_id } if current_mode_id == "default")));
     assert!(ev.iter().any(|e| matches!(e, SessionEvent::ToolCall(t) if t.kind == ToolKind::SwitchMode && t.title == "Ready to code?")));
@@ -524,10 +517,7 @@ async fn plan_exit_changes_mode_like_each_adapter() {
     let mut h = start(&[], vec![id("acceptEdits")], Pick::Error, config()).await;
     let sc = json!({"vocabulary": "claude-0.16", "mode": "plan", "steps": [
         {"type": "plan_exit"}, {"type": "tool", "kind": "edit", "path": "p.txt"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let ev = updates(&h.drain());
     assert!(ev.iter().any(|e| matches!(e, SessionEvent::CurrentModeUpdate { current_mode_id } if current_mode_id == "acceptEdits")));
     assert_eq!(h.handler.seen.lock().unwrap().len(), 1);
@@ -537,19 +527,13 @@ async fn plan_exit_changes_mode_like_each_adapter() {
     let mut h = start(&[], vec![id("reject")], Pick::Error, config()).await;
     let sc = json!({"vocabulary": "claude-0.101", "mode": "plan", "steps": [
         {"type": "plan_exit"}, {"type": "message", "text": "after"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::Cancelled
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::Cancelled);
     assert!(!messages(&h.drain()).contains(&"after".to_string()));
 
     // codex-2.6: implement_plan -> collaboration_mode back to default.
     let mut h = start(&[], vec![id("implement_plan")], Pick::Error, config()).await;
     let sc = json!({"vocabulary": "codex-2.6", "steps": [{"type": "plan_exit"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let ev = updates(&h.drain());
     assert!(ev.iter().any(
         |e| matches!(e, SessionEvent::ConfigOptionUpdate(v) if v[0]["currentValue"] == "default")
@@ -695,10 +679,7 @@ async fn unknown_update_variant_is_skipped() {
         {"type": "update", "update": {"sessionUpdate": "hologram_projection", "beam": 1}},
         {"type": "update", "update": {"sessionUpdate": "tool_call", "toolCallId": "t9", "title": "odd", "kind": "teleport"}},
         {"type": "message", "text": "still here"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let ev = h.drain();
     assert_eq!(h.client.stats().unknown_updates, 1);
     assert!(!ev.iter().any(|e| matches!(e, AcpEvent::ProtocolError(_))));
@@ -714,10 +695,7 @@ async fn unknown_option_kind_is_not_selectable() {
     let sc = json!({"vocabulary": "claude-0.101", "report": "perm.jsonl", "steps": [
         {"type": "tool", "kind": "edit", "path": "w.txt", "ask": true,
          "extra_options": [{"optionId": "warp", "name": "Warp", "kind": "allow_forever"}]}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let seen = h.handler.seen.lock().unwrap().clone();
     assert_eq!(
         seen[0].options.len(),
@@ -749,10 +727,7 @@ async fn string_ids_both_directions() {
     .await;
     let sc = json!({"vocabulary": "claude-0.101", "string_ids": true,
         "steps": [{"type": "tool", "kind": "edit", "path": "sid.txt", "ask": true}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     h.drain();
     assert!(matches!(
         h.client.permission_timings()[0].request_id,
@@ -789,10 +764,7 @@ async fn oversized_line_is_a_fault() {
     // Under the default 16 MiB limit a 1 MB line is fine.
     let mut h = start(&[], vec![], Pick::Error, config()).await;
     let sc = json!({"steps": [{"type": "oversized", "bytes": 1_000_000}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     assert_eq!(messages(&h.drain())[0].len(), 1_000_000);
 }
 
@@ -801,10 +773,7 @@ async fn malformed_line_is_logged_not_fatal() {
     let mut h = start(&[], vec![], Pick::Error, config()).await;
     let sc = json!({"steps": [{"type": "malformed"}, {"type": "raw", "line": "[1,2,3]"},
         {"type": "message", "text": "after"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let ev = h.drain();
     assert_eq!(
         ev.iter()
@@ -886,22 +855,13 @@ async fn agent_error_and_stop_reasons_surface() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_016_tools_go_through_client_fs_and_terminal() {
-    let mut h = start(
-        &[],
-        vec![],
-        Pick::Kind(PermissionOptionKind::AllowOnce),
-        config(),
-    )
-    .await;
+    let mut h = start_allowing(vec![]).await;
     let sc = json!({"vocabulary": "claude-0.16", "steps": [
         {"type": "tool", "kind": "edit", "path": "f.txt", "content": "via client\n"},
         {"type": "tool", "kind": "read", "path": "f.txt"},
         {"type": "tool", "kind": "execute", "command": "cat f.txt"},
         {"type": "tool", "kind": "edit", "path": "/etc/warden-escape.txt", "content": "no"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     let calls = h.handler.calls.lock().unwrap().clone();
     for m in [
         "fs/write_text_file",
@@ -947,10 +907,7 @@ async fn capabilities_gate_agent_requests() {
         {"type": "tool", "kind": "edit", "path": "d.txt"},
         {"type": "question", "message": "colour?"},
         {"type": "tool", "kind": "edit", "path": "e.txt", "via": "client"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     assert!(h.cwd().join("d.txt").exists());
     assert!(h.handler.calls.lock().unwrap().is_empty());
     let msgs = messages(&h.drain());
@@ -963,10 +920,7 @@ async fn capabilities_gate_agent_requests() {
 async fn question_goes_to_elicitation_handler() {
     let mut h = start(&[], vec![], Pick::Error, config()).await;
     let sc = json!({"steps": [{"type": "question", "message": "Favourite colour?"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     assert!(
         h.handler
             .calls
@@ -1037,13 +991,7 @@ async fn demo_plain_prompts() {
     assert!(!cwd.join("second.txt").exists());
 
     // run
-    let mut h = start(
-        &[],
-        vec![],
-        Pick::Kind(PermissionOptionKind::AllowOnce),
-        config(),
-    )
-    .await;
+    let mut h = start_allowing(vec![]).await;
     std::fs::write(h.cwd().join("marker-file"), "").unwrap();
     assert_eq!(
         h.prompt("run ls").await.unwrap().stop_reason,
@@ -1241,10 +1189,7 @@ async fn cancel_request_from_agent_answers_permission_cancelled() {
     let sc = json!({"vocabulary": "claude-0.101", "report": "perm.jsonl", "steps": [
         {"type": "tool", "kind": "edit", "path": "x.txt", "ask": true, "withdraw_after_ms": 100},
         {"type": "message", "text": "after"}]});
-    assert_eq!(
-        h.prompt(&s(sc)).await.unwrap().stop_reason,
-        StopReason::EndTurn
-    );
+    assert_eq!(stop_of(&h, sc).await, StopReason::EndTurn);
     assert_eq!(
         h.client.permission_timings()[0].answer,
         PermissionAnswer::Cancelled

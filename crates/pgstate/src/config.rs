@@ -25,6 +25,22 @@ impl Backend {
             Backend::Postgres => "postgres",
         }
     }
+
+    /// The sled store `--import-sled` copies from (`<state_dir>/store`), when this backend is
+    /// the PostgreSQL it copies into; why not otherwise, in the words every daemon says it.
+    pub fn sled_to_import(self, state_dir: &std::path::Path) -> Result<PathBuf, String> {
+        if self != Backend::Postgres {
+            return Err(
+                "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
+                    .into(),
+            );
+        }
+        let dir = state_dir.join("store");
+        if !dir.is_dir() {
+            return Err(format!("no sled store at {} to import", dir.display()));
+        }
+        Ok(dir)
+    }
 }
 
 /// `[store]`.
@@ -166,6 +182,20 @@ mod tests {
 
     fn origin() -> Origin {
         Origin::Embedded
+    }
+
+    #[test]
+    fn import_sled_copies_into_postgres_from_an_existing_sled_store_only() {
+        let state = tempfile::tempdir().unwrap();
+        let e = Backend::Sled.sled_to_import(state.path()).unwrap_err();
+        assert!(e.contains("set store.backend = \"postgres\""), "{e}");
+        let e = Backend::Postgres.sled_to_import(state.path()).unwrap_err();
+        assert!(e.starts_with("no sled store at "), "{e}");
+        std::fs::create_dir(state.path().join("store")).unwrap();
+        assert_eq!(
+            Backend::Postgres.sled_to_import(state.path()),
+            Ok(state.path().join("store"))
+        );
     }
 
     #[test]

@@ -64,19 +64,11 @@ pub enum RunError {
 /// sessions are not copied (they stay each replica's own). Returns (requests, newly written).
 pub async fn import_sled(args: &DaemonArgs) -> Result<(usize, usize), RunError> {
     let cfg = config::load(args.config.as_deref(), &args.set)?.value;
-    if cfg.store.backend != warden_pgstate::Backend::Postgres {
-        return Err(RunError::Import(
-            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
-                .into(),
-        ));
-    }
-    let dir = cfg.daemon.state_dir.join("store");
-    if !dir.is_dir() {
-        return Err(RunError::Import(format!(
-            "no sled store at {} to import",
-            dir.display()
-        )));
-    }
+    let dir = cfg
+        .store
+        .backend
+        .sled_to_import(&cfg.daemon.state_dir)
+        .map_err(RunError::Import)?;
     let sled = queue_sled::SledQueue::open(warden_store::Store::open(&dir)?, usize::MAX)?;
     let all = sled.all()?;
     let pg = warden_pgstate::Pg::new(&cfg.store)?;

@@ -372,19 +372,11 @@ pub struct Imported {
 /// gateway left running is first ended FAILED, as its restart would. Re-running it rewrites the
 /// same rows. The gateway must be stopped: sled refuses a second opener.
 pub async fn import_sled(cfg: &GatewayConfig) -> Result<Imported, RunError> {
-    if cfg.store.backend != warden_pgstate::Backend::Postgres {
-        return Err(RunError::Import(
-            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
-                .into(),
-        ));
-    }
-    let dir = cfg.daemon.state_dir.join("store");
-    if !dir.is_dir() {
-        return Err(RunError::Import(format!(
-            "no sled store at {} to import",
-            dir.display()
-        )));
-    }
+    let dir = cfg
+        .store
+        .backend
+        .sled_to_import(&cfg.daemon.state_dir)
+        .map_err(RunError::Import)?;
     let sled = SledStore::open(&dir)?;
     sled.recover()?;
     sled.flush()?;

@@ -1406,20 +1406,25 @@ mod tests {
         assert_eq!(md[META_KEY]["setting"], "agents.claude.egress_allow");
     }
 
-    #[test]
-    fn a_turn_waiting_for_admission_is_working_with_its_place() {
+    /// The status a turn's lone `Queued` event becomes.
+    fn queued_status(position: u32, admission: bool, agent: bool) -> TaskStatus {
         let mut m = TurnMapper::new("t1", "c1");
         let out = run(
             &mut m,
             vec![Event::Queued(TurnQueued {
-                position: 3,
-                admission: true,
-                agent: false,
+                position,
+                admission,
+                agent,
             })],
         );
-        let s = first_status_update(&out);
-        assert_eq!(s.status.state, TaskState::Working);
-        let msg = s.status.message.as_ref().expect("a status message");
+        first_status_update(&out).status.clone()
+    }
+
+    #[test]
+    fn a_turn_waiting_for_admission_is_working_with_its_place() {
+        let status = queued_status(3, true, false);
+        assert_eq!(status.state, TaskState::Working);
+        let msg = status.message.as_ref().expect("a status message");
         let md = msg.metadata.as_ref().expect("metadata");
         assert_eq!(md[META_KEY]["kind"], "admission");
         assert_eq!(md[META_KEY]["position"], 3);
@@ -1427,18 +1432,9 @@ mod tests {
 
     #[test]
     fn a_turn_waiting_for_an_agent_is_working_with_its_place() {
-        let mut m = TurnMapper::new("t1", "c1");
-        let out = run(
-            &mut m,
-            vec![Event::Queued(TurnQueued {
-                position: 2,
-                admission: false,
-                agent: true,
-            })],
-        );
-        let s = first_status_update(&out);
-        assert_eq!(s.status.state, TaskState::Working);
-        let msg = s.status.message.as_ref().expect("a status message");
+        let status = queued_status(2, false, true);
+        assert_eq!(status.state, TaskState::Working);
+        let msg = status.message.as_ref().expect("a status message");
         assert_eq!(
             msg.parts,
             vec![Part::text("queued for an agent, position 2")]

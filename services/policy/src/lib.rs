@@ -132,19 +132,11 @@ pub struct Imported {
 /// must be stopped: sled refuses a second opener.
 pub async fn import_sled(cfg: &config::Config) -> Result<Imported, RunError> {
     use prost::Message;
-    if cfg.store.backend != warden_pgstate::Backend::Postgres {
-        return Err(RunError::Import(
-            "--import-sled copies into PostgreSQL: set store.backend = \"postgres\" and store.url"
-                .into(),
-        ));
-    }
-    let dir = cfg.daemon.state_dir.join("store");
-    if !dir.is_dir() {
-        return Err(RunError::Import(format!(
-            "no sled store at {} to import",
-            dir.display()
-        )));
-    }
+    let dir = cfg
+        .store
+        .backend
+        .sled_to_import(&cfg.daemon.state_dir)
+        .map_err(RunError::Import)?;
     let log = AuditLog::open(warden_store::Store::open(&dir)?)?;
     let mut records = log.newest(usize::MAX, |_| true)?;
     records.reverse();

@@ -203,17 +203,11 @@ impl PolicyState {
                     action_digest: String::new(),
                 }
             }
-            Err(m) => pb::Decision {
-                decision_id: decision_id.clone(),
-                verdict: pb::Verdict::Deny as i32,
-                option_id: None,
-                reason: format!("malformed request: {}", m.reason),
-                rule: m.rule.to_string(),
-                end_turn: false,
-                end_turn_reason: 0,
-                request_id: String::new(),
-                action_digest: String::new(),
-            },
+            Err(m) => deny(
+                &decision_id,
+                m.rule,
+                format!("malformed request: {}", m.reason),
+            ),
         };
         // Ready, but after the caller's deadline: what is recorded is what the caller enforces.
         let outcome = if past_deadline(req.deadline_unix_ms) {
@@ -280,17 +274,11 @@ impl PolicyState {
             // No record, no permission: the contract says the record exists before the answer.
             self.not_audited.fetch_add(1, Ordering::Relaxed);
             tracing::error!(decision_id = %decision_id, error = %e, "audit write failed; denying");
-            let answer = pb::Decision {
-                decision_id,
-                verdict: pb::Verdict::Deny as i32,
-                option_id: None,
-                reason: format!("the audit log cannot be written ({e}); denying"),
-                rule: "audit.unavailable".to_string(),
-                end_turn: false,
-                end_turn_reason: 0,
-                request_id: String::new(),
-                action_digest: String::new(),
-            };
+            let answer = deny(
+                &decision_id,
+                "audit.unavailable",
+                format!("the audit log cannot be written ({e}); denying"),
+            );
             // A Withdraw of this request finds the DENY that was answered, not the ALLOW decided.
             self.ledger
                 .lock()
@@ -433,15 +421,25 @@ fn past_deadline(deadline_unix_ms: u64) -> bool {
 
 /// The DENY for a decision that was not ready by the caller's deadline.
 fn deadline_exceeded(decision_id: &str, req: &pb::DecideRequest) -> pb::Decision {
+    deny(
+        decision_id,
+        "deadline_exceeded",
+        format!(
+            "deadline_exceeded: the decision was not ready before the caller's deadline ({} ms late)",
+            now_unix_ms().saturating_sub(req.deadline_unix_ms)
+        ),
+    )
+}
+
+/// A DENY this service answers itself (not the rules'): named by `rule`, saying `reason`, and
+/// keeping the turn going.
+fn deny(decision_id: &str, rule: &str, reason: String) -> pb::Decision {
     pb::Decision {
         decision_id: decision_id.to_string(),
         verdict: pb::Verdict::Deny as i32,
         option_id: None,
-        reason: format!(
-            "deadline_exceeded: the decision was not ready before the caller's deadline ({} ms late)",
-            now_unix_ms().saturating_sub(req.deadline_unix_ms)
-        ),
-        rule: "deadline_exceeded".to_string(),
+        reason,
+        rule: rule.to_string(),
         end_turn: false,
         end_turn_reason: 0,
         request_id: String::new(),

@@ -368,6 +368,15 @@ async fn each_decision_is_audited_before_the_answer() {
     assert_eq!(status.listeners.len(), 2);
 }
 
+/// Asks the daemon to reload through the admin API.
+async fn reload(p: &Policy) -> pb::ReloadResponse {
+    p.admin()
+        .reload(pb::ReloadRequest {})
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_inner()
+}
+
 async fn reload_attempts(p: &Policy) -> u64 {
     p.admin()
         .status(pb::StatusRequest {})
@@ -406,12 +415,7 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
 
     // A broken file through the admin API: rejected with the key and the file, version stays.
     p.write_config("[policy.global]\nmode = \"approve-everything\"\n", "");
-    let r = p
-        .admin()
-        .reload(pb::ReloadRequest {})
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner();
+    let r = reload(&p).await;
     assert!(!r.reloaded);
     assert_eq!(r.policy_version, 2);
     assert!(r.error.contains("policy.global.mode"), "{}", r.error);
@@ -453,12 +457,7 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
     assert_eq!(decide(&p, exec()).await.rule, "mode.deny-all");
     // An unknown key is also a broken file.
     p.write_config("[policy.global]\nauto_aprove = [\"execute\"]\n", "");
-    let r = p
-        .admin()
-        .reload(pb::ReloadRequest {})
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner();
+    let r = reload(&p).await;
     assert!(!r.reloaded && r.error.contains("auto_aprove"), "{r:?}");
 
     // A good file through the admin API.
@@ -466,12 +465,7 @@ async fn reload_is_atomic_and_a_bad_file_changes_nothing() {
         "[policy.global]\nmode = \"approve-reads\"\nnon_interactive = \"fail\"\n",
         "",
     );
-    let r = p
-        .admin()
-        .reload(pb::ReloadRequest {})
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .into_inner();
+    let r = reload(&p).await;
     assert!(r.reloaded, "{r:?}");
     assert_eq!(r.policy_version, 3);
     let d = decide(&p, exec()).await;
@@ -545,42 +539,59 @@ async fn a_caller_that_can_ask_a_person_gets_escalate_without_any_policy_setting
 async fn malformed_requests_are_denied_with_a_reason() {
     let p = start("[decide]\nmax_raw_input_bytes = 1024\n", "").await;
     let root = p.dir.path().to_path_buf();
-    let mut cases: Vec<(pb::DecideRequest, &str)> = Vec::new();
-    let mut r = req(&root, true, "read", &[], "m");
-    r.tool_call = None;
-    cases.push((r, "request.malformed.no-tool-call"));
-    let mut r = req(&root, true, "read", &[], "m");
-    r.boundary = None;
-    cases.push((r, "request.malformed.no-boundary"));
-    let mut r = req(&root, true, "read", &[], "m");
-    if let Some(b) = r.boundary.as_mut() {
-        b.profile = 42;
-    }
-    cases.push((r, "request.malformed.profile"));
-    let mut r = req(&root, true, "read", &[], "m");
-    if let Some(t) = r.tool_call.as_mut() {
-        t.raw_input_json = "x".repeat(1025);
-    }
-    cases.push((r, "request.malformed.raw-input-too-large"));
-    let mut r = req(&root, true, "read", &[], "m");
-    r.options.push(opt("approved", "allow_once"));
-    cases.push((r, "request.malformed.option-id"));
-    let mut r = req(&root, true, "read", &[], "m");
-    r.options = (0..40)
-        .map(|i| opt(&format!("o{i}"), "allow_once"))
-        .collect();
-    cases.push((r, "request.malformed.too-many-options"));
-    let mut r = req(&root, true, "read", &[], "m");
-    if let Some(t) = r.tool_call.as_mut() {
-        t.raw_input_json = format!("{}{}", "[".repeat(65), "]".repeat(65));
-    }
-    cases.push((r, "request.malformed.too-deeply-nested"));
-    let mut r = req(&root, true, "read", &[], "m");
-    if let Some(t) = r.tool_call.as_mut() {
-        t.title = "t".repeat(65 * 1024 + 1);
-    }
-    cases.push((r, "request.malformed.title-too-large"));
-    for (r, rule) in cases {
+    // Each case: what is wrong with an otherwise good read request, and the rule that names it.
+    type Break = fn(&mut pb::DecideRequest);
+    let cases: [(Break, &str); 8] = [
+        (|r| r.tool_call = None, "request.malformed.no-tool-call"),
+        (|r| r.boundary = None, "request.malformed.no-boundary"),
+        (
+            |r| {
+                if let Some(b) = r.boundary.as_mut() {
+                    b.profile = 42;
+                }
+            },
+            "request.malformed.profile",
+        ),
+        (
+            |r| {
+                if let Some(t) = r.tool_call.as_mut() {
+                    t.raw_input_json = "x".repeat(1025);
+                }
+            },
+            "request.malformed.raw-input-too-large",
+        ),
+        (
+            |r| r.options.push(opt("approved", "allow_once")),
+            "request.malformed.option-id",
+        ),
+        (
+            |r| {
+                r.options = (0..40)
+                    .map(|i| opt(&format!("o{i}"), "allow_once"))
+                    .collect();
+            },
+            "request.malformed.too-many-options",
+        ),
+        (
+            |r| {
+                if let Some(t) = r.tool_call.as_mut() {
+                    t.raw_input_json = format!("{}{}", "[".repeat(65), "]".repeat(65));
+                }
+            },
+            "request.malformed.too-deeply-nested",
+        ),
+        (
+            |r| {
+                if let Some(t) = r.tool_call.as_mut() {
+                    t.title = "t".repeat(65 * 1024 + 1);
+                }
+            },
+            "request.malformed.title-too-large",
+        ),
+    ];
+    for (break_it, rule) in cases {
+        let mut r = req(&root, true, "read", &[], "m");
+        break_it(&mut r);
         let d = decide(&p, r).await;
         assert_eq!(d.verdict, pb::Verdict::Deny as i32, "{rule}");
         assert_eq!(d.rule, rule);
@@ -792,12 +803,7 @@ async fn decisions_during_reloads_each_see_one_whole_policy_version() {
             "[policy.global]\nmode = \"approve-all\"\n"
         };
         p.write_config(policy, "");
-        let r = p
-            .admin()
-            .reload(pb::ReloadRequest {})
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .into_inner();
+        let r = reload(&p).await;
         assert_eq!((r.reloaded, r.policy_version), (true, v), "{r:?}");
         tokio::time::sleep(Duration::from_millis(15)).await;
     }

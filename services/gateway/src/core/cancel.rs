@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use warden_proto::v1::CancelTurnRequest;
+use warden_proto::v1::{CancelTurnRequest, CancelTurnResponse};
 
 use super::live::lock;
 use super::shared::{Core, store_err};
@@ -16,15 +16,15 @@ use crate::store::TaskRecord;
 use crate::time::{format_micros, now_micros};
 
 impl Core {
-    /// CancelTask of a task another replica follows: the supervisor is asked directly (the
-    /// follower sees the turn end and writes CANCELED); when the stored task is not terminal
-    /// within the grace, it is ended CANCELED here (the store keeps the first end a task
-    /// reaches, so a late end from the follower cannot undo it).
-    pub(super) async fn cancel_remote(
+    /// Asks the supervisor of `task`'s context to cancel its turn, waiting at most the cancel
+    /// grace for the answer.
+    async fn ask_cancel(
         &self,
-        task: Task,
-        rec: TaskRecord,
-    ) -> Result<Task, A2aError> {
+        task: &Task,
+    ) -> Result<
+        Result<tonic::Response<CancelTurnResponse>, tonic::Status>,
+        tokio::time::error::Elapsed,
+    > {
         let req = CancelTurnRequest {
             context_id: task.context_id.clone(),
             turn_id: task.id.clone(),
@@ -35,7 +35,19 @@ impl Core {
                 .cancel_turn(req)
                 .await
         };
-        match tokio::time::timeout(self.settings.cancel_grace, ask).await {
+        tokio::time::timeout(self.settings.cancel_grace, ask).await
+    }
+
+    /// CancelTask of a task another replica follows: the supervisor is asked directly (the
+    /// follower sees the turn end and writes CANCELED); when the stored task is not terminal
+    /// within the grace, it is ended CANCELED here (the store keeps the first end a task
+    /// reaches, so a late end from the follower cannot undo it).
+    pub(super) async fn cancel_remote(
+        &self,
+        task: Task,
+        rec: TaskRecord,
+    ) -> Result<Task, A2aError> {
+        match self.ask_cancel(&task).await {
             Ok(Ok(r)) => {
                 tracing::info!(task_id = %task.id, outcome = %r.get_ref().outcome, "cancel requested for a task another gateway follows")
             }
@@ -94,17 +106,7 @@ impl Core {
             return Err(not_cancelable(&task));
         };
         lock(&live.inner).mapper.request_cancel();
-        let req = CancelTurnRequest {
-            context_id: task.context_id.clone(),
-            turn_id: task.id.clone(),
-        };
-        let ask = async {
-            self.supervisor_of(&task.context_id)
-                .await?
-                .cancel_turn(req)
-                .await
-        };
-        let reached = match tokio::time::timeout(self.settings.cancel_grace, ask).await {
+        let reached = match self.ask_cancel(&task).await {
             Ok(Ok(r)) => {
                 tracing::info!(task_id = %id, outcome = %r.get_ref().outcome, "cancel requested");
                 true

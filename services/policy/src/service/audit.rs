@@ -256,15 +256,9 @@ impl Ledger {
 
 /// The DENY recorded for a decision the caller did not act on.
 pub(super) fn withdrawn(decision_id: &str, why: &str) -> pb::Decision {
-    pb::Decision {
-        decision_id: decision_id.to_string(),
-        verdict: pb::Verdict::Deny as i32,
-        option_id: None,
-        reason: format!("withdrawn: the caller did not act on this request ({why})"),
-        rule: "withdrawn".to_string(),
-        end_turn: false,
-        end_turn_reason: 0,
-        request_id: String::new(),
-        action_digest: String::new(),
-    }
+    deny(
+        decision_id,
+        "withdrawn",
+        format!("withdrawn: the caller did not act on this request ({why})"),
+    )
 }

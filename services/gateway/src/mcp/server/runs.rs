@@ -138,36 +138,16 @@ impl McpFront {
                 None
             }
         };
-        let Some(run) = run.filter(|r| r.at.elapsed() < PENDING_BIND_TTL) else {
+        let Some(mut run) = run.filter(|r| r.at.elapsed() < PENDING_BIND_TTL) else {
             return json_result(json!({"error": "this call's requestState is unknown or expired; call the tool again"}), true).into();
         };
         let answer = responses
             .and_then(|r| r.get("question"))
             .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())
             .map(|r| answer_of(&r, run.plain));
-        let PendingRun {
-            principal,
-            questions,
-            done,
-            cancel,
-            reply,
-            plain,
-            at,
-        } = run;
-        let _ = reply.send(answer);
+        // The question's answer goes to the turn; the run waits on with a fresh reply.
         let (reply, _) = tokio::sync::oneshot::channel();
-        self.wait_run(
-            PendingRun {
-                principal,
-                questions,
-                done,
-                cancel,
-                reply,
-                plain,
-                at,
-            },
-            ct,
-        )
-        .await
+        let _ = std::mem::replace(&mut run.reply, reply).send(answer);
+        self.wait_run(run, ct).await
     }
 }
