@@ -70,6 +70,9 @@ struct State {
     parked_futures: usize,
     /// The scheduler is being dropped: the watcher ends.
     closing: bool,
+    /// When the principal that a parked future waits behind stops competing (its grace or
+    /// stale bound ends): the watcher looks again then, not a fixed tick later.
+    wake_at: Option<Instant>,
 }
 
 struct Entry {
@@ -194,13 +197,19 @@ impl Scheduler {
         let Some(vtime) = st.principals.get(key).map(|e| e.vtime) else {
             return true;
         };
-        let Some(least) = st.least_fresh(now) else {
+        let Some((least, until)) = st.least_fresh(now) else {
             return true;
         };
         if vtime <= least.saturating_add(self.quantum) {
             return true;
         }
-        let first = st.parked_futures == 0;
+        let mut notify = st.parked_futures == 0;
+        if let Some(t) = until
+            && st.wake_at.is_none_or(|w| t < w)
+        {
+            st.wake_at = Some(t);
+            notify = true;
+        }
         let Some(e) = st.principals.get_mut(key) else {
             return true;
         };
@@ -211,7 +220,7 @@ impl Scheduler {
             st.parked.insert((vtime, key.clone()));
         }
         drop(st);
-        if first {
+        if notify {
             self.parked_cv.notify_one();
         }
         false
@@ -246,17 +255,37 @@ impl Scheduler {
     /// to `idle` for something to be parked. `None` when closing.
     fn unstick(&self, idle: Duration) -> Option<Vec<Waker>> {
         let mut st = lock(&self.state);
-        if st.closing {
-            return None;
+        // Whatever is parked is looked at again within a quarter of the stale bound at most.
+        let fallback = Instant::now() + STALE / 4;
+        loop {
+            if st.closing {
+                return None;
+            }
+            if st.parked_futures == 0 {
+                st = self
+                    .parked_cv
+                    .wait_timeout(st, idle)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+                if st.parked_futures == 0 {
+                    return Some(Vec::new());
+                }
+                continue;
+            }
+            let now = Instant::now();
+            let until = st.wake_at.map_or(fallback, |w| w.min(fallback));
+            if now < until {
+                // Woken early by a park with a nearer deadline: the loop reads it again.
+                st = self
+                    .parked_cv
+                    .wait_timeout(st, until - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|p| p.into_inner().0);
+                continue;
+            }
+            st.wake_at = None;
+            return Some(st.eligible(self.quantum, now));
         }
-        if st.parked_futures == 0 {
-            st = self
-                .parked_cv
-                .wait_timeout(st, idle)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
-        Some(st.eligible(self.quantum, Instant::now()))
     }
 }
 
@@ -279,7 +308,6 @@ fn watch(sched: Weak<Scheduler>) {
         for w in wake {
             w.wake();
         }
-        std::thread::sleep(STALE / 4);
     }
 }
 
@@ -331,26 +359,35 @@ impl State {
     }
 
     fn advance_clock(&mut self) {
-        if let Some(v) = self.least_fresh(Instant::now()) {
+        if let Some((v, _)) = self.least_fresh(Instant::now()) {
             self.clock = self.clock.max(v);
         }
     }
 
     /// The least virtual time among the principals that compete now: those with a parked
     /// future, with a ready one polled within [`STALE`], or polled within [`GRACE`].
-    fn least_fresh(&self, now: Instant) -> Option<u64> {
+    /// With it, when that principal stops competing unless polled again (`None`: it has a
+    /// parked future, which keeps it competing until it is polled).
+    fn least_fresh(&self, now: Instant) -> Option<(u64, Option<Instant>)> {
         self.live.iter().find_map(|(v, k)| {
             let e = self.principals.get(k)?;
             let since = now.saturating_duration_since(e.last_run);
-            let competes = !e.parked.is_empty() || (e.ready > 0 && since < STALE) || since < GRACE;
-            competes.then_some(*v)
+            if !e.parked.is_empty() {
+                Some((*v, None))
+            } else if e.ready > 0 && since < STALE {
+                Some((*v, Some(e.last_run + STALE)))
+            } else if since < GRACE {
+                Some((*v, Some(e.last_run + GRACE)))
+            } else {
+                None
+            }
         })
     }
 
     /// Takes the wakers of every parked principal now within one quantum of the least fresh.
     fn eligible(&mut self, quantum: u64, now: Instant) -> Vec<Waker> {
         let limit = match self.least_fresh(now) {
-            Some(v) => v.saturating_add(quantum),
+            Some((v, _)) => v.saturating_add(quantum),
             None => u64::MAX,
         };
         let mut wake = Vec::new();
