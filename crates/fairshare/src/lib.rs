@@ -24,6 +24,8 @@
 //! future, drop a wake-up (a parked future is always woken again), or keep an entry for a
 //! principal that has no live future.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;

@@ -172,10 +172,7 @@ impl Conversation {
                     // No agent runs: its uid serves others meanwhile.
                     conv.give_back_uid().await;
                     let worker = conv.clone();
-                    let fair = conv.shared.fair.clone();
-                    tokio::spawn(fair.fair(&conv.core.info.principal, async move {
-                        worker.worker().await
-                    }));
+                    tokio::spawn(async move { worker.worker().await });
                     return Ok(conv);
                 }
                 Err(e) => return Err(e),
@@ -186,11 +183,7 @@ impl Conversation {
         // (`idle_if_unused`): a RunTurn's open is followed by its turn at once, and a start
         // waiting for an agent must not take this one in between.
         let worker = conv.clone();
-        let fair = conv.shared.fair.clone();
-        tokio::spawn(fair.fair(
-            &conv.core.info.principal,
-            async move { worker.worker().await },
-        ));
+        tokio::spawn(async move { worker.worker().await });
         Ok(conv)
     }
 

@@ -38,8 +38,9 @@ pub struct Shared {
     /// none where the host has no writable `cpu` hierarchy of its own).
     pub cpu: Option<std::sync::Arc<warden_sandbox::CpuShares>>,
     /// Each principal's share of this daemon's poll time (`warden-fairshare`): opening a
-    /// conversation (its agent's start) and each conversation's worker run as their principal's
-    /// work, so one principal's burst of new contexts is polled no more than another's one.
+    /// conversation (its agent's start) runs as its principal's work, so one principal's burst
+    /// of new contexts is polled no more than another's one. (The conversation's long-lived
+    /// worker is not wrapped: see the gateway's turn driver in `core/admit.rs`.)
     pub fair: std::sync::Arc<warden_fairshare::Scheduler>,
 }
 

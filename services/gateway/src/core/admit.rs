@@ -139,15 +139,14 @@ impl Core {
                 let driven = live.clone();
                 // The task's span, in the trace of the request that started it.
                 let span = tracing::info_span!("task", task_id = %run.task_id);
-                // The turn's work (its events, its store writes) is its principal's too.
-                tokio::spawn(warden_fairshare::global().fair(
-                    principal,
-                    tracing::Instrument::instrument(
-                        async move {
-                            core.drive(driven, run).await;
-                        },
-                        span,
-                    ),
+                // Not under the principal's poll-time share (`warden-fairshare`): accounted, this
+                // long-lived driver made the gateway's own tests twice as slow (measured; the
+                // cause is not found yet), so only the request futures are shared.
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move {
+                        core.drive(driven, run).await;
+                    },
+                    span,
                 ));
                 live
             }
