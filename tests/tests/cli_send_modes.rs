@@ -341,3 +341,79 @@ async fn plan_puts_the_agent_in_its_plan_mode_under_the_read_only_profile() {
         .expect("the conversation");
     assert_eq!(conv.current_mode, "default", "{conv:?}");
 }
+
+/// `send --workspace NAME`: the agent works directly in an operator workspace (MCP's rule,
+/// `[[agents.access]]`), so its change is there when the task ends; a caller the access rules
+/// do not give that workspace is refused before anything runs, the refusal naming the rule.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_works_directly_in_an_operator_workspace_the_caller_may_use() {
+    let parent = warden_e2e::test_root();
+    let ws = parent.join(format!("send-ws-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ws);
+    std::fs::create_dir_all(&ws).unwrap();
+    // The operator lets the agents' user write there (warden writes with the agent's rights).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&ws, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let edit = json!({"steps": [
+        {"type": "tool", "kind": "edit", "path": "hello.txt", "content": "from the agent\n", "via": "client"},
+        {"type": "message", "text": "done"}]})
+    .to_string();
+    let ws_set = format!("workspaces.shared.path=\"{}\"", ws.display());
+
+    let d = Deployment::up(Options {
+        sets: vec![("supervisor".into(), ws_set.clone())],
+        ..Options::default()
+    })
+    .await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    let (code, out, err) =
+        warden(&d, &["send", "--workspace", "shared", "-o", "json", &edit]).await;
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert_eq!(end_of(&out)["state"], "TASK_STATE_COMPLETED", "{out}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("hello.txt")).unwrap_or_default(),
+        "from the agent\n",
+        "the change is in the workspace itself: {out}"
+    );
+    // With -C as well: one or the other.
+    let (code, _, err) = warden(
+        &d,
+        &[
+            "send",
+            "--workspace",
+            "shared",
+            "-C",
+            &ws.to_string_lossy(),
+            &edit,
+        ],
+    )
+    .await;
+    assert_ne!(code, 0);
+    assert!(err.contains("cannot be used with"), "{err}");
+    drop(d);
+
+    let d = Deployment::up(Options {
+        sets: vec![
+            ("supervisor".into(), ws_set),
+            (
+                "gateway".into(),
+                r#"agents.access=[{principal="local", workspaces=["elsewhere"]}]"#.into(),
+            ),
+        ],
+        ..Options::default()
+    })
+    .await;
+    std::fs::write(d.layout.url_file(), format!("http://{}\n", d.http)).unwrap();
+    std::fs::remove_file(ws.join("hello.txt")).unwrap();
+    let (code, out, err) = warden(&d, &["send", "--workspace", "shared", &edit]).await;
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("workspace \"shared\" is not available to you")
+            && err.contains("agents.access"),
+        "{out}\n{err}"
+    );
+    assert!(!ws.join("hello.txt").exists(), "nothing ran");
+    let _ = std::fs::remove_dir_all(&ws);
+}

@@ -163,6 +163,11 @@ pub(crate) enum Command {
         /// directories only.
         #[arg(short = 'C', long = "dir", value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Have the agent work directly in this operator workspace (`[[workspaces]]` of the
+        /// supervisor; `warden agents` and the operator say which you may use), as MCP's
+        /// bind_workspace does: its changes land there at once. Not with -C.
+        #[arg(long, value_name = "NAME", conflicts_with = "dir")]
+        workspace: Option<String>,
         /// The model for a new conversation, from those the agent offers (refused, naming
         /// them, when it offers no such model; a context keeps the model it opened with).
         #[arg(long)]

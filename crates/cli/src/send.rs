@@ -63,6 +63,8 @@ pub struct SendArgs {
     pub context: Option<String>,
     /// `-C DIR`: the agent works on a copy of this directory.
     pub copy_from: Option<PathBuf>,
+    /// `--workspace NAME`: the agent works in this operator workspace directly.
+    pub workspace: Option<String>,
     /// `--model`, `--effort`, `--mode`: sent as `metadata.warden.model|effort|mode`.
     pub model: Option<String>,
     pub effort: Option<String>,
@@ -890,6 +892,7 @@ async fn send(layout: &Layout, args: SendArgs) -> Result<u8, SendError> {
         warden.insert("copyFrom".into(), json!(copy_source(dir)?));
     }
     for (key, v) in [
+        ("workspace", &args.workspace),
         ("model", &args.model),
         ("effort", &args.effort),
         ("mode", &args.mode),

@@ -216,6 +216,12 @@ impl Core {
             )));
         }
         let asked = Asked::of(req)?;
+        if !self.may_use_workspace(caller, &asked.workspace) {
+            return Err(A2aError::InvalidParams(format!(
+                "workspace {:?} is not available to you (the gateway's [[agents.access]] rules)",
+                asked.workspace
+            )));
+        }
         let context_id = match msg.context_id.as_deref().filter(|c| !c.is_empty()) {
             Some(c) if c.len() > MAX_CONTEXT_ID || c.chars().any(char::is_control) => {
                 return Err(A2aError::InvalidParams(format!(
@@ -335,7 +341,7 @@ impl Core {
             open: Some(OpenConversationRequest {
                 context_id,
                 agent,
-                workspace: String::new(),
+                workspace: asked.workspace,
                 profile: asked.profile as i32,
                 principal: principal.to_string(),
                 verb: asked.verb.to_string(),
@@ -390,6 +396,9 @@ impl Core {
 ///
 /// - `copyFrom`: the directory the new root is a copy of (absolute, bounded, no control
 ///   characters; `[copies]` at the supervisor: a local deployment's own user's directories);
+/// - `workspace`: an operator workspace (`[[workspaces]]` at the supervisor) the agent works in
+///   directly, as MCP's `bind_workspace` does, when `[[agents.access]]` lets the caller use it;
+///   not with `copyFrom`;
 /// - `model`, `effort`: applied through the agent's ACP session config options, refused by the
 ///   supervisor (`option-not-offered`, naming what is) when the agent offers no such value;
 /// - `mode`: `edit` (default, profile workspace-write), `read-only` (profile read-only: the
@@ -397,6 +406,7 @@ impl Core {
 ///   `advise`: the agent's planning option where it has one).
 struct Asked {
     copy_from: String,
+    workspace: String,
     model: String,
     effort: String,
     profile: Profile,
@@ -450,6 +460,30 @@ impl Asked {
                 },
             }
         };
+        let workspace = match get("workspace") {
+            None => String::new(),
+            Some(v) => match v.as_str() {
+                Some(w)
+                    if !w.is_empty()
+                        && w.len() <= MAX_OPTION
+                        && w.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+                {
+                    w.to_string()
+                }
+                _ => {
+                    return Err(A2aError::InvalidParams(format!(
+                        "metadata.warden.workspace must be a workspace's name (letters, digits, '-', '_', '.'; at most {MAX_OPTION} bytes)"
+                    )));
+                }
+            },
+        };
+        if !workspace.is_empty() && !copy_from.is_empty() {
+            return Err(A2aError::InvalidParams(
+                "metadata.warden names both a workspace and a directory to copy (copyFrom); name one"
+                    .into(),
+            ));
+        }
         let (profile, verb) = match get("mode") {
             None => (Profile::WorkspaceWrite, "task"),
             Some(v) => match v.as_str() {
@@ -466,6 +500,7 @@ impl Asked {
         };
         Ok(Asked {
             copy_from,
+            workspace,
             model: option("model")?,
             effort: option("effort")?,
             profile,
@@ -605,6 +640,8 @@ mod tests {
             (a.model.as_str(), a.effort.as_str(), a.copy_from.as_str()),
             ("m1", "high", "/src")
         );
+        let a = Asked::of(&req(serde_json::json!({"workspace": "shared-1.x"}))).unwrap();
+        assert_eq!((a.workspace.as_str(), a.copy_from.as_str()), ("shared-1.x", ""));
         for bad in [
             serde_json::json!({"mode": "yolo"}),
             serde_json::json!({"mode": 1}),
@@ -612,6 +649,9 @@ mod tests {
             serde_json::json!({"model": "m".repeat(129)}),
             serde_json::json!({"effort": "a\u{1b}b"}),
             serde_json::json!({"copyFrom": "relative"}),
+            serde_json::json!({"workspace": "../etc"}),
+            serde_json::json!({"workspace": ""}),
+            serde_json::json!({"workspace": "shared", "copyFrom": "/src"}),
         ] {
             assert!(
                 matches!(
