@@ -385,6 +385,24 @@ impl Deployment {
     }
 
     /// The caller token file written for the gateway (created on first use, as `warden up` does).
+    /// Runs the `warden` CLI on this deployment's state directory (stdin closed, at most 60 s):
+    /// its exit code (-1 when killed by a signal), stdout and stderr.
+    pub async fn warden(&self, args: &[&str]) -> (i32, String, String) {
+        let state = self.dir.path().to_string_lossy().to_string();
+        let mut c = tokio::process::Command::new(binary("warden"));
+        c.args(["--state-dir", &state])
+            .args(args)
+            .stdin(std::process::Stdio::null());
+        let out = run_with_deadline(&mut c, std::time::Duration::from_secs(60))
+            .await
+            .expect("warden runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     pub fn token(&self) -> String {
         std::fs::read_to_string(self.layout.token_file())
             .map(|s| s.trim().to_string())

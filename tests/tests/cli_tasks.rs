@@ -7,25 +7,12 @@
 //! and in a nested `.git` never reaches DIR or runs.
 
 use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use warden_e2e::{Deployment, Options, binary, run_with_deadline};
+use warden_e2e::{Deployment, Options};
 
 async fn warden(d: &Deployment, args: &[&str]) -> (i32, String, String) {
-    let state = d.dir.path().to_string_lossy().to_string();
-    let mut c = tokio::process::Command::new(binary("warden"));
-    c.args(["--state-dir", &state])
-        .args(args)
-        .stdin(std::process::Stdio::null());
-    let out = run_with_deadline(&mut c, Duration::from_secs(60))
-        .await
-        .expect("warden runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    d.warden(args).await
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {

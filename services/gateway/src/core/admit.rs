@@ -641,7 +641,10 @@ mod tests {
             ("m1", "high", "/src")
         );
         let a = Asked::of(&req(serde_json::json!({"workspace": "shared-1.x"}))).unwrap();
-        assert_eq!((a.workspace.as_str(), a.copy_from.as_str()), ("shared-1.x", ""));
+        assert_eq!(
+            (a.workspace.as_str(), a.copy_from.as_str()),
+            ("shared-1.x", "")
+        );
         for bad in [
             serde_json::json!({"mode": "yolo"}),
             serde_json::json!({"mode": 1}),
