@@ -176,6 +176,35 @@ impl Core {
                 "a task started in context {context_id} while it was being closed; it stays open"
             )));
         }
+        match self
+            .close_at_supervisor(context_id, principal, "at its caller's request")
+            .await
+        {
+            CloseOutcome::Closed | CloseOutcome::OnNoCell(_) => {}
+            CloseOutcome::Failed(why) => {
+                return Err(A2aError::Internal(format!(
+                    "the supervisor did not close the conversation of context {context_id}: {why}"
+                )));
+            }
+        }
+        let closed = self
+            .mark_closed(context_id, &rec, now_micros())
+            .await
+            .map_err(store_err)?;
+        Ok(ContextClosed {
+            context_id: context_id.to_string(),
+            closed,
+        })
+    }
+
+    /// Asks the context's supervisor to close its conversation (only what is `principal`'s),
+    /// bounded by [`CLOSE_TIMEOUT`]: the one way for the sweep and for `warden.CloseContext`.
+    async fn close_at_supervisor(
+        &self,
+        context_id: &str,
+        principal: &str,
+        why: &'static str,
+    ) -> CloseOutcome {
         let req = CloseConversationRequest {
             context_id: context_id.to_string(),
             principal: principal.to_string(),
@@ -191,36 +220,25 @@ impl Core {
                 let r = r.into_inner();
                 tracing::info!(
                     context_id,
+                    why,
                     found = r.closed,
                     forced = r.forced,
                     processes = r.processes,
-                    "closed a conversation at its caller's request"
+                    "closed a conversation"
                 );
+                CloseOutcome::Closed
             }
             // On a lost cell (or never placed): there is nothing to close any more.
             Ok(Err(status))
-                if self.cells.get().is_some() && status.code() == tonic::Code::NotFound => {}
-            Ok(Err(status)) => {
-                return Err(A2aError::Internal(format!(
-                    "the supervisor did not close the conversation of context {context_id}: {}",
-                    status.message()
-                )));
+                if self.cells.get().is_some() && status.code() == tonic::Code::NotFound =>
+            {
+                CloseOutcome::OnNoCell(status.message().to_string())
             }
+            Ok(Err(status)) => CloseOutcome::Failed(status.message().to_string()),
             Err(_) => {
-                return Err(A2aError::Internal(format!(
-                    "the supervisor did not close the conversation of context {context_id} within {} s",
-                    CLOSE_TIMEOUT.as_secs()
-                )));
+                CloseOutcome::Failed(format!("no answer within {} s", CLOSE_TIMEOUT.as_secs()))
             }
         }
-        let closed = self
-            .mark_closed(context_id, &rec, now_micros())
-            .await
-            .map_err(store_err)?;
-        Ok(ContextClosed {
-            context_id: context_id.to_string(),
-            closed,
-        })
     }
 
     /// True when a task of `context_id` is being followed by this process.
@@ -254,43 +272,23 @@ impl Core {
         let mut closed = false;
         if unchanged && !self.context_busy(context_id) {
             // The supervisor closes and removes only what is this principal's.
-            let req = CloseConversationRequest {
-                context_id: context_id.to_string(),
-                principal: seen.principal.clone(),
-            };
-            let close = async {
-                self.supervisor_of(context_id)
-                    .await?
-                    .close_conversation(req)
-                    .await
-            };
-            match tokio::time::timeout(CLOSE_TIMEOUT, close).await {
-                Ok(Ok(r)) => {
-                    let r = r.into_inner();
+            match self
+                .close_at_supervisor(context_id, &seen.principal, "idle")
+                .await
+            {
+                CloseOutcome::Closed => {
+                    closed = self.mark_closed(context_id, seen, now).await?;
+                }
+                CloseOutcome::OnNoCell(reason) => {
                     tracing::info!(
                         context_id,
-                        found = r.closed,
-                        forced = r.forced,
-                        processes = r.processes,
-                        "closed an idle conversation"
+                        reason,
+                        "idle context on no live cell: forgotten without a close"
                     );
                     closed = self.mark_closed(context_id, seen, now).await?;
                 }
-                // On a lost cell (or never placed): there is nothing to close any more.
-                Ok(Err(status))
-                    if self.cells.get().is_some() && status.code() == tonic::Code::NotFound =>
-                {
-                    tracing::info!(context_id, reason = %status.message(), "idle context on no live cell: forgotten without a close");
-                    closed = self.mark_closed(context_id, seen, now).await?;
-                }
-                Ok(Err(status)) => {
-                    tracing::warn!(context_id, error = %status, "the supervisor did not close an idle conversation; retrying at the next sweep");
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        context_id,
-                        "CloseConversation timed out; retrying at the next sweep"
-                    );
+                CloseOutcome::Failed(why) => {
+                    tracing::warn!(context_id, error = %why, "the supervisor did not close an idle conversation; retrying at the next sweep");
                 }
             }
         }
@@ -337,4 +335,12 @@ impl Core {
         }
         Ok(forgotten)
     }
+}
+
+/// What asking a supervisor to close a conversation came to.
+enum CloseOutcome {
+    Closed,
+    /// Its cell is gone (or it was never placed): nothing is left to close.
+    OnNoCell(String),
+    Failed(String),
 }
